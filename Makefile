@@ -1,0 +1,105 @@
+# moonshine — build, test, fuzz.
+#   make            build/moonshine
+#   make check      install missing Debian packages, build, unit tests, fixture
+#                   checks, unit tests under ASan+UBSan, bounded fuzzing
+#   make test       unit tests + fixture checks (no installs, no sanitizers)
+#   make asan       unit tests under ASan+UBSan
+#   make fuzz       every fuzz target for FUZZ_SECONDS each
+
+CC       ?= gcc
+CLANG    ?= clang
+OPT      ?= -O2
+CFLAGS   ?= $(OPT) -g
+CFLAGS   += -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare \
+            -Wshadow=local -pthread -Isrc -MMD -MP
+LDLIBS   := -lcjson -luring -lpcre2-8 -lm -pthread
+FUZZ_SECONDS ?= 20
+
+LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backend/gpu/*' | sort)
+CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
+TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+
+OBJ_LIB  := $(LIB_SRC:%.c=build/obj/%.o)
+OBJ_CLI  := $(CLI_SRC:%.c=build/obj/%.o)
+TESTS    := $(TEST_SRC:tests/unit/%.c=build/tests/%)
+ASAN_LIB := $(LIB_SRC:%.c=build/asan/%.o)
+ASAN_TESTS := $(TEST_SRC:tests/unit/%.c=build/asan/tests/%)
+FUZZ_LIB := $(LIB_SRC:%.c=build/fuzz/%.o)
+FUZZERS  := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/bin/%)
+
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+.PHONY: all check test unit fixtures asan fuzz deps clean bench-build
+all: build/moonshine
+
+build/libmoonshine.a: $(OBJ_LIB)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+build/moonshine: $(OBJ_CLI) build/libmoonshine.a
+	$(CC) $(CFLAGS) -o $@ $(OBJ_CLI) build/libmoonshine.a $(LDLIBS)
+
+build/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+build/tests/%: tests/unit/%.c build/libmoonshine.a tests/unit/test.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< build/libmoonshine.a $(LDLIBS)
+
+# --- sanitizers (same sources, separate objects) ---
+build/asan/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(SAN_FLAGS) -O1 -c -o $@ $<
+
+build/asan/libmoonshine.a: $(ASAN_LIB)
+	rm -f $@ && ar rcs $@ $^
+
+build/asan/tests/%: tests/unit/%.c build/asan/libmoonshine.a tests/unit/test.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(SAN_FLAGS) -O1 -Itests/unit -o $@ $< build/asan/libmoonshine.a $(LDLIBS)
+
+# --- libFuzzer (clang) ---
+FUZZ_CFLAGS := -std=gnu11 -D_GNU_SOURCE -O1 -g -Isrc -pthread -fsanitize=fuzzer-no-link,address,undefined \
+               -fno-sanitize-recover=all -MMD -MP
+build/fuzz/%.o: %.c
+	@mkdir -p $(@D)
+	$(CLANG) $(FUZZ_CFLAGS) -c -o $@ $<
+
+build/fuzz/libmoonshine.a: $(FUZZ_LIB)
+	rm -f $@ && ar rcs $@ $^
+
+build/fuzz/bin/%: tests/fuzz/%.c build/fuzz/libmoonshine.a
+	@mkdir -p $(@D)
+	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< build/fuzz/libmoonshine.a $(LDLIBS)
+
+# --- test entry points ---
+unit: $(TESTS) build/moonshine
+	@tests/scripts/run_unit.sh $(TESTS)
+
+fixtures: build/moonshine
+	@tests/scripts/run_fixtures.sh
+
+test: unit fixtures
+
+asan: $(ASAN_TESTS)
+	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 tests/scripts/run_unit.sh $(ASAN_TESTS)
+
+fuzz: $(FUZZERS)
+	@tests/scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
+
+deps:
+	@tools/install-deps.sh
+
+check: deps
+	$(MAKE) all
+	$(MAKE) test
+	$(MAKE) asan
+	$(MAKE) fuzz
+	@echo "make check: all stages passed"
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)

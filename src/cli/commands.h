@@ -1,0 +1,17 @@
+/* commands.h — every `moonshine SUBCOMMAND`. Each returns the process exit
+ * code (0 ok, 1 failure, 2 usage error) and may print; nothing else may. */
+#ifndef MS_COMMANDS_H
+#define MS_COMMANDS_H
+
+typedef int (*ms_cmd_fn)(int argc, char **argv);
+
+/* name, function, one-line help */
+#define MS_COMMAND_LIST(X)                                                             \
+    X(inspect, "list a checkpoint's tensors (name, dtype, shape, file)")
+
+
+#define MS_DECLARE(name, help) int cmd_##name(int argc, char **argv);
+MS_COMMAND_LIST(MS_DECLARE)
+#undef MS_DECLARE
+
+#endif

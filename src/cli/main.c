@@ -1,0 +1,30 @@
+/* main.c — the `moonshine` command: dispatch to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+static const struct { const char *name; ms_cmd_fn fn; const char *help; } k_cmds[] = {
+#define MS_ENTRY(name, help) {#name, cmd_##name, help},
+    MS_COMMAND_LIST(MS_ENTRY)
+#undef MS_ENTRY
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moonshine COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
+        fprintf(f, "  %-12s %s\n", k_cmds[i].name, k_cmds[i].help);
+    fprintf(f, "\n`moonshine COMMAND --help` describes each command.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
+        if (!strcmp(argv[1], k_cmds[i].name)) return k_cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "moonshine: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

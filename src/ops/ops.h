@@ -1,0 +1,61 @@
+/* ops.h — the CPU compute primitives every architecture is built from.
+ *
+ * Activations are F32, row-major. Weights are ms_qmat views onto the
+ * checkpoint's bytes in their stored dtype; kernels dequantize on the fly.
+ * Shapes are given as [tokens, features] unless stated. Every function that
+ * takes a pool may split work across it; a NULL pool runs single-threaded. */
+#ifndef MS_OPS_H
+#define MS_OPS_H
+
+#include <stdint.h>
+
+#include "util/dtype.h"
+#include "util/threadpool.h"
+
+/* A 2-D weight [rows, cols] as torch.nn.Linear stores it (out x in).
+ *  F32/F16/BF16: data is rows*cols elements, no scale.
+ *  F8_E4M3: data rows*cols bytes; scale [ceil(rows/brow), ceil(cols/bcol)] of
+ *           scale_dtype (F32 or BF16), multiplied in (DeepSeek weight_scale_inv).
+ *  F4 (MXFP4 e2m1): data rows*cols/2 bytes, two values per byte, low nibble
+ *           first; scale [rows, cols/32] E8M0 (brow 1, bcol 32). */
+typedef struct ms_qmat {
+    ms_dtype dtype;
+    int64_t rows, cols;
+    const void *data;
+    ms_dtype scale_dtype;
+    const void *scale;
+    int brow, bcol;
+} ms_qmat;
+
+/* Bytes of weight data + scales that a full pass over w reads. */
+uint64_t ms_qmat_bytes(const ms_qmat *w);
+
+/* y[t, r] = sum_c w[r, c] * x[t, c] for t < n. y is [n, w->rows], x is [n, w->cols].
+ * Rows are split across the pool. */
+void ms_matmul(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w);
+/* Same, accumulating: y += w x. */
+void ms_matmul_acc(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w);
+/* Scalar reference (single-threaded, no SIMD): the twin every fast kernel is tested against. */
+void ms_matmul_ref(float *y, const float *x, int n, const ms_qmat *w);
+
+/* Dequantize row r of w into out[cols] (F32). */
+void ms_qmat_row(const ms_qmat *w, int64_t r, float *out);
+
+/* Element conversion of a stored vector (F32/F16/BF16) to F32. */
+void ms_to_f32(float *out, const void *src, ms_dtype dt, int64_t n);
+
+/* y[i] = x[i] / sqrt(mean(x^2) + eps) * (w ? w[i] : 1) for each of n rows of d. w: F32 view. */
+void ms_rmsnorm(float *y, const float *x, const float *w, int n, int d, float eps);
+/* LayerNorm with optional weight and bias (F32). */
+void ms_layernorm(float *y, const float *x, const float *w, const float *b, int n, int d, float eps);
+/* In-place numerically stable softmax over d. */
+void ms_softmax(float *x, int d);
+static inline float ms_silu(float x);
+/* out[i] = silu(gate[i]) * up[i] */
+void ms_swiglu(float *out, const float *gate, const float *up, int64_t n);
+
+#include <math.h>
+static inline float ms_silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float ms_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+#endif

@@ -1,0 +1,131 @@
+/* ops_ref.c — portable scalar implementations (the reference twins). */
+#include <math.h>
+#include <string.h>
+
+#include "ops/ops.h"
+
+uint64_t ms_qmat_bytes(const ms_qmat *w) {
+    uint64_t n = (uint64_t)w->rows * (uint64_t)w->cols;
+    uint64_t b = n * (uint64_t)ms_dtype_bits(w->dtype) / 8;
+    if (w->scale) {
+        uint64_t sr = (uint64_t)((w->rows + w->brow - 1) / w->brow), sc = (uint64_t)((w->cols + w->bcol - 1) / w->bcol);
+        b += sr * sc * (uint64_t)ms_dtype_bits(w->scale_dtype) / 8;
+    }
+    return b;
+}
+
+static inline float scale_at(const ms_qmat *w, int64_t sr, int64_t sc) {
+    int64_t ncol = (w->cols + w->bcol - 1) / w->bcol;
+    int64_t i = sr * ncol + sc;
+    switch (w->scale_dtype) {
+    case MS_DT_F32: return ((const float *)w->scale)[i];
+    case MS_DT_BF16: return ms_bf16_to_f32(((const uint16_t *)w->scale)[i]);
+    case MS_DT_F16: return ms_f16_to_f32(((const uint16_t *)w->scale)[i]);
+    case MS_DT_F8_E8M0:
+    case MS_DT_U8: return ms_e8m0_to_f32(((const uint8_t *)w->scale)[i]);
+    default: return NAN;
+    }
+}
+
+void ms_to_f32(float *out, const void *src, ms_dtype dt, int64_t n) {
+    switch (dt) {
+    case MS_DT_F32: memcpy(out, src, (size_t)n * 4); break;
+    case MS_DT_BF16:
+        for (int64_t i = 0; i < n; i++) out[i] = ms_bf16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case MS_DT_F16:
+        for (int64_t i = 0; i < n; i++) out[i] = ms_f16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case MS_DT_F8_E4M3:
+        for (int64_t i = 0; i < n; i++) out[i] = ms_fp8_e4m3_to_f32(((const uint8_t *)src)[i]);
+        break;
+    default:
+        for (int64_t i = 0; i < n; i++) out[i] = NAN;
+    }
+}
+
+void ms_qmat_row(const ms_qmat *w, int64_t r, float *out) {
+    int64_t C = w->cols;
+    switch (w->dtype) {
+    case MS_DT_F32:
+    case MS_DT_BF16:
+    case MS_DT_F16:
+        ms_to_f32(out, (const uint8_t *)w->data + (size_t)(r * C * (ms_dtype_bits(w->dtype) / 8)), w->dtype, C);
+        break;
+    case MS_DT_F8_E4M3: {
+        const uint8_t *row = (const uint8_t *)w->data + r * C;
+        for (int64_t c = 0; c < C; c++) {
+            float s = w->scale ? scale_at(w, r / w->brow, c / w->bcol) : 1.0f;
+            out[c] = ms_fp8_e4m3_to_f32(row[c]) * s;
+        }
+        break;
+    }
+    case MS_DT_F4: {
+        const uint8_t *row = (const uint8_t *)w->data + r * (C / 2);
+        for (int64_t c = 0; c < C; c += 2) {
+            float s = scale_at(w, r / w->brow, c / w->bcol);
+            uint8_t b = row[c / 2];
+            out[c] = ms_fp4_e2m1_table[b & 15] * s;
+            out[c + 1] = ms_fp4_e2m1_table[b >> 4] * s;
+        }
+        break;
+    }
+    default:
+        for (int64_t c = 0; c < C; c++) out[c] = NAN;
+    }
+}
+
+void ms_matmul_ref(float *y, const float *x, int n, const ms_qmat *w) {
+    float row[w->cols > 0 ? w->cols : 1];
+    for (int64_t r = 0; r < w->rows; r++) {
+        ms_qmat_row(w, r, row);
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (int64_t)t * w->cols;
+            double acc = 0;
+            for (int64_t c = 0; c < w->cols; c++) acc += (double)row[c] * xt[c];
+            y[(int64_t)t * w->rows + r] = (float)acc;
+        }
+    }
+}
+
+void ms_rmsnorm(float *y, const float *x, const float *w, int n, int d, float eps) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (int64_t)t * d;
+        float *yt = y + (int64_t)t * d;
+        double ss = 0;
+        for (int i = 0; i < d; i++) ss += (double)xt[i] * xt[i];
+        float inv = (float)(1.0 / sqrt(ss / d + eps));
+        for (int i = 0; i < d; i++) yt[i] = xt[i] * inv * (w ? w[i] : 1.0f);
+    }
+}
+
+void ms_layernorm(float *y, const float *x, const float *w, const float *b, int n, int d, float eps) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (int64_t)t * d;
+        float *yt = y + (int64_t)t * d;
+        double mean = 0, var = 0;
+        for (int i = 0; i < d; i++) mean += xt[i];
+        mean /= d;
+        for (int i = 0; i < d; i++) var += (xt[i] - mean) * (xt[i] - mean);
+        var /= d;
+        float inv = (float)(1.0 / sqrt(var + eps));
+        for (int i = 0; i < d; i++)
+            yt[i] = (float)(xt[i] - mean) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+}
+
+void ms_softmax(float *x, int d) {
+    float m = -INFINITY;
+    for (int i = 0; i < d; i++) m = x[i] > m ? x[i] : m;
+    double s = 0;
+    for (int i = 0; i < d; i++) {
+        x[i] = expf(x[i] - m);
+        s += x[i];
+    }
+    float inv = (float)(1.0 / s);
+    for (int i = 0; i < d; i++) x[i] *= inv;
+}
+
+void ms_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = ms_silu(gate[i]) * up[i];
+}

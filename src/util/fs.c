@@ -1,0 +1,129 @@
+#include "util/fs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *len, ms_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ms_fail(err, MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return ms_fail(err, MS_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    if ((uint64_t)st.st_size > max_bytes) {
+        close(fd);
+        return ms_fail(err, MS_ERR_LIMIT, "%s: file is %lld bytes, limit is %zu", path,
+                       (long long)st.st_size, max_bytes);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return ms_fail(err, MS_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, n);
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            free(buf);
+            close(fd);
+            return ms_fail(err, MS_ERR_IO, "%s: short read at byte %zu", path, got);
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return MS_OK;
+}
+
+int ms_write_file_atomic(const char *path, const void *data, size_t len, ms_err *err) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return ms_fail(err, MS_ERR_ARG, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return ms_fail(err, MS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", tmp, strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(tmp);
+        return ms_fail(err, MS_ERR_IO, "%s: fsync/close failed: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return ms_fail(err, MS_ERR_IO, "%s: rename failed: %s", path, strerror(e));
+    }
+    char dirbuf[4096];
+    snprintf(dirbuf, sizeof dirbuf, "%s", path);
+    int dfd = open(dirname(dirbuf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return MS_OK;
+}
+
+int ms_map_file(const char *path, ms_mapping *m, ms_err *err) {
+    memset(m, 0, sizeof *m);
+    m->fd = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ms_fail(err, MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return ms_fail(err, MS_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    m->fd = fd;
+    m->size = (uint64_t)st.st_size;
+    if (m->size == 0) return MS_OK;
+    void *p = mmap(NULL, m->size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        m->fd = -1;
+        return ms_fail(err, MS_ERR_IO, "%s: mmap of %llu bytes failed: %s", path,
+                       (unsigned long long)m->size, strerror(errno));
+    }
+    m->data = p;
+    return MS_OK;
+}
+
+void ms_unmap_file(ms_mapping *m) {
+    if (m->data && m->size) munmap((void *)m->data, m->size);
+    if (m->fd >= 0) close(m->fd);
+    memset(m, 0, sizeof *m);
+    m->fd = -1;
+}
+
+int ms_path_join(char *out, size_t cap, const char *dir, const char *name, ms_err *err) {
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap) return ms_fail(err, MS_ERR_ARG, "path too long: %s/%s", dir, name);
+    return MS_OK;
+}
+
+int ms_file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}

@@ -1,0 +1,30 @@
+/* fs.h — whole-file reads, atomic writes, read-only mappings. */
+#ifndef MS_FS_H
+#define MS_FS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/err.h"
+
+/* Read a whole file (at most max_bytes) into a malloc'd, NUL-terminated buffer. */
+int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *len, ms_err *err);
+
+/* Write data to path atomically: path.tmp.PID, fsync, rename, fsync dir. */
+int ms_write_file_atomic(const char *path, const void *data, size_t len, ms_err *err);
+
+/* A read-only mapping of a whole file. */
+typedef struct ms_mapping {
+    int fd;
+    const uint8_t *data;
+    uint64_t size;
+} ms_mapping;
+
+int ms_map_file(const char *path, ms_mapping *m, ms_err *err);
+void ms_unmap_file(ms_mapping *m);
+
+/* Join dir and name into out (size cap); error when it does not fit. */
+int ms_path_join(char *out, size_t cap, const char *dir, const char *name, ms_err *err);
+int ms_file_exists(const char *path);
+
+#endif

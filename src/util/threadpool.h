@@ -1,0 +1,19 @@
+/* threadpool.h — a fixed pool of worker threads for data-parallel kernels.
+ *
+ * ms_pool_run(p, n, fn, ctx) calls fn(ctx, i, tid) for every i in [0, n)
+ * across the pool (the caller participates as tid 0) and returns when all
+ * are done. Tasks are handed out dynamically (atomic counter). One run at a
+ * time per pool; not reentrant. A NULL pool runs everything on the caller. */
+#ifndef MS_THREADPOOL_H
+#define MS_THREADPOOL_H
+
+typedef void (*ms_task_fn)(void *ctx, int task, int tid);
+typedef struct ms_pool ms_pool;
+
+/* n_threads <= 0 means one per online CPU. Returns NULL on failure. */
+ms_pool *ms_pool_create(int n_threads);
+void ms_pool_destroy(ms_pool *p);
+int ms_pool_size(const ms_pool *p);
+void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx);
+
+#endif

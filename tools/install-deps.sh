@@ -1,0 +1,17 @@
+#!/bin/sh
+# Install the Debian 12 packages moonshine builds and tests with, only those missing.
+set -eu
+PKGS="gcc make libc6-dev liburing-dev libcjson-dev libpcre2-dev clang libclang-rt-14-dev llvm python3 python3-jinja2"
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: missing packages:$missing (run as root, or: sudo apt-get install$missing)" >&2
+    exit 1
+fi
+echo "install-deps: installing$missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends $missing
