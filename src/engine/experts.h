@@ -1,0 +1,60 @@
+/* experts.h — where the MoE block gets routed experts from.
+ *
+ * The MoE block never touches expert bytes directly: it asks an expert
+ * source for the experts a layer's tokens selected. The resident source
+ * hands out views onto the mapped checkpoint; the streaming source (io/)
+ * reads missing experts from NVMe into a bounded cache and hands out views
+ * onto cache slots. Both fill the same ms_expert_view. */
+#ifndef MS_EXPERTS_H
+#define MS_EXPERTS_H
+
+#include <stdint.h>
+
+#include "ops/ops.h"
+#include "util/err.h"
+
+/* One routed expert: SwiGLU FFN down(act(gate x) * (up x)), optional biases
+ * (gpt-oss). Views stay valid until the matching ms_experts_release. */
+typedef struct ms_expert_view {
+    ms_qmat gate, up, down;  /* [inter, hidden], [inter, hidden], [hidden, inter] */
+    const void *gate_bias, *up_bias, *down_bias; /* NULL when absent; dtype bias_dtype */
+    ms_dtype bias_dtype;
+} ms_expert_view;
+
+/* Where a tensor of an expert lives in the checkpoint (for readers/packers). */
+typedef struct ms_extent {
+    int file;          /* index into ms_checkpoint.files */
+    uint64_t offset;   /* absolute byte offset */
+    uint64_t len;
+} ms_extent;
+
+typedef struct ms_expert_source ms_expert_source;
+
+/* Virtual interface; implementations: resident (engine/), streaming (io/). */
+typedef struct ms_expert_source_ops {
+    /* Make experts ids[0..n) of `layer` available and fill views[0..n).
+     * Blocks until every view is usable. */
+    int (*acquire)(ms_expert_source *s, int layer, int n, const int *ids, ms_expert_view *views, ms_err *err);
+    /* The views of the last acquire on `layer` may be evicted after this. */
+    void (*release)(ms_expert_source *s, int layer);
+    /* Hint: these experts of `layer` will likely be acquired soon (non-blocking, may be ignored). */
+    void (*prefetch)(ms_expert_source *s, int layer, int n, const int *ids);
+    void (*destroy)(ms_expert_source *s);
+} ms_expert_source_ops;
+
+struct ms_expert_source {
+    const ms_expert_source_ops *ops;
+};
+
+static inline int ms_experts_acquire(ms_expert_source *s, int layer, int n, const int *ids, ms_expert_view *v,
+                                     ms_err *err) {
+    return s->ops->acquire(s, layer, n, ids, v, err);
+}
+static inline void ms_experts_release(ms_expert_source *s, int layer) {
+    if (s->ops->release) s->ops->release(s, layer);
+}
+static inline void ms_experts_prefetch(ms_expert_source *s, int layer, int n, const int *ids) {
+    if (s->ops->prefetch) s->ops->prefetch(s, layer, n, ids);
+}
+
+#endif
