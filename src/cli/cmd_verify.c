@@ -1,0 +1,125 @@
+/* cmd_verify.c — `moonshine verify FIXTURE_DIR`: compare the engine with the
+ * transformers references in FIXTURE_DIR/reference.safetensors:
+ *   logits      [40, V]  one forward over input_ids (prefill path)
+ *   gen_logits  [12, V]  logits choosing each gen_ids token, computed by a
+ *                        full recompute; we decode incrementally with the cache. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+
+#define TOL 1e-3
+
+static const ms_tensor *ref_tensor(const ms_checkpoint *r, const char *name, ms_dtype dt, int ndim, const char *path) {
+    const ms_tensor *t = ms_checkpoint_find(r, name);
+    if (!t || t->dtype != dt || t->ndim != ndim) {
+        fprintf(stderr, "moonshine verify: %s: missing or malformed \"%s\" (%s, %d-D expected)\n", path, name,
+                ms_dtype_name(dt), ndim);
+        return NULL;
+    }
+    return t;
+}
+
+static int argmax(const float *v, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return (int)b;
+}
+
+static double max_abs(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (isnan(d)) return INFINITY;
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+int cmd_verify(int argc, char **argv) {
+    if (ms_arg_flag(argc, argv, "--help")) {
+        printf("usage: moonshine verify FIXTURE_DIR [--threads N]\n"
+               "Runs one forward over reference input_ids and a greedy incremental decode from\n"
+               "gen_prompt, compares with the reference logits, prints one JSON line and exits 0\n"
+               "only when both max errors are <= 1e-3 and the generated ids match.\n");
+        return 0;
+    }
+    int threads, ctx;
+    if (ms_cli_engine_args(argc, argv, &threads, &ctx)) return 2;
+    const char *dir = ms_arg_pos(argc, argv, 0);
+    if (!dir || ms_args_unknown(argc, argv, "verify")) {
+        fprintf(stderr, "usage: moonshine verify FIXTURE_DIR [--threads N]\n");
+        return 2;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    ms_checkpoint ref;
+    ms_err err = {0};
+    if (ms_checkpoint_open(path, &ref, &err)) {
+        fprintf(stderr, "moonshine verify: %s\n", err.msg);
+        return 1;
+    }
+    ms_cli_ctx x;
+    if (ms_cli_open("verify", dir, threads, ctx, &x)) {
+        ms_checkpoint_close(&ref);
+        return 1;
+    }
+    int64_t V = x.model.cfg.vocab;
+    const ms_tensor *in = ref_tensor(&ref, "input_ids", MS_DT_I32, 1, path);
+    const ms_tensor *lg = ref_tensor(&ref, "logits", MS_DT_F32, 2, path);
+    const ms_tensor *gp = ref_tensor(&ref, "gen_prompt", MS_DT_I32, 1, path);
+    const ms_tensor *gi = ref_tensor(&ref, "gen_ids", MS_DT_I32, 1, path);
+    const ms_tensor *gl = ref_tensor(&ref, "gen_logits", MS_DT_F32, 2, path);
+    int rc = 1;
+    float *out = NULL;
+    if (!in || !lg || !gp || !gi || !gl) goto done;
+    if (lg->shape[0] != in->shape[0] || lg->shape[1] != V || gl->shape[0] != gi->shape[0] || gl->shape[1] != V) {
+        fprintf(stderr, "moonshine verify: %s: reference shapes do not match the model (vocab %lld)\n", path, (long long)V);
+        goto done;
+    }
+    int n_in = (int)in->shape[0], n_gp = (int)gp->shape[0], n_gen = (int)gi->shape[0];
+    out = malloc((size_t)(n_in > 1 ? n_in : 1) * (size_t)V * sizeof *out);
+    if (!out) goto done;
+    const float *ref_logits = lg->data;
+    if (ms_engine_forward(x.engine, in->data, n_in, out, 1, &err)) {
+        fprintf(stderr, "moonshine verify: %s\n", err.msg);
+        goto done;
+    }
+    double e1 = max_abs(out, ref_logits, (int64_t)n_in * V);
+    ms_engine_reset(x.engine);
+    double e2 = 0;
+    int ids_match = 1;
+    const int32_t *gen_ref = gi->data;
+    const float *gen_logits = gl->data;
+    if (ms_engine_forward(x.engine, gp->data, n_gp, out, 0, &err)) {
+        fprintf(stderr, "moonshine verify: %s\n", err.msg);
+        goto done;
+    }
+    for (int i = 0; i < n_gen; i++) {
+        double d = max_abs(out, gen_logits + (int64_t)i * V, V);
+        if (d > e2) e2 = d;
+        int32_t tok = argmax(out, V);
+        if (tok != gen_ref[i]) ids_match = 0;
+        if (i + 1 < n_gen && ms_engine_forward(x.engine, &tok, 1, out, 0, &err)) {
+            fprintf(stderr, "moonshine verify: %s\n", err.msg);
+            goto done;
+        }
+    }
+    const char *name = strrchr(dir, '/');
+    name = name && name[1] ? name + 1 : dir;
+    int ok = e1 <= TOL && e2 <= TOL && ids_match;
+    printf("{\"fixture\":\"%s\",\"arch\":\"%s\",\"logits_max_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,"
+           "\"gen_ids_match\":%s,\"ok\":%s}\n",
+           name, x.model.cfg.model_type, e1, e2, ids_match ? "true" : "false", ok ? "true" : "false");
+    rc = ok ? 0 : 1;
+done:
+    free(out);
+    ms_cli_close(&x);
+    ms_checkpoint_close(&ref);
+    return rc;
+}

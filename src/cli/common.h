@@ -1,0 +1,23 @@
+/* common.h — shared CLI plumbing: open a model with a pool and an engine. */
+#ifndef MS_CLI_COMMON_H
+#define MS_CLI_COMMON_H
+
+#include "engine/engine.h"
+#include "model/model.h"
+
+typedef struct ms_cli_ctx {
+    ms_model model;
+    ms_pool *pool;
+    ms_engine *engine;
+    int threads;
+    double load_seconds;
+} ms_cli_ctx;
+
+/* Parse the engine options every command shares (--threads N, --ctx N) from argv. */
+int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx);
+/* Load dir and create pool + engine; prints the error and returns nonzero on failure. */
+int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_ctx *x);
+void ms_cli_close(ms_cli_ctx *x);
+double ms_now(void);
+
+#endif

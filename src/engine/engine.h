@@ -1,0 +1,52 @@
+/* engine.h — the CPU inference engine: causal state + forward.
+ *
+ * An engine binds a loaded model, a thread pool and an expert source, and
+ * owns the causal state of one sequence (KV cache for GQA layers, the
+ * compressed latent cache for MLA layers). ms_engine_forward appends n
+ * tokens: a prefill processes them in chunks of up to max_batch tokens with
+ * batched matmuls; n == 1 is a decode step. */
+#ifndef MS_ENGINE_H
+#define MS_ENGINE_H
+
+#include <stdint.h>
+
+#include "engine/experts.h"
+#include "model/model.h"
+#include "util/threadpool.h"
+
+typedef struct ms_engine_opts {
+    int max_ctx;            /* tokens of causal state to allocate (default 4096, capped by max_pos) */
+    int max_batch;          /* prefill chunk (default 256) */
+    ms_pool *pool;          /* borrowed; NULL runs single-threaded */
+    ms_expert_source *experts; /* borrowed; NULL: resident views of the mapped checkpoint */
+} ms_engine_opts;
+
+typedef struct ms_engine_stats {
+    uint64_t tokens;             /* tokens forwarded */
+    uint64_t expert_activations; /* (token, expert) pairs computed */
+    uint64_t experts_acquired;   /* unique experts requested from the source, summed over layers/steps */
+} ms_engine_stats;
+
+typedef struct ms_engine ms_engine;
+
+/* Plan and allocate state + scratch for m. Fails (MS_ERR_NOMEM) naming the
+ * sizes if an allocation fails. */
+int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err);
+void ms_engine_destroy(ms_engine *e);
+/* Forget the sequence (n_past = 0). */
+void ms_engine_reset(ms_engine *e);
+int ms_engine_n_past(const ms_engine *e);
+/* Bytes of causal state per token (all layers). */
+uint64_t ms_engine_state_bytes_per_token(const ms_model *m);
+
+/* Append tokens[0..n) at positions n_past..n_past+n-1. If logits is not NULL
+ * it receives [n, vocab] (all_logits) or [1, vocab] for the last token.
+ * Fails when the context would exceed max_ctx or a token id is out of range. */
+int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err);
+
+const ms_engine_stats *ms_engine_get_stats(const ms_engine *e);
+
+/* The resident expert source: views onto the mapped checkpoint. */
+int ms_resident_experts_create(ms_model *m, ms_expert_source **out, ms_err *err);
+
+#endif

@@ -1,0 +1,162 @@
+/* moe.c — feed-forward sublayers: dense SwiGLU MLP, routed MoE (router,
+ * expert-major computation through the expert source), shared experts, and
+ * the resident expert source. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+
+int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_qmat *down, int n, const float *in,
+                 float *out, int accumulate) {
+    int64_t I = gate->rows;
+    ms_matmul(e->pool, e->g, in, n, gate);
+    ms_matmul(e->pool, e->u, in, n, up);
+    ms_swiglu(e->g, e->g, e->u, (int64_t)n * I);
+    if (accumulate) ms_matmul_acc(e->pool, out, e->g, n, down);
+    else ms_matmul(e->pool, out, e->g, n, down);
+    return MS_OK;
+}
+
+/* Indices of the k largest of v[0..n) into idx (descending; ties: lower index first). */
+static void topk(const float *v, int n, int k, int *idx) {
+    for (int i = 0; i < k; i++) idx[i] = -1;
+    for (int j = 0; j < n; j++) {
+        if (isnan(v[j])) continue;
+        int pos = k;
+        while (pos > 0 && (idx[pos - 1] < 0 || v[j] > v[idx[pos - 1]])) pos--;
+        if (pos >= k) continue;
+        memmove(idx + pos + 1, idx + pos, (size_t)(k - pos - 1) * sizeof *idx);
+        idx[pos] = j;
+    }
+}
+
+/* Route one token: logits [E] → ids[k], weights[k] (transformers' router math). */
+static void route(const ms_config *c, const float *logits, const float *bias, float *scratch, int *ids, float *w) {
+    int E = (int)c->n_experts, K = (int)c->top_k;
+    float *scores = scratch, *choice = scratch + E;
+    if (c->router == MS_ROUTER_SOFTMAX) {
+        memcpy(scores, logits, (size_t)E * 4);
+        ms_softmax(scores, E);
+        topk(scores, E, K, ids);
+    } else {
+        for (int i = 0; i < E; i++) {
+            scores[i] = ms_sigmoid(logits[i]);
+            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
+        }
+        int G = (int)c->n_group;
+        if (G > 1) {
+            int per = E / G, gid[4096];
+            float gs[4096];
+            for (int g = 0; g < G; g++) {
+                int t2[2];
+                topk(choice + g * per, per, 2, t2);
+                gs[g] = choice[g * per + t2[0]] + choice[g * per + t2[1]];
+            }
+            topk(gs, G, (int)c->topk_group, gid);
+            unsigned char keep[4096] = {0};
+            for (int i = 0; i < c->topk_group; i++) keep[gid[i]] = 1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g])
+                    for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
+        }
+        topk(choice, E, K, ids);
+    }
+    double sum = 0;
+    for (int i = 0; i < K; i++) {
+        w[i] = scores[ids[i]];
+        sum += w[i];
+    }
+    if (c->norm_topk_prob) {
+        float den = (float)(sum + (c->router == MS_ROUTER_SIGMOID ? 1e-20 : 0.0));
+        for (int i = 0; i < K; i++) w[i] /= den;
+    }
+    for (int i = 0; i < K; i++) w[i] *= (float)c->routed_scale;
+}
+
+int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    const ms_layer *L = &e->m->layers[layer];
+    int E = (int)c->n_experts, K = (int)c->top_k;
+    int64_t D = c->hidden;
+    ms_matmul(e->pool, e->rlog, e->xn, n, &L->router);
+    float *scratch = e->th_buf; /* 2E floats, before any threaded use */
+    for (int t = 0; t < n; t++)
+        route(c, e->rlog + (int64_t)t * E, L->router_bias, scratch, e->topk_ids + t * K, e->topk_w + t * K);
+    /* expert-major lists: counting sort of (token, slot) pairs by expert */
+    int *cnt = e->ex_count;
+    memset(cnt, 0, (size_t)(E + 1) * sizeof *cnt);
+    for (int i = 0; i < n * K; i++) cnt[e->topk_ids[i] + 1]++;
+    for (int x = 0; x < E; x++) cnt[x + 1] += cnt[x];
+    int *pos = malloc((size_t)E * sizeof *pos);
+    int *uniq = malloc((size_t)E * sizeof *uniq);
+    ms_expert_view *views = malloc((size_t)E * sizeof *views);
+    if (!pos || !uniq || !views) {
+        free(pos), free(uniq), free(views);
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory routing layer %d", layer);
+    }
+    memcpy(pos, cnt, (size_t)E * sizeof *pos);
+    for (int i = 0; i < n * K; i++) {
+        int x = e->topk_ids[i];
+        e->ex_tokens[pos[x]] = i / K;
+        e->ex_w[pos[x]] = e->topk_w[i];
+        pos[x]++;
+    }
+    int nu = 0;
+    for (int x = 0; x < E; x++)
+        if (cnt[x + 1] > cnt[x]) uniq[nu++] = x;
+    int rc = ms_experts_acquire(e->experts, layer, nu, uniq, views, err);
+    if (rc) {
+        free(pos), free(uniq), free(views);
+        return rc;
+    }
+    e->stats.experts_acquired += (uint64_t)nu;
+    e->stats.expert_activations += (uint64_t)n * K;
+    memset(out, 0, (size_t)(n * D) * 4);
+    for (int u = 0; u < nu; u++) {
+        int x = uniq[u], b = cnt[x], m = cnt[x + 1] - cnt[x];
+        for (int i = 0; i < m; i++) memcpy(e->xs + (int64_t)i * D, e->xn + (int64_t)e->ex_tokens[b + i] * D, (size_t)D * 4);
+        ms_ffn_dense(e, &views[u].gate, &views[u].up, &views[u].down, m, e->xs, e->ys, 0);
+        for (int i = 0; i < m; i++) {
+            float w = e->ex_w[b + i], *o = out + (int64_t)e->ex_tokens[b + i] * D;
+            const float *y = e->ys + (int64_t)i * D;
+            for (int64_t d = 0; d < D; d++) o[d] += w * y[d];
+        }
+    }
+    ms_experts_release(e->experts, layer);
+    free(pos), free(uniq), free(views);
+    if (c->shared_inter) ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, out, 1);
+    return MS_OK;
+}
+
+/* ---------------- resident expert source ---------------- */
+
+typedef struct {
+    ms_expert_source base;
+    ms_model *m;
+} resident_source;
+
+static int resident_acquire(ms_expert_source *s, int layer, int n, const int *ids, ms_expert_view *views, ms_err *err) {
+    resident_source *r = (resident_source *)s;
+    const ms_layer *L = &r->m->layers[layer];
+    if (!L->experts) return ms_fail(err, MS_ERR_ARG, "layer %d has no routed experts", layer);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= r->m->cfg.n_experts)
+            return ms_fail(err, MS_ERR_ARG, "expert %d of layer %d is out of range", ids[i], layer);
+        views[i] = L->experts[ids[i]];
+    }
+    return MS_OK;
+}
+
+static void resident_destroy(ms_expert_source *s) { free(s); }
+
+static const ms_expert_source_ops k_resident_ops = {resident_acquire, NULL, NULL, resident_destroy};
+
+int ms_resident_experts_create(ms_model *m, ms_expert_source **out, ms_err *err) {
+    resident_source *r = calloc(1, sizeof *r);
+    if (!r) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    r->base.ops = &k_resident_ops;
+    r->m = m;
+    *out = &r->base;
+    return MS_OK;
+}

@@ -1,0 +1,84 @@
+/* arch.h — architecture descriptors and the weight binder.
+ *
+ * An architecture file (arch_*.c) says three things, as data as far as C
+ * allows: how its config.json maps onto ms_config (configure), and which
+ * tensors, with which names and shapes, make up each block (bind). The same
+ * bind function drives loading (names looked up in the checkpoint, shapes
+ * checked, FP8 scales attached) and `moonshine synth` (the binder records
+ * every tensor spec instead). */
+#ifndef MS_ARCH_H
+#define MS_ARCH_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "ops/ops.h"
+
+struct ms_model;
+
+/* What a bound tensor is, for synth's choice of dtype and scale. */
+typedef enum {
+    MS_W_MATRIX = 1,   /* a Linear weight of the static tier */
+    MS_W_EXPERT = 2,   /* a routed expert's Linear weight */
+    MS_W_EMBED = 3,    /* embedding / lm_head (never quantized) */
+    MS_W_NORM = 4,     /* norm weight (synth: near 1) */
+    MS_W_VECTOR = 5,   /* bias, router bias, other small vectors */
+    MS_W_ROUTER = 6,   /* router weight (kept in the trunk dtype) */
+} ms_wkind;
+
+typedef struct ms_tensor_spec {
+    char name[160];
+    int ndim;
+    int64_t shape[4];
+    ms_wkind kind;
+} ms_tensor_spec;
+
+typedef struct ms_binder {
+    const ms_checkpoint *ck;   /* NULL in spec mode */
+    const ms_config *cfg;
+    /* spec mode: every bound tensor is appended here */
+    ms_tensor_spec *specs;
+    int n_specs, cap_specs;
+    ms_err *err;
+    int rc;                    /* first failure; later binds are no-ops */
+    char prefix[96];           /* prepended to every name (e.g. "model.language_model.") */
+} ms_binder;
+
+/* Bind a Linear weight "NAME.weight" [rows, cols] (NAME from fmt). For F8_E4M3
+ * weights, "NAME.weight_scale_inv" [ceil(rows/b0), ceil(cols/b1)] is required.
+ * On failure records the first error in b and returns it. */
+int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t cols, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* Bind a 1-D tensor "NAME" of n elements as a malloc'd F32 copy (small vectors
+ * only: norms, biases). opt: absent is fine (*out = NULL). */
+int ms_bind_vec(ms_binder *b, float **out, ms_wkind kind, int64_t n, int opt, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* True when a tensor exists (always false in spec mode). */
+int ms_bind_has(ms_binder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+typedef struct ms_arch {
+    const char *model_type;
+    /* Fill family fields and the per-layer schedule; j is the config object. */
+    int (*configure)(const cJSON *j, ms_config *c, const char *where, ms_err *err);
+    /* Bind every tensor of the model (trunk, layers, expert tensors). */
+    int (*bind)(ms_binder *b, struct ms_model *m);
+} ms_arch;
+
+const ms_arch *ms_arch_find(const char *model_type);
+/* Comma-separated supported model_types into buf. */
+void ms_arch_list(char *buf, size_t cap);
+
+/* Shared binding blocks (model/blocks_bind.c), used by arch files. */
+int ms_bind_trunk(ms_binder *b, struct ms_model *m, const char *embed, const char *final_norm, const char *lm_head);
+int ms_bind_gqa(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+int ms_bind_mla(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+int ms_bind_mlp(ms_binder *b, struct ms_model *m, int layer, const char *pfx, int64_t inter, const char *gate,
+                const char *up, const char *down);
+/* Routed experts: names are printf patterns with %d (layer) and %d (expert). */
+int ms_bind_experts(ms_binder *b, struct ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
+                    const char *down_fmt);
+int ms_bind_router(ms_binder *b, struct ms_model *m, int layer, const char *weight, const char *bias);
+
+#endif

@@ -1,0 +1,16 @@
+/* arch_common.h — helpers shared by architecture files (config parsing). */
+#ifndef MS_ARCH_COMMON_H
+#define MS_ARCH_COMMON_H
+
+#include "model/arch.h"
+#include "util/json.h"
+
+/* Rotary dims for GQA families: rotary_dim, or head_dim * partial_rotary_factor
+ * (top level or in rope_parameters), default head_dim. */
+int ms_arch_rotary_dim(const cJSON *j, const ms_config *c, int64_t *out, const char *where, ms_err *err);
+/* Check the MoE fields every routed family needs. */
+int ms_arch_check_moe(const ms_config *c, const char *where, ms_err *err);
+/* Check GQA head fields. */
+int ms_arch_check_gqa(const ms_config *c, const char *where, ms_err *err);
+
+#endif

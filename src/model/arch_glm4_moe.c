@@ -1,0 +1,63 @@
+/* arch_glm4_moe.c — GLM-4.5/4.6/4.7 MoE: GQA with partial rotary
+ * (rotate_half on the first dims), optional per-head q/k norm and q/k/v bias,
+ * sigmoid router with correction bias and group-limited top-k, shared
+ * experts, first_k_dense_replace. transformers: models/glm4_moe. */
+#include <math.h>
+#include <stdio.h>
+
+#include "model/arch_common.h"
+#include "model/model.h"
+
+static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int64_t first_dense = 0, n_shared = 0;
+    int qk_norm = 0;
+    int rc;
+    if ((rc = ms_json_int(j, "n_routed_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_int(j, "n_shared_experts", 0, 1024, &n_shared, where, err)) ||
+        (rc = ms_json_opt_int(j, "first_k_dense_replace", 0, MS_MAX_LAYERS, &first_dense, where, err)) ||
+        (rc = ms_json_opt_bool(j, "use_qk_norm", &qk_norm, where, err)))
+        return rc;
+    c->router = MS_ROUTER_SIGMOID;
+    c->router_bias = 1;
+    c->qk_norm = qk_norm ? MS_QKNORM_HEAD : MS_QKNORM_NONE;
+    c->shared_inter = n_shared * c->moe_inter;
+    if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
+    int64_t rd;
+    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
+        return rc;
+    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if (first_dense > 0 && c->inter < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: missing intermediate_size", where);
+    for (int l = 0; l < c->n_layers; l++) {
+        c->layer_attn[l] = MS_ATTN_GQA;
+        c->layer_mlp[l] = l >= first_dense ? MS_MLP_MOE : MS_MLP_DENSE;
+    }
+    return MS_OK;
+}
+
+static int bind(ms_binder *b, ms_model *m) {
+    const ms_config *c = b->cfg;
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[64], w[96], bias[128];
+        snprintf(p, sizeof p, "model.layers.%d.", l);
+        ms_layer *L = &m->layers[l];
+        ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", p);
+        ms_bind_vec(b, &L->ffn_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", p);
+        ms_bind_gqa(b, m, l, p);
+        if (c->layer_mlp[l] == MS_MLP_DENSE) {
+            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+            continue;
+        }
+        snprintf(w, sizeof w, "%smlp.gate", p);
+        snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
+        ms_bind_router(b, m, l, w, bias);
+        if (c->shared_inter)
+            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
+                        "mlp.shared_experts.down_proj");
+        ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.experts.%d.up_proj",
+                        "model.layers.%d.mlp.experts.%d.down_proj");
+    }
+    return b->rc;
+}
+
+const ms_arch ms_arch_glm4_moe = {"glm4_moe", configure, bind};

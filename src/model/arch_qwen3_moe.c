@@ -1,0 +1,69 @@
+/* arch_qwen3_moe.c — Qwen3 MoE: GQA with per-head q/k RMSNorm, full RoPE
+ * (rotate_half), softmax router with optional top-k renormalisation, no
+ * shared experts. transformers: models/qwen3_moe/modeling_qwen3_moe.py. */
+#include <math.h>
+#include <stdio.h>
+
+#include "model/arch_common.h"
+#include "model/model.h"
+
+static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int64_t step = 1;
+    int rc;
+    /* transformers 5 writes num_local_experts; earlier checkpoints num_experts */
+    if ((rc = ms_json_opt_int(j, "num_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_int(j, "num_local_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_int(j, "decoder_sparse_step", 1, MS_MAX_LAYERS, &step, where, err)))
+        return rc;
+    if (c->n_experts < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: missing num_experts", where);
+    c->router = MS_ROUTER_SOFTMAX;
+    c->qk_norm = MS_QKNORM_HEAD;
+    c->n_group = c->topk_group = 1;
+    c->routed_scale = 1.0;
+    if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
+    int64_t rd;
+    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
+        return rc;
+    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    uint8_t mlp_only[MS_MAX_LAYERS] = {0};
+    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
+    if (mo && !cJSON_IsNull(mo)) {
+        if (!cJSON_IsArray(mo)) return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_only_layers must be a list", where);
+        for (const cJSON *e = mo->child; e; e = e->next) {
+            if (!ms_json_is_int(e, 0, c->n_layers - 1))
+                return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_only_layers entry out of range", where);
+            mlp_only[(int)e->valuedouble] = 1;
+        }
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        c->layer_attn[l] = MS_ATTN_GQA;
+        c->layer_mlp[l] = (!mlp_only[l] && (l + 1) % step == 0) ? MS_MLP_MOE : MS_MLP_DENSE;
+        if (c->layer_mlp[l] == MS_MLP_DENSE && c->inter < 1)
+            return ms_fail(err, MS_ERR_FORMAT, "%s: dense layers need intermediate_size", where);
+    }
+    return MS_OK;
+}
+
+static int bind(ms_binder *b, ms_model *m) {
+    const ms_config *c = b->cfg;
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[64], w[96];
+        snprintf(p, sizeof p, "model.layers.%d.", l);
+        ms_layer *L = &m->layers[l];
+        ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", p);
+        ms_bind_vec(b, &L->ffn_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", p);
+        ms_bind_gqa(b, m, l, p);
+        if (c->layer_mlp[l] == MS_MLP_DENSE) {
+            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+            continue;
+        }
+        snprintf(w, sizeof w, "%smlp.gate", p);
+        ms_bind_router(b, m, l, w, NULL);
+        ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.experts.%d.up_proj",
+                        "model.layers.%d.mlp.experts.%d.down_proj");
+    }
+    return b->rc;
+}
+
+const ms_arch ms_arch_qwen3_moe = {"qwen3_moe", configure, bind};

@@ -1,0 +1,27 @@
+/* arch_registry.c — the table of supported model_types. */
+#include <stdio.h>
+#include <string.h>
+
+#include "model/arch.h"
+
+extern const ms_arch ms_arch_deepseek_v3, ms_arch_qwen3_moe, ms_arch_glm4_moe, ms_arch_minimax_m2;
+
+static const ms_arch *const k_archs[] = {
+    &ms_arch_deepseek_v3,
+    &ms_arch_qwen3_moe,
+    &ms_arch_glm4_moe,
+    &ms_arch_minimax_m2,
+};
+
+const ms_arch *ms_arch_find(const char *model_type) {
+    for (size_t i = 0; i < sizeof k_archs / sizeof *k_archs; i++)
+        if (!strcmp(k_archs[i]->model_type, model_type)) return k_archs[i];
+    return NULL;
+}
+
+void ms_arch_list(char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof k_archs / sizeof *k_archs && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, i ? ", %s" : "%s", k_archs[i]->model_type);
+}

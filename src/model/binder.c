@@ -1,0 +1,137 @@
+/* binder.c — binds tensor names to weight views (load mode) or records
+ * tensor specs (spec mode, for synth). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/arch.h"
+#include "model/model.h"
+
+static int vname(ms_binder *b, char *out, size_t cap, const char *fmt, va_list ap) {
+    size_t pl = strlen(b->prefix);
+    if (pl >= cap) return -1;
+    memcpy(out, b->prefix, pl);
+    int n = vsnprintf(out + pl, cap - pl, fmt, ap);
+    return (n < 0 || (size_t)n >= cap - pl) ? -1 : 0;
+}
+
+static void add_spec(ms_binder *b, const char *name, int ndim, const int64_t *shape, ms_wkind kind) {
+    if (b->n_specs == b->cap_specs) {
+        int nc = b->cap_specs ? b->cap_specs * 2 : 256;
+        ms_tensor_spec *ns = realloc(b->specs, (size_t)nc * sizeof *ns);
+        if (!ns) {
+            b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory collecting tensor specs");
+            return;
+        }
+        b->specs = ns;
+        b->cap_specs = nc;
+    }
+    ms_tensor_spec *s = &b->specs[b->n_specs++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->ndim = ndim;
+    for (int i = 0; i < ndim; i++) s->shape[i] = shape[i];
+    s->kind = kind;
+}
+
+static const ms_tensor *need(ms_binder *b, const char *name, int ndim, const int64_t *shape) {
+    const ms_tensor *t = ms_checkpoint_find(b->ck, name);
+    char want[160], got[160];
+    if (!t) {
+        b->rc = ms_fail(b->err, MS_ERR_SHAPE, "%s: missing tensor \"%s\" (expected shape %s)", b->ck->dir, name,
+                        ms_shape_str(shape, ndim, want, sizeof want));
+        return NULL;
+    }
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        b->rc = ms_fail(b->err, MS_ERR_SHAPE, "tensor \"%s\": expected shape %s, found %s", name,
+                        ms_shape_str(shape, ndim, want, sizeof want), ms_shape_str(t->shape, t->ndim, got, sizeof got));
+        return NULL;
+    }
+    return t;
+}
+
+int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t cols, const char *fmt, ...) {
+    if (b->rc) return b->rc;
+    char base[200], name[220];
+    va_list ap;
+    va_start(ap, fmt);
+    int bad = vname(b, base, sizeof base, fmt, ap);
+    va_end(ap);
+    if (bad) return b->rc = ms_fail(b->err, MS_ERR_ARG, "tensor name too long");
+    snprintf(name, sizeof name, "%s.weight", base);
+    int64_t shape[2] = {rows, cols};
+    memset(out, 0, sizeof *out);
+    out->rows = rows;
+    out->cols = cols;
+    if (!b->ck) {
+        add_spec(b, name, 2, shape, kind);
+        return b->rc;
+    }
+    const ms_tensor *t = need(b, name, 2, shape);
+    if (!t) return b->rc;
+    out->dtype = t->dtype;
+    out->data = t->data;
+    switch (t->dtype) {
+    case MS_DT_F32:
+    case MS_DT_F16:
+    case MS_DT_BF16: break;
+    case MS_DT_F8_E4M3: {
+        int b0 = b->cfg->fp8 ? b->cfg->fp8_block[0] : 128, b1 = b->cfg->fp8 ? b->cfg->fp8_block[1] : 128;
+        snprintf(name, sizeof name, "%s.weight_scale_inv", base);
+        int64_t sshape[2] = {(rows + b0 - 1) / b0, (cols + b1 - 1) / b1};
+        const ms_tensor *s = need(b, name, 2, sshape);
+        if (!s) return b->rc;
+        if (s->dtype != MS_DT_F32 && s->dtype != MS_DT_BF16)
+            return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": scale dtype %s (expected F32 or BF16)",
+                                   name, ms_dtype_name(s->dtype));
+        out->scale = s->data;
+        out->scale_dtype = s->dtype;
+        out->brow = b0;
+        out->bcol = b1;
+        break;
+    }
+    default:
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s is not supported for a matrix", name,
+                               ms_dtype_name(t->dtype));
+    }
+    return MS_OK;
+}
+
+int ms_bind_vec(ms_binder *b, float **out, ms_wkind kind, int64_t n, int opt, const char *fmt, ...) {
+    *out = NULL;
+    if (b->rc) return b->rc;
+    char name[220];
+    va_list ap;
+    va_start(ap, fmt);
+    int bad = vname(b, name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (bad) return b->rc = ms_fail(b->err, MS_ERR_ARG, "tensor name too long");
+    int64_t shape[1] = {n};
+    if (!b->ck) {
+        if (!opt) add_spec(b, name, 1, shape, kind);
+        return b->rc;
+    }
+    if (opt && !ms_checkpoint_find(b->ck, name)) return MS_OK;
+    const ms_tensor *t = need(b, name, 1, shape);
+    if (!t) return b->rc;
+    if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F16)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected F32, BF16 or F16)", name,
+                               ms_dtype_name(t->dtype));
+    *out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out);
+    if (!*out) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+    ms_to_f32(*out, t->data, t->dtype, n);
+    return MS_OK;
+}
+
+int ms_bind_has(ms_binder *b, const char *fmt, ...) {
+    if (!b->ck) return 0;
+    char name[220];
+    va_list ap;
+    va_start(ap, fmt);
+    int bad = vname(b, name, sizeof name, fmt, ap);
+    va_end(ap);
+    return !bad && ms_checkpoint_find(b->ck, name) != NULL;
+}

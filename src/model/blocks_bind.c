@@ -1,0 +1,116 @@
+/* blocks_bind.c — tensor names and shapes of the shared blocks. Arch files
+ * call these with their prefixes; shapes come from the config only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/arch.h"
+#include "model/model.h"
+
+int ms_bind_trunk(ms_binder *b, ms_model *m, const char *embed, const char *final_norm, const char *lm_head) {
+    const ms_config *c = b->cfg;
+    ms_bind_mat(b, &m->embed, MS_W_EMBED, c->vocab, c->hidden, "%s", embed);
+    ms_bind_vec(b, &m->final_norm, MS_W_NORM, c->hidden, 0, "%s", final_norm);
+    if (c->tie_embeddings && !ms_bind_has(b, "%s.weight", lm_head)) m->lm_head = m->embed;
+    else ms_bind_mat(b, &m->lm_head, MS_W_EMBED, c->vocab, c->hidden, "%s", lm_head);
+    return b->rc;
+}
+
+/* pfx: e.g. "model.layers.3." — names below are relative to it. */
+int ms_bind_gqa(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    const ms_config *c = b->cfg;
+    ms_layer *L = &m->layers[layer];
+    int64_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+    ms_bind_mat(b, &L->wq, MS_W_MATRIX, qd, c->hidden, "%sself_attn.q_proj", pfx);
+    ms_bind_mat(b, &L->wk, MS_W_MATRIX, kd, c->hidden, "%sself_attn.k_proj", pfx);
+    ms_bind_mat(b, &L->wv, MS_W_MATRIX, kd, c->hidden, "%sself_attn.v_proj", pfx);
+    ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, qd, "%sself_attn.o_proj", pfx);
+    if (c->attn_bias) {
+        ms_bind_vec(b, &L->bq, MS_W_VECTOR, qd, 0, "%sself_attn.q_proj.bias", pfx);
+        ms_bind_vec(b, &L->bk, MS_W_VECTOR, kd, 0, "%sself_attn.k_proj.bias", pfx);
+        ms_bind_vec(b, &L->bv, MS_W_VECTOR, kd, 0, "%sself_attn.v_proj.bias", pfx);
+    }
+    if (c->qk_norm == MS_QKNORM_HEAD) {
+        ms_bind_vec(b, &L->q_norm, MS_W_NORM, c->head_dim, 0, "%sself_attn.q_norm.weight", pfx);
+        ms_bind_vec(b, &L->k_norm, MS_W_NORM, c->head_dim, 0, "%sself_attn.k_norm.weight", pfx);
+    } else if (c->qk_norm == MS_QKNORM_FULL) {
+        ms_bind_vec(b, &L->q_norm, MS_W_NORM, qd, 0, "%sself_attn.q_norm.weight", pfx);
+        ms_bind_vec(b, &L->k_norm, MS_W_NORM, kd, 0, "%sself_attn.k_norm.weight", pfx);
+    }
+    return b->rc;
+}
+
+int ms_bind_mla(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    const ms_config *c = b->cfg;
+    ms_layer *L = &m->layers[layer];
+    int64_t qk = c->qk_nope_dim + c->qk_rope_dim;
+    if (c->q_lora_rank > 0) {
+        ms_bind_mat(b, &L->q_a, MS_W_MATRIX, c->q_lora_rank, c->hidden, "%sself_attn.q_a_proj", pfx);
+        ms_bind_vec(b, &L->q_a_norm, MS_W_NORM, c->q_lora_rank, 0, "%sself_attn.q_a_layernorm.weight", pfx);
+        ms_bind_mat(b, &L->q_b, MS_W_MATRIX, c->n_heads * qk, c->q_lora_rank, "%sself_attn.q_b_proj", pfx);
+    } else {
+        ms_bind_mat(b, &L->wq, MS_W_MATRIX, c->n_heads * qk, c->hidden, "%sself_attn.q_proj", pfx);
+    }
+    ms_bind_mat(b, &L->kv_a, MS_W_MATRIX, c->kv_lora_rank + c->qk_rope_dim, c->hidden,
+                "%sself_attn.kv_a_proj_with_mqa", pfx);
+    ms_bind_vec(b, &L->kv_a_norm, MS_W_NORM, c->kv_lora_rank, 0, "%sself_attn.kv_a_layernorm.weight", pfx);
+    ms_bind_mat(b, &L->kv_b, MS_W_MATRIX, c->n_heads * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank,
+                "%sself_attn.kv_b_proj", pfx);
+    ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, c->n_heads * c->v_head_dim, "%sself_attn.o_proj", pfx);
+    return b->rc;
+}
+
+int ms_bind_mlp(ms_binder *b, ms_model *m, int layer, const char *pfx, int64_t inter, const char *gate,
+                const char *up, const char *down) {
+    const ms_config *c = b->cfg;
+    ms_layer *L = &m->layers[layer];
+    ms_bind_mat(b, &L->gate, MS_W_MATRIX, inter, c->hidden, "%s%s", pfx, gate);
+    ms_bind_mat(b, &L->up, MS_W_MATRIX, inter, c->hidden, "%s%s", pfx, up);
+    ms_bind_mat(b, &L->down, MS_W_MATRIX, c->hidden, inter, "%s%s", pfx, down);
+    return b->rc;
+}
+
+int ms_bind_router(ms_binder *b, ms_model *m, int layer, const char *weight, const char *bias) {
+    const ms_config *c = b->cfg;
+    ms_layer *L = &m->layers[layer];
+    ms_bind_mat(b, &L->router, MS_W_ROUTER, c->n_experts, c->hidden, "%s", weight);
+    if (bias) ms_bind_vec(b, &L->router_bias, MS_W_VECTOR, c->n_experts, 0, "%s", bias);
+    return b->rc;
+}
+
+static const ms_tensor *find_rel(ms_binder *b, const char *rel) {
+    char name[260];
+    snprintf(name, sizeof name, "%s%s", b->prefix, rel);
+    return ms_checkpoint_find(b->ck, name);
+}
+
+int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
+                    const char *down_fmt) {
+    const ms_config *c = b->cfg;
+    ms_layer *L = &m->layers[layer];
+    if (b->rc) return b->rc;
+    if (b->ck) {
+        L->experts = calloc((size_t)c->n_experts, sizeof *L->experts);
+        L->expert_tensors = calloc((size_t)c->n_experts * MS_EXPERT_TENSORS, sizeof *L->expert_tensors);
+        if (!L->experts || !L->expert_tensors) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+    }
+    const char *fmts[3] = {gate_fmt, up_fmt, down_fmt};
+    for (int e = 0; e < c->n_experts && !b->rc; e++) {
+        ms_expert_view tmp, *v = b->ck ? &L->experts[e] : &tmp;
+        ms_qmat *mats[3] = {&v->gate, &v->up, &v->down};
+        for (int k = 0; k < 3 && !b->rc; k++) {
+            char base[200];
+            snprintf(base, sizeof base, fmts[k], layer, e);
+            int64_t rows = k < 2 ? c->moe_inter : c->hidden, cols = k < 2 ? c->hidden : c->moe_inter;
+            ms_bind_mat(b, mats[k], MS_W_EXPERT, rows, cols, "%s", base);
+            if (b->ck && !b->rc) {
+                char rel[260];
+                snprintf(rel, sizeof rel, "%s.weight", base);
+                L->expert_tensors[e * MS_EXPERT_TENSORS + 2 * k] = find_rel(b, rel);
+                snprintf(rel, sizeof rel, "%s.weight_scale_inv", base);
+                L->expert_tensors[e * MS_EXPERT_TENSORS + 2 * k + 1] = find_rel(b, rel);
+            }
+        }
+    }
+    return b->rc;
+}

@@ -1,0 +1,216 @@
+#include "model/config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/arch.h"
+#include "util/fs.h"
+#include "util/json.h"
+
+#define DIM_MAX (INT64_C(1) << 24)
+
+static double get_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
+
+int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_layout layout, const char *where,
+                   ms_err *err) {
+    ms_rope *r = &c->rope;
+    memset(r, 0, sizeof *r);
+    if (rotary_dim <= 0 || rotary_dim % 2 || rotary_dim / 2 > (int64_t)(sizeof r->inv_freq / sizeof *r->inv_freq))
+        return ms_fail(err, MS_ERR_FORMAT, "%s: rotary dimension %lld must be even and at most 1024", where,
+                       (long long)rotary_dim);
+    r->dim = (int)rotary_dim;
+    r->layout = layout;
+    r->theta = 10000.0;
+    r->attn_factor = 1.0;
+    int rc = ms_json_opt_double(j, "rope_theta", &r->theta, where, err);
+    /* transformers 5 writes rope_parameters; older checkpoints rope_scaling */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (!cJSON_IsObject(rp)) rp = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    const char *type = "default";
+    if (!rc && cJSON_IsObject(rp)) {
+        rc = ms_json_opt_double(rp, "rope_theta", &r->theta, where, err);
+        if (!rc) rc = ms_json_opt_string(rp, "rope_type", &type, where, err);
+        if (!rc && !strcmp(type, "default")) rc = ms_json_opt_string(rp, "type", &type, where, err);
+    }
+    if (rc) return rc;
+    if (!(r->theta > 0)) return ms_fail(err, MS_ERR_FORMAT, "%s: rope_theta must be positive", where);
+    for (int i = 0; i < r->dim / 2; i++) r->inv_freq[i] = 1.0 / pow(r->theta, (double)(2 * i) / r->dim);
+    if (!strcmp(type, "default")) return MS_OK;
+    if (strcmp(type, "yarn") != 0)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: rope_type \"%s\" is not supported (default, yarn)", where, type);
+    r->yarn = 1;
+    r->factor = 1;
+    r->beta_fast = 32;
+    r->beta_slow = 1;
+    r->orig_max_pos = (double)c->max_pos;
+    r->truncate = 1;
+    double attn_factor = NAN;
+    if ((rc = ms_json_opt_double(rp, "factor", &r->factor, where, err)) ||
+        (rc = ms_json_opt_double(rp, "beta_fast", &r->beta_fast, where, err)) ||
+        (rc = ms_json_opt_double(rp, "beta_slow", &r->beta_slow, where, err)) ||
+        (rc = ms_json_opt_double(rp, "mscale", &r->mscale, where, err)) ||
+        (rc = ms_json_opt_double(rp, "mscale_all_dim", &r->mscale_all_dim, where, err)) ||
+        (rc = ms_json_opt_double(rp, "attention_factor", &attn_factor, where, err)) ||
+        (rc = ms_json_opt_bool(rp, "truncate", &r->truncate, where, err)))
+        return rc;
+    if (r->beta_fast == 0) r->beta_fast = 32;
+    if (r->beta_slow == 0) r->beta_slow = 1;
+    double factor = r->factor;
+    const cJSON *omp = cJSON_GetObjectItemCaseSensitive(rp, "original_max_position_embeddings");
+    if (omp && !cJSON_IsNull(omp)) {
+        if (!cJSON_IsNumber(omp) || omp->valuedouble <= 0)
+            return ms_fail(err, MS_ERR_FORMAT, "%s: original_max_position_embeddings must be positive", where);
+        r->orig_max_pos = omp->valuedouble;
+        /* as transformers: the attention factor uses max_pos / original */
+        factor = (double)c->max_pos / r->orig_max_pos;
+    }
+    if (!(r->factor >= 1)) return ms_fail(err, MS_ERR_FORMAT, "%s: yarn factor must be >= 1", where);
+    if (isnan(attn_factor)) {
+        if (r->mscale != 0 && r->mscale_all_dim != 0)
+            attn_factor = get_mscale(factor, r->mscale) / get_mscale(factor, r->mscale_all_dim);
+        else
+            attn_factor = get_mscale(factor, 1.0);
+    }
+    r->attn_factor = attn_factor;
+    /* correction range over the rotary dims (transformers _compute_yarn_parameters) */
+    double d = r->dim, base = r->theta;
+    double lo = d * log(r->orig_max_pos / (r->beta_fast * 2 * M_PI)) / (2 * log(base));
+    double hi = d * log(r->orig_max_pos / (r->beta_slow * 2 * M_PI)) / (2 * log(base));
+    if (r->truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    if (lo < 0) lo = 0;
+    if (hi > d - 1) hi = d - 1;
+    if (lo == hi) hi += 0.001;
+    for (int i = 0; i < r->dim / 2; i++) {
+        double pos_freq = pow(base, (double)(2 * i) / d);
+        double extra = 1.0 / pos_freq, inter = 1.0 / (r->factor * pos_freq);
+        double ramp = ((double)i - lo) / (hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double extra_factor = 1 - ramp;
+        r->inv_freq[i] = inter * (1 - extra_factor) + extra * extra_factor;
+    }
+    return MS_OK;
+}
+
+void ms_rope_cos_sin(const ms_rope *r, int64_t pos, float *cos_out, float *sin_out) {
+    for (int i = 0; i < r->dim / 2; i++) {
+        /* transformers forms the angle in float32: pos * inv_freq(float32) */
+        float ang = (float)pos * (float)r->inv_freq[i];
+        cos_out[i] = (float)(cos((double)ang) * r->attn_factor);
+        sin_out[i] = (float)(sin((double)ang) * r->attn_factor);
+    }
+}
+
+static int parse_common(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int rc;
+    c->n_kv_heads = -1;
+    c->head_dim = -1;
+    c->rms_eps = 1e-6;
+    c->max_pos = 4096;
+    c->bos_id = c->eos_id = -1;
+    int tie = 0;
+    if ((rc = ms_json_int(j, "vocab_size", 1, INT64_C(1) << 31, &c->vocab, where, err)) ||
+        (rc = ms_json_int(j, "hidden_size", 1, DIM_MAX, &c->hidden, where, err)) ||
+        (rc = ms_json_int(j, "num_hidden_layers", 1, MS_MAX_LAYERS, &c->n_layers, where, err)) ||
+        (rc = ms_json_opt_int(j, "num_attention_heads", 1, 65536, &c->n_heads, where, err)) ||
+        (rc = ms_json_opt_int(j, "num_key_value_heads", 1, 65536, &c->n_kv_heads, where, err)) ||
+        (rc = ms_json_opt_int(j, "head_dim", 1, 65536, &c->head_dim, where, err)) ||
+        (rc = ms_json_opt_int(j, "max_position_embeddings", 1, INT64_C(1) << 40, &c->max_pos, where, err)) ||
+        (rc = ms_json_opt_double(j, "rms_norm_eps", &c->rms_eps, where, err)) ||
+        (rc = ms_json_opt_bool(j, "tie_word_embeddings", &tie, where, err)) ||
+        (rc = ms_json_opt_int(j, "intermediate_size", 1, DIM_MAX, &c->inter, where, err)) ||
+        (rc = ms_json_opt_int(j, "moe_intermediate_size", 1, DIM_MAX, &c->moe_inter, where, err)) ||
+        (rc = ms_json_opt_int(j, "num_experts_per_tok", 1, 4096, &c->top_k, where, err)) ||
+        (rc = ms_json_opt_int(j, "n_group", 1, 4096, &c->n_group, where, err)) ||
+        (rc = ms_json_opt_int(j, "topk_group", 1, 4096, &c->topk_group, where, err)) ||
+        (rc = ms_json_opt_bool(j, "norm_topk_prob", &c->norm_topk_prob, where, err)) ||
+        (rc = ms_json_opt_double(j, "routed_scaling_factor", &c->routed_scale, where, err)) ||
+        (rc = ms_json_opt_bool(j, "attention_bias", &c->attn_bias, where, err)))
+        return rc;
+    const cJSON *bos = cJSON_GetObjectItemCaseSensitive(j, "bos_token_id");
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
+    if (ms_json_is_int(bos, 0, c->vocab - 1)) c->bos_id = (int64_t)bos->valuedouble;
+    if (ms_json_is_int(eos, 0, c->vocab - 1)) c->eos_id = (int64_t)eos->valuedouble;
+    if (cJSON_IsArray(eos) && ms_json_is_int(eos->child, 0, c->vocab - 1)) c->eos_id = (int64_t)eos->child->valuedouble;
+    c->tie_embeddings = tie;
+    if (c->n_kv_heads < 0) c->n_kv_heads = c->n_heads;
+    if (c->head_dim < 0 && c->n_heads > 0) c->head_dim = c->hidden / c->n_heads;
+    if (c->routed_scale == 0) c->routed_scale = 1.0;
+    if (c->n_group == 0) c->n_group = 1;
+    if (c->topk_group == 0) c->topk_group = c->n_group;
+    if (!(c->rms_eps > 0 && c->rms_eps < 1)) return ms_fail(err, MS_ERR_FORMAT, "%s: rms_norm_eps out of range", where);
+    /* quantization */
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    if (cJSON_IsObject(q)) {
+        const char *method = "";
+        if ((rc = ms_json_opt_string(q, "quant_method", &method, where, err))) return rc;
+        if (!strcmp(method, "fp8")) {
+            const char *fmt = "e4m3";
+            if ((rc = ms_json_opt_string(q, "fmt", &fmt, where, err))) return rc;
+            if (strcmp(fmt, "e4m3"))
+                return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: fp8 format \"%s\" is not supported (e4m3)", where, fmt);
+            const cJSON *bs = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
+            if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !ms_json_is_int(bs->child, 1, 1 << 20) ||
+                !ms_json_is_int(bs->child->next, 1, 1 << 20))
+                return ms_fail(err, MS_ERR_UNSUPPORTED,
+                               "%s: fp8 quantization needs weight_block_size [rows, cols] (per-tensor fp8 is not supported)",
+                               where);
+            c->fp8 = 1;
+            c->fp8_block[0] = (int)bs->child->valuedouble;
+            c->fp8_block[1] = (int)bs->child->next->valuedouble;
+        } else {
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "%s: quantization_config.quant_method \"%s\" is not supported by this architecture yet (fp8)",
+                           where, method);
+        }
+    }
+    return MS_OK;
+}
+
+int ms_config_parse(const char *json, size_t len, const char *where, ms_config *c, ms_err *err) {
+    memset(c, 0, sizeof *c);
+    cJSON *j = NULL;
+    int rc = ms_json_parse(json, len, where, &j, err);
+    if (rc) return rc;
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return ms_fail(err, MS_ERR_FORMAT, "%s: not a JSON object", where);
+    }
+    const char *mt = NULL;
+    rc = ms_json_opt_string(j, "model_type", &mt, where, err);
+    if (!rc && !mt) rc = ms_fail(err, MS_ERR_FORMAT, "%s: missing \"model_type\"", where);
+    const ms_arch *arch = NULL;
+    if (!rc) {
+        arch = ms_arch_find(mt);
+        if (!arch) {
+            char list[512];
+            ms_arch_list(list, sizeof list);
+            rc = ms_fail(err, MS_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported; supported: %s", where, mt,
+                         list);
+        }
+    }
+    if (!rc) {
+        snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+        c->arch = arch;
+        rc = parse_common(j, c, where, err);
+    }
+    if (!rc) rc = arch->configure(j, c, where, err);
+    cJSON_Delete(j);
+    return rc;
+}
+
+int ms_config_load(const char *dir, ms_config *c, ms_err *err) {
+    char path[4096];
+    int rc = ms_path_join(path, sizeof path, dir, "config.json", err);
+    if (rc) return rc;
+    char *text;
+    size_t len;
+    if ((rc = ms_read_file(path, 16u << 20, &text, &len, err))) return rc;
+    rc = ms_config_parse(text, len, path, c, err);
+    free(text);
+    return rc;
+}

@@ -1,0 +1,81 @@
+/* config.h — the model description parsed from a checkpoint's config.json.
+ *
+ * One flat struct covers every supported family; an architecture file
+ * (src/model/arch_*.c) fills the family-specific fields and the per-layer
+ * schedule. Everything the engine needs to size buffers and pick blocks is
+ * here: no dimension is hard-coded anywhere else. */
+#ifndef MS_CONFIG_H
+#define MS_CONFIG_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "util/err.h"
+
+#define MS_MAX_LAYERS 512
+
+typedef enum { MS_ATTN_GQA = 1, MS_ATTN_MLA = 2 } ms_attn_kind;
+typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
+typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2 } ms_router_kind;
+/* RoPE pairing: rotate_half (x_i, x_{i+d/2}) or interleaved pairs (x_2i, x_2i+1). */
+typedef enum { MS_ROPE_HALF = 1, MS_ROPE_INTERLEAVED = 2 } ms_rope_layout;
+/* Where q/k RMSNorm applies: none, per head (head_dim), or over all heads' projection. */
+typedef enum { MS_QKNORM_NONE = 0, MS_QKNORM_HEAD = 1, MS_QKNORM_FULL = 2 } ms_qknorm_kind;
+
+typedef struct ms_rope {
+    int dim;                 /* rotary dims (even) */
+    ms_rope_layout layout;
+    double theta;
+    int yarn;                /* rope_type == "yarn" */
+    double factor, beta_fast, beta_slow, mscale, mscale_all_dim, orig_max_pos;
+    int truncate;
+    double attn_factor;      /* multiplies cos/sin (YaRN attention_factor; 1 otherwise) */
+    double inv_freq[512];    /* [dim/2] */
+} ms_rope;
+
+typedef struct ms_config {
+    char model_type[64];
+    const struct ms_arch *arch;
+    /* trunk */
+    int64_t vocab, hidden, n_layers, max_pos;
+    double rms_eps;
+    int tie_embeddings;
+    /* attention (GQA) */
+    int64_t n_heads, n_kv_heads, head_dim;
+    int attn_bias;              /* q/k/v biases */
+    ms_qknorm_kind qk_norm;
+    /* attention (MLA) */
+    int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
+    double attn_scale;          /* softmax scale incl. YaRN mscale^2 */
+    ms_rope rope;
+    /* feed-forward */
+    int64_t inter;              /* dense MLP width */
+    int64_t moe_inter;          /* routed expert width */
+    int64_t shared_inter;       /* shared experts' total width (0: none) */
+    int64_t n_experts, top_k, n_group, topk_group;
+    ms_router_kind router;
+    int router_bias;            /* e_score_correction_bias present */
+    int norm_topk_prob;
+    double routed_scale;
+    /* weights */
+    int fp8;                    /* quantization_config fp8 */
+    int fp8_block[2];
+    /* per-layer schedule */
+    uint8_t layer_attn[MS_MAX_LAYERS];
+    uint8_t layer_mlp[MS_MAX_LAYERS];
+    int64_t bos_id, eos_id;
+} ms_config;
+
+/* Parse config.json text (at most a few MiB) into c: common fields, then the
+ * architecture's own (selected by model_type). `where` names the file. */
+int ms_config_parse(const char *json, size_t len, const char *where, ms_config *c, ms_err *err);
+/* Read DIR/config.json and parse it. */
+int ms_config_load(const char *dir, ms_config *c, ms_err *err);
+
+/* Helpers for architecture files. */
+int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_layout layout, const char *where,
+                   ms_err *err);
+/* Fill cos/sin [dim/2] for a position (already multiplied by attn_factor). */
+void ms_rope_cos_sin(const ms_rope *r, int64_t pos, float *cos_out, float *sin_out);
+
+#endif

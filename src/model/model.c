@@ -1,0 +1,91 @@
+/* model.c — load a checkpoint directory into a bound ms_model. */
+#include "model/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int alloc_layers(ms_model *m, ms_err *err) {
+    m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
+    return m->layers ? MS_OK : ms_fail(err, MS_ERR_NOMEM, "out of memory");
+}
+
+static void account(ms_model *m) {
+    const ms_config *c = &m->cfg;
+    m->static_bytes = ms_qmat_bytes(&m->embed);
+    if (m->lm_head.data != m->embed.data) m->static_bytes += ms_qmat_bytes(&m->lm_head);
+    for (int l = 0; l < c->n_layers; l++) {
+        const ms_layer *L = &m->layers[l];
+        const ms_qmat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->kv_a, &L->kv_b,
+                                 &L->gate, &L->up, &L->down, &L->router};
+        for (size_t i = 0; i < sizeof mats / sizeof *mats; i++)
+            if (mats[i]->data) m->static_bytes += ms_qmat_bytes(mats[i]);
+        if (L->experts)
+            for (int e = 0; e < c->n_experts; e++)
+                m->expert_bytes += ms_qmat_bytes(&L->experts[e].gate) + ms_qmat_bytes(&L->experts[e].up) +
+                                   ms_qmat_bytes(&L->experts[e].down);
+    }
+}
+
+int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
+    memset(m, 0, sizeof *m);
+    int rc = ms_config_load(dir, &m->cfg, err);
+    if (rc) return rc;
+    if ((rc = ms_checkpoint_open(dir, &m->ck, err))) return rc;
+    if ((rc = alloc_layers(m, err))) goto fail;
+    ms_binder b = {.ck = &m->ck, .cfg = &m->cfg, .err = err};
+    rc = m->cfg.arch->bind(&b, m);
+    if (rc) goto fail;
+    account(m);
+    return MS_OK;
+fail:
+    ms_model_free(m);
+    return rc;
+}
+
+void ms_model_free(ms_model *m) {
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            ms_layer *L = &m->layers[l];
+            float *vecs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv, L->q_norm, L->k_norm,
+                             L->q_a_norm, L->kv_a_norm, L->router_bias};
+            for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++) free(vecs[i]);
+            free(L->experts);
+            free(L->expert_tensors);
+        }
+        free(m->layers);
+    }
+    free(m->final_norm);
+    ms_checkpoint_close(&m->ck);
+    memset(m, 0, sizeof *m);
+}
+
+int ms_model_specs(const ms_config *c, ms_tensor_spec **specs, int *n, ms_err *err) {
+    ms_model m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *c;
+    if (alloc_layers(&m, err)) return MS_ERR_NOMEM;
+    ms_binder b = {.ck = NULL, .cfg = &m.cfg, .err = err};
+    int rc = c->arch->bind(&b, &m);
+    free(m.layers);
+    if (rc) {
+        free(b.specs);
+        return rc;
+    }
+    *specs = b.specs;
+    *n = b.n_specs;
+    return MS_OK;
+}
+
+uint64_t ms_model_active_bytes(const ms_model *m) {
+    const ms_config *c = &m->cfg;
+    uint64_t b = m->static_bytes - ms_qmat_bytes(&m->embed);
+    if (m->lm_head.data == m->embed.data) b += ms_qmat_bytes(&m->embed);
+    b += (uint64_t)c->hidden * (uint64_t)ms_dtype_bits(m->embed.dtype) / 8; /* one embedding row */
+    for (int l = 0; l < c->n_layers; l++) {
+        const ms_layer *L = &m->layers[l];
+        if (!L->experts) continue;
+        const ms_expert_view *v = &L->experts[0];
+        b += (uint64_t)c->top_k * (ms_qmat_bytes(&v->gate) + ms_qmat_bytes(&v->up) + ms_qmat_bytes(&v->down));
+    }
+    return b;
+}

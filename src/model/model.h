@@ -1,0 +1,59 @@
+/* model.h — a loaded model: config + checkpoint + bound weight views.
+ *
+ * Matrices are ms_qmat views into the mapped checkpoint (stored dtype);
+ * only 1-D vectors (norms, biases) are F32 copies. Routed experts are bound
+ * too (views + their tensors' locations) so the resident expert source can
+ * serve them and a streaming source can find their bytes. */
+#ifndef MS_MODEL_H
+#define MS_MODEL_H
+
+#include "engine/experts.h"
+#include "io/safetensors.h"
+#include "model/arch.h"
+#include "model/config.h"
+
+/* Per expert: gate.weight, gate.scale, up.weight, up.scale, down.weight, down.scale. */
+#define MS_EXPERT_TENSORS 6
+
+typedef struct ms_layer {
+    float *attn_norm, *ffn_norm;                 /* [hidden] */
+    /* GQA: wq [H*hd, hidden], wk/wv [KV*hd, hidden], wo [hidden, H*hd] (also MLA's o_proj) */
+    ms_qmat wq, wk, wv, wo;
+    float *bq, *bk, *bv;                         /* optional biases */
+    float *q_norm, *k_norm;                      /* [hd] (per head) or [H*hd] (full) */
+    /* MLA */
+    ms_qmat q_a, q_b;                            /* [q_lora, hidden], [H*qk_head, q_lora]; or wq when q_lora_rank 0 */
+    ms_qmat kv_a;                                /* [kv_lora + rope, hidden] */
+    ms_qmat kv_b;                                /* [H*(nope+v), kv_lora] */
+    float *q_a_norm, *kv_a_norm;                 /* [q_lora], [kv_lora] */
+    /* dense MLP (MS_MLP_DENSE) or shared experts (MoE layers, shared_inter > 0) */
+    ms_qmat gate, up, down;
+    /* MoE */
+    ms_qmat router;                              /* [n_experts, hidden] */
+    float *router_bias;                          /* [n_experts] e_score_correction_bias */
+    ms_expert_view *experts;                     /* [n_experts] resident views */
+    const ms_tensor **expert_tensors;            /* [n_experts * MS_EXPERT_TENSORS], NULL entries when absent */
+} ms_layer;
+
+typedef struct ms_model {
+    ms_config cfg;
+    ms_checkpoint ck;
+    ms_qmat embed;                               /* [vocab, hidden] */
+    ms_qmat lm_head;                             /* [vocab, hidden] (the embedding when tied) */
+    float *final_norm;                           /* [hidden] */
+    ms_layer *layers;                            /* [n_layers] */
+    uint64_t static_bytes, expert_bytes;         /* weight bytes by tier */
+} ms_model;
+
+/* Load DIR: config.json → description → checkpoint → bound weights. Any
+ * missing or mis-shaped tensor fails with expected vs found. */
+int ms_model_load(const char *dir, ms_model *m, ms_err *err);
+void ms_model_free(ms_model *m);
+
+/* Collect the tensor specs of a config (no checkpoint): for synth. Caller frees *specs. */
+int ms_model_specs(const ms_config *c, ms_tensor_spec **specs, int *n, ms_err *err);
+
+/* Bytes of weights one decoded token reads: static tier + top_k experts per MoE layer. */
+uint64_t ms_model_active_bytes(const ms_model *m);
+
+#endif
