@@ -8,7 +8,9 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
 /* name, function, one-line help */
 #define MS_COMMAND_LIST(X)                                                             \
     X(inspect, "list a checkpoint's tensors (name, dtype, shape, file)")                \
-    X(verify, "check the engine against a fixture's reference logits")
+    X(verify, "check the engine against a fixture's reference logits")                 \
+    X(run, "generate greedily from prompt ids")                                        \
+    X(synth, "write a random-weight checkpoint from a config")
 
 
 #define MS_DECLARE(name, help) int cmd_##name(int argc, char **argv);

@@ -107,7 +107,9 @@ void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx) {
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     drain(p, 0);
-    while (atomic_load_explicit(&p->done_workers, memory_order_acquire) < p->n - 1) {
-        /* busy-wait: the remaining tasks are already running */
-    }
+    /* Wait for the workers: spin briefly, then yield so that a worker sharing
+     * this core (an oversubscribed machine) gets to run instead of us spinning
+     * through our whole time slice. */
+    for (int spins = 0; atomic_load_explicit(&p->done_workers, memory_order_acquire) < p->n - 1; spins++)
+        if (spins > 64) sched_yield();
 }

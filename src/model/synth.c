@@ -1,0 +1,336 @@
+/* synth.c — see synth.h. Values: Linear weights U(-a, a) with std 0.02
+ * (transformers' initializer_range), norms 1 ± 0.1, small vectors ± 0.01.
+ * Each tensor's values depend only on (seed, name): sharding does not change them. */
+#include "model/synth.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model/model.h"
+#include "util/fs.h"
+#include "util/json.h"
+#include "util/strmap.h"
+
+typedef struct {
+    char name[200];
+    ms_dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    ms_wkind kind;
+    int scale_of;      /* for a scale tensor: index of its weight; -1 otherwise */
+    int shard;
+    uint64_t offset, nbytes;
+} synth_tensor;
+
+typedef struct { uint64_t s[2]; } rng_t;
+
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(rng_t *r, uint64_t seed, const char *name) {
+    uint64_t x = seed ^ ms_hash_str(name);
+    r->s[0] = splitmix(&x);
+    r->s[1] = splitmix(&x);
+}
+
+static inline uint64_t rng_next(rng_t *r) { /* xorshift128+ */
+    uint64_t a = r->s[0], b = r->s[1];
+    r->s[0] = b;
+    a ^= a << 23;
+    r->s[1] = a ^ b ^ (a >> 17) ^ (b >> 26);
+    return r->s[1] + b;
+}
+
+/* n values uniform in [center - half, center + half) */
+static void fill_uniform(rng_t *r, float *out, int64_t n, float center, float half) {
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint64_t v = rng_next(r);
+        out[i] = center + half * ((float)(v >> 40) * (2.0f / 16777216.0f) - 1.0f);
+        out[i + 1] = center + half * ((float)((v >> 8) & 0xffffff) * (2.0f / 16777216.0f) - 1.0f);
+    }
+    if (i < n) out[i] = center + half * ((float)(rng_next(r) >> 40) * (2.0f / 16777216.0f) - 1.0f);
+}
+
+static void dist(ms_wkind k, float *center, float *half) {
+    *center = 0;
+    switch (k) {
+    case MS_W_NORM: *center = 1.0f; *half = 0.1f; break;
+    case MS_W_VECTOR: *half = 0.01f; break;
+    default: *half = 0.02f * 1.7320508f; break;
+    }
+}
+
+static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path, ms_err *err) {
+    const char *p = buf;
+    while (n) {
+        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        p += w;
+        n -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return MS_OK;
+}
+
+static int64_t nelem(const synth_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+/* Write tensor ts[i] (and, for an FP8 weight, its scale ts[i+1]) into fd. */
+static int write_tensor(int fd, const char *path, synth_tensor *ts, int i, uint64_t data_start, uint64_t seed,
+                        ms_err *err) {
+    synth_tensor *t = &ts[i];
+    rng_t r;
+    rng_seed(&r, seed, t->name);
+    float center, half;
+    dist(t->kind, &center, &half);
+    int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : nelem(t);
+    int64_t brows = t->dtype == MS_DT_F8_E4M3 ? 128 : (rows < 64 ? rows : 64);
+    int esz = ms_dtype_bits(t->dtype) / 8;
+    float *f = malloc((size_t)(brows * cols) * sizeof *f);
+    uint8_t *o = malloc((size_t)(brows * cols) * (size_t)esz);
+    int64_t sc_cols = (cols + 127) / 128;
+    float *scales = t->dtype == MS_DT_F8_E4M3 ? malloc((size_t)sc_cols * sizeof *scales) : NULL;
+    int rc = MS_OK;
+    if (!f || !o || (t->dtype == MS_DT_F8_E4M3 && !scales)) {
+        rc = ms_fail(err, MS_ERR_NOMEM, "out of memory synthesizing %s", t->name);
+        goto done;
+    }
+    for (int64_t r0 = 0; r0 < rows && !rc; r0 += brows) {
+        int64_t nr = rows - r0 < brows ? rows - r0 : brows, n = nr * cols;
+        fill_uniform(&r, f, n, center, half);
+        if (t->dtype == MS_DT_F32) memcpy(o, f, (size_t)n * 4);
+        else if (t->dtype == MS_DT_BF16)
+            for (int64_t k = 0; k < n; k++) ((uint16_t *)o)[k] = ms_f32_to_bf16(f[k]);
+        else if (t->dtype == MS_DT_F16)
+            for (int64_t k = 0; k < n; k++) ((uint16_t *)o)[k] = ms_f32_to_f16(f[k]);
+        else { /* FP8 e4m3 with one scale per 128x128 block: scale = amax / 448 */
+            for (int64_t cb = 0; cb < sc_cols; cb++) {
+                int64_t c0 = cb * 128, c1 = c0 + 128 < cols ? c0 + 128 : cols;
+                float amax = 0;
+                for (int64_t rr = 0; rr < nr; rr++)
+                    for (int64_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(f[rr * cols + c]));
+                float s = amax > 0 ? amax / 448.0f : 1.0f;
+                scales[cb] = s;
+                for (int64_t rr = 0; rr < nr; rr++)
+                    for (int64_t c = c0; c < c1; c++) o[rr * cols + c] = ms_f32_to_fp8_e4m3(f[rr * cols + c] / s);
+            }
+            const synth_tensor *st = &ts[i + 1];
+            rc = pwrite_all(fd, scales, (size_t)sc_cols * 4, data_start + st->offset + (uint64_t)(r0 / 128 * sc_cols) * 4,
+                            path, err);
+            if (rc) break;
+        }
+        rc = pwrite_all(fd, o, (size_t)n * (size_t)esz, data_start + t->offset + (uint64_t)(r0 * cols * esz), path, err);
+    }
+done:
+    free(f);
+    free(o);
+    free(scales);
+    return rc;
+}
+
+static int copy_file(const char *src, const char *dst, ms_err *err) {
+    char *buf;
+    size_t len;
+    int rc = ms_read_file(src, 1u << 30, &buf, &len, err);
+    if (rc) return rc;
+    rc = ms_write_file_atomic(dst, buf, len, err);
+    free(buf);
+    return rc;
+}
+
+static ms_dtype pick_dtype(const ms_synth_opts *o, const ms_config *c, ms_wkind k) {
+    if (k == MS_W_EXPERT) return o->expert_dtype;
+    if (k == MS_W_MATRIX && c->fp8) return MS_DT_F8_E4M3;
+    return o->dtype;
+}
+
+int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
+    char *text = NULL;
+    size_t len;
+    cJSON *cj = NULL;
+    synth_tensor *ts = NULL;
+    ms_tensor_spec *specs = NULL;
+    int n_specs = 0, rc;
+    memset(res, 0, sizeof *res);
+    if (o->dtype != MS_DT_F32 && o->dtype != MS_DT_BF16 && o->dtype != MS_DT_F16)
+        return ms_fail(err, MS_ERR_ARG, "synth: --dtype must be f32, bf16 or f16");
+    if (o->expert_dtype != MS_DT_F32 && o->expert_dtype != MS_DT_BF16 && o->expert_dtype != MS_DT_F16 &&
+        o->expert_dtype != MS_DT_F8_E4M3)
+        return ms_fail(err, MS_ERR_ARG, "synth: --expert-dtype must be f32, bf16, f16 or fp8");
+    if ((rc = ms_read_file(o->config_path, 16u << 20, &text, &len, err))) return rc;
+    ms_config cfg;
+    if ((rc = ms_config_parse(text, len, o->config_path, &cfg, err))) goto out;
+    if ((rc = ms_json_parse(text, len, o->config_path, &cj, err))) goto out;
+    if (o->expert_dtype == MS_DT_F8_E4M3 && !cfg.fp8) {
+        /* declare the block format the FP8 tensors use */
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddStringToObject(q, "quant_method", "fp8");
+        cJSON_AddStringToObject(q, "fmt", "e4m3");
+        cJSON_AddStringToObject(q, "activation_scheme", "dynamic");
+        cJSON *bs = cJSON_AddArrayToObject(q, "weight_block_size");
+        cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
+        cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
+        cJSON_DeleteItemFromObjectCaseSensitive(cj, "quantization_config");
+        cJSON_AddItemToObject(cj, "quantization_config", q);
+        cfg.fp8 = 0; /* the static tier stays in --dtype */
+    }
+    if (cfg.fp8 && (cfg.fp8_block[0] != 128 || cfg.fp8_block[1] != 128)) {
+        rc = ms_fail(err, MS_ERR_UNSUPPORTED, "synth: only 128x128 FP8 blocks are generated");
+        goto out;
+    }
+    if ((rc = ms_model_specs(&cfg, &specs, &n_specs, err))) goto out;
+    ts = calloc((size_t)n_specs * 2 + 1, sizeof *ts);
+    if (!ts) { rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); goto out; }
+    int n = 0;
+    for (int i = 0; i < n_specs; i++) {
+        synth_tensor *t = &ts[n++];
+        snprintf(t->name, sizeof t->name, "%s", specs[i].name);
+        t->ndim = specs[i].ndim;
+        memcpy(t->shape, specs[i].shape, sizeof t->shape);
+        t->kind = specs[i].kind;
+        t->dtype = t->ndim == 2 ? pick_dtype(o, &cfg, t->kind) : o->dtype;
+        t->scale_of = -1;
+        t->nbytes = (uint64_t)nelem(t) * (uint64_t)(ms_dtype_bits(t->dtype) / 8);
+        if (t->dtype == MS_DT_F8_E4M3) {
+            synth_tensor *s = &ts[n++];
+            char sname[sizeof s->name];
+            snprintf(sname, sizeof sname, "%.180s_scale_inv", t->name); /* X.weight -> X.weight_scale_inv */
+            memcpy(s->name, sname, sizeof sname);
+            s->ndim = 2;
+            s->shape[0] = (t->shape[0] + 127) / 128;
+            s->shape[1] = (t->shape[1] + 127) / 128;
+            s->dtype = MS_DT_F32;
+            s->kind = MS_W_VECTOR;
+            s->scale_of = n - 2;
+            s->nbytes = (uint64_t)nelem(s) * 4;
+        }
+    }
+    uint64_t shard_max = o->shard_bytes ? o->shard_bytes : (4ull << 30);
+    int shards = 1;
+    uint64_t cur = 0;
+    for (int i = 0; i < n; i++) {
+        /* keep a weight and its scale in one shard */
+        uint64_t need = ts[i].nbytes + (i + 1 < n && ts[i + 1].scale_of == i ? ts[i + 1].nbytes : 0);
+        if (cur > 0 && cur + need > shard_max) {
+            shards++;
+            cur = 0;
+        }
+        ts[i].shard = shards - 1;
+        ts[i].offset = cur;
+        cur += ts[i].nbytes;
+        if (need > ts[i].nbytes) {
+            i++;
+            ts[i].shard = shards - 1;
+            ts[i].offset = cur;
+            cur += ts[i].nbytes;
+        }
+    }
+    if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) {
+        rc = ms_fail(err, MS_ERR_IO, "%s: cannot create directory: %s", o->out_dir, strerror(errno));
+        goto out;
+    }
+    cJSON *index = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(index, "metadata"),
+          *wmap = cJSON_AddObjectToObject(index, "weight_map");
+    uint64_t total = 0;
+    for (int s = 0; s < shards && !rc; s++) {
+        char fname[128], path[4096];
+        if (shards == 1) snprintf(fname, sizeof fname, "model.safetensors");
+        else snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, shards);
+        if ((rc = ms_path_join(path, sizeof path, o->out_dir, fname, err))) break;
+        cJSON *h = cJSON_CreateObject();
+        cJSON *md = cJSON_AddObjectToObject(h, "__metadata__");
+        cJSON_AddStringToObject(md, "format", "pt");
+        for (int i = 0; i < n; i++) {
+            if (ts[i].shard != s) continue;
+            cJSON *e = cJSON_AddObjectToObject(h, ts[i].name);
+            cJSON_AddStringToObject(e, "dtype", ms_dtype_name(ts[i].dtype));
+            cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+            for (int d = 0; d < ts[i].ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)ts[i].shape[d]));
+            cJSON *of = cJSON_AddArrayToObject(e, "data_offsets");
+            cJSON_AddItemToArray(of, cJSON_CreateNumber((double)ts[i].offset));
+            cJSON_AddItemToArray(of, cJSON_CreateNumber((double)(ts[i].offset + ts[i].nbytes)));
+            cJSON_AddStringToObject(wmap, ts[i].name, fname);
+        }
+        char *hs = cJSON_PrintUnformatted(h);
+        cJSON_Delete(h);
+        if (!hs) { rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); break; }
+        size_t hl = strlen(hs), padded = (hl + 7) & ~(size_t)7;
+        uint8_t *hb = malloc(8 + padded);
+        if (!hb) { free(hs); rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); break; }
+        for (int b = 0; b < 8; b++) hb[b] = (uint8_t)((uint64_t)padded >> (8 * b));
+        memcpy(hb + 8, hs, hl);
+        memset(hb + 8 + hl, ' ', padded - hl);
+        free(hs);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            free(hb);
+            rc = ms_fail(err, MS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+            break;
+        }
+        rc = pwrite_all(fd, hb, 8 + padded, 0, path, err);
+        free(hb);
+        for (int i = 0; i < n && !rc; i++) {
+            if (ts[i].shard != s || ts[i].scale_of >= 0) continue;
+            rc = write_tensor(fd, path, ts, i, 8 + padded, o->seed, err);
+            total += ts[i].nbytes + (i + 1 < n && ts[i + 1].scale_of == i ? ts[i + 1].nbytes : 0);
+        }
+        if (!rc && fsync(fd) != 0) rc = ms_fail(err, MS_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
+        close(fd);
+    }
+    (void)meta;
+    if (!rc && shards > 1) {
+        cJSON_AddNumberToObject(meta, "total_size", (double)total);
+        char *is = cJSON_Print(index), path[4096];
+        if (!is) rc = ms_fail(err, MS_ERR_NOMEM, "out of memory");
+        else if (!(rc = ms_path_join(path, sizeof path, o->out_dir, "model.safetensors.index.json", err)))
+            rc = ms_write_file_atomic(path, is, strlen(is), err);
+        free(is);
+    }
+    cJSON_Delete(index);
+    if (!rc) {
+        char *cs = cJSON_Print(cj), path[4096];
+        if (!cs) rc = ms_fail(err, MS_ERR_NOMEM, "out of memory");
+        else if (!(rc = ms_path_join(path, sizeof path, o->out_dir, "config.json", err)))
+            rc = ms_write_file_atomic(path, cs, strlen(cs), err);
+        free(cs);
+    }
+    if (!rc && o->tokenizer_dir) {
+        const char *files[] = {"tokenizer.json", "tokenizer_config.json", "tiktoken.model", "special_tokens_map.json",
+                               "chat_template.jinja", "generation_config.json"};
+        int copied = 0;
+        for (size_t i = 0; i < sizeof files / sizeof *files && !rc; i++) {
+            char src[4096], dst[4096];
+            if ((rc = ms_path_join(src, sizeof src, o->tokenizer_dir, files[i], err)) ||
+                (rc = ms_path_join(dst, sizeof dst, o->out_dir, files[i], err)))
+                break;
+            if (!ms_file_exists(src)) continue;
+            rc = copy_file(src, dst, err);
+            copied++;
+        }
+        if (!rc && !copied) rc = ms_fail(err, MS_ERR_IO, "%s: no tokenizer files found", o->tokenizer_dir);
+    }
+    res->n_tensors = n;
+    res->n_shards = shards;
+    res->bytes = total;
+out:
+    free(text);
+    free(ts);
+    free(specs);
+    cJSON_Delete(cj);
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* synth.h — deterministic random-weight checkpoints of any supported
+ * architecture, in the original checkpoint layout, written in streaming
+ * fashion (memory use is bounded by one 128-row block of the widest matrix). */
+#ifndef MS_SYNTH_H
+#define MS_SYNTH_H
+
+#include <stdint.h>
+
+#include "util/dtype.h"
+#include "util/err.h"
+
+typedef struct ms_synth_opts {
+    const char *config_path;  /* input config.json */
+    const char *out_dir;      /* created if missing */
+    uint64_t seed;
+    ms_dtype dtype;           /* F32 or BF16: trunk and (by default) experts */
+    ms_dtype expert_dtype;    /* BF16, F32 or F8_E4M3 (128x128 block scales) */
+    uint64_t shard_bytes;     /* max bytes per shard (0: 4 GiB) */
+    const char *tokenizer_dir;/* optional: tokenizer files copied from here */
+} ms_synth_opts;
+
+typedef struct ms_synth_result {
+    int n_tensors, n_shards;
+    uint64_t bytes;
+} ms_synth_result;
+
+int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err);
+
+#endif
