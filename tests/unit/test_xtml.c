@@ -1,0 +1,174 @@
+/* XTML renderer vs Kimi K3's reference encoder (encoding_k3.py, run with
+ * /usr/bin/python3) on the corpus in tests/data/xtml, and Python-semantics
+ * JSON printing vs Python itself. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+#include "text/pyjson.h"
+#include "text/xtml.h"
+#include "util/fs.h"
+
+#define CORPUS "tests/data/xtml/conversations.json"
+#define REFDIR "../shared/reference/kimi-k3"
+
+static char *run_capture(const char *cmd, size_t *len) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return NULL;
+    ms_textbuf b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) ms_textbuf_append(&b, chunk, n);
+    int rc = pclose(p);
+    if (rc != 0 || b.failed) {
+        ms_textbuf_free(&b);
+        return NULL;
+    }
+    *len = b.len;
+    return b.data;
+}
+
+static void show_diff(const char *name, const char *a, size_t al, const char *b, size_t bl) {
+    size_t i = 0;
+    while (i < al && i < bl && a[i] == b[i]) i++;
+    size_t from = i > 60 ? i - 60 : 0;
+    fprintf(stderr, "  %s: first difference at byte %zu (moonshine %zu bytes, reference %zu)\n", name, i,
+            al, bl);
+    fprintf(stderr, "    moonshine: %.*s\n", (int)((al - from) < 160 ? al - from : 160), a + from);
+    fprintf(stderr, "    reference: %.*s\n", (int)((bl - from) < 160 ? bl - from : 160), b + from);
+}
+
+TEST(corpus_matches_reference_encoder) {
+    size_t rlen = 0;
+    char *ref = run_capture("/usr/bin/python3 tests/scripts/xtml_reference.py " CORPUS " " REFDIR, &rlen);
+    CHECK_MSG(ref != NULL, "the reference encoder did not run");
+    if (!ref) return;
+    char *corpus_text = NULL;
+    size_t clen = 0;
+    ms_err err = {0};
+    CHECK(ms_read_file(CORPUS, 64 << 20, &corpus_text, &clen, &err) == MS_OK);
+    ms_py *corpus = NULL, *refs = NULL;
+    CHECK(ms_py_parse(corpus_text, clen, 64, CORPUS, &corpus, &err) == MS_OK);
+    CHECK(ms_py_parse(ref, rlen, 64, "reference output", &refs, &err) == MS_OK);
+    if (!corpus || !refs) goto out;
+    CHECK(corpus->n >= 50);
+    CHECK(refs->n == corpus->n);
+    size_t texts = 0, errors = 0;
+    for (size_t i = 0; i < corpus->n && i < refs->n; i++) {
+        const ms_py *c = corpus->items[i];
+        const ms_py *r = refs->items[i];
+        const ms_py *name = ms_py_get(c, "name");
+        CHECK(ms_py_str_eq(ms_py_get(r, "name"), name->s));
+        ms_textbuf req = {0};
+        const ms_py *rawv = ms_py_get(c, "raw");
+        if (rawv) ms_textbuf_append(&req, rawv->s, rawv->slen);
+        else ms_py_dumps(&req, ms_py_get(c, "request"), 0);
+        char *out = NULL;
+        size_t olen = 0;
+        ms_err e = {0};
+        int st = ms_xtml_render(req.data, req.len, &out, &olen, &e);
+        const ms_py *want = ms_py_get(r, "text");
+        if (want) {
+            texts++;
+            CHECK_MSG(st == MS_OK, "%s: moonshine failed: %s", name->s, e.msg);
+            if (st == MS_OK) {
+                int same = olen == want->slen && memcmp(out, want->s, olen) == 0;
+                CHECK_MSG(same, "%s differs from encoding_k3.py", name->s);
+                if (!same) show_diff(name->s, out, olen, want->s, want->slen);
+            }
+        } else {
+            errors++;
+            CHECK_MSG(st != MS_OK, "%s: the reference raised (%s) but moonshine rendered", name->s,
+                      ms_py_get(r, "error")->s);
+            CHECK_MSG(st == MS_OK || e.msg[0], "%s: failure without a message", name->s);
+        }
+        free(out);
+        ms_textbuf_free(&req);
+    }
+    CHECK(texts >= 50);
+    CHECK(errors >= 5);
+out:
+    ms_py_free(corpus);
+    ms_py_free(refs);
+    free(corpus_text);
+    free(ref);
+}
+
+/* repr(float) and json.dumps(float) of random doubles, against python3 */
+TEST(float_repr_matches_python) {
+    enum { N = 3000 };
+    static double v[N];
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    char path[] = "/tmp/ms_xtml_floatsXXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    FILE *f = fdopen(fd, "w");
+    for (int i = 0; i < N; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        uint64_t bits = s;
+        double d;
+        if (i % 3 == 0) { /* "nice" decimals: k / 10^j */
+            d = (double)(int64_t)(s % 2000001 - 1000000) / pow(10, (double)(s >> 40) * 0 + (i / 3) % 25);
+        } else if (i % 3 == 1) {
+            d = ldexp((double)(s >> 11), (int)(s % 200) - 120);
+        } else {
+            memcpy(&d, &bits, 8);
+            if (isnan(d) || isinf(d)) d = 1.0 / 3.0;
+        }
+        v[i] = d;
+        fprintf(f, "%016llx\n", (unsigned long long)(memcpy(&bits, &d, 8), bits));
+    }
+    fclose(f);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 -c \"import struct,sys\nfor l in open('%s'):\n"
+             " print(repr(struct.unpack('<d', bytes.fromhex(l.strip())[::-1])[0]))\"", path);
+    size_t len = 0;
+    char *out = run_capture(cmd, &len);
+    remove(path);
+    CHECK(out != NULL);
+    if (!out) return;
+    char *line = out;
+    int bad = 0;
+    for (int i = 0; i < N && line && *line; i++) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        char mine[32];
+        ms_py_float_repr(v[i], mine);
+        if (strcmp(mine, line) != 0 && bad++ < 5) fprintf(stderr, "  repr %s vs python %s\n", mine, line);
+        line = nl ? nl + 1 : NULL;
+    }
+    CHECK(bad == 0);
+    free(out);
+}
+
+TEST(malformed_requests_fail_with_messages) {
+    const char *bad[] = {
+        "", "[]", "{\"messages\": {}}", "{\"messages\": [[{\"role\": \"user\"}]]}",
+        "{\"messages\": [], \"chat_template_kwargs\": 3}", "{\"messages\": [{\"role\": \"user\", "
+        "\"content\": \"\\ud800\"}]}", "{\"messages\": [\"\xff\"]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": [1]}]}",
+        "{\"messages\": [{\"role\": \"user\", \"name\": [1], \"content\": \"x\"}]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *out = NULL;
+        size_t olen;
+        ms_err e = {0};
+        int st = ms_xtml_render(bad[i], strlen(bad[i]), &out, &olen, &e);
+        CHECK_MSG(st != MS_OK && e.msg[0] && !out, "case %zu", i);
+    }
+    /* nesting deeper than the bound is a clean error */
+    ms_textbuf deep = {0};
+    ms_textbuf_puts(&deep, "{\"messages\": ");
+    for (int i = 0; i < 2000; i++) ms_textbuf_puts(&deep, "[");
+    char *out = NULL;
+    ms_err e = {0};
+    CHECK(ms_xtml_render(deep.data, deep.len, &out, NULL, &e) == MS_ERR_LIMIT);
+    ms_textbuf_free(&deep);
+}
+
+TEST_MAIN()
