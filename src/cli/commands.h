@@ -10,7 +10,8 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
     X(inspect, "list a checkpoint's tensors (name, dtype, shape, file)")                \
     X(verify, "check the engine against a fixture's reference logits")                 \
     X(run, "generate greedily from prompt ids")                                        \
-    X(synth, "write a random-weight checkpoint from a config")
+    X(synth, "write a random-weight checkpoint from a config")                          \
+    X(kdabench, "time the chunked KDA delta rule against token-by-token stepping (JSON)")
 
 
 #define MS_DECLARE(name, help) int cmd_##name(int argc, char **argv);
