@@ -100,13 +100,20 @@ uint8_t ms_f32_to_fp8_e4m3(float f) {
     if (isnan(f)) return 0x7f;
     uint8_t sign = signbit(f) ? 0x80 : 0;
     float a = fabsf(f);
-    if (a >= 448.0f) return sign | 0x7e;
-    /* search nearest of the 127 positive finite codes, ties to even code */
-    int best = 0;
-    float bd = INFINITY;
-    for (int c = 0; c < 0x7f; c++) {
-        float d = fabsf(ms_fp8_e4m3_table[c] - a);
-        if (d < bd || (d == bd && (c & 1) == 0)) { bd = d; best = c; }
+    if (a >= 448.0f) return sign | 0x7e; /* saturate (e4m3fn has no inf) */
+    if (a < 0.015625f) {                 /* below 2^-6: subnormal, quantum 2^-9 */
+        int q = (int)nearbyintf(a * 512.0f);
+        return sign | (uint8_t)q;        /* q == 8 is exactly the smallest normal */
     }
-    return sign | (uint8_t)best;
+    int e;
+    float m = frexpf(a, &e);             /* a = m * 2^e, m in [0.5, 1) */
+    int E = e - 1;                       /* a = (2m) * 2^E, 2m in [1, 2) */
+    int mant = (int)nearbyintf((2.0f * m - 1.0f) * 8.0f);
+    if (mant == 8) {
+        mant = 0;
+        E++;
+    }
+    int code = ((E + 7) << 3) | mant;
+    if (code > 0x7e) code = 0x7e;
+    return sign | (uint8_t)code;
 }
