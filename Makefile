@@ -30,7 +30,7 @@ FUZZERS  := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/bin/%)
 
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
-.PHONY: all check test unit fixtures asan fuzz deps clean bench-build
+.PHONY: all check test unit fixtures asan fuzz deps clean demo
 all: build/moonshine
 
 build/libmoonshine.a: $(OBJ_LIB)
@@ -55,6 +55,9 @@ build/asan/%.o: %.c
 
 build/asan/libmoonshine.a: $(ASAN_LIB)
 	rm -f $@ && ar rcs $@ $^
+
+build/asan/moonshine: $(CLI_SRC:%.c=build/asan/%.o) build/asan/libmoonshine.a
+	$(CC) $(CFLAGS) $(SAN_FLAGS) -O1 -o $@ $(CLI_SRC:%.c=build/asan/%.o) build/asan/libmoonshine.a $(LDLIBS)
 
 build/asan/tests/%: tests/unit/%.c build/asan/libmoonshine.a tests/unit/test.h
 	@mkdir -p $(@D)
@@ -83,8 +86,9 @@ fixtures: build/moonshine
 
 test: unit fixtures
 
-asan: $(ASAN_TESTS)
+asan: $(ASAN_TESTS) build/asan/moonshine
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 tests/scripts/run_unit.sh $(ASAN_TESTS)
+	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE=build/asan/moonshine tests/scripts/run_fixtures.sh
 
 fuzz: $(FUZZERS)
 	@tests/scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
@@ -98,6 +102,13 @@ check: deps
 	$(MAKE) asan
 	$(MAKE) fuzz
 	@echo "make check: all stages passed"
+
+# quick start: a tiny DeepSeek-V3-shaped model (YaRN, group-limited routing,
+# FP8 experts) synthesized from an embedded config, then greedy generation.
+demo: deps
+	$(MAKE) all
+	build/moonshine synth --config tools/configs/tiny_deepseek_v3.json --out build/demo-model --expert-dtype fp8 --seed 1
+	build/moonshine run build/demo-model --prompt-ids 0,17,42,7 --max-new-tokens 16 --json
 
 clean:
 	rm -rf build

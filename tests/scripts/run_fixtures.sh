@@ -5,7 +5,7 @@ list=tests/fixtures.list
 pass=0; fail=0
 while read -r dir flags; do
     case "$dir" in ''|'#'*) continue;; esac
-    out=$(./build/moonshine verify $dir $flags 2>&1); rc=$?
+    out=$(${MOONSHINE:-./build/moonshine} verify $dir $flags 2>&1); rc=$?
     if [ $rc -eq 0 ]; then pass=$((pass+1)); echo "ok   $out"
     else fail=$((fail+1)); echo "FAIL $dir $flags"; printf '%s\n' "$out" | tail -n 5; fi
 done < $list
