@@ -47,6 +47,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     e->k_cache = zalloc(L * sizeof(float *), &f);
     e->v_cache = zalloc(L * sizeof(float *), &f);
     e->latent = zalloc(L * sizeof(float *), &f);
+    e->kda = zalloc(L * sizeof *e->kda, &f);
     for (size_t l = 0; !f && l < L; l++) {
         if (c->layer_attn[l] == MS_ATTN_GQA) {
             size_t kd = (size_t)(c->n_kv_heads * c->head_dim);
@@ -54,6 +55,10 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
             e->v_cache[l] = zalloc(T * kd * 4, &f);
         } else if (c->layer_attn[l] == MS_ATTN_MLA) {
             e->latent[l] = zalloc(T * (size_t)(c->kv_lora_rank + c->qk_rope_dim) * 4, &f);
+        } else if (c->layer_attn[l] == MS_ATTN_KDA) {
+            ms_kda_config kc;
+            ms_kda_config_of(c, &kc);
+            if (ms_kda_state_init(&e->kda[l], &kc, NULL)) f = 1;
         }
     }
     int64_t H = c->n_heads, qdim = MAX2(c->head_dim, c->qk_nope_dim + c->qk_rope_dim);
@@ -98,7 +103,9 @@ void ms_engine_destroy(ms_engine *e) {
         free(e->k_cache[l]);
         free(e->v_cache[l]);
         free(e->latent[l]);
+        if (e->kda) ms_kda_state_free(&e->kda[l]);
     }
+    free(e->kda);
     free(e->k_cache);
     free(e->v_cache);
     free(e->latent);
@@ -111,7 +118,10 @@ void ms_engine_destroy(ms_engine *e) {
     free(e);
 }
 
-void ms_engine_reset(ms_engine *e) { e->n_past = 0; }
+void ms_engine_reset(ms_engine *e) {
+    e->n_past = 0;
+    for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_reset(&e->kda[l]);
+}
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e) { return &e->stats; }
 
@@ -147,6 +157,7 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
         const ms_layer *L = &m->layers[l];
         ms_rmsnorm(e->xn, e->x, L->attn_norm, n, (int)D, (float)c->rms_eps);
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
+        else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
         for (int64_t i = 0; i < n * D; i++) e->x[i] += e->tmp[i];

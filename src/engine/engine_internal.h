@@ -14,6 +14,7 @@ struct ms_engine {
     /* causal state, per layer: GQA k/v [max_ctx, kv_heads*head_dim];
      * MLA latent [max_ctx, kv_lora + rope] (normalized latent, roped k_pe) */
     float **k_cache, **v_cache, **latent;
+    ms_kda_state *kda;   /* [n_layers]: conv + recurrent state of KDA layers (unused entries zero) */
     /* activations for a chunk of up to max_batch tokens */
     float *x;      /* [B, hidden] residual stream */
     float *xn;     /* [B, hidden] normed input of a sublayer */
@@ -36,6 +37,9 @@ struct ms_engine {
 /* Sublayers: read e->xn [n, hidden], write the sublayer output into out [n, hidden]. */
 int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err);
 int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err);
+int ms_attn_kda(ms_engine *e, int layer, int n, float *out, ms_err *err);
+/* The KDA block config of a model config (engine/kda_layer.c). */
+void ms_kda_config_of(const ms_config *c, ms_kda_config *out);
 int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_qmat *down, int n, const float *in,
                  float *out, int accumulate);
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err);

@@ -55,6 +55,11 @@ int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t
  * only: norms, biases). opt: absent is fine (*out = NULL). */
 int ms_bind_vec(ms_binder *b, float **out, ms_wkind kind, int64_t n, int opt, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+/* Bind tensor "NAME" (exact name) of shape[0..ndim) as a [rows, cols] view in
+ * its stored dtype (F32, BF16 or F16; rows*cols must equal the element count):
+ * conv kernels, per-head parameters. opt: absent is fine (out->data NULL). */
+int ms_bind_tensor(ms_binder *b, ms_qmat *out, ms_wkind kind, int ndim, const int64_t *shape, int64_t rows,
+                   int64_t cols, int opt, const char *fmt, ...) __attribute__((format(printf, 9, 10)));
 /* True when a tensor exists (always false in spec mode). */
 int ms_bind_has(ms_binder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -80,5 +85,7 @@ int ms_bind_mlp(ms_binder *b, struct ms_model *m, int layer, const char *pfx, in
 int ms_bind_experts(ms_binder *b, struct ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
                     const char *down_fmt);
 int ms_bind_router(ms_binder *b, struct ms_model *m, int layer, const char *weight, const char *bias);
+/* A KDA token mixer under pfx ("model.layers.3.self_attn.") (model/kda_bind.c). */
+int ms_bind_kda(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 
 #endif

@@ -5,12 +5,14 @@
 #include "model/arch.h"
 
 extern const ms_arch ms_arch_deepseek_v3, ms_arch_qwen3_moe, ms_arch_glm4_moe, ms_arch_minimax_m2;
+extern const ms_arch ms_arch_kimi_linear;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
     &ms_arch_qwen3_moe,
     &ms_arch_glm4_moe,
     &ms_arch_minimax_m2,
+    &ms_arch_kimi_linear,
 };
 
 const ms_arch *ms_arch_find(const char *model_type) {

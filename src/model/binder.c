@@ -135,3 +135,35 @@ int ms_bind_has(ms_binder *b, const char *fmt, ...) {
     va_end(ap);
     return !bad && ms_checkpoint_find(b->ck, name) != NULL;
 }
+
+int ms_bind_tensor(ms_binder *b, ms_qmat *out, ms_wkind kind, int ndim, const int64_t *shape, int64_t rows,
+                   int64_t cols, int opt, const char *fmt, ...) {
+    memset(out, 0, sizeof *out);
+    if (b->rc) return b->rc;
+    char name[220];
+    va_list ap;
+    va_start(ap, fmt);
+    int bad = vname(b, name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (bad) return b->rc = ms_fail(b->err, MS_ERR_ARG, "tensor name too long");
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    if (ndim < 1 || ndim > 4 || numel != rows * cols)
+        return b->rc = ms_fail(b->err, MS_ERR_ARG, "tensor \"%s\": bad view [%lld, %lld] of a %d-d shape", name,
+                               (long long)rows, (long long)cols, ndim);
+    out->rows = rows;
+    out->cols = cols;
+    if (!b->ck) {
+        if (!opt) add_spec(b, name, ndim, shape, kind);
+        return b->rc;
+    }
+    if (opt && !ms_checkpoint_find(b->ck, name)) return MS_OK;
+    const ms_tensor *t = need(b, name, ndim, shape);
+    if (!t) return b->rc;
+    if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F16)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected F32, BF16 or F16)", name,
+                               ms_dtype_name(t->dtype));
+    out->dtype = t->dtype;
+    out->data = t->data;
+    return MS_OK;
+}

@@ -14,7 +14,7 @@
 
 #define MS_MAX_LAYERS 512
 
-typedef enum { MS_ATTN_GQA = 1, MS_ATTN_MLA = 2 } ms_attn_kind;
+typedef enum { MS_ATTN_GQA = 1, MS_ATTN_MLA = 2, MS_ATTN_KDA = 3 } ms_attn_kind;
 typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
 typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2 } ms_router_kind;
 /* RoPE pairing: rotate_half (x_i, x_{i+d/2}) or interleaved pairs (x_2i, x_2i+1). */
@@ -47,6 +47,11 @@ typedef struct ms_config {
     /* attention (MLA) */
     int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
     double attn_scale;          /* softmax scale incl. YaRN mscale^2 */
+    /* linear attention (KDA layers, MS_ATTN_KDA) */
+    int64_t kda_heads, kda_head_dim, kda_conv;
+    int kda_lower_bound_gate;   /* 1: gate_lower_bound form (Kimi K3); 0: softplus form */
+    double kda_lower_bound;
+    int kda_full_rank_gate;     /* 1: g_proj; 0: g_a_proj / g_b_proj */
     ms_rope rope;
     /* feed-forward */
     int64_t inter;              /* dense MLP width */

@@ -16,7 +16,11 @@ static void account(ms_model *m) {
     for (int l = 0; l < c->n_layers; l++) {
         const ms_layer *L = &m->layers[l];
         const ms_qmat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->kv_a, &L->kv_b,
-                                 &L->gate, &L->up, &L->down, &L->router};
+                                 &L->gate, &L->up, &L->down, &L->router,
+                                 &L->kda.q_proj, &L->kda.k_proj, &L->kda.v_proj, &L->kda.q_conv, &L->kda.k_conv,
+                                 &L->kda.v_conv, &L->kda.f_a, &L->kda.f_b, &L->kda.A_log, &L->kda.dt_bias,
+                                 &L->kda.b_proj, &L->kda.g_a, &L->kda.g_b, &L->kda.g_proj, &L->kda.o_norm,
+                                 &L->kda.o_proj};
         for (size_t i = 0; i < sizeof mats / sizeof *mats; i++)
             if (mats[i]->data) m->static_bytes += ms_qmat_bytes(mats[i]);
         if (L->experts)

@@ -8,6 +8,7 @@
 #define MS_MODEL_H
 
 #include "engine/experts.h"
+#include "engine/kda_block.h"
 #include "io/safetensors.h"
 #include "model/arch.h"
 #include "model/config.h"
@@ -26,6 +27,8 @@ typedef struct ms_layer {
     ms_qmat kv_a;                                /* [kv_lora + rope, hidden] */
     ms_qmat kv_b;                                /* [H*(nope+v), kv_lora] */
     float *q_a_norm, *kv_a_norm;                 /* [q_lora], [kv_lora] */
+    /* KDA (linear attention) */
+    ms_kda_weights kda;
     /* dense MLP (MS_MLP_DENSE) or shared experts (MoE layers, shared_inter > 0) */
     ms_qmat gate, up, down;
     /* MoE */

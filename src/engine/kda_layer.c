@@ -1,0 +1,21 @@
+/* kda_layer.c — KDA token-mixer layers in the engine: the model config's kda_*
+ * fields to a block config, and the sublayer call over the layer's state. */
+#include "engine/engine_internal.h"
+
+void ms_kda_config_of(const ms_config *c, ms_kda_config *out) {
+    out->hidden = (int)c->hidden;
+    out->heads = (int)c->kda_heads;
+    out->head_dim = (int)c->kda_head_dim;
+    out->conv_kernel = (int)c->kda_conv;
+    out->decay = c->kda_lower_bound_gate ? MS_DECAY_LOWER_BOUND : MS_DECAY_SOFTPLUS;
+    out->lower_bound = (float)c->kda_lower_bound;
+    out->full_rank_gate = c->kda_full_rank_gate;
+    out->norm_eps = (float)c->rms_eps;
+}
+
+int ms_attn_kda(ms_engine *e, int layer, int n, float *out, ms_err *err) {
+    ms_kda_config kc;
+    ms_kda_config_of(&e->m->cfg, &kc);
+    int rc = ms_kda_forward(e->pool, &kc, &e->m->layers[layer].kda, &e->kda[layer], e->xn, n, out, MS_KDA_AUTO, err);
+    return rc ? ms_wrap(err, "layer %d", layer) : MS_OK;
+}
