@@ -231,39 +231,125 @@ static void score_keys(const float *q, const float *wq, int H, int D, float scal
             d *= scale;
             if (d > 0.0f) s += wq[h] * d;
         }
-        out[t] = s == s ? s : -INFINITY;
+        out[t] = s;
     }
 }
 
-/* a ranks before b: higher score, then lower position */
-static inline int better(const float *s, int32_t a, int32_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); }
+/* ---- torch.topk (CPU) emulation ----
+ * torch's CPU kernel fills a queue of (value, index) pairs and calls
+ * std::partial_sort (when k * 64 <= n) or std::nth_element with the
+ * comparator "x before y iff (isnan(x) && !isnan(y)) || x > y"; the first k
+ * queue entries are the result. Which of several equal values survive is
+ * decided by libstdc++'s introselect / heap-select, reproduced here step for
+ * step (checked against torch's own choices in tests/data/topk_ties). */
 
-/* Rearrange c[0..n) so that c[0..k) hold the k best candidates (any order). */
-static void select_top(int32_t *c, int64_t n, int64_t k, const float *s) {
-    if (k <= 0 || k >= n) return;
-    int64_t lo = 0, hi = n - 1, want = k - 1;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        /* median of three as pivot */
-        int32_t a = c[lo], b = c[mid], d = c[hi], piv;
-        if (better(s, a, b)) piv = better(s, b, d) ? b : (better(s, a, d) ? d : a);
-        else piv = better(s, a, d) ? a : (better(s, b, d) ? d : b);
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (better(s, c[i], piv)) i++;
-            while (better(s, piv, c[j])) j--;
-            if (i <= j) {
-                int32_t t = c[i];
-                c[i] = c[j];
-                c[j] = t;
-                i++;
-                j--;
+static inline int tk_before(ms_dsa_qel a, ms_dsa_qel b) { return (isnan(a.v) && !isnan(b.v)) || a.v > b.v; }
+static inline void tk_swap(ms_dsa_qel *a, int64_t x, int64_t y) {
+    ms_dsa_qel t = a[x];
+    a[x] = a[y];
+    a[y] = t;
+}
+
+static void tk_insertion_sort(ms_dsa_qel *a, int64_t first, int64_t last) {
+    if (first == last) return;
+    for (int64_t i = first + 1; i < last; i++) {
+        ms_dsa_qel val = a[i];
+        if (tk_before(val, a[first])) {
+            memmove(a + first + 1, a + first, sizeof *a * (size_t)(i - first));
+            a[first] = val;
+        } else {
+            int64_t hole = i, next = i - 1;
+            while (tk_before(val, a[next])) {
+                a[hole] = a[next];
+                hole = next--;
             }
+            a[hole] = val;
         }
-        if (want <= j) hi = j;
-        else if (want >= i) lo = i;
-        else break;
     }
+}
+
+static void tk_median_to_first(ms_dsa_qel *a, int64_t result, int64_t x, int64_t y, int64_t z) {
+    if (tk_before(a[x], a[y])) {
+        if (tk_before(a[y], a[z])) tk_swap(a, result, y);
+        else if (tk_before(a[x], a[z])) tk_swap(a, result, z);
+        else tk_swap(a, result, x);
+    } else if (tk_before(a[x], a[z])) tk_swap(a, result, x);
+    else if (tk_before(a[y], a[z])) tk_swap(a, result, z);
+    else tk_swap(a, result, y);
+}
+
+static int64_t tk_partition_pivot(ms_dsa_qel *a, int64_t first, int64_t last) {
+    int64_t mid = first + (last - first) / 2;
+    tk_median_to_first(a, first, first + 1, mid, last - 1);
+    ms_dsa_qel piv = a[first];
+    int64_t lo = first + 1, hi = last;
+    for (;;) {
+        while (tk_before(a[lo], piv)) ++lo;
+        --hi;
+        while (tk_before(piv, a[hi])) --hi;
+        if (!(lo < hi)) return lo;
+        tk_swap(a, lo, hi);
+        ++lo;
+    }
+}
+
+static void tk_push_heap(ms_dsa_qel *a, int64_t hole, int64_t top, ms_dsa_qel val) {
+    int64_t parent = (hole - 1) / 2;
+    while (hole > top && tk_before(a[parent], val)) {
+        a[hole] = a[parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    a[hole] = val;
+}
+
+static void tk_adjust_heap(ms_dsa_qel *a, int64_t hole, int64_t len, ms_dsa_qel val) {
+    int64_t top = hole, second = hole;
+    while (second < (len - 1) / 2) {
+        second = 2 * (second + 1);
+        if (tk_before(a[second], a[second - 1])) second--;
+        a[hole] = a[second];
+        hole = second;
+    }
+    if ((len & 1) == 0 && second == (len - 2) / 2) {
+        second = 2 * (second + 1);
+        a[hole] = a[second - 1];
+        hole = second - 1;
+    }
+    tk_push_heap(a, hole, top, val);
+}
+
+/* std::__heap_select(a, a + middle, a + last) */
+static void tk_heap_select(ms_dsa_qel *a, int64_t middle, int64_t last) {
+    if (middle >= 2)
+        for (int64_t parent = (middle - 2) / 2;; parent--) {
+            tk_adjust_heap(a, parent, middle, a[parent]);
+            if (parent == 0) break;
+        }
+    for (int64_t i = middle; i < last; i++)
+        if (tk_before(a[i], a[0])) {
+            ms_dsa_qel v = a[i];
+            a[i] = a[0];
+            tk_adjust_heap(a, 0, middle, v);
+        }
+}
+
+static void tk_nth_element(ms_dsa_qel *a, int64_t nth, int64_t n) {
+    if (n == 0 || nth == n) return;
+    int depth = 2 * (63 - __builtin_clzll((unsigned long long)n));
+    int64_t first = 0, last = n;
+    while (last - first > 3) {
+        if (depth == 0) {
+            tk_heap_select(a + first, nth + 1 - first, last - first);
+            tk_swap(a, first, nth);
+            return;
+        }
+        --depth;
+        int64_t cut = tk_partition_pivot(a, first, last);
+        if (cut <= nth) first = cut;
+        else last = cut;
+    }
+    tk_insertion_sort(a, first, last);
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -271,23 +357,57 @@ static int cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+int64_t ms_dsa_topk(const float *scores, int64_t n_valid, int64_t n_total, int64_t k, ms_dsa_qel *work, int32_t *out,
+                    uint8_t *ambiguous) {
+    if (ambiguous) *ambiguous = 0;
+    if (k > n_total) k = n_total;
+    if (k <= 0 || n_valid <= 0) return 0;
+    for (int64_t t = 0; t < n_valid; t++) work[t] = (ms_dsa_qel){scores[t], (int32_t)t};
+    for (int64_t t = n_valid; t < n_total; t++) work[t] = (ms_dsa_qel){-INFINITY, (int32_t)t};
+    if (k * 64 <= n_total) tk_heap_select(work, k, n_total); /* std::partial_sort's selection */
+    else tk_nth_element(work, k - 1, n_total);
+    int64_t n = 0;
+    float worst = INFINITY;
+    for (int64_t i = 0; i < k; i++)
+        if (work[i].i < n_valid) {
+            out[n++] = work[i].i;
+            if (work[i].v < worst) worst = work[i].v;
+        }
+    if (ambiguous && n == k && n_valid > k)
+        for (int64_t i = k; i < n_total; i++)
+            if (work[i].i < n_valid && work[i].v == worst) {
+                *ambiguous = 1;
+                break;
+            }
+    qsort(out, (size_t)n, sizeof(int32_t), cmp_i32);
+    return n;
+}
+
 typedef struct {
     const ms_dsa_cfg *cfg;
     const ms_dsa_cache *c;
     const float *q, *w;
-    int64_t pos0;
+    int64_t pos0, fwd_len;
     int q0, qn;         /* query block */
     int64_t ld;         /* row length of the score block */
     float *sc;          /* [qn, ld] */
     int64_t chunk;      /* keys per scoring task */
     int nchunk;
     int32_t *idx, *count;
+    uint8_t *ambiguous;
     int width;
-    int32_t *cand;      /* [threads, ld] */
+    int64_t qlen;       /* queue entries per thread */
+    ms_dsa_qel *queue;  /* [threads, qlen] */
+    int32_t *sel;       /* [threads, qlen] */
 } sel_ctx;
 
+/* candidates a query at p may choose from: keys 0..p, or complete pools ending at or before p */
 static int64_t n_candidates(const ms_dsa_cfg *cfg, int64_t p) {
     return cfg->kpool > 1 ? (p + 1) / cfg->kpool : p + 1;
+}
+/* entries of the reference's score row in a forward over fwd_len tokens (masked ones included) */
+static int64_t n_queue(const ms_dsa_cfg *cfg, int64_t fwd_len) {
+    return cfg->kpool > 1 ? fwd_len / cfg->kpool : fwd_len;
 }
 
 static void weights_scaled(const ms_dsa_cfg *cfg, const float *w, float *out) {
@@ -316,32 +436,30 @@ static void pick_task(void *vctx, int qi, int tid) {
     sel_ctx *x = vctx;
     const ms_dsa_cfg *cfg = x->cfg;
     int64_t p = x->pos0 + x->q0 + qi;
-    int64_t nc = n_candidates(cfg, p);
-    const float *s = x->sc + (size_t)qi * x->ld;
-    int32_t *cand = x->cand + (size_t)tid * x->ld;
+    int64_t nc = n_candidates(cfg, p), nq = n_queue(cfg, x->fwd_len);
+    int32_t *sel = x->sel + (size_t)tid * x->qlen;
     int32_t *row = x->idx + (size_t)(x->q0 + qi) * x->width;
     int64_t want = cfg->kpool > 1 ? cfg->topk / cfg->kpool : cfg->topk;
-    int64_t k = want < nc ? want : nc;
-    for (int64_t t = 0; t < nc; t++) cand[t] = (int32_t)t;
-    select_top(cand, nc, k, s);
-    qsort(cand, (size_t)k, sizeof(int32_t), cmp_i32);
+    uint8_t amb = 0;
+    int64_t k = ms_dsa_topk(x->sc + (size_t)qi * x->ld, nc, nq, want, x->queue + (size_t)tid * x->qlen, sel, &amb);
     int n = 0;
     if (cfg->kpool > 1) {
         for (int64_t i = 0; i < k; i++)
-            for (int j = 0; j < cfg->kpool; j++) row[n++] = cand[i] * cfg->kpool + j;
+            for (int j = 0; j < cfg->kpool; j++) row[n++] = sel[i] * cfg->kpool + j;
         if (cfg->kpool_tail) {
             int64_t tail = (p + 1) % cfg->kpool;
             for (int64_t t = p + 1 - tail; t <= p; t++) row[n++] = (int32_t)t;
         }
     } else {
-        for (int64_t i = 0; i < k; i++) row[n++] = cand[i];
+        for (int64_t i = 0; i < k; i++) row[n++] = sel[i];
     }
     x->count[x->q0 + qi] = n;
+    if (x->ambiguous) x->ambiguous[x->q0 + qi] = amb;
     for (int i = n; i < x->width; i++) row[i] = -1;
 }
 
 int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, const float *q, const float *w, int n,
-                  int64_t pos0, int32_t *idx, int32_t *count, ms_err *err) {
+                  int64_t pos0, int64_t fwd_len, int32_t *idx, int32_t *count, uint8_t *ambiguous, ms_err *err) {
     int rc = ms_dsa_cfg_check(cfg, err);
     if (rc) return rc;
     if (!c || c->head_dim != cfg->head_dim || c->kpool != (cfg->kpool > 1 ? cfg->kpool : 1))
@@ -353,7 +471,11 @@ int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, c
     if (pos0 + n > c->len)
         return ms_fail(err, MS_ERR_ARG, "dsa select: queries up to position %lld but the cache holds %lld keys",
                        (long long)(pos0 + n - 1), (long long)c->len);
-    if (pos0 + n > ((int64_t)1 << 31) - 1) return ms_fail(err, MS_ERR_LIMIT, "dsa select: positions beyond int32");
+    if (fwd_len == 0) fwd_len = pos0 + n;
+    if (fwd_len < pos0 + n)
+        return ms_fail(err, MS_ERR_ARG, "dsa select: forward length %lld shorter than the queries' end %lld",
+                       (long long)fwd_len, (long long)(pos0 + n));
+    if (fwd_len > ((int64_t)1 << 31) - 1) return ms_fail(err, MS_ERR_LIMIT, "dsa select: positions beyond int32");
     int threads = pool ? ms_pool_size(pool) : 1;
     if (threads < 1) threads = 1;
     int64_t ld = n_candidates(cfg, pos0 + n - 1);
@@ -362,13 +484,17 @@ int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, c
     int64_t qb = ((int64_t)1 << 22) / ld;
     if (qb < 1) qb = 1;
     if (qb > n) qb = n;
-    sel_ctx x = {.cfg = cfg, .c = c, .q = q, .w = w, .pos0 = pos0, .ld = ld, .idx = idx, .count = count,
-                 .width = ms_dsa_row_width(cfg)};
+    sel_ctx x = {.cfg = cfg, .c = c, .q = q, .w = w, .pos0 = pos0, .fwd_len = fwd_len, .ld = ld, .idx = idx,
+                 .count = count, .ambiguous = ambiguous, .width = ms_dsa_row_width(cfg)};
+    x.qlen = n_queue(cfg, fwd_len);
+    if (x.qlen < 1) x.qlen = 1;
     x.sc = malloc(sizeof(float) * (size_t)qb * ld);
-    x.cand = malloc(sizeof(int32_t) * (size_t)threads * ld);
-    if (!x.sc || !x.cand) {
+    x.queue = malloc(sizeof(ms_dsa_qel) * (size_t)threads * x.qlen);
+    x.sel = malloc(sizeof(int32_t) * (size_t)threads * x.qlen);
+    if (!x.sc || !x.queue || !x.sel) {
         free(x.sc);
-        free(x.cand);
+        free(x.queue);
+        free(x.sel);
         return ms_fail(err, MS_ERR_NOMEM, "dsa select: no memory for %lld x %lld scores", (long long)qb, (long long)ld);
     }
     /* key chunks: enough tasks to occupy the pool even for a single query */
@@ -382,7 +508,8 @@ int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, c
         ms_pool_run(pool, x.qn, pick_task, &x);
     }
     free(x.sc);
-    free(x.cand);
+    free(x.queue);
+    free(x.sel);
     return MS_OK;
 }
 

@@ -9,7 +9,7 @@
  *     w_{p,h}  = weights_proj(x_p)_h * H^-0.5
  *     score(p,t) = sum_h w_{p,h} * relu(D^-0.5 * q_{p,h} . k_t)
  * and the selection is the min(topk, p+1) highest-scoring keys t <= p (so the
- * attention is dense while the context is not longer than topk).
+ * attention is dense while the context is not longer than topk; ties below).
  *
  * RoPE: only the first R = rope_dims dims of each q head and of k rotate.
  * DeepSeek-V3.2's indexer uses the half-split (non-interleaved, rotate_half)
@@ -28,9 +28,17 @@
  * plus (kpool_tail) the tokens of its own incomplete pool: the last
  * (p+1) % kpool positions up to p.
  *
- * Tie rule (documented, deterministic): candidates are ranked by score,
- * higher first; equal scores rank the lower (earlier) position first; a NaN
- * score ranks as -infinity. The set chosen is therefore unique.
+ * Tie rule (deterministic): exactly torch.topk's on the CPU, which the
+ * references use. The reference scores a query at p against a row of the
+ * forward's full length T (keys after p masked to -inf-like values) and keeps
+ * the first k of std::nth_element (k * 64 > T) or std::partial_sort
+ * (k * 64 <= T) over (score, position) pairs compared by score alone; which of
+ * several equal scores survive depends on that algorithm and on T. Exact ties
+ * are common (relu makes many scores exactly 0), so ms_dsa_topk reproduces
+ * libstdc++'s algorithms step for step, with fwd_len = T. A selection whose
+ * cut falls inside a tie is flagged "ambiguous": the same query in a longer
+ * forward may keep different tied keys, so an engine that must match a
+ * full-recompute reference re-derives ambiguous rows when T grows.
  *
  * Output of a selection: for each query a row of `ms_dsa_row_width(cfg)`
  * int32 key positions in ascending order, followed by -1 padding, and the
@@ -124,16 +132,34 @@ int ms_dsa_cache_append(ms_dsa_cache *c, const float *k, const float *gates, int
 /* Forget everything from position len on (len <= c->len); for rollback. */
 int ms_dsa_cache_truncate(ms_dsa_cache *c, int64_t len, ms_err *err);
 
+/* One (score, position) entry of the top-k queue. */
+typedef struct ms_dsa_qel {
+    float v;
+    int32_t i;
+} ms_dsa_qel;
+
+/* torch.topk (CPU, largest) emulation on one score row: scores[0..n_valid) are
+ * real candidates, positions n_valid..n_total-1 are masked (-inf). Keeps
+ * min(k, n_total) entries exactly as torch does and writes the valid ones to
+ * out (ascending); returns their number. work: n_total entries of scratch;
+ * out: room for min(k, n_valid). ambiguous (may be NULL) out: 1 when the cut
+ * falls inside a run of equal valid scores (see the tie rule above). */
+int64_t ms_dsa_topk(const float *scores, int64_t n_valid, int64_t n_total, int64_t k, ms_dsa_qel *work, int32_t *out,
+                    uint8_t *ambiguous);
+
 /* Select the keys of n queries at positions pos0..pos0+n-1 against the cache,
  * which must hold at least pos0 + n tokens (the queries' own keys appended).
  * q: [n, H*D] prepared queries; w: [n, H] raw weights_proj outputs (the H^-0.5
- * and D^-0.5 factors are applied here). idx: [n, ms_dsa_row_width(cfg)] out,
+ * and D^-0.5 factors are applied here). fwd_len: the length T of the forward
+ * whose torch.topk tie choices to reproduce (0 = pos0 + n, a forward ending at
+ * the last query; must be >= pos0 + n). idx: [n, ms_dsa_row_width(cfg)] out,
  * ascending positions then -1; count: [n] out, valid entries per row (>= 1
  * except for KPool without tail when no pool is visible: then 0, a row the
- * reference itself leaves unmasked). Work is split across pool (may be NULL).
+ * reference itself leaves unmasked); ambiguous: [n] out or NULL (see above).
+ * Work is split across pool (may be NULL).
  * Errors: MS_ERR_ARG (shapes, positions), MS_ERR_NOMEM. */
 int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, const float *q, const float *w, int n,
-                  int64_t pos0, int32_t *idx, int32_t *count, ms_err *err);
+                  int64_t pos0, int64_t fwd_len, int32_t *idx, int32_t *count, uint8_t *ambiguous, ms_err *err);
 
 /* The index scores one query gives the cache's candidates, for inspection and
  * tests: per-token keys: scores[t] for t <= p (p+1 values); KPool: one score per

@@ -3,6 +3,7 @@
  * (Glm5NextTextHyperConnection / DeepseekV4HyperConnection, the hyper heads). */
 #include <stdint.h>
 
+#include "io/safetensors.h"
 #include "ops/mhc.h"
 #include "test.h"
 #include "util/dtype.h"
@@ -198,6 +199,62 @@ TEST(weighted_hyper_head_matches_float64) {
     ms_mhc_expand(xx, 2, 3, 5, ex);
     CHECK(ex[0] == 0 && ex[5] == 0 && ex[10] == 0 && ex[15] == 5 && ex[29] == 9);
     CHECK(ms_mhc_head_weighted(NULL, &q, base, scale, hc + 1, dim, 1e-6f, 1e-6f, x, n, out, &err) == MS_ERR_SHAPE);
+}
+
+/* transformers' own modules (tools/gen_dsa_mhc_refs.py: Glm5NextTextHyperConnection,
+ * DeepseekV4HyperConnection — identical — DeepseekV4HyperHead, Glm5NextTextHyperHead),
+ * float64 with random parameters, outputs stored as float32. */
+static const ms_tensor *need(const ms_checkpoint *ck, const char *set, const char *name) {
+    char full[64];
+    snprintf(full, sizeof full, "%s.%s", set, name);
+    const ms_tensor *t = ms_checkpoint_find(ck, full);
+    CHECK_MSG(t != NULL, "missing %s", full);
+    return t;
+}
+
+static double maxdiff(const float *a, const ms_tensor *b) {
+    double e = 0;
+    const float *bf = b->data;
+    for (uint64_t i = 0; i < b->nelem; i++) e = fmax(e, fabs(a[i] - bf[i]) / (1 + fabs(bf[i])));
+    return e;
+}
+
+TEST(matches_transformers_modules) {
+    ms_checkpoint ck;
+    ms_err err = {0};
+    int rc = ms_checkpoint_open("tests/data/mhc_ref.safetensors", &ck, &err);
+    CHECK_MSG(rc == MS_OK, "%s", err.msg);
+    if (rc) return;
+    const char *sets[] = {"a", "b", "c"};
+    for (int si = 0; si < 3; si++) {
+        const char *S = sets[si];
+        const ms_tensor *meta = need(&ck, S, "meta"), *eps = need(&ck, S, "eps"), *fn = need(&ck, S, "fn");
+        const ms_tensor *base = need(&ck, S, "base"), *scale = need(&ck, S, "scale"), *x = need(&ck, S, "x");
+        const ms_tensor *y = need(&ck, S, "y"), *post = need(&ck, S, "post"), *comb = need(&ck, S, "comb");
+        const ms_tensor *col = need(&ck, S, "collapsed"), *nw = need(&ck, S, "new"), *hfn = need(&ck, S, "head_fn");
+        const ms_tensor *hb = need(&ck, S, "head_base"), *hs = need(&ck, S, "head_scale");
+        const ms_tensor *hw = need(&ck, S, "head_weighted"), *hm = need(&ck, S, "head_mean");
+        if (!(meta && eps && fn && base && scale && x && y && post && comb && col && nw && hfn && hb && hs && hw && hm))
+            break;
+        const int32_t *m = meta->data;
+        int hc = m[0], dim = m[1], iters = m[2], n = (int)x->shape[0];
+        CHECK(fn->dtype == MS_DT_BF16 && fn->shape[0] == (2 + hc) * hc && fn->shape[1] == hc * dim);
+        ms_qmat q = {.dtype = fn->dtype, .rows = fn->shape[0], .cols = fn->shape[1], .data = fn->data};
+        ms_mhc h = {.hc = hc, .dim = dim, .fn = &q, .base = base->data, .scale = scale->data, .sinkhorn_iters = iters,
+                    .hc_eps = ((const float *)eps->data)[0], .norm_eps = 1e-6f};
+        float o_col[n * dim], o_post[n * hc], o_comb[n * hc * hc], o_new[n * hc * dim], o_hw[n * dim], o_hm[n * dim];
+        CHECK(ms_mhc_pre(NULL, &h, x->data, n, o_col, o_post, o_comb, &err) == MS_OK);
+        ms_mhc_post(x->data, y->data, o_post, o_comb, n, hc, dim, o_new);
+        ms_qmat hq = {.dtype = hfn->dtype, .rows = hfn->shape[0], .cols = hfn->shape[1], .data = hfn->data};
+        CHECK(ms_mhc_head_weighted(NULL, &hq, hb->data, hs->data, hc, dim, h.hc_eps, 1e-6f, x->data, n, o_hw, &err) ==
+              MS_OK);
+        ms_mhc_head_mean(x->data, n, hc, dim, o_hm);
+        double e[6] = {maxdiff(o_col, col), maxdiff(o_post, post), maxdiff(o_comb, comb), maxdiff(o_new, nw),
+                       maxdiff(o_hw, hw), maxdiff(o_hm, hm)};
+        for (int i = 0; i < 6; i++)
+            CHECK_MSG(e[i] < 2e-6, "set %s (hc %d, iters %d): output %d differs by %g", S, hc, iters, i, e[i]);
+    }
+    ms_checkpoint_close(&ck);
 }
 
 TEST_MAIN()
