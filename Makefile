@@ -12,7 +12,7 @@ OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare \
             -Wshadow=local -pthread -Isrc -MMD -MP
-LDLIBS   := -lcjson -luring -lpcre2-8 -lm -pthread
+LDLIBS   := -lcjson -luring -lpcre2-8 -lcrypto -lm -pthread
 FUZZ_SECONDS ?= 20
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backend/gpu/*' | sort)
