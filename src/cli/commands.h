@@ -11,7 +11,9 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
     X(verify, "check the engine against a fixture's reference logits")                 \
     X(run, "generate greedily from prompt ids")                                        \
     X(synth, "write a random-weight checkpoint from a config")                          \
-    X(kdabench, "time the chunked KDA delta rule against token-by-token stepping (JSON)")
+    X(kdabench, "time the chunked KDA delta rule against token-by-token stepping (JSON)") \
+    X(pack, "rewrite routed experts into a packed, checksummed expert store")          \
+    X(probe, "measure a file's sequential read bandwidth (the drive's floor)")
 
 
 #define MS_DECLARE(name, help) int cmd_##name(int argc, char **argv);

@@ -74,8 +74,9 @@ int ms_ecache_victim(const ms_ecache *c, int li, int e, int for_prefetch) {
     uint64_t best_t = 0;
     for (int i = 0; i < c->n_slots; i++) {
         const ms_ecache_slot *s = &c->slots[i];
+        if (s->pins > 0) continue;
         if (s->key < 0) return i;
-        if (s->pins > 0 || s->state != MS_SLOT_READY) continue;
+        if (s->state != MS_SLOT_READY) continue;
         if (c->policy == MS_CACHE_LRU) {
             if (best < 0 || s->last_use < best_t) { best = i; best_t = s->last_use; }
         } else {

@@ -3,11 +3,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
 
 #include "io/reader.h"
 #include "util/hash.h"
@@ -15,7 +18,7 @@
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 /* extents of one expert closer than this in one file are read as one piece */
-#define MERGE_GAP (64u << 10)
+#define MERGE_GAP (16u << 10)
 
 /* ---- naming ---- */
 
@@ -99,6 +102,11 @@ int ms_expert_naming_detect(const ms_checkpoint *ck, ms_expert_naming *nm, ms_er
          {"gate_scale", "block_sparse_moe.experts.%d.w1.weight_scale", 0, 0},
          {"up_scale", "block_sparse_moe.experts.%d.w3.weight_scale", 0, 0},
          {"down_scale", "block_sparse_moe.experts.%d.w2.weight_scale", 0, 0}},
+        {{"gate", "ffn.experts.%d.w1.weight", 0, 0}, {"up", "ffn.experts.%d.w3.weight", 0, 0},
+         {"down", "ffn.experts.%d.w2.weight", 0, 0},
+         {"gate_scale", "ffn.experts.%d.w1.weight_scale_inv", 0, 1},
+         {"up_scale", "ffn.experts.%d.w3.weight_scale_inv", 0, 1},
+         {"down_scale", "ffn.experts.%d.w2.weight_scale_inv", 0, 1}},
         {{"gate_up", "mlp.experts.gate_up_proj", 1, 0}, {"down", "mlp.experts.down_proj", 1, 0},
          {"gate_up_bias", "mlp.experts.gate_up_proj_bias", 1, 1}, {"down_bias", "mlp.experts.down_proj_bias", 1, 1}},
         {{"gate_up", "mlp.experts.gate_up_proj_blocks", 1, 0}, {"gate_up_scale", "mlp.experts.gate_up_proj_scales", 1, 0},
@@ -133,7 +141,7 @@ int ms_expert_naming_detect(const ms_checkpoint *ck, ms_expert_naming *nm, ms_er
         }
     return ms_fail(err, MS_ERR_UNSUPPORTED,
                    "%s: no known routed-expert tensor naming matches (tried mlp.experts.N.{gate,up,down}_proj, "
-                   "block_sparse_moe.experts.N.w1/w2/w3, fused mlp.experts.gate_up_proj)",
+                   "block_sparse_moe.experts.N.w1/w2/w3, ffn.experts.N.w1/w2/w3, fused mlp.experts.gate_up_proj)",
                    ck->dir);
 }
 
@@ -367,6 +375,26 @@ int ms_checkpoint_header_sha256(const ms_checkpoint *ck, int i, char hex[65], ms
     return MS_OK;
 }
 
+int ms_checkpoint_data_sample_sha256(const ms_checkpoint *ck, int i, char hex[65], ms_err *err) {
+    const ms_st_file *f = &ck->files[i];
+    if (!f->map.data && f->map.size) return ms_fail(err, MS_ERR_IO, "%s: not mapped, cannot sample it", f->path);
+    uint64_t start = f->data_start, n = f->map.size > start ? f->map.size - start : 0;
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    uint8_t h[32];
+    unsigned hl = 0;
+    int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1;
+    for (int k = 0; k < 16 && ok && n; k++) {
+        uint64_t blk = n < 4096 ? n : 4096;
+        uint64_t at = start + (n - blk) * (uint64_t)k / 15;
+        ok = EVP_DigestUpdate(c, f->map.data + at, blk) == 1;
+    }
+    ok = ok && EVP_DigestFinal_ex(c, h, &hl) == 1 && hl == 32;
+    EVP_MD_CTX_free(c);
+    if (!ok) return ms_fail(err, MS_ERR_IO, "%s: SHA-256 failed", f->path);
+    ms_hex(h, 32, hex);
+    return MS_OK;
+}
+
 static const char *base_name(const char *p) {
     const char *s = strrchr(p, '/');
     return s ? s + 1 : p;
@@ -415,13 +443,15 @@ int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const ch
     cJSON_AddNumberToObject(root, "version", 1);
     srcs = cJSON_AddArrayToObject(root, "source");
     for (int i = 0; i < ck->n_files && !rc; i++) {
-        char hex[65];
+        char hex[65], dhex[65];
         rc = ms_checkpoint_header_sha256(ck, i, hex, err);
+        if (!rc) rc = ms_checkpoint_data_sample_sha256(ck, i, dhex, err);
         if (rc) break;
         cJSON *f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "file", base_name(ck->files[i].path));
         cJSON_AddNumberToObject(f, "size", (double)ck->files[i].map.size);
         cJSON_AddStringToObject(f, "header_sha256", hex);
+        cJSON_AddStringToObject(f, "data_sample_sha256", dhex);
         cJSON_AddItemToArray(srcs, f);
     }
     cJSON_AddNumberToObject(root, "n_experts", src->n_experts);
@@ -436,6 +466,11 @@ int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const ch
         char fname[64], path[4096], tmp[4200];
         snprintf(fname, sizeof fname, "experts-L%04d.bin", src->layer_id[li]);
         const char *dir = n_dirs ? dirs[li % n_dirs] : out_dir;
+        char absdir[PATH_MAX];
+        if (n_dirs) { /* the manifest names files outside out_dir by absolute path */
+            if (!realpath(dir, absdir)) { rc = ms_fail(err, MS_ERR_IO, "%s: %s", dir, strerror(errno)); break; }
+            dir = absdir;
+        }
         if ((rc = ms_path_join(path, sizeof path, dir, fname, err))) break;
         snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
         free(rec);
@@ -548,12 +583,13 @@ int ms_store_manifest_parse(const char *text, size_t len, const char *where, con
     if (!m->src) { rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); goto out; }
     int i = 0;
     for (const cJSON *f = src->child; f; f = f->next, i++) {
-        const char *fn = NULL, *h = NULL;
+        const char *fn = NULL, *h = NULL, *dh = NULL;
         int64_t size = 0;
         char w[128];
         snprintf(w, sizeof w, "%s source[%d]", where, i);
         if (!cJSON_IsObject(f)) { rc = MF("%s: not an object", w); goto out; }
         if ((rc = ms_json_opt_string(f, "file", &fn, w, err)) || (rc = ms_json_opt_string(f, "header_sha256", &h, w, err)) ||
+            (rc = ms_json_opt_string(f, "data_sample_sha256", &dh, w, err)) ||
             (rc = ms_json_int(f, "size", 0, INT64_C(1) << 52, &size, w, err)))
             goto out;
         if (!fn || !*fn || strlen(fn) >= sizeof m->src[i].name) { rc = MF("%s: \"file\" missing or too long", w); goto out; }
@@ -561,11 +597,21 @@ int ms_store_manifest_parse(const char *text, size_t len, const char *where, con
             rc = MF("%s: \"header_sha256\" is not 64 hex digits", w);
             goto out;
         }
+        if (!dh || strlen(dh) != 64 || strspn(dh, "0123456789abcdef") != 64) {
+            rc = MF("%s: \"data_sample_sha256\" is not 64 hex digits", w);
+            goto out;
+        }
         strcpy(m->src[i].name, fn);
         strcpy(m->src[i].sha256, h);
+        strcpy(m->src[i].data_sha256, dh);
         m->src[i].size = (uint64_t)size;
     }
     int nr = cJSON_GetArraySize(roles);
+    /* each expert of each layer needs a crc32c entry: the text bounds the tables */
+    if ((uint64_t)nl * (uint64_t)E > len) {
+        rc = MF("%s: %d layers x %lld experts cannot fit in %zu bytes of manifest", where, nl, (long long)E, len);
+        goto out;
+    }
     if ((rc = store_alloc(st, nl, (int)nml, (int)E, nr, err))) goto out;
     st->packed = 1;
     st->n_files = nl;
@@ -702,6 +748,11 @@ int ms_expert_store_open_packed(const char *store_dir, const ms_checkpoint *ck, 
                          "%s was packed from another checkpoint: the SafeTensors header of %s differs (sha256 %.12s..., "
                          "store has %.12s...)",
                          store_dir, f->path, hex, m.src[i].sha256);
+        else if (!(rc = ms_checkpoint_data_sample_sha256(ck, i, hex, err)) && strcmp(hex, m.src[i].data_sha256))
+            rc = ms_fail(err, MS_ERR_MISMATCH,
+                         "%s was packed from another checkpoint: the weights in %s differ (data sample sha256 %.12s..., "
+                         "store has %.12s...)",
+                         store_dir, f->path, hex, m.src[i].data_sha256);
     }
     /* same experts as the checkpoint describes */
     ms_expert_store *p = &m.st;

@@ -48,7 +48,7 @@ int ms_expert_naming_add(ms_expert_naming *nm, const char *name, const char *pat
 
 /* Find which known naming a checkpoint uses (DeepSeek/Qwen/GLM "mlp.experts.%d.{gate,up,down}_proj"
  * with optional FP8 weight_scale_inv, compressed-tensors weight_packed/weight_scale,
- * Mixtral/MiniMax "block_sparse_moe.experts.%d.w1/w3/w2", gpt-oss fused gate_up_proj/down_proj
+ * Mixtral/MiniMax "block_sparse_moe.experts.%d.w1/w3/w2", DeepSeek-V4 "ffn.experts.%d.w1/w3/w2", gpt-oss fused gate_up_proj/down_proj
  * (BF16 or MXFP4 _blocks/_scales, biases) under "model.layers", "model.language_model.layers"
  * or "language_model.model.layers"). MS_ERR_UNSUPPORTED when none matches. The lead's per-
  * architecture model description may instead build its own naming and pass it on. */
@@ -132,7 +132,8 @@ int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const ch
 typedef struct ms_store_source_file {
     char name[256];
     uint64_t size;
-    char sha256[65];
+    char sha256[65];      /* of the SafeTensors header */
+    char data_sha256[65]; /* of a sample of the data (ms_checkpoint_data_sample_sha256) */
 } ms_store_source_file;
 
 typedef struct ms_store_manifest {
@@ -157,5 +158,9 @@ int ms_expert_store_open_packed(const char *store_dir, const ms_checkpoint *ck, 
 
 /* SHA-256 (hex) of the SafeTensors header (first data_start bytes) of checkpoint file i. */
 int ms_checkpoint_header_sha256(const ms_checkpoint *ck, int i, char hex[65], ms_err *err);
+/* SHA-256 (hex) of a sample of checkpoint file i's data: 16 blocks of 4 KiB (or less)
+ * evenly spaced over the data section, so a re-trained checkpoint with the same header
+ * and sizes is told apart without reading it all. */
+int ms_checkpoint_data_sample_sha256(const ms_checkpoint *ck, int i, char hex[65], ms_err *err);
 
 #endif
