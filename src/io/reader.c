@@ -547,7 +547,7 @@ int ms_reader_reap(ms_reader *r, int min_done, ms_read_done *done, int max, int 
         rq->next_free = r->req_free;
         r->req_free = q;
     }
-    memmove(r->done_q, r->done_q + k, (size_t)(r->done_n - k) * sizeof(int));
+    if (k) memmove(r->done_q, r->done_q + k, (size_t)(r->done_n - k) * sizeof(int));
     r->done_n -= k;
     r->outstanding -= k;
     *n_done = k;
