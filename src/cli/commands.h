@@ -6,15 +6,16 @@
 typedef int (*ms_cmd_fn)(int argc, char **argv);
 
 /* name, function, one-line help */
-#define MS_COMMAND_LIST(X)                                                             \
-    X(inspect, "list a checkpoint's tensors (name, dtype, shape, file)")                \
-    X(verify, "check the engine against a fixture's reference logits")                 \
-    X(run, "generate greedily from prompt ids")                                        \
-    X(synth, "write a random-weight checkpoint from a config")                          \
+#define MS_COMMAND_LIST(X) \
+    X(inspect, "list a checkpoint's tensors (name, dtype, shape, file)") \
+    X(verify, "check the engine against a fixture's reference logits") \
+    X(run, "generate greedily from prompt ids") \
+    X(synth, "write a random-weight checkpoint from a config") \
+    X(plan, "memory ledger for a model, context and budget") \
     X(kdabench, "time the chunked KDA delta rule against token-by-token stepping (JSON)") \
-    X(pack, "rewrite routed experts into a packed, checksummed expert store")          \
-    X(probe, "measure a file's sequential read bandwidth (the drive's floor)")
-
+    X(pack, "rewrite routed experts into a packed, checksummed expert store") \
+    X(probe, "measure a file's sequential read bandwidth (the drive's floor)") \
+    /* one line per command, each ending in a backslash; keep this comment last */
 
 #define MS_DECLARE(name, help) int cmd_##name(int argc, char **argv);
 MS_COMMAND_LIST(MS_DECLARE)

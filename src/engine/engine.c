@@ -17,10 +17,94 @@ uint64_t ms_engine_state_bytes_per_token(const ms_model *m) {
     return b;
 }
 
-static void *zalloc(size_t n, int *failed) {
-    void *p = calloc(n ? n : 1, 1);
-    if (!p) *failed = 1;
-    return p;
+/* One allocation of the engine: where its pointer goes, how big, and whether
+ * it is causal state (grows with the context) or workspace. */
+typedef struct {
+    void **ptr;
+    size_t bytes;
+    int state;
+} buf_spec;
+
+#define MAX_BUFS (3 * MS_MAX_LAYERS + 32)
+
+/* Every buffer the engine allocates, sized from the config, context T, batch B
+ * and thread count. The single source of truth for allocation and for the
+ * memory plan. Pointer arrays (per-layer caches) must already exist when
+ * with_layers is set. Returns the number of specs. */
+static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, int threads, int with_layers,
+                          buf_spec *b) {
+    int n = 0;
+#define BUF(p, sz, st) (b[n].ptr = (void **)(p), b[n].bytes = (size_t)(sz), b[n].state = (st), n++)
+    size_t L = (size_t)c->n_layers;
+    BUF(&e->k_cache, L * sizeof(float *), 0);
+    BUF(&e->v_cache, L * sizeof(float *), 0);
+    BUF(&e->latent, L * sizeof(float *), 0);
+    BUF(&e->kda, L * sizeof *e->kda, 0);
+    for (size_t l = 0; with_layers && l < L; l++) {
+        if (c->layer_attn[l] == MS_ATTN_GQA) {
+            size_t kd = (size_t)(c->n_kv_heads * c->head_dim);
+            BUF(&e->k_cache[l], T * kd * 4, 1);
+            BUF(&e->v_cache[l], T * kd * 4, 1);
+        } else if (c->layer_attn[l] == MS_ATTN_MLA) {
+            BUF(&e->latent[l], T * (size_t)(c->kv_lora_rank + c->qk_rope_dim) * 4, 1);
+        }
+    }
+    int64_t H = c->n_heads, qdim = MAX2(c->head_dim, c->qk_nope_dim + c->qk_rope_dim);
+    int64_t vdim = MAX2(c->head_dim, c->v_head_dim);
+    int64_t kvw = MAX2(2 * c->n_kv_heads * c->head_dim, MAX2(c->kv_lora_rank + c->qk_rope_dim, c->q_lora_rank));
+    int64_t inter = MAX2(c->inter, MAX2(c->moe_inter, c->shared_inter));
+    BUF(&e->x, B * c->hidden * 4, 0);
+    BUF(&e->xn, B * c->hidden * 4, 0);
+    BUF(&e->q, B * H * qdim * 4, 0);
+    BUF(&e->kv, B * kvw * 4, 0);
+    BUF(&e->att, B * H * vdim * 4, 0);
+    BUF(&e->tmp, B * c->hidden * 4, 0);
+    BUF(&e->g, B * inter * 4, 0);
+    BUF(&e->u, B * inter * 4, 0);
+    BUF(&e->xs, B * c->hidden * 4, 0);
+    BUF(&e->ys, B * c->hidden * 4, 0);
+    if (c->n_experts) {
+        BUF(&e->rlog, B * c->n_experts * 4, 0);
+        BUF(&e->topk_ids, B * c->top_k * sizeof(int), 0);
+        BUF(&e->topk_w, B * c->top_k * 4, 0);
+        BUF(&e->ex_count, (size_t)c->n_experts * sizeof(int) + 4, 0);
+        BUF(&e->ex_tokens, B * c->top_k * sizeof(int), 0);
+        BUF(&e->ex_w, B * c->top_k * 4, 0);
+    }
+    /* per thread: scores [T] + latent queries [B * kv_lora] + rows; at least the router's 2E floats */
+    size_t row = (size_t)MAX2(MAX2(c->kv_lora_rank, c->hidden), MAX2(qdim, vdim)) + 16;
+    e->th_stride = T + B * (size_t)MAX2(c->kv_lora_rank, 1) + 2 * row + 1024;
+    if (e->th_stride < 2 * (size_t)c->n_experts + 64) e->th_stride = 2 * (size_t)c->n_experts + 64;
+    BUF(&e->th_buf, (size_t)threads * e->th_stride * 4, 0);
+#undef BUF
+    return n;
+}
+
+static void engine_dims(const ms_model *m, const ms_engine_opts *opts, size_t *T, size_t *B) {
+    *T = opts && opts->max_ctx > 0 ? (size_t)opts->max_ctx : 4096;
+    if (*T > (size_t)m->cfg.max_pos) *T = (size_t)m->cfg.max_pos;
+    *B = opts && opts->max_batch > 0 ? (size_t)opts->max_batch : 256;
+}
+
+void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int threads, uint64_t *state,
+                          uint64_t *workspace) {
+    size_t T, B;
+    engine_dims(m, opts, &T, &B);
+    ms_engine tmp;
+    memset(&tmp, 0, sizeof tmp);
+    static buf_spec specs[MAX_BUFS];
+    /* layer caches: count them without pointer storage */
+    float *dummy[MS_MAX_LAYERS];
+    tmp.k_cache = tmp.v_cache = tmp.latent = dummy;
+    int n = engine_buffers(&tmp, &m->cfg, T, B, threads > 0 ? threads : 1, 1, specs);
+    *state = *workspace = 0;
+    for (int i = 0; i < n; i++) *(specs[i].state ? state : workspace) += specs[i].bytes;
+    for (int l = 0; l < m->cfg.n_layers; l++) { /* KDA: fixed-size recurrent + conv state */
+        if (m->cfg.layer_attn[l] != MS_ATTN_KDA) continue;
+        ms_kda_config kc;
+        ms_kda_config_of(&m->cfg, &kc);
+        *state += (uint64_t)kc.heads * kc.head_dim * (3 * (kc.conv_kernel - 1) + kc.head_dim) * 4 + 4;
+    }
 }
 
 int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err) {
@@ -30,9 +114,10 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     e->m = m;
     e->pool = opts ? opts->pool : NULL;
     e->n_threads = ms_pool_size(e->pool);
-    e->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : 4096;
-    if (e->max_ctx > c->max_pos) e->max_ctx = (int)c->max_pos;
-    e->max_batch = opts && opts->max_batch > 0 ? opts->max_batch : 256;
+    size_t T, B;
+    engine_dims(m, opts, &T, &B);
+    e->max_ctx = (int)T;
+    e->max_batch = (int)B;
     e->experts = opts ? opts->experts : NULL;
     int rc;
     if (!e->experts) {
@@ -42,52 +127,24 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         }
         e->experts = e->own_experts;
     }
-    int f = 0;
-    size_t L = (size_t)c->n_layers, T = (size_t)e->max_ctx, B = (size_t)e->max_batch;
-    e->k_cache = zalloc(L * sizeof(float *), &f);
-    e->v_cache = zalloc(L * sizeof(float *), &f);
-    e->latent = zalloc(L * sizeof(float *), &f);
-    e->kda = zalloc(L * sizeof *e->kda, &f);
-    for (size_t l = 0; !f && l < L; l++) {
-        if (c->layer_attn[l] == MS_ATTN_GQA) {
-            size_t kd = (size_t)(c->n_kv_heads * c->head_dim);
-            e->k_cache[l] = zalloc(T * kd * 4, &f);
-            e->v_cache[l] = zalloc(T * kd * 4, &f);
-        } else if (c->layer_attn[l] == MS_ATTN_MLA) {
-            e->latent[l] = zalloc(T * (size_t)(c->kv_lora_rank + c->qk_rope_dim) * 4, &f);
-        } else if (c->layer_attn[l] == MS_ATTN_KDA) {
-            ms_kda_config kc;
-            ms_kda_config_of(c, &kc);
-            if (ms_kda_state_init(&e->kda[l], &kc, NULL)) f = 1;
+    buf_spec *specs = malloc(MAX_BUFS * sizeof *specs);
+    int f = !specs;
+    /* first the per-layer pointer arrays, then everything else */
+    for (int pass = 0; pass < 2 && !f; pass++) {
+        int n = engine_buffers(e, c, T, B, e->n_threads, pass, specs);
+        for (int i = 0; i < n && !f; i++) {
+            if (*specs[i].ptr) continue;
+            *specs[i].ptr = calloc(specs[i].bytes ? specs[i].bytes : 1, 1);
+            if (!*specs[i].ptr) f = 1;
         }
     }
-    int64_t H = c->n_heads, qdim = MAX2(c->head_dim, c->qk_nope_dim + c->qk_rope_dim);
-    int64_t vdim = MAX2(c->head_dim, c->v_head_dim);
-    int64_t kvw = MAX2(2 * c->n_kv_heads * c->head_dim, MAX2(c->kv_lora_rank + c->qk_rope_dim, c->q_lora_rank));
-    int64_t inter = MAX2(c->inter, MAX2(c->moe_inter, c->shared_inter));
-    e->x = zalloc(B * c->hidden * 4, &f);
-    e->xn = zalloc(B * c->hidden * 4, &f);
-    e->q = zalloc(B * H * qdim * 4, &f);
-    e->kv = zalloc(B * kvw * 4, &f);
-    e->att = zalloc(B * H * vdim * 4, &f);
-    e->tmp = zalloc(B * c->hidden * 4, &f);
-    e->g = zalloc(B * inter * 4, &f);
-    e->u = zalloc(B * inter * 4, &f);
-    e->xs = zalloc(B * c->hidden * 4, &f);
-    e->ys = zalloc(B * c->hidden * 4, &f);
-    if (c->n_experts) {
-        e->rlog = zalloc(B * c->n_experts * 4, &f);
-        e->topk_ids = zalloc(B * c->top_k * sizeof(int), &f);
-        e->topk_w = zalloc(B * c->top_k * 4, &f);
-        e->ex_count = zalloc((size_t)c->n_experts * sizeof(int) + 4, &f);
-        e->ex_tokens = zalloc(B * c->top_k * sizeof(int), &f);
-        e->ex_w = zalloc(B * c->top_k * 4, &f);
+    free(specs);
+    for (int l = 0; !f && l < c->n_layers; l++) {
+        if (c->layer_attn[l] != MS_ATTN_KDA) continue;
+        ms_kda_config kc;
+        ms_kda_config_of(c, &kc);
+        if (ms_kda_state_init(&e->kda[l], &kc, NULL)) f = 1;
     }
-    /* per thread: scores [max_ctx] + latent query [B * kv_lora] + row [max(kv_lora, hidden, hd)] + 2 rope vectors */
-    size_t row = (size_t)MAX2(MAX2(c->kv_lora_rank, c->hidden), MAX2(qdim, vdim)) + 16;
-    e->th_stride = T + B * (size_t)MAX2(c->kv_lora_rank, 1) + 2 * row + 1024;
-    if (e->th_stride < 2 * (size_t)c->n_experts + 64) e->th_stride = 2 * (size_t)c->n_experts + 64; /* router scratch */
-    e->th_buf = zalloc((size_t)e->n_threads * e->th_stride * 4, &f);
     if (f) {
         ms_engine_destroy(e);
         return ms_fail(err, MS_ERR_NOMEM, "out of memory allocating engine state (context %zu, batch %zu, %.1f MiB of cache)",

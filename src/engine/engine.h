@@ -36,6 +36,11 @@ void ms_engine_destroy(ms_engine *e);
 /* Forget the sequence (n_past = 0). */
 void ms_engine_reset(ms_engine *e);
 int ms_engine_n_past(const ms_engine *e);
+/* What ms_engine_create would allocate with `threads` threads: causal state for
+ * opts->max_ctx tokens and workspace (activations, scratch) — the engine's
+ * lines of the memory plan. */
+void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int threads, uint64_t *state,
+                          uint64_t *workspace);
 /* Bytes of causal state per token (all layers). */
 uint64_t ms_engine_state_bytes_per_token(const ms_model *m);
 

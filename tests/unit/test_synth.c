@@ -1,6 +1,7 @@
 /* synth: a checkpoint written from a fixture's config loads, is deterministic
  * per (seed, name) whatever the sharding, and FP8 experts carry block scales. */
 #include <stdio.h>
+#include <unistd.h>
 
 #include "model/model.h"
 #include "model/synth.h"

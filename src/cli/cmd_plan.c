@@ -1,0 +1,56 @@
+/* cmd_plan.c — `moonshine plan MODEL_DIR --memory-mib M --context N`: the
+ * memory ledger, and whether it fits. */
+#include <stdio.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "engine/plan.h"
+
+int cmd_plan(int argc, char **argv) {
+    const char *usage = "usage: moonshine plan MODEL_DIR --memory-mib M [--context N] [--expert-cache-mib C] [--threads T] [--json]\n";
+    if (ms_arg_flag(argc, argv, "--help")) {
+        printf("%sPrints the memory ledger (static tier, expert cache, causal state, workspace, staging)\n"
+               "for serving MODEL_DIR with N tokens of context (default 4096) and exits 1 when it does\n"
+               "not fit in M MiB. Without --expert-cache-mib every routed expert is resident.\n", usage);
+        return 0;
+    }
+    int64_t mem = -1, ctx = 4096, cache = -1, threads = 1;
+    if (ms_arg_int(argc, argv, "--memory-mib", 1, INT64_C(1) << 40, &mem) ||
+        ms_arg_int(argc, argv, "--context", 1, 1 << 28, &ctx) ||
+        ms_arg_int(argc, argv, "--expert-cache-mib", 0, INT64_C(1) << 40, &cache) ||
+        ms_arg_int(argc, argv, "--threads", 1, 1024, &threads))
+        return 2;
+    int json = ms_arg_flag(argc, argv, "--json");
+    const char *dir = ms_arg_pos(argc, argv, 0);
+    if (!dir || mem < 0 || ms_args_unknown(argc, argv, "plan")) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    ms_model m;
+    ms_err err = {0};
+    if (ms_model_load(dir, &m, &err)) {
+        fprintf(stderr, "moonshine plan: %s\n", err.msg);
+        return 1;
+    }
+    ms_plan_opts o = {.context = (int)ctx, .threads = (int)threads,
+                      .expert_cache_bytes = cache < 0 ? -1 : cache << 20, .staging_bytes = 0};
+    ms_plan p;
+    int rc = ms_plan_make(&m, &o, &p, &err);
+    if (rc) {
+        fprintf(stderr, "moonshine plan: %s\n", err.msg);
+        ms_model_free(&m);
+        return 1;
+    }
+    int fits = ms_plan_check(&p, (uint64_t)mem << 20, &err) == MS_OK;
+    char buf[1200];
+    if (json) {
+        ms_plan_json(&p, buf, sizeof buf);
+        printf("{\"model\":\"%s\",\"memory_bytes\":%llu,\"fits\":%s,\"plan\":%s}\n", dir,
+               (unsigned long long)mem << 20, fits ? "true" : "false", buf);
+    } else {
+        ms_plan_format(&p, buf, sizeof buf);
+        printf("%sbudget            %10.1f MiB  -> %s\n", buf, (double)mem, fits ? "fits" : "DOES NOT FIT");
+    }
+    ms_model_free(&m);
+    return fits ? 0 : 1;
+}

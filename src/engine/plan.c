@@ -1,0 +1,61 @@
+#include "engine/plan.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int ms_plan_make(const ms_model *m, const ms_plan_opts *o, ms_plan *p, ms_err *err) {
+    memset(p, 0, sizeof *p);
+    if (o->context < 1) return ms_fail(err, MS_ERR_ARG, "plan: context must be at least 1 token");
+    if (o->context > m->cfg.max_pos)
+        return ms_fail(err, MS_ERR_ARG, "plan: context %d exceeds the model's max_position_embeddings %lld", o->context,
+                       (long long)m->cfg.max_pos);
+    p->static_bytes = m->static_bytes;
+    p->experts_total = m->expert_bytes;
+    p->resident = o->expert_cache_bytes < 0 || (uint64_t)o->expert_cache_bytes >= m->expert_bytes;
+    p->expert_bytes = p->resident ? m->expert_bytes : (uint64_t)o->expert_cache_bytes;
+    ms_engine_opts eo = {.max_ctx = o->context, .max_batch = o->max_batch};
+    ms_engine_plan_bytes(m, &eo, o->threads, &p->state_bytes, &p->workspace_bytes);
+    p->state_per_token = ms_engine_state_bytes_per_token(m);
+    p->staging_bytes = p->resident ? 0 : o->staging_bytes;
+    p->overhead_bytes = MS_PLAN_OVERHEAD;
+    p->context = o->context;
+    p->total = p->static_bytes + p->expert_bytes + p->state_bytes + p->workspace_bytes + p->staging_bytes +
+               p->overhead_bytes;
+    return MS_OK;
+}
+
+static double mib(uint64_t b) { return (double)b / 1048576.0; }
+
+void ms_plan_format(const ms_plan *p, char *buf, size_t cap) {
+    snprintf(buf, cap,
+             "static tier       %10.1f MiB  (attention, norms, routers, shared experts, embeddings, head)\n"
+             "expert cache      %10.1f MiB  (%s; routed experts total %.1f MiB)\n"
+             "causal state      %10.1f MiB  (%d tokens x %.1f KiB)\n"
+             "workspace         %10.1f MiB  (activations and scratch)\n"
+             "staging           %10.1f MiB  (expert reads)\n"
+             "overhead          %10.1f MiB  (runtime allowance)\n"
+             "total             %10.1f MiB\n",
+             mib(p->static_bytes), mib(p->expert_bytes), p->resident ? "all resident" : "bounded cache",
+             mib(p->experts_total), mib(p->state_bytes), p->context, (double)p->state_per_token / 1024.0,
+             mib(p->workspace_bytes), mib(p->staging_bytes), mib(p->overhead_bytes), mib(p->total));
+}
+
+void ms_plan_json(const ms_plan *p, char *buf, size_t cap) {
+    snprintf(buf, cap,
+             "{\"static_bytes\":%llu,\"expert_cache_bytes\":%llu,\"experts_total_bytes\":%llu,\"experts_resident\":%s,"
+             "\"state_bytes\":%llu,\"state_bytes_per_token\":%llu,\"context\":%d,\"workspace_bytes\":%llu,"
+             "\"staging_bytes\":%llu,\"overhead_bytes\":%llu,\"total_bytes\":%llu}",
+             (unsigned long long)p->static_bytes, (unsigned long long)p->expert_bytes,
+             (unsigned long long)p->experts_total, p->resident ? "true" : "false", (unsigned long long)p->state_bytes,
+             (unsigned long long)p->state_per_token, p->context, (unsigned long long)p->workspace_bytes,
+             (unsigned long long)p->staging_bytes, (unsigned long long)p->overhead_bytes,
+             (unsigned long long)p->total);
+}
+
+int ms_plan_check(const ms_plan *p, uint64_t budget, ms_err *err) {
+    if (p->total <= budget) return MS_OK;
+    char ledger[900];
+    ms_plan_format(p, ledger, sizeof ledger);
+    return ms_fail(err, MS_ERR_NOMEM, "the plan needs %.1f MiB but the budget is %.1f MiB:\n%s", mib(p->total),
+                   mib(budget), ledger);
+}

@@ -1,0 +1,43 @@
+/* plan.h — the memory plan: every byte the process will hold, decided before
+ * anything large is allocated. The engine refuses a configuration whose plan
+ * exceeds the budget, printing this ledger instead of half-loading. */
+#ifndef MS_PLAN_H
+#define MS_PLAN_H
+
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+typedef struct ms_plan_opts {
+    int context;                /* tokens of causal state */
+    int max_batch;              /* prefill chunk */
+    int threads;
+    int64_t expert_cache_bytes; /* < 0: every routed expert resident (mapped) */
+    uint64_t staging_bytes;     /* I/O staging buffers of a streaming expert source */
+} ms_plan_opts;
+
+typedef struct ms_plan {
+    uint64_t static_bytes;      /* attention, norms, routers, shared experts, embeddings, head */
+    uint64_t expert_bytes;      /* routed experts held: all (resident) or the cache budget */
+    uint64_t experts_total;     /* all routed experts in the checkpoint */
+    uint64_t state_bytes;       /* causal state for `context` tokens */
+    uint64_t state_per_token;
+    uint64_t workspace_bytes;   /* activations and scratch */
+    uint64_t staging_bytes;
+    uint64_t overhead_bytes;    /* runtime, allocator, tables: fixed allowance */
+    uint64_t total;
+    int context, resident;
+} ms_plan;
+
+/* Fixed allowance for what the ledger does not itemize (code, libc, tables). */
+#define MS_PLAN_OVERHEAD (64ull << 20)
+
+int ms_plan_make(const ms_model *m, const ms_plan_opts *o, ms_plan *p, ms_err *err);
+/* MS_OK when p->total <= budget_bytes, else MS_ERR_NOMEM with the ledger in the message. */
+int ms_plan_check(const ms_plan *p, uint64_t budget_bytes, ms_err *err);
+/* The ledger as text lines ("static tier   1234.5 MiB ..."). */
+void ms_plan_format(const ms_plan *p, char *buf, size_t cap);
+/* The ledger as one JSON object. */
+void ms_plan_json(const ms_plan *p, char *buf, size_t cap);
+
+#endif
