@@ -44,6 +44,7 @@ typedef struct ms_binder {
     ms_err *err;
     int rc;                    /* first failure; later binds are no-ops */
     char prefix[96];           /* prepended to every name (e.g. "model.language_model.") */
+    uint64_t bound_bytes;      /* load mode: bytes of every tensor bound so far */
 } ms_binder;
 
 /* Bind a Linear weight "NAME.weight" [rows, cols] (NAME from fmt). For F8_E4M3

@@ -50,6 +50,7 @@ static const ms_tensor *need(ms_binder *b, const char *name, int ndim, const int
                         ms_shape_str(shape, ndim, want, sizeof want), ms_shape_str(t->shape, t->ndim, got, sizeof got));
         return NULL;
     }
+    b->bound_bytes += t->nbytes;
     return t;
 }
 

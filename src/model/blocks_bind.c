@@ -79,7 +79,7 @@ int ms_bind_router(ms_binder *b, ms_model *m, int layer, const char *weight, con
 }
 
 static const ms_tensor *find_rel(ms_binder *b, const char *rel) {
-    char name[260];
+    char name[400];
     snprintf(name, sizeof name, "%s%s", b->prefix, rel);
     return ms_checkpoint_find(b->ck, name);
 }
@@ -104,7 +104,7 @@ int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, 
             int64_t rows = k < 2 ? c->moe_inter : c->hidden, cols = k < 2 ? c->hidden : c->moe_inter;
             ms_bind_mat(b, mats[k], MS_W_EXPERT, rows, cols, "%s", base);
             if (b->ck && !b->rc) {
-                char rel[260];
+                char rel[240];
                 snprintf(rel, sizeof rel, "%s.weight", base);
                 L->expert_tensors[e * MS_EXPERT_TENSORS + 2 * k] = find_rel(b, rel);
                 snprintf(rel, sizeof rel, "%s.weight_scale_inv", base);

@@ -9,25 +9,19 @@ static int alloc_layers(ms_model *m, ms_err *err) {
     return m->layers ? MS_OK : ms_fail(err, MS_ERR_NOMEM, "out of memory");
 }
 
-static void account(ms_model *m) {
+/* Weight bytes by tier: every bound tensor counts; routed experts are the
+ * expert tier, everything else (whatever blocks the architecture has) static. */
+static void account(ms_model *m, uint64_t bound_bytes) {
     const ms_config *c = &m->cfg;
-    m->static_bytes = ms_qmat_bytes(&m->embed);
-    if (m->lm_head.data != m->embed.data) m->static_bytes += ms_qmat_bytes(&m->lm_head);
+    m->expert_bytes = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const ms_layer *L = &m->layers[l];
-        const ms_qmat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->kv_a, &L->kv_b,
-                                 &L->gate, &L->up, &L->down, &L->router,
-                                 &L->kda.q_proj, &L->kda.k_proj, &L->kda.v_proj, &L->kda.q_conv, &L->kda.k_conv,
-                                 &L->kda.v_conv, &L->kda.f_a, &L->kda.f_b, &L->kda.A_log, &L->kda.dt_bias,
-                                 &L->kda.b_proj, &L->kda.g_a, &L->kda.g_b, &L->kda.g_proj, &L->kda.o_norm,
-                                 &L->kda.o_proj};
-        for (size_t i = 0; i < sizeof mats / sizeof *mats; i++)
-            if (mats[i]->data) m->static_bytes += ms_qmat_bytes(mats[i]);
         if (L->experts)
             for (int e = 0; e < c->n_experts; e++)
                 m->expert_bytes += ms_qmat_bytes(&L->experts[e].gate) + ms_qmat_bytes(&L->experts[e].up) +
                                    ms_qmat_bytes(&L->experts[e].down);
     }
+    m->static_bytes = bound_bytes > m->expert_bytes ? bound_bytes - m->expert_bytes : 0;
 }
 
 int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
@@ -39,7 +33,7 @@ int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
     ms_binder b = {.ck = &m->ck, .cfg = &m->cfg, .err = err};
     rc = m->cfg.arch->bind(&b, m);
     if (rc) goto fail;
-    account(m);
+    account(m, b.bound_bytes);
     return MS_OK;
 fail:
     ms_model_free(m);
