@@ -15,6 +15,7 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
     X(kdabench, "time the chunked KDA delta rule against token-by-token stepping (JSON)") \
     X(pack, "rewrite routed experts into a packed, checksummed expert store") \
     X(probe, "measure a file's sequential read bandwidth (the drive's floor)") \
+    X(render, "render a chat request (stdin JSON) with the model's chat template") \
     /* one line per command, each ending in a backslash; keep this comment last */
 
 #define MS_DECLARE(name, help) int cmd_##name(int argc, char **argv);

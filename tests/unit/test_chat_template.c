@@ -1,0 +1,130 @@
+/* test_chat_template.c — chat renders against transformers' reference strings
+ * (../shared/fixtures/text/tok_dev.json, made with apply_chat_template) and the
+ * interpreter's error and limit behavior. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+#include "text/chat_template.h"
+#include "text/jinja.h"
+#include "util/fs.h"
+#include "util/json.h"
+
+static char *request_for(const cJSON *chat) {
+    cJSON *req = cJSON_CreateObject();
+    cJSON_AddItemToObject(req, "messages", cJSON_Duplicate(cJSON_GetObjectItem(chat, "messages"), 1));
+    const cJSON *tools = cJSON_GetObjectItem(chat, "tools");
+    if (tools && !cJSON_IsNull(tools)) cJSON_AddItemToObject(req, "tools", cJSON_Duplicate(tools, 1));
+    cJSON_AddBoolToObject(req, "add_generation_prompt", cJSON_IsTrue(cJSON_GetObjectItem(chat, "add_generation_prompt")));
+    cJSON_AddItemToObject(req, "chat_template_kwargs", cJSON_Duplicate(cJSON_GetObjectItem(chat, "kwargs"), 1));
+    char *s = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    return s;
+}
+
+TEST(tok_dev_chats_render_byte_identical) {
+    char *buf;
+    size_t len;
+    ms_err err = {0};
+    int rc = ms_read_file("../shared/fixtures/text/tok_dev.json", (size_t)64 << 20, &buf, &len, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (rc) return;
+    cJSON *doc = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    CHECK(doc != NULL);
+    const cJSON *toks = cJSON_GetObjectItem(doc, "tokenizers");
+    int total = 0;
+    const char *names[] = {"deepseek_v3", "qwen3", "gptoss"};
+    for (int k = 0; k < 3; k++) {
+        const cJSON *chats = cJSON_GetObjectItem(cJSON_GetObjectItem(toks, names[k]), "chats");
+        char dir[256];
+        snprintf(dir, sizeof dir, "../shared/tokenizers/%s", names[k]);
+        const cJSON *chat;
+        cJSON_ArrayForEach(chat, chats) {
+            const cJSON *want = cJSON_GetObjectItem(chat, "rendered");
+            if (!cJSON_IsString(want)) continue; /* the reference itself failed */
+            char *req = request_for(chat);
+            char *out = NULL;
+            size_t n = 0;
+            ms_err e = {0};
+            rc = ms_chat_render(dir, req, strlen(req), &out, &n, &e);
+            CHECK_MSG(rc == 0, "%s %s: %s", names[k], cJSON_GetObjectItem(chat, "name")->valuestring, e.msg);
+            if (!rc) CHECK_MSG(n == strlen(want->valuestring) && !memcmp(out, want->valuestring, n), "%s %s:\n got %s\nwant %s",
+                               names[k], cJSON_GetObjectItem(chat, "name")->valuestring, out, want->valuestring);
+            free(out);
+            free(req);
+            total++;
+        }
+    }
+    CHECK_MSG(total >= 32, "only %d chats in the fixture", total);
+    cJSON_Delete(doc);
+}
+
+TEST(gptoss_ships_no_template) {
+    ms_chat_source src;
+    ms_err err = {0};
+    int rc = ms_chat_pick("../shared/tokenizers/gptoss", 0, &src, &err);
+    CHECK(rc == MS_ERR_UNSUPPORTED);
+    CHECK(strstr(err.msg, "no chat template") != NULL);
+}
+
+static int render(const char *tpl, const char *ctx, char **out, ms_err *err) {
+    ms_jinja_tpl *t = NULL;
+    *out = NULL;
+    int rc = ms_jinja_parse(tpl, strlen(tpl), &t, err);
+    if (rc) return rc;
+    ms_jinja_limits lim;
+    ms_jinja_default_limits(&lim);
+    lim.max_output = 1 << 20;
+    lim.max_iterations = 100000;
+    ms_jinja_vars *v = ms_jinja_vars_new(&lim);
+    rc = ms_jinja_vars_set_json(v, NULL, ctx, strlen(ctx), NULL, NULL, err);
+    if (!rc) rc = ms_jinja_render(t, v, out, NULL, err);
+    ms_jinja_vars_free(v);
+    ms_jinja_free(t);
+    return rc;
+}
+
+TEST(errors_name_the_line) {
+    char *out;
+    ms_err err = {0};
+    int rc = render("a\nb\n{% if x %}\n{{ raise_exception('bad role: ' ~ x) }}{% endif %}", "{\"x\": \"tool\"}", &out, &err);
+    CHECK(rc == MS_ERR_FORMAT);
+    CHECK_MSG(strstr(err.msg, "line 4") && strstr(err.msg, "bad role: tool"), "%s", err.msg);
+    ms_err_clear(&err);
+    rc = render("x\n{% for a in b %}", "{}", &out, &err);
+    CHECK(rc == MS_ERR_FORMAT);
+    CHECK_MSG(strstr(err.msg, "endfor") != NULL, "%s", err.msg);
+    ms_err_clear(&err);
+    rc = render("{{ a.b.c }}", "{}", &out, &err);
+    CHECK_MSG(rc == MS_ERR_FORMAT && strstr(err.msg, "'a' is undefined"), "%s", err.msg);
+    ms_err_clear(&err);
+    rc = render("{{ a|nosuchfilter }}", "{}", &out, &err);
+    CHECK_MSG(rc == MS_ERR_FORMAT && strstr(err.msg, "nosuchfilter"), "%s", err.msg);
+}
+
+TEST(limits_hold) {
+    char *out;
+    ms_err err = {0};
+    int rc = render("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}", "{}", &out, &err);
+    CHECK_MSG(rc == MS_ERR_LIMIT, "%d %s", rc, err.msg);
+    ms_err_clear(&err);
+    rc = render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "{}", &out, &err);
+    CHECK_MSG(rc == MS_ERR_LIMIT, "%d %s", rc, err.msg);
+    ms_err_clear(&err);
+    rc = render("{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+                "{}", &out, &err);
+    CHECK_MSG(rc == MS_ERR_LIMIT, "%d %s", rc, err.msg);
+    ms_err_clear(&err);
+    char deep[4000];
+    size_t k = 0;
+    k += (size_t)sprintf(deep, "{{ ");
+    for (int i = 0; i < 1000; i++) deep[k++] = '(';
+    deep[k++] = '1';
+    for (int i = 0; i < 1000; i++) deep[k++] = ')';
+    strcpy(deep + k, " }}");
+    rc = render(deep, "{}", &out, &err);
+    CHECK_MSG(rc == MS_ERR_LIMIT || rc == MS_ERR_FORMAT, "%d %s", rc, err.msg);
+}
+
+TEST_MAIN()
