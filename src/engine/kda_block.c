@@ -108,7 +108,7 @@ int ms_kda_forward(ms_pool *pool, const ms_kda_config *c, const ms_kda_weights *
             break;
         ms_matmul(pool, lr, xs, m, &w->f_a);
         ms_matmul(pool, g, lr, m, &w->f_b);
-        if ((rc = ms_decay_gate(g, C, m, H, d, &w->A_log, w->dt_bias.data ? &w->dt_bias : NULL, c->decay,
+        if ((rc = ms_decay_gate(pool, g, C, m, H, d, &w->A_log, w->dt_bias.data ? &w->dt_bias : NULL, c->decay,
                                 c->lower_bound, err)))
             break;
         ms_matmul(pool, beta, xs, m, &w->b_proj);

@@ -55,10 +55,11 @@ typedef enum ms_decay_kind {
  * gated DeltaNet's per-head decay), replaced by the log decay g above.
  * A_log: exactly `heads` elements (the caller strips any zero padding; NULL
  * means A = 1, allowed only with MS_DECAY_LOWER_BOUND). dt_bias: heads*width
- * elements or NULL. Computation in F32 as the references do.
+ * elements or NULL. Computation in F32 as the references do (softplus as
+ * transformers writes it: x > 20 ? x : log(1 + exp(x))); rows split across the pool.
  * Errors: MS_ERR_ARG / MS_ERR_SHAPE. */
-int ms_decay_gate(float *f, int64_t ld, int n, int heads, int width, const ms_qmat *A_log, const ms_qmat *dt_bias,
-                  ms_decay_kind kind, float lower_bound, ms_err *err);
+int ms_decay_gate(ms_pool *pool, float *f, int64_t ld, int n, int heads, int width, const ms_qmat *A_log,
+                  const ms_qmat *dt_bias, ms_decay_kind kind, float lower_bound, ms_err *err);
 
 /* x[t*ld + i] = sigmoid(x[t*ld + i]) for t < n, i < width (beta = sigmoid(b_proj x)). */
 void ms_sigmoid_rows(float *x, int64_t ld, int n, int width);
@@ -96,6 +97,10 @@ int ms_delta_recurrent(ms_pool *pool, const ms_delta_args *a, float *state, ms_e
  * Same state contract as ms_delta_recurrent. Errors: as ms_delta_recurrent,
  * MS_ERR_NOMEM when scratch cannot be allocated. */
 int ms_delta_chunked(ms_pool *pool, const ms_delta_args *a, float *state, int chunk, ms_err *err);
+
+/* Tests and benchmarks: 0 makes every kernel here use its portable build
+ * (no AVX2) from the next call on, 1 (the default) picks by CPU. */
+void ms_kda_use_simd(int on);
 
 /* Scalar single-threaded reference twin of ms_delta_recurrent (no SIMD), for tests. */
 int ms_delta_recurrent_ref(const ms_delta_args *a, float *state, ms_err *err);

@@ -229,6 +229,16 @@ TEST(recurrent_matches_float64) {
     run_and_compare(NULL, 50, 1, 1, 5, 3, 0, 0, one, m_simd, 1, 0, TOL, "recurrent 5x3 no pool");
 }
 
+/* The portable (non-AVX2) builds of the same kernels. */
+TEST(portable_kernels_match_float64) {
+    int one[] = {100}, m_simd[] = {RECUR_SIMD}, m_ch[] = {CHUNKED};
+    ms_kda_use_simd(0);
+    run_and_compare(pool2(), 100, 2, 2, 128, 128, 0, 1, one, m_simd, 1, 0, TOL, "portable recurrent 128x128");
+    run_and_compare(pool2(), 100, 1, 2, 48, 40, 0, 1, one, m_ch, 1, 32, TOL, "portable chunked 48x40");
+    run_and_compare(pool2(), 100, 1, 2, 20, 24, 1, 0, one, m_ch, 1, 64, TOL, "portable chunked per-head 20x24");
+    ms_kda_use_simd(1);
+}
+
 TEST(chunked_matches_float64) {
     int one[] = {200}, m_ch[] = {CHUNKED};
     run_and_compare(pool2(), 200, 2, 2, 128, 128, 0, 0, one, m_ch, 1, 64, TOL, "chunked 64 kda 128x128, tail 8");
@@ -350,20 +360,23 @@ TEST(short_conv_prefill_then_decode) {
 
 TEST(decay_gate_forms) {
     const int n = 9, H = 3, W = 16;
-    for (int kind = 0; kind < 2; kind++) {
+    for (int kind = 0; kind < 4; kind++) { /* 2, 3: the portable kernels */
+        ms_kda_use_simd(kind < 2);
         float *f = randn((size_t)n * (H * W + 5), 3.0), *alog = randn(H, 1.0), *bias = randn((size_t)H * W, 1.0);
         uint16_t *ab = to_bf16(alog, H);
         float *orig = malloc(sizeof(float) * n * (H * W + 5));
         memcpy(orig, f, sizeof(float) * n * (H * W + 5));
-        for (int i = 0; i < 3; i++) f[i * 7] = 30.0f + i, orig[i * 7] = f[i * 7]; /* softplus linear branch */
+        /* extremes through the vector exp/log: both softplus branches, sigmoid saturation */
+        const float ext[] = {30.0f, 20.5f, 19.5f, 88.0f, -30.0f, -100.0f, -87.0f, 60.0f, -60.0f, 0.0f, 1e-3f, -1e-3f};
+        for (int i = 0; i < 12; i++) f[i * 3] = ext[i], orig[i * 3] = ext[i];
         ms_qmat A = {.dtype = MS_DT_BF16, .rows = 1, .cols = H, .data = ab}, B = vec_f32(bias, 1, (int64_t)H * W);
         ms_err err = {0};
-        CHECK(ms_decay_gate(f, H * W + 5, n, H, W, &A, &B, kind, -5.0f, &err) == MS_OK);
+        CHECK(ms_decay_gate(pool2(), f, H * W + 5, n, H, W, &A, &B, kind % 2, -5.0f, &err) == MS_OK);
         double m = 0;
         for (int t = 0; t < n; t++)
             for (int i = 0; i < H * W; i++) {
                 double x = (double)orig[t * (H * W + 5) + i] + bias[i], a = exp((double)alog[i / W]);
-                double want = kind == MS_DECAY_SOFTPLUS ? -a * softplus_d(x) : -5.0 * sigmoid_d(a * x);
+                double want = kind % 2 == MS_DECAY_SOFTPLUS ? -a * softplus_d(x) : -5.0 * sigmoid_d(a * x);
                 m = fmax(m, fabs(f[t * (H * W + 5) + i] - want) / (1 + fabs(want)));
             }
         CHECK_MSG(m <= 1e-5, "kind %d: gate err %.3g", kind, m);
@@ -371,12 +384,13 @@ TEST(decay_gate_forms) {
         CHECK(f[H * W] == orig[H * W] && f[(n - 1) * (H * W + 5) + H * W + 4] == orig[(n - 1) * (H * W + 5) + H * W + 4]);
         free(f), free(alog), free(bias), free(ab), free(orig);
     }
+    ms_kda_use_simd(1);
     ms_err err = {0};
     float f[4] = {0}, a4[4] = {0};
     ms_qmat A4 = vec_f32(a4, 1, 4);
-    CHECK(ms_decay_gate(f, 4, 1, 2, 2, &A4, NULL, MS_DECAY_SOFTPLUS, 0, &err) == MS_ERR_SHAPE);
-    CHECK(ms_decay_gate(f, 4, 1, 2, 2, NULL, NULL, MS_DECAY_SOFTPLUS, 0, &err) == MS_ERR_ARG);
-    CHECK(ms_decay_gate(f, 4, 1, 2, 2, NULL, NULL, MS_DECAY_LOWER_BOUND, 1.0f, &err) == MS_ERR_ARG);
+    CHECK(ms_decay_gate(pool2(), f, 4, 1, 2, 2, &A4, NULL, MS_DECAY_SOFTPLUS, 0, &err) == MS_ERR_SHAPE);
+    CHECK(ms_decay_gate(pool2(), f, 4, 1, 2, 2, NULL, NULL, MS_DECAY_SOFTPLUS, 0, &err) == MS_ERR_ARG);
+    CHECK(ms_decay_gate(pool2(), f, 4, 1, 2, 2, NULL, NULL, MS_DECAY_LOWER_BOUND, 1.0f, &err) == MS_ERR_ARG);
 }
 
 /* ---- gated RMSNorm ---- */

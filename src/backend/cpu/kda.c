@@ -19,6 +19,9 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+enum { KDA_SB = 16 }; /* sub-block of the chunked kernel's intra-chunk matrices */
 
 #define KN(name) name##_base
 #define KT
@@ -34,9 +37,13 @@ typedef float v8f __attribute__((vector_size(32)));
 #undef KT
 #endif
 
+static int simd_allowed = 1;
+void ms_kda_use_simd(int on) { simd_allowed = on; }
+
 static int use_avx2(void) {
 #ifdef KDA_X86
     static int cached = -1;
+    if (!simd_allowed) return 0;
     if (cached < 0) {
         __builtin_cpu_init();
         cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -142,8 +149,30 @@ int ms_short_conv(ms_pool *pool, float *y, int64_t ld_y, const float *x, int64_t
 
 /* ---- decay gate, beta ---- */
 
-int ms_decay_gate(float *f, int64_t ld, int n, int heads, int width, const ms_qmat *A_log, const ms_qmat *dt_bias,
-                  ms_decay_kind kind, float lower_bound, ms_err *err) {
+typedef struct {
+    float *f;
+    int64_t ld;
+    int n, heads, width, lower, avx2, rows_per_task;
+    const float *A, *bias;
+    float lb;
+} gate_job;
+
+static void gate_task(void *ctx, int task, int tid) {
+    (void)tid;
+    const gate_job *j = ctx;
+    int t0 = task * j->rows_per_task, t1 = t0 + j->rows_per_task < j->n ? t0 + j->rows_per_task : j->n;
+    for (int t = t0; t < t1; t++) {
+        float *row = j->f + (int64_t)t * j->ld;
+#ifdef KDA_X86
+        if (j->avx2) gate_row_avx2(row, j->heads, j->width, j->A, j->bias, j->lower, j->lb);
+        else
+#endif
+            gate_row_base(row, j->heads, j->width, j->A, j->bias, j->lower, j->lb);
+    }
+}
+
+int ms_decay_gate(ms_pool *pool, float *f, int64_t ld, int n, int heads, int width, const ms_qmat *A_log,
+                  const ms_qmat *dt_bias, ms_decay_kind kind, float lower_bound, ms_err *err) {
     if (!f || n < 1 || heads < 1 || width < 1 || ld < (int64_t)heads * width)
         return ms_fail(err, MS_ERR_ARG, "decay gate: n %d, heads %d, width %d, ld %lld", n, heads, width, (long long)ld);
     if (kind != MS_DECAY_SOFTPLUS && kind != MS_DECAY_LOWER_BOUND)
@@ -166,16 +195,8 @@ int ms_decay_gate(float *f, int64_t ld, int n, int heads, int width, const ms_qm
     }
     if (dt_bias) ms_to_f32(bias, dt_bias->data, dt_bias->dtype, hw);
     else memset(bias, 0, (size_t)hw * sizeof *bias);
-    for (int t = 0; t < n; t++) {
-        float *ft = f + (int64_t)t * ld;
-        for (int h = 0; h < heads; h++)
-            for (int c = 0; c < width; c++) {
-                int i = h * width + c;
-                float x = ft[i] + bias[i];
-                if (kind == MS_DECAY_SOFTPLUS) ft[i] = -A[h] * (x > 20.0f ? x : log1pf(expf(x)));
-                else ft[i] = lower_bound * ms_sigmoid(A[h] * x);
-            }
-    }
+    gate_job j = {f, ld, n, heads, width, kind == MS_DECAY_LOWER_BOUND, use_avx2(), 16, A, bias, lower_bound};
+    ms_pool_run(pool, (n + j.rows_per_task - 1) / j.rows_per_task, gate_task, &j);
     free(buf);
     return MS_OK;
 }
