@@ -16,6 +16,8 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
     X(pack, "rewrite routed experts into a packed, checksummed expert store") \
     X(probe, "measure a file's sequential read bandwidth (the drive's floor)") \
     X(render, "render a chat request (stdin JSON) with the model's chat template") \
+    X(tokenize, "encode stdin text to token ids (JSON array) with a model's tokenizer") \
+    X(detokenize, "decode a JSON array of token ids from stdin to text") \
     /* one line per command, each ending in a backslash; keep this comment last */
 
 #define MS_DECLARE(name, help) int cmd_##name(int argc, char **argv);
