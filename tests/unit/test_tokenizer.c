@@ -321,7 +321,7 @@ TEST(tiktoken_from_gptoss_matches_tokenizer_json) {
             ms_tok_ids a = {0}, b = {0};
             ms_tok_encode(g, texts[i], strlen(texts[i]), MS_TOK_ENCODE_SPECIAL, &a, &err);
             ms_tok_encode(t, texts[i], strlen(texts[i]), MS_TOK_ENCODE_SPECIAL, &b, &err);
-            CHECK_MSG(a.n == b.n && memcmp(a.ids, b.ids, a.n * sizeof *a.ids) == 0, "tiktoken != tokenizer.json on \"%.50s\"",
+            CHECK_MSG(a.n == b.n && (a.n == 0 || memcmp(a.ids, b.ids, a.n * sizeof *a.ids) == 0), "tiktoken != tokenizer.json on \"%.50s\"",
                       texts[i]);
             ms_tok_ids_free(&a);
             ms_tok_ids_free(&b);
