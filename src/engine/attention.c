@@ -117,15 +117,18 @@ static void mla_head(void *ctx, int h, int tid) {
         int64_t p = e->n_past + t;
         float *ql = qlat + t * lora;
         const float *qpe = e->q + (t * H + h) * qk + nope;
-        for (int64_t s = 0; s <= p; s++) {
-            const float *ls = lat + s * lw;
-            sc[s] = (dot(ql, ls, lora) + dot(qpe, ls + lora, rope)) * scale;
+        /* DSA layers attend to the indexer's selection (ascending positions), others to 0..p */
+        int cnt = (int)(p + 1);
+        const int32_t *sel = c->layer_dsa[j->layer] ? ms_dsa_engine_row(e, (int)t, &cnt) : NULL;
+        for (int64_t si = 0; si < cnt; si++) {
+            const float *ls = lat + (sel ? sel[si] : si) * lw;
+            sc[si] = (dot(ql, ls, lora) + dot(qpe, ls + lora, rope)) * scale;
         }
-        ms_softmax(sc, (int)(p + 1));
+        ms_softmax(sc, cnt);
         memset(ql, 0, (size_t)lora * 4); /* becomes o_lat */
-        for (int64_t s = 0; s <= p; s++) {
-            const float *ls = lat + s * lw;
-            float w = sc[s];
+        for (int64_t si = 0; si < cnt; si++) {
+            const float *ls = lat + (sel ? sel[si] : si) * lw;
+            float w = sc[si];
             for (int64_t i = 0; i < lora; i++) ql[i] += w * ls[i];
         }
     }
@@ -145,6 +148,8 @@ int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         ms_matmul(e->pool, e->kv, e->xn, n, &L->q_a);
         ms_rmsnorm(e->kv, e->kv, L->q_a_norm, n, (int)c->q_lora_rank, eps);
         ms_matmul(e->pool, e->q, e->kv, n, &L->q_b);
+        int rc = c->layer_dsa[layer] ? ms_dsa_engine_select(e, layer, n, e->kv, err) : MS_OK;
+        if (rc) return rc;
     } else {
         ms_matmul(e->pool, e->q, e->xn, n, &L->wq);
     }

@@ -105,6 +105,9 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
         ms_kda_config_of(&m->cfg, &kc);
         *state += (uint64_t)kc.heads * kc.head_dim * (3 * (kc.conv_kernel - 1) + kc.head_dim) * 4 + 4;
     }
+    for (int l = 0; l < m->cfg.n_layers; l++) /* DSA index keys (KPool: + gate logits and pooled keys) */
+        if (m->cfg.layer_dsa[l] == 1)
+            *state += (uint64_t)T * m->cfg.dsa_head_dim * 4 * (m->cfg.dsa_kpool > 1 ? 3 : 1);
 }
 
 int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err) {
@@ -145,6 +148,10 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         ms_kda_config_of(c, &kc);
         if (ms_kda_state_init(&e->kda[l], &kc, NULL)) f = 1;
     }
+    if (!f && (rc = ms_dsa_engine_init(e, err))) {
+        ms_engine_destroy(e);
+        return rc;
+    }
     if (f) {
         ms_engine_destroy(e);
         return ms_fail(err, MS_ERR_NOMEM, "out of memory allocating engine state (context %zu, batch %zu, %.1f MiB of cache)",
@@ -163,6 +170,7 @@ void ms_engine_destroy(ms_engine *e) {
         if (e->kda) ms_kda_state_free(&e->kda[l]);
     }
     free(e->kda);
+    ms_dsa_engine_free(e);
     free(e->k_cache);
     free(e->v_cache);
     free(e->latent);
@@ -177,6 +185,7 @@ void ms_engine_destroy(ms_engine *e) {
 
 void ms_engine_reset(ms_engine *e) {
     e->n_past = 0;
+    ms_dsa_engine_reset(e);
     for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_reset(&e->kda[l]);
 }
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
@@ -243,6 +252,21 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
     if ((int64_t)e->n_past + n > e->max_ctx)
         return ms_fail(err, MS_ERR_LIMIT, "context full: %d + %d tokens exceed the allocated %d", e->n_past, n, e->max_ctx);
     int64_t V = e->m->cfg.vocab;
+    e->fwd_len = (int64_t)e->n_past + n;
+    if (e->dsa) { /* DSA: redo the positions whose tied top-k choice this longer forward changes */
+        int64_t from = -1, end = e->n_past;
+        int rc = ms_dsa_engine_replay_from(e, e->fwd_len, &from, err);
+        if (rc) return rc;
+        if (from >= 0) {
+            ms_dsa_engine_rollback(e, from);
+            e->n_past = (int)from;
+            for (int64_t s = from; s < end; s += e->max_batch) {
+                int k = end - s < e->max_batch ? (int)(end - s) : e->max_batch;
+                if ((rc = forward_chunk(e, ms_dsa_engine_tokens(e) + s, k, NULL, 0, err))) return rc;
+            }
+        }
+        ms_dsa_engine_note_tokens(e, tokens, n);
+    }
     for (int s = 0; s < n; s += e->max_batch) {
         int k = n - s < e->max_batch ? n - s : e->max_batch;
         int last = s + k == n;

@@ -32,6 +32,9 @@ struct ms_engine {
     /* per-thread scratch for attention */
     float *th_buf; size_t th_stride;
     ms_engine_stats stats;
+    /* DeepSeek Sparse Attention (engine/dsa_layer.c) */
+    struct ms_dsa_state *dsa;
+    int64_t fwd_len;     /* length of the forward whose top-k tie choices are reproduced */
 };
 
 /* Sublayers: read e->xn [n, hidden], write the sublayer output into out [n, hidden]. */
@@ -43,6 +46,27 @@ void ms_kda_config_of(const ms_config *c, ms_kda_config *out);
 int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_qmat *down, int n, const float *in,
                  float *out, int accumulate);
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err);
+
+/* DSA: state for the model's indexers (a no-op for models without), its
+ * reset, and the selection of a chunk for an MLA layer with layer_dsa != 0:
+ * runs the layer's indexer on q_resid [n, q_lora_rank] and e->xn (layer_dsa 1)
+ * or keeps the selection of the layer it shares (2). The selection of token t
+ * of the chunk: ms_dsa_engine_row. */
+int ms_dsa_engine_init(ms_engine *e, ms_err *err);
+void ms_dsa_engine_free(ms_engine *e);
+void ms_dsa_engine_reset(ms_engine *e);
+int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, ms_err *err);
+const int32_t *ms_dsa_engine_row(const ms_engine *e, int t, int *count);
+/* Reproducing a full-recompute reference: a selection that fell inside a tie
+ * can change when the forward grows (ops/dsa.h). replay_from: the earliest
+ * position whose recorded tied selection differs in a forward of fwd_len
+ * tokens, -1 if none (or the model has recurrent layers, whose state cannot be
+ * rolled back). rollback: forget DSA state from pos on. note_tokens: record
+ * tokens at n_past.. for replays; tokens: the recorded sequence. */
+int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_err *err);
+void ms_dsa_engine_rollback(ms_engine *e, int64_t pos);
+void ms_dsa_engine_note_tokens(ms_engine *e, const int32_t *tokens, int n);
+const int32_t *ms_dsa_engine_tokens(const ms_engine *e);
 
 /* Rotate one vector of rope->dim dims in place. */
 void ms_rope_apply(const ms_rope *r, float *x, const float *cos, const float *sin);

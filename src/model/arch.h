@@ -88,5 +88,10 @@ int ms_bind_experts(ms_binder *b, struct ms_model *m, int layer, const char *gat
 int ms_bind_router(ms_binder *b, struct ms_model *m, int layer, const char *weight, const char *bias);
 /* A KDA token mixer under pfx ("model.layers.3.self_attn.") (model/kda_bind.c). */
 int ms_bind_kda(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* A DSA lightning indexer under pfx ("model.layers.3.self_attn.indexer.") and the
+ * indexer configuration of a model config (model/dsa_bind.c). */
+struct ms_dsa_cfg;
+int ms_bind_dsa(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+void ms_dsa_cfg_of(const ms_config *c, struct ms_dsa_cfg *out);
 
 #endif

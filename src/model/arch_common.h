@@ -13,4 +13,12 @@ int ms_arch_check_moe(const ms_config *c, const char *where, ms_err *err);
 /* Check GQA head fields. */
 int ms_arch_check_gqa(const ms_config *c, const char *where, ms_err *err);
 
+/* DSA: index_* fields and the per-layer indexer schedule (indexer_types,
+ * index_topk_pattern or index_topk_freq/index_skip_topk_offset) of the layers
+ * already marked MS_ATTN_MLA. rope_interleaved: the indexer's RoPE layout;
+ * chain_shared: see ms_dsa_share_plan; kpool_default: index_kpool when absent
+ * (0: per-token keys). (model/dsa_bind.c) */
+int ms_arch_dsa_configure(const cJSON *j, ms_config *c, int rope_interleaved, int chain_shared, int kpool_default,
+                          const char *where, ms_err *err);
+
 #endif

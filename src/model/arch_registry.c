@@ -6,6 +6,7 @@
 
 extern const ms_arch ms_arch_deepseek_v3, ms_arch_qwen3_moe, ms_arch_glm4_moe, ms_arch_minimax_m2;
 extern const ms_arch ms_arch_kimi_linear;
+extern const ms_arch ms_arch_deepseek_v32, ms_arch_glm_moe_dsa;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -13,6 +14,8 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_glm4_moe,
     &ms_arch_minimax_m2,
     &ms_arch_kimi_linear,
+    &ms_arch_deepseek_v32,
+    &ms_arch_glm_moe_dsa,
 };
 
 const ms_arch *ms_arch_find(const char *model_type) {

@@ -53,6 +53,12 @@ typedef struct ms_config {
     double kda_lower_bound;
     int kda_full_rank_gate;     /* 1: g_proj; 0: g_a_proj / g_b_proj */
     ms_rope rope;
+    /* DeepSeek Sparse Attention: MLA layers with a lightning indexer (ops/dsa.h) */
+    int64_t dsa_heads, dsa_head_dim, dsa_topk, dsa_kpool;
+    int dsa_kpool_tail;         /* KPool: always select the query's incomplete pool */
+    int dsa_rope_interleaved;   /* indexer RoPE layout: 1 interleaved (GLM-MoE-DSA), 0 half split (V3.2) */
+    int dsa_chain_shared;       /* a shared layer passes its reused selection on (see ms_dsa_share_plan) */
+    uint8_t layer_dsa[MS_MAX_LAYERS]; /* 0: plain attention; 1: own indexer; 2: reuses an earlier selection */
     /* feed-forward */
     int64_t inter;              /* dense MLP width */
     int64_t moe_inter;          /* routed expert width */

@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "model/arch.h"
 #include "model/config.h"
+#include "ops/dsa.h"
 
 /* Per expert: gate.weight, gate.scale, up.weight, up.scale, down.weight, down.scale. */
 #define MS_EXPERT_TENSORS 6
@@ -29,6 +30,8 @@ typedef struct ms_layer {
     float *q_a_norm, *kv_a_norm;                 /* [q_lora], [kv_lora] */
     /* KDA (linear attention) */
     ms_kda_weights kda;
+    /* DSA lightning indexer (layer_dsa 1) */
+    ms_dsa_weights dsa;
     /* dense MLP (MS_MLP_DENSE) or shared experts (MoE layers, shared_inter > 0) */
     ms_qmat gate, up, down;
     /* MoE */

@@ -15,7 +15,7 @@ int ms_dsa_cfg_check(const ms_dsa_cfg *cfg, ms_err *err) {
     if (cfg->rope_dims < 0 || cfg->rope_dims > cfg->head_dim || cfg->rope_dims % 2)
         return ms_fail(err, MS_ERR_ARG, "dsa: rope dims %d must be even and within [0, index_head_dim %d]",
                        cfg->rope_dims, cfg->head_dim);
-    if (cfg->rope_layout != MS_ROPE_HALF_SPLIT && cfg->rope_layout != MS_ROPE_INTERLEAVED)
+    if (cfg->rope_layout != MS_DSA_ROPE_HALF && cfg->rope_layout != MS_DSA_ROPE_INTERLEAVED)
         return ms_fail(err, MS_ERR_ARG, "dsa: unknown rope layout %d", (int)cfg->rope_layout);
     if (cfg->topk < 1 || cfg->topk > (1 << 24))
         return ms_fail(err, MS_ERR_ARG, "dsa: index_topk %d out of range [1, 2^24]", cfg->topk);
@@ -57,7 +57,7 @@ void ms_dsa_rope_table(float *cos_t, float *sin_t, const float *inv, int half, i
     }
 }
 
-void ms_dsa_rope(float *x, int n, int64_t stride, int per_row, int rot, ms_rope_layout layout, const float *cos_t,
+void ms_dsa_rope(float *x, int n, int64_t stride, int per_row, int rot, ms_dsa_rope_layout layout, const float *cos_t,
                  const float *sin_t) {
     int half = rot / 2;
     if (half <= 0) return;
@@ -67,7 +67,7 @@ void ms_dsa_rope(float *x, int n, int64_t stride, int per_row, int rot, ms_rope_
         const float *c = cos_t + (int64_t)(v / per_row) * half, *s = sin_t + (int64_t)(v / per_row) * half;
         for (int i = 0; i < half; i++) {
             float x1, x2;
-            if (layout == MS_ROPE_INTERLEAVED) {
+            if (layout == MS_DSA_ROPE_INTERLEAVED) {
                 x1 = xv[2 * i];
                 x2 = xv[2 * i + 1];
             } else {

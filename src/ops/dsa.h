@@ -53,24 +53,38 @@
 
 #include <stdint.h>
 
+#include "ops/ops.h"
 #include "util/err.h"
 #include "util/threadpool.h"
 
 typedef enum {
-    MS_ROPE_HALF_SPLIT = 0,  /* rotate_half: pairs (i, i + R/2) */
-    MS_ROPE_INTERLEAVED = 1, /* pairs (2i, 2i+1), output de-interleaved as the reference writes it */
-} ms_rope_layout;
+    MS_DSA_ROPE_HALF = 0,        /* rotate_half: pairs (i, i + R/2) */
+    MS_DSA_ROPE_INTERLEAVED = 1, /* pairs (2i, 2i+1), output de-interleaved as the reference writes it */
+} ms_dsa_rope_layout;
 
 typedef struct ms_dsa_cfg {
     int n_heads;    /* H: index_n_heads, >= 1 */
     int head_dim;   /* D: index_head_dim, >= 1 */
     int rope_dims;  /* R: leading dims of q heads and k that rotate; even, <= D; 0 = none (must be 0 with kpool > 1) */
-    ms_rope_layout rope_layout;
+    ms_dsa_rope_layout rope_layout;
     int topk;       /* index_topk, >= 1 */
     int kpool;      /* <= 1: one key per token; > 1: KPool with pools of kpool tokens */
     int kpool_tail; /* KPool only: also select the query's own incomplete pool (index_kpool_always_select_tail) */
     float ln_eps;   /* eps of the LayerNorm on k (1e-6 in the references) */
 } ms_dsa_cfg;
+
+/* One layer's indexer weights (views in the stored dtype; small vectors F32).
+ * transformers names under "...self_attn.indexer.": wq_b, wk, k_norm.{weight,bias},
+ * weights_proj, and for KPool index_kpool_compress_gate / _ape. */
+typedef struct ms_dsa_weights {
+    ms_qmat wq_b;          /* [H*D, q_lora_rank] */
+    ms_qmat wk;            /* [D, hidden] */
+    float *k_norm_w;       /* [D] */
+    float *k_norm_b;       /* [D] */
+    ms_qmat weights_proj;  /* [H, hidden] */
+    ms_qmat kpool_gate;    /* KPool: [D, hidden] */
+    ms_qmat kpool_ape;     /* KPool: [kpool, D] */
+} ms_dsa_weights;
 
 /* Check a configuration: ranges above. Returns MS_OK or MS_ERR_ARG naming the field. */
 int ms_dsa_cfg_check(const ms_dsa_cfg *cfg, ms_err *err);
@@ -92,7 +106,7 @@ void ms_dsa_rope_table(float *cos_t, float *sin_t, const float *inv, int half, i
 /* Rotate the first rot dims (even) of n vectors of x in place, vector v at
  * x + v*stride, with angle row cos/sin + (v / per_row) * rot/2 (per_row
  * vectors share one position, e.g. the heads of one token). */
-void ms_dsa_rope(float *x, int n, int64_t stride, int per_row, int rot, ms_rope_layout layout, const float *cos_t,
+void ms_dsa_rope(float *x, int n, int64_t stride, int per_row, int rot, ms_dsa_rope_layout layout, const float *cos_t,
                  const float *sin_t);
 
 /* Prepare n keys in place: k [n, D] = rope(LayerNorm(k; ln_w, ln_b)). ln_w, ln_b:

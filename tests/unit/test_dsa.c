@@ -145,7 +145,7 @@ typedef struct {
 static outcome run_case(const ref_in *in, ms_pool *pool, int incremental) {
     outcome o = {0, 0};
     ms_dsa_cfg cfg = {.n_heads = in->H, .head_dim = in->D, .rope_dims = in->R,
-                      .rope_layout = in->interleaved ? MS_ROPE_INTERLEAVED : MS_ROPE_HALF_SPLIT,
+                      .rope_layout = in->interleaved ? MS_DSA_ROPE_INTERLEAVED : MS_DSA_ROPE_HALF,
                       .topk = in->topk, .kpool = in->kpool, .kpool_tail = in->tail, .ln_eps = 1e-6f};
     ms_err err = {0};
     int T = in->T, H = in->H, D = in->D, W = ms_dsa_row_width(&cfg);
@@ -246,7 +246,7 @@ TEST(rope_matches_reference_layouts) {
         double r[12];
         for (int i = 0; i < 12; i++) x[i] = (float)nrand(), r[i] = x[i];
         ms_dsa_rope_table(cs, sn, inv, 4, 37, 1, 1.0f);
-        ms_dsa_rope(x, 1, 12, 1, 8, inter ? MS_ROPE_INTERLEAVED : MS_ROPE_HALF_SPLIT, cs, sn);
+        ms_dsa_rope(x, 1, 12, 1, 8, inter ? MS_DSA_ROPE_INTERLEAVED : MS_DSA_ROPE_HALF, cs, sn);
         ref_rope(r, 8, inter, 37, inv);
         for (int i = 0; i < 12; i++) CHECK_NEAR(x[i], r[i], 1e-6);
     }

@@ -1,0 +1,212 @@
+/* dsa_layer.c — DeepSeek Sparse Attention in the engine: the per-layer
+ * index-key caches (decode state kept next to the MLA latent cache), and the
+ * selection each MLA layer with an indexer attends to (ops/dsa.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "ops/dsa.h"
+
+/* Rows whose selection fell inside a tie (see ops/dsa.h): their query, weights
+ * and selection, to check whether a longer forward would choose differently. */
+typedef struct {
+    int64_t n, cap;
+    int64_t *pos;
+    float *q, *w;   /* [cap, H*D], [cap, H] */
+    int32_t *sel;   /* [cap, width] */
+    int32_t *cnt;   /* [cap] */
+} amb_list;
+
+typedef struct ms_dsa_state {
+    ms_dsa_cfg cfg;
+    amb_list *amb_rows;   /* [n_layers] */
+    int32_t *tokens;      /* [max_ctx] the sequence so far, for replays */
+    int replay_ok;        /* every layer's state can be rolled back (no recurrent layers) */
+    ms_dsa_cache *cache;  /* [n_layers]: initialized for layers with their own indexer */
+    int width;            /* entries of a selection row */
+    int32_t *idx, *cnt;   /* [max_batch, width], [max_batch]: the current chunk's selection */
+    uint8_t *amb;         /* [max_batch] */
+    float *q, *w, *k, *g; /* indexer scratch [B, H*D], [B, H], [B, D], [B, D] */
+    float *cs, *sn;       /* [B, rope/2] */
+} ms_dsa_state;
+
+int ms_dsa_engine_init(ms_engine *e, ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++) any |= c->layer_dsa[l] != 0;
+    if (!any) return MS_OK;
+    ms_dsa_state *s = calloc(1, sizeof *s);
+    if (!s) return ms_fail(err, MS_ERR_NOMEM, "out of memory for the DSA state");
+    e->dsa = s;
+    ms_dsa_cfg_of(c, &s->cfg);
+    int rc = ms_dsa_cfg_check(&s->cfg, err);
+    if (rc) return rc;
+    s->width = ms_dsa_row_width(&s->cfg);
+    size_t B = (size_t)e->max_batch, H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim;
+    size_t half = (size_t)(s->cfg.rope_dims / 2) + 1;
+    s->cache = calloc((size_t)c->n_layers, sizeof *s->cache);
+    s->amb_rows = calloc((size_t)c->n_layers, sizeof *s->amb_rows);
+    s->tokens = malloc(sizeof(int32_t) * (size_t)e->max_ctx);
+    s->replay_ok = 1;
+    for (int l = 0; l < c->n_layers; l++) s->replay_ok &= c->layer_attn[l] == MS_ATTN_MLA || c->layer_attn[l] == MS_ATTN_GQA;
+    s->idx = malloc(sizeof(int32_t) * B * (size_t)s->width);
+    s->cnt = malloc(sizeof(int32_t) * B);
+    s->amb = malloc(B);
+    s->q = malloc(sizeof(float) * B * H * D);
+    s->w = malloc(sizeof(float) * B * H);
+    s->k = malloc(sizeof(float) * B * D);
+    s->g = malloc(sizeof(float) * B * D);
+    s->cs = malloc(sizeof(float) * B * half);
+    s->sn = malloc(sizeof(float) * B * half);
+    if (!s->cache || !s->amb_rows || !s->tokens || !s->idx || !s->cnt || !s->amb || !s->q || !s->w || !s->k || !s->g || !s->cs || !s->sn)
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory for the DSA scratch (batch %zu)", B);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_dsa[l] != 1) continue;
+        const ms_qmat *ape = &e->m->layers[l].dsa.kpool_ape;
+        float *apef = NULL;
+        if (s->cfg.kpool > 1 && ape->data) {
+            apef = malloc(sizeof(float) * (size_t)s->cfg.kpool * D);
+            if (!apef) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+            ms_to_f32(apef, ape->data, ape->dtype, (int64_t)s->cfg.kpool * (int64_t)D);
+        }
+        rc = ms_dsa_cache_init(&s->cache[l], &s->cfg, apef, e->max_ctx, err);
+        free(apef);
+        if (rc) return ms_wrap(err, "layer %d", l);
+    }
+    return MS_OK;
+}
+
+void ms_dsa_engine_free(ms_engine *e) {
+    ms_dsa_state *s = e->dsa;
+    if (!s) return;
+    for (int l = 0; s->cache && l < e->m->cfg.n_layers; l++) ms_dsa_cache_free(&s->cache[l]);
+    for (int l = 0; s->amb_rows && l < e->m->cfg.n_layers; l++) {
+        amb_list *a = &s->amb_rows[l];
+        free(a->pos), free(a->q), free(a->w), free(a->sel), free(a->cnt);
+    }
+    free(s->amb_rows);
+    free(s->tokens);
+    free(s->cache);
+    free(s->idx), free(s->cnt), free(s->amb), free(s->q), free(s->w), free(s->k), free(s->g), free(s->cs),
+        free(s->sn);
+    free(s);
+    e->dsa = NULL;
+}
+
+void ms_dsa_engine_reset(ms_engine *e) {
+    ms_dsa_state *s = e->dsa;
+    if (!s) return;
+    ms_dsa_engine_rollback(e, 0);
+}
+
+static int amb_push(ms_dsa_state *s, amb_list *a, int64_t pos, const float *q, const float *w, const int32_t *sel,
+                    int32_t cnt) {
+    size_t H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim, W = (size_t)s->width;
+    if (a->n == a->cap) {
+        int64_t cap = a->cap ? 2 * a->cap : 16;
+        int64_t *np = realloc(a->pos, sizeof *np * (size_t)cap);
+        if (np) a->pos = np;
+        float *nq = realloc(a->q, sizeof *nq * (size_t)cap * H * D);
+        if (nq) a->q = nq;
+        float *nw = realloc(a->w, sizeof *nw * (size_t)cap * H);
+        if (nw) a->w = nw;
+        int32_t *ns = realloc(a->sel, sizeof *ns * (size_t)cap * W);
+        if (ns) a->sel = ns;
+        int32_t *nc = realloc(a->cnt, sizeof *nc * (size_t)cap);
+        if (nc) a->cnt = nc;
+        if (!np || !nq || !nw || !ns || !nc) return MS_ERR_NOMEM;
+        a->cap = cap;
+    }
+    a->pos[a->n] = pos;
+    memcpy(a->q + (size_t)a->n * H * D, q, sizeof(float) * H * D);
+    memcpy(a->w + (size_t)a->n * H, w, sizeof(float) * H);
+    memcpy(a->sel + (size_t)a->n * W, sel, sizeof(int32_t) * W);
+    a->cnt[a->n] = cnt;
+    a->n++;
+    return MS_OK;
+}
+
+void ms_dsa_engine_rollback(ms_engine *e, int64_t pos) {
+    ms_dsa_state *s = e->dsa;
+    if (!s) return;
+    for (int l = 0; l < e->m->cfg.n_layers; l++) {
+        if (s->cache[l].head_dim && s->cache[l].len > pos) ms_dsa_cache_truncate(&s->cache[l], pos, NULL);
+        amb_list *a = &s->amb_rows[l];
+        int64_t k = 0;
+        for (int64_t i = 0; i < a->n; i++) /* rows stay in position order: keep those below pos */
+            if (a->pos[i] < pos) k = i + 1;
+        a->n = k;
+    }
+}
+
+int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_err *err) {
+    ms_dsa_state *s = e->dsa;
+    *from = -1;
+    if (!s || !s->replay_ok) return MS_OK;
+    int32_t idx[s->width], cnt;
+    for (int l = 0; l < e->m->cfg.n_layers; l++) {
+        amb_list *a = &s->amb_rows[l];
+        size_t H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim;
+        for (int64_t i = 0; i < a->n; i++) {
+            if (*from >= 0 && a->pos[i] >= *from) break;
+            int rc = ms_dsa_select(NULL, &s->cfg, &s->cache[l], a->q + (size_t)i * H * D, a->w + (size_t)i * H, 1,
+                                   a->pos[i], fwd_len, idx, &cnt, NULL, err);
+            if (rc) return ms_wrap(err, "layer %d: re-checking position %lld", l, (long long)a->pos[i]);
+            if (cnt != a->cnt[i] || memcmp(idx, a->sel + (size_t)i * s->width, sizeof(int32_t) * (size_t)cnt)) {
+                *from = a->pos[i];
+                break;
+            }
+        }
+    }
+    return MS_OK;
+}
+
+void ms_dsa_engine_note_tokens(ms_engine *e, const int32_t *tokens, int n) {
+    if (e->dsa) memcpy(e->dsa->tokens + e->n_past, tokens, sizeof(int32_t) * (size_t)n);
+}
+
+const int32_t *ms_dsa_engine_tokens(const ms_engine *e) { return e->dsa->tokens; }
+
+int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, ms_err *err) {
+    ms_dsa_state *s = e->dsa;
+    const ms_config *c = &e->m->cfg;
+    if (!s) return ms_fail(err, MS_ERR_ARG, "layer %d: DSA layer without DSA state", layer);
+    if (c->layer_dsa[layer] == 2) return MS_OK; /* reuse the selection left by the layer it shares */
+    const ms_dsa_weights *W = &e->m->layers[layer].dsa;
+    ms_dsa_cache *cache = &s->cache[layer];
+    int64_t p0 = e->n_past;
+    if (cache->len != p0)
+        return ms_fail(err, MS_ERR_ARG, "layer %d: index-key cache holds %lld keys, the sequence %lld", layer,
+                       (long long)cache->len, (long long)p0);
+    ms_matmul(e->pool, s->q, q_resid, n, &W->wq_b);
+    ms_matmul(e->pool, s->k, e->xn, n, &W->wk);
+    ms_matmul(e->pool, s->w, e->xn, n, &W->weights_proj);
+    if (s->cfg.kpool > 1) ms_matmul(e->pool, s->g, e->xn, n, &W->kpool_gate);
+    const float *cs = NULL, *sn = NULL;
+    if (s->cfg.rope_dims > 0) {
+        int half = s->cfg.rope_dims / 2;
+        for (int t = 0; t < n; t++) ms_rope_cos_sin(&c->rope, p0 + t, s->cs + (size_t)t * half, s->sn + (size_t)t * half);
+        cs = s->cs, sn = s->sn;
+    }
+    int rc;
+    if ((rc = ms_dsa_prepare_keys(&s->cfg, s->k, n, W->k_norm_w, W->k_norm_b, cs, sn, err)) ||
+        (rc = ms_dsa_prepare_queries(&s->cfg, s->q, n, cs, sn, err)) ||
+        (rc = ms_dsa_cache_append(cache, s->k, s->cfg.kpool > 1 ? s->g : NULL, n, err)) ||
+        (rc = ms_dsa_select(e->pool, &s->cfg, cache, s->q, s->w, n, p0, e->fwd_len, s->idx, s->cnt, s->amb, err)))
+        return ms_wrap(err, "layer %d indexer", layer);
+    for (int t = 0; t < n; t++)
+        if (s->amb[t] && amb_push(s, &s->amb_rows[layer], p0 + t, s->q + (size_t)t * s->cfg.n_heads * s->cfg.head_dim,
+                                  s->w + (size_t)t * s->cfg.n_heads, s->idx + (size_t)t * s->width, s->cnt[t]))
+            return ms_fail(err, MS_ERR_NOMEM, "layer %d: out of memory recording tied selections", layer);
+    for (int t = 0; t < n; t++)
+        if (s->cnt[t] < 1)
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "layer %d: position %lld has no key to attend to (KPool without the tail)", layer,
+                           (long long)(p0 + t));
+    return MS_OK;
+}
+
+const int32_t *ms_dsa_engine_row(const ms_engine *e, int t, int *count) {
+    *count = e->dsa->cnt[t];
+    return e->dsa->idx + (size_t)t * e->dsa->width;
+}
