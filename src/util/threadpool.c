@@ -1,56 +1,108 @@
+/* threadpool.c — a fixed pool with low-latency dispatch.
+ *
+ * One word, `work` = (generation << 32) | next task index, carries both the
+ * publication of a new run and the claiming of its tasks (compare-and-swap),
+ * so a worker that wakes late can never run a task of a finished run: its CAS
+ * on the old generation fails (each run first closes the previous generation,
+ * then writes fn/ctx/n_tasks, then opens a new one). The caller publishes fn/ctx/n_tasks before the
+ * new generation (release), takes tasks itself, then waits until `done`
+ * reaches n_tasks. Idle workers spin on `work` (with pause) for a short time
+ * budget, then sleep on a condition variable; the caller signals only when a
+ * worker is asleep. Nothing is allocated per run. */
 #include "util/threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 struct ms_pool {
     int n;
     pthread_t *threads;
+    struct worker_arg *args;
+    /* current run: written by the caller before publishing the generation */
+    _Atomic(ms_task_fn) fn;
+    _Atomic(void *) ctx;
+    atomic_int n_tasks;
+    _Alignas(64) _Atomic uint64_t work; /* generation << 32 | next task index */
+    _Alignas(64) atomic_int done;       /* tasks finished in this generation */
+    _Alignas(64) atomic_int sleepers;
+    atomic_int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    /* current job */
-    ms_task_fn fn;
-    void *ctx;
-    int n_tasks;
-    atomic_int next;
-    atomic_int done_workers;
-    atomic_uint generation;
-    int stop;
+    int64_t spin_ns;
 };
 
-typedef struct { ms_pool *p; int tid; } worker_arg;
+struct worker_arg {
+    ms_pool *p;
+    int tid;
+};
 
-static void drain(ms_pool *p, int tid) {
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    sched_yield();
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Claim and run tasks of generation g until none are left. */
+static void drain(ms_pool *p, uint32_t g, int tid) {
     for (;;) {
-        int i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (i >= p->n_tasks) break;
-        p->fn(p->ctx, i, tid);
+        uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
+        if ((uint32_t)(w >> 32) != g) return;
+        uint32_t i = (uint32_t)w;
+        int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+        if (i >= (uint32_t)n) return; /* also the closed marker UINT32_MAX */
+        ms_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        /* Pairs with the release fence in ms_pool_run: if fn/ctx/n above were
+         * already the next run's, the CAS sees at least the closing store and
+         * fails. So success means they belong to generation g. */
+        atomic_thread_fence(memory_order_acquire);
+        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;
+        fn(ctx, (int)i, tid);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
     }
 }
 
 static void *worker(void *arg) {
-    worker_arg a = *(worker_arg *)arg;
-    free(arg);
-    ms_pool *p = a.p;
-    unsigned seen = 0;
+    struct worker_arg *a = arg;
+    ms_pool *p = a->p;
+    uint32_t seen = 0;
     for (;;) {
-        /* spin briefly for low-latency back-to-back kernels, then sleep */
-        int spins = 0;
-        while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen && spins < 20000) {
-            spins++;
-            if ((spins & 255) == 0) sched_yield();
+        uint32_t g = (uint32_t)(atomic_load_explicit(&p->work, memory_order_acquire) >> 32);
+        if (g == seen) {
+            /* spin for a while: decode issues hundreds of small runs back to back */
+            int64_t t0 = now_ns();
+            for (unsigned it = 1;; it++) {
+                cpu_relax();
+                g = (uint32_t)(atomic_load_explicit(&p->work, memory_order_acquire) >> 32);
+                if (g != seen) break;
+                if ((it & 63) == 0 && now_ns() - t0 > p->spin_ns) break;
+            }
         }
-        pthread_mutex_lock(&p->mu);
-        while (atomic_load(&p->generation) == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
-        int stop = p->stop;
-        pthread_mutex_unlock(&p->mu);
-        if (stop) return NULL;
-        seen = atomic_load(&p->generation);
-        drain(p, a.tid);
-        atomic_fetch_add_explicit(&p->done_workers, 1, memory_order_release);
+        if (g == seen) {
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
+            while ((g = (uint32_t)(atomic_load(&p->work) >> 32)) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
+        seen = g;
+        drain(p, g, a->tid);
     }
 }
 
@@ -59,19 +111,30 @@ ms_pool *ms_pool_create(int n_threads) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = c > 0 ? (int)c : 1;
     }
+    if (n_threads > 1024) n_threads = 1024;
     ms_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
-    p->n = n_threads;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
+    p->n = 1;
+    p->spin_ns = 300000; /* 0.3 ms */
+    const char *env = getenv("MS_POOL_SPIN_US");
+    if (env && *env) {
+        long us = strtol(env, NULL, 10);
+        if (us >= 0 && us <= 1000000) p->spin_ns = (int64_t)us * 1000;
+    }
+    if (pthread_mutex_init(&p->mu, NULL) || pthread_cond_init(&p->cv, NULL)) {
+        free(p);
+        return NULL;
+    }
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads) { free(p); return NULL; }
+    p->args = calloc((size_t)n_threads, sizeof *p->args);
+    if (!p->threads || !p->args) {
+        ms_pool_destroy(p);
+        return NULL;
+    }
     for (int t = 1; t < n_threads; t++) {
-        worker_arg *a = malloc(sizeof *a);
-        if (!a) { p->n = t; break; }
-        a->p = p;
-        a->tid = t;
-        if (pthread_create(&p->threads[t], NULL, worker, a) != 0) { free(a); p->n = t; break; }
+        p->args[t] = (struct worker_arg){p, t};
+        if (pthread_create(&p->threads[t], NULL, worker, &p->args[t]) != 0) break;
+        p->n = t + 1;
     }
     return p;
 }
@@ -79,13 +142,15 @@ ms_pool *ms_pool_create(int n_threads) {
 void ms_pool_destroy(ms_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->work, (uint64_t)1 << 32); /* wake spinners */
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     for (int t = 1; t < p->n; t++) pthread_join(p->threads[t], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p->threads);
+    free(p->args);
     free(p);
 }
 
@@ -97,19 +162,27 @@ void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx) {
         for (int i = 0; i < n_tasks; i++) fn(ctx, i, 0);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store(&p->next, 0);
-    atomic_store(&p->done_workers, 0);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    drain(p, 0);
-    /* Wait for the workers: spin briefly, then yield so that a worker sharing
-     * this core (an oversubscribed machine) gets to run instead of us spinning
-     * through our whole time slice. */
-    for (int spins = 0; atomic_load_explicit(&p->done_workers, memory_order_acquire) < p->n - 1; spins++)
-        if (spins > 64) sched_yield();
+    /* close the previous generation first (no index is claimable), so a
+     * worker that read the old word cannot claim with the new fn/ctx/n */
+    uint64_t w = atomic_load_explicit(&p->work, memory_order_relaxed);
+    uint32_t g = (uint32_t)(w >> 32) + 1;
+    atomic_store_explicit(&p->work, ((uint64_t)g << 32) | UINT32_MAX, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    g++;
+    atomic_store(&p->work, (uint64_t)g << 32); /* seq_cst: pairs with the sleepers check */
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    drain(p, g, 0);
+    /* the remaining tasks are running on workers; yield if one was preempted */
+    for (unsigned it = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; it++) {
+        cpu_relax();
+        if ((it & 1023) == 0) sched_yield();
+    }
 }
