@@ -1,0 +1,345 @@
+/* kernels_avx512.c — AVX-512 (F/BW/VL/DQ + FMA + F16C) matmul kernels.
+ * Every function carries a target attribute; the dispatcher only calls them
+ * after CPUID says the CPU has these features (isa.c). */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#include "backend/cpu/kernels.h"
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) T512
+
+/* ---- element loaders: 16 (or fewer, masked) weights -> 16 F32 lanes ---- */
+
+INL __mmask16 tail_mask(int64_t left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
+
+INL __m512 ld_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+INL __m512 ld_bf16_m(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+INL __m512 ld_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+INL __m512 ld_f16_m(const uint16_t *p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+INL __m512 ld_f32(const float *p) { return _mm512_loadu_ps(p); }
+INL __m512 ld_f32_m(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+
+/* FP8 e4m3 -> F16 bit pattern (value * 2^-8, exact, subnormals included) -> F32.
+ * Sign-extend to 16 bits, shift the 7 exponent/mantissa bits under the F16
+ * exponent, keep the sign. 0x7f/0xff (NaN in e4m3fn) decode as +-480. */
+INL __m512i f8_to_h16_32(__m256i b) {
+    __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(b), 7);
+    return _mm512_and_si512(h, _mm512_set1_epi16((short)0xbf80));
+}
+INL __m512 ld_f8_m(const uint8_t *p, __mmask16 m) { /* 16 values * 2^-8 */
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, p)), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16((short)0xbf80)));
+}
+
+INL __m512 fp4_table(void) {
+    return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f,
+                          -4.0f, -6.0f);
+}
+
+/* ---- decode (n == 1) ---- */
+
+/* NR rows of a 16-bit or F32 dtype, streamed once. */
+#define GEMV_PLAIN(NAME, T, LD, LDM)                                                                         \
+    INL void NAME##_rows(const T *w, int64_t K, const float *x, float *out, const int NR) {               \
+        __m512 a0[4], a1[4];                                                                              \
+        for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm512_setzero_ps();                                 \
+        int64_t k = 0;                                                                                    \
+        for (; k + 32 <= K; k += 32) {                                                                    \
+            __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);                         \
+            for (int i = 0; i < NR; i++) {                                                                \
+                a0[i] = _mm512_fmadd_ps(LD(w + i * K + k), x0, a0[i]);                                    \
+                a1[i] = _mm512_fmadd_ps(LD(w + i * K + k + 16), x1, a1[i]);                               \
+            }                                                                                             \
+        }                                                                                                 \
+        for (; k < K; k += 16) {                                                                          \
+            __mmask16 m = tail_mask(K - k);                                                               \
+            __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);                                                  \
+            for (int i = 0; i < NR; i++) a0[i] = _mm512_fmadd_ps(LDM(w + i * K + k, m), x0, a0[i]);       \
+        }                                                                                                 \
+        for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));         \
+    }                                                                                                     \
+    T512 static void NAME##_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) { \
+        const int64_t K = w->cols;                                                                        \
+        const T *base = (const T *)w->data;                                                               \
+        float o[4];                                                                                       \
+        int64_t r = r0;                                                                                   \
+        for (; r + 4 <= r1; r += 4) {                                                                     \
+            NAME##_rows(base + r * K, K, x, o, 4);                                                        \
+            for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];                          \
+        }                                                                                                 \
+        for (; r < r1; r++) {                                                                             \
+            NAME##_rows(base + r * K, K, x, o, 1);                                                        \
+            y[r] = acc ? y[r] + o[0] : o[0];                                                              \
+        }                                                                                                 \
+    }
+
+GEMV_PLAIN(bf16, uint16_t, ld_bf16, ld_bf16_m)
+GEMV_PLAIN(f16, uint16_t, ld_f16, ld_f16_m)
+GEMV_PLAIN(f32, float, ld_f32, ld_f32_m)
+
+/* FP8 e4m3 with 2-D block scales: per column block, a partial dot in the
+ * 2^-8-scaled domain, then multiplied by scale * 256 into the row sum. */
+INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
+    const int64_t K = w->cols;
+    const uint8_t *p[4];
+    int64_t sr[4];
+    for (int i = 0; i < NR; i++) {
+        p[i] = (const uint8_t *)w->data + (r + i) * K;
+        sr[i] = w->scale ? (r + i) / w->brow : 0;
+    }
+    const int64_t bc = w->scale ? w->bcol : K;
+    __m512 a[4];
+    for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t c0 = 0, cb = 0; c0 < K; c0 += bc, cb++) {
+        int64_t c1 = c0 + bc < K ? c0 + bc : K;
+        __m512 b0[4], b1[4];
+        for (int i = 0; i < NR; i++) b0[i] = b1[i] = _mm512_setzero_ps();
+        int64_t k = c0;
+        for (; k + 32 <= c1; k += 32) {
+            __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+            for (int i = 0; i < NR; i++) {
+                __m512i h = f8_to_h16_32(_mm256_loadu_si256((const __m256i *)(p[i] + k)));
+                b0[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), x0, b0[i]);
+                b1[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), x1, b1[i]);
+            }
+        }
+        for (; k < c1; k += 16) {
+            __mmask16 m = tail_mask(c1 - k);
+            __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
+            for (int i = 0; i < NR; i++) b0[i] = _mm512_fmadd_ps(ld_f8_m(p[i] + k, m), x0, b0[i]);
+        }
+        for (int i = 0; i < NR; i++)
+            a[i] = _mm512_fmadd_ps(_mm512_add_ps(b0[i], b1[i]), _mm512_set1_ps(mm_scale_at(w, sr[i], cb) * 256.0f), a[i]);
+    }
+    for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(a[i]);
+}
+
+T512 static void f8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    float o[4];
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        f8_rows(w, r, x, o, 4);
+        for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+    }
+    for (; r < r1; r++) {
+        f8_rows(w, r, x, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
+
+/* MXFP4: 16 bytes = 32 values; low nibbles are the even columns, high nibbles
+ * the odd ones. x is split into even/odd lanes once per group of rows. */
+INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
+    const int64_t K = w->cols;
+    const __m512 tab = fp4_table();
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const uint8_t *p[4], *s[4];
+    const int64_t nsc = K / 32;
+    for (int i = 0; i < NR; i++) {
+        p[i] = (const uint8_t *)w->data + (r + i) * (K / 2);
+        s[i] = w->scale ? (const uint8_t *)w->scale + ((r + i) / w->brow) * nsc : NULL;
+    }
+    __m512 a[4];
+    for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 32) {
+        __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+        __m512 xe = _mm512_permutex2var_ps(x0, ie, x1), xo = _mm512_permutex2var_ps(x0, io, x1);
+        for (int i = 0; i < NR; i++) {
+            __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[i] + k / 2)));
+            __m512 lo = _mm512_permutexvar_ps(v, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
+            __m512 b = _mm512_fmadd_ps(hi, xo, _mm512_mul_ps(lo, xe));
+            if (s[i]) {
+                uint8_t e = s[i][k / 32];
+                uint32_t u = e == 0xff ? 0x7fc00000u : e == 0 ? 0x00400000u : (uint32_t)e << 23;
+                a[i] = _mm512_fmadd_ps(b, _mm512_castsi512_ps(_mm512_set1_epi32((int)u)), a[i]);
+            } else {
+                a[i] = _mm512_add_ps(b, a[i]);
+            }
+        }
+    }
+    for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(a[i]);
+}
+
+T512 static void f4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    float o[4];
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        f4_rows(w, r, x, o, 4);
+        for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+    }
+    for (; r < r1; r++) {
+        f4_rows(w, r, x, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
+
+static int f4_fast(const ms_qmat *w) {
+    return w->cols % 32 == 0 &&
+           (!w->scale || (w->bcol == 32 && w->brow >= 1 && (w->scale_dtype == MS_DT_F8_E8M0 || w->scale_dtype == MS_DT_U8)));
+}
+static int f8_fast(const ms_qmat *w) {
+    return !w->scale || (w->brow >= 1 && w->bcol >= 1 &&
+                         (w->scale_dtype == MS_DT_F32 || w->scale_dtype == MS_DT_BF16 || w->scale_dtype == MS_DT_F16));
+}
+
+static int gemv_ok(const ms_qmat *w) {
+    switch (w->dtype) {
+    case MS_DT_F32:
+    case MS_DT_BF16:
+    case MS_DT_F16: return 1;
+    case MS_DT_F8_E4M3: return f8_fast(w);
+    case MS_DT_F4: return f4_fast(w);
+    default: return 0;
+    }
+}
+
+T512 static void gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    switch (w->dtype) {
+    case MS_DT_F32: f32_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_BF16: bf16_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_F16: f16_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_F8_E4M3: f8_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_F4: f4_gemv(w, x, y, r0, r1, acc); break;
+    default: break;
+    }
+}
+
+/* ---- prefill: tile dequantization ---- */
+
+T512 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int kc, float *buf, int ld) {
+    const int64_t K = w->cols;
+    switch (w->dtype) {
+    case MS_DT_F32:
+    case MS_DT_BF16:
+    case MS_DT_F16:
+        for (int i = 0; i < nr; i++) {
+            float *o = buf + (int64_t)i * ld;
+            for (int k = 0; k < kc; k += 16) {
+                __mmask16 m = tail_mask(kc - k);
+                int64_t off = (r0 + i) * K + c0 + k;
+                __m512 v = w->dtype == MS_DT_F32    ? ld_f32_m((const float *)w->data + off, m)
+                           : w->dtype == MS_DT_BF16 ? ld_bf16_m((const uint16_t *)w->data + off, m)
+                                                    : ld_f16_m((const uint16_t *)w->data + off, m);
+                _mm512_mask_storeu_ps(o + k, m, v);
+            }
+        }
+        return;
+    case MS_DT_F8_E4M3:
+        if (!f8_fast(w)) break;
+        for (int i = 0; i < nr; i++) {
+            float *o = buf + (int64_t)i * ld;
+            const uint8_t *p = (const uint8_t *)w->data + (r0 + i) * K;
+            int64_t sr = w->scale ? (r0 + i) / w->brow : 0, bc = w->scale ? w->bcol : K;
+            for (int64_t c = c0; c < c0 + kc;) {
+                int64_t cb = c / bc, ce = (cb + 1) * bc;
+                if (ce > c0 + kc) ce = c0 + kc;
+                __m512 sv = _mm512_set1_ps(mm_scale_at(w, sr, cb) * 256.0f);
+                for (; c < ce; c += 16) {
+                    __mmask16 m = tail_mask(ce - c);
+                    _mm512_mask_storeu_ps(o + (c - c0), m, _mm512_mul_ps(ld_f8_m(p + c, m), sv));
+                }
+            }
+        }
+        return;
+    case MS_DT_F4: {
+        if (!f4_fast(w) || c0 % 32 || kc % 32) break;
+        const __m512 tab = fp4_table();
+        const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i i1 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        for (int i = 0; i < nr; i++) {
+            float *o = buf + (int64_t)i * ld;
+            const uint8_t *p = (const uint8_t *)w->data + (r0 + i) * (K / 2);
+            for (int k = 0; k < kc; k += 32) {
+                int64_t c = c0 + k;
+                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + c / 2)));
+                __m512 lo = _mm512_permutexvar_ps(v, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
+                __m512 sv = _mm512_set1_ps(mm_scale_at(w, (r0 + i) / (w->scale ? w->brow : 1), c / 32));
+                _mm512_storeu_ps(o + k, _mm512_mul_ps(_mm512_permutex2var_ps(lo, i0, hi), sv));
+                _mm512_storeu_ps(o + k + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, i1, hi), sv));
+            }
+        }
+        return;
+    }
+    default: break;
+    }
+    mm_dequant_scalar(w, r0, nr, c0, kc, buf, ld);
+}
+
+/* ---- prefill: F32 tile x tokens, 4 tokens x 4 rows of accumulators ---- */
+
+INL void micro(const float *buf, int ld, const float *x, int64_t ldx, int kc, float *y, int64_t ldy, int acc,
+               const int NT, const int NR) {
+    __m512 c[4][4];
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < NR; r++) c[t][r] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= kc; k += 16) {
+        __m512 xv[4];
+        for (int t = 0; t < NT; t++) xv[t] = _mm512_loadu_ps(x + t * ldx + k);
+        for (int r = 0; r < NR; r++) {
+            __m512 wv = _mm512_loadu_ps(buf + r * ld + k);
+            for (int t = 0; t < NT; t++) c[t][r] = _mm512_fmadd_ps(wv, xv[t], c[t][r]);
+        }
+    }
+    if (k < kc) {
+        __mmask16 m = tail_mask(kc - k);
+        __m512 xv[4];
+        for (int t = 0; t < NT; t++) xv[t] = _mm512_maskz_loadu_ps(m, x + t * ldx + k);
+        for (int r = 0; r < NR; r++) {
+            __m512 wv = _mm512_maskz_loadu_ps(m, buf + r * ld + k);
+            for (int t = 0; t < NT; t++) c[t][r] = _mm512_fmadd_ps(wv, xv[t], c[t][r]);
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < NR; r++) {
+            float s = _mm512_reduce_add_ps(c[t][r]);
+            float *yo = y + t * ldy + r;
+            *yo = acc ? *yo + s : s;
+        }
+}
+
+T512 static void tile(const float *buf, int ld, int nr, const float *x, int64_t ldx, int nt, int kc, float *y,
+                      int64_t ldy, int acc) {
+    for (int t = 0; t < nt; t += 4) {
+        int mt = nt - t < 4 ? nt - t : 4;
+        for (int r = 0; r < nr; r += 4) {
+            int mr = nr - r < 4 ? nr - r : 4;
+            const float *b = buf + (int64_t)r * ld, *xt = x + t * ldx;
+            float *yt = y + t * ldy + r;
+#define MICRO(A, B) micro(b, ld, xt, ldx, kc, yt, ldy, acc, A, B)
+            switch (mt * 4 + mr) {
+            case 4 * 4 + 4: MICRO(4, 4); break;
+            case 4 * 4 + 3: MICRO(4, 3); break;
+            case 4 * 4 + 2: MICRO(4, 2); break;
+            case 4 * 4 + 1: MICRO(4, 1); break;
+            case 3 * 4 + 4: MICRO(3, 4); break;
+            case 3 * 4 + 3: MICRO(3, 3); break;
+            case 3 * 4 + 2: MICRO(3, 2); break;
+            case 3 * 4 + 1: MICRO(3, 1); break;
+            case 2 * 4 + 4: MICRO(2, 4); break;
+            case 2 * 4 + 3: MICRO(2, 3); break;
+            case 2 * 4 + 2: MICRO(2, 2); break;
+            case 2 * 4 + 1: MICRO(2, 1); break;
+            case 1 * 4 + 4: MICRO(1, 4); break;
+            case 1 * 4 + 3: MICRO(1, 3); break;
+            case 1 * 4 + 2: MICRO(1, 2); break;
+            default: MICRO(1, 1); break;
+            }
+#undef MICRO
+        }
+    }
+}
+
+const mm_kernels ms_kernels_avx512 = {
+    .gemv_ok = gemv_ok,
+    .gemv = gemv,
+    .dequant = dequant,
+    .tile = tile,
+};
+#endif

@@ -1,0 +1,175 @@
+/* test_matmul.c — every weight dtype x every CPU dispatch path (scalar, AVX2,
+ * AVX-512 where the CPU has them) of ms_matmul / ms_matmul_acc against the
+ * scalar reference ms_matmul_ref, over odd shapes, with and without scales,
+ * single-threaded and on a pool. Tolerance is relative to sum |w||x|. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "backend/cpu/cpu.h"
+#include "ops/ops.h"
+#include "test.h"
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+static float frand(void) { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
+
+typedef struct {
+    const char *name;
+    ms_dtype dt, sdt;
+    int brow, bcol; /* 0: no scale */
+} variant;
+
+static const variant k_variants[] = {
+    {"f32", MS_DT_F32, 0, 0, 0},
+    {"bf16", MS_DT_BF16, 0, 0, 0},
+    {"f16", MS_DT_F16, 0, 0, 0},
+    {"f8", MS_DT_F8_E4M3, 0, 0, 0},
+    {"f8-f32scale-128", MS_DT_F8_E4M3, MS_DT_F32, 128, 128},
+    {"f8-bf16scale-128", MS_DT_F8_E4M3, MS_DT_BF16, 128, 128},
+    {"f8-f32scale-3x48", MS_DT_F8_E4M3, MS_DT_F32, 3, 48},
+    {"f4-e8m0", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
+};
+
+/* Fills a weight of the variant; returns the allocation (data and scale in one). */
+static void *make_weight(const variant *v, int64_t rows, int64_t cols, ms_qmat *w) {
+    int64_t nel = rows * cols;
+    size_t dbytes = (size_t)(nel * ms_dtype_bits(v->dt) / 8);
+    int64_t sr = v->brow ? (rows + v->brow - 1) / v->brow : 0, sc = v->bcol ? (cols + v->bcol - 1) / v->bcol : 0;
+    size_t sbytes = v->brow ? (size_t)(sr * sc * ms_dtype_bits(v->sdt) / 8) : 0;
+    uint8_t *mem = malloc(dbytes + sbytes + 64);
+    size_t soff = (dbytes + 63) & ~(size_t)63;
+    for (int64_t i = 0; i < nel; i++) {
+        float f = frand();
+        switch (v->dt) {
+        case MS_DT_F32: ((float *)mem)[i] = f; break;
+        case MS_DT_BF16: ((uint16_t *)mem)[i] = ms_f32_to_bf16(f); break;
+        case MS_DT_F16: ((uint16_t *)mem)[i] = ms_f32_to_f16(f); break;
+        case MS_DT_F8_E4M3: {
+            uint8_t b;
+            do b = (uint8_t)rnd(); while ((b & 0x7f) == 0x7f); /* no NaN codes */
+            mem[i] = b;
+            break;
+        }
+        default: break;
+        }
+    }
+    if (v->dt == MS_DT_F4)
+        for (size_t i = 0; i < dbytes; i++) mem[i] = (uint8_t)rnd();
+    for (int64_t i = 0; i < sr * sc; i++) {
+        if (v->sdt == MS_DT_F32) ((float *)(mem + soff))[i] = 0.5f + (rnd() & 1023) / 1024.0f;
+        else if (v->sdt == MS_DT_BF16) ((uint16_t *)(mem + soff))[i] = ms_f32_to_bf16(0.001f * (1 + (rnd() & 255)));
+        else mem[soff + i] = (uint8_t)(120 + rnd() % 12);
+    }
+    *w = (ms_qmat){.dtype = v->dt, .rows = rows, .cols = cols, .data = mem};
+    if (v->brow) w->scale = mem + soff, w->scale_dtype = v->sdt, w->brow = v->brow, w->bcol = v->bcol;
+    return mem;
+}
+
+/* sum_c |w[r,c]| |x[t,c]| for the tolerance */
+static void magnitude(const ms_qmat *w, const float *x, int n, double *mag) {
+    float *row = malloc((size_t)w->cols * sizeof *row);
+    for (int64_t r = 0; r < w->rows; r++) {
+        ms_qmat_row(w, r, row);
+        for (int t = 0; t < n; t++) {
+            double m = 0;
+            for (int64_t c = 0; c < w->cols; c++) m += fabs((double)row[c] * x[(int64_t)t * w->cols + c]);
+            mag[(int64_t)t * w->rows + r] = m;
+        }
+    }
+    free(row);
+}
+
+static int g_isas[3], g_nisa;
+
+static void run_case(const variant *v, int64_t rows, int64_t cols, int n, ms_pool *pool) {
+    ms_qmat w;
+    void *mem = make_weight(v, rows, cols, &w);
+    float *x = malloc((size_t)(n * cols) * sizeof *x), *ref = malloc((size_t)(n * rows) * sizeof *ref);
+    float *y = malloc((size_t)(n * rows) * sizeof *y), *y0 = malloc((size_t)(n * rows) * sizeof *y0);
+    double *mag = malloc((size_t)(n * rows) * sizeof *mag);
+    for (int64_t i = 0; i < n * cols; i++) x[i] = frand() * 4;
+    ms_matmul_ref(ref, x, n, &w);
+    magnitude(&w, x, n, mag);
+    for (int ii = 0; ii < g_nisa; ii++) {
+        ms_cpu_set_isa((ms_cpu_isa)g_isas[ii], NULL);
+        for (int acc = 0; acc < 2; acc++) {
+            for (int64_t i = 0; i < n * rows; i++) y[i] = y0[i] = acc ? frand() : NAN;
+            if (acc) ms_matmul_acc(pool, y, x, n, &w);
+            else ms_matmul(pool, y, x, n, &w);
+            int bad = 0;
+            for (int64_t i = 0; i < n * rows && bad < 3; i++) {
+                double want = (double)ref[i] + (acc ? y0[i] : 0), tol = 2e-6 * mag[i] + 1e-6 * fabs(want) + 1e-30;
+                if (!(fabs(y[i] - want) <= tol)) {
+                    bad++;
+                    CHECK_MSG(0, "%s isa=%s rows=%lld cols=%lld n=%d acc=%d pool=%d: y[%lld]=%.9g want %.9g (mag %g)",
+                              v->name, ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]), (long long)rows, (long long)cols, n,
+                              acc, ms_pool_size(pool), (long long)i, y[i], want, mag[i]);
+                }
+            }
+            if (!bad) CHECK(1);
+        }
+    }
+    free(x), free(ref), free(y), free(y0), free(mag), free(mem);
+}
+
+static void setup_isas(void) {
+    g_nisa = 0;
+    for (int i = 0; i <= (int)ms_cpu_isa_best(); i++) g_isas[g_nisa++] = i;
+}
+
+TEST(isa_selection) {
+    ms_err err = {0};
+    setup_isas();
+    CHECK(ms_cpu_set_isa(MS_ISA_SCALAR, &err) == MS_OK);
+    CHECK(ms_cpu_isa_active() == MS_ISA_SCALAR);
+    CHECK(ms_cpu_set_isa((ms_cpu_isa)7, &err) == MS_ERR_ARG);
+    if (ms_cpu_isa_best() < MS_ISA_AVX512) CHECK(ms_cpu_set_isa(MS_ISA_AVX512, &err) == MS_ERR_UNSUPPORTED);
+    CHECK(ms_cpu_set_isa(ms_cpu_isa_best(), &err) == MS_OK);
+    CHECK(ms_cpu_isa_parse("avx2") == MS_ISA_AVX2 && ms_cpu_isa_parse("nope") == -1);
+    printf("cpu isa: best %s\n", ms_cpu_isa_name(ms_cpu_isa_best()));
+}
+
+TEST(matmul_all_dtypes_all_isas) {
+    setup_isas();
+    ms_pool *pool = ms_pool_create(3);
+    static const int64_t rows_l[] = {1, 7, 130};
+    static const int64_t cols_l[] = {32, 96, 160, 4160, 33, 1001};
+    static const int n_l[] = {1, 3, 17, 64};
+    for (size_t vi = 0; vi < sizeof k_variants / sizeof *k_variants; vi++) {
+        const variant *v = &k_variants[vi];
+        for (size_t ri = 0; ri < 3; ri++)
+            for (size_t ci = 0; ci < 6; ci++)
+                for (size_t ni = 0; ni < 4; ni++) {
+                    int64_t rows = rows_l[ri], cols = cols_l[ci];
+                    int n = n_l[ni];
+                    if (v->dt == MS_DT_F4 && cols % 32) continue;
+                    if (rows * cols * n > 130 * 4160 * 3) continue; /* keep the test short */
+                    run_case(v, rows, cols, n, (ri + ci + ni) % 2 ? pool : NULL);
+                }
+        /* the big-n case once per dtype */
+        run_case(v, 130, 4160, 64, pool);
+    }
+    ms_pool_destroy(pool);
+    ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
+}
+
+TEST(matmul_zero_shapes) {
+    setup_isas();
+    float x[4] = {1, 2, 3, 4}, y[4] = {5, 5, 5, 5};
+    uint16_t d[1] = {0};
+    ms_qmat w = {.dtype = MS_DT_BF16, .rows = 2, .cols = 0, .data = d};
+    for (int ii = 0; ii < g_nisa; ii++) {
+        ms_cpu_set_isa((ms_cpu_isa)g_isas[ii], NULL);
+        for (int i = 0; i < 4; i++) y[i] = 5;
+        ms_matmul_acc(NULL, y, x, 2, &w);
+        CHECK(y[0] == 5 && y[3] == 5);
+        ms_matmul(NULL, y, x, 2, &w);
+        CHECK(y[0] == 0 && y[3] == 0);
+    }
+    ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
+}
+
+TEST_MAIN()
