@@ -1,0 +1,238 @@
+/* cmd_kbench.c — `moonshine kbench`: CPU kernel microbenchmark (one JSON line). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "backend/cpu/cpu.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "ops/ops.h"
+
+typedef struct {
+    const char *name;
+    ms_dtype dt, sdt;
+    int brow, bcol;
+} kb_dtype;
+
+static const kb_dtype k_dtypes[] = {
+    {"bf16", MS_DT_BF16, MS_DT_INVALID, 0, 0},
+    {"f16", MS_DT_F16, MS_DT_INVALID, 0, 0},
+    {"f32", MS_DT_F32, MS_DT_INVALID, 0, 0},
+    {"f8_e4m3", MS_DT_F8_E4M3, MS_DT_F32, 128, 128},
+    {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
+};
+static const int64_t k_decode_shapes[][2] = {{768, 2048}, {2048, 768}, {2048, 7168}, {151936, 2048}};
+static const int64_t k_prefill_shapes[][2] = {{768, 2048}, {2048, 2048}};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t g_rng = 88172645463325252ull;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+/* One weight copy with data and scales in one mapping; plausible values (no NaN/Inf). */
+typedef struct {
+    ms_qmat w;
+    void *mem;
+    size_t len;
+} kb_weight;
+
+static int make_weight(const kb_dtype *d, int64_t rows, int64_t cols, kb_weight *o) {
+    size_t dbytes = (size_t)(rows * cols * ms_dtype_bits(d->dt) / 8);
+    int64_t sr = d->brow ? (rows + d->brow - 1) / d->brow : 0, sc = d->bcol ? (cols + d->bcol - 1) / d->bcol : 0;
+    size_t soff = (dbytes + 4095) & ~(size_t)4095, sbytes = (size_t)(sr * sc * (d->brow ? ms_dtype_bits(d->sdt) : 0) / 8);
+    o->len = soff + sbytes + 4096;
+    o->mem = mmap(NULL, o->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (o->mem == MAP_FAILED) return -1;
+    uint8_t *m = o->mem;
+    for (size_t i = 0; i + 8 <= dbytes; i += 8) {
+        uint64_t r = rnd(), v = 0;
+        switch (d->dt) {
+        case MS_DT_BF16: v = (r & 0x807f807f807f807full) | 0x3c003c003c003c00ull; break;
+        case MS_DT_F16: v = (r & 0x83ff83ff83ff83ffull) | 0x2c002c002c002c00ull; break;
+        case MS_DT_F32: v = (r & 0x807fffff807fffffull) | 0x3c0000003c000000ull; break;
+        case MS_DT_F8_E4M3: v = r & 0xbfbfbfbfbfbfbfbfull; break;
+        default: v = r;
+        }
+        memcpy(m + i, &v, 8);
+    }
+    for (int64_t i = 0; i < sr * sc; i++) {
+        if (d->sdt == MS_DT_F32) ((float *)(m + soff))[i] = 0.01f;
+        else m[soff + i] = 120;
+    }
+    o->w = (ms_qmat){.dtype = d->dt, .rows = rows, .cols = cols, .data = m};
+    if (d->brow) o->w.scale = m + soff, o->w.scale_dtype = d->sdt, o->w.brow = d->brow, o->w.bcol = d->bcol;
+    return 0;
+}
+
+static void free_weight(kb_weight *w) {
+    if (w->mem && w->mem != MAP_FAILED) munmap(w->mem, w->len);
+    w->mem = NULL;
+}
+
+static float *alloc_f32(size_t n) {
+    float *p = malloc(n * sizeof *p);
+    if (p)
+        for (size_t i = 0; i < n; i++) p[i] = (float)((rnd() >> 40) / 16777216.0 - 0.5);
+    return p;
+}
+
+/* Decode matvec GB/s over copies cycling through >= `ring` bytes (so the weights come from DRAM). */
+static double bench_decode(ms_pool *pool, const kb_dtype *d, int64_t rows, int64_t cols, size_t ring, double secs) {
+    ms_qmat probe = {.dtype = d->dt, .rows = rows, .cols = cols, .scale = d->brow ? (void *)1 : NULL,
+                     .scale_dtype = d->sdt, .brow = d->brow, .bcol = d->bcol};
+    uint64_t bytes = ms_qmat_bytes(&probe);
+    int nc = (int)((ring + bytes - 1) / bytes);
+    if (nc < 1) nc = 1;
+    if (nc > 512) nc = 512;
+    kb_weight *ws = calloc((size_t)nc, sizeof *ws);
+    float *x = alloc_f32((size_t)cols), *y = malloc((size_t)rows * sizeof *y);
+    double best = -1;
+    if (!ws || !x || !y) goto done;
+    for (int i = 0; i < nc; i++)
+        if (make_weight(d, rows, cols, &ws[i])) goto done;
+    for (int i = 0; i < nc; i++) ms_matmul(pool, y, x, 1, &ws[i].w); /* warm: page in, fault in TLBs */
+    best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        int64_t it = 0;
+        double t0 = now_s(), dt;
+        do {
+            ms_matmul(pool, y, x, 1, &ws[it % nc].w);
+            it++;
+            dt = now_s() - t0;
+        } while (dt < secs / 3 || it < nc);
+        double gbps = (double)bytes * (double)it / dt / 1e9;
+        if (gbps > best) best = gbps;
+    }
+done:
+    if (ws)
+        for (int i = 0; i < nc; i++) free_weight(&ws[i]);
+    free(ws), free(x), free(y);
+    return best;
+}
+
+/* Prefill: GFLOP/s of one n-token matmul, and the time ratio against n separate matvecs. */
+static int bench_prefill(ms_pool *pool, const kb_dtype *d, int64_t rows, int64_t cols, int n, double *gflops,
+                         double *speedup) {
+    kb_weight w = {0};
+    float *x = alloc_f32((size_t)n * (size_t)cols), *y = malloc((size_t)n * (size_t)rows * sizeof *y);
+    int rc = -1;
+    if (!x || !y || make_weight(d, rows, cols, &w)) goto done;
+    double best_mm = 1e30, best_mv = 1e30;
+    ms_matmul(pool, y, x, n, &w.w);
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+        ms_matmul(pool, y, x, n, &w.w);
+        double t1 = now_s();
+        for (int t = 0; t < n; t++) ms_matmul(pool, y + (int64_t)t * rows, x + (int64_t)t * cols, 1, &w.w);
+        double t2 = now_s();
+        if (t1 - t0 < best_mm) best_mm = t1 - t0;
+        if (t2 - t1 < best_mv) best_mv = t2 - t1;
+    }
+    *gflops = 2.0 * (double)rows * (double)cols * n / best_mm / 1e9;
+    *speedup = best_mv / best_mm;
+    rc = 0;
+done:
+    free_weight(&w);
+    free(x), free(y);
+    return rc;
+}
+
+int cmd_kbench(int argc, char **argv) {
+    if (ms_arg_flag(argc, argv, "--help")) {
+        printf("usage: moonshine kbench [--threads T] [--isa scalar|avx2|avx512] [--dtype NAME] [--quick]\n"
+               "                        [--seconds S] [--bw-mib M]\n"
+               "Measures the memory read bandwidth with T threads, then for each weight dtype\n"
+               "(bf16 f16 f32 f8_e4m3 mxfp4) the decode matvec (n = 1) GB/s and %% of that bandwidth on\n"
+               "several shapes (weights cycled through >= 256 MiB so they come from memory), and the\n"
+               "prefill GFLOP/s at n = 64 with its speed-up over 64 separate matvecs. Prints one JSON line.\n"
+               "--quick skips the 151936x2048 shape. --seconds: time per measurement (default 0.6).\n");
+        return 0;
+    }
+    int64_t threads = 0, bw_mib = 1024;
+    double secs = 0.6;
+    if (ms_arg_int(argc, argv, "--threads", 1, 1024, &threads) || ms_arg_int(argc, argv, "--bw-mib", 64, 4096, &bw_mib))
+        return 2;
+    const char *isa = ms_arg_str(argc, argv, "--isa"), *only = ms_arg_str(argc, argv, "--dtype");
+    const char *ssec = ms_arg_str(argc, argv, "--seconds");
+    int quick = ms_arg_flag(argc, argv, "--quick");
+    if (ssec) {
+        char *end;
+        secs = strtod(ssec, &end);
+        if (*end || !(secs > 0.01 && secs < 600)) {
+            fprintf(stderr, "moonshine kbench: --seconds expects a number in (0.01, 600), got \"%s\"\n", ssec);
+            return 2;
+        }
+    }
+    if (ms_args_unknown(argc, argv, "kbench")) return 2;
+    if (isa) {
+        ms_err err = {0};
+        int v = ms_cpu_isa_parse(isa);
+        if (v < 0 || ms_cpu_set_isa((ms_cpu_isa)v, &err)) {
+            fprintf(stderr, "moonshine kbench: --isa %s: %s\n", isa, v < 0 ? "expected scalar, avx2 or avx512" : err.msg);
+            return 2;
+        }
+    }
+    if (only) {
+        int found = 0;
+        for (size_t i = 0; i < sizeof k_dtypes / sizeof *k_dtypes; i++) found |= !strcmp(only, k_dtypes[i].name);
+        if (!found) {
+            fprintf(stderr, "moonshine kbench: --dtype %s: expected bf16, f16, f32, f8_e4m3 or mxfp4\n", only);
+            return 2;
+        }
+    }
+    ms_pool *pool = ms_pool_create((int)threads);
+    if (!pool) {
+        fprintf(stderr, "moonshine kbench: cannot create a pool of %lld threads\n", (long long)threads);
+        return 1;
+    }
+    double bw = ms_measure_read_bandwidth(pool, (size_t)bw_mib << 20);
+    if (bw <= 0) {
+        fprintf(stderr, "moonshine kbench: cannot allocate %lld MiB for the bandwidth measurement\n", (long long)bw_mib);
+        ms_pool_destroy(pool);
+        return 1;
+    }
+    printf("{\"threads\":%d,\"isa\":\"%s\",\"read_gbps\":%.2f,\"decode\":[", ms_pool_size(pool),
+           ms_cpu_isa_name(ms_cpu_isa_active()), bw);
+    int first = 1;
+    for (size_t di = 0; di < sizeof k_dtypes / sizeof *k_dtypes; di++) {
+        const kb_dtype *d = &k_dtypes[di];
+        if (only && strcmp(only, d->name)) continue;
+        for (size_t si = 0; si < sizeof k_decode_shapes / sizeof *k_decode_shapes; si++) {
+            int64_t rows = k_decode_shapes[si][0], cols = k_decode_shapes[si][1];
+            if (rows > 100000 && (quick || d->dt == MS_DT_F32 || d->dt == MS_DT_F16)) continue;
+            double g = bench_decode(pool, d, rows, cols, (size_t)256 << 20, secs);
+            printf("%s{\"dtype\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"gbps\":%.2f,\"pct_of_read_bw\":%.1f}", first ? "" : ",",
+                   d->name, (long long)rows, (long long)cols, g, 100.0 * g / bw);
+            fflush(stdout);
+            first = 0;
+        }
+    }
+    printf("],\"prefill\":[");
+    first = 1;
+    for (size_t di = 0; di < sizeof k_dtypes / sizeof *k_dtypes; di++) {
+        const kb_dtype *d = &k_dtypes[di];
+        if (only && strcmp(only, d->name)) continue;
+        for (size_t si = 0; si < sizeof k_prefill_shapes / sizeof *k_prefill_shapes; si++) {
+            int64_t rows = k_prefill_shapes[si][0], cols = k_prefill_shapes[si][1];
+            double gf = 0, sp = 0;
+            if (bench_prefill(pool, d, rows, cols, 64, &gf, &sp)) continue;
+            printf("%s{\"dtype\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"n\":64,\"gflops\":%.1f,\"x_vs_64_matvecs\":%.2f}",
+                   first ? "" : ",", d->name, (long long)rows, (long long)cols, gf, sp);
+            fflush(stdout);
+            first = 0;
+        }
+    }
+    printf("]}\n");
+    ms_pool_destroy(pool);
+    return 0;
+}
