@@ -21,7 +21,7 @@ typedef struct ms_dsa_state {
     ms_dsa_cfg cfg;
     amb_list *amb_rows;   /* [n_layers] */
     int32_t *tokens;      /* [max_ctx] the sequence so far, for replays */
-    int replay_ok;        /* every layer's state can be rolled back (no recurrent layers) */
+    int replay_ok;        /* every layer's state can be rolled back to any position (no recurrent layers) */
     ms_dsa_cache *cache;  /* [n_layers]: initialized for layers with their own indexer */
     int width;            /* entries of a selection row */
     int32_t *idx, *cnt;   /* [max_batch, width], [max_batch]: the current chunk's selection */
@@ -142,7 +142,7 @@ void ms_dsa_engine_rollback(ms_engine *e, int64_t pos) {
 int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_err *err) {
     ms_dsa_state *s = e->dsa;
     *from = -1;
-    if (!s || !s->replay_ok) return MS_OK;
+    if (!s) return MS_OK;
     int32_t idx[s->width], cnt;
     for (int l = 0; l < e->m->cfg.n_layers; l++) {
         amb_list *a = &s->amb_rows[l];
@@ -158,6 +158,7 @@ int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_e
             }
         }
     }
+    if (*from > 0 && !s->replay_ok) *from = 0; /* recurrent state cannot be rolled back: redo everything */
     return MS_OK;
 }
 

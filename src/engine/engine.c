@@ -148,7 +148,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         ms_kda_config_of(c, &kc);
         if (ms_kda_state_init(&e->kda[l], &kc, NULL)) f = 1;
     }
-    if (!f && (rc = ms_dsa_engine_init(e, err))) {
+    if (!f && ((rc = ms_dsa_engine_init(e, err)) || (rc = ms_mhc_engine_init(e, err)))) {
         ms_engine_destroy(e);
         return rc;
     }
@@ -171,6 +171,7 @@ void ms_engine_destroy(ms_engine *e) {
     }
     free(e->kda);
     ms_dsa_engine_free(e);
+    ms_mhc_engine_free(e);
     free(e->k_cache);
     free(e->v_cache);
     free(e->latent);
@@ -219,21 +220,30 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
         ms_qmat_row(&m->embed, tokens[t], e->x + (int64_t)t * D);
     }
     int rc = MS_OK;
+    const float *in = e->x; /* a sublayer's input before its norm: the residual, or the streams' collapse (mHC) */
+    if (e->mhc) ms_mhc_engine_begin(e, n);
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const ms_layer *L = &m->layers[l];
-        ms_rmsnorm(e->xn, e->x, L->attn_norm, n, (int)D, (float)c->rms_eps);
+        if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 0, n, &in, err))) break;
+        ms_rmsnorm(e->xn, in, L->attn_norm, n, (int)D, (float)c->rms_eps);
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
-        for (int64_t i = 0; i < n * D; i++) e->x[i] += e->tmp[i];
-        ms_rmsnorm(e->xn, e->x, L->ffn_norm, n, (int)D, (float)c->rms_eps);
+        if (e->mhc) ms_mhc_engine_post(e, n, e->tmp);
+        else
+            for (int64_t i = 0; i < n * D; i++) e->x[i] += e->tmp[i];
+        if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 1, n, &in, err))) break;
+        ms_rmsnorm(e->xn, in, L->ffn_norm, n, (int)D, (float)c->rms_eps);
         if (c->layer_mlp[l] == MS_MLP_MOE) rc = ms_ffn_moe(e, l, n, e->tmp, err);
         else rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
         if (rc) break;
-        for (int64_t i = 0; i < n * D; i++) e->x[i] += e->tmp[i];
+        if (e->mhc) ms_mhc_engine_post(e, n, e->tmp);
+        else
+            for (int64_t i = 0; i < n * D; i++) e->x[i] += e->tmp[i];
     }
     if (rc) return rc;
+    if (e->mhc) ms_mhc_engine_end(e, n);
     e->n_past += n;
     e->stats.tokens += (uint64_t)n;
     if (!logits) return MS_OK;
@@ -259,6 +269,7 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
         if (rc) return rc;
         if (from >= 0) {
             ms_dsa_engine_rollback(e, from);
+            for (int l = 0; from == 0 && e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_reset(&e->kda[l]);
             e->n_past = (int)from;
             for (int64_t s = from; s < end; s += e->max_batch) {
                 int k = end - s < e->max_batch ? (int)(end - s) : e->max_batch;

@@ -34,6 +34,7 @@ struct ms_engine {
     ms_engine_stats stats;
     /* DeepSeek Sparse Attention (engine/dsa_layer.c) */
     struct ms_dsa_state *dsa;
+    struct ms_mhc_state *mhc; /* hyper-connection streams (engine/mhc_layer.c), NULL for hc_mult <= 1 */
     int64_t fwd_len;     /* length of the forward whose top-k tie choices are reproduced */
 };
 
@@ -67,6 +68,17 @@ int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_e
 void ms_dsa_engine_rollback(ms_engine *e, int64_t pos);
 void ms_dsa_engine_note_tokens(ms_engine *e, const int32_t *tokens, int n);
 const int32_t *ms_dsa_engine_tokens(const ms_engine *e);
+
+/* mHC (hc_mult > 1): init/free the streams; begin: e->x [n, hidden] (the
+ * embeddings) becomes hc copies; pre: the collapsed input of a sublayer
+ * (ffn 0: attention, 1: feed-forward) from the streams; post: mix the sublayer
+ * output y [n, hidden] into the streams; end: their mean into e->x. */
+int ms_mhc_engine_init(ms_engine *e, ms_err *err);
+void ms_mhc_engine_free(ms_engine *e);
+void ms_mhc_engine_begin(ms_engine *e, int n);
+int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **collapsed, ms_err *err);
+void ms_mhc_engine_post(ms_engine *e, int n, const float *y);
+void ms_mhc_engine_end(ms_engine *e, int n);
 
 /* Rotate one vector of rope->dim dims in place. */
 void ms_rope_apply(const ms_rope *r, float *x, const float *cos, const float *sin);

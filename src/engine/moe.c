@@ -12,6 +12,12 @@ int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_
     int64_t I = gate->rows;
     ms_matmul(e->pool, e->g, in, n, gate);
     ms_matmul(e->pool, e->u, in, n, up);
+    float lim = (float)e->m->cfg.swiglu_limit;
+    if (lim > 0) /* GLM-5-Next: gate.clamp(max=limit), up.clamp(-limit, limit) */
+        for (int64_t i = 0; i < (int64_t)n * I; i++) {
+            if (e->g[i] > lim) e->g[i] = lim;
+            e->u[i] = e->u[i] > lim ? lim : e->u[i] < -lim ? -lim : e->u[i];
+        }
     ms_swiglu(e->g, e->g, e->u, (int64_t)n * I);
     if (accumulate) ms_matmul_acc(e->pool, out, e->g, n, down);
     else ms_matmul(e->pool, out, e->g, n, down);

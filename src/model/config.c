@@ -118,7 +118,7 @@ static int parse_common(const cJSON *j, ms_config *c, const char *where, ms_err 
         (rc = ms_json_int(j, "num_hidden_layers", 1, MS_MAX_LAYERS, &c->n_layers, where, err)) ||
         (rc = ms_json_opt_int(j, "num_attention_heads", 1, 65536, &c->n_heads, where, err)) ||
         (rc = ms_json_opt_int(j, "num_key_value_heads", 1, 65536, &c->n_kv_heads, where, err)) ||
-        (rc = ms_json_opt_int(j, "head_dim", 1, 65536, &c->head_dim, where, err)) ||
+        (rc = ms_json_opt_int(j, "head_dim", 0, 65536, &c->head_dim, where, err)) ||
         (rc = ms_json_opt_int(j, "max_position_embeddings", 1, INT64_C(1) << 40, &c->max_pos, where, err)) ||
         (rc = ms_json_opt_double(j, "rms_norm_eps", &c->rms_eps, where, err)) ||
         (rc = ms_json_opt_bool(j, "tie_word_embeddings", &tie, where, err)) ||
@@ -138,7 +138,7 @@ static int parse_common(const cJSON *j, ms_config *c, const char *where, ms_err 
     if (cJSON_IsArray(eos) && ms_json_is_int(eos->child, 0, c->vocab - 1)) c->eos_id = (int64_t)eos->child->valuedouble;
     c->tie_embeddings = tie;
     if (c->n_kv_heads < 0) c->n_kv_heads = c->n_heads;
-    if (c->head_dim < 0 && c->n_heads > 0) c->head_dim = c->hidden / c->n_heads;
+    if (c->head_dim <= 0 && c->n_heads > 0) c->head_dim = c->hidden / c->n_heads; /* 0: unset (GLM-5-Next) */
     if (c->routed_scale == 0) c->routed_scale = 1.0;
     if (c->n_group == 0) c->n_group = 1;
     if (c->topk_group == 0) c->topk_group = c->n_group;
@@ -193,12 +193,15 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
                          list);
         }
     }
+    /* multimodal checkpoints (GLM-5-Next) keep the text model's config under text_config */
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(j, "text_config");
+    const cJSON *src = cJSON_IsObject(tc) && !cJSON_GetObjectItemCaseSensitive(j, "vocab_size") ? tc : j;
     if (!rc) {
         snprintf(c->model_type, sizeof c->model_type, "%s", mt);
         c->arch = arch;
-        rc = parse_common(j, c, where, err);
+        rc = parse_common(src, c, where, err);
     }
-    if (!rc) rc = arch->configure(j, c, where, err);
+    if (!rc) rc = arch->configure(src, c, where, err);
     cJSON_Delete(j);
     return rc;
 }

@@ -59,6 +59,10 @@ typedef struct ms_config {
     int dsa_rope_interleaved;   /* indexer RoPE layout: 1 interleaved (GLM-MoE-DSA), 0 half split (V3.2) */
     int dsa_chain_shared;       /* a shared layer passes its reused selection on (see ms_dsa_share_plan) */
     uint8_t layer_dsa[MS_MAX_LAYERS]; /* 0: plain attention; 1: own indexer; 2: reuses an earlier selection */
+    /* manifold-constrained hyper-connections (ops/mhc.h): hc_mult residual streams (<= 1: plain residual) */
+    int64_t hc_mult, hc_sinkhorn_iters;
+    double hc_eps;
+    double swiglu_limit;        /* > 0: SwiGLU clamps gate <= limit and up to [-limit, limit] (GLM-5-Next) */
     /* feed-forward */
     int64_t inter;              /* dense MLP width */
     int64_t moe_inter;          /* routed expert width */

@@ -45,7 +45,8 @@ void ms_model_free(ms_model *m) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             ms_layer *L = &m->layers[l];
             float *vecs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv, L->q_norm, L->k_norm,
-                             L->q_a_norm, L->kv_a_norm, L->router_bias, L->dsa.k_norm_w, L->dsa.k_norm_b};
+                             L->q_a_norm, L->kv_a_norm, L->router_bias, L->dsa.k_norm_w, L->dsa.k_norm_b,
+                             L->hc_attn_base, L->hc_attn_scale, L->hc_ffn_base, L->hc_ffn_scale};
             for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++) free(vecs[i]);
             free(L->experts);
             free(L->expert_tensors);

@@ -32,6 +32,9 @@ typedef struct ms_layer {
     ms_kda_weights kda;
     /* DSA lightning indexer (layer_dsa 1) */
     ms_dsa_weights dsa;
+    /* mHC around the attention and the feed-forward (hc_mult > 1): fn [(2+hc)*hc, hc*hidden], base, scale [3] */
+    ms_qmat hc_attn_fn, hc_ffn_fn;
+    float *hc_attn_base, *hc_attn_scale, *hc_ffn_base, *hc_ffn_scale;
     /* dense MLP (MS_MLP_DENSE) or shared experts (MoE layers, shared_inter > 0) */
     ms_qmat gate, up, down;
     /* MoE */

@@ -1,0 +1,74 @@
+/* mhc_layer.c — manifold-constrained hyper-connections in the engine's layer
+ * loop (ops/mhc.h): with hc_mult > 1 the residual is hc_mult streams per
+ * token; each sublayer reads their learned collapse (then its usual norm) and
+ * its output is mixed back into every stream; the streams' mean is the final
+ * hidden state (GLM-5-Next's hyper head). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "ops/mhc.h"
+
+typedef struct ms_mhc_state {
+    int hc;
+    float *s, *s2;   /* [B, hc, hidden] the streams, and the next ones */
+    float *col;      /* [B, hidden] collapsed sublayer input */
+    float *post;     /* [B, hc] */
+    float *comb;     /* [B, hc, hc] */
+} ms_mhc_state;
+
+int ms_mhc_engine_init(ms_engine *e, ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    if (c->hc_mult <= 1) return MS_OK;
+    ms_mhc_state *s = calloc(1, sizeof *s);
+    if (!s) return ms_fail(err, MS_ERR_NOMEM, "out of memory for the hyper-connection state");
+    e->mhc = s;
+    s->hc = (int)c->hc_mult;
+    size_t B = (size_t)e->max_batch, D = (size_t)c->hidden, H = (size_t)s->hc;
+    s->s = malloc(sizeof(float) * B * H * D);
+    s->s2 = malloc(sizeof(float) * B * H * D);
+    s->col = malloc(sizeof(float) * B * D);
+    s->post = malloc(sizeof(float) * B * H);
+    s->comb = malloc(sizeof(float) * B * H * H);
+    if (!s->s || !s->s2 || !s->col || !s->post || !s->comb)
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory for %zu x %zu hyper-connection streams", B, H);
+    return MS_OK;
+}
+
+void ms_mhc_engine_free(ms_engine *e) {
+    ms_mhc_state *s = e->mhc;
+    if (!s) return;
+    free(s->s), free(s->s2), free(s->col), free(s->post), free(s->comb);
+    free(s);
+    e->mhc = NULL;
+}
+
+void ms_mhc_engine_begin(ms_engine *e, int n) {
+    ms_mhc_expand(e->x, n, e->mhc->hc, (int)e->m->cfg.hidden, e->mhc->s);
+}
+
+int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **collapsed, ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    const ms_layer *L = &e->m->layers[layer];
+    ms_mhc_state *s = e->mhc;
+    ms_mhc h = {.hc = s->hc, .dim = (int)c->hidden, .fn = ffn ? &L->hc_ffn_fn : &L->hc_attn_fn,
+                .base = ffn ? L->hc_ffn_base : L->hc_attn_base, .scale = ffn ? L->hc_ffn_scale : L->hc_attn_scale,
+                .sinkhorn_iters = (int)c->hc_sinkhorn_iters, .hc_eps = (float)c->hc_eps,
+                .norm_eps = (float)c->rms_eps};
+    int rc = ms_mhc_pre(e->pool, &h, s->s, n, s->col, s->post, s->comb, err);
+    if (rc) return ms_wrap(err, "layer %d %s hyper-connection", layer, ffn ? "feed-forward" : "attention");
+    *collapsed = s->col;
+    return MS_OK;
+}
+
+void ms_mhc_engine_post(ms_engine *e, int n, const float *y) {
+    ms_mhc_state *s = e->mhc;
+    ms_mhc_post(s->s, y, s->post, s->comb, n, s->hc, (int)e->m->cfg.hidden, s->s2);
+    float *t = s->s;
+    s->s = s->s2;
+    s->s2 = t;
+}
+
+void ms_mhc_engine_end(ms_engine *e, int n) {
+    ms_mhc_head_mean(e->mhc->s, n, e->mhc->hc, (int)e->m->cfg.hidden, e->x);
+}
