@@ -7,6 +7,7 @@
 #include "backend/cpu/kernels.h"
 
 #define T256 __attribute__((target("avx2,fma,f16c")))
+#define UNROLL _Pragma("GCC unroll 4")
 #define INL static inline __attribute__((always_inline)) T256
 
 INL float hsum(__m256 v) {
@@ -50,16 +51,16 @@ INL float e8m0(uint8_t e) {
 #define GEMV_PLAIN(NAME, T, LD, SC)                                                                          \
     INL void NAME##_rows(const T *w, int64_t K, const float *x, float *out, const int NR) {               \
         __m256 a0[4], a1[4];                                                                              \
-        for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm256_setzero_ps();                                 \
+        UNROLL for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm256_setzero_ps();                                 \
         int64_t k = 0;                                                                                    \
         for (; k + 16 <= K; k += 16) {                                                                    \
             __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);                          \
-            for (int i = 0; i < NR; i++) {                                                                \
+            UNROLL for (int i = 0; i < NR; i++) {                                                                \
                 a0[i] = _mm256_fmadd_ps(LD(w + i * K + k), x0, a0[i]);                                    \
                 a1[i] = _mm256_fmadd_ps(LD(w + i * K + k + 8), x1, a1[i]);                                \
             }                                                                                             \
         }                                                                                                 \
-        for (int i = 0; i < NR; i++) {                                                                    \
+        UNROLL for (int i = 0; i < NR; i++) {                                                                    \
             float s = hsum(_mm256_add_ps(a0[i], a1[i]));                                                  \
             for (int64_t c = k; c < K; c++) s += SC(w + i * K + c) * x[c];                                \
             out[i] = s;                                                                                   \
@@ -89,27 +90,27 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
     const uint8_t *p[4];
     int64_t sr[4];
     float tail[4];
-    for (int i = 0; i < NR; i++) {
+    UNROLL for (int i = 0; i < NR; i++) {
         p[i] = (const uint8_t *)w->data + (r + i) * K;
         sr[i] = w->scale ? (r + i) / w->brow : 0;
     }
     const int64_t bc = w->scale ? w->bcol : K;
     __m256 a[4];
-    for (int i = 0; i < NR; i++) a[i] = _mm256_setzero_ps(), tail[i] = 0;
+    UNROLL for (int i = 0; i < NR; i++) a[i] = _mm256_setzero_ps(), tail[i] = 0;
     for (int64_t c0 = 0, cb = 0; c0 < K; c0 += bc, cb++) {
         int64_t c1 = c0 + bc < K ? c0 + bc : K;
         __m256 b0[4], b1[4];
-        for (int i = 0; i < NR; i++) b0[i] = b1[i] = _mm256_setzero_ps();
+        UNROLL for (int i = 0; i < NR; i++) b0[i] = b1[i] = _mm256_setzero_ps();
         int64_t k = c0;
         for (; k + 16 <= c1; k += 16) {
             __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-            for (int i = 0; i < NR; i++) {
+            UNROLL for (int i = 0; i < NR; i++) {
                 __m256i h = f8_to_h16_16(p[i] + k);
                 b0[i] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), x0, b0[i]);
                 b1[i] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), x1, b1[i]);
             }
         }
-        for (int i = 0; i < NR; i++) {
+        UNROLL for (int i = 0; i < NR; i++) {
             float s = mm_scale_at(w, sr[i], cb);
             a[i] = _mm256_fmadd_ps(_mm256_add_ps(b0[i], b1[i]), _mm256_set1_ps(s * 256.0f), a[i]);
             float t = 0;
@@ -117,7 +118,7 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
             tail[i] += t * s;
         }
     }
-    for (int i = 0; i < NR; i++) out[i] = hsum(a[i]) + tail[i];
+    UNROLL for (int i = 0; i < NR; i++) out[i] = hsum(a[i]) + tail[i];
 }
 
 T256 static void f8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
@@ -145,17 +146,17 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
     const __m256 mag = fp4_mag();
     const uint8_t *p[4], *s[4];
     const int64_t nsc = K / 32;
-    for (int i = 0; i < NR; i++) {
+    UNROLL for (int i = 0; i < NR; i++) {
         p[i] = (const uint8_t *)w->data + (r + i) * (K / 2);
         s[i] = w->scale ? (const uint8_t *)w->scale + ((r + i) / w->brow) * nsc : NULL;
     }
     __m256 a[4];
-    for (int i = 0; i < NR; i++) a[i] = _mm256_setzero_ps();
+    UNROLL for (int i = 0; i < NR; i++) a[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {
         __m256 xe0, xo0, xe1, xo1;
         deinterleave(x + k, &xe0, &xo0);
         deinterleave(x + k + 16, &xe1, &xo1);
-        for (int i = 0; i < NR; i++) {
+        UNROLL for (int i = 0; i < NR; i++) {
             __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2)));
             __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2 + 8)));
             __m256 b = _mm256_mul_ps(fp4_val(_mm256_and_si256(v0, _mm256_set1_epi32(15)), mag), xe0);
@@ -165,7 +166,7 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
             a[i] = s[i] ? _mm256_fmadd_ps(b, _mm256_set1_ps(e8m0(s[i][k / 32])), a[i]) : _mm256_add_ps(b, a[i]);
         }
     }
-    for (int i = 0; i < NR; i++) out[i] = hsum(a[i]);
+    UNROLL for (int i = 0; i < NR; i++) out[i] = hsum(a[i]);
 }
 
 T256 static void f4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
@@ -281,19 +282,19 @@ T256 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int k
 INL void micro(const float *buf, int ld, const float *x, int64_t ldx, int kc, float *y, int64_t ldy, int acc,
                const int NT, const int NR) {
     __m256 c[4][2];
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < NR; r++) c[t][r] = _mm256_setzero_ps();
+    UNROLL for (int t = 0; t < NT; t++)
+        UNROLL for (int r = 0; r < NR; r++) c[t][r] = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= kc; k += 8) {
         __m256 xv[4];
-        for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
-        for (int r = 0; r < NR; r++) {
+        UNROLL for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
+        UNROLL for (int r = 0; r < NR; r++) {
             __m256 wv = _mm256_loadu_ps(buf + r * ld + k);
-            for (int t = 0; t < NT; t++) c[t][r] = _mm256_fmadd_ps(wv, xv[t], c[t][r]);
+            UNROLL for (int t = 0; t < NT; t++) c[t][r] = _mm256_fmadd_ps(wv, xv[t], c[t][r]);
         }
     }
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < NR; r++) {
+    UNROLL for (int t = 0; t < NT; t++)
+        UNROLL for (int r = 0; r < NR; r++) {
             float s = hsum(c[t][r]);
             for (int kk = k; kk < kc; kk++) s += buf[r * ld + kk] * x[t * ldx + kk];
             float *yo = y + t * ldy + r;

@@ -7,6 +7,7 @@
 #include "backend/cpu/kernels.h"
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define UNROLL _Pragma("GCC unroll 4")
 #define INL static inline __attribute__((always_inline)) T512
 
 /* ---- element loaders: 16 (or fewer, masked) weights -> 16 F32 lanes ---- */
@@ -47,11 +48,11 @@ INL __m512 fp4_table(void) {
 #define GEMV_PLAIN(NAME, T, LD, LDM)                                                                         \
     INL void NAME##_rows(const T *w, int64_t K, const float *x, float *out, const int NR) {               \
         __m512 a0[4], a1[4];                                                                              \
-        for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm512_setzero_ps();                                 \
+        UNROLL for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm512_setzero_ps();                                 \
         int64_t k = 0;                                                                                    \
         for (; k + 32 <= K; k += 32) {                                                                    \
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);                         \
-            for (int i = 0; i < NR; i++) {                                                                \
+            UNROLL for (int i = 0; i < NR; i++) {                                                                \
                 a0[i] = _mm512_fmadd_ps(LD(w + i * K + k), x0, a0[i]);                                    \
                 a1[i] = _mm512_fmadd_ps(LD(w + i * K + k + 16), x1, a1[i]);                               \
             }                                                                                             \
@@ -59,9 +60,9 @@ INL __m512 fp4_table(void) {
         for (; k < K; k += 16) {                                                                          \
             __mmask16 m = tail_mask(K - k);                                                               \
             __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);                                                  \
-            for (int i = 0; i < NR; i++) a0[i] = _mm512_fmadd_ps(LDM(w + i * K + k, m), x0, a0[i]);       \
+            UNROLL for (int i = 0; i < NR; i++) a0[i] = _mm512_fmadd_ps(LDM(w + i * K + k, m), x0, a0[i]);       \
         }                                                                                                 \
-        for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));         \
+        UNROLL for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));         \
     }                                                                                                     \
     T512 static void NAME##_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) { \
         const int64_t K = w->cols;                                                                        \
@@ -88,21 +89,21 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
     const int64_t K = w->cols;
     const uint8_t *p[4];
     int64_t sr[4];
-    for (int i = 0; i < NR; i++) {
+    UNROLL for (int i = 0; i < NR; i++) {
         p[i] = (const uint8_t *)w->data + (r + i) * K;
         sr[i] = w->scale ? (r + i) / w->brow : 0;
     }
     const int64_t bc = w->scale ? w->bcol : K;
     __m512 a[4];
-    for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
+    UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
     for (int64_t c0 = 0, cb = 0; c0 < K; c0 += bc, cb++) {
         int64_t c1 = c0 + bc < K ? c0 + bc : K;
         __m512 b0[4], b1[4];
-        for (int i = 0; i < NR; i++) b0[i] = b1[i] = _mm512_setzero_ps();
+        UNROLL for (int i = 0; i < NR; i++) b0[i] = b1[i] = _mm512_setzero_ps();
         int64_t k = c0;
         for (; k + 32 <= c1; k += 32) {
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-            for (int i = 0; i < NR; i++) {
+            UNROLL for (int i = 0; i < NR; i++) {
                 __m512i h = f8_to_h16_32(_mm256_loadu_si256((const __m256i *)(p[i] + k)));
                 b0[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), x0, b0[i]);
                 b1[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), x1, b1[i]);
@@ -111,12 +112,12 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
         for (; k < c1; k += 16) {
             __mmask16 m = tail_mask(c1 - k);
             __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
-            for (int i = 0; i < NR; i++) b0[i] = _mm512_fmadd_ps(ld_f8_m(p[i] + k, m), x0, b0[i]);
+            UNROLL for (int i = 0; i < NR; i++) b0[i] = _mm512_fmadd_ps(ld_f8_m(p[i] + k, m), x0, b0[i]);
         }
-        for (int i = 0; i < NR; i++)
+        UNROLL for (int i = 0; i < NR; i++)
             a[i] = _mm512_fmadd_ps(_mm512_add_ps(b0[i], b1[i]), _mm512_set1_ps(mm_scale_at(w, sr[i], cb) * 256.0f), a[i]);
     }
-    for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(a[i]);
+    UNROLL for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(a[i]);
 }
 
 T512 static void f8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
@@ -134,6 +135,15 @@ T512 static void f8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0,
 
 /* MXFP4: 16 bytes = 32 values; low nibbles are the even columns, high nibbles
  * the odd ones. x is split into even/odd lanes once per group of rows. */
+/* 16 E8M0 scale bytes (fewer when m says so) -> F32 2^(e-127); 0 -> 2^-127, 0xff -> NaN, as the reference. */
+INL __m512 e8m0_16(const uint8_t *s, __mmask16 m) {
+    __m512i e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s));
+    __m512i u = _mm512_slli_epi32(e, 23);
+    u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
+    u = _mm512_mask_mov_epi32(u, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0xff)), _mm512_set1_epi32(0x7fc00000));
+    return _mm512_castsi512_ps(u);
+}
+
 INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
     const int64_t K = w->cols;
     const __m512 tab = fp4_table();
@@ -141,29 +151,31 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
     const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     const uint8_t *p[4], *s[4];
     const int64_t nsc = K / 32;
-    for (int i = 0; i < NR; i++) {
+    float sb[4][16] __attribute__((aligned(64)));
+    UNROLL for (int i = 0; i < NR; i++) {
         p[i] = (const uint8_t *)w->data + (r + i) * (K / 2);
         s[i] = w->scale ? (const uint8_t *)w->scale + ((r + i) / w->brow) * nsc : NULL;
+        if (!s[i]) _mm512_store_ps(sb[i], _mm512_set1_ps(1.0f));
     }
     __m512 a[4];
-    for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32) {
-        __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-        __m512 xe = _mm512_permutex2var_ps(x0, ie, x1), xo = _mm512_permutex2var_ps(x0, io, x1);
-        for (int i = 0; i < NR; i++) {
-            __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[i] + k / 2)));
-            __m512 lo = _mm512_permutexvar_ps(v, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
-            __m512 b = _mm512_fmadd_ps(hi, xo, _mm512_mul_ps(lo, xe));
-            if (s[i]) {
-                uint8_t e = s[i][k / 32];
-                uint32_t u = e == 0xff ? 0x7fc00000u : e == 0 ? 0x00400000u : (uint32_t)e << 23;
-                a[i] = _mm512_fmadd_ps(b, _mm512_castsi512_ps(_mm512_set1_epi32((int)u)), a[i]);
-            } else {
-                a[i] = _mm512_add_ps(b, a[i]);
+    UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t g0 = 0; g0 < nsc; g0 += 16) {
+        int ng = nsc - g0 < 16 ? (int)(nsc - g0) : 16;
+        UNROLL for (int i = 0; i < NR; i++)
+            if (s[i]) _mm512_store_ps(sb[i], e8m0_16(s[i] + g0, tail_mask(ng)));
+        for (int j = 0; j < ng; j++) {
+            int64_t k = (g0 + j) * 32;
+            __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+            __m512 xe = _mm512_permutex2var_ps(x0, ie, x1), xo = _mm512_permutex2var_ps(x0, io, x1);
+            UNROLL for (int i = 0; i < NR; i++) {
+                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[i] + k / 2)));
+                __m512 lo = _mm512_permutexvar_ps(v, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
+                __m512 b = _mm512_fmadd_ps(hi, xo, _mm512_mul_ps(lo, xe));
+                a[i] = _mm512_fmadd_ps(b, _mm512_set1_ps(sb[i][j]), a[i]);
             }
         }
     }
-    for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(a[i]);
+    UNROLL for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(a[i]);
 }
 
 T512 static void f4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
@@ -276,28 +288,28 @@ T512 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int k
 INL void micro(const float *buf, int ld, const float *x, int64_t ldx, int kc, float *y, int64_t ldy, int acc,
                const int NT, const int NR) {
     __m512 c[4][4];
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < NR; r++) c[t][r] = _mm512_setzero_ps();
+    UNROLL for (int t = 0; t < NT; t++)
+        UNROLL for (int r = 0; r < NR; r++) c[t][r] = _mm512_setzero_ps();
     int k = 0;
     for (; k + 16 <= kc; k += 16) {
         __m512 xv[4];
-        for (int t = 0; t < NT; t++) xv[t] = _mm512_loadu_ps(x + t * ldx + k);
-        for (int r = 0; r < NR; r++) {
+        UNROLL for (int t = 0; t < NT; t++) xv[t] = _mm512_loadu_ps(x + t * ldx + k);
+        UNROLL for (int r = 0; r < NR; r++) {
             __m512 wv = _mm512_loadu_ps(buf + r * ld + k);
-            for (int t = 0; t < NT; t++) c[t][r] = _mm512_fmadd_ps(wv, xv[t], c[t][r]);
+            UNROLL for (int t = 0; t < NT; t++) c[t][r] = _mm512_fmadd_ps(wv, xv[t], c[t][r]);
         }
     }
     if (k < kc) {
         __mmask16 m = tail_mask(kc - k);
         __m512 xv[4];
-        for (int t = 0; t < NT; t++) xv[t] = _mm512_maskz_loadu_ps(m, x + t * ldx + k);
-        for (int r = 0; r < NR; r++) {
+        UNROLL for (int t = 0; t < NT; t++) xv[t] = _mm512_maskz_loadu_ps(m, x + t * ldx + k);
+        UNROLL for (int r = 0; r < NR; r++) {
             __m512 wv = _mm512_maskz_loadu_ps(m, buf + r * ld + k);
-            for (int t = 0; t < NT; t++) c[t][r] = _mm512_fmadd_ps(wv, xv[t], c[t][r]);
+            UNROLL for (int t = 0; t < NT; t++) c[t][r] = _mm512_fmadd_ps(wv, xv[t], c[t][r]);
         }
     }
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < NR; r++) {
+    UNROLL for (int t = 0; t < NT; t++)
+        UNROLL for (int r = 0; r < NR; r++) {
             float s = _mm512_reduce_add_ps(c[t][r]);
             float *yo = y + t * ldy + r;
             *yo = acc ? *yo + s : s;
