@@ -98,10 +98,9 @@ static const char *token_text(const cJSON *v) {
     return NULL;
 }
 
-static int set_special_tokens(ms_jinja_vars *vars, const char *dir, ms_err *err) {
-    cJSON *tc = NULL;
-    int rc = load_json_file(dir, "tokenizer_config.json", &tc, err);
-    if (rc || !tc) return rc;
+static int set_special_tokens(ms_jinja_vars *vars, const cJSON *tc, ms_err *err) {
+    int rc = MS_OK;
+    if (!tc) return rc;
     static const char *const names[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                                         "cls_token", "mask_token", NULL};
     for (int i = 0; names[i] && !rc; i++) {
@@ -124,7 +123,6 @@ static int set_special_tokens(ms_jinja_vars *vars, const char *dir, ms_err *err)
             free(txt);
         }
     }
-    cJSON_Delete(tc);
     return rc;
 }
 
@@ -159,15 +157,15 @@ static int check_request(const cJSON *req, ms_err *err) {
     return MS_OK;
 }
 
-static int render_jinja(const char *dir, const ms_chat_source *src, const cJSON *req, const char *json, size_t len,
-                        char **out, size_t *out_len, ms_err *err) {
+static int render_jinja(const char *tpl_text, const char *origin, const cJSON *tok_config, const cJSON *req,
+                        const char *json, size_t len, char **out, size_t *out_len, ms_err *err) {
     ms_jinja_tpl *tpl = NULL;
-    int rc = ms_jinja_parse(src->template_text, strlen(src->template_text), &tpl, err);
-    if (rc) return ms_wrap(err, "%s: chat template from %s", dir, src->template_origin);
+    int rc = ms_jinja_parse(tpl_text, strlen(tpl_text), &tpl, err);
+    if (rc) return ms_wrap(err, "chat template from %s", origin);
     ms_jinja_vars *vars = ms_jinja_vars_new(NULL);
     if (!vars) { ms_jinja_free(tpl); return ms_fail(err, MS_ERR_NOMEM, "out of memory"); }
     int found = 0;
-    rc = set_special_tokens(vars, dir, err);
+    rc = set_special_tokens(vars, tok_config, err);
     if (!rc) rc = ms_jinja_vars_set_json(vars, "messages", json, len, "messages", &found, err);
     if (!rc) rc = ms_jinja_vars_set_json(vars, "tools", json, len, "tools", &found, err);
     if (!rc && !found) rc = ms_jinja_vars_set_none(vars, "tools", err);
@@ -183,6 +181,19 @@ static int render_jinja(const char *dir, const ms_chat_source *src, const cJSON 
     return rc;
 }
 
+int ms_chat_render_jinja(const char *template_text, const cJSON *tokenizer_config, const char *request_json,
+                         size_t len, char **out, size_t *out_len, ms_err *err) {
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    cJSON *req = NULL;
+    int rc = ms_json_parse(request_json, len, "request", &req, err);
+    if (rc) return rc;
+    rc = check_request(req, err);
+    if (!rc) rc = render_jinja(template_text, "the caller", tokenizer_config, req, request_json, len, out, out_len, err);
+    cJSON_Delete(req);
+    return rc;
+}
+
 int ms_chat_render(const char *dir, const char *request_json, size_t len, char **out, size_t *out_len, ms_err *err) {
     *out = NULL;
     if (out_len) *out_len = 0;
@@ -195,7 +206,13 @@ int ms_chat_render(const char *dir, const char *request_json, size_t len, char *
     ms_chat_source src;
     rc = ms_chat_pick(dir, tools && !cJSON_IsNull(tools), &src, err);
     if (!rc) {
-        if (src.template_text) rc = render_jinja(dir, &src, req, request_json, len, out, out_len, err);
+        if (src.template_text) {
+            cJSON *tc = NULL;
+            rc = load_json_file(dir, "tokenizer_config.json", &tc, err);
+            if (!rc) rc = render_jinja(src.template_text, src.template_origin, tc, req, request_json, len, out, out_len, err);
+            if (rc && !strstr(err->msg, dir)) ms_wrap(err, "%s", dir);
+            cJSON_Delete(tc);
+        }
         else {
             size_t n = 0;
             rc = src.builtin->render(dir, req, out, &n, err);

@@ -56,4 +56,10 @@ void ms_chat_source_free(ms_chat_source *src);
  * plus those of ms_chat_pick. */
 int ms_chat_render(const char *dir, const char *request_json, size_t len, char **out, size_t *out_len, ms_err *err);
 
+/* Render request_json with the Jinja template template_text, taking special
+ * tokens from tokenizer_config (parsed tokenizer_config.json, may be NULL).
+ * Same output and errors as ms_chat_render. */
+int ms_chat_render_jinja(const char *template_text, const cJSON *tokenizer_config, const char *request_json,
+                         size_t len, char **out, size_t *out_len, ms_err *err);
+
 #endif

@@ -168,17 +168,7 @@ static jv str_split(jctx *c, int line, jstr *s, jv sepv, int64_t maxsplit, int r
                 while (i < n) { size_t q = i; if (!py_isspace((uint32_t)u8_decode(s->s, n, &q))) break; i = q; }
                 if (i >= n) break;
                 if (maxsplit >= 0 && splits >= maxsplit) {
-                    jstr tmp = {0};
-                    (void)tmp;
-                    size_t e = n;
-                    while (e > i) {
-                        size_t st = e - 1;
-                        while (st > i && ((unsigned char)s->s[st] & 0xC0) == 0x80) st--;
-                        size_t q = st;
-                        if (!py_isspace((uint32_t)u8_decode(s->s, e, &q))) break;
-                        e = st;
-                    }
-                    jl_push(c->t, out.l, jv_str(c->t, s->s + i, e - i));
+                    jl_push(c->t, out.l, jv_str(c->t, s->s + i, n - i));
                     break;
                 }
                 size_t st = i;
@@ -202,9 +192,7 @@ static jv str_split(jctx *c, int line, jstr *s, jv sepv, int64_t maxsplit, int r
             }
             if (e == 0) break;
             if (maxsplit >= 0 && splits >= maxsplit) {
-                size_t a = 0;
-                while (a < e) { size_t q = a; if (!py_isspace((uint32_t)u8_decode(s->s, e, &q))) break; a = q; }
-                jl_push(c->t, rev.l, jv_str(c->t, s->s + a, e - a));
+                jl_push(c->t, rev.l, jv_str(c->t, s->s, e));
                 break;
             }
             size_t b = e;
@@ -758,7 +746,7 @@ jv jinja_call_method(jctx *c, int line, jv self, const char *name, jargs *a) {
 
 static const char *const BUILTINS[] = {"range", "namespace", "dict", "raise_exception", "strftime_now", "lipsum",
                                        "cycler", "joiner", NULL};
-int jinja_builtin_known(const char *name) { return in_list(BUILTINS, name) && strcmp(name, "lipsum") && strcmp(name, "cycler") && strcmp(name, "joiner"); }
+int jinja_builtin_known(const char *name) { return in_list(BUILTINS, name); }
 
 jv jinja_call_builtin(jctx *c, int line, const char *name, jargs *a) {
     if (!strcmp(name, "range")) {
@@ -815,7 +803,7 @@ jv jinja_call_builtin(jctx *c, int line, const char *name, jargs *a) {
         if (!n && f.s->len) jfail(c->t, MS_ERR_FORMAT, line, "strftime_now(): result too long or empty format");
         return jv_str(c->t, buf, n);
     }
-    jfail(c->t, MS_ERR_FORMAT, line, "'%s' is undefined", name);
+    jfail(c->t, MS_ERR_UNSUPPORTED, line, "the global '%s' is not supported", name);
 }
 
 /* ---------------- operators ---------------- */
