@@ -44,15 +44,25 @@ void ms_qmat_row(const ms_qmat *w, int64_t r, float *out);
 /* Element conversion of a stored vector (F32/F16/BF16) to F32. */
 void ms_to_f32(float *out, const void *src, ms_dtype dt, int64_t n);
 
-/* y[i] = x[i] / sqrt(mean(x^2) + eps) * (w ? w[i] : 1) for each of n rows of d. w: F32 view. */
+/* y[i] = x[i] / sqrt(mean(x^2) + eps) * (w ? w[i] : 1) for each of n rows of d. w: F32 view.
+ * y may equal x. Vectorized (backend/cpu/ops_fast.c); ms_rmsnorm_ref is the scalar twin. */
 void ms_rmsnorm(float *y, const float *x, const float *w, int n, int d, float eps);
+void ms_rmsnorm_ref(float *y, const float *x, const float *w, int n, int d, float eps);
 /* LayerNorm with optional weight and bias (F32). */
 void ms_layernorm(float *y, const float *x, const float *w, const float *b, int n, int d, float eps);
-/* In-place numerically stable softmax over d. */
+/* In-place numerically stable softmax over d (vectorized; ms_softmax_ref is the scalar twin). */
 void ms_softmax(float *x, int d);
+void ms_softmax_ref(float *x, int d);
 static inline float ms_silu(float x);
-/* out[i] = silu(gate[i]) * up[i] */
+/* out[i] = silu(gate[i]) * up[i]; out may equal gate or up (vectorized; ms_swiglu_ref is the scalar twin). */
 void ms_swiglu(float *out, const float *gate, const float *up, int64_t n);
+void ms_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
+/* sum_i a[i] * b[i] (F32 accumulation in vector lanes), e.g. a query against a cached key. */
+float ms_dot(const float *a, const float *b, int64_t n);
+float ms_dot_ref(const float *a, const float *b, int64_t n);
+/* y[i] += a * x[i], e.g. accumulating a weighted cached value. */
+void ms_axpy(float *y, float a, const float *x, int64_t n);
+void ms_axpy_ref(float *y, float a, const float *x, int64_t n);
 
 #include <math.h>
 static inline float ms_silu(float x) { return x / (1.0f + expf(-x)); }

@@ -88,7 +88,7 @@ void ms_matmul_ref(float *y, const float *x, int n, const ms_qmat *w) {
     }
 }
 
-void ms_rmsnorm(float *y, const float *x, const float *w, int n, int d, float eps) {
+void ms_rmsnorm_ref(float *y, const float *x, const float *w, int n, int d, float eps) {
     for (int t = 0; t < n; t++) {
         const float *xt = x + (int64_t)t * d;
         float *yt = y + (int64_t)t * d;
@@ -114,7 +114,7 @@ void ms_layernorm(float *y, const float *x, const float *w, const float *b, int 
     }
 }
 
-void ms_softmax(float *x, int d) {
+void ms_softmax_ref(float *x, int d) {
     float m = -INFINITY;
     for (int i = 0; i < d; i++) m = x[i] > m ? x[i] : m;
     double s = 0;
@@ -126,6 +126,6 @@ void ms_softmax(float *x, int d) {
     for (int i = 0; i < d; i++) x[i] *= inv;
 }
 
-void ms_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+void ms_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = ms_silu(gate[i]) * up[i];
 }

@@ -62,6 +62,18 @@ static inline float mm_scale_at(const ms_qmat *w, int64_t sr, int64_t sc) {
     }
 }
 
+/* Vector ops per ISA (ops_fast.c), referenced from the tables. */
+float ms_k512_dot(const float *a, const float *b, int64_t n);
+void ms_k512_axpy(float *y, float a, const float *x, int64_t n);
+void ms_k512_rmsnorm(float *y, const float *x, const float *w, int n, int d, float eps);
+void ms_k512_softmax(float *x, int d);
+void ms_k512_swiglu(float *out, const float *gate, const float *up, int64_t n);
+float ms_k256_dot(const float *a, const float *b, int64_t n);
+void ms_k256_axpy(float *y, float a, const float *x, int64_t n);
+void ms_k256_rmsnorm(float *y, const float *x, const float *w, int n, int d, float eps);
+void ms_k256_softmax(float *x, int d);
+void ms_k256_swiglu(float *out, const float *gate, const float *up, int64_t n);
+
 /* Scalar dequantization of rows [r0, r0+nr) x cols [c0, c0+kc) (any dtype, any
  * scale layout) into buf[i*ld + k]; the fallback every ISA may call. */
 void mm_dequant_scalar(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int kc, float *buf, int ld);

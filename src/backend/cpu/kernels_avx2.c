@@ -331,5 +331,10 @@ const mm_kernels ms_kernels_avx2 = {
     .gemv = gemv,
     .dequant = dequant,
     .tile = tile,
+    .dot = ms_k256_dot,
+    .axpy = ms_k256_axpy,
+    .rmsnorm = ms_k256_rmsnorm,
+    .softmax = ms_k256_softmax,
+    .swiglu = ms_k256_swiglu,
 };
 #endif

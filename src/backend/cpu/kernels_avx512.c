@@ -353,5 +353,10 @@ const mm_kernels ms_kernels_avx512 = {
     .gemv = gemv,
     .dequant = dequant,
     .tile = tile,
+    .dot = ms_k512_dot,
+    .axpy = ms_k512_axpy,
+    .rmsnorm = ms_k512_rmsnorm,
+    .softmax = ms_k512_softmax,
+    .swiglu = ms_k512_swiglu,
 };
 #endif

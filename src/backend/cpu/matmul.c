@@ -92,6 +92,11 @@ const mm_kernels ms_kernels_scalar = {
     .gemv = NULL,
     .dequant = mm_dequant_scalar,
     .tile = tile_scalar,
+    .dot = ms_dot_ref,
+    .axpy = ms_axpy_ref,
+    .rmsnorm = ms_rmsnorm_ref,
+    .softmax = ms_softmax_ref,
+    .swiglu = ms_swiglu_ref,
 };
 
 /* ---- dispatch ---- */
