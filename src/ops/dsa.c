@@ -391,6 +391,8 @@ typedef struct {
     int q0, qn;         /* query block */
     int64_t ld;         /* row length of the score block */
     float *sc;          /* [qn, ld] */
+    float *dots;        /* [qn * H, nk] q_h . k_t of the block (one matmul) */
+    int64_t nk;         /* keys in the block's matmul: candidates of its last query */
     int64_t chunk;      /* keys per scoring task */
     int nchunk;
     int32_t *idx, *count;
@@ -415,6 +417,7 @@ static void weights_scaled(const ms_dsa_cfg *cfg, const float *w, float *out) {
     for (int h = 0; h < cfg->n_heads; h++) out[h] = w[h] * hs;
 }
 
+/* scores of one query over a chunk of candidates from the block's dot products */
 static void score_task(void *vctx, int task, int tid) {
     sel_ctx *x = vctx;
     int qi = task / x->nchunk, ch = task % x->nchunk;
@@ -424,12 +427,19 @@ static void score_task(void *vctx, int task, int tid) {
     if (t1 > nc) t1 = nc;
     if (t0 >= t1) return;
     const ms_dsa_cfg *cfg = x->cfg;
-    int H = cfg->n_heads, D = cfg->head_dim;
-    float wq[H];
+    int H = cfg->n_heads;
+    float wq[H], scale = 1.0f / sqrtf((float)cfg->head_dim);
     weights_scaled(cfg, x->w + (size_t)(x->q0 + qi) * H, wq);
-    const float *keys = cfg->kpool > 1 ? x->c->pooled : x->c->keys;
-    score_keys(x->q + (size_t)(x->q0 + qi) * H * D, wq, H, D, 1.0f / sqrtf((float)D), keys + (size_t)t0 * D, t1 - t0,
-               x->sc + (size_t)qi * x->ld + t0);
+    float *out = x->sc + (size_t)qi * x->ld;
+    for (int64_t t = t0; t < t1; t++) out[t] = 0.0f;
+    for (int h = 0; h < H; h++) {
+        const float *d = x->dots + ((size_t)qi * H + h) * x->nk;
+        float wh = wq[h];
+        for (int64_t t = t0; t < t1; t++) {
+            float v = d[t] * scale;
+            out[t] += v > 0.0f ? wh * v : 0.0f;
+        }
+    }
 }
 
 static void pick_task(void *vctx, int qi, int tid) {
@@ -480,8 +490,8 @@ int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, c
     if (threads < 1) threads = 1;
     int64_t ld = n_candidates(cfg, pos0 + n - 1);
     if (ld < 1) ld = 1;
-    /* queries per block: bound the score block to ~4M floats */
-    int64_t qb = ((int64_t)1 << 22) / ld;
+    /* queries per block: bound the dot-product block [qb * H, ld] to ~4M floats */
+    int64_t qb = ((int64_t)1 << 22) / (ld * cfg->n_heads);
     if (qb < 1) qb = 1;
     if (qb > n) qb = n;
     sel_ctx x = {.cfg = cfg, .c = c, .q = q, .w = w, .pos0 = pos0, .fwd_len = fwd_len, .ld = ld, .idx = idx,
@@ -489,10 +499,12 @@ int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, c
     x.qlen = n_queue(cfg, fwd_len);
     if (x.qlen < 1) x.qlen = 1;
     x.sc = malloc(sizeof(float) * (size_t)qb * ld);
+    x.dots = malloc(sizeof(float) * (size_t)qb * cfg->n_heads * ld);
     x.queue = malloc(sizeof(ms_dsa_qel) * (size_t)threads * x.qlen);
     x.sel = malloc(sizeof(int32_t) * (size_t)threads * x.qlen);
-    if (!x.sc || !x.queue || !x.sel) {
+    if (!x.sc || !x.dots || !x.queue || !x.sel) {
         free(x.sc);
+        free(x.dots);
         free(x.queue);
         free(x.sel);
         return ms_fail(err, MS_ERR_NOMEM, "dsa select: no memory for %lld x %lld scores", (long long)qb, (long long)ld);
@@ -504,10 +516,19 @@ int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, c
     for (int q0 = 0; q0 < n; q0 += (int)qb) {
         x.q0 = q0;
         x.qn = (int)(n - q0 < qb ? n - q0 : qb);
+        /* q_h . k_t for every head of the block's queries and every candidate of its last query:
+         * one matmul over the cached keys viewed as an F32 weight [nk, D] */
+        x.nk = n_candidates(cfg, pos0 + q0 + x.qn - 1);
+        if (x.nk > 0) {
+            ms_qmat kv = {.dtype = MS_DT_F32, .rows = x.nk, .cols = cfg->head_dim,
+                          .data = cfg->kpool > 1 ? c->pooled : c->keys};
+            ms_matmul(pool, x.dots, q + (size_t)q0 * cfg->n_heads * cfg->head_dim, x.qn * cfg->n_heads, &kv);
+        }
         ms_pool_run(pool, x.qn * x.nchunk, score_task, &x);
         ms_pool_run(pool, x.qn, pick_task, &x);
     }
     free(x.sc);
+    free(x.dots);
     free(x.queue);
     free(x.sel);
     return MS_OK;
