@@ -358,7 +358,7 @@ int ms_bpe_encode_word(ms_bpe *b, const uint8_t *s, size_t n, ms_tok_ids *out, m
             rc = ms_fail(err, MS_ERR_NOMEM, "encode: out of memory");
             break;
         }
-    if (!rc && n <= CACHE_MAX_WORD) cache_put(b, h, s, n, out->ids + start, out->n - start);
+    if (!rc && n <= CACHE_MAX_WORD && out->n > start) cache_put(b, h, s, n, out->ids + start, out->n - start);
     if (sym != stack_buf) free(sym);
     if (heap != hstack) free(heap);
     return rc;

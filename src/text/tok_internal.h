@@ -133,6 +133,7 @@ typedef struct ms_trie {
     uint32_t *child;
     size_t cap, count;
     int32_t *term; /* [nodes] index into added tokens, -1 none */
+    int32_t root[256]; /* children of the root (0 = none; node 0 is the root) */
     uint32_t n_nodes, nodes_cap;
 } ms_trie;
 

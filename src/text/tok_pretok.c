@@ -220,7 +220,7 @@ int ms_regex_compile(const char *pat, size_t len, int literal, ms_regex **out, m
     size_t srclen = len;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP;
     if (literal) {
-        opts |= PCRE2_LITERAL;
+        opts = PCRE2_UTF | PCRE2_LITERAL;
     } else {
         int rc = translate(pat, len, &tr, err);
         if (rc) {

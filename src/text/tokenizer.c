@@ -30,6 +30,7 @@ static uint64_t thash(uint64_t x) {
 }
 
 static int64_t trie_child(const ms_trie *t, uint32_t node, uint8_t c) {
+    if (node == 0) return t->root[c] ? t->root[c] : -1;
     if (!t->cap) return -1;
     uint64_t key = (((uint64_t)node << 8) | c) + 1;
     size_t i = thash(key) & (t->cap - 1);
@@ -41,6 +42,10 @@ static int64_t trie_child(const ms_trie *t, uint32_t node, uint8_t c) {
 }
 
 static int trie_set_child(ms_trie *t, uint32_t node, uint8_t c, uint32_t ch) {
+    if (node == 0) {
+        t->root[c] = (int32_t)ch;
+        return 0;
+    }
     if ((t->count + 1) * 2 > t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 256;
         uint64_t *k = calloc(cap, sizeof *k);
@@ -166,6 +171,10 @@ static int find_added(const ms_tokenizer *t, const ms_trie *trie, const uint8_t 
     size_t start_offset = 0, i = 0;
     if (trie->n_nodes) {
         while (i < n) {
+            if (!trie->root[s[i]]) {
+                i++;
+                continue;
+            }
             int32_t idx = -1;
             size_t l = trie_longest(trie, s + i, n - i, &idx);
             if (!l) {
