@@ -46,12 +46,18 @@ INL __m512 fp4_table(void) {
 
 /* NR rows of a 16-bit or F32 dtype, streamed once. */
 #define GEMV_PLAIN(NAME, T, LD, LDM)                                                                         \
-    INL void NAME##_rows(const T *w, int64_t K, const float *x, float *out, const int NR) {               \
+    INL void NAME##_rows(const T *w, int64_t K, const float *x, float *out, const int NR, const char *pf,  \
+                         const int PF) {                                                                  \
         __m512 a0[4], a1[4];                                                                              \
         UNROLL for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm512_setzero_ps();                                 \
         int64_t k = 0;                                                                                    \
         for (; k + 32 <= K; k += 32) {                                                                    \
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);                         \
+            /* walk the next row group linearly, as fast as this one is consumed */                       \
+            if (PF) {                                                                                     \
+                UNROLL for (int u = 0; u < NR * (int)sizeof(T) / 2; u++) _mm_prefetch(pf + u * 64, _MM_HINT_T0); \
+                pf += NR * 32 * (int)sizeof(T);                                                           \
+            }                                                                                             \
             UNROLL for (int i = 0; i < NR; i++) {                                                                \
                 a0[i] = _mm512_fmadd_ps(LD(w + i * K + k), x0, a0[i]);                                    \
                 a1[i] = _mm512_fmadd_ps(LD(w + i * K + k + 16), x1, a1[i]);                               \
@@ -69,12 +75,15 @@ INL __m512 fp4_table(void) {
         const T *base = (const T *)w->data;                                                               \
         float o[4];                                                                                       \
         int64_t r = r0;                                                                                   \
+        /* rows shorter than a page are too short for the hardware prefetcher to ramp up */            \
+        const int pf = K * (int64_t)sizeof(T) < 4096;                                                     \
         for (; r + 4 <= r1; r += 4) {                                                                     \
-            NAME##_rows(base + r * K, K, x, o, 4);                                                        \
+            if (pf) NAME##_rows(base + r * K, K, x, o, 4, (const char *)(base + (r + 4) * K), 1);         \
+            else NAME##_rows(base + r * K, K, x, o, 4, NULL, 0);                                          \
             for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];                          \
         }                                                                                                 \
         for (; r < r1; r++) {                                                                             \
-            NAME##_rows(base + r * K, K, x, o, 1);                                                        \
+            NAME##_rows(base + r * K, K, x, o, 1, (const char *)(base + (r + 1) * K), pf);                \
             y[r] = acc ? y[r] + o[0] : o[0];                                                              \
         }                                                                                                 \
     }
@@ -85,7 +94,7 @@ GEMV_PLAIN(f32, float, ld_f32, ld_f32_m)
 
 /* FP8 e4m3 with 2-D block scales: per column block, a partial dot in the
  * 2^-8-scaled domain, then multiplied by scale * 256 into the row sum. */
-INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
+INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR, const int PF) {
     const int64_t K = w->cols;
     const uint8_t *p[4];
     int64_t sr[4];
@@ -94,6 +103,7 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
         sr[i] = w->scale ? (r + i) / w->brow : 0;
     }
     const int64_t bc = w->scale ? w->bcol : K;
+    const char *pf = (const char *)p[0] + NR * K; /* the next row group, walked linearly */
     __m512 a[4];
     UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
     for (int64_t c0 = 0, cb = 0; c0 < K; c0 += bc, cb++) {
@@ -103,6 +113,10 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
         int64_t k = c0;
         for (; k + 32 <= c1; k += 32) {
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+            if (PF) {
+                UNROLL for (int u = 0; u < (NR + 1) / 2; u++) _mm_prefetch(pf + u * 64, _MM_HINT_T0);
+                pf += NR * 32;
+            }
             UNROLL for (int i = 0; i < NR; i++) {
                 __m512i h = f8_to_h16_32(_mm256_loadu_si256((const __m256i *)(p[i] + k)));
                 b0[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), x0, b0[i]);
@@ -123,12 +137,14 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
 T512 static void f8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     float o[4];
     int64_t r = r0;
+    const int pf = w->cols < 4096;
     for (; r + 4 <= r1; r += 4) {
-        f8_rows(w, r, x, o, 4);
+        if (pf) f8_rows(w, r, x, o, 4, 1);
+        else f8_rows(w, r, x, o, 4, 0);
         for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
     }
     for (; r < r1; r++) {
-        f8_rows(w, r, x, o, 1);
+        f8_rows(w, r, x, o, 1, 0);
         y[r] = acc ? y[r] + o[0] : o[0];
     }
 }
@@ -144,7 +160,7 @@ INL __m512 e8m0_16(const uint8_t *s, __mmask16 m) {
     return _mm512_castsi512_ps(u);
 }
 
-INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
+INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR, const int PF) {
     const int64_t K = w->cols;
     const __m512 tab = fp4_table();
     const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -157,6 +173,7 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
         s[i] = w->scale ? (const uint8_t *)w->scale + ((r + i) / w->brow) * nsc : NULL;
         if (!s[i]) _mm512_store_ps(sb[i], _mm512_set1_ps(1.0f));
     }
+    const char *pf = (const char *)p[0] + NR * (K / 2); /* the next row group, walked linearly */
     __m512 a[4];
     UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
     for (int64_t g0 = 0; g0 < nsc; g0 += 16) {
@@ -167,6 +184,10 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
             int64_t k = (g0 + j) * 32;
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
             __m512 xe = _mm512_permutex2var_ps(x0, ie, x1), xo = _mm512_permutex2var_ps(x0, io, x1);
+            if (PF) { /* NR x 16 bytes consumed per step */
+                _mm_prefetch(pf, _MM_HINT_T0);
+                pf += NR * 16;
+            }
             UNROLL for (int i = 0; i < NR; i++) {
                 __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[i] + k / 2)));
                 __m512 lo = _mm512_permutexvar_ps(v, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
@@ -181,12 +202,14 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
 T512 static void f4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     float o[4];
     int64_t r = r0;
+    const int pf = w->cols / 2 < 4096;
     for (; r + 4 <= r1; r += 4) {
-        f4_rows(w, r, x, o, 4);
+        if (pf) f4_rows(w, r, x, o, 4, 1);
+        else f4_rows(w, r, x, o, 4, 0);
         for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
     }
     for (; r < r1; r++) {
-        f4_rows(w, r, x, o, 1);
+        f4_rows(w, r, x, o, 1, 0);
         y[r] = acc ? y[r] + o[0] : o[0];
     }
 }
