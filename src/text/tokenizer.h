@@ -118,8 +118,8 @@ typedef struct ms_tok_stream {
 } ms_tok_stream;
 
 void ms_tok_stream_init(ms_tok_stream *s, const ms_tokenizer *t, int flags);
-/* Feed one id. *text points to the new bytes (valid until the next call; not
- * NUL-terminated... but a NUL follows), *n their count (may be 0).
+/* Feed one id. *text points to the new bytes (owned by the stream, valid until
+ * the next call, followed by a NUL), *n their count (may be 0).
  * Errors: MS_ERR_ARG for an unknown id (the stream is unchanged). */
 int ms_tok_stream_feed(ms_tok_stream *s, int32_t id, const char **text, size_t *n, ms_err *err);
 /* End of stream: whatever is pending (an incomplete character) comes out as U+FFFD. */

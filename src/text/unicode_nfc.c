@@ -108,7 +108,7 @@ static int decompose(uint32_t c, cpvec *out, int depth) {
     return d[1] ? decompose(d[1], out, depth + 1) : 0;
 }
 
-int ms_nfc(const uint8_t *s, size_t n, ms_buf *out) {
+static int nfc_region(const uint8_t *s, size_t n, ms_buf *out) {
     cpvec b = {0};
     int rc = 0;
     /* 1. full canonical decomposition */
@@ -168,7 +168,35 @@ int ms_nfc(const uint8_t *s, size_t n, ms_buf *out) {
         int k = ms_utf8_put(b.v[i], u);
         if (ms_buf_add(out, u, (size_t)k)) rc = -1;
     }
-    if (!rc && ms_buf_add(out, "", 0)) rc = -1;
     free(b.v);
     return rc;
+}
+
+/* A character NFC leaves alone and that nothing before it can combine with
+ * (NFC_Quick_Check=Yes, ccc=0) is a boundary: NFC(x y) = NFC(x) NFC(y) when y
+ * starts with one. Text is copied as is up to the boundary before each region
+ * that may change, and only those regions are normalized. */
+int ms_nfc(const uint8_t *s, size_t n, ms_buf *out) {
+    size_t done = 0, last_safe = 0, i = 0;
+    while (i < n) {
+        uint32_t cp;
+        int k = ms_utf8_next(s + i, n - i, &cp);
+        if (!k) cp = 0xFFFD, k = 1;
+        if (!maybe_changes(cp)) {
+            last_safe = i;
+            i += (size_t)k;
+            continue;
+        }
+        size_t end = i + (size_t)k;
+        while (end < n) {
+            int k2 = ms_utf8_next(s + end, n - end, &cp);
+            if (!k2 || !maybe_changes(cp)) break;
+            end += (size_t)k2;
+        }
+        size_t start = last_safe > done ? last_safe : done;
+        if (ms_buf_add(out, s + done, start - done) || nfc_region(s + start, end - start, out)) return -1;
+        done = last_safe = i = end;
+    }
+    if (ms_buf_add(out, s + done, n - done)) return -1;
+    return 0;
 }

@@ -6,8 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "test.h"
 #include "text/tok_internal.h"
+#include "util/fs.h"
+#include "util/json.h"
 
 #define UCD "/usr/share/unicode/"
 
@@ -98,6 +102,60 @@ TEST(normalization_test_txt) {
     CHECK_MSG(tested > 15000, "only %d lines tested (%d skipped)", tested, skipped);
     printf("NormalizationTest: %d lines tested, %d skipped (characters after Unicode 9.0)\n", tested, skipped);
     free(g_age_ok);
+}
+
+/* Random strings dense in what NFC changes (marks in every order, Hangul jamo,
+ * kana with voiced marks, singletons, excluded composites) against Python's
+ * unicodedata.normalize (Unicode 14.0; the pool holds only characters of 9.0,
+ * whose normalization no later version changed). */
+TEST(random_text_vs_python_unicodedata) {
+    static const char *pool[] = {
+        "a", "e", "o", "A", "u", " ", "x", "\xcc\x81", "\xcc\x80", "\xcc\x88", "\xcc\xa3", "\xcc\x87",
+        "\xcc\x9b", "\xcd\x85", "\xce\xb1", "\xe1\xbe\xb3", "\xc3\xa9", "\xe1\x84\x80", "\xe1\x85\xa1",
+        "\xe1\x86\xa8", "\xea\xb0\x80", "\xea\xb0\x81", "\xe3\x81\x8b", "\xe3\x82\x99", "\xe3\x81\x8c",
+        "\xe3\x82\x9a", "\xe2\x84\xab", "\xe2\x84\xa6", "\xef\xac\x81", "\xe0\xa4\xa8", "\xe0\xa4\xbc",
+        "\xe0\xa5\x98", "\xe0\xbd\xb1", "\xe0\xbd\xb2", "\xe0\xbd\xb3", "\xcd\x84", "\xef\xbc\xa1",
+        "\xe4\xb8\xad", "\xd7\x90", "\xd6\xb7", "\xd6\xbc", "\xef\xac\xae", "\xe1\xb8\x8a", "\xc5\x89",
+    };
+    enum { N = 400 };
+    char *texts[N];
+    cJSON *arr = cJSON_CreateArray();
+    srand(99);
+    for (int i = 0; i < N; i++) {
+        ms_buf b = {0};
+        int len = 1 + rand() % 16;
+        for (int k = 0; k < len; k++) {
+            const char *p = pool[rand() % (int)(sizeof pool / sizeof *pool)];
+            ms_buf_add(&b, p, strlen(p));
+        }
+        texts[i] = (char *)b.p;
+        cJSON_AddItemToArray(arr, cJSON_CreateString(texts[i]));
+    }
+    char *req = cJSON_PrintUnformatted(arr);
+    cJSON_Delete(arr);
+    ms_err err = {0};
+    CHECK(ms_write_file_atomic("build/nfc_req.json", req, strlen(req), &err) == 0);
+    free(req);
+    FILE *f = popen("python3 -c 'import json,sys,unicodedata as u; "
+                    "json.dump([u.normalize(\"NFC\", t) for t in json.load(open(\"build/nfc_req.json\"))], sys.stdout)'", "r");
+    size_t cap = 1 << 20, n = 0;
+    char *resp = malloc(cap);
+    if (f) n = fread(resp, 1, cap, f);
+    CHECK(f && pclose(f) == 0 && n < cap);
+    cJSON *ref = NULL;
+    CHECK(ms_json_parse(resp, n, "python NFC", &ref, &err) == 0);
+    free(resp);
+    int bad = 0;
+    for (int i = 0; i < N && ref; i++) {
+        const char *want = cJSON_GetArrayItem(ref, i)->valuestring;
+        ms_buf o = {0};
+        ms_nfc((const uint8_t *)texts[i], strlen(texts[i]), &o);
+        if (o.n != strlen(want) || memcmp(o.p, want, o.n)) bad++;
+        ms_buf_free(&o);
+    }
+    CHECK_MSG(bad == 0, "%d of %d random strings differ from unicodedata NFC", bad, N);
+    cJSON_Delete(ref);
+    for (int i = 0; i < N; i++) free(texts[i]);
 }
 
 TEST_MAIN()

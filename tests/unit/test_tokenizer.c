@@ -4,6 +4,7 @@
  * byte-level round trip, streaming == batch decoding, and a tiktoken rank file
  * made from gpt-oss's tokenizer.json encoding exactly like the tokenizer.json. */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -395,6 +396,60 @@ TEST(kimi_directory) {
     }
     free(ranks);
     }
+
+/* One tokenizer used from several threads at once (shared word cache) gives
+ * every thread the single-threaded answer. */
+typedef struct {
+    const ms_tokenizer *t;
+    int ok;
+} thr_arg;
+
+static void *thr_main(void *p) {
+    thr_arg *a = p;
+    a->ok = 1;
+    for (int rep = 0; rep < 20; rep++)
+        for (size_t i = 0; i < sizeof k_extra / sizeof *k_extra; i++) {
+            ms_tok_ids x = {0}, y = {0};
+            ms_err err = {0};
+            size_t j = (i + (size_t)rep) % (sizeof k_extra / sizeof *k_extra);
+            if (ms_tok_encode(a->t, k_extra[j], strlen(k_extra[j]), MS_TOK_ENCODE_SPECIAL, &x, &err) ||
+                ms_tok_encode(a->t, k_extra[j], strlen(k_extra[j]), MS_TOK_ENCODE_SPECIAL, &y, &err) || x.n != y.n ||
+                memcmp(x.ids, y.ids, x.n * sizeof *x.ids))
+                a->ok = 0;
+            ms_tok_ids_free(&x);
+            ms_tok_ids_free(&y);
+        }
+    return NULL;
+}
+
+TEST(threads_share_one_tokenizer) {
+    ms_tokenizer *t = load("qwen3");
+    if (!t) return;
+    /* reference answers first, single-threaded */
+    ms_tok_ids ref[sizeof k_extra / sizeof *k_extra];
+    ms_err err = {0};
+    for (size_t i = 0; i < sizeof k_extra / sizeof *k_extra; i++) {
+        memset(&ref[i], 0, sizeof ref[i]);
+        ms_tok_encode(t, k_extra[i], strlen(k_extra[i]), MS_TOK_ENCODE_SPECIAL, &ref[i], &err);
+    }
+    pthread_t th[4];
+    thr_arg a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i].t = t;
+        pthread_create(&th[i], NULL, thr_main, &a[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(a[i].ok);
+    }
+    for (size_t i = 0; i < sizeof k_extra / sizeof *k_extra; i++) {
+        ms_tok_ids x = {0};
+        ms_tok_encode(t, k_extra[i], strlen(k_extra[i]), MS_TOK_ENCODE_SPECIAL, &x, &err);
+        CHECK(x.n == ref[i].n && !memcmp(x.ids, ref[i].ids, x.n * sizeof *x.ids));
+        ms_tok_ids_free(&x);
+        ms_tok_ids_free(&ref[i]);
+    }
+}
 
 static void cleanup(void) __attribute__((destructor));
 static void cleanup(void) {
