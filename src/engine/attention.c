@@ -21,26 +21,59 @@ typedef struct {
     int layer, n;
 } attn_job;
 
+/* Per-layer GQA shape: kv heads, value dim, window (see ms_config). */
+typedef struct {
+    int64_t H, KV, hd, vd, kd, vtot, window;
+    const ms_rope *rope;
+    const float *sinks;
+} gqa_shape;
+
+static gqa_shape gqa_shape_of(const ms_engine *e, int layer) {
+    const ms_config *c = &e->m->cfg;
+    gqa_shape g;
+    g.H = c->n_heads;
+    g.KV = c->layer_kv_heads[layer] ? c->layer_kv_heads[layer] : c->n_kv_heads;
+    g.hd = c->head_dim;
+    g.vd = c->v_head_dim ? c->v_head_dim : c->head_dim;
+    g.kd = g.KV * g.hd;
+    g.vtot = g.KV * g.vd;
+    g.window = c->layer_window[layer];
+    g.rope = c->layer_rope[layer] ? &c->rope_alt : &c->rope;
+    g.sinks = e->m->layers[layer].sinks;
+    return g;
+}
+
 static void gqa_head(void *ctx, int h, int tid) {
     attn_job *j = ctx;
     ms_engine *e = j->e;
-    const ms_config *c = &e->m->cfg;
-    int64_t hd = c->head_dim, KV = c->n_kv_heads, H = c->n_heads;
-    int64_t kvh = h / (H / KV), kd = KV * hd;
+    gqa_shape g = gqa_shape_of(e, j->layer);
+    int64_t kvh = h / (g.H / g.KV);
     const float *K = e->k_cache[j->layer], *V = e->v_cache[j->layer];
     float *sc = thread_buf(e, tid);
-    float scale = (float)c->attn_scale;
+    float scale = (float)e->m->cfg.attn_scale;
     for (int t = 0; t < j->n; t++) {
         int64_t p = e->n_past + t;
-        const float *qv = e->q + ((int64_t)t * H + h) * hd;
-        for (int64_t s = 0; s <= p; s++) sc[s] = dot(qv, K + s * kd + kvh * hd, hd) * scale;
-        ms_softmax(sc, (int)(p + 1));
-        float *o = e->att + ((int64_t)t * H + h) * hd;
-        memset(o, 0, (size_t)hd * sizeof *o);
-        for (int64_t s = 0; s <= p; s++) {
-            const float *vv = V + s * kd + kvh * hd;
-            float w = sc[s];
-            for (int64_t i = 0; i < hd; i++) o[i] += w * vv[i];
+        int64_t s0 = g.window > 0 && p - g.window + 1 > 0 ? p - g.window + 1 : 0;
+        const float *qv = e->q + ((int64_t)t * g.H + h) * g.hd;
+        float mx = g.sinks ? g.sinks[h] : -INFINITY;
+        for (int64_t s = s0; s <= p; s++) {
+            sc[s - s0] = dot(qv, K + s * g.kd + kvh * g.hd, g.hd) * scale;
+            if (sc[s - s0] > mx) mx = sc[s - s0];
+        }
+        /* softmax over the keys, with the sink logit (if any) in the denominator only */
+        int64_t n_keys = p - s0 + 1;
+        double sum = g.sinks ? exp((double)g.sinks[h] - mx) : 0.0;
+        for (int64_t s = 0; s < n_keys; s++) {
+            sc[s] = expf(sc[s] - mx);
+            sum += sc[s];
+        }
+        float inv = (float)(1.0 / sum);
+        float *o = e->att + ((int64_t)t * g.H + h) * g.vd;
+        memset(o, 0, (size_t)g.vd * sizeof *o);
+        for (int64_t s = s0; s <= p; s++) {
+            const float *vv = V + s * g.vtot + kvh * g.vd;
+            float w = sc[s - s0] * inv;
+            for (int64_t i = 0; i < g.vd; i++) o[i] += w * vv[i];
         }
     }
 }
@@ -54,34 +87,38 @@ static void add_bias(float *y, const float *b, int n, int64_t d) {
 int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->m->layers[layer];
-    int64_t H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim, qd = H * hd, kd = KV * hd;
-    float *q = e->q, *k = e->kv, *v = e->kv + (int64_t)n * kd;
+    gqa_shape g = gqa_shape_of(e, layer);
+    int64_t qd = g.H * g.hd;
+    float *q = e->q, *k = e->kv, *v = e->kv + (int64_t)n * g.kd;
     ms_matmul(e->pool, q, e->xn, n, &L->wq);
     ms_matmul(e->pool, k, e->xn, n, &L->wk);
     ms_matmul(e->pool, v, e->xn, n, &L->wv);
     add_bias(q, L->bq, n, qd);
-    add_bias(k, L->bk, n, kd);
-    add_bias(v, L->bv, n, kd);
+    add_bias(k, L->bk, n, g.kd);
+    add_bias(v, L->bv, n, g.vtot);
     float eps = (float)c->rms_eps;
     if (c->qk_norm == MS_QKNORM_HEAD) {
-        ms_rmsnorm(q, q, L->q_norm, (int)(n * H), (int)hd, eps);
-        ms_rmsnorm(k, k, L->k_norm, (int)(n * KV), (int)hd, eps);
+        ms_rmsnorm(q, q, L->q_norm, (int)(n * g.H), (int)g.hd, eps);
+        ms_rmsnorm(k, k, L->k_norm, (int)(n * g.KV), (int)g.hd, eps);
     } else if (c->qk_norm == MS_QKNORM_FULL) {
         ms_rmsnorm(q, q, L->q_norm, n, (int)qd, eps);
-        ms_rmsnorm(k, k, L->k_norm, n, (int)kd, eps);
+        ms_rmsnorm(k, k, L->k_norm, n, (int)g.kd, eps);
     }
+    if (c->v_scale != 0 && c->v_scale != 1)
+        for (int64_t i = 0; i < n * g.vtot; i++) v[i] *= (float)c->v_scale;
     float cs[512], sn[512];
     for (int t = 0; t < n; t++) {
         int64_t p = e->n_past + t;
-        ms_rope_cos_sin(&c->rope, p, cs, sn);
-        for (int64_t h = 0; h < H; h++) ms_rope_apply(&c->rope, q + t * qd + h * hd, cs, sn);
-        for (int64_t h = 0; h < KV; h++) ms_rope_apply(&c->rope, k + t * kd + h * hd, cs, sn);
-        memcpy(e->k_cache[layer] + p * kd, k + t * kd, (size_t)kd * 4);
-        memcpy(e->v_cache[layer] + p * kd, v + t * kd, (size_t)kd * 4);
+        ms_rope_cos_sin(g.rope, p, cs, sn);
+        for (int64_t h = 0; h < g.H; h++) ms_rope_apply(g.rope, q + t * qd + h * g.hd, cs, sn);
+        for (int64_t h = 0; h < g.KV; h++) ms_rope_apply(g.rope, k + t * g.kd + h * g.hd, cs, sn);
+        memcpy(e->k_cache[layer] + p * g.kd, k + t * g.kd, (size_t)g.kd * 4);
+        memcpy(e->v_cache[layer] + p * g.vtot, v + t * g.vtot, (size_t)g.vtot * 4);
     }
     attn_job j = {e, layer, n};
-    ms_pool_run(e->pool, (int)H, gqa_head, &j);
+    ms_pool_run(e->pool, (int)g.H, gqa_head, &j);
     ms_matmul(e->pool, out, e->att, n, &L->wo);
+    add_bias(out, L->bo, n, c->hidden);
     return MS_OK;
 }
 

@@ -11,7 +11,10 @@ uint64_t ms_engine_state_bytes_per_token(const ms_model *m) {
     const ms_config *c = &m->cfg;
     uint64_t b = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        if (c->layer_attn[l] == MS_ATTN_GQA) b += 2 * (uint64_t)(c->n_kv_heads * c->head_dim) * 4;
+        if (c->layer_attn[l] == MS_ATTN_GQA) {
+            uint64_t kvh = (uint64_t)(c->layer_kv_heads[l] ? c->layer_kv_heads[l] : c->n_kv_heads);
+            b += kvh * (uint64_t)(c->head_dim + (c->v_head_dim ? c->v_head_dim : c->head_dim)) * 4;
+        }
         else if (c->layer_attn[l] == MS_ATTN_MLA) b += (uint64_t)(c->kv_lora_rank + c->qk_rope_dim) * 4;
     }
     return b;
@@ -42,17 +45,21 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     BUF(&e->kda, L * sizeof *e->kda, 0);
     for (size_t l = 0; with_layers && l < L; l++) {
         if (c->layer_attn[l] == MS_ATTN_GQA) {
-            size_t kd = (size_t)(c->n_kv_heads * c->head_dim);
-            BUF(&e->k_cache[l], T * kd * 4, 1);
-            BUF(&e->v_cache[l], T * kd * 4, 1);
+            size_t kvh = (size_t)(c->layer_kv_heads[l] ? c->layer_kv_heads[l] : c->n_kv_heads);
+            size_t vd = (size_t)(c->v_head_dim ? c->v_head_dim : c->head_dim);
+            BUF(&e->k_cache[l], T * kvh * (size_t)c->head_dim * 4, 1);
+            BUF(&e->v_cache[l], T * kvh * vd * 4, 1);
         } else if (c->layer_attn[l] == MS_ATTN_MLA) {
             BUF(&e->latent[l], T * (size_t)(c->kv_lora_rank + c->qk_rope_dim) * 4, 1);
         }
     }
     int64_t H = c->n_heads, qdim = MAX2(c->head_dim, c->qk_nope_dim + c->qk_rope_dim);
     int64_t vdim = MAX2(c->head_dim, c->v_head_dim);
-    int64_t kvw = MAX2(2 * c->n_kv_heads * c->head_dim, MAX2(c->kv_lora_rank + c->qk_rope_dim, c->q_lora_rank));
-    int64_t inter = MAX2(c->inter, MAX2(c->moe_inter, c->shared_inter));
+    int64_t max_kv = c->n_kv_heads;
+    for (int l = 0; l < c->n_layers; l++) max_kv = MAX2(max_kv, c->layer_kv_heads[l]);
+    int64_t kvw = MAX2(max_kv * (c->head_dim + vdim), MAX2(c->kv_lora_rank + c->qk_rope_dim, c->q_lora_rank));
+    /* 2x: a fused gate_up expert writes [2 * inter] per token into g */
+    int64_t inter = 2 * MAX2(c->inter, MAX2(c->moe_inter, c->shared_inter));
     BUF(&e->x, B * c->hidden * 4, 0);
     BUF(&e->xn, B * c->hidden * 4, 0);
     BUF(&e->q, B * H * qdim * 4, 0);

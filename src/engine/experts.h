@@ -16,7 +16,11 @@
 /* One routed expert: SwiGLU FFN down(act(gate x) * (up x)), optional biases
  * (gpt-oss). Views stay valid until the matching ms_experts_release. */
 typedef struct ms_expert_view {
-    ms_qmat gate, up, down;  /* [inter, hidden], [inter, hidden], [hidden, inter] */
+    /* gate, up: [inter, hidden]; down: [hidden, inter]. When up.data is NULL,
+     * gate is the fused [2*inter, hidden] gate_up projection with gate and up
+     * rows interleaved (row 2i: gate i, row 2i+1: up i), as gpt-oss stores it;
+     * gate_bias is then the interleaved [2*inter] bias. */
+    ms_qmat gate, up, down;
     const void *gate_bias, *up_bias, *down_bias; /* NULL when absent; dtype bias_dtype */
     ms_dtype bias_dtype;
 } ms_expert_view;

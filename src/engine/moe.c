@@ -45,6 +45,11 @@ static void route(const ms_config *c, const float *logits, const float *bias, fl
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
         topk(scores, E, K, ids);
+    } else if (c->router == MS_ROUTER_TOPK_SOFTMAX) {
+        topk(logits, E, K, ids);
+        for (int i = 0; i < K; i++) w[i] = logits[ids[i]];
+        ms_softmax(w, K);
+        return;
     } else {
         for (int i = 0; i < E; i++) {
             scores[i] = ms_sigmoid(logits[i]);
@@ -80,12 +85,61 @@ static void route(const ms_config *c, const float *logits, const float *bias, fl
     for (int i = 0; i < K; i++) w[i] *= (float)c->routed_scale;
 }
 
+static void add_bias_rows(float *y, const void *bias, ms_dtype dt, int m, int64_t d) {
+    if (!bias) return;
+    float *b = malloc((size_t)d * sizeof *b);
+    if (!b) abort();
+    ms_to_f32(b, bias, dt, d);
+    for (int i = 0; i < m; i++)
+        for (int64_t k = 0; k < d; k++) y[(int64_t)i * d + k] += b[k];
+    free(b);
+}
+
+/* The activation of the model's experts over g (gate) and u (up), into g. */
+static void expert_act(const ms_config *c, float *g, const float *u, int64_t n) {
+    if (c->expert_act == MS_ACT_CLAMPED_SWIGLU) {
+        float lim = (float)c->act_limit, alpha = (float)c->act_alpha;
+        for (int64_t i = 0; i < n; i++) {
+            float gg = g[i] < lim ? g[i] : lim;
+            float uu = u[i] < -lim ? -lim : u[i] > lim ? lim : u[i];
+            g[i] = (uu + 1.0f) * gg * ms_sigmoid(alpha * gg);
+        }
+    } else {
+        ms_swiglu(g, g, u, n);
+    }
+}
+
+/* One routed expert over the m gathered rows e->xs → e->ys. */
+static void expert_ffn(ms_engine *e, const ms_expert_view *v, int m) {
+    const ms_config *c = &e->m->cfg;
+    int64_t I = v->down.cols, D = c->hidden;
+    if (!v->up.data) { /* fused, interleaved gate/up rows */
+        ms_matmul(e->pool, e->u, e->xs, m, &v->gate);
+        add_bias_rows(e->u, v->gate_bias, v->bias_dtype, m, 2 * I);
+        for (int64_t i = 0; i < (int64_t)m * I; i++) {
+            e->g[i] = e->u[2 * i];
+            e->u[i] = e->u[2 * i + 1]; /* in place: reads run ahead of writes */
+        }
+    } else {
+        ms_matmul(e->pool, e->g, e->xs, m, &v->gate);
+        ms_matmul(e->pool, e->u, e->xs, m, &v->up);
+        add_bias_rows(e->g, v->gate_bias, v->bias_dtype, m, I);
+        add_bias_rows(e->u, v->up_bias, v->bias_dtype, m, I);
+    }
+    expert_act(c, e->g, e->u, (int64_t)m * I);
+    ms_matmul(e->pool, e->ys, e->g, m, &v->down);
+    add_bias_rows(e->ys, v->down_bias, v->bias_dtype, m, D);
+}
+
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->m->layers[layer];
     int E = (int)c->n_experts, K = (int)c->top_k;
     int64_t D = c->hidden;
     ms_matmul(e->pool, e->rlog, e->xn, n, &L->router);
+    if (L->router_lbias)
+        for (int t = 0; t < n; t++)
+            for (int x = 0; x < E; x++) e->rlog[(int64_t)t * E + x] += L->router_lbias[x];
     float *scratch = e->th_buf; /* 2E floats, before any threaded use */
     for (int t = 0; t < n; t++)
         route(c, e->rlog + (int64_t)t * E, L->router_bias, scratch, e->topk_ids + t * K, e->topk_w + t * K);
@@ -122,7 +176,7 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     for (int u = 0; u < nu; u++) {
         int x = uniq[u], b = cnt[x], m = cnt[x + 1] - cnt[x];
         for (int i = 0; i < m; i++) memcpy(e->xs + (int64_t)i * D, e->xn + (int64_t)e->ex_tokens[b + i] * D, (size_t)D * 4);
-        ms_ffn_dense(e, &views[u].gate, &views[u].up, &views[u].down, m, e->xs, e->ys, 0);
+        expert_ffn(e, &views[u], m);
         for (int i = 0; i < m; i++) {
             float w = e->ex_w[b + i], *o = out + (int64_t)e->ex_tokens[b + i] * D;
             const float *y = e->ys + (int64_t)i * D;

@@ -45,6 +45,8 @@ typedef struct ms_binder {
     int rc;                    /* first failure; later binds are no-ops */
     char prefix[96];           /* prepended to every name (e.g. "model.language_model.") */
     uint64_t bound_bytes;      /* load mode: bytes of every tensor bound so far */
+    void **allocs;             /* load mode: every buffer ms_bind_vec allocated (handed to the model) */
+    int n_allocs, cap_allocs;
 } ms_binder;
 
 /* Bind a Linear weight "NAME.weight" [rows, cols] (NAME from fmt). For F8_E4M3

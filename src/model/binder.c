@@ -121,8 +121,16 @@ int ms_bind_vec(ms_binder *b, float **out, ms_wkind kind, int64_t n, int opt, co
     if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F16)
         return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected F32, BF16 or F16)", name,
                                ms_dtype_name(t->dtype));
+    if (b->n_allocs == b->cap_allocs) {
+        int nc = b->cap_allocs ? 2 * b->cap_allocs : 256;
+        void **na = realloc(b->allocs, (size_t)nc * sizeof *na);
+        if (!na) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+        b->allocs = na;
+        b->cap_allocs = nc;
+    }
     *out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out);
     if (!*out) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+    b->allocs[b->n_allocs++] = *out;
     ms_to_f32(*out, t->data, t->dtype, n);
     return MS_OK;
 }

@@ -15,21 +15,28 @@ static double get_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1
 
 int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_layout layout, const char *where,
                    ms_err *err) {
-    ms_rope *r = &c->rope;
+    double theta = 10000.0;
+    int rc = ms_json_opt_double(j, "rope_theta", &theta, where, err);
+    if (rc) return rc;
+    /* transformers 5 writes rope_parameters; older checkpoints rope_scaling */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (!cJSON_IsObject(rp)) rp = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    return ms_rope_parse(cJSON_IsObject(rp) ? rp : NULL, theta, c->max_pos, rotary_dim, layout, &c->rope, where, err);
+}
+
+int ms_rope_parse(const cJSON *rp, double theta, int64_t max_pos, int64_t rotary_dim, ms_rope_layout layout,
+                  ms_rope *r, const char *where, ms_err *err) {
     memset(r, 0, sizeof *r);
     if (rotary_dim <= 0 || rotary_dim % 2 || rotary_dim / 2 > (int64_t)(sizeof r->inv_freq / sizeof *r->inv_freq))
         return ms_fail(err, MS_ERR_FORMAT, "%s: rotary dimension %lld must be even and at most 1024", where,
                        (long long)rotary_dim);
     r->dim = (int)rotary_dim;
     r->layout = layout;
-    r->theta = 10000.0;
+    r->theta = theta;
     r->attn_factor = 1.0;
-    int rc = ms_json_opt_double(j, "rope_theta", &r->theta, where, err);
-    /* transformers 5 writes rope_parameters; older checkpoints rope_scaling */
-    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
-    if (!cJSON_IsObject(rp)) rp = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     const char *type = "default";
-    if (!rc && cJSON_IsObject(rp)) {
+    int rc = MS_OK;
+    if (rp) {
         rc = ms_json_opt_double(rp, "rope_theta", &r->theta, where, err);
         if (!rc) rc = ms_json_opt_string(rp, "rope_type", &type, where, err);
         if (!rc && !strcmp(type, "default")) rc = ms_json_opt_string(rp, "type", &type, where, err);
@@ -44,7 +51,7 @@ int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_lay
     r->factor = 1;
     r->beta_fast = 32;
     r->beta_slow = 1;
-    r->orig_max_pos = (double)c->max_pos;
+    r->orig_max_pos = (double)max_pos;
     r->truncate = 1;
     double attn_factor = NAN;
     if ((rc = ms_json_opt_double(rp, "factor", &r->factor, where, err)) ||
@@ -57,15 +64,15 @@ int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_lay
         return rc;
     if (r->beta_fast == 0) r->beta_fast = 32;
     if (r->beta_slow == 0) r->beta_slow = 1;
-    double factor = r->factor;
     const cJSON *omp = cJSON_GetObjectItemCaseSensitive(rp, "original_max_position_embeddings");
     if (omp && !cJSON_IsNull(omp)) {
         if (!cJSON_IsNumber(omp) || omp->valuedouble <= 0)
             return ms_fail(err, MS_ERR_FORMAT, "%s: original_max_position_embeddings must be positive", where);
         r->orig_max_pos = omp->valuedouble;
-        /* as transformers: the attention factor uses max_pos / original */
-        factor = (double)c->max_pos / r->orig_max_pos;
     }
+    /* transformers 5.17 derives the attention factor from the configured factor
+     * (checked against gpt-oss, whose max_position_embeddings equals the original) */
+    double factor = r->factor;
     if (!(r->factor >= 1)) return ms_fail(err, MS_ERR_FORMAT, "%s: yarn factor must be >= 1", where);
     if (isnan(attn_factor)) {
         if (r->mscale != 0 && r->mscale_all_dim != 0)
@@ -162,9 +169,13 @@ static int parse_common(const cJSON *j, ms_config *c, const char *where, ms_err 
             c->fp8 = 1;
             c->fp8_block[0] = (int)bs->child->valuedouble;
             c->fp8_block[1] = (int)bs->child->next->valuedouble;
+        } else if (!strcmp(method, "mxfp4") || !strcmp(method, "compressed-tensors")) {
+            /* expert formats the architecture binds itself (gpt-oss _blocks/_scales,
+             * compressed-tensors weight_packed/weight_scale) */
+            snprintf(c->quant_method, sizeof c->quant_method, "%s", method);
         } else {
             return ms_fail(err, MS_ERR_UNSUPPORTED,
-                           "%s: quantization_config.quant_method \"%s\" is not supported by this architecture yet (fp8)",
+                           "%s: quantization_config.quant_method \"%s\" is not supported (fp8, mxfp4, compressed-tensors)",
                            where, method);
         }
     }

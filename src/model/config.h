@@ -16,7 +16,13 @@
 
 typedef enum { MS_ATTN_GQA = 1, MS_ATTN_MLA = 2, MS_ATTN_KDA = 3 } ms_attn_kind;
 typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
-typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2 } ms_router_kind;
+/* SOFTMAX: softmax over all experts, then top-k; SIGMOID: sigmoid scores (+ correction
+ * bias for the choice), group-limited top-k; TOPK_SOFTMAX: top-k of the logits, then
+ * softmax over the k chosen (gpt-oss). */
+typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3 } ms_router_kind;
+/* Expert/MLP activation: silu(gate) * up, or gpt-oss's clamped variant
+ * (up + 1) * g * sigmoid(alpha g) with g = min(gate, limit), up clamped to ±limit. */
+typedef enum { MS_ACT_SILU = 0, MS_ACT_CLAMPED_SWIGLU = 1 } ms_act_kind;
 /* RoPE pairing: rotate_half (x_i, x_{i+d/2}) or interleaved pairs (x_2i, x_2i+1). */
 typedef enum { MS_ROPE_HALF = 1, MS_ROPE_INTERLEAVED = 2 } ms_rope_layout;
 /* Where q/k RMSNorm applies: none, per head (head_dim), or over all heads' projection. */
@@ -63,6 +69,14 @@ typedef struct ms_config {
     int64_t hc_mult, hc_sinkhorn_iters;
     double hc_eps;
     double swiglu_limit;        /* > 0: SwiGLU clamps gate <= limit and up to [-limit, limit] (GLM-5-Next) */
+    /* GQA per-layer variations (0 = the model-wide value) */
+    ms_rope rope_alt;                           /* a second RoPE (per layer type), see layer_rope */
+    int32_t layer_kv_heads[MS_MAX_LAYERS];
+    int32_t layer_window[MS_MAX_LAYERS];        /* sliding window: keys within the last W positions; 0 = full */
+    uint8_t layer_rope[MS_MAX_LAYERS];          /* 0: rope, 1: rope_alt */
+    uint8_t layer_sinks[MS_MAX_LAYERS];         /* per-head sink logit joins the softmax */
+    double v_scale;                             /* values multiplied by this before caching (0 = 1) */
+    int o_bias;                                 /* o_proj has a bias */
     /* feed-forward */
     int64_t inter;              /* dense MLP width */
     int64_t moe_inter;          /* routed expert width */
@@ -72,9 +86,14 @@ typedef struct ms_config {
     int router_bias;            /* e_score_correction_bias present */
     int norm_topk_prob;
     double routed_scale;
+    int router_logit_bias;      /* router Linear has a bias (gpt-oss) */
+    int expert_bias;            /* experts' projections have biases */
+    ms_act_kind expert_act;
+    double act_alpha, act_limit;
     /* weights */
     int fp8;                    /* quantization_config fp8 */
     int fp8_block[2];
+    char quant_method[32];      /* "mxfp4", "compressed-tensors": bound by the architecture; "" otherwise */
     /* per-layer schedule */
     uint8_t layer_attn[MS_MAX_LAYERS];
     uint8_t layer_mlp[MS_MAX_LAYERS];
@@ -90,6 +109,10 @@ int ms_config_load(const char *dir, ms_config *c, ms_err *err);
 /* Helpers for architecture files. */
 int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_layout layout, const char *where,
                    ms_err *err);
+/* Parse one RoPE parameter object (rope_parameters / rope_scaling, or NULL for
+ * defaults) into r: default or YaRN. theta: rope_theta found outside rp. */
+int ms_rope_parse(const cJSON *rp, double theta, int64_t max_pos, int64_t rotary_dim, ms_rope_layout layout,
+                  ms_rope *r, const char *where, ms_err *err);
 /* Fill cos/sin [dim/2] for a position (already multiplied by attn_factor). */
 void ms_rope_cos_sin(const ms_rope *r, int64_t pos, float *cos_out, float *sin_out);
 

@@ -32,6 +32,8 @@ int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
     if ((rc = alloc_layers(m, err))) goto fail;
     ms_binder b = {.ck = &m->ck, .cfg = &m->cfg, .err = err};
     rc = m->cfg.arch->bind(&b, m);
+    m->allocs = b.allocs; /* the model owns every vector the binder copied */
+    m->n_allocs = b.n_allocs;
     if (rc) goto fail;
     account(m, b.bound_bytes);
     return MS_OK;
@@ -44,16 +46,14 @@ void ms_model_free(ms_model *m) {
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             ms_layer *L = &m->layers[l];
-            float *vecs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv, L->q_norm, L->k_norm,
-                             L->q_a_norm, L->kv_a_norm, L->router_bias, L->dsa.k_norm_w, L->dsa.k_norm_b,
-                             L->hc_attn_base, L->hc_attn_scale, L->hc_ffn_base, L->hc_ffn_scale};
-            for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++) free(vecs[i]);
             free(L->experts);
+            free(L->owned);
             free(L->expert_tensors);
         }
         free(m->layers);
     }
-    free(m->final_norm);
+    for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
+    free(m->allocs);
     ms_checkpoint_close(&m->ck);
     memset(m, 0, sizeof *m);
 }

@@ -23,6 +23,8 @@ typedef struct ms_layer {
     ms_qmat wq, wk, wv, wo;
     float *bq, *bk, *bv;                         /* optional biases */
     float *q_norm, *k_norm;                      /* [hd] (per head) or [H*hd] (full) */
+    float *bo;                                   /* optional o_proj bias [hidden] */
+    float *sinks;                                /* optional per-head sink logits [H] */
     /* MLA */
     ms_qmat q_a, q_b;                            /* [q_lora, hidden], [H*qk_head, q_lora]; or wq when q_lora_rank 0 */
     ms_qmat kv_a;                                /* [kv_lora + rope, hidden] */
@@ -40,6 +42,8 @@ typedef struct ms_layer {
     /* MoE */
     ms_qmat router;                              /* [n_experts, hidden] */
     float *router_bias;                          /* [n_experts] e_score_correction_bias */
+    float *router_lbias;                         /* [n_experts] router Linear bias (gpt-oss) */
+    void *owned;                                 /* memory the layer's views point into, if any (freed with the model) */
     ms_expert_view *experts;                     /* [n_experts] resident views */
     const ms_tensor **expert_tensors;            /* [n_experts * MS_EXPERT_TENSORS], NULL entries when absent */
 } ms_layer;
@@ -52,6 +56,8 @@ typedef struct ms_model {
     float *final_norm;                           /* [hidden] */
     ms_layer *layers;                            /* [n_layers] */
     uint64_t static_bytes, expert_bytes;         /* weight bytes by tier */
+    void **allocs;                               /* F32 vector copies made while binding (freed with the model) */
+    int n_allocs;
 } ms_model;
 
 /* Load DIR: config.json → description → checkpoint → bound weights. Any

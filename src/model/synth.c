@@ -98,7 +98,8 @@ static int write_tensor(int fd, const char *path, synth_tensor *ts, int i, uint6
     rng_seed(&r, seed, t->name);
     float center, half;
     dist(t->kind, &center, &half);
-    int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : nelem(t);
+    /* rows x cols: all leading dims x the last one (1-D: one row) */
+    int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1, rows = cols ? nelem(t) / cols : 0;
     int64_t brows = t->dtype == MS_DT_F8_E4M3 ? 128 : (rows < 64 ? rows : 64);
     int esz = ms_dtype_bits(t->dtype) / 8;
     float *f = malloc((size_t)(brows * cols) * sizeof *f);
