@@ -4,7 +4,7 @@
 
 #include "model/arch.h"
 
-extern const ms_arch ms_arch_gpt_oss;
+extern const ms_arch ms_arch_gpt_oss, ms_arch_mimo_v2_flash;
 extern const ms_arch ms_arch_deepseek_v3, ms_arch_qwen3_moe, ms_arch_glm4_moe, ms_arch_minimax_m2;
 extern const ms_arch ms_arch_kimi_linear;
 extern const ms_arch ms_arch_deepseek_v32, ms_arch_glm_moe_dsa, ms_arch_glm5_next;
@@ -12,6 +12,7 @@ extern const ms_arch ms_arch_deepseek_v32, ms_arch_glm_moe_dsa, ms_arch_glm5_nex
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
     &ms_arch_gpt_oss,
+    &ms_arch_mimo_v2_flash,
     &ms_arch_qwen3_moe,
     &ms_arch_glm4_moe,
     &ms_arch_minimax_m2,

@@ -20,15 +20,17 @@ int ms_bind_trunk(ms_binder *b, ms_model *m, const char *embed, const char *fina
 int ms_bind_gqa(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     const ms_config *c = b->cfg;
     ms_layer *L = &m->layers[layer];
-    int64_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+    int64_t kvh = c->layer_kv_heads[layer] ? c->layer_kv_heads[layer] : c->n_kv_heads;
+    int64_t vd = c->v_head_dim ? c->v_head_dim : c->head_dim;
+    int64_t qd = c->n_heads * c->head_dim, kd = kvh * c->head_dim, vtot = kvh * vd;
     ms_bind_mat(b, &L->wq, MS_W_MATRIX, qd, c->hidden, "%sself_attn.q_proj", pfx);
     ms_bind_mat(b, &L->wk, MS_W_MATRIX, kd, c->hidden, "%sself_attn.k_proj", pfx);
-    ms_bind_mat(b, &L->wv, MS_W_MATRIX, kd, c->hidden, "%sself_attn.v_proj", pfx);
-    ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, qd, "%sself_attn.o_proj", pfx);
+    ms_bind_mat(b, &L->wv, MS_W_MATRIX, vtot, c->hidden, "%sself_attn.v_proj", pfx);
+    ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, c->n_heads * vd, "%sself_attn.o_proj", pfx);
     if (c->attn_bias) {
         ms_bind_vec(b, &L->bq, MS_W_VECTOR, qd, 0, "%sself_attn.q_proj.bias", pfx);
         ms_bind_vec(b, &L->bk, MS_W_VECTOR, kd, 0, "%sself_attn.k_proj.bias", pfx);
-        ms_bind_vec(b, &L->bv, MS_W_VECTOR, kd, 0, "%sself_attn.v_proj.bias", pfx);
+        ms_bind_vec(b, &L->bv, MS_W_VECTOR, vtot, 0, "%sself_attn.v_proj.bias", pfx);
     }
     if (c->qk_norm == MS_QKNORM_HEAD) {
         ms_bind_vec(b, &L->q_norm, MS_W_NORM, c->head_dim, 0, "%sself_attn.q_norm.weight", pfx);
