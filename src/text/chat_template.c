@@ -107,22 +107,6 @@ static int set_special_tokens(ms_jinja_vars *vars, const cJSON *tc, ms_err *err)
         const char *t = token_text(cJSON_GetObjectItemCaseSensitive(tc, names[i]));
         if (t) rc = ms_jinja_vars_set_string(vars, names[i], t, err);
     }
-    const cJSON *extra = cJSON_GetObjectItemCaseSensitive(tc, "additional_special_tokens");
-    if (!rc && cJSON_IsArray(extra)) {
-        cJSON *list = cJSON_CreateArray();
-        const cJSON *it;
-        cJSON_ArrayForEach(it, extra) {
-            const char *t = token_text(it);
-            if (t) cJSON_AddItemToArray(list, cJSON_CreateString(t));
-        }
-        char *txt = cJSON_PrintUnformatted(list);
-        cJSON_Delete(list);
-        if (!txt) rc = ms_fail(err, MS_ERR_NOMEM, "out of memory");
-        else {
-            rc = ms_jinja_vars_set_json(vars, "additional_special_tokens", txt, strlen(txt), NULL, NULL, err);
-            free(txt);
-        }
-    }
     return rc;
 }
 
@@ -130,6 +114,8 @@ static int check_request(const cJSON *req, ms_err *err) {
     if (!cJSON_IsObject(req)) return ms_fail(err, MS_ERR_FORMAT, "request: expected a JSON object");
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(req, "messages");
     if (!cJSON_IsArray(m)) return ms_fail(err, MS_ERR_FORMAT, "request: \"messages\" must be an array");
+    if (!cJSON_GetArraySize(m))
+        return ms_fail(err, MS_ERR_FORMAT, "request: \"messages\" is empty (transformers refuses an empty conversation)");
     const cJSON *it;
     int i = 0;
     cJSON_ArrayForEach(it, m) {

@@ -15,8 +15,9 @@
  * when absent), documents (None), add_generation_prompt (default false),
  * the special tokens of tokenizer_config.json (bos_token, eos_token,
  * unk_token, pad_token, sep_token, cls_token, mask_token when set, as strings;
- * AddedToken objects give their "content"; additional_special_tokens as a
- * list), then every member of chat_template_kwargs. */
+ * AddedToken objects give their "content"; transformers 5.17 passes no
+ * additional_special_tokens), then every member of chat_template_kwargs.
+ * An empty "messages" is an error, as in transformers. */
 #ifndef MS_CHAT_TEMPLATE_H
 #define MS_CHAT_TEMPLATE_H
 

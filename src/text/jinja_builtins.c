@@ -363,7 +363,8 @@ static jv str_format(jctx *c, int line, jstr *f, jargs *a) {
         if (nl == 0) {
             if (!jarg(a, autoi++, NULL, &v)) jfail(c->t, MS_ERR_FORMAT, line, "Replacement index %d out of range", autoi - 1);
         } else if (fld[0] >= '0' && fld[0] <= '9') {
-            int idx = atoi(fld);
+            int idx = 0;
+            for (size_t q = 0; q < nl && fld[q] >= '0' && fld[q] <= '9'; q++) idx = idx < 100000 ? idx * 10 + (fld[q] - '0') : idx;
             if (!jarg(a, idx, NULL, &v)) jfail(c->t, MS_ERR_FORMAT, line, "Replacement index %d out of range", idx);
         } else {
             char *nm = ja_strndup(c->t, fld, nl);
@@ -380,7 +381,7 @@ static jv str_format(jctx *c, int line, jstr *f, jargs *a) {
                 size_t q = p + 1;
                 while (q < namel && fld[q] != ']') q++;
                 char *key = ja_strndup(c->t, fld + p + 1, q - p - 1);
-                jv k = (key[0] >= '0' && key[0] <= '9') ? jv_int(atoll(key)) : jv_cstr(c->t, key);
+                jv k = (key[0] >= '0' && key[0] <= '9') ? jv_int(strtoll(key, NULL, 10)) : jv_cstr(c->t, key);
                 v = jinja_getitem(c, line, v, k);
                 p = q + 1;
             }
@@ -403,15 +404,15 @@ static void fmt_spec(jctx *c, int line, jbuf *b, jv v, const char *spec, size_t 
     char fill = ' ', align = 0, sign = 0, type = 0;
     int width = 0, prec = -1, zero = 0;
     size_t i = 0;
-    if (sl >= 2 && strchr("<>^=", spec[1])) { fill = spec[0]; align = spec[1]; i = 2; }
-    else if (sl >= 1 && strchr("<>^=", spec[0])) { align = spec[0]; i = 1; }
-    if (i < sl && strchr("+- ", spec[i])) sign = spec[i++];
+    if (sl >= 2 && memchr("<>^=", spec[1], 4)) { fill = spec[0]; align = spec[1]; i = 2; }
+    else if (sl >= 1 && memchr("<>^=", spec[0], 4)) { align = spec[0]; i = 1; }
+    if (i < sl && memchr("+- ", spec[i], 3)) sign = spec[i++];
     if (i < sl && spec[i] == '0') { zero = 1; i++; }
-    while (i < sl && spec[i] >= '0' && spec[i] <= '9') width = width * 10 + (spec[i++] - '0');
+    while (i < sl && spec[i] >= '0' && spec[i] <= '9') { if (width < 1000000) width = width * 10 + (spec[i] - '0'); i++; }
     if (i < sl && spec[i] == '.') {
         i++;
         prec = 0;
-        while (i < sl && spec[i] >= '0' && spec[i] <= '9') prec = prec * 10 + (spec[i++] - '0');
+        while (i < sl && spec[i] >= '0' && spec[i] <= '9') { if (prec < 1000000) prec = prec * 10 + (spec[i] - '0'); i++; }
     }
     if (i < sl) type = spec[i++];
     if (i != sl || width > 10000 || prec > 100) jfail(c->t, MS_ERR_FORMAT, line, "unsupported format specifier");
@@ -955,11 +956,18 @@ jv jinja_percent_format(jctx *c, int line, jv fmt, jv args) {
         }
         char flags[8];
         int nf = 0;
-        while (i < f->len && strchr("-+ 0#", f->s[i]) && nf < 6) flags[nf++] = f->s[i++];
+        while (i < f->len && f->s[i] && strchr("-+ 0#", f->s[i]) && nf < 6) flags[nf++] = f->s[i++];
         flags[nf] = 0;
         int width = -1, prec = -1;
-        if (i < f->len && f->s[i] >= '0' && f->s[i] <= '9') { width = 0; while (i < f->len && f->s[i] >= '0' && f->s[i] <= '9') width = width * 10 + (f->s[i++] - '0'); }
-        if (i < f->len && f->s[i] == '.') { i++; prec = 0; while (i < f->len && f->s[i] >= '0' && f->s[i] <= '9') prec = prec * 10 + (f->s[i++] - '0'); }
+        if (i < f->len && f->s[i] >= '0' && f->s[i] <= '9') {
+            width = 0;
+            while (i < f->len && f->s[i] >= '0' && f->s[i] <= '9') { if (width < 1000000) width = width * 10 + (f->s[i] - '0'); i++; }
+        }
+        if (i < f->len && f->s[i] == '.') {
+            i++;
+            prec = 0;
+            while (i < f->len && f->s[i] >= '0' && f->s[i] <= '9') { if (prec < 1000000) prec = prec * 10 + (f->s[i] - '0'); i++; }
+        }
         if (i >= f->len) jfail(c->t, MS_ERR_FORMAT, line, "incomplete format");
         char conv = f->s[i++];
         if (width > 10000 || prec > 100) jfail(c->t, MS_ERR_LIMIT, line, "format width too large");
@@ -991,21 +999,21 @@ jv jinja_percent_format(jctx *c, int line, jv fmt, jv args) {
             continue;
         }
         if (!jv_is_num(v)) jfail(c->t, MS_ERR_FORMAT, line, "%%%c format: a real number is required, not %s", conv, jv_type_name(v));
-        if (strchr("diu", conv)) {
+        if (conv && strchr("diu", conv)) {
             long long x = v.t == JV_FLOAT ? (long long)v.f : (long long)v.i;
             snprintf(spec, sizeof spec, "%%%s%s%s%slld", flags, width >= 0 ? "*" : "", prec >= 0 ? ".*" : "", "");
             if (width >= 0 && prec >= 0) snprintf(tmp, sizeof tmp, spec, width, prec, x);
             else if (width >= 0) snprintf(tmp, sizeof tmp, spec, width, x);
             else if (prec >= 0) snprintf(tmp, sizeof tmp, spec, prec, x);
             else snprintf(tmp, sizeof tmp, spec, x);
-        } else if (strchr("xXo", conv)) {
+        } else if (conv && strchr("xXo", conv)) {
             if (v.t == JV_FLOAT) jfail(c->t, MS_ERR_FORMAT, line, "%%%c format: an integer is required, not float", conv);
             long long x = v.i;
             snprintf(spec, sizeof spec, "%%%s%s%sll%c", flags, width >= 0 ? "*" : "", "", conv);
             if (x < 0) jfail(c->t, MS_ERR_UNSUPPORTED, line, "negative %%%c format", conv);
             if (width >= 0) snprintf(tmp, sizeof tmp, spec, width, x);
             else snprintf(tmp, sizeof tmp, spec, x);
-        } else if (strchr("eEfFgG", conv)) {
+        } else if (conv && strchr("eEfFgG", conv)) {
             double x = jv_num(v);
             snprintf(spec, sizeof spec, "%%%s%s.*%c", flags, width >= 0 ? "*" : "", conv);
             if (width >= 0) snprintf(tmp, sizeof tmp, spec, width, prec < 0 ? 6 : prec, x);

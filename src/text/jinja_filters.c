@@ -62,7 +62,7 @@ static jv attr_path(jctx *c, int line, jv item, jv attribute, jv *dflt) {
         int digits = e > i;
         for (size_t k = i; k < e; k++)
             if (s[k] < '0' || s[k] > '9') digits = 0;
-        if (digits) key = jv_int(atoll(ja_strndup(c->t, s + i, e - i)));
+        if (digits) key = jv_int(strtoll(ja_strndup(c->t, s + i, e - i), NULL, 10));
         else key = jv_str(c->t, s + i, e - i);
         if (item.t == JV_UNDEF) jfail(c->t, MS_ERR_FORMAT, line, "undefined value has no attribute '%s'", attribute.s->s);
         item = jinja_getitem(c, line, item, key);
@@ -545,7 +545,31 @@ jv jinja_filter(jctx *c, int line, const char *f, jv v, jargs *a) {
         jarg(a, 0, "attribute", &attr);
         jarg(a, 1, "start", &acc);
         jlist *l = jinja_iter(c, line, v);
-        for (size_t i = 0; i < l->n; i++) acc = jinja_binop(c, line, T_ADD, acc, attr_path(c, line, l->v[i], attr, NULL));
+        /* Python >= 3.12 sum(): exact ints, then Neumaier-compensated floats */
+        int fmode = 0;
+        double fs = 0, comp = 0;
+        for (size_t i = 0; i < l->n; i++) {
+            jv it = attr_path(c, line, l->v[i], attr, NULL);
+            if (fmode) {
+                if (it.t == JV_FLOAT) {
+                    double t = fs + it.f;
+                    if (fabs(fs) >= fabs(it.f)) comp += (fs - t) + it.f;
+                    else comp += (it.f - t) + fs;
+                    fs = t;
+                    continue;
+                }
+                if (it.t == JV_INT || it.t == JV_BOOL) { fs += (double)it.i; continue; }
+                if (comp && isfinite(comp)) fs += comp;
+                acc = jv_float(fs);
+                fmode = 0;
+            }
+            acc = jinja_binop(c, line, T_ADD, acc, it);
+            if (acc.t == JV_FLOAT && it.t == JV_FLOAT) { fmode = 1; fs = acc.f; comp = 0; }
+        }
+        if (fmode) {
+            if (comp && isfinite(comp)) fs += comp;
+            acc = jv_float(fs);
+        }
         return acc;
     }
     if (!strcmp(f, "abs")) {

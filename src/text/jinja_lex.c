@@ -180,7 +180,7 @@ static void lex_number(lx *L, int line) {
     size_t st = L->pos, p = st;
     char buf[128];
     size_t bl = 0;
-    if (L->s[p] == '0' && p + 1 < L->n && strchr("xXoObB", L->s[p + 1])) {
+    if (L->s[p] == '0' && p + 1 < L->n && L->s[p + 1] && strchr("xXoObB", L->s[p + 1])) {
         char k = (char)(L->s[p + 1] | 32);
         int base = k == 'x' ? 16 : k == 'o' ? 8 : 2;
         size_t q = p + 2;

@@ -83,7 +83,7 @@ def main():
     hf = toks["strings"]
     for i, (tpl, variables) in enumerate(jinja_cases.CASES):
         v = dict(variables)
-        msgs = v.pop("messages", [])
+        msgs = v.pop("messages", jinja_cases.DEFAULT_MESSAGES)
         req = {"messages": msgs, "chat_template_kwargs": v}
         r = {"name": f"case{i}", "config": "strings", "template": tpl, "request": json.dumps(req, ensure_ascii=False)}
         r.update(render(hf, tpl, msgs, None, False, v))

@@ -1,10 +1,12 @@
 """Small Jinja templates, one construct each, with their variables.
 
 Each entry is (template, variables). Variables reach the template through
-chat_template_kwargs; `messages` is [] unless a case sets it. Expected output is
+chat_template_kwargs; `messages` is DEFAULT_MESSAGES unless a case sets it. Expected output is
 whatever Debian's python3-jinja2 renders under transformers' settings
 (see jinja_diff.py): nothing here states an answer.
 """
+
+DEFAULT_MESSAGES = [{"role": "user", "content": "hi"}]
 
 TOK_CONFIG = {"bos_token": "<s>", "eos_token": {"__type": "AddedToken", "content": "</s>"}, "pad_token": None,
               "additional_special_tokens": ["<x>", {"content": "<y>"}]}
@@ -159,7 +161,7 @@ CASES = [
     ("{{ lst|sort }} {{ lst|sort(reverse=true) }} {{ words|sort }} {{ words|sort(case_sensitive=true) }} {{ users|sort(attribute='age')|map(attribute='name')|join }}", D),
     ("{{ d|dictsort }} {{ d|dictsort(true) }} {{ d|dictsort(by='value') }} {{ d|dictsort(reverse=true) }}", D),
     ("{{ [1, 2, 1, 3, 2]|unique|list }} {{ words|unique|list }} {{ words|unique(case_sensitive=true)|list }} {{ users|unique(attribute='on')|map(attribute='name')|list }}", D),
-    ("{{ lst|sum }} {{ users|sum(attribute='age') }} {{ lst|sum(start=10) }} {{ fls|sum }} {{ lst|min }} {{ lst|max }} {{ words|min }} {{ words|max(case_sensitive=true) }} [{{ empty|max }}]", D),
+    ("{{ lst|sum }} {{ users|sum(attribute='age') }} {{ lst|sum(start=10) }} {{ [1.5, 0.25, 2]|sum }} {{ lst|min }} {{ lst|max }} {{ words|min }} {{ words|max(case_sensitive=true) }} [{{ empty|max }}]", D),
     ("{{ users|max(attribute='age') }} {{ users|min(attribute='age')|attr('name') }}", D),
     ("{{ '42'|int }} {{ '3.9'|int }} {{ 3.9|int }} {{ 'x'|int }} {{ 'x'|int(7) }} {{ '0x1A'|int(0, 16) }} {{ ' 12 '|int }} {{ true|int }} {{ '1_000'|int }}", {}),
     ("{{ '3.5'|float }} {{ 3|float }} {{ 'x'|float }} {{ 'x'|float(1.5) }} {{ ' 2e3 '|float }} {{ 'nan'|float }} {{ '-inf'|float }}", {}),

@@ -78,10 +78,7 @@ def special_tokens(tok_config):
             v = v.get("content")
         if isinstance(v, str):
             out[k] = v
-    extra = tok_config.get("additional_special_tokens")
-    if isinstance(extra, list):
-        out["additional_special_tokens"] = [t["content"] if isinstance(t, dict) else t for t in extra]
-    return out
+    return out  # transformers 5.17 passes no additional_special_tokens (see gen_transformers_renders.py)
 
 
 _COMPILED = {}
@@ -89,6 +86,8 @@ _COMPILED = {}
 
 def reference(template, request, tok_config):
     try:
+        if not request["messages"]:
+            raise ValueError("Cannot apply chat template to an empty conversation.")
         if template not in _COMPILED:
             try:
                 _COMPILED[template] = ENV.from_string(template)
@@ -118,7 +117,9 @@ def moonshine(exe, tmpdir, template, request, tok_config):
 
 def all_cases():
     for i, (tpl, variables) in enumerate(jinja_cases.CASES):
-        yield f"case{i}", tpl, {"messages": [], "chat_template_kwargs": variables}, jinja_cases.TOK_CONFIG
+        v = dict(variables)
+        msgs = v.pop("messages", jinja_cases.DEFAULT_MESSAGES)
+        yield f"case{i}", tpl, {"messages": msgs, "chat_template_kwargs": v}, jinja_cases.TOK_CONFIG
     for name, tpl, req, tok_config in chat_convs.cases(os.path.join(ROOT, "..", "shared", "tokenizers")):
         yield name, tpl, req, tok_config
 

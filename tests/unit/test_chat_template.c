@@ -60,6 +60,44 @@ TEST(tok_dev_chats_render_byte_identical) {
     cJSON_Delete(doc);
 }
 
+/* tests/text/transformers_renders.json: made by tests/text/gen_transformers_renders.py with
+ * transformers 5.17 apply_chat_template (probe of the variables passed, the construct corpus,
+ * chat-style templates over many conversations). */
+TEST(transformers_apply_chat_template_renders) {
+    char *buf;
+    size_t len;
+    ms_err err = {0};
+    int rc = ms_read_file("tests/text/transformers_renders.json", (size_t)64 << 20, &buf, &len, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (rc) return;
+    cJSON *doc = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    CHECK(doc != NULL);
+    const cJSON *configs = cJSON_GetObjectItem(doc, "configs"), *r;
+    int n = 0, bad = 0, errors = 0;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(doc, "renders")) {
+        const char *name = cJSON_GetObjectItem(r, "name")->valuestring;
+        const char *tpl = cJSON_GetObjectItem(r, "template")->valuestring;
+        const char *req = cJSON_GetObjectItem(r, "request")->valuestring;
+        const cJSON *cfg = cJSON_GetObjectItem(configs, cJSON_GetObjectItem(r, "config")->valuestring);
+        const cJSON *want = cJSON_GetObjectItem(r, "rendered");
+        char *out = NULL;
+        size_t out_len = 0;
+        ms_err e = {0};
+        rc = ms_chat_render_jinja(tpl, cfg, req, strlen(req), &out, &out_len, &e);
+        n++;
+        errors += want == NULL;
+        int same = want ? (rc == 0 && out_len == strlen(want->valuestring) && !memcmp(out, want->valuestring, out_len)) : rc != 0;
+        if (!same && ++bad <= 10)
+            fprintf(stderr, "DIFF %s\n  transformers: %.300s\n  moonshine:    %.300s\n", name,
+                    want ? want->valuestring : cJSON_GetObjectItem(r, "error")->valuestring, rc ? e.msg : out);
+        free(out);
+    }
+    CHECK_MSG(bad == 0, "%d of %d renders differ from transformers", bad, n);
+    CHECK_MSG(n >= 400 && errors < n / 3, "%d renders, %d errors", n, errors);
+    cJSON_Delete(doc);
+}
+
 TEST(gptoss_ships_no_template) {
     ms_chat_source src;
     ms_err err = {0};
