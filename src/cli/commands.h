@@ -12,6 +12,7 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
     X(run, "generate greedily from prompt ids") \
     X(synth, "write a random-weight checkpoint from a config") \
     X(plan, "memory ledger for a model, context and budget") \
+    X(bench, "measure load, prefill and decode speed and bandwidth use (JSON)") \
     X(kbench, "CPU kernel microbenchmark: bandwidth, decode GB/s, prefill GFLOP/s") \
     X(kdabench, "time the chunked KDA delta rule against token-by-token stepping (JSON)") \
     X(pack, "rewrite routed experts into a packed, checksummed expert store") \

@@ -1,0 +1,104 @@
+/* cmd_bench.c — `moonshine bench MODEL_DIR`: load time, prefill and decode
+ * speed, weight bytes read per decoded token and the achieved bandwidth next
+ * to the machine's measured memory read bandwidth. One JSON line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "backend/cpu/cpu.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+
+/* Fault every page of the checkpoint into memory so decode measures compute
+ * and memory bandwidth, not page faults (the engine's own steady state). */
+static void prefault(const ms_checkpoint *ck) {
+    for (int f = 0; f < ck->n_files; f++) {
+        const volatile uint8_t *p = ck->files[f].map.data;
+        uint64_t n = ck->files[f].map.size;
+        if (!p) continue;
+        madvise((void *)p, n, MADV_WILLNEED);
+        uint8_t acc = 0;
+        for (uint64_t i = 0; i < n; i += 4096) acc ^= p[i];
+        (void)acc;
+    }
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *usage = "usage: moonshine bench MODEL_DIR [--prompt-tokens P] [--gen-tokens G] [--threads T]\n";
+    if (ms_arg_flag(argc, argv, "--help")) {
+        printf("%sPrints one JSON line: load_s, prefill_tok_s (P tokens), decode_tok_s (G tokens after\n"
+               "the prompt), weight_bytes_per_token (static tier + the experts each decoded token\n"
+               "used), achieved_gb_s and the machine's measured read bandwidth (mem_bw_gb_s).\n"
+               "Weights are faulted in before timing (load_s includes that).\n", usage);
+        return 0;
+    }
+    int threads, ctx;
+    int64_t P = 128, G = 32;
+    if (ms_cli_engine_args(argc, argv, &threads, &ctx) || ms_arg_int(argc, argv, "--prompt-tokens", 1, 1 << 20, &P) ||
+        ms_arg_int(argc, argv, "--gen-tokens", 1, 1 << 20, &G))
+        return 2;
+    const char *dir = ms_arg_pos(argc, argv, 0);
+    if (!dir || ms_args_unknown(argc, argv, "bench")) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    ms_cli_ctx x;
+    double t0 = ms_now();
+    if (ms_cli_open("bench", dir, threads, ctx ? ctx : (int)(P + G + 1), &x)) return 1;
+    prefault(&x.model.ck);
+    double load_s = ms_now() - t0;
+    const ms_config *c = &x.model.cfg;
+    int32_t *toks = malloc((size_t)P * sizeof *toks);
+    float *logits = malloc((size_t)c->vocab * sizeof *logits);
+    int rc = 1;
+    ms_err err = {0};
+    if (!toks || !logits) goto done;
+    uint64_t s = 0x243f6a8885a308d3ull;
+    for (int64_t i = 0; i < P; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (int32_t)((s >> 33) % (uint64_t)c->vocab);
+    }
+    double bw = ms_measure_read_bandwidth(x.pool, 0);
+    double t1 = ms_now();
+    if (ms_engine_forward(x.engine, toks, (int)P, logits, 0, &err)) goto fail;
+    double t2 = ms_now();
+    uint64_t acq0 = ms_engine_get_stats(x.engine)->experts_acquired;
+    for (int64_t i = 0; i < G; i++) {
+        int32_t best = 0;
+        for (int64_t v = 1; v < c->vocab; v++)
+            if (logits[v] > logits[best]) best = (int32_t)v;
+        if (ms_engine_forward(x.engine, &best, 1, logits, 0, &err)) goto fail;
+    }
+    double t3 = ms_now();
+    uint64_t acq = ms_engine_get_stats(x.engine)->experts_acquired - acq0;
+    /* static tier read per token + experts actually used (per-expert bytes from layer tensors) */
+    uint64_t expert_each = 0;
+    for (int l = 0; l < c->n_layers && !expert_each; l++)
+        if (x.model.layers[l].experts) {
+            const ms_expert_view *v = &x.model.layers[l].experts[0];
+            expert_each = ms_qmat_bytes(&v->gate) + ms_qmat_bytes(&v->up) + ms_qmat_bytes(&v->down);
+        }
+    uint64_t per_tok_static = ms_model_active_bytes(&x.model);
+    uint64_t n_moe = 0;
+    for (int l = 0; l < c->n_layers; l++) n_moe += c->layer_mlp[l] == MS_MLP_MOE;
+    per_tok_static -= n_moe * (uint64_t)c->top_k * expert_each;
+    double bytes_tok = (double)per_tok_static + (double)acq * (double)expert_each / (double)G;
+    double dec = (double)G / (t3 - t2), pre = (double)P / (t2 - t1);
+    double gbs = bytes_tok * dec / 1e9;
+    printf("{\"model\":\"%s\",\"arch\":\"%s\",\"threads\":%d,\"load_s\":%.3f,\"prompt_tokens\":%lld,\"prefill_tok_s\":%.2f,"
+           "\"gen_tokens\":%lld,\"decode_tok_s\":%.3f,\"weight_bytes_per_token\":%.0f,\"achieved_gb_s\":%.2f,"
+           "\"mem_bw_gb_s\":%.2f,\"bw_fraction\":%.3f,\"static_bytes\":%llu,\"expert_bytes\":%llu}\n",
+           dir, c->model_type, x.threads, load_s, (long long)P, pre, (long long)G, dec, bytes_tok, gbs, bw,
+           bw > 0 ? gbs / bw : 0.0, (unsigned long long)x.model.static_bytes, (unsigned long long)x.model.expert_bytes);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "moonshine bench: %s\n", err.msg);
+done:
+    free(toks);
+    free(logits);
+    ms_cli_close(&x);
+    return rc;
+}
