@@ -71,7 +71,8 @@ INL float e8m0(uint8_t e) {
         const T *base = (const T *)w->data;                                                               \
         float o[4];                                                                                       \
         int64_t r = r0;                                                                                   \
-        for (; r + 4 <= r1; r += 4) {                                                                     \
+        /* short rows: one at a time keeps one linear stream (see kernels_avx512.c) */                 \
+        for (; r + 4 <= r1 && K > 4096; r += 4) {                                                         \
             NAME##_rows(base + r * K, K, x, o, 4);                                                        \
             for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];                          \
         }                                                                                                 \
@@ -124,7 +125,7 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
 T256 static void f8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     float o[4];
     int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
+    for (; r + 4 <= r1 && w->cols > 4096; r += 4) {
         f8_rows(w, r, x, o, 4);
         for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
     }

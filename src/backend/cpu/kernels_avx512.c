@@ -8,6 +8,7 @@
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 #define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL8 _Pragma("GCC unroll 8")
 #define INL static inline __attribute__((always_inline)) T512
 
 /* ---- element loaders: 16 (or fewer, masked) weights -> 16 F32 lanes ---- */
@@ -44,21 +45,22 @@ INL __m512 fp4_table(void) {
 
 /* ---- decode (n == 1) ---- */
 
+/* Row-group choice for decode (measured on Zen 4, one core streaming from DRAM):
+ * while x fits comfortably in L1 (K <= 4096), one row at a time keeps the whole
+ * task one linear stream, which the hardware prefetcher follows at full speed;
+ * several short rows in flight interleave streams and run at half the rate. For
+ * long rows x no longer stays in L1, and 8 rows share each x load instead. */
+#define GEMV_ONE_ROW_MAX_K 4096
+
 /* NR rows of a 16-bit or F32 dtype, streamed once. */
 #define GEMV_PLAIN(NAME, T, LD, LDM)                                                                         \
-    INL void NAME##_rows(const T *w, int64_t K, const float *x, float *out, const int NR, const char *pf,  \
-                         const int PF) {                                                                  \
-        __m512 a0[4], a1[4];                                                                              \
-        UNROLL for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm512_setzero_ps();                                 \
+    INL void NAME##_rows(const T *w, int64_t K, const float *x, float *out, const int NR) {               \
+        __m512 a0[8], a1[8];                                                                              \
+        UNROLL8 for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm512_setzero_ps();                         \
         int64_t k = 0;                                                                                    \
         for (; k + 32 <= K; k += 32) {                                                                    \
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);                         \
-            /* walk the next row group linearly, as fast as this one is consumed */                       \
-            if (PF) {                                                                                     \
-                UNROLL for (int u = 0; u < NR * (int)sizeof(T) / 2; u++) _mm_prefetch(pf + u * 64, _MM_HINT_T0); \
-                pf += NR * 32 * (int)sizeof(T);                                                           \
-            }                                                                                             \
-            UNROLL for (int i = 0; i < NR; i++) {                                                                \
+            UNROLL8 for (int i = 0; i < NR; i++) {                                                        \
                 a0[i] = _mm512_fmadd_ps(LD(w + i * K + k), x0, a0[i]);                                    \
                 a1[i] = _mm512_fmadd_ps(LD(w + i * K + k + 16), x1, a1[i]);                               \
             }                                                                                             \
@@ -66,24 +68,22 @@ INL __m512 fp4_table(void) {
         for (; k < K; k += 16) {                                                                          \
             __mmask16 m = tail_mask(K - k);                                                               \
             __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);                                                  \
-            UNROLL for (int i = 0; i < NR; i++) a0[i] = _mm512_fmadd_ps(LDM(w + i * K + k, m), x0, a0[i]);       \
+            UNROLL8 for (int i = 0; i < NR; i++) a0[i] = _mm512_fmadd_ps(LDM(w + i * K + k, m), x0, a0[i]); \
         }                                                                                                 \
-        UNROLL for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));         \
+        UNROLL8 for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));  \
     }                                                                                                     \
     T512 static void NAME##_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) { \
         const int64_t K = w->cols;                                                                        \
         const T *base = (const T *)w->data;                                                               \
-        float o[4];                                                                                       \
+        float o[8];                                                                                       \
         int64_t r = r0;                                                                                   \
-        /* rows shorter than a page are too short for the hardware prefetcher to ramp up */            \
-        const int pf = K * (int64_t)sizeof(T) < 4096;                                                     \
-        for (; r + 4 <= r1; r += 4) {                                                                     \
-            if (pf) NAME##_rows(base + r * K, K, x, o, 4, (const char *)(base + (r + 4) * K), 1);         \
-            else NAME##_rows(base + r * K, K, x, o, 4, NULL, 0);                                          \
-            for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];                          \
-        }                                                                                                 \
+        if (K > GEMV_ONE_ROW_MAX_K)                                                                       \
+            for (; r + 8 <= r1; r += 8) {                                                                 \
+                NAME##_rows(base + r * K, K, x, o, 8);                                                    \
+                for (int i = 0; i < 8; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];                      \
+            }                                                                                             \
         for (; r < r1; r++) {                                                                             \
-            NAME##_rows(base + r * K, K, x, o, 1, (const char *)(base + (r + 1) * K), pf);                \
+            NAME##_rows(base + r * K, K, x, o, 1);                                                        \
             y[r] = acc ? y[r] + o[0] : o[0];                                                              \
         }                                                                                                 \
     }
@@ -94,7 +94,7 @@ GEMV_PLAIN(f32, float, ld_f32, ld_f32_m)
 
 /* FP8 e4m3 with 2-D block scales: per column block, a partial dot in the
  * 2^-8-scaled domain, then multiplied by scale * 256 into the row sum. */
-INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR, const int PF) {
+INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
     const int64_t K = w->cols;
     const uint8_t *p[4];
     int64_t sr[4];
@@ -103,7 +103,6 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
         sr[i] = w->scale ? (r + i) / w->brow : 0;
     }
     const int64_t bc = w->scale ? w->bcol : K;
-    const char *pf = (const char *)p[0] + NR * K; /* the next row group, walked linearly */
     __m512 a[4];
     UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
     for (int64_t c0 = 0, cb = 0; c0 < K; c0 += bc, cb++) {
@@ -113,10 +112,6 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
         int64_t k = c0;
         for (; k + 32 <= c1; k += 32) {
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-            if (PF) {
-                UNROLL for (int u = 0; u < (NR + 1) / 2; u++) _mm_prefetch(pf + u * 64, _MM_HINT_T0);
-                pf += NR * 32;
-            }
             UNROLL for (int i = 0; i < NR; i++) {
                 __m512i h = f8_to_h16_32(_mm256_loadu_si256((const __m256i *)(p[i] + k)));
                 b0[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), x0, b0[i]);
@@ -137,14 +132,12 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
 T512 static void f8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     float o[4];
     int64_t r = r0;
-    const int pf = w->cols < 4096;
-    for (; r + 4 <= r1; r += 4) {
-        if (pf) f8_rows(w, r, x, o, 4, 1);
-        else f8_rows(w, r, x, o, 4, 0);
+    for (; r + 4 <= r1 && w->cols > GEMV_ONE_ROW_MAX_K; r += 4) {
+        f8_rows(w, r, x, o, 4);
         for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
     }
     for (; r < r1; r++) {
-        f8_rows(w, r, x, o, 1, 0);
+        f8_rows(w, r, x, o, 1);
         y[r] = acc ? y[r] + o[0] : o[0];
     }
 }
@@ -160,7 +153,7 @@ INL __m512 e8m0_16(const uint8_t *s, __mmask16 m) {
     return _mm512_castsi512_ps(u);
 }
 
-INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR, const int PF) {
+INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
     const int64_t K = w->cols;
     const __m512 tab = fp4_table();
     const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -173,7 +166,6 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
         s[i] = w->scale ? (const uint8_t *)w->scale + ((r + i) / w->brow) * nsc : NULL;
         if (!s[i]) _mm512_store_ps(sb[i], _mm512_set1_ps(1.0f));
     }
-    const char *pf = (const char *)p[0] + NR * (K / 2); /* the next row group, walked linearly */
     __m512 a[4];
     UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
     for (int64_t g0 = 0; g0 < nsc; g0 += 16) {
@@ -184,10 +176,6 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
             int64_t k = (g0 + j) * 32;
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
             __m512 xe = _mm512_permutex2var_ps(x0, ie, x1), xo = _mm512_permutex2var_ps(x0, io, x1);
-            if (PF) { /* NR x 16 bytes consumed per step */
-                _mm_prefetch(pf, _MM_HINT_T0);
-                pf += NR * 16;
-            }
             UNROLL for (int i = 0; i < NR; i++) {
                 __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[i] + k / 2)));
                 __m512 lo = _mm512_permutexvar_ps(v, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
@@ -202,14 +190,13 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
 T512 static void f4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     float o[4];
     int64_t r = r0;
-    const int pf = w->cols / 2 < 4096;
+    /* compute-bound: 4 rows share each deinterleaved x, whatever the row length */
     for (; r + 4 <= r1; r += 4) {
-        if (pf) f4_rows(w, r, x, o, 4, 1);
-        else f4_rows(w, r, x, o, 4, 0);
+        f4_rows(w, r, x, o, 4);
         for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
     }
     for (; r < r1; r++) {
-        f4_rows(w, r, x, o, 1, 0);
+        f4_rows(w, r, x, o, 1);
         y[r] = acc ? y[r] + o[0] : o[0];
     }
 }
