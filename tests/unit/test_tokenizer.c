@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "test.h"
 #include "text/tok_internal.h"
@@ -449,6 +450,52 @@ TEST(threads_share_one_tokenizer) {
         ms_tok_ids_free(&x);
         ms_tok_ids_free(&ref[i]);
     }
+}
+
+/* Run build/moonshine with stdin from a file; returns the exit status, output in *out. */
+static int run_cli(const char *args, const void *in, size_t n, char **out, size_t *out_n) {
+    ms_err err = {0};
+    if (ms_write_file_atomic("build/tok_cli_in", in, n, &err)) return -1;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "./build/moonshine %s < build/tok_cli_in 2>/dev/null", args);
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    size_t cap = 1 << 20;
+    *out = calloc(cap + 1, 1);
+    *out_n = fread(*out, 1, cap, f);
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The commands' exact interfaces: tokenize prints the fixture's ids as a JSON
+ * array (specials in the text recognized), detokenize writes the text back,
+ * invalid UTF-8 and unknown ids exit 1. */
+TEST(commands) {
+    cJSON *fix = fixture();
+    if (!fix || !load("deepseek_v3")) return;
+    const cJSON *chat = cJSON_GetArrayItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(fix, "tokenizers"), "deepseek_v3"), "chats"), 4);
+    const char *text = cJSON_GetObjectItem(chat, "rendered")->valuestring;
+    char *out;
+    size_t n;
+    int rc = run_cli("tokenize build/tokenizers/deepseek_v3", text, strlen(text), &out, &n);
+    cJSON *got = NULL;
+    ms_err err = {0};
+    CHECK(rc == 0 && ms_json_parse(out, n, "tokenize output", &got, &err) == 0);
+    CHECK(cJSON_Compare(got, cJSON_GetObjectItem(chat, "ids"), 1));
+    char *ids = cJSON_PrintUnformatted(cJSON_GetObjectItem(chat, "ids"));
+    free(out);
+    rc = run_cli("detokenize build/tokenizers/deepseek_v3", ids, strlen(ids), &out, &n);
+    CHECK(rc == 0 && n == strlen(text) && memcmp(out, text, n) == 0);
+    free(out);
+    free(ids);
+    cJSON_Delete(got);
+    CHECK(run_cli("tokenize build/tokenizers/deepseek_v3", "ok\xc3", 3, &out, &n) == 1);
+    free(out);
+    CHECK(run_cli("detokenize build/tokenizers/deepseek_v3", "[1, 5000000]", 12, &out, &n) == 1);
+    free(out);
+    CHECK(run_cli("detokenize build/tokenizers/deepseek_v3", "[1, 2.5]", 8, &out, &n) == 1);
+    free(out);
 }
 
 static void cleanup(void) __attribute__((destructor));
