@@ -180,7 +180,7 @@ int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_layer *L = &e->m->layers[layer];
     int64_t lora = c->kv_lora_rank, rope = c->qk_rope_dim, nope = c->qk_nope_dim, H = c->n_heads;
     int64_t qk = nope + rope, lw = lora + rope;
-    float eps = (float)c->rms_eps;
+    float eps = (float)(c->mla_norm_eps > 0 ? c->mla_norm_eps : c->rms_eps);
     if (c->q_lora_rank > 0) {
         ms_matmul(e->pool, e->kv, e->xn, n, &L->q_a);
         ms_rmsnorm(e->kv, e->kv, L->q_a_norm, n, (int)c->q_lora_rank, eps);
@@ -203,6 +203,11 @@ int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     }
     attn_job j = {e, layer, n};
     ms_pool_run(e->pool, (int)H, mla_head, &j);
+    if (c->mla_out_gate) { /* gated MLA (Kimi K3): att *= sigmoid(g_proj x) */
+        int64_t w = H * c->v_head_dim;
+        ms_matmul(e->pool, e->gate_buf, e->xn, n, &L->mla_gate);
+        for (int64_t i = 0; i < n * w; i++) e->att[i] *= ms_sigmoid(e->gate_buf[i]);
+    }
     ms_matmul(e->pool, out, e->att, n, &L->wo);
     return MS_OK;
 }

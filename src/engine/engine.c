@@ -68,8 +68,16 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     BUF(&e->tmp, B * c->hidden * 4, 0);
     BUF(&e->g, B * inter * 4, 0);
     BUF(&e->u, B * inter * 4, 0);
-    BUF(&e->xs, B * c->hidden * 4, 0);
-    BUF(&e->ys, B * c->hidden * 4, 0);
+    int64_t xw = MAX2(c->hidden, c->expert_hidden); /* expert rows: hidden, or the latent width */
+    BUF(&e->xs, B * xw * 4, 0);
+    BUF(&e->ys, B * xw * 4, 0);
+    e->ares_blocks = c->attn_res_block > 0 ? (int)((c->n_layers + c->attn_res_block - 1) / c->attn_res_block) : 0;
+    if (e->ares_blocks) BUF(&e->ares, (size_t)e->ares_blocks * B * c->hidden * 4, 0);
+    if (c->latent_moe) {
+        BUF(&e->lat_in, B * c->expert_hidden * 4, 0);
+        BUF(&e->lat_out, B * c->expert_hidden * 4, 0);
+    }
+    if (c->mla_out_gate) BUF(&e->gate_buf, B * H * vdim * 4, 0);
     if (c->n_experts) {
         BUF(&e->rlog, B * c->n_experts * 4, 0);
         BUF(&e->topk_ids, B * c->top_k * sizeof(int), 0);
@@ -82,6 +90,8 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     size_t row = (size_t)MAX2(MAX2(c->kv_lora_rank, c->hidden), MAX2(qdim, vdim)) + 16;
     e->th_stride = T + B * (size_t)MAX2(c->kv_lora_rank, 1) + 2 * row + 1024;
     if (e->th_stride < 2 * (size_t)c->n_experts + 64) e->th_stride = 2 * (size_t)c->n_experts + 64;
+    if (e->th_stride < (size_t)c->hidden + (size_t)e->ares_blocks + 64) /* Attention Residuals scratch */
+        e->th_stride = (size_t)c->hidden + (size_t)e->ares_blocks + 64;
     BUF(&e->th_buf, (size_t)threads * e->th_stride * 4, 0);
 #undef BUF
     return n;
@@ -182,7 +192,9 @@ void ms_engine_destroy(ms_engine *e) {
     free(e->k_cache);
     free(e->v_cache);
     free(e->latent);
-    float *bufs[] = {e->x, e->xn, e->q, e->kv, e->att, e->tmp, e->g, e->u, e->xs, e->ys, e->rlog, e->topk_w, e->ex_w, e->th_buf};
+    float *bufs[] = {e->x,    e->xn,     e->q,     e->kv,      e->att,     e->tmp,     e->g,      e->u,
+                     e->xs,   e->ys,     e->rlog,  e->topk_w,  e->ex_w,    e->th_buf,  e->ares,   e->lat_in,
+                     e->lat_out, e->gate_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(e->topk_ids);
     free(e->ex_count);
@@ -227,12 +239,30 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
         ms_qmat_row(&m->embed, tokens[t], e->x + (int64_t)t * D);
     }
     int rc = MS_OK;
+    float eps = (float)c->rms_eps;
     const float *in = e->x; /* a sublayer's input before its norm: the residual, or the streams' collapse (mHC) */
     if (e->mhc) ms_mhc_engine_begin(e, n);
+    /* Attention Residuals (attn_res_block > 0; never with mHC): e->x is the current
+     * block's partial sum, e->ares the completed block states; each sublayer reads their mixture. */
+    int nb = 0;
+    const int64_t BS = (int64_t)e->max_batch * D;
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const ms_layer *L = &m->layers[l];
         if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 0, n, &in, err))) break;
-        ms_rmsnorm(e->xn, in, L->attn_norm, n, (int)D, (float)c->rms_eps);
+        const float *h = in;
+        if (c->attn_res_block) {
+            if (nb > 0) {
+                ms_attn_res_mix(e->xn, e->ares, nb, BS, e->x, n, D, &L->attn_res, eps, e->th_buf);
+                h = e->xn;
+            }
+            if (l % c->attn_res_block == 0) { /* a new block starts: the partial sum becomes a block state */
+                memcpy(e->ares + nb * BS, e->x, (size_t)(n * D) * 4);
+                if (h == e->x) h = e->ares + nb * BS;
+                nb++;
+                memset(e->x, 0, (size_t)(n * D) * 4);
+            }
+        }
+        ms_rmsnorm(e->xn, h, L->attn_norm, n, (int)D, eps);
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
@@ -241,7 +271,12 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
         else
             for (int64_t i = 0; i < n * D; i++) e->x[i] += e->tmp[i];
         if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 1, n, &in, err))) break;
-        ms_rmsnorm(e->xn, in, L->ffn_norm, n, (int)D, (float)c->rms_eps);
+        h = in;
+        if (c->attn_res_block) {
+            ms_attn_res_mix(e->xn, e->ares, nb, BS, e->x, n, D, &L->mlp_res, eps, e->th_buf);
+            h = e->xn;
+        }
+        ms_rmsnorm(e->xn, h, L->ffn_norm, n, (int)D, eps);
         if (c->layer_mlp[l] == MS_MLP_MOE) rc = ms_ffn_moe(e, l, n, e->tmp, err);
         else rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
         if (rc) break;
@@ -254,13 +289,14 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
     e->n_past += n;
     e->stats.tokens += (uint64_t)n;
     if (!logits) return MS_OK;
-    if (all_logits) {
-        ms_rmsnorm(e->xn, e->x, m->final_norm, n, (int)D, (float)c->rms_eps);
-        ms_matmul(e->pool, logits, e->xn, n, &m->lm_head);
-    } else {
-        ms_rmsnorm(e->xn, e->x + (int64_t)(n - 1) * D, m->final_norm, 1, (int)D, (float)c->rms_eps);
-        ms_matmul(e->pool, logits, e->xn, 1, &m->lm_head);
+    int t0 = all_logits ? 0 : n - 1, nt = n - t0;
+    const float *h = e->x + (int64_t)t0 * D;
+    if (c->attn_res_block) {
+        ms_attn_res_mix(e->xn, e->ares + (int64_t)t0 * D, nb, BS, h, nt, D, &m->out_res, eps, e->th_buf);
+        h = e->xn;
     }
+    ms_rmsnorm(e->xn, h, m->final_norm, nt, (int)D, eps);
+    ms_matmul(e->pool, logits, e->xn, nt, &m->lm_head);
     return MS_OK;
 }
 
@@ -269,6 +305,13 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
     if ((int64_t)e->n_past + n > e->max_ctx)
         return ms_fail(err, MS_ERR_LIMIT, "context full: %d + %d tokens exceed the allocated %d", e->n_past, n, e->max_ctx);
     int64_t V = e->m->cfg.vocab;
+    if (e->m->cfg.media_token >= 0)
+        for (int i = 0; i < n; i++)
+            if (tokens[i] == e->m->cfg.media_token)
+                return ms_fail(err, MS_ERR_UNSUPPORTED,
+                               "token %d at %d is the image placeholder: images are not supported (the vision tower "
+                               "is not loaded)",
+                               tokens[i], i);
     e->fwd_len = (int64_t)e->n_past + n;
     if (e->dsa) { /* DSA: redo the positions whose tied top-k choice this longer forward changes */
         int64_t from = -1, end = e->n_past;

@@ -29,6 +29,11 @@ struct ms_engine {
     int *topk_ids; /* [B, top_k] */
     float *topk_w; /* [B, top_k] */
     int *ex_count, *ex_tokens; float *ex_w; /* expert-major routing lists */
+    /* Kimi K3 options */
+    float *ares;   /* [n_blocks][B, hidden] Attention Residuals block states of the chunk's tokens */
+    int ares_blocks;
+    float *lat_in, *lat_out; /* [B, expert_hidden] latent routed-expert input / weighted sum */
+    float *gate_buf;         /* [B, H * vdim] MLA output gate */
     /* per-thread scratch for attention */
     float *th_buf; size_t th_stride;
     ms_engine_stats stats;
@@ -68,6 +73,11 @@ int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_e
 void ms_dsa_engine_rollback(ms_engine *e, int64_t pos);
 void ms_dsa_engine_note_tokens(ms_engine *e, const int32_t *tokens, int n);
 const int32_t *ms_dsa_engine_tokens(const ms_engine *e);
+/* Attention Residuals: out[t] = softmax-over-depth mixture of blocks[0..nb)[t]
+ * (block i at blocks + i*block_stride, rows of d) and cur[t], for t < n
+ * (engine/attn_res.c). scratch: d + nb + 1 floats. */
+void ms_attn_res_mix(float *out, const float *blocks, int nb, int64_t block_stride, const float *cur, int n, int64_t d,
+                     const ms_attn_res *r, float eps, float *scratch);
 
 /* mHC (hc_mult > 1): init/free the streams; begin: e->x [n, hidden] (the
  * embeddings) becomes hc copies; pre: the collapsed input of a sublayer

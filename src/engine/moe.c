@@ -18,7 +18,9 @@ int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_
             if (e->g[i] > lim) e->g[i] = lim;
             e->u[i] = e->u[i] > lim ? lim : e->u[i] < -lim ? -lim : e->u[i];
         }
-    ms_swiglu(e->g, e->g, e->u, (int64_t)n * I);
+    const ms_config *c = &e->m->cfg;
+    if (c->act == MS_ACT_SITU) ms_situ_glu(e->g, e->g, e->u, (int64_t)n * I, (float)c->situ_beta, (float)c->situ_linear_beta);
+    else ms_swiglu(e->g, e->g, e->u, (int64_t)n * I);
     if (accumulate) ms_matmul_acc(e->pool, out, e->g, n, down);
     else ms_matmul(e->pool, out, e->g, n, down);
     return MS_OK;
@@ -104,6 +106,8 @@ static void expert_act(const ms_config *c, float *g, const float *u, int64_t n) 
             float uu = u[i] < -lim ? -lim : u[i] > lim ? lim : u[i];
             g[i] = (uu + 1.0f) * gg * ms_sigmoid(alpha * gg);
         }
+    } else if (c->expert_act == MS_ACT_SITU) {
+        ms_situ_glu(g, g, u, n, (float)c->situ_beta, (float)c->situ_linear_beta);
     } else {
         ms_swiglu(g, g, u, n);
     }
@@ -112,7 +116,7 @@ static void expert_act(const ms_config *c, float *g, const float *u, int64_t n) 
 /* One routed expert over the m gathered rows e->xs → e->ys. */
 static void expert_ffn(ms_engine *e, const ms_expert_view *v, int m) {
     const ms_config *c = &e->m->cfg;
-    int64_t I = v->down.cols, D = c->hidden;
+    int64_t I = v->down.cols, D = v->down.rows; /* hidden, or the latent width */
     if (!v->up.data) { /* fused, interleaved gate/up rows */
         ms_matmul(e->pool, e->u, e->xs, m, &v->gate);
         add_bias_rows(e->u, v->gate_bias, v->bias_dtype, m, 2 * I);
@@ -135,7 +139,16 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->m->layers[layer];
     int E = (int)c->n_experts, K = (int)c->top_k;
-    int64_t D = c->hidden;
+    /* experts read `in` and sum into `acc`, rows of D: the hidden stream, or the
+     * latent width between routed_expert_down_proj and up_proj (Kimi K3) */
+    int64_t D = c->latent_moe ? c->expert_hidden : c->hidden;
+    const float *in = e->xn;
+    float *acc = out;
+    if (c->latent_moe) {
+        ms_matmul(e->pool, e->lat_in, e->xn, n, &L->lat_down);
+        in = e->lat_in;
+        acc = e->lat_out;
+    }
     ms_matmul(e->pool, e->rlog, e->xn, n, &L->router);
     if (L->router_lbias)
         for (int t = 0; t < n; t++)
@@ -172,19 +185,23 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     }
     e->stats.experts_acquired += (uint64_t)nu;
     e->stats.expert_activations += (uint64_t)n * K;
-    memset(out, 0, (size_t)(n * D) * 4);
+    memset(acc, 0, (size_t)(n * D) * 4);
     for (int u = 0; u < nu; u++) {
         int x = uniq[u], b = cnt[x], m = cnt[x + 1] - cnt[x];
-        for (int i = 0; i < m; i++) memcpy(e->xs + (int64_t)i * D, e->xn + (int64_t)e->ex_tokens[b + i] * D, (size_t)D * 4);
+        for (int i = 0; i < m; i++) memcpy(e->xs + (int64_t)i * D, in + (int64_t)e->ex_tokens[b + i] * D, (size_t)D * 4);
         expert_ffn(e, &views[u], m);
         for (int i = 0; i < m; i++) {
-            float w = e->ex_w[b + i], *o = out + (int64_t)e->ex_tokens[b + i] * D;
+            float w = e->ex_w[b + i], *o = acc + (int64_t)e->ex_tokens[b + i] * D;
             const float *y = e->ys + (int64_t)i * D;
             for (int64_t d = 0; d < D; d++) o[d] += w * y[d];
         }
     }
     ms_experts_release(e->experts, layer);
     free(pos), free(uniq), free(views);
+    if (c->latent_moe) {
+        if (c->latent_moe_norm) ms_rmsnorm(acc, acc, L->lat_norm, n, (int)D, (float)c->rms_eps);
+        ms_matmul(e->pool, out, acc, n, &L->lat_up);
+    }
     if (c->shared_inter) ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, out, 1);
     return MS_OK;
 }

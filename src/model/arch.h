@@ -17,6 +17,7 @@
 #include "ops/ops.h"
 
 struct ms_model;
+struct ms_attn_res;
 
 /* What a bound tensor is, for synth's choice of dtype and scale. */
 typedef enum {
@@ -51,6 +52,8 @@ typedef struct ms_binder {
 
 /* Bind a Linear weight "NAME.weight" [rows, cols] (NAME from fmt). For F8_E4M3
  * weights, "NAME.weight_scale_inv" [ceil(rows/b0), ceil(cols/b1)] is required.
+ * Without NAME.weight, compressed-tensors MXFP4 is accepted: "NAME.weight_packed"
+ * U8 [rows, cols/2] + "NAME.weight_scale" U8 [rows, cols/32], bound as an F4 view.
  * On failure records the first error in b and returns it. */
 int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t cols, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
@@ -63,6 +66,9 @@ int ms_bind_vec(ms_binder *b, float **out, ms_wkind kind, int64_t n, int opt, co
  * conv kernels, per-head parameters. opt: absent is fine (out->data NULL). */
 int ms_bind_tensor(ms_binder *b, ms_qmat *out, ms_wkind kind, int ndim, const int64_t *shape, int64_t rows,
                    int64_t cols, int opt, const char *fmt, ...) __attribute__((format(printf, 9, 10)));
+/* A buffer of `bytes` the model owns (freed with it), e.g. an F32 copy of a
+ * small tensor. NULL (and b->rc set) when out of memory. */
+void *ms_bind_alloc(ms_binder *b, size_t bytes);
 /* True when a tensor exists (always false in spec mode). */
 int ms_bind_has(ms_binder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -88,6 +94,13 @@ int ms_bind_mlp(ms_binder *b, struct ms_model *m, int layer, const char *pfx, in
 int ms_bind_experts(ms_binder *b, struct ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
                     const char *down_fmt);
 int ms_bind_router(ms_binder *b, struct ms_model *m, int layer, const char *weight, const char *bias);
+/* Attention Residuals pair "<pfx>norm.weight" [hidden] and "<pfx>proj.weight"
+ * [1, hidden] (pfx e.g. "model.layers.3.mlp_res_"), as F32 copies. */
+int ms_bind_attn_res(ms_binder *b, struct ms_attn_res *out, const char *pfx);
+/* Latent routed-expert projections under pfx ("model.layers.3.block_sparse_moe."):
+ * routed_expert_down_proj [expert_hidden, hidden], routed_expert_up_proj
+ * [hidden, expert_hidden], routed_expert_norm [expert_hidden] when latent_moe_norm. */
+int ms_bind_latent_moe(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 /* A KDA token mixer under pfx ("model.layers.3.self_attn.") (model/kda_bind.c). */
 int ms_bind_kda(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 /* A DSA lightning indexer under pfx ("model.layers.3.self_attn.indexer.") and the

@@ -4,7 +4,9 @@
  * e_score_correction_bias, group-limited top-k, shared experts) after
  * first_k_dense_replace dense layers (or per mlp_layer_types). The optional
  * KDA variants of Kimi K3 (linear_attn_config.gate_lower_bound,
- * use_full_rank_gate) are read here too.
+ * use_full_rank_gate) and the other options of the official K3 text config
+ * (SiTU, Attention Residuals, the MLA output gate, latent routed experts; see
+ * k3_options) are read here too: arch_kimi_k3.c wraps this file.
  * transformers: models/kimi_linear/modeling_kimi_linear.py; checkpoint layout:
  * model.layers.N.self_attn.*, model.layers.N.block_sparse_moe.* with experts
  * w1 (gate), w3 (up), w2 (down). */
@@ -50,6 +52,65 @@ static int string_schedule(const cJSON *j, const char *key, const char *a, const
     return MS_OK;
 }
 
+/* An optional number that may be JSON null (the official configs write null for "off"). */
+static int opt_num(const cJSON *j, const char *key, double *out, int *present, const char *where, ms_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    *present = 0;
+    if (!v || cJSON_IsNull(v)) return MS_OK;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return ms_fail(err, MS_ERR_FORMAT, "%s: %s must be a number or null", where, key);
+    *out = v->valuedouble;
+    *present = 1;
+    return MS_OK;
+}
+
+/* SiTU: beta tanh(g/beta) sigmoid(g) * linear_beta tanh(u/linear_beta). As the
+ * official code: a missing or zero beta is 1, a missing linear_beta means u as is. */
+static int situ_params(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    double beta = 0, lbeta = 0;
+    int has_b, has_lb, rc;
+    if ((rc = opt_num(j, "activation_situ_beta", &beta, &has_b, where, err)) ||
+        (rc = opt_num(j, "activation_situ_linear_beta", &lbeta, &has_lb, where, err)))
+        return rc;
+    if (!has_b || beta == 0) beta = 1.0;
+    if (!(beta > 0)) return ms_fail(err, MS_ERR_FORMAT, "%s: activation_situ_beta %g must be positive", where, beta);
+    if (has_lb && !(lbeta > 0))
+        return ms_fail(err, MS_ERR_FORMAT, "%s: activation_situ_linear_beta %g must be positive or null", where, lbeta);
+    c->situ_beta = beta;
+    c->situ_linear_beta = has_lb ? lbeta : 0;
+    return MS_OK;
+}
+
+/* The Kimi K3 options of the official KimiLinearConfig, all off when absent or
+ * null: Attention Residuals (attn_res_block_size), the MLA output gate
+ * (mla_use_output_gate), latent routed experts (routed_expert_hidden_size,
+ * latent_moe_use_norm). */
+static int k3_options(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    double v = 0;
+    int has, rc, gate = 0, lnorm = 0;
+    if ((rc = opt_num(j, "attn_res_block_size", &v, &has, where, err))) return rc;
+    if (has) {
+        if (!(v >= 1 && v <= MS_MAX_LAYERS && v == floor(v)))
+            return ms_fail(err, MS_ERR_FORMAT, "%s: attn_res_block_size %g must be an integer in [1, %d]", where, v,
+                           MS_MAX_LAYERS);
+        c->attn_res_block = (int64_t)v;
+    }
+    if ((rc = opt_num(j, "routed_expert_hidden_size", &v, &has, where, err))) return rc;
+    if (has) {
+        if (!(v >= 1 && v <= (1 << 24) && v == floor(v)))
+            return ms_fail(err, MS_ERR_FORMAT, "%s: routed_expert_hidden_size %g must be a positive integer", where, v);
+        c->latent_moe = 1;
+        c->expert_hidden = (int64_t)v;
+    }
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(j, "mla_use_output_gate");
+    if (g && !cJSON_IsNull(g) && (rc = ms_json_opt_bool(j, "mla_use_output_gate", &gate, where, err))) return rc;
+    const cJSON *ln = cJSON_GetObjectItemCaseSensitive(j, "latent_moe_use_norm");
+    if (ln && !cJSON_IsNull(ln) && (rc = ms_json_opt_bool(j, "latent_moe_use_norm", &lnorm, where, err))) return rc;
+    c->mla_out_gate = gate;
+    c->latent_moe_norm = c->latent_moe && lnorm;
+    return MS_OK;
+}
+
 static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int64_t n_shared = 0, first_dense = 1, top_k = 0, n_group = 0;
     int renorm = -1;
@@ -69,8 +130,13 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
         (rc = ms_json_opt_int(j, "model_max_length", 1, INT64_C(1) << 40, &c->max_pos, where, err)) ||
         (rc = ms_json_opt_string(j, "hidden_act", &act, where, err)))
         return rc;
-    if (strcmp(act, "silu"))
-        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported (silu)", where, act);
+    if (!strcmp(act, "situ")) {
+        c->act = c->expert_act = MS_ACT_SITU;
+        if ((rc = situ_params(j, c, where, err))) return rc;
+    } else if (strcmp(act, "silu")) {
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported (silu, situ)", where, act);
+    }
+    if ((rc = k3_options(j, c, where, err))) return rc;
     if (c->n_heads < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: missing num_attention_heads", where);
     if (top_k) c->top_k = top_k;
     if (n_group) c->n_group = n_group;
@@ -146,18 +212,26 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
                        (long long)c->kda_head_dim);
     /* MLA without rotary embedding: c->rope stays zero (dim 0), the rope part of k is shared as is */
     c->attn_scale = 1.0 / sqrt((double)(c->qk_nope_dim + c->qk_rope_dim));
+    c->mla_norm_eps = 1e-6; /* q_a_layernorm / kv_a_layernorm are built without the config's eps */
     return MS_OK;
 }
 
 static int bind(ms_binder *b, ms_model *m) {
     const ms_config *c = b->cfg;
     ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    if (c->attn_res_block) ms_bind_attn_res(b, &m->out_res, "model.output_attn_res_");
     for (int l = 0; l < c->n_layers && !b->rc; l++) {
         char p[64], a[96], f[96];
         snprintf(p, sizeof p, "model.layers.%d.", l);
         ms_layer *L = &m->layers[l];
         ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", p);
         ms_bind_vec(b, &L->ffn_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", p);
+        if (c->attn_res_block) {
+            snprintf(a, sizeof a, "%sself_attention_res_", p);
+            ms_bind_attn_res(b, &L->attn_res, a);
+            snprintf(a, sizeof a, "%smlp_res_", p);
+            ms_bind_attn_res(b, &L->mlp_res, a);
+        }
         if (c->layer_attn[l] == MS_ATTN_KDA) {
             snprintf(a, sizeof a, "%sself_attn.", p);
             ms_bind_kda(b, m, l, a);
@@ -181,6 +255,7 @@ static int bind(ms_binder *b, ms_model *m) {
         if (c->shared_inter)
             ms_bind_mlp(b, m, l, f, c->shared_inter, "shared_experts.gate_proj", "shared_experts.up_proj",
                         "shared_experts.down_proj");
+        if (c->latent_moe) ms_bind_latent_moe(b, m, l, f);
         snprintf(g, sizeof g, "model.layers.%%d.%sexperts.%%d.w1", ff);
         snprintf(u, sizeof u, "model.layers.%%d.%sexperts.%%d.w3", ff);
         snprintf(d, sizeof d, "model.layers.%%d.%sexperts.%%d.w2", ff);

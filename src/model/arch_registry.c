@@ -8,6 +8,7 @@ extern const ms_arch ms_arch_gpt_oss, ms_arch_mimo_v2_flash;
 extern const ms_arch ms_arch_deepseek_v3, ms_arch_qwen3_moe, ms_arch_glm4_moe, ms_arch_minimax_m2;
 extern const ms_arch ms_arch_kimi_linear;
 extern const ms_arch ms_arch_deepseek_v32, ms_arch_glm_moe_dsa, ms_arch_glm5_next;
+extern const ms_arch ms_arch_kimi_k3;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -20,6 +21,7 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v32,
     &ms_arch_glm_moe_dsa,
     &ms_arch_glm5_next,
+    &ms_arch_kimi_k3,
 };
 
 const ms_arch *ms_arch_find(const char *model_type) {

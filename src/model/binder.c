@@ -54,6 +54,37 @@ static const ms_tensor *need(ms_binder *b, const char *name, int ndim, const int
     return t;
 }
 
+/* compressed-tensors mxfp4-pack-quantized: BASE.weight_packed U8 [rows, cols/2]
+ * (two e2m1 values per byte, low nibble = even column) and BASE.weight_scale
+ * U8 [rows, cols/32] (E8M0, 2^(s-127)), bound as an F4 view (no copy). */
+static int bind_mxfp4(ms_binder *b, ms_qmat *out, const char *base, int64_t rows, int64_t cols) {
+    char name[220];
+    if (cols % 32)
+        return b->rc = ms_fail(b->err, MS_ERR_SHAPE,
+                               "tensor \"%s.weight_packed\": MXFP4 needs a column count divisible by 32 (expected %lld)",
+                               base, (long long)cols);
+    int64_t pshape[2] = {rows, cols / 2}, sshape[2] = {rows, cols / 32};
+    snprintf(name, sizeof name, "%s.weight_packed", base);
+    const ms_tensor *p = need(b, name, 2, pshape);
+    if (!p) return b->rc;
+    if (p->dtype != MS_DT_U8 && p->dtype != MS_DT_I8)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected U8 packed MXFP4)", name,
+                               ms_dtype_name(p->dtype));
+    snprintf(name, sizeof name, "%s.weight_scale", base);
+    const ms_tensor *s = need(b, name, 2, sshape);
+    if (!s) return b->rc;
+    if (s->dtype != MS_DT_U8 && s->dtype != MS_DT_F8_E8M0)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected U8 E8M0 scales)", name,
+                               ms_dtype_name(s->dtype));
+    out->dtype = MS_DT_F4;
+    out->data = p->data;
+    out->scale = s->data;
+    out->scale_dtype = MS_DT_F8_E8M0;
+    out->brow = 1;
+    out->bcol = 32;
+    return MS_OK;
+}
+
 int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t cols, const char *fmt, ...) {
     if (b->rc) return b->rc;
     char base[200], name[220];
@@ -70,6 +101,11 @@ int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t
     if (!b->ck) {
         add_spec(b, name, 2, shape, kind);
         return b->rc;
+    }
+    if (!ms_checkpoint_find(b->ck, name)) {
+        snprintf(name, sizeof name, "%s.weight_packed", base);
+        if (ms_checkpoint_find(b->ck, name)) return bind_mxfp4(b, out, base, rows, cols);
+        snprintf(name, sizeof name, "%s.weight", base);
     }
     const ms_tensor *t = need(b, name, 2, shape);
     if (!t) return b->rc;
@@ -121,18 +157,30 @@ int ms_bind_vec(ms_binder *b, float **out, ms_wkind kind, int64_t n, int opt, co
     if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F16)
         return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected F32, BF16 or F16)", name,
                                ms_dtype_name(t->dtype));
+    *out = ms_bind_alloc(b, (size_t)(n > 0 ? n : 1) * sizeof **out);
+    if (!*out) return b->rc;
+    ms_to_f32(*out, t->data, t->dtype, n);
+    return MS_OK;
+}
+
+void *ms_bind_alloc(ms_binder *b, size_t bytes) {
     if (b->n_allocs == b->cap_allocs) {
         int nc = b->cap_allocs ? 2 * b->cap_allocs : 256;
         void **na = realloc(b->allocs, (size_t)nc * sizeof *na);
-        if (!na) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+        if (!na) {
+            b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+            return NULL;
+        }
         b->allocs = na;
         b->cap_allocs = nc;
     }
-    *out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out);
-    if (!*out) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
-    b->allocs[b->n_allocs++] = *out;
-    ms_to_f32(*out, t->data, t->dtype, n);
-    return MS_OK;
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    b->allocs[b->n_allocs++] = p;
+    return p;
 }
 
 int ms_bind_has(ms_binder *b, const char *fmt, ...) {

@@ -59,6 +59,31 @@ int ms_bind_mla(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     ms_bind_mat(b, &L->kv_b, MS_W_MATRIX, c->n_heads * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank,
                 "%sself_attn.kv_b_proj", pfx);
     ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, c->n_heads * c->v_head_dim, "%sself_attn.o_proj", pfx);
+    if (c->mla_out_gate)
+        ms_bind_mat(b, &L->mla_gate, MS_W_MATRIX, c->n_heads * c->v_head_dim, c->hidden, "%sself_attn.g_proj", pfx);
+    return b->rc;
+}
+
+int ms_bind_attn_res(ms_binder *b, struct ms_attn_res *out, const char *pfx) {
+    const ms_config *c = b->cfg;
+    ms_bind_vec(b, &out->norm, MS_W_NORM, c->hidden, 0, "%snorm.weight", pfx);
+    ms_qmat v;
+    const int64_t shape[2] = {1, c->hidden};
+    out->proj = NULL;
+    if (ms_bind_tensor(b, &v, MS_W_VECTOR, 2, shape, 1, c->hidden, 0, "%sproj.weight", pfx) || !b->ck) return b->rc;
+    out->proj = ms_bind_alloc(b, (size_t)c->hidden * sizeof *out->proj);
+    if (!out->proj) return b->rc;
+    ms_to_f32(out->proj, v.data, v.dtype, c->hidden);
+    return MS_OK;
+}
+
+int ms_bind_latent_moe(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    const ms_config *c = b->cfg;
+    ms_layer *L = &m->layers[layer];
+    ms_bind_mat(b, &L->lat_down, MS_W_MATRIX, c->expert_hidden, c->hidden, "%srouted_expert_down_proj", pfx);
+    ms_bind_mat(b, &L->lat_up, MS_W_MATRIX, c->hidden, c->expert_hidden, "%srouted_expert_up_proj", pfx);
+    if (c->latent_moe_norm)
+        ms_bind_vec(b, &L->lat_norm, MS_W_NORM, c->expert_hidden, 0, "%srouted_expert_norm.weight", pfx);
     return b->rc;
 }
 
@@ -103,13 +128,16 @@ int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, 
         for (int k = 0; k < 3 && !b->rc; k++) {
             char base[200];
             snprintf(base, sizeof base, fmts[k], layer, e);
-            int64_t rows = k < 2 ? c->moe_inter : c->hidden, cols = k < 2 ? c->hidden : c->moe_inter;
+            int64_t eh = c->expert_hidden ? c->expert_hidden : c->hidden;
+            int64_t rows = k < 2 ? c->moe_inter : eh, cols = k < 2 ? eh : c->moe_inter;
             ms_bind_mat(b, mats[k], MS_W_EXPERT, rows, cols, "%s", base);
             if (b->ck && !b->rc) {
-                char rel[240];
-                snprintf(rel, sizeof rel, "%s.weight", base);
+                /* MXFP4 (compressed-tensors): weight_packed + weight_scale; else weight (+ weight_scale_inv) */
+                int f4 = mats[k]->dtype == MS_DT_F4;
+                char rel[260];
+                snprintf(rel, sizeof rel, "%s.%s", base, f4 ? "weight_packed" : "weight");
                 L->expert_tensors[e * MS_EXPERT_TENSORS + 2 * k] = find_rel(b, rel);
-                snprintf(rel, sizeof rel, "%s.weight_scale_inv", base);
+                snprintf(rel, sizeof rel, "%s.%s", base, f4 ? "weight_scale" : "weight_scale_inv");
                 L->expert_tensors[e * MS_EXPERT_TENSORS + 2 * k + 1] = find_rel(b, rel);
             }
         }

@@ -112,6 +112,48 @@ void ms_rope_cos_sin(const ms_rope *r, int64_t pos, float *cos_out, float *sin_o
     }
 }
 
+/* compressed-tensors: only the MXFP4 pack format (4-bit float weights, E8M0
+ * scales per group of 32 along a row) is supported; every config group must
+ * say so. Which tensors are packed is read from the checkpoint itself. */
+static int parse_compressed_tensors(const cJSON *q, ms_config *c, const char *where, ms_err *err) {
+    const char *fmt = NULL;
+    int rc = ms_json_opt_string(q, "format", &fmt, where, err);
+    if (rc) return rc;
+    if (fmt && strcmp(fmt, "mxfp4-pack-quantized"))
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "%s: compressed-tensors format \"%.64s\" is not supported (mxfp4-pack-quantized)", where, fmt);
+    const cJSON *groups = cJSON_GetObjectItemCaseSensitive(q, "config_groups"), *g;
+    if (groups && !cJSON_IsObject(groups))
+        return ms_fail(err, MS_ERR_FORMAT, "%s: quantization_config.config_groups must be an object", where);
+    cJSON_ArrayForEach(g, groups) {
+        const char *gf = fmt;
+        if (!cJSON_IsObject(g)) return ms_fail(err, MS_ERR_FORMAT, "%s: config group \"%s\" is not an object", where, g->string);
+        if ((rc = ms_json_opt_string(g, "format", &gf, where, err))) return rc;
+        if (!gf || strcmp(gf, "mxfp4-pack-quantized"))
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "%s: config group \"%s\": format \"%.64s\" is not supported (mxfp4-pack-quantized)", where,
+                           g->string, gf ? gf : "(none)");
+        const cJSON *w = cJSON_GetObjectItemCaseSensitive(g, "weights");
+        if (cJSON_IsObject(w)) {
+            int64_t bits = 4, gs = 32;
+            const char *type = "float";
+            if ((rc = ms_json_opt_int(w, "num_bits", 1, 64, &bits, where, err)) ||
+                (rc = ms_json_opt_int(w, "group_size", 1, 1 << 20, &gs, where, err)) ||
+                (rc = ms_json_opt_string(w, "type", &type, where, err)))
+                return rc;
+            if (bits != 4 || gs != 32 || strcmp(type, "float"))
+                return ms_fail(err, MS_ERR_UNSUPPORTED,
+                               "%s: config group \"%s\": %lld-bit %s weights in groups of %lld are not MXFP4 (4-bit float, "
+                               "groups of 32)",
+                               where, g->string, (long long)bits, type, (long long)gs);
+        }
+    }
+    if (!fmt && !groups)
+        return ms_fail(err, MS_ERR_FORMAT, "%s: compressed-tensors quantization_config names no format", where);
+    c->mxfp4_packed = 1;
+    return MS_OK;
+}
+
 static int parse_common(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int rc;
     c->n_kv_heads = -1;
@@ -173,6 +215,7 @@ static int parse_common(const cJSON *j, ms_config *c, const char *where, ms_err 
             /* expert formats the architecture binds itself (gpt-oss _blocks/_scales,
              * compressed-tensors weight_packed/weight_scale) */
             snprintf(c->quant_method, sizeof c->quant_method, "%s", method);
+            if (!strcmp(method, "compressed-tensors") && (rc = parse_compressed_tensors(q, c, where, err))) return rc;
         } else {
             return ms_fail(err, MS_ERR_UNSUPPORTED,
                            "%s: quantization_config.quant_method \"%s\" is not supported (fp8, mxfp4, compressed-tensors)",
@@ -210,9 +253,16 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
     if (!rc) {
         snprintf(c->model_type, sizeof c->model_type, "%s", mt);
         c->arch = arch;
+        c->media_token = -1;
         rc = parse_common(src, c, where, err);
     }
     if (!rc) rc = arch->configure(src, c, where, err);
+    if (!rc && src != j) { /* multimodal: the image placeholder token, rejected by the text-only engine */
+        int64_t media = -1;
+        rc = ms_json_opt_int(j, "media_placeholder_token_id", 0, INT64_C(1) << 31, &media, where, err);
+        if (!rc && media < c->vocab) c->media_token = media;
+    }
+    if (!rc && c->expert_hidden == 0) c->expert_hidden = c->hidden;
     cJSON_Delete(j);
     return rc;
 }

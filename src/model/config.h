@@ -22,11 +22,13 @@ typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
 typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3 } ms_router_kind;
 /* Expert/MLP activation: silu(gate) * up, or gpt-oss's clamped variant
  * (up + 1) * g * sigmoid(alpha g) with g = min(gate, limit), up clamped to ±limit. */
-typedef enum { MS_ACT_SILU = 0, MS_ACT_CLAMPED_SWIGLU = 1 } ms_act_kind;
 /* RoPE pairing: rotate_half (x_i, x_{i+d/2}) or interleaved pairs (x_2i, x_2i+1). */
 typedef enum { MS_ROPE_HALF = 1, MS_ROPE_INTERLEAVED = 2 } ms_rope_layout;
 /* Where q/k RMSNorm applies: none, per head (head_dim), or over all heads' projection. */
 typedef enum { MS_QKNORM_NONE = 0, MS_QKNORM_HEAD = 1, MS_QKNORM_FULL = 2 } ms_qknorm_kind;
+/* Gated MLP activation: silu(gate) * up; gpt-oss's clamped SwiGLU (experts); or SiTU (Kimi K3):
+ * beta tanh(gate/beta) sigmoid(gate) * (linear_beta tanh(up/linear_beta) when linear_beta > 0, else up). */
+typedef enum { MS_ACT_SILU = 0, MS_ACT_CLAMPED_SWIGLU = 1, MS_ACT_SITU = 2 } ms_act_kind;
 
 typedef struct ms_rope {
     int dim;                 /* rotary dims (even) */
@@ -53,6 +55,7 @@ typedef struct ms_config {
     /* attention (MLA) */
     int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
     double attn_scale;          /* softmax scale incl. YaRN mscale^2 */
+    double mla_norm_eps;        /* eps of the MLA q_a / kv_a latent norms (0: rms_eps) */
     /* linear attention (KDA layers, MS_ATTN_KDA) */
     int64_t kda_heads, kda_head_dim, kda_conv;
     int kda_lower_bound_gate;   /* 1: gate_lower_bound form (Kimi K3); 0: softplus form */
@@ -82,6 +85,15 @@ typedef struct ms_config {
     int64_t moe_inter;          /* routed expert width */
     int64_t shared_inter;       /* shared experts' total width (0: none) */
     int64_t n_experts, top_k, n_group, topk_group;
+    int64_t expert_hidden;      /* width routed experts read and write: hidden, or the latent width
+                                   (routed_expert_hidden_size) when latent_moe */
+    int latent_moe;             /* routed experts between routed_expert_down_proj / up_proj */
+    int latent_moe_norm;        /* RMSNorm (routed_expert_norm) on the latent expert sum */
+    ms_act_kind act;            /* activation of the dense MLP and shared experts (SILU or SITU) */
+    double situ_beta, situ_linear_beta; /* SiTU parameters (linear_beta 0: none) */
+    int mla_out_gate;           /* MLA: attn_out *= sigmoid(g_proj x) before o_proj */
+    int64_t attn_res_block;     /* Attention Residuals block size (0: plain residual stream) */
+    int64_t media_token;        /* image placeholder token of a multimodal checkpoint (-1: none) */
     ms_router_kind router;
     int router_bias;            /* e_score_correction_bias present */
     int norm_topk_prob;
@@ -94,6 +106,7 @@ typedef struct ms_config {
     int fp8;                    /* quantization_config fp8 */
     int fp8_block[2];
     char quant_method[32];      /* "mxfp4", "compressed-tensors": bound by the architecture; "" otherwise */
+    int mxfp4_packed;           /* compressed-tensors mxfp4-pack-quantized (weight_packed + weight_scale) */
     /* per-layer schedule */
     uint8_t layer_attn[MS_MAX_LAYERS];
     uint8_t layer_mlp[MS_MAX_LAYERS];

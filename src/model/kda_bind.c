@@ -3,9 +3,37 @@
  * A_log, dt_bias), beta (b_proj), output gate (g_a/g_b or g_proj), o_norm,
  * o_proj. Shapes come from the config's kda_* fields. */
 #include <stdio.h>
+#include <string.h>
 
 #include "model/arch.h"
 #include "model/model.h"
+
+/* The real Kimi K3 checkpoint stores A_log as F32[128] for 96 heads, zero
+ * padded: accept a longer 1-D A_log when every element past the first H is
+ * zero, and view the first H. Anything else is an error naming the element. */
+static int bind_padded_a_log(ms_binder *b, ms_qmat *out, const ms_tensor *t, int64_t H, const char *name) {
+    if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F16)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected F32, BF16 or F16)", name,
+                               ms_dtype_name(t->dtype));
+    int64_t n = t->shape[0];
+    int esz = ms_dtype_bits(t->dtype) / 8;
+    for (int64_t i = H; i < n; i++) {
+        float v;
+        ms_to_f32(&v, (const uint8_t *)t->data + i * esz, t->dtype, 1);
+        if (v != 0.0f)
+            return b->rc = ms_fail(b->err, MS_ERR_SHAPE,
+                                   "tensor \"%s\": %lld elements for %lld heads; the padding must be zero but element "
+                                   "%lld is %g",
+                                   name, (long long)n, (long long)H, (long long)i, (double)v);
+    }
+    b->bound_bytes += t->nbytes;
+    memset(out, 0, sizeof *out);
+    out->dtype = t->dtype;
+    out->rows = 1;
+    out->cols = H;
+    out->data = t->data;
+    return MS_OK;
+}
 
 int ms_bind_kda(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     const ms_config *c = b->cfg;
@@ -26,7 +54,8 @@ int ms_bind_kda(ms_binder *b, ms_model *m, int layer, const char *pfx) {
         snprintf(name, sizeof name, "%s%sA_log", b->prefix, pfx);
         const ms_tensor *t = ms_checkpoint_find(b->ck, name);
         int64_t s4[4] = {1, 1, H, 1}, s1[1] = {H};
-        if (t && t->ndim == 1) ms_bind_tensor(b, &w->A_log, MS_W_VECTOR, 1, s1, 1, H, 0, "%sA_log", pfx);
+        if (t && t->ndim == 1 && t->shape[0] > H) bind_padded_a_log(b, &w->A_log, t, H, name);
+        else if (t && t->ndim == 1) ms_bind_tensor(b, &w->A_log, MS_W_VECTOR, 1, s1, 1, H, 0, "%sA_log", pfx);
         else ms_bind_tensor(b, &w->A_log, MS_W_VECTOR, 4, s4, 1, H, 0, "%sA_log", pfx);
     } else {
         int64_t s4[4] = {1, 1, H, 1};

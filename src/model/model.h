@@ -17,6 +17,13 @@
 /* Per expert: gate.weight, gate.scale, up.weight, up.scale, down.weight, down.scale. */
 #define MS_EXPERT_TENSORS 6
 
+/* One Attention Residuals mixing point (Kimi K3): the depth-softmax score of
+ * a candidate v is sum(rmsnorm(v) * norm * proj). F32 copies. */
+typedef struct ms_attn_res {
+    float *norm;                                 /* [hidden] RMSNorm weight */
+    float *proj;                                 /* [hidden] the [1, hidden] Linear weight */
+} ms_attn_res;
+
 typedef struct ms_layer {
     float *attn_norm, *ffn_norm;                 /* [hidden] */
     /* GQA: wq [H*hd, hidden], wk/wv [KV*hd, hidden], wo [hidden, H*hd] (also MLA's o_proj) */
@@ -30,6 +37,8 @@ typedef struct ms_layer {
     ms_qmat kv_a;                                /* [kv_lora + rope, hidden] */
     ms_qmat kv_b;                                /* [H*(nope+v), kv_lora] */
     float *q_a_norm, *kv_a_norm;                 /* [q_lora], [kv_lora] */
+    ms_qmat mla_gate;                            /* [H*v, hidden] output gate g_proj (cfg mla_out_gate) */
+    ms_attn_res attn_res, mlp_res;               /* Attention Residuals before each sublayer (cfg attn_res_block) */
     /* KDA (linear attention) */
     ms_kda_weights kda;
     /* DSA lightning indexer (layer_dsa 1) */
@@ -44,6 +53,9 @@ typedef struct ms_layer {
     float *router_bias;                          /* [n_experts] e_score_correction_bias */
     float *router_lbias;                         /* [n_experts] router Linear bias (gpt-oss) */
     void *owned;                                 /* memory the layer's views point into, if any (freed with the model) */
+    /* latent routed experts (cfg latent_moe): experts run at width expert_hidden */
+    ms_qmat lat_down, lat_up;                    /* [expert_hidden, hidden], [hidden, expert_hidden] */
+    float *lat_norm;                             /* [expert_hidden] routed_expert_norm (cfg latent_moe_norm) */
     ms_expert_view *experts;                     /* [n_experts] resident views */
     const ms_tensor **expert_tensors;            /* [n_experts * MS_EXPERT_TENSORS], NULL entries when absent */
 } ms_layer;
@@ -54,6 +66,7 @@ typedef struct ms_model {
     ms_qmat embed;                               /* [vocab, hidden] */
     ms_qmat lm_head;                             /* [vocab, hidden] (the embedding when tied) */
     float *final_norm;                           /* [hidden] */
+    ms_attn_res out_res;                         /* Attention Residuals before the final norm */
     ms_layer *layers;                            /* [n_layers] */
     uint64_t static_bytes, expert_bytes;         /* weight bytes by tier */
     void **allocs;                               /* F32 vector copies made while binding (freed with the model) */

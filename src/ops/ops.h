@@ -63,6 +63,10 @@ float ms_dot_ref(const float *a, const float *b, int64_t n);
 /* y[i] += a * x[i], e.g. accumulating a weighted cached value. */
 void ms_axpy(float *y, float a, const float *x, int64_t n);
 void ms_axpy_ref(float *y, float a, const float *x, int64_t n);
+/* SiTU gated activation (Kimi K3), in F32: out[i] = beta tanh(gate[i]/beta) sigmoid(gate[i])
+ * * u, u = linear_beta tanh(up[i]/linear_beta) when linear_beta > 0, else up[i]. beta > 0.
+ * out may alias gate or up (ops/act.c). */
+void ms_situ_glu(float *out, const float *gate, const float *up, int64_t n, float beta, float linear_beta);
 
 #include <math.h>
 static inline float ms_silu(float x) { return x / (1.0f + expf(-x)); }
