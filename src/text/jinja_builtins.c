@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "text/jinja_int.h"
+#include "text/unicase.h"
 
 /* ---------------- arguments ---------------- */
 
@@ -64,38 +65,61 @@ jlist *jinja_iter(jctx *c, int line, jv v) {
     }
 }
 
-/* ---------------- case mapping (ASCII, Latin-1, Latin Extended-A, Greek, Cyrillic) ---------------- */
+/* ---------------- case mapping (Python's full Unicode mappings, unicase_table.c) ---------------- */
 
-static uint32_t cp_upper(uint32_t c) {
-    if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
-    if (c >= 0xE0 && c <= 0xFE && c != 0xF7) return c - 32;
-    if (c == 0xFF) return 0x178;
-    if (c >= 0x100 && c <= 0x17F && c != 0x130 && c != 0x131 && c != 0x138 && c != 0x149 && c != 0x17F) {
-        int odd_lower = (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E);
-        if (odd_lower) return (c & 1) ? c : c - 1;
-        return (c & 1) ? c - 1 : c;
-    }
-    if (c >= 0x3B1 && c <= 0x3C9 && c != 0x3C2) return c - 32;
-    if (c == 0x3C2) return 0x3A3;
-    if (c >= 0x430 && c <= 0x44F) return c - 32;
-    if (c >= 0x450 && c <= 0x45F) return c - 80;
-    return c;
+static uint32_t cp_map1(uint32_t c, char kind) {
+    const uc_entry *e = uc_lookup(c);
+    if (!e) return c;
+    uint32_t m = kind == 'U' ? e->up : kind == 'L' ? e->lo : e->ti;
+    return m == 0 || m == 0xFFFFFFFFu ? c : m;
 }
-static uint32_t cp_lower(uint32_t c) {
-    if (c < 0x80) return (c >= 'A' && c <= 'Z') ? c + 32 : c;
-    if (c >= 0xC0 && c <= 0xDE && c != 0xD7) return c + 32;
-    if (c == 0x178) return 0xFF;
-    if (c >= 0x100 && c <= 0x17F && c != 0x130 && c != 0x131 && c != 0x138 && c != 0x149 && c != 0x17F) {
-        int odd_lower = (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E);
-        if (odd_lower) return (c & 1) ? c + 1 : c;
-        return (c & 1) ? c : c + 1;
-    }
-    if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;
-    if (c >= 0x410 && c <= 0x42F) return c + 32;
-    if (c >= 0x400 && c <= 0x40F) return c + 80;
-    return c;
+static uint32_t cp_lower(uint32_t c) { return cp_map1(c, 'L'); }
+static int cp_cased(uint32_t c) { const uc_entry *e = uc_lookup(c); return e && e->cased; }
+static int cp_case_ignorable(uint32_t c) {
+    return c == 0x27 || c == 0x2E || c == 0x3A || c == 0x5E || c == 0x60 || c == 0xA8 || c == 0xAD || c == 0xAF ||
+           c == 0xB4 || c == 0xB7 || c == 0xB8 || c == 0x2019 || (c >= 0x300 && c <= 0x36F) || (c >= 0x2B0 && c <= 0x2FF);
 }
-static int cp_cased(uint32_t c) { return cp_upper(c) != c || cp_lower(c) != c || c == 0xDF; }
+
+/* append the mapping of cp (kind 'U', 'L', 'T'), expanding multi-character mappings */
+static void put_mapped(jbuf *b, uint32_t cp, char kind) {
+    const uc_entry *e = uc_lookup(cp);
+    uint32_t m = e ? (kind == 'U' ? e->up : kind == 'L' ? e->lo : e->ti) : 0;
+    if (m == 0xFFFFFFFFu) {
+        const char *x = uc_expand(cp, kind);
+        if (x) { jb_puts(b, x); return; }
+        m = 0;
+    }
+    u8_encode(b, m ? m : cp);
+}
+
+/* Python's final-sigma rule for lower(): Σ after a cased letter and not before one is ς */
+static int final_sigma(const jstr *s, size_t at, size_t after) {
+    size_t j = at;
+    int before = 0;
+    while (j > 0) {
+        size_t st = j - 1;
+        while (st > 0 && ((unsigned char)s->s[st] & 0xC0) == 0x80) st--;
+        size_t q = st;
+        uint32_t c = (uint32_t)u8_decode(s->s, s->len, &q);
+        j = st;
+        if (cp_case_ignorable(c)) continue;
+        before = cp_cased(c);
+        break;
+    }
+    if (!before) return 0;
+    size_t i = after;
+    while (i < s->len) {
+        uint32_t c = (uint32_t)u8_decode(s->s, s->len, &i);
+        if (cp_case_ignorable(c)) continue;
+        return !cp_cased(c);
+    }
+    return 1;
+}
+
+static void put_lower(jbuf *b, const jstr *s, uint32_t cp, size_t at, size_t after) {
+    if (cp == 0x3A3) { u8_encode(b, final_sigma(s, at, after) ? 0x3C2 : 0x3C3); return; }
+    put_mapped(b, cp, 'L');
+}
 
 /* mode: 0 lower, 1 upper, 2 capitalize, 3 Python title, 4 swapcase */
 jv jinja_case(jctx *c, jstr *s, int mode);
@@ -105,19 +129,25 @@ jv jinja_case(jctx *c, jstr *s, int mode) {
     size_t i = 0;
     int first = 1, prev_cased = 0;
     while (i < s->len) {
+        size_t at = i;
         uint32_t cp = (uint32_t)u8_decode(s->s, s->len, &i);
-        uint32_t o = cp;
-        if (mode == 0) o = cp_lower(cp);
-        else if (mode == 1) {
-            if (cp == 0xDF) { jb_puts(&b, "SS"); continue; }
-            o = cp_upper(cp);
-        } else if (mode == 2) o = first ? cp_upper(cp) : cp_lower(cp);
-        else if (mode == 3) {
-            o = prev_cased ? cp_lower(cp) : cp_upper(cp);
+        switch (mode) {
+        case 0: put_lower(&b, s, cp, at, i); break;
+        case 1: put_mapped(&b, cp, 'U'); break;
+        case 2:
+            if (first) put_mapped(&b, cp, 'T');
+            else put_lower(&b, s, cp, at, i);
+            break;
+        case 3:
+            if (prev_cased) put_lower(&b, s, cp, at, i);
+            else put_mapped(&b, cp, 'T');
             prev_cased = cp_cased(cp);
-        } else o = cp_upper(cp) != cp ? cp_upper(cp) : cp_lower(cp);
+            break;
+        default:
+            if (cp_lower(cp) != cp || (uc_lookup(cp) && uc_lookup(cp)->lo == 0xFFFFFFFFu)) put_lower(&b, s, cp, at, i);
+            else put_mapped(&b, cp, 'U');
+        }
         first = 0;
-        u8_encode(&b, o);
     }
     return b.p ? jb_take(&b) : jv_str(c->t, "", 0);
 }
@@ -329,8 +359,12 @@ static int all_cp(jstr *s, int kind) {
         case 1: if (!(cp_cased(cp) || cp >= 0x80)) return 0; break;
         case 2: if (!(cp_cased(cp) || (cp >= '0' && cp <= '9') || cp >= 0x80)) return 0; break;
         case 3: if (!py_isspace(cp)) return 0; break;
-        case 4: if (cp_lower(cp) != cp) return 0; if (cp_cased(cp)) any_cased = 1; break;
-        case 5: if (cp_upper(cp) != cp && cp != 0xDF) return 0; if (cp_cased(cp)) any_cased = 1; break;
+        case 4: case 5: {
+            const uc_entry *e = uc_lookup(cp);
+            if (e && (kind == 4 ? e->lo : e->up) != 0) return 0;
+            if (e && e->cased) any_cased = 1;
+            break;
+        }
         }
     }
     return kind >= 4 ? any_cased : 1;

@@ -70,6 +70,11 @@ CONVS = {
         {"role": "user", "content": "日本語のテキスト\t\ttabs  and   spaces\r\nCRLF"},
         {"role": "assistant", "content": "  \n"},
         {"role": "user", "content": "emoji 👨‍👩‍👧 🇫🇷 and \"quotes\" 'single' \\ backslash"}],
+    "content_parts": [
+        {"role": "system", "content": [{"type": "text", "text": "Parts system."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Look: "}, {"type": "image", "url": "x.png"}, "raw string part"]},
+        {"role": "assistant", "content": [{"type": "text", "text": " I see. "}]},
+        {"role": "user", "content": "ok"}],
     "empty_messages": [],
     "bad_role": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}],
 }
@@ -191,6 +196,87 @@ STYLE_TEMPLATES = {
 
 Assistant:{% endif %}""",
 }
+
+# Constructs of tool-schema renderers (recursive macros over JSON schemas), of
+# templates with content-part lists, and of strict tool-call-id checks.
+STYLE_TEMPLATES["schema_macros"] = """{%- macro ts_type(spec, nullable=false) -%}
+{%- if spec is not mapping -%}any
+{%- elif spec.type is defined and spec.type is not string -%}{%- for t in spec.type -%}{{ ts_type({'type': t}) }}{{ ' | ' if not loop.last }}{%- endfor -%}
+{%- elif spec.enum is defined -%}{{ spec.enum | map('tojson') | join(' | ') }}
+{%- elif spec.type == 'array' -%}{%- if spec['items'] is defined -%}{{ ts_type(spec['items']) }}[]{%- else -%}any[]{%- endif -%}
+{%- elif spec.type == 'object' -%}{
+{%- for name, sub in (spec.properties | default({})) | dictsort %} {{ name }}{{ '?' if name not in (spec.required | default([])) }}: {{ ts_type(sub) }};{% endfor %} }
+{%- elif spec.type in ['integer', 'number'] -%}number
+{%- elif spec.type == 'string' -%}string
+{%- elif spec.type == 'boolean' -%}boolean
+{%- else -%}any{%- endif -%}
+{%- if nullable %} | null{% endif -%}
+{%- endmacro -%}
+{%- macro render_tools(tools) -%}
+namespace functions {
+{% for tool in tools %}
+{%- set fn = tool.function if tool.function is defined else tool %}
+// {{ fn.description | default('') | replace('\\n', ' ') }}
+type {{ fn.name }} = (_: {{ ts_type(fn.parameters) }}) => any;
+{% endfor -%}
+} // namespace functions
+{%- endmacro -%}
+<|start|>system<|message|>Knowledge cutoff: 2024-06
+Reasoning: {{ reasoning_effort | default('medium') }}
+{%- if tools %}
+
+{{ render_tools(tools) }}
+{%- endif %}<|end|>
+{%- set last = namespace(tool=none) %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' %}
+{%- if m.reasoning_content and loop.last %}<|start|>assistant<|channel|>analysis<|message|>{{ m.reasoning_content }}<|end|>{% endif %}
+{%- for tc in m.tool_calls | default([]) %}
+{%- set last.tool = tc.function.name %}<|start|>assistant to=functions.{{ tc.function.name }}<|channel|>commentary json<|message|>{{ tc.function.arguments if tc.function.arguments is string else tc.function.arguments | tojson }}<|call|>
+{%- endfor %}
+{%- if m.content %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>{% endif %}
+{%- elif m.role == 'tool' %}
+{%- if last.tool is none %}{{ raise_exception('tool result without a preceding tool call') }}{% endif %}<|start|>functions.{{ last.tool }} to=assistant<|channel|>commentary<|message|>{{ m.content | tojson if m.content is not string else m.content }}<|end|>
+{%- else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}"""
+
+STYLE_TEMPLATES["parts_and_ids"] = """{%- macro visible(content) -%}
+{%- if content is string -%}{{ content }}
+{%- elif content is iterable and content is not mapping -%}
+{%- for item in content -%}{%- if item is mapping and item.type == 'text' -%}{{ item.text }}{%- elif item is string -%}{{ item }}{%- endif -%}{%- endfor -%}
+{%- elif content is none -%}
+{%- else -%}{{ content }}{%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(last_user=-1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}
+{%- if tools %}<|tools|>{{ tools | tojson(separators=(',', ':')) }}<|/tools|>{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<|user|>{{ visible(m.content) }}{{ ' /nothink' if enable_thinking is defined and not enable_thinking and loop.index0 == ns.last_user }}
+{%- elif m.role == 'assistant' %}<|assistant|>
+{%- set rc = m.reasoning_content if m.reasoning_content is string else '' %}
+{%- if loop.index0 > ns.last_user and rc %}<think>{{ rc.strip() }}</think>{% endif %}
+{{- visible(m.content).strip() }}
+{%- if m.tool_calls is defined and m.tool_calls is not none and m.tool_calls | length > 0 %}
+{%- for tc in m.tool_calls %}
+{%- set f = tc.function if tc.function is defined else tc %}
+<|call|>{{ f.name }}
+{%- if f.arguments is mapping %}{% for k, v in f.arguments.items() %}
+<arg>{{ k }}={{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg>
+{%- endfor %}{% else %}
+<raw>{{ f.arguments }}</raw>{% endif %}
+{%- if tc.id is defined and tc.id | length != 6 and tc.id[:5] != 'call_' %}{{ raise_exception('bad tool call id ' ~ tc.id) }}{% endif %}
+{%- endfor %}
+{%- endif %}
+{%- elif m.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|observations|>{% endif %}
+<obs{{ ' id=' ~ m.tool_call_id if m.tool_call_id is defined }}>{{ visible(m.content) }}</obs>
+{%- elif m.role == 'system' %}<|system|>{{ visible(m.content) | trim }}
+{%- else %}{{ raise_exception('Unknown role: ' ~ m.role) }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}"""
 
 
 def _conv_request(msgs, tools, agp, kw):
