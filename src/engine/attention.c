@@ -6,11 +6,7 @@
 
 #include "engine/engine_internal.h"
 
-static float dot(const float *a, const float *b, int64_t n) {
-    float s = 0;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+static inline float dot(const float *a, const float *b, int64_t n) { return ms_dot(a, b, n); }
 
 static float *thread_buf(ms_engine *e, int tid) { return e->th_buf + (size_t)tid * e->th_stride; }
 
@@ -70,11 +66,7 @@ static void gqa_head(void *ctx, int h, int tid) {
         float inv = (float)(1.0 / sum);
         float *o = e->att + ((int64_t)t * g.H + h) * g.vd;
         memset(o, 0, (size_t)g.vd * sizeof *o);
-        for (int64_t s = s0; s <= p; s++) {
-            const float *vv = V + s * g.vtot + kvh * g.vd;
-            float w = sc[s - s0] * inv;
-            for (int64_t i = 0; i < g.vd; i++) o[i] += w * vv[i];
-        }
+        for (int64_t s = s0; s <= p; s++) ms_axpy(o, sc[s - s0] * inv, V + s * g.vtot + kvh * g.vd, g.vd);
     }
 }
 
@@ -144,11 +136,7 @@ static void mla_head(void *ctx, int h, int tid) {
     memset(qlat, 0, (size_t)(n * lora) * 4);
     for (int64_t r = 0; r < nope; r++) {
         ms_qmat_row(&L->kv_b, r0 + r, row);
-        for (int64_t t = 0; t < n; t++) {
-            float qv = e->q[(t * H + h) * qk + r];
-            float *ql = qlat + t * lora;
-            for (int64_t i = 0; i < lora; i++) ql[i] += qv * row[i];
-        }
+        for (int64_t t = 0; t < n; t++) ms_axpy(qlat + t * lora, e->q[(t * H + h) * qk + r], row, lora);
     }
     for (int64_t t = 0; t < n; t++) {
         int64_t p = e->n_past + t;
@@ -169,9 +157,15 @@ static void mla_head(void *ctx, int h, int tid) {
             for (int64_t i = 0; i < lora; i++) ql[i] += w * ls[i];
         }
     }
-    for (int64_t i = 0; i < vd; i++) {
-        ms_qmat_row(&L->kv_b, r0 + nope + i, row);
-        for (int64_t t = 0; t < n; t++) e->att[(t * H + h) * vd + i] = dot(row, qlat + t * lora, lora);
+    ms_qmat wuv;
+    if (ms_qmat_row_range(&L->kv_b, r0 + nope, vd, &wuv)) {
+        /* W_UV as a view: the fast matmul, written per token into the head's slot */
+        for (int64_t t = 0; t < n; t++) ms_matmul(NULL, e->att + (t * H + h) * vd, qlat + t * lora, 1, &wuv);
+    } else {
+        for (int64_t i = 0; i < vd; i++) {
+            ms_qmat_row(&L->kv_b, r0 + nope + i, row);
+            for (int64_t t = 0; t < n; t++) e->att[(t * H + h) * vd + i] = dot(row, qlat + t * lora, lora);
+        }
     }
 }
 

@@ -38,6 +38,10 @@ void ms_matmul_acc(ms_pool *pool, float *y, const float *x, int n, const ms_qmat
 /* Scalar reference (single-threaded, no SIMD): the twin every fast kernel is tested against. */
 void ms_matmul_ref(float *y, const float *x, int n, const ms_qmat *w);
 
+/* A view of rows [r0, r0 + nrows) of w. Returns 1 and fills out when the rows
+ * can be viewed in place (block scales, if any, must start at a block boundary);
+ * 0 otherwise. */
+int ms_qmat_row_range(const ms_qmat *w, int64_t r0, int64_t nrows, ms_qmat *out);
 /* Dequantize row r of w into out[cols] (F32). */
 void ms_qmat_row(const ms_qmat *w, int64_t r, float *out);
 

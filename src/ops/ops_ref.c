@@ -44,6 +44,19 @@ void ms_to_f32(float *out, const void *src, ms_dtype dt, int64_t n) {
     }
 }
 
+int ms_qmat_row_range(const ms_qmat *w, int64_t r0, int64_t nrows, ms_qmat *out) {
+    if (r0 < 0 || nrows < 0 || r0 + nrows > w->rows) return 0;
+    if (w->scale && r0 % w->brow) return 0;
+    *out = *w;
+    out->rows = nrows;
+    out->data = (const uint8_t *)w->data + (size_t)((uint64_t)r0 * (uint64_t)w->cols * (uint64_t)ms_dtype_bits(w->dtype) / 8);
+    if (w->scale) {
+        int64_t ncol = (w->cols + w->bcol - 1) / w->bcol;
+        out->scale = (const uint8_t *)w->scale + (size_t)((r0 / w->brow) * ncol * (ms_dtype_bits(w->scale_dtype) / 8));
+    }
+    return 1;
+}
+
 void ms_qmat_row(const ms_qmat *w, int64_t r, float *out) {
     int64_t C = w->cols;
     switch (w->dtype) {
