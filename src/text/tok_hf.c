@@ -260,7 +260,8 @@ static int parse_added(ms_tokenizer *t, const cJSON *list, ms_err *err) {
     return MS_OK;
 }
 
-/* bos/eos/pad/unk: a string or an AddedToken dict {"content": ...}. */
+/* bos/eos/pad/unk: a string or an AddedToken dict {"content": ...}; an unknown
+ * bos/eos is an error, an unknown pad/unk is left unset (-1). */
 int ms_tok_apply_config(ms_tokenizer *t, const cJSON *cfg, ms_err *err) {
     static const char *keys[4] = {"bos_token", "eos_token", "pad_token", "unk_token"};
     int32_t *dst[4] = {&t->bos_id, &t->eos_id, &t->pad_id, &t->unk_id};
@@ -271,7 +272,9 @@ int ms_tok_apply_config(ms_tokenizer *t, const cJSON *cfg, ms_err *err) {
         if (!cJSON_IsString(v))
             return ms_fail(err, MS_ERR_FORMAT, "tokenizer_config.json: \"%s\" must be a string or {\"content\": string}", keys[k]);
         int32_t id = ms_tok_token_id(t, v->valuestring);
-        if (id < 0)
+        /* bos/eos must exist; configs often name a pad/unk the vocab lacks
+         * (transformers then leaves it unset too) */
+        if (id < 0 && k < 2)
             return ms_fail(err, MS_ERR_FORMAT, "tokenizer_config.json: %s \"%.80s\" is not a token", keys[k], v->valuestring);
         *dst[k] = id;
     }
