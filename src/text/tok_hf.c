@@ -263,6 +263,9 @@ static int parse_added(ms_tokenizer *t, const cJSON *list, ms_err *err) {
 /* bos/eos/pad/unk: a string or an AddedToken dict {"content": ...}; an unknown
  * bos/eos is an error, an unknown pad/unk is left unset (-1). */
 int ms_tok_apply_config(ms_tokenizer *t, const cJSON *cfg, ms_err *err) {
+    int rc;
+    if ((rc = ms_json_opt_bool(cfg, "add_bos_token", &t->add_bos, "tokenizer_config.json", err))) return rc;
+    if ((rc = ms_json_opt_bool(cfg, "add_eos_token", &t->add_eos, "tokenizer_config.json", err))) return rc;
     static const char *keys[4] = {"bos_token", "eos_token", "pad_token", "unk_token"};
     int32_t *dst[4] = {&t->bos_id, &t->eos_id, &t->pad_id, &t->unk_id};
     for (int k = 0; k < 4; k++) {

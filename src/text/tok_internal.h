@@ -151,6 +151,7 @@ struct ms_tokenizer {
     ms_pre_step *pre;
     int n_pre;
     int32_t bos_id, eos_id, pad_id, unk_id;
+    int add_bos, add_eos; /* tokenizer_config.json add_bos_token / add_eos_token */
     /* tiktoken compatibility: split runs longer than this many code points of
      * whitespace / non-whitespace before encoding (0 = off) */
     size_t max_run_chars;

@@ -456,6 +456,8 @@ int32_t ms_tok_bos_id(const ms_tokenizer *t) { return t->bos_id; }
 int32_t ms_tok_eos_id(const ms_tokenizer *t) { return t->eos_id; }
 int32_t ms_tok_pad_id(const ms_tokenizer *t) { return t->pad_id; }
 int ms_tok_kind(const ms_tokenizer *t) { return t->kind; }
+int ms_tok_adds_bos(const ms_tokenizer *t) { return t->add_bos && t->bos_id >= 0; }
+int ms_tok_adds_eos(const ms_tokenizer *t) { return t->add_eos && t->eos_id >= 0; }
 
 /* ---- construction ---- */
 

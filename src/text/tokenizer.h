@@ -101,6 +101,12 @@ int32_t ms_tok_bos_id(const ms_tokenizer *t);
 int32_t ms_tok_eos_id(const ms_tokenizer *t);
 int32_t ms_tok_pad_id(const ms_tokenizer *t);
 int ms_tok_kind(const ms_tokenizer *t);
+/* 1 when tokenizer_config.json says add_bos_token / add_eos_token (and the
+ * token exists): what transformers' tokenizer(text) adds around plain text
+ * (deepseek_v3: BOS). ms_tok_encode never adds them; a caller encoding text
+ * that is not a rendered chat template prepends ms_tok_bos_id itself. */
+int ms_tok_adds_bos(const ms_tokenizer *t);
+int ms_tok_adds_eos(const ms_tokenizer *t);
 
 /* ---- streaming detokenization ----
  * Feed ids one by one; each call returns the newly completed text. Bytes of a

@@ -242,11 +242,13 @@ TEST(config_tokens) {
     ms_tokenizer *t = load("deepseek_v3");
     if (t) {
         CHECK(ms_tok_bos_id(t) == 0 && ms_tok_eos_id(t) == 1);
+        CHECK(ms_tok_adds_bos(t) && !ms_tok_adds_eos(t));
         CHECK(ms_tok_token_id(t, "<｜begin▁of▁sentence｜>") == 0);
     }
     t = load("qwen3");
     if (t) {
         CHECK(ms_tok_bos_id(t) == -1 && ms_tok_eos_id(t) == 151645 && ms_tok_pad_id(t) == 151643);
+        CHECK(!ms_tok_adds_bos(t));
         CHECK(ms_tok_token_id(t, "<|im_start|>") == 151644 && ms_tok_is_special(t, 151644));
         CHECK(ms_tok_token_id(t, "<think>") == 151667 && !ms_tok_is_special(t, 151667));
     }
