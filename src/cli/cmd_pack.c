@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "engine/streaming.h"
 #include "io/expert_store.h"
 #include "io/reader.h"
 #include "util/json.h"
@@ -44,7 +45,7 @@ int cmd_pack(int argc, char **argv) {
                "per expert, one file per MoE layer (round-robin over --dirs, e.g. one per drive; default\n"
                "STORE_DIR), and STORE_DIR/manifest.json binding the store to this checkpoint (file sizes,\n"
                "SHA-256 of each SafeTensors header and of a data sample) with a CRC32C per expert.\n"
-               "The checkpoint itself is not modified.\n");
+               "The checkpoint itself is not modified. Use it with --store STORE_DIR (verify, run, bench).\n");
         return 0;
     }
     const char *out = ms_arg_str(argc, argv, "--out");
@@ -65,8 +66,27 @@ int cmd_pack(int argc, char **argv) {
         }
         dirs[n_dirs++] = tok;
     }
-    ms_checkpoint ck;
     ms_err err = {0};
+    /* the engine's own binding when it loads the model: the store then matches what it streams */
+    ms_model mdl;
+    if (ms_model_load(model, &mdl, &err) == 0) {
+        ms_pack_stats ps;
+        double t0 = now_s();
+        fprintf(stderr, "packing the routed experts of %s (%s, %.1f MiB of experts)\n", model, mdl.cfg.model_type,
+                mdl.expert_bytes / 1048576.0);
+        int rc = ms_streaming_pack(&mdl, out, dirs, n_dirs, &ps, &err);
+        if (!rc)
+            printf("packed %d layer file(s), %.1f MiB in %.1f s into %s\n", ps.n_files, ps.bytes_written / 1048576.0,
+                   now_s() - t0, out);
+        else
+            fprintf(stderr, "moonshine pack: %s\n", err.msg);
+        ms_model_free(&mdl);
+        free(dirs_buf);
+        return rc ? 1 : 0;
+    }
+    fprintf(stderr, "moonshine pack: the engine does not load this model (%s); packing by tensor naming\n", err.msg);
+    err = (ms_err){0};
+    ms_checkpoint ck;
     ms_expert_naming nm;
     ms_expert_store st;
     int rc = ms_checkpoint_open(model, &ck, &err);

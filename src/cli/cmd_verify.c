@@ -46,7 +46,9 @@ int cmd_verify(int argc, char **argv) {
         printf("usage: moonshine verify FIXTURE_DIR [--threads N]\n"
                "Runs one forward over reference input_ids and a greedy incremental decode from\n"
                "gen_prompt, compares with the reference logits, prints one JSON line and exits 0\n"
-               "only when both max errors are <= 1e-3 and the generated ids match.\n");
+               "only when both max errors are <= 1e-3 and the generated ids match.\n"
+               "Expert streaming (bit-identical to resident): --expert-cache-mib N (0: top-k slots),\n"
+               "--io auto|uring|pread|mmap, --store DIR (moonshine pack), --cache-policy lfu-decay|lru.\n");
         return 0;
     }
     int threads, ctx;

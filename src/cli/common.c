@@ -15,11 +15,38 @@ double ms_now(void) {
 
 static int64_t g_memory_mib = -1;
 
+/* streaming options parsed by ms_cli_engine_args, applied by ms_cli_open */
+static struct {
+    int on;
+    ms_streaming_opts o;
+} g_stream;
+
+static int stream_args(int argc, char **argv) {
+    int64_t mib = -1, qd = 0;
+    const char *io = ms_arg_str(argc, argv, "--io"), *store = ms_arg_str(argc, argv, "--store");
+    const char *pol = ms_arg_str(argc, argv, "--cache-policy");
+    if (ms_arg_int(argc, argv, "--expert-cache-mib", 0, INT64_C(1) << 32, &mib) ||
+        ms_arg_int(argc, argv, "--queue-depth", 0, 256, &qd))
+        return -1;
+    memset(&g_stream, 0, sizeof g_stream);
+    ms_err err = {0};
+    if ((io && ms_io_mode_parse(io, &g_stream.o.io, &err)) || (pol && ms_cache_policy_parse(pol, &g_stream.o.policy, &err))) {
+        fprintf(stderr, "moonshine: %s\n", err.msg);
+        return -1;
+    }
+    g_stream.on = mib >= 0 || io || store || pol;
+    g_stream.o.cache_mib = mib > 0 ? mib : 0;
+    g_stream.o.store_dir = store;
+    g_stream.o.queue_depth = (int)qd;
+    return 0;
+}
+
 int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx) {
     int64_t t = 0, c = 0;
     if (ms_arg_int(argc, argv, "--threads", 0, 1024, &t) || ms_arg_int(argc, argv, "--ctx", 0, 1 << 24, &c) ||
         ms_arg_int(argc, argv, "--memory-mib", 1, INT64_C(1) << 40, &g_memory_mib))
         return -1;
+    if (stream_args(argc, argv)) return -1;
     *threads = (int)t;
     *ctx = (int)c;
     return 0;
@@ -33,16 +60,32 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
         return 1;
     }
+    if (g_stream.on) {
+        char why[1024];
+        if (ms_streaming_experts_create(&x->model, &g_stream.o, &x->experts, why, sizeof why, &err)) {
+            fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+            ms_model_free(&x->model);
+            return 1;
+        }
+        fprintf(stderr, "moonshine %s: %s\n", cmd, why);
+    }
     x->pool = ms_pool_create(threads);
     x->threads = ms_pool_size(x->pool);
-    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool};
+    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts};
     if (g_memory_mib > 0) { /* plan first; refuse what does not fit, before allocating */
         ms_plan p;
-        ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = x->threads, .expert_cache_bytes = -1};
+        int64_t cache = -1;
+        if (x->experts) {
+            ms_stream_stats ss;
+            ms_streaming_stats(x->experts, &ss);
+            cache = (int64_t)ss.slot_bytes * ss.n_slots; /* mapped lazily: nothing touched yet */
+        }
+        ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = x->threads, .expert_cache_bytes = cache};
         if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
         if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)g_memory_mib << 20, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
             ms_pool_destroy(x->pool);
+            if (x->experts) x->experts->ops->destroy(x->experts);
             ms_model_free(&x->model);
             return 1;
         }
@@ -50,6 +93,7 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
     if (ms_engine_create(&x->model, &o, &x->engine, &err)) {
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
         ms_pool_destroy(x->pool);
+        if (x->experts) x->experts->ops->destroy(x->experts);
         ms_model_free(&x->model);
         return 1;
     }
@@ -57,8 +101,24 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
     return 0;
 }
 
+void ms_cli_print_stream_stats(const ms_cli_ctx *x) {
+    if (!x->experts) return;
+    ms_stream_stats s;
+    ms_streaming_stats(x->experts, &s);
+    const ms_engine_stats *es = ms_engine_get_stats(x->engine);
+    fprintf(stderr,
+            "experts: %llu acquired, hit rate %.3f, %.1f MiB read (%.2f GB/s while busy), waited %.3f s; prefetch "
+            "%llu issued, %llu used; lookahead %llu/%llu right\n",
+            (unsigned long long)s.acquires, s.acquires ? (double)s.hits / (double)s.acquires : 0.0,
+            s.bytes_read / 1048576.0, s.busy_s > 0 ? s.bytes_read / s.busy_s / 1e9 : 0.0, s.wait_s,
+            (unsigned long long)s.prefetch_issued, (unsigned long long)s.prefetch_used,
+            (unsigned long long)es->lookahead_correct, (unsigned long long)es->lookahead_predicted);
+}
+
 void ms_cli_close(ms_cli_ctx *x) {
+    if (x->engine) ms_cli_print_stream_stats(x);
     ms_engine_destroy(x->engine);
+    if (x->experts) x->experts->ops->destroy(x->experts);
     ms_pool_destroy(x->pool);
     ms_model_free(&x->model);
 }

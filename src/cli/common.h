@@ -3,6 +3,7 @@
 #define MS_CLI_COMMON_H
 
 #include "engine/engine.h"
+#include "engine/streaming.h"
 #include "model/model.h"
 
 typedef struct ms_cli_ctx {
@@ -11,13 +12,19 @@ typedef struct ms_cli_ctx {
     ms_engine *engine;
     int threads;
     double load_seconds;
+    ms_expert_source *experts; /* the streaming source when --expert-cache-mib/--io/--store were given, else NULL */
 } ms_cli_ctx;
 
-/* Parse the engine options every command shares (--threads N, --ctx N) from argv. */
+/* Parse the engine options every command shares (--threads N, --ctx N) from argv, and the
+ * expert streaming options (--expert-cache-mib N, --io uring|pread|mmap|auto, --store DIR,
+ * --cache-policy lfu-decay|lru, --queue-depth N), which ms_cli_open then applies: any of
+ * them streams routed experts through a bounded cache instead of the resident mapping. */
 int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx);
 /* Load dir and create pool + engine; prints the error and returns nonzero on failure. */
 int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_ctx *x);
 void ms_cli_close(ms_cli_ctx *x);
+/* Print the streaming source's statistics as one line to stderr (nothing when not streaming). */
+void ms_cli_print_stream_stats(const ms_cli_ctx *x);
 double ms_now(void);
 
 #endif

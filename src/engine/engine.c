@@ -132,6 +132,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     ms_engine *e = calloc(1, sizeof *e);
     if (!e) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     e->m = m;
+    e->la_layer = -1;
     e->pool = opts ? opts->pool : NULL;
     e->n_threads = ms_pool_size(e->pool);
     size_t T, B;
@@ -206,6 +207,7 @@ void ms_engine_destroy(ms_engine *e) {
 void ms_engine_reset(ms_engine *e) {
     e->n_past = 0;
     ms_dsa_engine_reset(e);
+    e->la_layer = -1;
     for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_reset(&e->kda[l]);
 }
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }

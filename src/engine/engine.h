@@ -25,6 +25,7 @@ typedef struct ms_engine_stats {
     uint64_t tokens;             /* tokens forwarded */
     uint64_t expert_activations; /* (token, expert) pairs computed */
     uint64_t experts_acquired;   /* unique experts requested from the source, summed over layers/steps */
+    uint64_t lookahead_predicted, lookahead_correct; /* decode: experts predicted one layer early, and right */
 } ms_engine_stats;
 
 typedef struct ms_engine ms_engine;

@@ -4,6 +4,9 @@
 
 #include "engine/engine.h"
 
+/* lookahead prefetch is skipped for routers choosing more experts than this */
+#define MS_LOOKAHEAD_MAX_K 64
+
 struct ms_engine {
     ms_model *m;
     ms_pool *pool;
@@ -41,6 +44,9 @@ struct ms_engine {
     struct ms_dsa_state *dsa;
     struct ms_mhc_state *mhc; /* hyper-connection streams (engine/mhc_layer.c), NULL for hc_mult <= 1 */
     int64_t fwd_len;     /* length of the forward whose top-k tie choices are reproduced */
+    /* decode lookahead: the experts layer la_layer was predicted to pick (-1: none pending) */
+    int la_layer;
+    int la_ids[MS_LOOKAHEAD_MAX_K];
 };
 
 /* Sublayers: read e->xn [n, hidden], write the sublayer output into out [n, hidden]. */

@@ -48,6 +48,9 @@ typedef struct ms_expert_source_ops {
 
 struct ms_expert_source {
     const ms_expert_source_ops *ops;
+    /* Most experts one acquire may ask for (a bounded cache); 0 = no limit. The MoE
+     * block acquires a layer's experts in groups of at most this many. */
+    int max_acquire;
 };
 
 static inline int ms_experts_acquire(ms_expert_source *s, int layer, int n, const int *ids, ms_expert_view *v,

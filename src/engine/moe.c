@@ -135,6 +135,27 @@ static void expert_ffn(ms_engine *e, const ms_expert_view *v, int m) {
     add_bias_rows(e->ys, v->down_bias, v->bias_dtype, m, D);
 }
 
+/* Decode lookahead: apply the next MoE layer's router to this layer's FFN input and
+ * prefetch the experts it picks, so their reads overlap this layer's compute. Only
+ * for sources that prefetch (streaming); uses rlog/th_buf, free once routed. */
+static void lookahead_prefetch(ms_engine *e, int layer, int n) {
+    const ms_config *c = &e->m->cfg;
+    int K = (int)c->top_k;
+    if (n != 1 || !e->experts->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return;
+    int next = -1;
+    for (int l = layer + 1; l < c->n_layers && next < 0; l++)
+        if (c->layer_mlp[l] == MS_MLP_MOE) next = l;
+    if (next < 0) return;
+    const ms_layer *N = &e->m->layers[next];
+    float w[MS_LOOKAHEAD_MAX_K];
+    ms_matmul(e->pool, e->rlog, e->xn, 1, &N->router);
+    if (N->router_lbias)
+        for (int x = 0; x < c->n_experts; x++) e->rlog[x] += N->router_lbias[x];
+    route(c, e->rlog, N->router_bias, e->th_buf, e->la_ids, w);
+    e->la_layer = next;
+    ms_experts_prefetch(e->experts, next, K, e->la_ids);
+}
+
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->m->layers[layer];
@@ -178,25 +199,40 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     int nu = 0;
     for (int x = 0; x < E; x++)
         if (cnt[x + 1] > cnt[x]) uniq[nu++] = x;
-    int rc = ms_experts_acquire(e->experts, layer, nu, uniq, views, err);
-    if (rc) {
-        free(pos), free(uniq), free(views);
-        return rc;
+    /* lookahead accounting: how many of this token's experts the previous layer predicted */
+    if (n == 1 && e->la_layer == layer) {
+        for (int i = 0; i < K; i++)
+            for (int j = 0; j < K; j++) e->stats.lookahead_correct += e->topk_ids[i] == e->la_ids[j];
+        e->stats.lookahead_predicted += (uint64_t)K;
     }
+    e->la_layer = -1;
     e->stats.experts_acquired += (uint64_t)nu;
     e->stats.expert_activations += (uint64_t)n * K;
     memset(acc, 0, (size_t)(n * D) * 4);
-    for (int u = 0; u < nu; u++) {
-        int x = uniq[u], b = cnt[x], m = cnt[x + 1] - cnt[x];
-        for (int i = 0; i < m; i++) memcpy(e->xs + (int64_t)i * D, in + (int64_t)e->ex_tokens[b + i] * D, (size_t)D * 4);
-        expert_ffn(e, &views[u], m);
-        for (int i = 0; i < m; i++) {
-            float w = e->ex_w[b + i], *o = acc + (int64_t)e->ex_tokens[b + i] * D;
-            const float *y = e->ys + (int64_t)i * D;
-            for (int64_t d = 0; d < D; d++) o[d] += w * y[d];
+    /* a bounded expert cache serves at most max_acquire experts at once: groups, in expert order
+     * (the same accumulation order as one acquire, so results do not depend on the cache size) */
+    int group = e->experts->max_acquire > 0 ? e->experts->max_acquire : nu;
+    for (int g0 = 0; g0 < nu; g0 += group) {
+        int gn = nu - g0 < group ? nu - g0 : group;
+        int rc = ms_experts_acquire(e->experts, layer, gn, uniq + g0, views, err);
+        if (rc) {
+            free(pos), free(uniq), free(views);
+            return rc;
         }
+        if (g0 == 0) lookahead_prefetch(e, layer, n);
+        for (int u = 0; u < gn; u++) {
+            int x = uniq[g0 + u], b = cnt[x], m = cnt[x + 1] - cnt[x];
+            for (int i = 0; i < m; i++)
+                memcpy(e->xs + (int64_t)i * D, in + (int64_t)e->ex_tokens[b + i] * D, (size_t)D * 4);
+            expert_ffn(e, &views[u], m);
+            for (int i = 0; i < m; i++) {
+                float w = e->ex_w[b + i], *o = acc + (int64_t)e->ex_tokens[b + i] * D;
+                const float *y = e->ys + (int64_t)i * D;
+                for (int64_t d = 0; d < D; d++) o[d] += w * y[d];
+            }
+        }
+        ms_experts_release(e->experts, layer);
     }
-    ms_experts_release(e->experts, layer);
     free(pos), free(uniq), free(views);
     if (c->latent_moe) {
         if (c->latent_moe_norm) ms_rmsnorm(acc, acc, L->lat_norm, n, (int)D, (float)c->rms_eps);

@@ -363,6 +363,80 @@ fail:
     return rc;
 }
 
+int ms_expert_store_from_extents(const ms_checkpoint *ck, int n_model_layers, const uint8_t *is_moe, int n_experts,
+                                 int n_roles, const char *const *role_names, ms_extent_fn fn, void *ctx,
+                                 ms_expert_store *st, ms_err *err) {
+    memset(st, 0, sizeof *st);
+    if (n_model_layers < 1 || n_model_layers > 4096 || n_experts < 1 || n_experts > 65536 || n_roles < 1 ||
+        n_roles > MS_EXPERT_MAX_ROLES)
+        return ms_fail(err, MS_ERR_ARG, "expert store: %d layers, %d experts, %d roles", n_model_layers, n_experts,
+                       n_roles);
+    int n_layers = 0;
+    for (int L = 0; L < n_model_layers; L++) n_layers += is_moe[L] != 0;
+    if (!n_layers) return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: no layer has routed experts", ck->dir);
+    for (int r = 0; r < n_roles; r++)
+        if (!role_names[r] || !*role_names[r] || strlen(role_names[r]) >= MS_EXPERT_ROLE_NAME)
+            return ms_fail(err, MS_ERR_ARG, "expert store: role %d has no usable name", r);
+    int rc = store_alloc(st, n_layers, n_model_layers, n_experts, n_roles, err);
+    if (rc) goto fail;
+    st->n_files = ck->n_files;
+    st->paths = calloc((size_t)ck->n_files, sizeof *st->paths);
+    if (!st->paths) { rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); goto fail; }
+    for (int i = 0; i < ck->n_files; i++)
+        if (!(st->paths[i] = strdup(ck->files[i].path))) { rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); goto fail; }
+    int li = 0;
+    for (int L = 0; L < n_model_layers; L++) {
+        if (!is_moe[L]) continue;
+        st->layer_id[li] = L;
+        st->store_layer[L] = li;
+        for (int e = 0; e < n_experts; e++) {
+            ext_t ex[MS_EXPERT_MAX_ROLES];
+            int n = 0;
+            for (int r = 0; r < n_roles; r++) {
+                ms_expert_role_info *ri = &st->roles[li * n_roles + r];
+                ms_extent x;
+                int got = fn(ctx, L, e, r, &x, err);
+                if (got < 0) { rc = got; goto fail; }
+                if (e == 0) {
+                    snprintf(ri->name, sizeof ri->name, "%s", role_names[r]);
+                    if (got) {
+                        ri->present = 1;
+                        ri->dtype = MS_DT_U8;
+                        ri->ndim = 1;
+                        ri->shape[0] = (int64_t)x.len;
+                        ri->nbytes = x.len;
+                    }
+                }
+                if (!got && !ri->present) continue;
+                if (!got || !ri->present || x.len != ri->nbytes) {
+                    rc = ms_fail(err, MS_ERR_SHAPE, "layer %d expert %d role %s: %s than expert 0", L, e, role_names[r],
+                                 !got ? "absent, unlike expert 0" : !ri->present ? "present, unlike expert 0"
+                                                                                 : "a different byte length");
+                    goto fail;
+                }
+                if (x.file < 0 || x.file >= ck->n_files || x.len == 0 || x.offset > ck->files[x.file].map.size ||
+                    x.len > ck->files[x.file].map.size - x.offset) {
+                    rc = ms_fail(err, MS_ERR_FORMAT, "layer %d expert %d role %s: extent outside its file", L, e,
+                                 role_names[r]);
+                    goto fail;
+                }
+                ex[n++] = (ext_t){.role = r, .file = x.file, .off = x.offset, .len = x.len};
+            }
+            if (!n) {
+                rc = ms_fail(err, MS_ERR_SHAPE, "layer %d expert %d: no role has bytes in the checkpoint", L, e);
+                goto fail;
+            }
+            make_pieces(ex, n, n_roles, &st->loc[(int64_t)li * n_experts + e]);
+        }
+        li++;
+    }
+    store_finish_sizes(st);
+    return MS_OK;
+fail:
+    ms_expert_store_free(st);
+    return rc;
+}
+
 /* ---- packing ---- */
 
 int ms_checkpoint_header_sha256(const ms_checkpoint *ck, int i, char hex[65], ms_err *err) {

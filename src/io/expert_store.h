@@ -98,6 +98,19 @@ int ms_expert_store_from_checkpoint(const ms_checkpoint *ck, const ms_expert_nam
                                     int n_experts, ms_expert_store *st, ms_err *err);
 void ms_expert_store_free(ms_expert_store *st);
 
+/* Caller-supplied extents: the bytes of role `role` of expert `expert` of model layer
+ * `layer`. Return 1 and fill *ext when present, 0 when absent, negative (with err) on error. */
+typedef int (*ms_extent_fn)(void *ctx, int layer, int expert, int role, ms_extent *ext, ms_err *err);
+
+/* A store over ck's files from caller-given extents (e.g. the engine's bound expert views):
+ * layers L < n_model_layers with is_moe[L] != 0, n_experts each, n_roles roles named
+ * role_names (recorded as U8 [nbytes]). A role present for expert 0 of a layer must be
+ * present with the same length for every expert of that layer. Errors: MS_ERR_ARG,
+ * MS_ERR_SHAPE naming layer/expert/role, MS_ERR_FORMAT for an extent outside its file. */
+int ms_expert_store_from_extents(const ms_checkpoint *ck, int n_model_layers, const uint8_t *is_moe, int n_experts,
+                                 int n_roles, const char *const *role_names, ms_extent_fn fn, void *ctx,
+                                 ms_expert_store *st, ms_err *err);
+
 /* Where the pieces of expert (store layer li, expert e) go in a buffer of st->buf_bytes
  * bytes: piece_base[p] (4 KiB aligned offsets) and, for each role, the offset of its
  * first byte in the buffer (role_at[r], UINT64_MAX when absent). */

@@ -1,0 +1,161 @@
+#include "engine/streaming.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_ROLES 9
+static const char *const k_roles[N_ROLES] = {"gate", "gate_scale", "up", "up_scale", "down",
+                                             "down_scale", "gate_bias", "up_bias", "down_bias"};
+
+static uint64_t mat_bytes(const ms_qmat *q) {
+    return ((uint64_t)q->rows * (uint64_t)q->cols * (uint64_t)ms_dtype_bits(q->dtype) + 7) / 8;
+}
+
+static uint64_t scale_bytes(const ms_qmat *q) {
+    if (!q->scale || q->brow < 1 || q->bcol < 1) return 0;
+    uint64_t r = (uint64_t)((q->rows + q->brow - 1) / q->brow), c = (uint64_t)((q->cols + q->bcol - 1) / q->bcol);
+    return (r * c * (uint64_t)ms_dtype_bits(q->scale_dtype) + 7) / 8;
+}
+
+/* Role r of view v: pointer and length. */
+static const void *role_ptr(const ms_expert_view *v, int r, uint64_t *len) {
+    const ms_qmat *q = r < 2 ? &v->gate : r < 4 ? &v->up : &v->down;
+    switch (r) {
+    case 0: case 2: case 4: *len = mat_bytes(q); return q->data;
+    case 1: case 3: case 5: *len = scale_bytes(q); return q->scale;
+    case 6: *len = (uint64_t)v->gate.rows * ms_dtype_bits(v->bias_dtype) / 8; return v->gate_bias;
+    case 7: *len = (uint64_t)v->up.rows * ms_dtype_bits(v->bias_dtype) / 8; return v->up_bias;
+    default: *len = (uint64_t)v->down.rows * ms_dtype_bits(v->bias_dtype) / 8; return v->down_bias;
+    }
+}
+
+static int view_extent(void *ctx, int layer, int expert, int role, ms_extent *ext, ms_err *err) {
+    ms_model *m = ctx;
+    const ms_expert_view *v = &m->layers[layer].experts[expert];
+    uint64_t len = 0;
+    const uint8_t *p = role_ptr(v, role, &len);
+    if (!p || !len) return 0;
+    for (int i = 0; i < m->ck.n_files; i++) {
+        const ms_mapping *mp = &m->ck.files[i].map;
+        if (mp->data && p >= mp->data && p < mp->data + mp->size) {
+            uint64_t off = (uint64_t)(p - mp->data);
+            if (len > mp->size - off)
+                return ms_fail(err, MS_ERR_FORMAT, "layer %d expert %d %s: %llu bytes run past the end of %s", layer,
+                               expert, k_roles[role], (unsigned long long)len, m->ck.files[i].path);
+            *ext = (ms_extent){.file = i, .offset = off, .len = len};
+            return 1;
+        }
+    }
+    return 0; /* a resident copy (e.g. an F32 bias): stays where it is */
+}
+
+/* The streamed view: the resident view with the streamed roles moved into the slot. */
+static int bind_relocate(void *ctx, const ms_expert_bytes *b, ms_expert_view *v, ms_err *err) {
+    ms_model *m = ctx;
+    *v = m->layers[b->layer].experts[b->expert];
+    for (int r = 0; r < N_ROLES && r < b->n_roles; r++) {
+        const void *d = b->data[r];
+        if (!d) continue;
+        switch (r) {
+        case 0: v->gate.data = d; break;
+        case 1: v->gate.scale = d; break;
+        case 2: v->up.data = d; break;
+        case 3: v->up.scale = d; break;
+        case 4: v->down.data = d; break;
+        case 5: v->down.scale = d; break;
+        case 6: v->gate_bias = d; break;
+        case 7: v->up_bias = d; break;
+        default: v->down_bias = d; break;
+        }
+    }
+    return MS_OK;
+}
+
+static int store_of_model(ms_model *m, ms_expert_store *st, ms_err *err) {
+    int nl = (int)m->cfg.n_layers;
+    uint8_t *moe = calloc((size_t)nl, 1);
+    if (!moe) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < nl; l++) moe[l] = m->layers[l].experts != NULL;
+    int rc = ms_expert_store_from_extents(&m->ck, nl, moe, (int)m->cfg.n_experts, N_ROLES, k_roles, view_extent, m,
+                                          st, err);
+    free(moe);
+    return rc;
+}
+
+typedef struct {
+    ms_expert_source base;
+    ms_expert_source *inner;
+    ms_expert_store ck_store, packed;
+    int use_packed;
+} wrap_src;
+
+static int w_acquire(ms_expert_source *s, int layer, int n, const int *ids, ms_expert_view *v, ms_err *err) {
+    wrap_src *w = (wrap_src *)s;
+    return w->inner->ops->acquire(w->inner, layer, n, ids, v, err);
+}
+static void w_release(ms_expert_source *s, int layer) { ms_experts_release(((wrap_src *)s)->inner, layer); }
+static void w_prefetch(ms_expert_source *s, int layer, int n, const int *ids) {
+    ms_experts_prefetch(((wrap_src *)s)->inner, layer, n, ids);
+}
+static void w_destroy(ms_expert_source *s) {
+    wrap_src *w = (wrap_src *)s;
+    if (!w) return;
+    if (w->inner) w->inner->ops->destroy(w->inner);
+    ms_expert_store_free(&w->ck_store);
+    ms_expert_store_free(&w->packed);
+    free(w);
+}
+static const ms_expert_source_ops k_wrap_ops = {w_acquire, w_release, w_prefetch, w_destroy};
+
+int ms_is_streaming_source(const ms_expert_source *s) { return s && s->ops == &k_wrap_ops; }
+
+void ms_streaming_stats(const ms_expert_source *s, ms_stream_stats *out) {
+    ms_stream_source_stats(((const wrap_src *)s)->inner, out);
+}
+
+int ms_streaming_experts_create(ms_model *m, const ms_streaming_opts *o, ms_expert_source **out, char *why,
+                                size_t why_cap, ms_err *err) {
+    *out = NULL;
+    if (why && why_cap) why[0] = 0;
+    if (!m->cfg.n_experts) return ms_fail(err, MS_ERR_ARG, "%s: the model has no routed experts to stream", m->ck.dir);
+    if (o->cache_mib < 0 || o->cache_mib > (INT64_C(1) << 32))
+        return ms_fail(err, MS_ERR_ARG, "expert cache of %lld MiB", (long long)o->cache_mib);
+    wrap_src *w = calloc(1, sizeof *w);
+    if (!w) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    w->base.ops = &k_wrap_ops;
+    int rc = store_of_model(m, &w->ck_store, err);
+    if (!rc && o->store_dir) {
+        rc = ms_expert_store_open_packed(o->store_dir, &m->ck, &w->ck_store, &w->packed, err);
+        w->use_packed = !rc;
+    }
+    char rwhy[700] = "";
+    if (!rc) {
+        ms_stream_opts so = {.budget_bytes = (uint64_t)o->cache_mib << 20, .min_slots = (int)m->cfg.top_k,
+                             .io = o->io, .queue_depth = o->queue_depth, .policy = o->policy, .verify = !o->no_verify,
+                             .bind = bind_relocate, .bind_ctx = m};
+        rc = ms_stream_source_create(w->use_packed ? &w->packed : &w->ck_store, &so, &w->inner, rwhy, sizeof rwhy, err);
+    }
+    if (rc) {
+        w_destroy(&w->base);
+        return rc;
+    }
+    w->base.max_acquire = ms_stream_source_slots(w->inner);
+    const ms_expert_store *st = w->use_packed ? &w->packed : &w->ck_store;
+    if (why && why_cap)
+        snprintf(why, why_cap, "experts streamed from %s: io %s; cache %d slots x %.2f MiB (%s)",
+                 w->use_packed ? o->store_dir : "the checkpoint", rwhy, w->base.max_acquire, st->buf_bytes / 1048576.0,
+                 ms_cache_policy_name(o->policy));
+    *out = &w->base;
+    return MS_OK;
+}
+
+int ms_streaming_pack(ms_model *m, const char *out_dir, const char *const *dirs, int n_dirs, ms_pack_stats *stats,
+                      ms_err *err) {
+    ms_expert_store st;
+    int rc = store_of_model(m, &st, err);
+    if (rc) return rc;
+    rc = ms_expert_pack(&m->ck, &st, out_dir, dirs, n_dirs, stats, err);
+    ms_expert_store_free(&st);
+    return rc;
+}
