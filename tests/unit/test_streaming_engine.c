@@ -94,7 +94,7 @@ static void check_fixture(const char *name) {
 }
 
 TEST(bit_identical_to_resident) {
-    const char *names[] = {"deepseek_v3_fp8", "qwen3_moe", "kimi_linear", "minimax_m2", "gpt_oss_mxfp4", "deepseek_v32"};
+    const char *names[] = {"deepseek_v3_fp8", "qwen3_moe", "kimi_linear", "minimax_m2", "gpt_oss_mxfp4", "deepseek_v32", "kimi_k3_mxfp4"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) check_fixture(names[i]);
 }
 
