@@ -24,6 +24,7 @@ typedef struct {
     int64_t shape[4];
     ms_wkind kind;
     int scale_of;      /* for a scale tensor: index of its weight; -1 otherwise */
+    int f4;            /* MXFP4 weight_packed (U8 [rows, cols/2]); its weight_scale follows */
     int shard;
     uint64_t offset, nbytes;
 } synth_tensor;
@@ -90,16 +91,50 @@ static int64_t nelem(const synth_tensor *t) {
     return n;
 }
 
-/* Write tensor ts[i] (and, for an FP8 weight, its scale ts[i+1]) into fd. */
+/* MXFP4 (OCP MX, e2m1 with one E8M0 scale per 32 values along a row): the
+ * scale is 2^(floor(log2(amax)) - 2), so amax / scale lies in [4, 8) and values
+ * round to the nearest of {0, .5, 1, 1.5, 2, 3, 4, 6} (saturating at 6). Two
+ * values per byte, low nibble = even column; scale byte = exponent + 127. */
+static uint8_t e2m1_nibble(float v) {
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float a = fabsf(v);
+    int best = 0;
+    for (int k = 1; k < 8; k++)
+        if (fabsf(a - mag[k]) < fabsf(a - mag[best])) best = k;
+    return (uint8_t)(best | (v < 0 && best ? 8 : 0));
+}
+
+static void quantize_mxfp4(const float *f, int64_t n_rows, int64_t cols, uint8_t *packed, uint8_t *scales) {
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t g = 0; g < cols / 32; g++) {
+            const float *x = f + r * cols + g * 32;
+            float amax = 0;
+            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(x[k]));
+            int e = amax > 0 ? (int)floorf(log2f(amax)) - 2 : 0;
+            if (e < -127) e = -127;
+            if (e > 127) e = 127;
+            scales[r * (cols / 32) + g] = (uint8_t)(e + 127);
+            float inv = ldexpf(1.0f, -e);
+            uint8_t *o = packed + r * (cols / 2) + g * 16;
+            for (int k = 0; k < 16; k++)
+                o[k] = (uint8_t)(e2m1_nibble(x[2 * k] * inv) | (e2m1_nibble(x[2 * k + 1] * inv) << 4));
+        }
+}
+
+/* Write tensor ts[i] (and, for an FP8 or MXFP4 weight, its scale ts[i+1]) into fd. */
 static int write_tensor(int fd, const char *path, synth_tensor *ts, int i, uint64_t data_start, uint64_t seed,
                         ms_err *err) {
     synth_tensor *t = &ts[i];
     rng_t r;
-    rng_seed(&r, seed, t->name);
+    char base[sizeof t->name];
+    snprintf(base, sizeof base, "%s", t->name);
+    if (t->f4) base[strlen(base) - 7] = 0; /* X.weight_packed draws the values of X.weight */
+    rng_seed(&r, seed, base);
     float center, half;
     dist(t->kind, &center, &half);
     /* rows x cols: all leading dims x the last one (1-D: one row) */
     int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1, rows = cols ? nelem(t) / cols : 0;
+    if (t->f4) cols *= 2; /* weight_packed holds two values per byte */
     int64_t brows = t->dtype == MS_DT_F8_E4M3 ? 128 : (rows < 64 ? rows : 64);
     int esz = ms_dtype_bits(t->dtype) / 8;
     float *f = malloc((size_t)(brows * cols) * sizeof *f);
@@ -114,6 +149,15 @@ static int write_tensor(int fd, const char *path, synth_tensor *ts, int i, uint6
     for (int64_t r0 = 0; r0 < rows && !rc; r0 += brows) {
         int64_t nr = rows - r0 < brows ? rows - r0 : brows, n = nr * cols;
         fill_uniform(&r, f, n, center, half);
+        if (t->f4) {
+            uint8_t *sc = o + n / 2; /* o holds n bytes: packed n/2, then n/32 scale bytes */
+            quantize_mxfp4(f, nr, cols, o, sc);
+            const synth_tensor *st = &ts[i + 1];
+            rc = pwrite_all(fd, sc, (size_t)(n / 32), data_start + st->offset + (uint64_t)(r0 * (cols / 32)), path, err);
+            if (!rc)
+                rc = pwrite_all(fd, o, (size_t)(n / 2), data_start + t->offset + (uint64_t)(r0 * (cols / 2)), path, err);
+            continue;
+        }
         if (t->dtype == MS_DT_F32) memcpy(o, f, (size_t)n * 4);
         else if (t->dtype == MS_DT_BF16)
             for (int64_t k = 0; k < n; k++) ((uint16_t *)o)[k] = ms_f32_to_bf16(f[k]);
@@ -154,6 +198,38 @@ static int copy_file(const char *src, const char *dst, ms_err *err) {
     return rc;
 }
 
+/* Declare compressed-tensors MXFP4 in the config object that holds the text
+ * model (text_config for multimodal wrappers, as config.c reads it): the
+ * routed experts are packed, everything else is listed as ignored. */
+static int declare_mxfp4(cJSON *cj, const char *where, ms_err *err) {
+    cJSON *tc = cJSON_GetObjectItemCaseSensitive(cj, "text_config");
+    cJSON *dst = cJSON_IsObject(tc) && !cJSON_GetObjectItemCaseSensitive(cj, "vocab_size") ? tc : cj;
+    cJSON *q = cJSON_CreateObject();
+    if (!q) return ms_fail(err, MS_ERR_NOMEM, "%s: out of memory", where);
+    cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
+    cJSON_AddStringToObject(q, "format", "mxfp4-pack-quantized");
+    cJSON_AddStringToObject(q, "quantization_status", "compressed");
+    cJSON *g = cJSON_AddObjectToObject(cJSON_AddObjectToObject(q, "config_groups"), "group_0");
+    cJSON_AddStringToObject(g, "format", "mxfp4-pack-quantized");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(g, "targets"), cJSON_CreateString("Linear"));
+    cJSON *w = cJSON_AddObjectToObject(g, "weights");
+    cJSON_AddNumberToObject(w, "num_bits", 4);
+    cJSON_AddStringToObject(w, "type", "float");
+    cJSON_AddStringToObject(w, "strategy", "group");
+    cJSON_AddNumberToObject(w, "group_size", 32);
+    cJSON_AddBoolToObject(w, "symmetric", 1);
+    cJSON_AddBoolToObject(w, "dynamic", 0);
+    cJSON_AddStringToObject(w, "scale_dtype", "torch.uint8");
+    cJSON *ign = cJSON_AddArrayToObject(q, "ignore");
+    const char *pats[] = {"re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                          "re:.*lm_head.*", "re:.*routed_expert_(down|up)_proj.*", "re:.*block_sparse_moe\\.gate.*",
+                          "re:.*vision_tower.*", "re:.*mm_projector.*"};
+    for (size_t i = 0; i < sizeof pats / sizeof *pats; i++) cJSON_AddItemToArray(ign, cJSON_CreateString(pats[i]));
+    cJSON_DeleteItemFromObjectCaseSensitive(dst, "quantization_config");
+    cJSON_AddItemToObject(dst, "quantization_config", q);
+    return MS_OK;
+}
+
 static ms_dtype pick_dtype(const ms_synth_opts *o, const ms_config *c, ms_wkind k) {
     if (k == MS_W_EXPERT) return o->expert_dtype;
     if (k == MS_W_MATRIX && c->fp8) return MS_DT_F8_E4M3;
@@ -171,8 +247,8 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
     if (o->dtype != MS_DT_F32 && o->dtype != MS_DT_BF16 && o->dtype != MS_DT_F16)
         return ms_fail(err, MS_ERR_ARG, "synth: --dtype must be f32, bf16 or f16");
     if (o->expert_dtype != MS_DT_F32 && o->expert_dtype != MS_DT_BF16 && o->expert_dtype != MS_DT_F16 &&
-        o->expert_dtype != MS_DT_F8_E4M3)
-        return ms_fail(err, MS_ERR_ARG, "synth: --expert-dtype must be f32, bf16, f16 or fp8");
+        o->expert_dtype != MS_DT_F8_E4M3 && o->expert_dtype != MS_DT_F4)
+        return ms_fail(err, MS_ERR_ARG, "synth: --expert-dtype must be f32, bf16, f16, fp8 or mxfp4");
     if ((rc = ms_read_file(o->config_path, 16u << 20, &text, &len, err))) return rc;
     ms_config cfg;
     if ((rc = ms_config_parse(text, len, o->config_path, &cfg, err))) goto out;
@@ -190,6 +266,7 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         cJSON_AddItemToObject(cj, "quantization_config", q);
         cfg.fp8 = 0; /* the static tier stays in --dtype */
     }
+    if (o->expert_dtype == MS_DT_F4 && (rc = declare_mxfp4(cj, o->config_path, err))) goto out;
     if (cfg.fp8 && (cfg.fp8_block[0] != 128 || cfg.fp8_block[1] != 128)) {
         rc = ms_fail(err, MS_ERR_UNSUPPORTED, "synth: only 128x128 FP8 blocks are generated");
         goto out;
@@ -206,6 +283,35 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         t->kind = specs[i].kind;
         t->dtype = t->ndim == 2 ? pick_dtype(o, &cfg, t->kind) : o->dtype;
         t->scale_of = -1;
+        if (t->dtype == MS_DT_F4) { /* compressed-tensors: X.weight -> X.weight_packed + X.weight_scale */
+            if (t->ndim != 2 || t->shape[1] % 32) {
+                rc = ms_fail(err, MS_ERR_UNSUPPORTED, "synth: %s is not a matrix with a multiple of 32 columns (MXFP4)",
+                             t->name);
+                goto out;
+            }
+            size_t nl = strlen(t->name);
+            if (nl < 7 || strcmp(t->name + nl - 7, ".weight") || nl + 7 >= sizeof t->name) {
+                rc = ms_fail(err, MS_ERR_ARG, "synth: cannot name the MXFP4 tensors of %s", t->name);
+                goto out;
+            }
+            int64_t cols = t->shape[1];
+            strcat(t->name, "_packed");
+            t->dtype = MS_DT_U8;
+            t->f4 = 1;
+            t->shape[1] = cols / 2;
+            t->nbytes = (uint64_t)t->shape[0] * (uint64_t)t->shape[1];
+            synth_tensor *sct = &ts[n++];
+            memcpy(sct->name, t->name, sizeof sct->name);
+            memcpy(sct->name + nl, "_scale", 7); /* X.weight -> X.weight_scale */
+            sct->ndim = 2;
+            sct->shape[0] = t->shape[0];
+            sct->shape[1] = cols / 32;
+            sct->dtype = MS_DT_U8;
+            sct->kind = MS_W_VECTOR;
+            sct->scale_of = n - 2;
+            sct->nbytes = (uint64_t)sct->shape[0] * (uint64_t)sct->shape[1];
+            continue;
+        }
         t->nbytes = (uint64_t)nelem(t) * (uint64_t)(ms_dtype_bits(t->dtype) / 8);
         if (t->dtype == MS_DT_F8_E4M3) {
             synth_tensor *s = &ts[n++];

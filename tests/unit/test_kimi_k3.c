@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "test.h"
 #include "util/fs.h"
 
@@ -286,6 +287,68 @@ TEST(situ_matches_formula) {
         double a = tanh((double)g[i]) / (1.0 + exp(-(double)g[i]));
         CHECK_NEAR(o[i], a * u[i], 1e-5 * (1 + fabs(a * u[i])));
     }
+}
+
+/* synth --expert-dtype mxfp4 on a K3 config: experts in the compressed-tensors
+ * layout, bound as F4 views, each value the e2m1 rounding of the same seed's
+ * F32 value under the OCP MX scale 2^(floor(log2 amax) - 2) of its group of 32
+ * (saturating at 6);
+ * the model runs. */
+TEST(k3_synth_mxfp4) {
+    char d1[] = "/tmp/ms_k3q_XXXXXX", d2[] = "/tmp/ms_k3f_XXXXXX";
+    CHECK(mkdtemp(d1) && mkdtemp(d2));
+    ms_err err = {0};
+    ms_synth_result r;
+    ms_synth_opts o = {.config_path = K3 "/config.json", .out_dir = d1, .seed = 11, .dtype = MS_DT_BF16,
+                       .expert_dtype = MS_DT_F4};
+    CHECK_MSG(ms_synth(&o, &r, &err) == MS_OK, "%s", err.msg);
+    o.out_dir = d2;
+    o.dtype = o.expert_dtype = MS_DT_F32;
+    CHECK_MSG(ms_synth(&o, &r, &err) == MS_OK, "%s", err.msg);
+    ms_model q, f;
+    CHECK_MSG(ms_model_load(d1, &q, &err) == MS_OK, "%s", err.msg);
+    CHECK_MSG(ms_model_load(d2, &f, &err) == MS_OK, "%s", err.msg);
+    CHECK(q.cfg.mxfp4_packed == 1);
+    const ms_qmat *wq = &q.layers[1].experts[5].down, *wf = &f.layers[1].experts[5].down;
+    CHECK(wq->dtype == MS_DT_F4 && wq->scale_dtype == MS_DT_F8_E8M0 && wq->bcol == 32 && wf->dtype == MS_DT_F32);
+    int bad = 0, exact = 0, total = 0;
+    float rq[256], rf[256];
+    for (int64_t row = 0; row < wq->rows && wq->cols <= 256; row++) {
+        ms_qmat_row(wq, row, rq);
+        ms_qmat_row(wf, row, rf);
+        for (int64_t g = 0; g < wq->cols / 32; g++) {
+            float amax = 0;
+            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(rf[g * 32 + k]));
+            float sc = ldexpf(1.0f, (int)floor(log2(amax)) - 2);
+            for (int k = 0; k < 32; k++) {
+                float x = rf[g * 32 + k] / sc, y = rq[g * 32 + k] / sc;
+                /* y must be the e2m1 value nearest x (grid steps .5 to 2: within half a step) */
+                float step = fabsf(x) < 2 ? 0.5f : fabsf(x) < 4 ? 1.0f : 2.0f;
+                if (fabsf(x) > 6) bad += y != (x > 0 ? 6.0f : -6.0f); /* OCP MX saturates above 6 */
+                else if (fabsf(x - y) > step / 2 + 1e-6f || y != y) bad++;
+                exact += y == 0 || fabsf(y) == 0.5f || fabsf(y) == 1 || fabsf(y) == 1.5f || fabsf(y) == 2 ||
+                         fabsf(y) == 3 || fabsf(y) == 4 || fabsf(y) == 6;
+                total++;
+            }
+        }
+    }
+    CHECK_MSG(total > 0 && bad == 0 && exact == total, "total %d bad %d exact %d", total, bad, exact);
+    ms_engine *e = NULL;
+    ms_engine_opts eo = {.max_ctx = 16};
+    CHECK(ms_engine_create(&q, &eo, &e, &err) == MS_OK);
+    int32_t toks[4] = {1, 2, 3, 4};
+    float *lg = malloc(sizeof(float) * (size_t)q.cfg.vocab);
+    CHECK_MSG(ms_engine_forward(e, toks, 4, lg, 0, &err) == MS_OK, "%s", err.msg);
+    int finite = 1;
+    for (int64_t v = 0; v < q.cfg.vocab; v++) finite &= isfinite(lg[v]);
+    CHECK(finite);
+    free(lg);
+    ms_engine_destroy(e);
+    ms_model_free(&q);
+    ms_model_free(&f);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", d1, d2);
+    CHECK(system(cmd) == 0);
 }
 
 TEST_MAIN()
