@@ -15,7 +15,9 @@ int cmd_render(int argc, char **argv) {
                "Reads {\"messages\": [...], \"tools\"?: [...], \"add_generation_prompt\"?: bool,\n"
                "\"chat_template_kwargs\"?: {...}} from stdin and writes the prompt the model's chat\n"
                "template renders (chat_template.jinja or tokenizer_config.json, as transformers'\n"
-               "apply_chat_template does) to stdout, byte for byte.\n");
+               "apply_chat_template does) to stdout, byte for byte. A model that ships no template\n"
+               "uses its built-in renderer: Kimi K3 (config model_type kimi_k3) renders XTML as\n"
+               "encoding_k3.py does (see src/text/xtml.h for the chat_template_kwargs it reads).\n");
         return 0;
     }
     const char *dir = ms_arg_pos(argc, argv, 0);

@@ -3,6 +3,9 @@
  * ms_chat_builtin in its own file and list it here, before the NULL. */
 #include "text/chat_template.h"
 
+extern const ms_chat_builtin ms_chat_builtin_xtml; /* Kimi K3 (chat_builtin_xtml.c) */
+
 const ms_chat_builtin *const ms_chat_builtins[] = {
+    &ms_chat_builtin_xtml,
     NULL,
 };

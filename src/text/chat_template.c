@@ -201,7 +201,7 @@ int ms_chat_render(const char *dir, const char *request_json, size_t len, char *
         }
         else {
             size_t n = 0;
-            rc = src.builtin->render(dir, req, out, &n, err);
+            rc = src.builtin->render(dir, req, request_json, len, out, &n, err);
             if (out_len) *out_len = n;
             if (rc) ms_wrap(err, "%s: built-in renderer %s", dir, src.builtin->name);
         }

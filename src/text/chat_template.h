@@ -32,8 +32,10 @@ typedef struct ms_chat_builtin {
     /* 1 when this renderer is the right one for the model in dir. tokenizer_config and
      * config are the parsed DIR/tokenizer_config.json and DIR/config.json (either may be NULL). */
     int (*accepts)(const char *dir, const cJSON *tokenizer_config, const cJSON *config);
-    /* Render the request (a validated JSON object) to a malloc'd NUL-terminated string. */
-    int (*render)(const char *dir, const cJSON *request, char **out, size_t *out_len, ms_err *err);
+    /* Render the request (a validated JSON object; request_json/len is its text, for
+     * renderers that must see numbers as written) to a malloc'd NUL-terminated string. */
+    int (*render)(const char *dir, const cJSON *request, const char *request_json, size_t len, char **out,
+                  size_t *out_len, ms_err *err);
 } ms_chat_builtin;
 
 /* The built-in renderers, NULL-terminated (chat_builtin.c). */

@@ -8,12 +8,14 @@
 #include <string.h>
 
 #include "test.h"
+#include "text/chat_template.h"
 #include "text/pyjson.h"
 #include "text/xtml.h"
 #include "util/fs.h"
 
 #define CORPUS "tests/data/xtml/conversations.json"
 #define REFDIR "../shared/reference/kimi-k3"
+#define K3_DIR "../shared/fixtures/models/kimi_k3"
 
 static char *run_capture(const char *cmd, size_t *len) {
     FILE *p = popen(cmd, "r");
@@ -90,6 +92,28 @@ TEST(corpus_matches_reference_encoder) {
     }
     CHECK(texts >= 50);
     CHECK(errors >= 5);
+    /* the same through the renderer choice for a K3 checkpoint directory (no Jinja template:
+     * the built-in XTML renderer); requests the render command refuses are skipped */
+    size_t via_dir = 0;
+    for (size_t i = 0; i < corpus->n && i < refs->n; i++) {
+        const ms_py *want = ms_py_get(refs->items[i], "text");
+        if (!want) continue;
+        ms_textbuf req = {0};
+        const ms_py *rawv = ms_py_get(corpus->items[i], "raw");
+        if (rawv) ms_textbuf_append(&req, rawv->s, rawv->slen);
+        else ms_py_dumps(&req, ms_py_get(corpus->items[i], "request"), 0);
+        char *out = NULL;
+        size_t olen = 0;
+        ms_err e = {0};
+        if (ms_chat_render(K3_DIR, req.data, req.len, &out, &olen, &e) == MS_OK) {
+            via_dir++;
+            CHECK_MSG(olen == want->slen && !memcmp(out, want->s, olen), "%s via %s differs",
+                      ms_py_get(corpus->items[i], "name")->s, K3_DIR);
+        }
+        free(out);
+        ms_textbuf_free(&req);
+    }
+    CHECK_MSG(via_dir >= 40, "only %zu corpus requests rendered through %s", via_dir, K3_DIR);
 out:
     ms_py_free(corpus);
     ms_py_free(refs);
