@@ -24,8 +24,11 @@ static cJSON *g_fix;
 static int unpack(const char *name, char *dir, size_t cap) {
     snprintf(dir, cap, "build/tokenizers/%s", name);
     char path[600], cmd[4096];
+    char cfg[600];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (ms_file_exists(path)) return 0;
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+    /* other tests unpack tokenizer.json alone into the same folder: need both */
+    if (ms_file_exists(path) && ms_file_exists(cfg)) return 0;
     snprintf(cmd, sizeof cmd,
              "mkdir -p %s && gzip -dc ../shared/tokenizers/%s/tokenizer.json.gz > %s.tmp && mv %s.tmp %s && "
              "cp ../shared/tokenizers/%s/tokenizer_config.json %s/",
