@@ -530,8 +530,8 @@ jv jinja_getattr(jctx *c, int line, jv obj, const char *name) {
         if (!strcmp(name, "first")) return jv_bool(l->index0 == 0);
         if (!strcmp(name, "last")) return jv_bool(l->index0 == l->length - 1);
         if (!strcmp(name, "length")) return jv_int(l->length);
-        if (!strcmp(name, "depth")) return jv_int(1);
-        if (!strcmp(name, "depth0")) return jv_int(0);
+        if (!strcmp(name, "depth")) return jv_int(l->depth0 + 1);
+        if (!strcmp(name, "depth0")) return jv_int(l->depth0);
         if (!strcmp(name, "previtem")) return l->index0 > 0 ? l->items->v[l->index0 - 1] : JV_UNDEFINED;
         if (!strcmp(name, "nextitem")) return l->index0 + 1 < l->length ? l->items->v[l->index0 + 1] : JV_UNDEFINED;
         if (!strcmp(name, "cycle") || !strcmp(name, "changed")) return method(c, obj, name);

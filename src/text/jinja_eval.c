@@ -144,7 +144,10 @@ static jv call_macro(jctx *c, int line, jfunc *fn, jargs *a, jv caller) {
     return jb_take(&buf);
 }
 
+static jv call_loop(jctx *c, int line, jloop *lp, jargs *a);
+
 static jv call_value(jctx *c, int line, jv fnv, jargs *a, jv caller) {
+    if (fnv.t == JV_LOOP) return call_loop(c, line, fnv.lp, a);
     if (fnv.t != JV_FUNC) {
         if (fnv.t == JV_UNDEF) jfail(c->t, MS_ERR_FORMAT, line, "'Undefined' object is not callable");
         jfail(c->t, MS_ERR_FORMAT, line, "'%s' object is not callable", jv_type_name(fnv));
@@ -399,8 +402,7 @@ static jv render_to_string(jctx *c, jnode **body, int n, jframe *f) {
     return jb_take(&buf);
 }
 
-static int exec_for(jctx *c, jnode *n, jframe *f) {
-    jv it = eval(c, n->b, f);
+static int exec_for_items(jctx *c, jnode *n, jframe *f, jv it, int depth0) {
     jlist *items = jinja_iter(c, n->line, it);
     if (n->c) { /* loop filter: evaluated with the target bound, before loop.* exists */
         jlist *kept = jv_list(c->t, items->n).l;
@@ -418,6 +420,9 @@ static int exec_for(jctx *c, jnode *n, jframe *f) {
     jloop *lp = ja_alloc(c->t, sizeof *lp);
     lp->items = items;
     lp->length = (int64_t)items->n;
+    lp->depth0 = depth0;
+    lp->node = n->op ? n : NULL;
+    lp->frame = f;
     jv lv = {.t = JV_LOOP, .lp = lp};
     jframe *lf = new_frame(c, f);
     for (size_t i = 0; i < items->n; i++) {
@@ -438,6 +443,22 @@ static int exec_for(jctx *c, jnode *n, jframe *f) {
         }
     }
     return FLOW_OK;
+}
+
+static int exec_for(jctx *c, jnode *n, jframe *f) { return exec_for_items(c, n, f, eval(c, n->b, f), 0); }
+
+/* loop(items) inside a recursive for: render the loop body over items one level deeper */
+static jv call_loop(jctx *c, int line, jloop *lp, jargs *a) {
+    if (!lp->node) jfail(c->t, MS_ERR_FORMAT, line, "Tried to call non recursive loop. Maybe you forgot the 'recursive' modifier.");
+    if (a->npos != 1 || a->nkw) jfail(c->t, MS_ERR_FORMAT, line, "loop() takes exactly one argument");
+    enter(c, line);
+    jbuf *saved = c->out, buf;
+    jb_init(&buf, c->t, c->max_output);
+    c->out = &buf;
+    exec_for_items(c, lp->node, lp->frame, a->pos[0], lp->depth0 + 1);
+    c->out = saved;
+    c->depth--;
+    return jb_take(&buf);
 }
 
 static jv make_closure(jctx *c, int kind, jnode *node, jframe *f) {

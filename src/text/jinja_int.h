@@ -199,6 +199,9 @@ typedef struct jfunc {
 
 typedef struct jloop {
     int64_t index0, length;
+    int depth0;         /* recursive loops: nesting level of loop(...) calls */
+    jnode *node;        /* the S_FOR (recursive loops call it again) */
+    struct jframe *frame;
     jlist *items;
     int has_last;
     jv last; /* loop.changed() memory */

@@ -615,7 +615,7 @@ static jnode *parse_statement(ps *P) {
         next(P);
         n->b = parse_tuple(P, 0, 0, rec_end, 0);
         if (is_name(cur(P), "if")) { next(P); n->c = parse_expression(P, 1); }
-        if (is_name(cur(P), "recursive")) jfail(P->t, MS_ERR_UNSUPPORTED, line, "recursive for loops are not supported");
+        if (is_name(cur(P), "recursive")) { next(P); n->op = 1; }
         n->items = parse_statements(P, e1, 0, &n->nitems);
         if (is_name(next(P), "else")) n->items2 = parse_statements(P, e2, 1, &n->nitems2);
     } else if (is_name(k, "if")) {

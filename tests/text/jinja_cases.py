@@ -257,6 +257,12 @@ CASES = [
     ("{{ d | tojson(indent=2, separators=(', ', ' = ')) }}", D),
     ("{{ [1, [2, [3, {}]]] | tojson(indent=2) }} {{ {'k': []} | tojson(indent=2) }}", {}),
     ("{{ t.a }}{% set t = {'a': 1} %}{{ t.a }}", {}),
+    ("{% for item in tree recursive %}<{{ item.name }}@{{ loop.depth }}/{{ loop.depth0 }}{% if item.children %}[{{ loop(item.children) }}]{% endif %}>{% endfor %}",
+     {"tree": [{"name": "a", "children": [{"name": "b", "children": [{"name": "c"}]}, {"name": "d"}]}, {"name": "e", "children": []}]}),
+    ("{% for k, v in schema | dictsort recursive %}{{ k }}{% if v is mapping %}{ {{- loop(v | dictsort) -}} }{% else %}={{ v }}{% endif %}{{ ';' if not loop.last }}{% endfor %}",
+     {"schema": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"x": 1}}}}),
+    ("{% for i in [1] %}{{ loop([2]) }}{% endfor %}", {}),
+    ("{% for i in [[1, [2]], 3] recursive %}{% if i is iterable %}({{ loop(i) }}){% else %}{{ i }}{% endif %}{% endfor %}", {}),
     # --- syntax errors ---
     ("{% if x %}unclosed", {}),
     ("{% for %}{% endfor %}", {}),
