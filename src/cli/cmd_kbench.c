@@ -155,7 +155,9 @@ int cmd_kbench(int argc, char **argv) {
                "(bf16 f16 f32 f8_e4m3 mxfp4) the decode matvec (n = 1) GB/s and %% of that bandwidth on\n"
                "several shapes (weights cycled through >= 256 MiB so they come from memory; the bandwidth is\n"
                "measured again before each shape, read_gbps_now, and the %% uses the larger one), and the\n"
-               "prefill GFLOP/s at n = 64 with its speed-up over 64 separate matvecs. Prints one JSON line.\n"
+               "decode GB/s of one core on a 256x2048 weight that stays in cache (cached_1core: what the\n"
+               "kernel itself can do), and the prefill GFLOP/s at n = 64 with its speed-up over 64 separate\n"
+               "matvecs. Prints one JSON line.\n"
                "--quick skips the 151936x2048 shape. --seconds: time per measurement (default 0.6).\n");
         return 0;
     }
@@ -221,6 +223,17 @@ int cmd_kbench(int argc, char **argv) {
             fflush(stdout);
             first = 0;
         }
+    }
+    /* the kernels' own speed: one core, a 256x2048 weight that stays in L2 */
+    printf("],\"cached_1core\":[");
+    first = 1;
+    for (size_t di = 0; di < sizeof k_dtypes / sizeof *k_dtypes; di++) {
+        const kb_dtype *d = &k_dtypes[di];
+        if (only && strcmp(only, d->name)) continue;
+        double g = bench_decode(NULL, d, 256, 2048, 0, secs / 2);
+        printf("%s{\"dtype\":\"%s\",\"rows\":256,\"cols\":2048,\"gbps\":%.2f}", first ? "" : ",", d->name, g);
+        fflush(stdout);
+        first = 0;
     }
     printf("],\"prefill\":[");
     first = 1;
