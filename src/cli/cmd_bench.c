@@ -10,11 +10,29 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/streaming.h"
 
 /* Fault every page of the checkpoint into memory so decode measures compute
- * and memory bandwidth, not page faults (the engine's own steady state). */
-static void prefault(const ms_checkpoint *ck) {
-    for (int f = 0; f < ck->n_files; f++) {
+ * and memory bandwidth, not page faults (the engine's own steady state). With
+ * streamed experts only the static tier is faulted in: the routed experts'
+ * tensors are left to the expert source (they may not fit in memory). */
+static void prefault(const ms_model *m, int skip_experts) {
+    const ms_checkpoint *ck = &m->ck;
+    unsigned char *skip = skip_experts ? calloc((size_t)ck->n_tensors + 1, 1) : NULL;
+    for (int l = 0; skip && l < m->cfg.n_layers; l++) {
+        const ms_layer *L = &m->layers[l];
+        for (int64_t i = 0; L->expert_tensors && i < m->cfg.n_experts * MS_EXPERT_TENSORS; i++)
+            if (L->expert_tensors[i]) skip[L->expert_tensors[i] - ck->tensors] = 1;
+    }
+    for (int i = 0; skip && i < ck->n_tensors; i++) {
+        const ms_tensor *t = &ck->tensors[i];
+        if (skip[i] || !t->data) continue;
+        const volatile uint8_t *p = t->data;
+        uint8_t acc = 0;
+        for (uint64_t k = 0; k < t->nbytes; k += 4096) acc ^= p[k];
+        (void)acc;
+    }
+    for (int f = 0; !skip && f < ck->n_files; f++) {
         const volatile uint8_t *p = ck->files[f].map.data;
         uint64_t n = ck->files[f].map.size;
         if (!p) continue;
@@ -23,6 +41,7 @@ static void prefault(const ms_checkpoint *ck) {
         for (uint64_t i = 0; i < n; i += 4096) acc ^= p[i];
         (void)acc;
     }
+    free(skip);
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -31,7 +50,9 @@ int cmd_bench(int argc, char **argv) {
         printf("%sPrints one JSON line: load_s, prefill_tok_s (P tokens), decode_tok_s (G tokens after\n"
                "the prompt), weight_bytes_per_token (static tier + the experts each decoded token\n"
                "used), achieved_gb_s and the machine's measured read bandwidth (mem_bw_gb_s).\n"
-               "Weights are faulted in before timing (load_s includes that).\n", usage);
+               "Weights are faulted in before timing (load_s includes that). With streamed experts\n"
+               "(--expert-cache-mib) only the static tier is, and decode_expert_hit_rate,\n"
+               "decode_disk_bytes_per_token and decode_read_wait_s describe the decode tokens' expert reads.\n", usage);
         return 0;
     }
     int threads, ctx;
@@ -47,7 +68,7 @@ int cmd_bench(int argc, char **argv) {
     ms_cli_ctx x;
     double t0 = ms_now();
     if (ms_cli_open("bench", dir, threads, ctx ? ctx : (int)(P + G + 1), &x)) return 1;
-    prefault(&x.model.ck);
+    prefault(&x.model, x.experts != NULL);
     double load_s = ms_now() - t0;
     const ms_config *c = &x.model.cfg;
     int32_t *toks = malloc((size_t)P * sizeof *toks);
@@ -65,6 +86,8 @@ int cmd_bench(int argc, char **argv) {
     if (ms_engine_forward(x.engine, toks, (int)P, logits, 0, &err)) goto fail;
     double t2 = ms_now();
     uint64_t acq0 = ms_engine_get_stats(x.engine)->experts_acquired;
+    ms_stream_stats ss0 = {0}, ss1 = {0};
+    if (x.experts) ms_streaming_stats(x.experts, &ss0);
     for (int64_t i = 0; i < G; i++) {
         int32_t best = 0;
         for (int64_t v = 1; v < c->vocab; v++)
@@ -73,6 +96,7 @@ int cmd_bench(int argc, char **argv) {
     }
     double t3 = ms_now();
     uint64_t acq = ms_engine_get_stats(x.engine)->experts_acquired - acq0;
+    if (x.experts) ms_streaming_stats(x.experts, &ss1);
     /* static tier read per token + experts actually used (per-expert bytes from layer tensors) */
     uint64_t expert_each = 0;
     for (int l = 0; l < c->n_layers && !expert_each; l++)
@@ -89,9 +113,17 @@ int cmd_bench(int argc, char **argv) {
     double gbs = bytes_tok * dec / 1e9;
     printf("{\"model\":\"%s\",\"arch\":\"%s\",\"threads\":%d,\"load_s\":%.3f,\"prompt_tokens\":%lld,\"prefill_tok_s\":%.2f,"
            "\"gen_tokens\":%lld,\"decode_tok_s\":%.3f,\"weight_bytes_per_token\":%.0f,\"achieved_gb_s\":%.2f,"
-           "\"mem_bw_gb_s\":%.2f,\"bw_fraction\":%.3f,\"static_bytes\":%llu,\"expert_bytes\":%llu}\n",
+           "\"mem_bw_gb_s\":%.2f,\"bw_fraction\":%.3f,\"static_bytes\":%llu,\"expert_bytes\":%llu",
            dir, c->model_type, x.threads, load_s, (long long)P, pre, (long long)G, dec, bytes_tok, gbs, bw,
            bw > 0 ? gbs / bw : 0.0, (unsigned long long)x.model.static_bytes, (unsigned long long)x.model.expert_bytes);
+    if (x.experts) { /* decode phase only: what the expert source read from disk */
+        uint64_t a = ss1.acquires - ss0.acquires, h = ss1.hits - ss0.hits;
+        printf(",\"decode_expert_hit_rate\":%.3f,\"decode_disk_bytes_per_token\":%.0f,\"decode_read_wait_s\":%.3f,"
+               "\"cache_slots\":%d",
+               a ? (double)h / (double)a : 0.0, (double)(ss1.bytes_read - ss0.bytes_read) / (double)G,
+               ss1.wait_s - ss0.wait_s, ss1.n_slots);
+    }
+    printf("}\n");
     rc = 0;
     goto done;
 fail:
