@@ -60,6 +60,12 @@ enum {
     ST_GLM_VALUE,
     ST_H_HEADER,
     ST_H_BODY,
+    ST_X_TOP,   /* XTML: between elements */
+    ST_X_TEXT,  /* XTML: think/response text (p->h_kind) */
+    ST_X_OPEN,  /* XTML: an open tag, buffered to <|sep|> */
+    ST_X_CLOSE, /* XTML: a close tag, buffered to <|sep|> */
+    ST_X_VALUE, /* XTML: an argument value, buffered to <|close|> */
+    ST_X_JSON,  /* XTML: raw JSON arguments, streamed to <|close|> */
 };
 
 enum { K_CONTENT, K_REASONING, K_TOOL };
@@ -79,7 +85,8 @@ struct ms_outparse {
     char *name;       /* current call's name */
     ms_textbuf key;   /* GLM: the current argument key */
     int npairs;       /* GLM: pairs emitted in the current call */
-    int h_kind;       /* harmony: what the current message body is */
+    int h_kind;       /* harmony: what the current message body is; XTML: text kind / value type */
+    int h_json;       /* XTML: the current call's arguments came as a raw JSON block */
     ms_outev_fn fn;
     void *user;
     ms_err *err;
@@ -89,7 +96,7 @@ struct ms_outparse {
 /* ---------------- names ---------------- */
 
 static const char *fmt_names[MS_OUTFMT_COUNT] = {"think", "deepseek_v3", "deepseek_v31", "qwen3",
-                                                 "kimi_k2", "glm", "harmony"};
+                                                 "kimi_k2", "glm", "harmony", "xtml"};
 
 const char *ms_outfmt_name(ms_outfmt f) { return f < MS_OUTFMT_COUNT ? fmt_names[f] : "?"; }
 
@@ -100,7 +107,7 @@ int ms_outfmt_from_name(const char *name, ms_outfmt *out, ms_err *err) {
             return MS_OK;
         }
     return ms_fail(err, MS_ERR_ARG, "unknown output format \"%s\" (known: think, deepseek_v3, "
-                   "deepseek_v31, qwen3, kimi_k2, glm, harmony)", name ? name : "(null)");
+                   "deepseek_v31, qwen3, kimi_k2, glm, harmony, xtml)", name ? name : "(null)");
 }
 
 /* ---------------- helpers ---------------- */
@@ -794,6 +801,174 @@ static int step_h_body(ms_outparse *p) {
     return 1;
 }
 
+/* ---------------- XTML (Kimi K3) ---------------- */
+
+#define X_OPEN "<|open|>"
+#define X_CLOSE "<|close|>"
+#define X_SEP "<|sep|>"
+#define X_EOM "<|end_of_msg|>"
+
+/* Attribute key="value" of a tag, &quot; and &amp; unescaped, into b; 0 if absent. */
+static int x_attr(const char *t, size_t n, const char *key, ms_textbuf *b) {
+    size_t kl = strlen(key);
+    for (size_t i = 0; i + kl + 3 <= n; i++) {
+        if (t[i] != ' ' || memcmp(t + i + 1, key, kl) || t[i + 1 + kl] != '=' || t[i + 2 + kl] != '"') continue;
+        size_t j = i + kl + 3;
+        b->len = 0;
+        while (j < n && t[j] != '"') {
+            if (!strncmp(t + j, "&quot;", 6) && j + 6 <= n) ms_textbuf_append(b, "\"", 1), j += 6;
+            else if (!strncmp(t + j, "&amp;", 5) && j + 5 <= n) ms_textbuf_append(b, "&", 1), j += 5;
+            else ms_textbuf_append(b, t + j++, 1);
+        }
+        ms_textbuf_append(b, "", 0);
+        return j < n;
+    }
+    return 0;
+}
+
+static int x_tag_is(const char *t, size_t n, const char *name) {
+    size_t l = strlen(name);
+    return n >= l && !memcmp(t, name, l) && (n == l || t[l] == ' ');
+}
+
+/* One argument pair: "key": value, the value typed by the element's type. */
+static void x_pair(ms_outparse *p, const char *v, size_t vl) {
+    ms_textbuf b = {0};
+    ms_textbuf_puts(&b, p->npairs ? ", " : "{");
+    ms_py k = {.type = MS_PY_STR, .s = p->key.data ? p->key.data : "", .slen = p->key.len};
+    ms_py_dumps(&b, &k, 0);
+    ms_textbuf_puts(&b, ": ");
+    ms_py *parsed = NULL;
+    if (p->h_kind != K_CONTENT && ms_py_parse(v, vl, 64, "value", &parsed, NULL) == MS_OK) {
+        ms_textbuf_append(&b, v, vl); /* typed and valid JSON: as written */
+    } else {
+        ms_py s = {.type = MS_PY_STR, .s = (char *)v, .slen = vl};
+        ms_py_dumps(&b, &s, 0);
+    }
+    ms_py_free(parsed);
+    if (b.failed) p->cb_status = MS_ERR_NOMEM;
+    else emit(p, MS_OUTEV_TOOL_ARGS, b.data, b.len);
+    ms_textbuf_free(&b);
+    p->npairs++;
+}
+
+static void x_end_call(ms_outparse *p) {
+    if (p->npairs) emit(p, MS_OUTEV_TOOL_ARGS, "}", 1);
+    else if (!p->h_json) emit(p, MS_OUTEV_TOOL_ARGS, "{}", 2);
+    end_call(p);
+}
+
+/* Between elements, or inside think/response text: text goes out as
+ * h_kind (content outside), tags switch state. */
+static int step_x_text(ms_outparse *p) {
+    const char *m[] = {X_OPEN, X_CLOSE, X_EOM};
+    size_t pos = 0, safe = 0;
+    int w = find_marker(p->pend.data, p->pend.len, 0, m, 3, &pos, &safe);
+    int kind = p->state == ST_X_TEXT ? p->h_kind : K_CONTENT;
+    if (w < 0) {
+        size_t used = emit_text(p, kind, p->pend.data, safe, 0);
+        consume(p, used);
+        return used > 0;
+    }
+    emit_text(p, kind, p->pend.data, pos, 1);
+    consume(p, pos + strlen(m[w]));
+    p->state = w == 0 ? ST_X_OPEN : w == 1 ? ST_X_CLOSE : ST_X_TOP;
+    p->skip_ws = p->state == ST_X_TOP; /* separators between elements are not content */
+    return 1;
+}
+
+static int step_x_open(ms_outparse *p) {
+    const char *m[] = {X_SEP};
+    size_t pos = 0;
+    if (find_buffered(p, m, 1, &pos) < 0) {
+        if (p->pend.len > HEAD_MAX) {
+            p->block_open = X_OPEN;
+            give_back(p, p->pend.len);
+            p->state = ST_X_TOP;
+        }
+        return 0;
+    }
+    const char *t = p->pend.data;
+    size_t n = pos;
+    ms_textbuf a = {0};
+    int next = ST_X_TOP;
+    if (x_tag_is(t, n, "think") || x_tag_is(t, n, "response")) {
+        p->h_kind = t[0] == 't' ? K_REASONING : K_CONTENT;
+        next = ST_X_TEXT;
+    } else if (x_tag_is(t, n, "call") && !p->in_call && x_attr(t, n, "tool", &a)) {
+        p->h_json = 0;
+        if (start_call(p, a.data, a.len, NULL, 0)) {
+            ms_textbuf_free(&a);
+            return 0;
+        }
+    } else if (x_tag_is(t, n, "argument") && p->in_call && x_attr(t, n, "key", &a)) {
+        p->key.len = 0;
+        ms_textbuf_append(&p->key, a.data, a.len);
+        ms_textbuf_append(&p->key, "", 0);
+        /* h_kind marks the value's type here: K_CONTENT = string */
+        p->h_kind = x_attr(t, n, "type", &a) && strcmp(a.data, "string") ? K_TOOL : K_CONTENT;
+        next = ST_X_VALUE;
+    } else if (x_tag_is(t, n, "json") && p->in_call && !p->npairs) {
+        p->h_json = 1;
+        next = ST_X_JSON;
+    } else if (!(x_tag_is(t, n, "tools") || x_tag_is(t, n, "message"))) {
+        ms_textbuf_free(&a);
+        p->block_open = X_OPEN; /* not an element of an assistant message: content */
+        give_back(p, pos + strlen(X_SEP));
+        p->state = ST_X_TOP;
+        return 1;
+    }
+    ms_textbuf_free(&a);
+    if (p->key.failed) return p->cb_status = MS_ERR_NOMEM, 0;
+    consume(p, pos + strlen(X_SEP));
+    p->state = next;
+    p->skip_ws = next == ST_X_TOP;
+    return 1;
+}
+
+static int step_x_close(ms_outparse *p) {
+    const char *m[] = {X_SEP};
+    size_t pos = 0;
+    if (find_buffered(p, m, 1, &pos) < 0) {
+        if (p->pend.len > HEAD_MAX) {
+            p->block_open = X_CLOSE;
+            give_back(p, p->pend.len);
+            p->state = ST_X_TOP;
+        }
+        return 0;
+    }
+    if (x_tag_is(p->pend.data, pos, "call") && p->in_call) x_end_call(p);
+    consume(p, pos + strlen(X_SEP));
+    p->state = ST_X_TOP;
+    p->skip_ws = 1;
+    return 1;
+}
+
+static int step_x_value(ms_outparse *p) {
+    const char *m[] = {X_CLOSE};
+    size_t pos = 0;
+    if (find_buffered(p, m, 1, &pos) < 0) return 0;
+    x_pair(p, p->pend.data, pos);
+    consume(p, pos + strlen(X_CLOSE));
+    p->state = ST_X_CLOSE;
+    return 1;
+}
+
+static int step_x_json(ms_outparse *p) {
+    const char *m[] = {X_CLOSE};
+    size_t pos = 0, safe = 0;
+    int w = find_marker(p->pend.data, p->pend.len, 0, m, 1, &pos, &safe);
+    if (w < 0) {
+        size_t used = emit_args(p, p->pend.data, safe, 0);
+        consume(p, used);
+        return used > 0;
+    }
+    emit_args(p, p->pend.data, pos, 1);
+    consume(p, pos + strlen(X_CLOSE));
+    p->state = ST_X_CLOSE;
+    return 1;
+}
+
 /* ---------------- driver ---------------- */
 
 static int step(ms_outparse *p) {
@@ -807,6 +982,12 @@ static int step(ms_outparse *p) {
     case ST_QWEN_WHOLE: return step_qwen_whole(p);
     case ST_H_HEADER: return step_h_header(p);
     case ST_H_BODY: return step_h_body(p);
+    case ST_X_TOP:
+    case ST_X_TEXT: return step_x_text(p);
+    case ST_X_OPEN: return step_x_open(p);
+    case ST_X_CLOSE: return step_x_close(p);
+    case ST_X_VALUE: return step_x_value(p);
+    case ST_X_JSON: return step_x_json(p);
     default: return step_glm(p);
     }
 }
@@ -896,6 +1077,30 @@ int ms_outparse_finish(ms_outparse *p, ms_outev_fn fn, void *user, ms_err *err) 
             end_call(p);
             p->state = ST_TEXT;
             break;
+        case ST_X_TOP:
+        case ST_X_TEXT:
+            emit_text(p, p->state == ST_X_TEXT ? p->h_kind : K_CONTENT, p->pend.data, p->pend.len, 1);
+            consume(p, p->pend.len);
+            if (p->in_call) x_end_call(p);
+            break;
+        case ST_X_JSON:
+        case ST_X_VALUE:
+        case ST_X_CLOSE:
+            if (p->state == ST_X_JSON) emit_args(p, p->pend.data, p->pend.len, 1);
+            if (p->state == ST_X_VALUE) x_pair(p, p->pend.data, p->pend.len);
+            consume(p, p->pend.len);
+            if (p->in_call) x_end_call(p);
+            p->state = ST_X_TOP;
+            break;
+        case ST_X_OPEN:
+            if (p->in_call) { /* an unfinished tag inside a call: end the call */
+                consume(p, p->pend.len);
+                x_end_call(p);
+                p->state = ST_X_TOP;
+                break;
+            }
+            give_back(p, p->pend.len);
+            break;
         default: /* a head, name or header that never completed */
             give_back(p, p->pend.len);
             break;
@@ -932,7 +1137,11 @@ int ms_outparse_new(ms_outfmt fmt, const ms_outparse_opts *opts, ms_outparse **o
         }
     }
     if (fmt == MS_OUTFMT_HARMONY) p->state = ST_H_HEADER;
-    else p->reasoning = o.start_in_reasoning != 0;
+    else if (fmt == MS_OUTFMT_XTML) {
+        p->state = o.start_in_reasoning ? ST_X_TEXT : ST_X_TOP;
+        p->h_kind = o.start_in_reasoning ? K_REASONING : K_CONTENT;
+        p->skip_ws = !o.start_in_reasoning;
+    } else p->reasoning = o.start_in_reasoning != 0;
     *out = p;
     return MS_OK;
 }

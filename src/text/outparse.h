@@ -26,7 +26,13 @@
  *                without a recipient) is content, and
  *                <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>
  *                is a tool call.
- * Every format but HARMONY separates <think>…</think> reasoning (or the pair
+ *   XTML         Kimi K3: <|open|>think<|sep|>…<|close|>think<|sep|><|open|>response<|sep|>…<|close|>response<|sep|>
+ *                <|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|><|open|>argument key="K"
+ *                type="T"<|sep|>V<|close|>argument<|sep|>…<|close|>call<|sep|><|close|>tools<|sep|>, as
+ *                encoding_k3.py writes it (or <|open|>json type="object"<|sep|>RAW<|close|>json<|sep|> for
+ *                arguments that were not JSON). Its generation prompt ends inside <|open|>think<|sep|> when
+ *                thinking is on: pass start_in_reasoning then.
+ * Every format but HARMONY and XTML separates <think>…</think> reasoning (or the pair
  * given in the options, e.g. Kimi's ◁think▷…◁/think▷). */
 #ifndef MS_TEXT_OUTPARSE_H
 #define MS_TEXT_OUTPARSE_H
@@ -44,11 +50,12 @@ typedef enum {
     MS_OUTFMT_KIMI_K2,
     MS_OUTFMT_GLM,
     MS_OUTFMT_HARMONY,
+    MS_OUTFMT_XTML,
     MS_OUTFMT_COUNT
 } ms_outfmt;
 
 /* Format by name ("think", "deepseek_v3", "deepseek_v31", "qwen3", "kimi_k2",
- * "glm", "harmony"); MS_ERR_ARG naming the known names otherwise. */
+ * "glm", "harmony", "xtml"); MS_ERR_ARG naming the known names otherwise. */
 int ms_outfmt_from_name(const char *name, ms_outfmt *out, ms_err *err);
 const char *ms_outfmt_name(ms_outfmt f);
 

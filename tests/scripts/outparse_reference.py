@@ -189,4 +189,37 @@ for vname, content, reasoning, idx in VARIANTS:
         t += "<|channel|>final<|message|>" + content + "<|return|>"
     add("harmony_" + vname, "harmony", t, content, reasoning or "", expect_calls(calls))
 
+# --- Kimi K3 XTML, rendered by its reference encoder (encoding_k3.py next to the K2 template) ---
+sys.path.insert(0, KIMI.rsplit("/", 1)[0])
+from encoding_k3 import build_chat_segments  # noqa: E402
+
+
+def k3(msgs, **kw):
+    return "".join(s.text for s in build_chat_segments(msgs, **kw))
+
+
+for thinking in (True, False):
+    for vname, content, reasoning, idx in VARIANTS:
+        calls = calls_of(idx)
+        a = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+        if calls:
+            a["tool_calls"] = calls
+        prompt = k3(USER, add_generation_prompt=True, thinking=thinking, thinking_effort="high")
+        full = k3(USER + [a], add_generation_prompt=False, thinking=thinking, thinking_effort="high")
+        assert full.startswith(prompt)
+        text = full[len(prompt):]
+        if not thinking:  # the prompt opened the response; the rendering repeats the message head
+            head = '<|open|>message role="assistant"<|sep|><|open|>response<|sep|>'
+            assert prompt.endswith(head) and full[len(prompt) - len(head):].startswith(head)
+        if text.endswith("<|end_of_msg|>"):
+            text = text[: -len("<|end_of_msg|>")]
+        add(f"xtml_{'think' if thinking else 'nothink'}_{vname}", "xtml", text, content,
+            (reasoning or "") if thinking else "", expect_calls(calls), start_in_reasoning=thinking)
+# arguments that are not JSON travel as a raw block
+a = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": '{"city": "Par'}}]}
+prompt = k3(USER, add_generation_prompt=True)
+text = k3(USER + [a], add_generation_prompt=False)[len(prompt):]
+CASES.append({"name": "xtml_raw_json_block", "format": "xtml", "start_in_reasoning": True, "text": text,
+              "expect": {"content": "", "reasoning": "", "tool_calls": [{"name": "f", "arguments_raw": '{"city": "Par'}]}})
+
 json.dump(CASES, sys.stdout, ensure_ascii=False)
