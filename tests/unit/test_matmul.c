@@ -84,13 +84,15 @@ static void magnitude(const ms_qmat *w, const float *x, int n, double *mag) {
 
 static int g_isas[3], g_nisa;
 
+static double g_xscale = 4; /* activation magnitude */
+
 static void run_case(const variant *v, int64_t rows, int64_t cols, int n, ms_pool *pool) {
     ms_qmat w;
     void *mem = make_weight(v, rows, cols, &w);
     float *x = malloc((size_t)(n * cols) * sizeof *x), *ref = malloc((size_t)(n * rows) * sizeof *ref);
     float *y = malloc((size_t)(n * rows) * sizeof *y), *y0 = malloc((size_t)(n * rows) * sizeof *y0);
     double *mag = malloc((size_t)(n * rows) * sizeof *mag);
-    for (int64_t i = 0; i < n * cols; i++) x[i] = frand() * 4;
+    for (int64_t i = 0; i < n * cols; i++) x[i] = (float)(frand() * g_xscale);
     ms_matmul_ref(ref, x, n, &w);
     magnitude(&w, x, n, mag);
     for (int ii = 0; ii < g_nisa; ii++) {
@@ -101,7 +103,7 @@ static void run_case(const variant *v, int64_t rows, int64_t cols, int n, ms_poo
             else ms_matmul(pool, y, x, n, &w);
             int bad = 0;
             for (int64_t i = 0; i < n * rows && bad < 3; i++) {
-                double want = (double)ref[i] + (acc ? y0[i] : 0), tol = 2e-6 * mag[i] + 1e-6 * fabs(want) + 1e-30;
+                double want = (double)ref[i] + (acc ? y0[i] : 0), tol = 2e-6 * mag[i] + 1e-6 * fabs(want) + 1e-37;
                 if (!(fabs(y[i] - want) <= tol)) {
                     bad++;
                     CHECK_MSG(0, "%s isa=%s rows=%lld cols=%lld n=%d acc=%d pool=%d: y[%lld]=%.9g want %.9g (mag %g)",
@@ -153,6 +155,23 @@ TEST(matmul_all_dtypes_all_isas) {
         run_case(v, 130, 4160, 64, pool);
     }
     ms_pool_destroy(pool);
+    ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
+}
+
+/* FP8 decode reads weights as value * 2^-120 and pre-scales x: tiny and huge
+ * activations must still match the reference to F32 accuracy. */
+TEST(matmul_f8_activation_range) {
+    setup_isas();
+    static const double scales[] = {1e-25, 1e-8, 1e12};
+    for (int si = 0; si < 3; si++) {
+        g_xscale = scales[si];
+        for (size_t vi = 3; vi < 7; vi++) { /* the f8 variants */
+            run_case(&k_variants[vi], 7, 160, 1, NULL);
+            run_case(&k_variants[vi], 7, 4160, 1, NULL);
+            run_case(&k_variants[vi], 7, 160, 3, NULL);
+        }
+    }
+    g_xscale = 4;
     ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
 }
 

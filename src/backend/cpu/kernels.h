@@ -13,11 +13,14 @@
 /* Rows of a dequantized tile (the tile buffer is MM_RB x MM_KC floats). */
 #define MM_RB 16
 #define MM_KC 2048
+/* FP8 decode kernels take x * 2^64 so that value * 2^-120 weight reads never underflow. */
+#define MM_F8_XSCALE 0x1p64f
 
 typedef struct mm_kernels {
     /* Whether gemv handles w (dtype and scale layout); otherwise the tile path is used for n == 1 too. */
     int (*gemv_ok)(const ms_qmat *w);
-    /* n == 1: y[r] = (acc ? y[r] : 0) + dot(row r of w, x) for r in [r0, r1). */
+    /* n == 1: y[r] = (acc ? y[r] : 0) + dot(row r of w, x) for r in [r0, r1).
+     * For F8_E4M3 weights x must be given pre-multiplied by MM_F8_XSCALE. */
     void (*gemv)(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc);
     /* Dequantize rows [r0, r0+nr) x cols [c0, c0+kc) of w (scales applied) into
      * buf[i * ld + k]. nr <= MM_RB, kc <= MM_KC; c0 and kc are multiples of 32

@@ -113,10 +113,11 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
         }
         UNROLL for (int i = 0; i < NR; i++) {
             float s = mm_scale_at(w, sr[i], cb);
-            a[i] = _mm256_fmadd_ps(_mm256_add_ps(b0[i], b1[i]), _mm256_set1_ps(s * 256.0f), a[i]);
+            /* x is pre-scaled by MM_F8_XSCALE = 2^64; the F16 patterns are value * 2^-8 */
+            a[i] = _mm256_fmadd_ps(_mm256_add_ps(b0[i], b1[i]), _mm256_set1_ps(s * 0x1p-56f), a[i]);
             float t = 0;
             for (int64_t c = k; c < c1; c++) t += ms_fp8_e4m3_to_f32(p[i][c]) * x[c];
-            tail[i] += t * s;
+            tail[i] += t * (s * 0x1p-64f);
         }
     }
     UNROLL for (int i = 0; i < NR; i++) out[i] = hsum(a[i]) + tail[i];

@@ -92,8 +92,18 @@ GEMV_PLAIN(bf16, uint16_t, ld_bf16, ld_bf16_m)
 GEMV_PLAIN(f16, uint16_t, ld_f16, ld_f16_m)
 GEMV_PLAIN(f32, float, ld_f32, ld_f32_m)
 
-/* FP8 e4m3 with 2-D block scales: per column block, a partial dot in the
- * 2^-8-scaled domain, then multiplied by scale * 256 into the row sum. */
+/* FP8 e4m3 with 2-D block scales. Sign-extend each byte to 32 bits, shift the
+ * exponent/mantissa under the F32 exponent and keep the sign: the F32 read is
+ * exactly value * 2^-120 (e4m3 subnormals become F32 subnormals, still exact).
+ * x arrives pre-scaled by 2^64 (MM_F8_XSCALE, done once per call by matmul.c),
+ * so every product is value * x * 2^-56, far from underflow; each column block's
+ * partial dot is multiplied by scale * 2^56 into the row sum. 0x7f/0xff (NaN in
+ * e4m3fn) read as +-480. */
+INL __m512 f8_raw16(__m128i b) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(b), 20), _mm512_set1_epi32((int)0x87f00000u)));
+}
+
 INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
     const int64_t K = w->cols;
     const uint8_t *p[4];
@@ -113,18 +123,17 @@ INL void f8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
         for (; k + 32 <= c1; k += 32) {
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
             UNROLL for (int i = 0; i < NR; i++) {
-                __m512i h = f8_to_h16_32(_mm256_loadu_si256((const __m256i *)(p[i] + k)));
-                b0[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), x0, b0[i]);
-                b1[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), x1, b1[i]);
+                b0[i] = _mm512_fmadd_ps(f8_raw16(_mm_loadu_si128((const __m128i *)(p[i] + k))), x0, b0[i]);
+                b1[i] = _mm512_fmadd_ps(f8_raw16(_mm_loadu_si128((const __m128i *)(p[i] + k + 16))), x1, b1[i]);
             }
         }
         for (; k < c1; k += 16) {
             __mmask16 m = tail_mask(c1 - k);
             __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
-            UNROLL for (int i = 0; i < NR; i++) b0[i] = _mm512_fmadd_ps(ld_f8_m(p[i] + k, m), x0, b0[i]);
+            UNROLL for (int i = 0; i < NR; i++) b0[i] = _mm512_fmadd_ps(f8_raw16(_mm_maskz_loadu_epi8(m, p[i] + k)), x0, b0[i]);
         }
         UNROLL for (int i = 0; i < NR; i++)
-            a[i] = _mm512_fmadd_ps(_mm512_add_ps(b0[i], b1[i]), _mm512_set1_ps(mm_scale_at(w, sr[i], cb) * 256.0f), a[i]);
+            a[i] = _mm512_fmadd_ps(_mm512_add_ps(b0[i], b1[i]), _mm512_set1_ps(mm_scale_at(w, sr[i], cb) * 0x1p56f), a[i]);
     }
     UNROLL for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(a[i]);
 }

@@ -155,9 +155,18 @@ static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w
         if (rpt < min_rows) rpt = min_rows;
         rpt = (rpt + 3) & ~(int64_t)3;
         j.rows_per_task = rpt;
+        float xs_stack[4096], *xs = NULL;
+        if (w->dtype == MS_DT_F8_E4M3) { /* see MM_F8_XSCALE */
+            xs = w->cols <= 4096 ? xs_stack : malloc((size_t)w->cols * sizeof *xs);
+            if (!xs) goto tiles; /* the tile path needs no scratch */
+            for (int64_t c = 0; c < w->cols; c++) xs[c] = x[c] * MM_F8_XSCALE;
+            j.x = xs;
+        }
         ms_pool_run(pool, (int)((w->rows + rpt - 1) / rpt), gemv_task, &j);
+        if (xs != xs_stack) free(xs);
         return;
     }
+tiles:
     j.n_rb = (w->rows + MM_RB - 1) / MM_RB;
     int tb = n;
     while (j.n_rb * ((n + tb - 1) / tb) < 4 * nth && tb > 8) tb = (((tb + 1) / 2) + 3) & ~3;
