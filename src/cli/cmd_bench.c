@@ -5,12 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "backend/cpu/cpu.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/streaming.h"
+#include "io/reader.h"
 
 /* Fault every page of the checkpoint into memory so decode measures compute
  * and memory bandwidth, not page faults (the engine's own steady state). With
@@ -50,9 +52,14 @@ int cmd_bench(int argc, char **argv) {
         printf("%sPrints one JSON line: load_s, prefill_tok_s (P tokens), decode_tok_s (G tokens after\n"
                "the prompt), weight_bytes_per_token (static tier + the experts each decoded token\n"
                "used), achieved_gb_s and the machine's measured read bandwidth (mem_bw_gb_s).\n"
-               "Weights are faulted in before timing (load_s includes that). With streamed experts\n"
-               "(--expert-cache-mib) only the static tier is, and decode_expert_hit_rate,\n"
-               "decode_disk_bytes_per_token and decode_read_wait_s describe the decode tokens' expert reads.\n", usage);
+               "Weights are faulted in before timing (load_s includes that).\n"
+               "Streaming (--expert-cache-mib N, --io MODE, --store DIR, --cache-policy P): only the static\n"
+               "tier is faulted in; the drive's sequential O_DIRECT bandwidth is measured first and decode\n"
+               "reports expert bytes read per token, hit rate, prefetch issued/used, lookahead accuracy,\n"
+               "read GB/s vs the drive, and time waiting for reads vs the floor (bytes read / drive GB/s).\n"
+               "--drop-cache evicts the model's files from the page cache first. decode_expert_hit_rate,\n"
+               "decode_disk_bytes_per_token and decode_read_wait_s repeat hit_rate, expert_bytes_read_per_token\n"
+               "and read_wait_s under their earlier names.\n", usage);
         return 0;
     }
     int threads, ctx;
@@ -60,6 +67,7 @@ int cmd_bench(int argc, char **argv) {
     if (ms_cli_engine_args(argc, argv, &threads, &ctx) || ms_arg_int(argc, argv, "--prompt-tokens", 1, 1 << 20, &P) ||
         ms_arg_int(argc, argv, "--gen-tokens", 1, 1 << 20, &G))
         return 2;
+    int drop_cache = ms_arg_flag(argc, argv, "--drop-cache");
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || ms_args_unknown(argc, argv, "bench")) {
         fputs(usage, stderr);
@@ -68,7 +76,22 @@ int cmd_bench(int argc, char **argv) {
     ms_cli_ctx x;
     double t0 = ms_now();
     if (ms_cli_open("bench", dir, threads, ctx ? ctx : (int)(P + G + 1), &x)) return 1;
-    prefault(&x.model, x.experts != NULL);
+    double drive_bw = 0;
+    if (x.experts) { /* streaming: the static tier in memory, the experts on the drive */
+        const char *big = ms_streaming_largest_file(x.experts);
+        char why[600];
+        ms_err perr = {0};
+        struct stat sb;
+        uint64_t blk = 4u << 20; /* 4 MiB reads, smaller for a small file (>= 8 blocks) */
+        if (big && stat(big, &sb) == 0)
+            while (blk > 4096 && (uint64_t)sb.st_size < 8 * blk) blk /= 2;
+        if (big && ms_io_probe_bandwidth(big, 1ull << 30, blk, 8, MS_IO_AUTO, &drive_bw, why, sizeof why, &perr))
+            fprintf(stderr, "moonshine bench: drive probe: %s\n", perr.msg);
+        if (drop_cache) ms_streaming_drop_page_cache(&x.model, x.experts);
+        ms_streaming_prefault_static(&x.model, x.experts);
+    } else {
+        prefault(&x.model, 0);
+    }
     double load_s = ms_now() - t0;
     const ms_config *c = &x.model.cfg;
     int32_t *toks = malloc((size_t)P * sizeof *toks);
@@ -87,6 +110,7 @@ int cmd_bench(int argc, char **argv) {
     double t2 = ms_now();
     uint64_t acq0 = ms_engine_get_stats(x.engine)->experts_acquired;
     ms_stream_stats ss0 = {0}, ss1 = {0};
+    ms_engine_stats es0 = *ms_engine_get_stats(x.engine);
     if (x.experts) ms_streaming_stats(x.experts, &ss0);
     for (int64_t i = 0; i < G; i++) {
         int32_t best = 0;
@@ -95,8 +119,9 @@ int cmd_bench(int argc, char **argv) {
         if (ms_engine_forward(x.engine, &best, 1, logits, 0, &err)) goto fail;
     }
     double t3 = ms_now();
-    uint64_t acq = ms_engine_get_stats(x.engine)->experts_acquired - acq0;
     if (x.experts) ms_streaming_stats(x.experts, &ss1);
+    const ms_engine_stats *es1 = ms_engine_get_stats(x.engine);
+    uint64_t acq = ms_engine_get_stats(x.engine)->experts_acquired - acq0;
     /* static tier read per token + experts actually used (per-expert bytes from layer tensors) */
     uint64_t expert_each = 0;
     for (int l = 0; l < c->n_layers && !expert_each; l++)
@@ -111,19 +136,31 @@ int cmd_bench(int argc, char **argv) {
     double bytes_tok = (double)per_tok_static + (double)acq * (double)expert_each / (double)G;
     double dec = (double)G / (t3 - t2), pre = (double)P / (t2 - t1);
     double gbs = bytes_tok * dec / 1e9;
+    char sj[1024] = "";
+    if (x.experts) { /* decode-only deltas */
+        uint64_t acq_d = ss1.acquires - ss0.acquires, hit_d = ss1.hits - ss0.hits, rd = ss1.bytes_read - ss0.bytes_read;
+        uint64_t pi = ss1.prefetch_issued - ss0.prefetch_issued, pu = ss1.prefetch_used - ss0.prefetch_used;
+        uint64_t lp = es1->lookahead_predicted - es0.lookahead_predicted, lc = es1->lookahead_correct - es0.lookahead_correct;
+        double busy = ss1.busy_s - ss0.busy_s, wait = ss1.wait_s - ss0.wait_s;
+        double floor_s = drive_bw > 0 ? (double)rd / drive_bw : 0;
+        snprintf(sj, sizeof sj,
+                 ",\"io\":\"%s\",\"cache_slots\":%d,\"slot_bytes\":%llu,\"expert_bytes_read_per_token\":%.0f,"
+                 "\"hit_rate\":%.4f,\"prefetch_issued\":%llu,\"prefetch_used\":%llu,\"lookahead_accuracy\":%.4f,"
+                 "\"read_gb_s\":%.3f,\"drive_gb_s\":%.3f,\"read_vs_drive\":%.3f,\"read_wait_s\":%.3f,"
+                 "\"read_floor_s\":%.3f,\"wait_over_floor\":%.3f,\"decode_expert_hit_rate\":%.3f,"
+                 "\"decode_disk_bytes_per_token\":%.0f,\"decode_read_wait_s\":%.3f",
+                 ms_io_mode_name(ss1.mode), ss1.n_slots, (unsigned long long)ss1.slot_bytes, (double)rd / (double)G,
+                 acq_d ? (double)hit_d / (double)acq_d : 0.0, (unsigned long long)pi, (unsigned long long)pu,
+                 lp ? (double)lc / (double)lp : 0.0, busy > 0 ? rd / busy / 1e9 : 0.0, drive_bw / 1e9,
+                 busy > 0 && drive_bw > 0 ? rd / busy / drive_bw : 0.0, wait, floor_s,
+                 floor_s > 0 ? wait / floor_s : 0.0, acq_d ? (double)hit_d / (double)acq_d : 0.0,
+                 (double)rd / (double)G, wait);
+    }
     printf("{\"model\":\"%s\",\"arch\":\"%s\",\"threads\":%d,\"load_s\":%.3f,\"prompt_tokens\":%lld,\"prefill_tok_s\":%.2f,"
            "\"gen_tokens\":%lld,\"decode_tok_s\":%.3f,\"weight_bytes_per_token\":%.0f,\"achieved_gb_s\":%.2f,"
-           "\"mem_bw_gb_s\":%.2f,\"bw_fraction\":%.3f,\"static_bytes\":%llu,\"expert_bytes\":%llu",
+           "\"mem_bw_gb_s\":%.2f,\"bw_fraction\":%.3f,\"static_bytes\":%llu,\"expert_bytes\":%llu%s}\n",
            dir, c->model_type, x.threads, load_s, (long long)P, pre, (long long)G, dec, bytes_tok, gbs, bw,
-           bw > 0 ? gbs / bw : 0.0, (unsigned long long)x.model.static_bytes, (unsigned long long)x.model.expert_bytes);
-    if (x.experts) { /* decode phase only: what the expert source read from disk */
-        uint64_t a = ss1.acquires - ss0.acquires, h = ss1.hits - ss0.hits;
-        printf(",\"decode_expert_hit_rate\":%.3f,\"decode_disk_bytes_per_token\":%.0f,\"decode_read_wait_s\":%.3f,"
-               "\"cache_slots\":%d",
-               a ? (double)h / (double)a : 0.0, (double)(ss1.bytes_read - ss0.bytes_read) / (double)G,
-               ss1.wait_s - ss0.wait_s, ss1.n_slots);
-    }
-    printf("}\n");
+           bw > 0 ? gbs / bw : 0.0, (unsigned long long)x.model.static_bytes, (unsigned long long)x.model.expert_bytes, sj);
     rc = 0;
     goto done;
 fail:

@@ -1,6 +1,10 @@
 #include "engine/streaming.h"
 
+#include <fcntl.h>
 #include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,4 +162,87 @@ int ms_streaming_pack(ms_model *m, const char *out_dir, const char *const *dirs,
     rc = ms_expert_pack(&m->ck, &st, out_dir, dirs, n_dirs, stats, err);
     ms_expert_store_free(&st);
     return rc;
+}
+
+typedef struct { int file; uint64_t a, b; } range_t;
+static int cmp_range(const void *x, const void *y) {
+    const range_t *p = x, *q = y;
+    if (p->file != q->file) return p->file < q->file ? -1 : 1;
+    return p->a < q->a ? -1 : p->a > q->a;
+}
+
+void ms_streaming_prefault_static(ms_model *m, const ms_expert_source *s) {
+    const wrap_src *w = (const wrap_src *)s;
+    const ms_expert_store *st = &w->ck_store;
+    size_t n = 0, cap = (size_t)st->n_layers * st->n_experts * st->n_roles;
+    range_t *r = malloc((cap ? cap : 1) * sizeof *r);
+    if (!r) return;
+    for (int li = 0; li < st->n_layers; li++)
+        for (int e = 0; e < st->n_experts; e++) {
+            const ms_expert_loc *l = ms_expert_store_loc(st, li, e);
+            for (int k = 0; k < st->n_roles; k++) {
+                if (l->role_piece[k] < 0) continue;
+                const ms_extent *p = &l->piece[l->role_piece[k]];
+                uint64_t a = p->offset + l->role_off[k];
+                r[n++] = (range_t){p->file, a, a + ms_expert_store_role(st, li, k)->nbytes};
+            }
+        }
+    qsort(r, n, sizeof *r, cmp_range);
+    for (int i = 0; i < m->ck.n_tensors; i++) {
+        const ms_tensor *t = &m->ck.tensors[i];
+        const volatile uint8_t *base = m->ck.files[t->file].map.data;
+        if (!base || !t->nbytes) continue;
+        /* skip tensors overlapping an expert extent: binary search the first range ending after t */
+        size_t lo = 0, hi = n;
+        range_t key = {t->file, t->offset, 0};
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (cmp_range(&r[mid], &key) < 0) lo = mid + 1;
+            else hi = mid;
+        }
+        int hit = 0;
+        for (size_t j = lo > 0 ? lo - 1 : 0; j < n && j <= lo + 1 && !hit; j++)
+            hit = r[j].file == t->file && r[j].a < t->offset + t->nbytes && r[j].b > t->offset;
+        if (hit) continue;
+        uint8_t acc = 0;
+        for (uint64_t o = 0; o < t->nbytes; o += 4096) acc ^= base[t->offset + o];
+        acc ^= base[t->offset + t->nbytes - 1];
+        (void)acc;
+    }
+    free(r);
+}
+
+static void drop_file(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+}
+
+void ms_streaming_drop_page_cache(ms_model *m, const ms_expert_source *s) {
+    const wrap_src *w = (const wrap_src *)s;
+    for (int i = 0; i < m->ck.n_files; i++) {
+        const ms_mapping *mp = &m->ck.files[i].map;
+        /* pages mapped by this process stay; drop what the kernel may */
+        if (mp->data && mp->size) madvise((void *)mp->data, mp->size, MADV_DONTNEED);
+        drop_file(m->ck.files[i].path);
+    }
+    if (w->use_packed)
+        for (int i = 0; i < w->packed.n_files; i++) drop_file(w->packed.paths[i]);
+}
+
+const char *ms_streaming_largest_file(const ms_expert_source *s) {
+    const wrap_src *w = (const wrap_src *)s;
+    const ms_expert_store *st = w->use_packed ? &w->packed : &w->ck_store;
+    const char *best = NULL;
+    off_t bs = -1;
+    for (int i = 0; i < st->n_files; i++) {
+        struct stat sb;
+        if (stat(st->paths[i], &sb) == 0 && sb.st_size > bs) {
+            bs = sb.st_size;
+            best = st->paths[i];
+        }
+    }
+    return best;
 }

@@ -34,6 +34,15 @@ void ms_streaming_stats(const ms_expert_source *s, ms_stream_stats *out);
 /* 1 when s came from ms_streaming_experts_create. */
 int ms_is_streaming_source(const ms_expert_source *s);
 
+/* Touch every page of m's checkpoint tensors except the streamed experts' bytes (so a
+ * benchmark faults the static tier in without reading the experts through the mapping). */
+void ms_streaming_prefault_static(ms_model *m, const ms_expert_source *s);
+/* Evict m's checkpoint files (and a packed store's files) from the page cache
+ * (posix_fadvise DONTNEED), so reads measure the drive. */
+void ms_streaming_drop_page_cache(ms_model *m, const ms_expert_source *s);
+/* The largest file the source reads (to measure the drive's bandwidth on), or NULL. */
+const char *ms_streaming_largest_file(const ms_expert_source *s);
+
 /* Pack m's routed experts (as the engine binds them) into out_dir; see ms_expert_pack. */
 int ms_streaming_pack(ms_model *m, const char *out_dir, const char *const *dirs, int n_dirs, ms_pack_stats *stats,
                       ms_err *err);
