@@ -520,7 +520,10 @@ jv jinja_getattr(jctx *c, int line, jv obj, const char *name) {
         return JV_UNDEFINED;
     case JV_NS: { jv *p = jd_gets(obj.d, name); return p ? *p : JV_UNDEFINED; }
     case JV_STR: return in_list(STR_METHODS, name) ? method(c, obj, name) : JV_UNDEFINED;
-    case JV_LIST: return in_list(LIST_METHODS, name) ? method(c, obj, name) : JV_UNDEFINED;
+    case JV_LIST:
+        if (obj.l->group && obj.l->n == 2 && !strcmp(name, "grouper")) return obj.l->v[0];
+        if (obj.l->group && obj.l->n == 2 && !strcmp(name, "list")) return obj.l->v[1];
+        return in_list(LIST_METHODS, name) ? method(c, obj, name) : JV_UNDEFINED;
     case JV_LOOP: {
         jloop *l = obj.lp;
         if (!strcmp(name, "index")) return jv_int(l->index0 + 1);

@@ -15,7 +15,8 @@ static const char *const FILTERS[] = {
     "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort", "e", "escape", "first",
     "float", "format", "indent", "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min",
     "reject", "rejectattr", "replace", "reverse", "round", "safe", "select", "selectattr", "slice", "sort",
-    "string", "sum", "title", "tojson", "trim", "truncate", "unique", "upper", "wordcount", NULL};
+    "string", "sum", "title", "tojson", "trim", "truncate", "unique", "upper", "wordcount", "groupby",
+    "filesizeformat", "urlencode", NULL};
 static const char *const TESTS[] = {
     "defined", "undefined", "none", "boolean", "false", "true", "integer", "float", "number", "string", "mapping",
     "sequence", "iterable", "callable", "sameas", "escaped", "lower", "upper", "even", "odd", "divisibleby", "eq",
@@ -195,6 +196,22 @@ static int is_word_cp(uint32_t cp) {
         cp == 0xD7 || cp == 0xF7 || (cp >= 0x1F000 && cp <= 0x1FAFF))
         return 0;
     return 1;
+}
+
+/* urllib.parse.quote_from_bytes with safe "/" (or "" and '+' for spaces in query strings) */
+static void url_quote(jbuf *b, jstr *s, int for_qs) {
+    static const char hex[] = "0123456789ABCDEF";
+    for (size_t i = 0; i < s->len; i++) {
+        unsigned char ch = (unsigned char)s->s[i];
+        if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' ||
+            ch == '-' || ch == '~' || (ch == '/' && !for_qs))
+            jb_putc(b, (char)ch);
+        else if (ch == ' ' && for_qs) jb_putc(b, '+');
+        else {
+            char e[3] = {'%', hex[ch >> 4], hex[ch & 15]};
+            jb_put(b, e, 3);
+        }
+    }
 }
 
 /* ---------------- tojson ---------------- */
@@ -691,6 +708,79 @@ jv jinja_filter(jctx *c, int line, const char *f, jv v, jargs *a) {
             jl_push(c->t, out.l, tmp);
         }
         return out;
+    }
+    if (!strcmp(f, "groupby")) {
+        jv attr;
+        if (!jarg(a, 0, "attribute", &attr)) jfail(c->t, MS_ERR_FORMAT, line, "groupby() missing attribute");
+        jv dflt;
+        int hd = jarg(a, 1, "default", &dflt) && dflt.t != JV_NONE;
+        int cs = arg_bool(a, 2, "case_sensitive", 0);
+        jlist *l = jinja_iter(c, line, v);
+        jv *keys = ja_alloc(c->t, (l->n + 1) * sizeof(jv));
+        for (size_t i = 0; i < l->n; i++) {
+            keys[i] = attr_path(c, line, l->v[i], attr, hd ? &dflt : NULL);
+            if (!cs) keys[i] = ignore_case(c, keys[i]);
+        }
+        size_t *ord = sorted_order(c, line, keys, l->n, 0);
+        jv out = jv_list(c->t, 4);
+        for (size_t i = 0; i < l->n;) {
+            size_t j = i;
+            jv members = jv_list(c->t, 4);
+            while (j < l->n && jv_eq(keys[ord[j]], keys[ord[i]])) jl_push(c->t, members.l, l->v[ord[j++]]);
+            jv g = jv_tuple(c->t, 2);
+            g.l->group = 1;
+            jl_push(c->t, g.l, cs ? keys[ord[i]] : attr_path(c, line, l->v[ord[i]], attr, hd ? &dflt : NULL));
+            jl_push(c->t, g.l, members);
+            jl_push(c->t, out.l, g);
+            i = j;
+        }
+        return out;
+    }
+    if (!strcmp(f, "filesizeformat")) {
+        int binary = arg_bool(a, 0, "binary", 0);
+        double bytes;
+        if (jv_is_num(v)) bytes = jv_num(v);
+        else if (v.t == JV_STR) {
+            int ok;
+            bytes = parse_py_float(c, v.s, &ok);
+            if (!ok) jfail(c->t, MS_ERR_FORMAT, line, "could not convert string to float");
+        } else jfail(c->t, MS_ERR_FORMAT, line, "filesizeformat needs a number");
+        static const char *const dec[] = {"kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
+        static const char *const bin[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
+        double base = binary ? 1024 : 1000;
+        char buf[128];
+        if (bytes == 1) return jv_cstr(c->t, "1 Byte");
+        if (bytes < base) {
+            snprintf(buf, sizeof buf, "%lld Bytes", (long long)bytes);
+            return jv_cstr(c->t, buf);
+        }
+        double unit = base * base;
+        int k = 0;
+        for (; k < 7 && bytes >= unit; k++) unit *= base;
+        snprintf(buf, sizeof buf, "%.1f %s", base * bytes / unit, binary ? bin[k] : dec[k]);
+        return jv_cstr(c->t, buf);
+    }
+    if (!strcmp(f, "urlencode")) {
+        jbuf b;
+        jb_init(&b, c->t, c->max_output);
+        if (v.t == JV_STR || (v.t != JV_LIST && v.t != JV_DICT)) {
+            url_quote(&b, jv_to_str(c->t, v).s, 0);
+        } else {
+            jlist *items;
+            if (v.t == JV_DICT) {
+                jargs none = {0};
+                items = jinja_call_method(c, line, v, "items", &none).l;
+            } else items = v.l;
+            for (size_t i = 0; i < items->n; i++) {
+                jv kv = items->v[i];
+                if (kv.t != JV_LIST || kv.l->n != 2) jfail(c->t, MS_ERR_FORMAT, line, "urlencode: expected (key, value) pairs");
+                if (i) jb_putc(&b, '&');
+                url_quote(&b, jv_to_str(c->t, kv.l->v[0]).s, 1);
+                jb_putc(&b, '=');
+                url_quote(&b, jv_to_str(c->t, kv.l->v[1]).s, 1);
+            }
+        }
+        return b.p ? jb_take(&b) : jv_str(c->t, "", 0);
     }
     jfail(c->t, MS_ERR_FORMAT, line, "no filter named '%s'", f);
 }

@@ -41,7 +41,7 @@ _Noreturn void jfail(jtrap *t, int code, int line, const char *fmt, ...) __attri
 typedef enum { JV_UNDEF = 0, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_FUNC, JV_NS, JV_LOOP } jv_type;
 
 typedef struct jstr { size_t len; char s[]; } jstr;
-typedef struct jlist { int tuple; size_t n, cap; struct jv *v; } jlist;
+typedef struct jlist { int tuple, group; size_t n, cap; struct jv *v; } jlist; /* group: groupby's (grouper, list) */
 typedef struct jdict { size_t n, cap; struct jv *k, *v; } jdict;
 struct jfunc;
 struct jloop;

@@ -263,6 +263,10 @@ CASES = [
      {"schema": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"x": 1}}}}),
     ("{% for i in [1] %}{{ loop([2]) }}{% endfor %}", {}),
     ("{% for i in [[1, [2]], 3] recursive %}{% if i is iterable %}({{ loop(i) }}){% else %}{{ i }}{% endif %}{% endfor %}", {}),
+    ("{% for g in users|groupby('on') %}{{ g.grouper }}:{{ g.list|map(attribute='name')|join }};{% endfor %} {% for k, items in words|map('lower')|list|groupby(0) %}{{ k }}{{ items|length }}{% endfor %}", D),
+    ("{% for g in [{'t': 'B'}, {'t': 'a'}, {'t': 'b'}, {}]|groupby('t', default='z') %}{{ g.grouper }}{{ g.list|length }}{% endfor %} {{ (users|groupby('age')|first).grouper }}", D),
+    ("{{ 1|filesizeformat }} {{ 999|filesizeformat }} {{ 1500|filesizeformat }} {{ 123456789|filesizeformat }} {{ 2048|filesizeformat(true) }} {{ 1e30|filesizeformat }}", {}),
+    ("{{ 'a b/c?d=é&x'|urlencode }} {{ {'q': 'a b', 'n': 1}|urlencode }} {{ [('k', 'v/w')]|urlencode }} {{ 42|urlencode }}", {}),
     # --- syntax errors ---
     ("{% if x %}unclosed", {}),
     ("{% for %}{% endfor %}", {}),

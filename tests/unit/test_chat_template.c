@@ -1,7 +1,9 @@
 /* test_chat_template.c — chat renders against transformers' reference strings
  * (../shared/fixtures/text/tok_dev.json, made with apply_chat_template) and the
  * interpreter's error and limit behavior. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "test.h"
@@ -96,6 +98,59 @@ TEST(transformers_apply_chat_template_renders) {
     CHECK_MSG(bad == 0, "%d of %d renders differ from transformers", bad, n);
     CHECK_MSG(n >= 400 && errors < n / 3, "%d renders, %d errors", n, errors);
     cJSON_Delete(doc);
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+static char *render_dir(const char *dir, const char *req, int *rc, ms_err *err) {
+    char *out = NULL;
+    size_t n = 0;
+    *rc = ms_chat_render(dir, req, strlen(req), &out, &n, err);
+    return out;
+}
+
+/* transformers' choice among named templates: "tool_use" when tools are given, else "default";
+ * chat_template.jinja wins over tokenizer_config.json. */
+TEST(template_choice_and_request_checks) {
+    char dir[] = "/tmp/ms_tmpl_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char cfg[256], jin[256];
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+    snprintf(jin, sizeof jin, "%s/chat_template.jinja", dir);
+    write_text(cfg, "{\"bos_token\": {\"content\": \"<B>\"}, \"chat_template\": ["
+                    "{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ messages|length }}\"},"
+                    "{\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}\"}]}");
+    ms_err err = {0};
+    int rc;
+    char *o = render_dir(dir, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", &rc, &err);
+    CHECK_MSG(rc == 0 && o && !strcmp(o, "D<B>1"), "%d %s %s", rc, o ? o : "", err.msg);
+    free(o);
+    o = render_dir(dir, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}, {}]}", &rc, &err);
+    CHECK_MSG(rc == 0 && o && !strcmp(o, "T2"), "%d %s %s", rc, o ? o : "", err.msg);
+    free(o);
+    o = render_dir(dir, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": null}", &rc, &err);
+    CHECK_MSG(rc == 0 && o && !strcmp(o, "D<B>1"), "%d %s %s", rc, o ? o : "", err.msg);
+    free(o);
+    write_text(jin, "J{{ add_generation_prompt }}{{ x }}\n");
+    o = render_dir(dir, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [], "
+                        "\"add_generation_prompt\": true, \"chat_template_kwargs\": {\"x\": 1.0}}", &rc, &err);
+    CHECK_MSG(rc == 0 && o && !strcmp(o, "JTrue1.0"), "%d %s %s", rc, o ? o : "", err.msg);
+    free(o);
+    const char *bad[] = {"[]", "{\"messages\": {}}", "{\"messages\": []}", "{\"messages\": [1]}",
+                         "{\"messages\": [{}], \"tools\": {}}", "{\"messages\": [{}], \"add_generation_prompt\": 1}",
+                         "{\"messages\": [{}], \"chat_template_kwargs\": {\"messages\": 1}}",
+                         "{\"messages\": [{}], \"extra\": 1}", "{\"messages\": [{}]", NULL};
+    for (int i = 0; bad[i]; i++) {
+        ms_err_clear(&err);
+        o = render_dir(dir, bad[i], &rc, &err);
+        CHECK_MSG(rc == MS_ERR_FORMAT && !o && strstr(err.msg, "request"), "%s -> %d %s", bad[i], rc, err.msg);
+    }
+    remove(jin);
+    remove(cfg);
+    rmdir(dir);
 }
 
 TEST(gptoss_ships_no_template) {
