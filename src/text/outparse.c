@@ -523,18 +523,16 @@ static int step_qwen_head(ms_outparse *p) {
     return 1;
 }
 
-/* The arguments end before the body's last '}' (the outer object's); text
- * from the last '}' seen so far (and whitespace before it) is held back. */
+/* The arguments are the body without its outer closing brace: trailing
+ * whitespace, one '}', whitespace. While streaming, only such a tail is held
+ * back (the cut only grows as text arrives). */
 static size_t qwen_args_cut(const char *s, size_t n) {
-    size_t last = n;
-    for (size_t i = n; i-- > 0;)
-        if (s[i] == '}') {
-            last = i;
-            break;
-        }
-    if (last == n) return n;
-    while (last > 0 && is_ws(s[last - 1])) last--;
-    return last;
+    while (n && is_ws(s[n - 1])) n--;
+    if (n && s[n - 1] == '}') {
+        n--;
+        while (n && is_ws(s[n - 1])) n--;
+    }
+    return n;
 }
 
 static int step_qwen_args(ms_outparse *p) {
@@ -542,20 +540,11 @@ static int step_qwen_args(ms_outparse *p) {
     size_t pos = 0, safe = 0;
     int w = find_marker(p->pend.data, p->pend.len, 0, m, 1, &pos, &safe);
     if (w < 0) {
-        /* emit only before the last '}' (whitespace-trimmed): see qwen_args_cut */
-        size_t cut = 0;
-        for (size_t i = safe; i-- > 0;)
-            if (p->pend.data[i] == '}') {
-                cut = i;
-                while (cut > 0 && is_ws(p->pend.data[cut - 1])) cut--;
-                break;
-            }
-        size_t used = emit_args(p, p->pend.data, cut, 0);
+        size_t used = emit_args(p, p->pend.data, qwen_args_cut(p->pend.data, safe), 0);
         consume(p, used);
         return used > 0;
     }
-    size_t cut = qwen_args_cut(p->pend.data, pos);
-    emit_args(p, p->pend.data, cut, 1);
+    emit_args(p, p->pend.data, qwen_args_cut(p->pend.data, pos), 1);
     end_call(p);
     consume(p, pos + strlen(TC_CLOSE));
     p->state = ST_TEXT;
@@ -1045,20 +1034,11 @@ int ms_outparse_finish(ms_outparse *p, ms_outev_fn fn, void *user, ms_err *err) 
             consume(p, p->pend.len);
             end_call(p);
             break;
-        case ST_QWEN_ARGS: {
-            size_t n = p->pend.len;
-            while (n && is_ws(p->pend.data[n - 1])) n--;
-            if (n && p->pend.data[n - 1] == '}') {
-                n--;
-                while (n && is_ws(p->pend.data[n - 1])) n--;
-            } else {
-                n = p->pend.len;
-            }
-            emit_args(p, p->pend.data, n, 1);
+        case ST_QWEN_ARGS:
+            emit_args(p, p->pend.data, qwen_args_cut(p->pend.data, p->pend.len), 1);
             consume(p, p->pend.len);
             end_call(p);
             break;
-        }
         case ST_H_BODY:
             if (p->h_kind == K_TOOL) {
                 p->state = ST_ARGS;

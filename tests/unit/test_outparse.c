@@ -258,6 +258,33 @@ TEST(glm_schema_decides_string_values) {
     free(js);
 }
 
+static int count_args(void *user, const ms_outev *ev) {
+    if (ev->type == MS_OUTEV_TOOL_ARGS) *(size_t *)user += ev->len;
+    return 0;
+}
+
+/* Arguments stream while they are generated (not only at the end of the call),
+ * and a long argument does not make the parser rescan what it holds. */
+TEST(arguments_stream_early) {
+    const ms_outfmt fmts[] = {MS_OUTFMT_QWEN3, MS_OUTFMT_KIMI_K2, MS_OUTFMT_HARMONY, MS_OUTFMT_DEEPSEEK_V31};
+    const char *heads[] = {"<tool_call>\n{\"name\": \"w\", \"arguments\": {\"a\": {\"b\": 1}, \"c\": \"",
+                           "<|tool_calls_section_begin|><|tool_call_begin|>functions.w:0<|tool_call_argument_begin|>{\"c\": \"",
+                           "<|channel|>commentary to=functions.w <|constrain|>json<|message|>{\"c\": \"",
+                           "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>w<｜tool▁sep｜>{\"c\": \""};
+    for (int f = 0; f < 4; f++) {
+        ms_outparse *p = NULL;
+        ms_err e = {0};
+        CHECK(ms_outparse_new(fmts[f], NULL, &p, &e) == MS_OK);
+        size_t got = 0;
+        CHECK(ms_outparse_feed(p, heads[f], strlen(heads[f]), count_args, &got, &e) == MS_OK);
+        int bad = 0;
+        for (int i = 0; i < 200000; i++) bad |= ms_outparse_feed(p, "x", 1, count_args, &got, &e) != MS_OK;
+        CHECK(!bad);
+        CHECK_MSG(got >= 200000, "%s: only %zu argument bytes out before the call ended", ms_outfmt_name(fmts[f]), got);
+        ms_outparse_free(p);
+    }
+}
+
 static int stop_cb(void *user, const ms_outev *ev) { return ev->type == MS_OUTEV_TOOL_START ? 42 : 0; }
 
 TEST(callback_can_stop) {
