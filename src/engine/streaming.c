@@ -134,9 +134,26 @@ int ms_streaming_experts_create(ms_model *m, const ms_streaming_opts *o, ms_expe
         w->use_packed = !rc;
     }
     char rwhy[700] = "";
+    int qd = o->queue_depth, probed = 0;
+    if (!rc && qd == 0 && (o->io == MS_IO_AUTO || o->io == MS_IO_URING)) {
+        /* default from a quick probe of the largest file, at the size of one expert's read */
+        const ms_expert_store *st = w->use_packed ? &w->packed : &w->ck_store;
+        const char *big = NULL;
+        off_t bs = 0;
+        for (int i = 0; i < st->n_files; i++) {
+            struct stat sb;
+            if (stat(st->paths[i], &sb) == 0 && sb.st_size > bs) { bs = sb.st_size; big = st->paths[i]; }
+        }
+        uint64_t blk = st->buf_bytes < (4u << 20) ? st->buf_bytes : (4u << 20);
+        if (big && (uint64_t)bs >= (256u << 20) && blk >= MS_IO_ALIGN) {
+            ms_err pe = {0};
+            if (ms_io_probe_queue_depth(big, blk, 64u << 20, &qd, &pe) == MS_OK) probed = 1;
+            else qd = 0;
+        }
+    }
     if (!rc) {
         ms_stream_opts so = {.budget_bytes = (uint64_t)o->cache_mib << 20, .min_slots = (int)m->cfg.top_k,
-                             .io = o->io, .queue_depth = o->queue_depth, .policy = o->policy, .verify = !o->no_verify,
+                             .io = o->io, .queue_depth = qd, .policy = o->policy, .verify = !o->no_verify,
                              .bind = bind_relocate, .bind_ctx = m};
         rc = ms_stream_source_create(w->use_packed ? &w->packed : &w->ck_store, &so, &w->inner, rwhy, sizeof rwhy, err);
     }
@@ -147,9 +164,10 @@ int ms_streaming_experts_create(ms_model *m, const ms_streaming_opts *o, ms_expe
     w->base.max_acquire = ms_stream_source_slots(w->inner);
     const ms_expert_store *st = w->use_packed ? &w->packed : &w->ck_store;
     if (why && why_cap)
-        snprintf(why, why_cap, "experts streamed from %s: io %s; cache %d slots x %.2f MiB (%s)",
-                 w->use_packed ? o->store_dir : "the checkpoint", rwhy, w->base.max_acquire, st->buf_bytes / 1048576.0,
-                 ms_cache_policy_name(o->policy));
+        snprintf(why, why_cap, "experts streamed from %s: io %s, queue depth %d%s; cache %d slots x %.2f MiB (%s)",
+                 w->use_packed ? o->store_dir : "the checkpoint", rwhy, qd ? qd : 32,
+                 probed ? " (probed)" : o->queue_depth ? "" : " (default)", w->base.max_acquire,
+                 st->buf_bytes / 1048576.0, ms_cache_policy_name(o->policy));
     *out = &w->base;
     return MS_OK;
 }

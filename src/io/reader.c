@@ -612,3 +612,62 @@ int ms_io_probe_bandwidth(const char *path, uint64_t max_bytes, uint64_t block_b
     if (!rc) *bytes_per_s = (double)(nblk * block_bytes) / (dt > 1e-9 ? dt : 1e-9);
     return rc;
 }
+
+int ms_io_probe_queue_depth(const char *path, uint64_t block_bytes, uint64_t probe_bytes, int *qd, ms_err *err) {
+    static const int depths[] = {2, 8, 32, 64};
+    *qd = 32;
+    if (block_bytes == 0 || block_bytes % MS_IO_ALIGN || block_bytes > (64u << 20))
+        return ms_fail(err, MS_ERR_ARG, "queue depth probe: block of %" PRIu64 " bytes", block_bytes);
+    uint8_t *bufs = NULL;
+    if (posix_memalign((void **)&bufs, MS_IO_ALIGN, block_bytes * 64) != 0)
+        return ms_fail(err, MS_ERR_NOMEM, "queue depth probe: out of memory");
+    ms_reader *r;
+    ms_reader_opts o = {.mode = MS_IO_URING, .queue_depth = 64, .chunk_bytes = block_bytes, .arena = bufs,
+                        .arena_bytes = block_bytes * 64, .unit_bytes = block_bytes};
+    ms_err e2 = {0};
+    if (ms_reader_open(&path, 1, &o, &r, NULL, 0, &e2)) { /* no ring: keep the default */
+        free(bufs);
+        return MS_OK;
+    }
+    uint64_t nblk = ms_reader_file_size(r, 0) / block_bytes;
+    int rc = MS_OK;
+    double best = 0, rate[4] = {0};
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    for (int di = 0; nblk >= 8 && di < 4 && !rc; di++) {
+        int d = depths[di];
+        uint64_t want = probe_bytes / block_bytes, sent = 0, done = 0;
+        if (want < (uint64_t)d) want = (uint64_t)d;
+        double t0 = now_s();
+        for (int i = 0; i < d && !rc; i++, sent++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            rc = ms_reader_submit(r, 0, (seed >> 17) % nblk * block_bytes, block_bytes, bufs + (uint64_t)i * block_bytes,
+                                  (uint64_t)i, err);
+        }
+        while (!rc && done < want) {
+            ms_read_done dd[64];
+            int nd;
+            rc = ms_reader_reap(r, 1, dd, 64, &nd, err);
+            for (int i = 0; i < nd && !rc; i++) {
+                done++;
+                if (sent < want) {
+                    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                    rc = ms_reader_submit(r, 0, (seed >> 17) % nblk * block_bytes, block_bytes,
+                                          bufs + dd[i].tag * block_bytes, dd[i].tag, err);
+                    sent++;
+                }
+            }
+        }
+        double dt = now_s() - t0;
+        rate[di] = (double)(done * block_bytes) / (dt > 1e-9 ? dt : 1e-9);
+        if (rate[di] > best) best = rate[di];
+    }
+    if (!rc && best > 0)
+        for (int di = 0; di < 4; di++)
+            if (rate[di] >= 0.9 * best) {
+                *qd = depths[di];
+                break;
+            }
+    ms_reader_close(r);
+    free(bufs);
+    return rc;
+}

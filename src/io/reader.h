@@ -95,4 +95,10 @@ int ms_reader_outstanding(const ms_reader *r);
 int ms_io_probe_bandwidth(const char *path, uint64_t max_bytes, uint64_t block_bytes, int qd, ms_io_mode mode,
                           double *bytes_per_s, char *why, size_t why_cap, ms_err *err);
 
+/* The queue depth to use on `path`: random block_bytes-aligned reads (O_DIRECT through
+ * io_uring) at depths 2, 8, 32 and 64, about probe_bytes each; the smallest depth within
+ * 90% of the best throughput. *qd gets 32 (and MS_OK) when the file is smaller than
+ * 8 blocks or io_uring/O_DIRECT is unavailable. */
+int ms_io_probe_queue_depth(const char *path, uint64_t block_bytes, uint64_t probe_bytes, int *qd, ms_err *err);
+
 #endif

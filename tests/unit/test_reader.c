@@ -138,6 +138,10 @@ TEST(probe_bandwidth) {
     char why[256];
     CHECK_MSG(ms_io_probe_bandwidth(path, 0, 1u << 20, 4, MS_IO_AUTO, &bw, why, sizeof why, &e) == 0, "%s", e.msg);
     CHECK(bw > 0);
+    int qd = 0;
+    CHECK_MSG(ms_io_probe_queue_depth(path, 64 << 10, 1 << 20, &qd, &e) == 0, "%s", e.msg);
+    CHECK(qd == 2 || qd == 8 || qd == 32 || qd == 64);
+    CHECK(ms_io_probe_queue_depth(path, 1000, 1 << 20, &qd, &e) == MS_ERR_ARG);
     unlink(path);
     free(ref);
 }
