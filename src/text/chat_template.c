@@ -32,9 +32,27 @@ void ms_chat_source_free(ms_chat_source *src) {
 int ms_chat_pick(const char *dir, int has_tools, ms_chat_source *src, ms_err *err) {
     memset(src, 0, sizeof *src);
     char path[4096];
+    size_t len;
+    /* transformers' save format for several templates: additional_chat_templates/NAME.jinja */
+    if (has_tools) {
+        if (ms_path_join(path, sizeof path, dir, "additional_chat_templates/tool_use.jinja", err)) return err->code;
+        if (ms_file_exists(path)) {
+            int rc = ms_read_file(path, (size_t)16 << 20, &src->template_text, &len, err);
+            if (rc) return rc;
+            src->template_origin = "additional_chat_templates/tool_use.jinja";
+            return MS_OK;
+        }
+    }
+    if (ms_path_join(path, sizeof path, dir, "chat_template.jinja", err)) return err->code;
+    if (!ms_file_exists(path) && ms_path_join(path, sizeof path, dir, "additional_chat_templates/default.jinja", err) == MS_OK &&
+        ms_file_exists(path)) {
+        int rc = ms_read_file(path, (size_t)16 << 20, &src->template_text, &len, err);
+        if (rc) return rc;
+        src->template_origin = "additional_chat_templates/default.jinja";
+        return MS_OK;
+    }
     if (ms_path_join(path, sizeof path, dir, "chat_template.jinja", err)) return err->code;
     if (ms_file_exists(path)) {
-        size_t len;
         int rc = ms_read_file(path, (size_t)16 << 20, &src->template_text, &len, err);
         if (rc) return rc;
         src->template_origin = "chat_template.jinja";

@@ -4,10 +4,12 @@
  * "add_generation_prompt"?: bool, "chat_template_kwargs"?: {...}}.
  *
  * Renderer choice for a model directory (ms_chat_pick):
- *   1. DIR/chat_template.jinja, else `chat_template` in DIR/tokenizer_config.json
- *      (a string, or a list of {name, template}: "tool_use" when the request
- *      has tools and such a template exists, else "default") — rendered by
- *      the Jinja interpreter exactly as transformers' apply_chat_template does;
+ *   1. DIR/additional_chat_templates/tool_use.jinja when the request has tools,
+ *      DIR/chat_template.jinja (or additional_chat_templates/default.jinja),
+ *      else `chat_template` in DIR/tokenizer_config.json (a string, or a list of
+ *      {name, template}: "tool_use" when the request has tools and such a
+ *      template exists, else "default") — rendered by the Jinja interpreter
+ *      exactly as transformers' apply_chat_template does;
  *   2. otherwise the first built-in renderer (chat_builtin.c) that accepts DIR;
  *   3. otherwise an error saying the model ships no chat template.
  *

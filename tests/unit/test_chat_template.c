@@ -3,6 +3,7 @@
  * interpreter's error and limit behavior. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <string.h>
 
@@ -148,6 +149,20 @@ TEST(template_choice_and_request_checks) {
         o = render_dir(dir, bad[i], &rc, &err);
         CHECK_MSG(rc == MS_ERR_FORMAT && !o && strstr(err.msg, "request"), "%s -> %d %s", bad[i], rc, err.msg);
     }
+    /* transformers' multi-template save format */
+    char sub[256], tu[300];
+    snprintf(sub, sizeof sub, "%s/additional_chat_templates", dir);
+    snprintf(tu, sizeof tu, "%s/tool_use.jinja", sub);
+    CHECK(mkdir(sub, 0755) == 0);
+    write_text(tu, "TU{{ tools|length }}");
+    o = render_dir(dir, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}", &rc, &err);
+    CHECK_MSG(rc == 0 && o && !strcmp(o, "TU1"), "%d %s %s", rc, o ? o : "", err.msg);
+    free(o);
+    o = render_dir(dir, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", &rc, &err);
+    CHECK_MSG(rc == 0 && o && !strcmp(o, "JFalse"), "%d %s %s", rc, o ? o : "", err.msg);
+    free(o);
+    remove(tu);
+    rmdir(sub);
     remove(jin);
     remove(cfg);
     rmdir(dir);
