@@ -96,8 +96,9 @@ fuzz: $(FUZZERS)
 deps:
 	@tools/install-deps.sh
 
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 check: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all $(TESTS) build/asan/moonshine $(ASAN_TESTS) $(FUZZERS)
 	$(MAKE) test
 	$(MAKE) asan
 	$(MAKE) fuzz
