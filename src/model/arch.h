@@ -69,6 +69,9 @@ int ms_bind_tensor(ms_binder *b, ms_qmat *out, ms_wkind kind, int ndim, const in
 /* A buffer of `bytes` the model owns (freed with it), e.g. an F32 copy of a
  * small tensor. NULL (and b->rc set) when out of memory. */
 void *ms_bind_alloc(ms_binder *b, size_t bytes);
+/* Load mode: the tensor of exactly this (full) name and shape, counted as bound;
+ * NULL with the first error recorded in b (missing, or expected vs found shape). */
+const ms_tensor *ms_bind_find(ms_binder *b, const char *name, int ndim, const int64_t *shape);
 /* True when a tensor exists (always false in spec mode). */
 int ms_bind_has(ms_binder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -94,6 +97,10 @@ int ms_bind_mlp(ms_binder *b, struct ms_model *m, int layer, const char *pfx, in
 int ms_bind_experts(ms_binder *b, struct ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
                     const char *down_fmt);
 int ms_bind_router(ms_binder *b, struct ms_model *m, int layer, const char *weight, const char *bias);
+/* The DeepSeek-style MoE of layer `layer` under pfx ("model.layers.N."): router
+ * mlp.gate (+ e_score_correction_bias when cfg->router_bias), shared experts
+ * mlp.shared_experts.* when cfg->shared_inter, routed experts mlp.experts.E.{gate,up,down}_proj. */
+int ms_bind_routed_moe(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 /* Attention Residuals pair "<pfx>norm.weight" [hidden] and "<pfx>proj.weight"
  * [1, hidden] (pfx e.g. "model.layers.3.mlp_res_"), as F32 copies. */
 int ms_bind_attn_res(ms_binder *b, struct ms_attn_res *out, const char *pfx);

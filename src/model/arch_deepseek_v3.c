@@ -56,15 +56,7 @@ static int bind(ms_binder *b, ms_model *m) {
             ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
             continue;
         }
-        char w[96], bias[96];
-        snprintf(w, sizeof w, "%smlp.gate", p);
-        snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
-        ms_bind_router(b, m, l, w, bias);
-        if (c->shared_inter)
-            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-                        "mlp.shared_experts.down_proj");
-        ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.experts.%d.up_proj",
-                        "model.layers.%d.mlp.experts.%d.down_proj");
+        ms_bind_routed_moe(b, m, l, p);
     }
     return b->rc;
 }

@@ -38,7 +38,7 @@ static int bind(ms_binder *b, ms_model *m) {
     const ms_config *c = b->cfg;
     ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
     for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96], bias[128];
+        char p[64];
         snprintf(p, sizeof p, "model.layers.%d.", l);
         ms_layer *L = &m->layers[l];
         ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", p);
@@ -48,14 +48,7 @@ static int bind(ms_binder *b, ms_model *m) {
             ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
             continue;
         }
-        snprintf(w, sizeof w, "%smlp.gate", p);
-        snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
-        ms_bind_router(b, m, l, w, bias);
-        if (c->shared_inter)
-            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-                        "mlp.shared_experts.down_proj");
-        ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.experts.%d.up_proj",
-                        "model.layers.%d.mlp.experts.%d.down_proj");
+        ms_bind_routed_moe(b, m, l, p);
     }
     return b->rc;
 }

@@ -55,25 +55,9 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     return MS_OK;
 }
 
-/* Find a fused expert tensor "NAME" of the given shape (any dtype checked by the caller). */
+/* A fused expert tensor (full name), shape-checked and counted as bound. */
 static const ms_tensor *fused(ms_binder *b, const char *name, int ndim, const int64_t *shape) {
-    if (b->rc) return NULL;
-    const ms_tensor *t = ms_checkpoint_find(b->ck, name);
-    char want[160], got[160];
-    if (!t) {
-        b->rc = ms_fail(b->err, MS_ERR_SHAPE, "missing tensor \"%s\" (expected shape %s)", name,
-                        ms_shape_str(shape, ndim, want, sizeof want));
-        return NULL;
-    }
-    int ok = t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
-    if (!ok) {
-        b->rc = ms_fail(b->err, MS_ERR_SHAPE, "tensor \"%s\": expected shape %s, found %s", name,
-                        ms_shape_str(shape, ndim, want, sizeof want), ms_shape_str(t->shape, t->ndim, got, sizeof got));
-        return NULL;
-    }
-    b->bound_bytes += t->nbytes;
-    return t;
+    return b->rc ? NULL : ms_bind_find(b, name, ndim, shape);
 }
 
 /* BF16/F16/F32 experts stored [E, in, out]: transposed copies [E, out, in] in the

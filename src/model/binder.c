@@ -35,7 +35,7 @@ static void add_spec(ms_binder *b, const char *name, int ndim, const int64_t *sh
     s->kind = kind;
 }
 
-static const ms_tensor *need(ms_binder *b, const char *name, int ndim, const int64_t *shape) {
+const ms_tensor *ms_bind_find(ms_binder *b, const char *name, int ndim, const int64_t *shape) {
     const ms_tensor *t = ms_checkpoint_find(b->ck, name);
     char want[160], got[160];
     if (!t) {
@@ -65,13 +65,13 @@ static int bind_mxfp4(ms_binder *b, ms_qmat *out, const char *base, int64_t rows
                                base, (long long)cols);
     int64_t pshape[2] = {rows, cols / 2}, sshape[2] = {rows, cols / 32};
     snprintf(name, sizeof name, "%s.weight_packed", base);
-    const ms_tensor *p = need(b, name, 2, pshape);
+    const ms_tensor *p = ms_bind_find(b, name, 2, pshape);
     if (!p) return b->rc;
     if (p->dtype != MS_DT_U8 && p->dtype != MS_DT_I8)
         return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected U8 packed MXFP4)", name,
                                ms_dtype_name(p->dtype));
     snprintf(name, sizeof name, "%s.weight_scale", base);
-    const ms_tensor *s = need(b, name, 2, sshape);
+    const ms_tensor *s = ms_bind_find(b, name, 2, sshape);
     if (!s) return b->rc;
     if (s->dtype != MS_DT_U8 && s->dtype != MS_DT_F8_E8M0)
         return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected U8 E8M0 scales)", name,
@@ -107,7 +107,7 @@ int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t
         if (ms_checkpoint_find(b->ck, name)) return bind_mxfp4(b, out, base, rows, cols);
         snprintf(name, sizeof name, "%s.weight", base);
     }
-    const ms_tensor *t = need(b, name, 2, shape);
+    const ms_tensor *t = ms_bind_find(b, name, 2, shape);
     if (!t) return b->rc;
     out->dtype = t->dtype;
     out->data = t->data;
@@ -119,7 +119,7 @@ int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t
         int b0 = b->cfg->fp8 ? b->cfg->fp8_block[0] : 128, b1 = b->cfg->fp8 ? b->cfg->fp8_block[1] : 128;
         snprintf(name, sizeof name, "%s.weight_scale_inv", base);
         int64_t sshape[2] = {(rows + b0 - 1) / b0, (cols + b1 - 1) / b1};
-        const ms_tensor *s = need(b, name, 2, sshape);
+        const ms_tensor *s = ms_bind_find(b, name, 2, sshape);
         if (!s) return b->rc;
         if (s->dtype != MS_DT_F32 && s->dtype != MS_DT_BF16)
             return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": scale dtype %s (expected F32 or BF16)",
@@ -152,7 +152,7 @@ int ms_bind_vec(ms_binder *b, float **out, ms_wkind kind, int64_t n, int opt, co
         return b->rc;
     }
     if (opt && !ms_checkpoint_find(b->ck, name)) return MS_OK;
-    const ms_tensor *t = need(b, name, 1, shape);
+    const ms_tensor *t = ms_bind_find(b, name, 1, shape);
     if (!t) return b->rc;
     if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F16)
         return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected F32, BF16 or F16)", name,
@@ -215,7 +215,7 @@ int ms_bind_tensor(ms_binder *b, ms_qmat *out, ms_wkind kind, int ndim, const in
         return b->rc;
     }
     if (opt && !ms_checkpoint_find(b->ck, name)) return MS_OK;
-    const ms_tensor *t = need(b, name, ndim, shape);
+    const ms_tensor *t = ms_bind_find(b, name, ndim, shape);
     if (!t) return b->rc;
     if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F16)
         return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected F32, BF16 or F16)", name,

@@ -144,3 +144,20 @@ int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, 
     }
     return b->rc;
 }
+
+int ms_bind_routed_moe(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    const ms_config *c = b->cfg;
+    char w[160], bias[200], g[200], u[200], d[200];
+    snprintf(w, sizeof w, "%smlp.gate", pfx);
+    snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", pfx);
+    ms_bind_router(b, m, layer, w, c->router_bias ? bias : NULL);
+    if (c->shared_inter)
+        ms_bind_mlp(b, m, layer, pfx, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
+                    "mlp.shared_experts.down_proj");
+    /* ms_bind_experts formats (layer, expert); the layer is already in pfx, so the
+     * pattern takes the expert positionally ("%2$d") */
+    snprintf(g, sizeof g, "%smlp.experts.%%2$d.gate_proj", pfx);
+    snprintf(u, sizeof u, "%smlp.experts.%%2$d.up_proj", pfx);
+    snprintf(d, sizeof d, "%smlp.experts.%%2$d.down_proj", pfx);
+    return ms_bind_experts(b, m, layer, g, u, d);
+}
