@@ -35,6 +35,18 @@ uint64_t ms_qmat_bytes(const ms_qmat *w);
 void ms_matmul(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w);
 /* Same, accumulating: y += w x. */
 void ms_matmul_acc(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w);
+/* Several matmuls in one pool run (one barrier instead of one per matmul: the
+ * routed experts of a decode step, gate and up projections of one input, ...).
+ * Same result as calling ms_matmul (acc 0) / ms_matmul_acc (acc 1) on each job
+ * in order, provided no job's y overlaps another job's y or x. */
+typedef struct ms_matmul_job {
+    float *y;
+    const float *x;
+    int n;
+    const ms_qmat *w;
+    int acc;
+} ms_matmul_job;
+void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count);
 /* Scalar reference (single-threaded, no SIMD): the twin every fast kernel is tested against. */
 void ms_matmul_ref(float *y, const float *x, int n, const ms_qmat *w);
 

@@ -175,6 +175,49 @@ TEST(matmul_f8_activation_range) {
     ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
 }
 
+/* ms_matmul_many: a mixed batch (every variant, decode and prefill, acc 0/1,
+ * more jobs than one pool run takes) equals the reference job by job. */
+TEST(matmul_many_batch) {
+    setup_isas();
+    ms_pool *pool = ms_pool_create(2);
+    enum { NJ = 70 };
+    ms_matmul_job jobs[NJ];
+    ms_qmat ws[NJ];
+    void *mems[NJ];
+    float *y0[NJ], *ref[NJ];
+    double *mag[NJ];
+    for (int ii = 0; ii < g_nisa; ii++) {
+        ms_cpu_set_isa((ms_cpu_isa)g_isas[ii], NULL);
+        for (int i = 0; i < NJ; i++) {
+            const variant *v = &k_variants[i % (sizeof k_variants / sizeof *k_variants)];
+            int64_t rows = 1 + (i * 7) % 40, cols = (i % 5 == 0) ? 4160 : 32 * (1 + i % 6);
+            int n = i % 3 == 0 ? 3 : 1, acc = i % 2;
+            mems[i] = make_weight(v, rows, cols, &ws[i]);
+            float *x = malloc((size_t)(n * cols) * sizeof *x), *y = malloc((size_t)(n * rows) * sizeof *y);
+            y0[i] = malloc((size_t)(n * rows) * sizeof *y0[i]);
+            ref[i] = malloc((size_t)(n * rows) * sizeof *ref[i]);
+            mag[i] = malloc((size_t)(n * rows) * sizeof *mag[i]);
+            for (int64_t e = 0; e < n * cols; e++) x[e] = frand() * 4;
+            for (int64_t e = 0; e < n * rows; e++) y[e] = y0[i][e] = acc ? frand() : NAN;
+            ms_matmul_ref(ref[i], x, n, &ws[i]);
+            magnitude(&ws[i], x, n, mag[i]);
+            jobs[i] = (ms_matmul_job){.y = y, .x = x, .n = n, .w = &ws[i], .acc = acc};
+        }
+        ms_matmul_many(pool, jobs, NJ);
+        int bad = 0;
+        for (int i = 0; i < NJ; i++) {
+            for (int64_t e = 0; e < jobs[i].n * ws[i].rows; e++) {
+                double want = (double)ref[i][e] + (jobs[i].acc ? y0[i][e] : 0);
+                if (!(fabs(jobs[i].y[e] - want) <= 2e-6 * mag[i][e] + 1e-6 * fabs(want) + 1e-37)) bad++;
+            }
+            free((void *)jobs[i].x), free(jobs[i].y), free(y0[i]), free(ref[i]), free(mag[i]), free(mems[i]);
+        }
+        CHECK_MSG(bad == 0, "isa %s: %d outputs off", ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]), bad);
+    }
+    ms_pool_destroy(pool);
+    ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
+}
+
 TEST(matmul_zero_shapes) {
     setup_isas();
     float x[4] = {1, 2, 3, 4}, y[4] = {5, 5, 5, 5};

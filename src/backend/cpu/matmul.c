@@ -107,20 +107,20 @@ typedef struct {
     const float *x;
     float *y;
     int n, acc;
+    int gemv;              /* 1: n == 1 streaming kernel, 0: tiles */
+    int n_tasks;
     int64_t rows_per_task; /* gemv */
     int64_t n_rb;          /* tile: row blocks */
     int tb;                /* tile: tokens per block */
 } mm_job;
 
-static void gemv_task(void *ctx, int task, int tid) {
-    const mm_job *j = ctx;
+static void gemv_run(const mm_job *j, int task) {
     int64_t r0 = (int64_t)task * j->rows_per_task, r1 = r0 + j->rows_per_task;
     if (r1 > j->w->rows) r1 = j->w->rows;
     j->k->gemv(j->w, j->x, j->y, r0, r1, j->acc);
 }
 
-static void tile_task(void *ctx, int task, int tid) {
-    const mm_job *j = ctx;
+static void tile_run(const mm_job *j, int task) {
     const ms_qmat *w = j->w;
     const int64_t K = w->cols, R = w->rows;
     /* a pad of 16 floats per row keeps the rows off the same cache sets */
@@ -137,15 +137,24 @@ static void tile_task(void *ctx, int task, int tid) {
     }
 }
 
-static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w, int acc) {
-    if (n <= 0 || w->rows <= 0) return;
+static void job_task(void *ctx, int task, int tid) {
+    const mm_job *j = ctx;
+    if (j->gemv) gemv_run(j, task);
+    else tile_run(j, task);
+}
+
+/* Plans one matmul: kernel path and task split. Returns the number of tasks
+ * (0: nothing to run). *xs_need gets the F32 scratch the job needs (F8 decode
+ * takes x pre-scaled, MM_F8_XSCALE), in floats. */
+static int plan(const mm_kernels *k, int nth, float *y, const float *x, int n, const ms_qmat *w, int acc, mm_job *j,
+                int64_t *xs_need) {
+    *j = (mm_job){.k = k, .w = w, .x = x, .y = y, .n = n, .acc = acc};
+    *xs_need = 0;
+    if (n <= 0 || w->rows <= 0) return 0;
     if (w->cols <= 0) {
         if (!acc) memset(y, 0, (size_t)n * (size_t)w->rows * sizeof *y);
-        return;
+        return 0;
     }
-    const mm_kernels *k = ms_cpu_kernels();
-    int nth = ms_pool_size(pool);
-    mm_job j = {.k = k, .w = w, .x = x, .y = y, .n = n, .acc = acc};
     if (n == 1 && k->gemv_ok(w)) {
         uint64_t bytes = ms_qmat_bytes(w), row_bytes = bytes / (uint64_t)w->rows + 1;
         int64_t tasks = (int64_t)nth * 8;
@@ -154,25 +163,102 @@ static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w
         int64_t min_rows = (int64_t)((32u << 10) / row_bytes) + 1;
         if (rpt < min_rows) rpt = min_rows;
         rpt = (rpt + 3) & ~(int64_t)3;
-        j.rows_per_task = rpt;
-        float xs_stack[4096], *xs = NULL;
-        if (w->dtype == MS_DT_F8_E4M3) { /* see MM_F8_XSCALE */
-            xs = w->cols <= 4096 ? xs_stack : malloc((size_t)w->cols * sizeof *xs);
-            if (!xs) goto tiles; /* the tile path needs no scratch */
-            for (int64_t c = 0; c < w->cols; c++) xs[c] = x[c] * MM_F8_XSCALE;
-            j.x = xs;
-        }
-        ms_pool_run(pool, (int)((w->rows + rpt - 1) / rpt), gemv_task, &j);
-        if (xs != xs_stack) free(xs);
+        j->gemv = 1;
+        j->rows_per_task = rpt;
+        j->n_tasks = (int)((w->rows + rpt - 1) / rpt);
+        if (w->dtype == MS_DT_F8_E4M3) *xs_need = w->cols;
+        return j->n_tasks;
+    }
+    j->n_rb = (w->rows + MM_RB - 1) / MM_RB;
+    int tb = n;
+    while (j->n_rb * ((n + tb - 1) / tb) < 4 * nth && tb > 8) tb = (((tb + 1) / 2) + 3) & ~3;
+    j->tb = tb;
+    j->n_tasks = (int)(j->n_rb * ((n + tb - 1) / tb));
+    return j->n_tasks;
+}
+
+/* Points an F8 decode job at x * MM_F8_XSCALE written into xs; without
+ * scratch (xs NULL: allocation failed) the job takes the tile path instead. */
+static void use_scratch(mm_job *j, float *xs, int nth) {
+    if (!xs) {
+        int64_t ignore;
+        const mm_kernels *k = j->k;
+        plan(&ms_kernels_scalar, nth, j->y, j->x, j->n, j->w, j->acc, j, &ignore); /* gemv_ok is 0 there */
+        j->k = k;
         return;
     }
-tiles:
-    j.n_rb = (w->rows + MM_RB - 1) / MM_RB;
-    int tb = n;
-    while (j.n_rb * ((n + tb - 1) / tb) < 4 * nth && tb > 8) tb = (((tb + 1) / 2) + 3) & ~3;
-    j.tb = tb;
-    ms_pool_run(pool, (int)(j.n_rb * ((n + tb - 1) / tb)), tile_task, &j);
+    for (int64_t c = 0; c < j->w->cols; c++) xs[c] = j->x[c] * MM_F8_XSCALE;
+    j->x = xs;
+}
+
+static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w, int acc) {
+    const mm_kernels *k = ms_cpu_kernels();
+    int nth = ms_pool_size(pool);
+    mm_job j;
+    int64_t need;
+    if (!plan(k, nth, y, x, n, w, acc, &j, &need)) return;
+    float xs_stack[4096], *xs = NULL;
+    if (need) {
+        xs = need <= 4096 ? xs_stack : malloc((size_t)need * sizeof *xs);
+        use_scratch(&j, xs, nth);
+    }
+    ms_pool_run(pool, j.n_tasks, job_task, &j);
+    if (xs != xs_stack) free(xs);
 }
 
 void ms_matmul(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w) { run(pool, y, x, n, w, 0); }
 void ms_matmul_acc(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w) { run(pool, y, x, n, w, 1); }
+
+/* ---- several matmuls in one pool run ---- */
+
+#define MANY_MAX 64
+
+typedef struct {
+    mm_job jobs[MANY_MAX];
+    int first[MANY_MAX + 1]; /* task index where each job starts */
+    int count;
+} many_ctx;
+
+static void many_task(void *ctx, int task, int tid) {
+    const many_ctx *m = ctx;
+    int lo = 0, hi = m->count - 1; /* the last job whose first task <= task */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (m->first[mid] <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    job_task((void *)&m->jobs[lo], task - m->first[lo], tid);
+}
+
+void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count) {
+    const mm_kernels *k = ms_cpu_kernels();
+    int nth = ms_pool_size(pool);
+    many_ctx m;
+    for (int base = 0; base < count; base += MANY_MAX) {
+        int c = count - base < MANY_MAX ? count - base : MANY_MAX;
+        int64_t need[MANY_MAX], total_need = 0;
+        m.count = 0;
+        for (int i = 0; i < c; i++) {
+            const ms_matmul_job *in = &jobs[base + i];
+            mm_job j;
+            if (!plan(k, nth, in->y, in->x, in->n, in->w, in->acc, &j, &need[m.count])) continue;
+            total_need += need[m.count];
+            m.jobs[m.count++] = j;
+        }
+        float xs_stack[4096], *xs = NULL;
+        if (total_need) xs = total_need <= 4096 ? xs_stack : malloc((size_t)total_need * sizeof *xs);
+        int64_t off = 0;
+        int total = 0;
+        for (int i = 0; i < m.count; i++) {
+            if (need[i]) {
+                use_scratch(&m.jobs[i], xs ? xs + off : NULL, nth);
+                off += need[i];
+            }
+            m.first[i] = total;
+            total += m.jobs[i].n_tasks;
+        }
+        m.first[m.count] = total;
+        if (total > 0) ms_pool_run(pool, total, many_task, &m);
+        if (xs != xs_stack) free(xs);
+    }
+}
