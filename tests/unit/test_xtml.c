@@ -121,6 +121,44 @@ out:
     free(ref);
 }
 
+/* 300 random requests mixing every feature (valid and not), generated and
+ * rendered by the reference side; moonshine must agree on each. */
+TEST(random_requests_match_reference_encoder) {
+    size_t rlen = 0;
+    char *ref = run_capture("/usr/bin/python3 tests/scripts/xtml_reference.py --random 20261129 300 " REFDIR, &rlen);
+    CHECK_MSG(ref != NULL, "the reference encoder did not run");
+    if (!ref) return;
+    ms_py *refs = NULL;
+    ms_err err = {0};
+    CHECK(ms_py_parse(ref, rlen, 64, "reference output", &refs, &err) == MS_OK);
+    size_t texts = 0, errors = 0;
+    for (size_t i = 0; refs && i < refs->n; i++) {
+        const ms_py *r = refs->items[i];
+        ms_textbuf req = {0};
+        ms_py_dumps(&req, ms_py_get(r, "request"), 0);
+        char *out = NULL;
+        size_t olen = 0;
+        ms_err e = {0};
+        int st = ms_xtml_render(req.data, req.len, &out, &olen, &e);
+        const ms_py *want = ms_py_get(r, "text");
+        if (want) {
+            texts++;
+            int same = st == MS_OK && olen == want->slen && !memcmp(out, want->s, olen);
+            CHECK_MSG(same, "random request %zu differs (%s): %s", i, st ? e.msg : "text", req.data);
+            if (!same && !st) show_diff("random", out, olen, want->s, want->slen);
+        } else {
+            errors++;
+            CHECK_MSG(st != MS_OK, "random request %zu: the reference raised (%s), moonshine rendered: %s", i,
+                      ms_py_get(r, "error")->s, req.data);
+        }
+        free(out);
+        ms_textbuf_free(&req);
+    }
+    CHECK(texts >= 150 && errors >= 20);
+    ms_py_free(refs);
+    free(ref);
+}
+
 /* repr(float) and json.dumps(float) of random doubles, against python3 */
 TEST(float_repr_matches_python) {
     enum { N = 3000 };
