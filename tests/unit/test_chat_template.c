@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <string.h>
 
@@ -166,6 +167,47 @@ TEST(template_choice_and_request_checks) {
     remove(jin);
     remove(cfg);
     rmdir(dir);
+}
+
+/* The command itself: stdin JSON -> exact prompt bytes on stdout; exit 1 on a bad request, 2 on usage. */
+TEST(render_command) {
+    if (!ms_file_exists("build/moonshine")) return; /* only the sanitizer stage runs without it */
+    const char *req = "/tmp/ms_render_req.json";
+    write_text(req, "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}], \"add_generation_prompt\": true,"
+                    " \"chat_template_kwargs\": {\"enable_thinking\": false}}");
+    FILE *p = popen("./build/moonshine render ../shared/tokenizers/qwen3 < /tmp/ms_render_req.json", "r");
+    CHECK(p != NULL);
+    if (!p) return;
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, p);
+    buf[n] = 0;
+    int st = pclose(p);
+    /* the reference: tok_dev.json's qwen3 "single" chat with enable_thinking=false, add_generation_prompt=true */
+    char *fx;
+    size_t fl;
+    ms_err err = {0};
+    const char *want = NULL;
+    cJSON *doc = NULL;
+    if (ms_read_file("../shared/fixtures/text/tok_dev.json", (size_t)64 << 20, &fx, &fl, &err) == 0) {
+        doc = cJSON_ParseWithLength(fx, fl);
+        free(fx);
+        const cJSON *chat;
+        cJSON_ArrayForEach(chat, cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "tokenizers"), "qwen3"), "chats")) {
+            const cJSON *kw = cJSON_GetObjectItem(chat, "kwargs");
+            if (!strcmp(cJSON_GetObjectItem(chat, "name")->valuestring, "single") &&
+                cJSON_IsTrue(cJSON_GetObjectItem(chat, "add_generation_prompt")) && cJSON_IsFalse(cJSON_GetObjectItem(kw, "enable_thinking")))
+                want = cJSON_GetObjectItem(chat, "rendered")->valuestring;
+        }
+    }
+    CHECK(want != NULL);
+    CHECK_MSG(st == 0 && want && !strcmp(buf, want), "status %d output %s", st, buf);
+    cJSON_Delete(doc);
+    write_text(req, "{\"messages\": 5}");
+    st = system("./build/moonshine render ../shared/tokenizers/qwen3 < /tmp/ms_render_req.json 2>/dev/null");
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d", st);
+    st = system("./build/moonshine render < /dev/null 2>/dev/null");
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d", st);
+    remove(req);
 }
 
 TEST(gptoss_ships_no_template) {
