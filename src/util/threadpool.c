@@ -131,11 +131,20 @@ ms_pool *ms_pool_create(int n_threads) {
         ms_pool_destroy(p);
         return NULL;
     }
+    /* kernels keep tiles of ~130 KiB on their stacks: ask for 8 MiB whatever
+     * RLIMIT_STACK says */
+    pthread_attr_t attr;
+    int have_attr = pthread_attr_init(&attr) == 0;
+    if (have_attr && pthread_attr_setstacksize(&attr, (size_t)8 << 20) != 0) {
+        pthread_attr_destroy(&attr);
+        have_attr = 0;
+    }
     for (int t = 1; t < n_threads; t++) {
         p->args[t] = (struct worker_arg){p, t};
-        if (pthread_create(&p->threads[t], NULL, worker, &p->args[t]) != 0) break;
+        if (pthread_create(&p->threads[t], have_attr ? &attr : NULL, worker, &p->args[t]) != 0) break;
         p->n = t + 1;
     }
+    if (have_attr) pthread_attr_destroy(&attr);
     return p;
 }
 
