@@ -85,9 +85,14 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     ms_matmul(e->pool, q, e->xn, n, &L->wq);
     ms_matmul(e->pool, k, e->xn, n, &L->wk);
     ms_matmul(e->pool, v, e->xn, n, &L->wv);
-    add_bias(q, L->bq, n, qd);
+    add_bias(q, L->bq, n, c->attn_out_gate ? 2 * qd : qd);
     add_bias(k, L->bk, n, g.kd);
     add_bias(v, L->bv, n, g.vtot);
+    if (c->attn_out_gate) /* rows [query hd, gate hd] per head: gate to gate_buf, queries packed in place */
+        for (int64_t r = 0; r < n * g.H; r++) {
+            memcpy(e->gate_buf + r * g.hd, q + r * 2 * g.hd + g.hd, (size_t)g.hd * 4);
+            memmove(q + r * g.hd, q + r * 2 * g.hd, (size_t)g.hd * 4);
+        }
     float eps = (float)c->rms_eps;
     if (c->qk_norm == MS_QKNORM_HEAD) {
         ms_rmsnorm(q, q, L->q_norm, (int)(n * g.H), (int)g.hd, eps);
@@ -109,6 +114,8 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     }
     attn_job j = {e, layer, n};
     ms_pool_run(e->pool, (int)g.H, gqa_head, &j);
+    if (c->attn_out_gate) /* gated attention (Qwen3-Next): att *= sigmoid(gate) */
+        for (int64_t i = 0; i < n * g.H * g.vd; i++) e->att[i] *= ms_sigmoid(e->gate_buf[i]);
     ms_matmul(e->pool, out, e->att, n, &L->wo);
     add_bias(out, L->bo, n, c->hidden);
     return MS_OK;

@@ -62,7 +62,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     int64_t inter = 2 * MAX2(c->inter, MAX2(c->moe_inter, c->shared_inter));
     BUF(&e->x, B * c->hidden * 4, 0);
     BUF(&e->xn, B * c->hidden * 4, 0);
-    BUF(&e->q, B * H * qdim * 4, 0);
+    BUF(&e->q, B * H * qdim * (c->attn_out_gate ? 2 : 1) * 4, 0); /* gated: [query, gate] per head */
     BUF(&e->kv, B * kvw * 4, 0);
     BUF(&e->att, B * H * vdim * 4, 0);
     BUF(&e->tmp, B * c->hidden * 4, 0);
@@ -77,7 +77,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         BUF(&e->lat_in, B * c->expert_hidden * 4, 0);
         BUF(&e->lat_out, B * c->expert_hidden * 4, 0);
     }
-    if (c->mla_out_gate) BUF(&e->gate_buf, B * H * vdim * 4, 0);
+    if (c->mla_out_gate || c->attn_out_gate) BUF(&e->gate_buf, B * H * vdim * 4, 0);
     if (c->n_experts) {
         BUF(&e->rlog, B * c->n_experts * 4, 0);
         BUF(&e->topk_ids, B * c->top_k * sizeof(int), 0);
@@ -122,6 +122,12 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
         ms_kda_config_of(&m->cfg, &kc);
         *state += (uint64_t)kc.heads * kc.head_dim * (3 * (kc.conv_kernel - 1) + kc.head_dim) * 4 + 4;
     }
+    for (int l = 0; l < m->cfg.n_layers; l++) { /* gated DeltaNet: the same kind of fixed-size state */
+        if (m->cfg.layer_attn[l] != MS_ATTN_GDN) continue;
+        ms_gdn_config gc;
+        ms_gdn_config_of(&m->cfg, &gc);
+        *state += ms_gdn_state_bytes(&gc);
+    }
     for (int l = 0; l < m->cfg.n_layers; l++) /* DSA index keys (KPool: + gate logits and pooled keys) */
         if (m->cfg.layer_dsa[l] == 1)
             *state += (uint64_t)T * m->cfg.dsa_head_dim * 4 * (m->cfg.dsa_kpool > 1 ? 3 : 1);
@@ -165,6 +171,12 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         ms_kda_config kc;
         ms_kda_config_of(c, &kc);
         if (ms_kda_state_init(&e->kda[l], &kc, NULL)) f = 1;
+    }
+    for (int l = 0; !f && l < c->n_layers; l++) {
+        if (c->layer_attn[l] != MS_ATTN_GDN) continue;
+        ms_gdn_config gc;
+        ms_gdn_config_of(c, &gc);
+        if (ms_gdn_state_init(&e->kda[l], &gc, NULL)) f = 1;
     }
     if (!f && ((rc = ms_dsa_engine_init(e, err)) || (rc = ms_mhc_engine_init(e, err)))) {
         ms_engine_destroy(e);
@@ -267,6 +279,7 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
         ms_rmsnorm(e->xn, h, L->attn_norm, n, (int)D, eps);
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
+        else if (c->layer_attn[l] == MS_ATTN_GDN) rc = ms_attn_gdn(e, l, n, e->tmp, err);
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
         if (e->mhc) ms_mhc_engine_post(e, n, e->tmp);

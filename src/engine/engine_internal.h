@@ -17,7 +17,7 @@ struct ms_engine {
     /* causal state, per layer: GQA k/v [max_ctx, kv_heads*head_dim];
      * MLA latent [max_ctx, kv_lora + rope] (normalized latent, roped k_pe) */
     float **k_cache, **v_cache, **latent;
-    ms_kda_state *kda;   /* [n_layers]: conv + recurrent state of KDA layers (unused entries zero) */
+    ms_kda_state *kda;   /* [n_layers]: conv + recurrent state of KDA and gated DeltaNet layers (unused entries zero) */
     /* activations for a chunk of up to max_batch tokens */
     float *x;      /* [B, hidden] residual stream */
     float *xn;     /* [B, hidden] normed input of a sublayer */
@@ -36,7 +36,7 @@ struct ms_engine {
     float *ares;   /* [n_blocks][B, hidden] Attention Residuals block states of the chunk's tokens */
     int ares_blocks;
     float *lat_in, *lat_out; /* [B, expert_hidden] latent routed-expert input / weighted sum */
-    float *gate_buf;         /* [B, H * vdim] MLA output gate */
+    float *gate_buf;         /* [B, H * vdim] MLA / GQA output gate */
     /* per-thread scratch for attention */
     float *th_buf; size_t th_stride;
     ms_engine_stats stats;
@@ -53,6 +53,9 @@ struct ms_engine {
 int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err);
 int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err);
 int ms_attn_kda(ms_engine *e, int layer, int n, float *out, ms_err *err);
+int ms_attn_gdn(ms_engine *e, int layer, int n, float *out, ms_err *err);
+/* The gated DeltaNet block config of a model config (engine/kda_layer.c). */
+void ms_gdn_config_of(const ms_config *c, ms_gdn_config *out);
 /* The KDA block config of a model config (engine/kda_layer.c). */
 void ms_kda_config_of(const ms_config *c, ms_kda_config *out);
 int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_qmat *down, int n, const float *in,

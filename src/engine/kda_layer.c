@@ -1,5 +1,6 @@
-/* kda_layer.c — KDA token-mixer layers in the engine: the model config's kda_*
- * fields to a block config, and the sublayer call over the layer's state. */
+/* kda_layer.c — linear-attention token-mixer layers in the engine (KDA and the
+ * gated DeltaNet): the model config's kda_* / gdn_* fields to a block config,
+ * and the sublayer call over the layer's state. */
 #include "engine/engine_internal.h"
 
 void ms_kda_config_of(const ms_config *c, ms_kda_config *out) {
@@ -17,5 +18,22 @@ int ms_attn_kda(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     ms_kda_config kc;
     ms_kda_config_of(&e->m->cfg, &kc);
     int rc = ms_kda_forward(e->pool, &kc, &e->m->layers[layer].kda, &e->kda[layer], e->xn, n, out, MS_KDA_AUTO, err);
+    return rc ? ms_wrap(err, "layer %d", layer) : MS_OK;
+}
+
+void ms_gdn_config_of(const ms_config *c, ms_gdn_config *out) {
+    out->hidden = (int)c->hidden;
+    out->k_heads = (int)c->gdn_k_heads;
+    out->v_heads = (int)c->gdn_v_heads;
+    out->k_dim = (int)c->gdn_k_dim;
+    out->v_dim = (int)c->gdn_v_dim;
+    out->conv_kernel = (int)c->kda_conv;
+    out->norm_eps = (float)c->rms_eps;
+}
+
+int ms_attn_gdn(ms_engine *e, int layer, int n, float *out, ms_err *err) {
+    ms_gdn_config gc;
+    ms_gdn_config_of(&e->m->cfg, &gc);
+    int rc = ms_gdn_forward(e->pool, &gc, &e->m->layers[layer].gdn, &e->kda[layer], e->xn, n, out, MS_KDA_AUTO, err);
     return rc ? ms_wrap(err, "layer %d", layer) : MS_OK;
 }

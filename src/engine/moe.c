@@ -238,7 +238,17 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         if (c->latent_moe_norm) ms_rmsnorm(acc, acc, L->lat_norm, n, (int)D, (float)c->rms_eps);
         ms_matmul(e->pool, out, acc, n, &L->lat_up);
     }
-    if (c->shared_inter) ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, out, 1);
+    if (c->shared_inter && c->shared_expert_gate) { /* out += sigmoid(shared_expert_gate x) * shared(x) */
+        ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->ys, 0);
+        ms_matmul(e->pool, e->rlog, e->xn, n, &L->shared_gate); /* [n, 1]; router logits are used up */
+        for (int t = 0; t < n; t++) {
+            float s = ms_sigmoid(e->rlog[t]), *o = out + (int64_t)t * c->hidden;
+            const float *y = e->ys + (int64_t)t * c->hidden;
+            for (int64_t d = 0; d < c->hidden; d++) o[d] += s * y[d];
+        }
+    } else if (c->shared_inter) {
+        ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, out, 1);
+    }
     return MS_OK;
 }
 

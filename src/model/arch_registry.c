@@ -9,6 +9,7 @@ extern const ms_arch ms_arch_deepseek_v3, ms_arch_qwen3_moe, ms_arch_glm4_moe, m
 extern const ms_arch ms_arch_kimi_linear;
 extern const ms_arch ms_arch_deepseek_v32, ms_arch_glm_moe_dsa, ms_arch_glm5_next;
 extern const ms_arch ms_arch_kimi_k3;
+extern const ms_arch ms_arch_qwen3_next;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -22,6 +23,7 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_glm_moe_dsa,
     &ms_arch_glm5_next,
     &ms_arch_kimi_k3,
+    &ms_arch_qwen3_next,
 };
 
 const ms_arch *ms_arch_find(const char *model_type) {

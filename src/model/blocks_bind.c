@@ -22,7 +22,8 @@ int ms_bind_gqa(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     ms_layer *L = &m->layers[layer];
     int64_t kvh = c->layer_kv_heads[layer] ? c->layer_kv_heads[layer] : c->n_kv_heads;
     int64_t vd = c->v_head_dim ? c->v_head_dim : c->head_dim;
-    int64_t qd = c->n_heads * c->head_dim, kd = kvh * c->head_dim, vtot = kvh * vd;
+    /* attn_out_gate: q_proj also yields a gate of head_dim per head */
+    int64_t qd = c->n_heads * c->head_dim * (c->attn_out_gate ? 2 : 1), kd = kvh * c->head_dim, vtot = kvh * vd;
     ms_bind_mat(b, &L->wq, MS_W_MATRIX, qd, c->hidden, "%sself_attn.q_proj", pfx);
     ms_bind_mat(b, &L->wk, MS_W_MATRIX, kd, c->hidden, "%sself_attn.k_proj", pfx);
     ms_bind_mat(b, &L->wv, MS_W_MATRIX, vtot, c->hidden, "%sself_attn.v_proj", pfx);

@@ -14,7 +14,8 @@
 
 #define MS_MAX_LAYERS 512
 
-typedef enum { MS_ATTN_GQA = 1, MS_ATTN_MLA = 2, MS_ATTN_KDA = 3 } ms_attn_kind;
+/* GDN: gated DeltaNet (one decay per head, grouped q/k heads; engine/gdn_block.h). */
+typedef enum { MS_ATTN_GQA = 1, MS_ATTN_MLA = 2, MS_ATTN_KDA = 3, MS_ATTN_GDN = 4 } ms_attn_kind;
 typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
 /* SOFTMAX: softmax over all experts, then top-k; SIGMOID: sigmoid scores (+ correction
  * bias for the choice), group-limited top-k; TOPK_SOFTMAX: top-k of the logits, then
@@ -61,6 +62,10 @@ typedef struct ms_config {
     int kda_lower_bound_gate;   /* 1: gate_lower_bound form (Kimi K3); 0: softplus form */
     double kda_lower_bound;
     int kda_full_rank_gate;     /* 1: g_proj; 0: g_a_proj / g_b_proj */
+    /* gated DeltaNet layers (MS_ATTN_GDN); the conv kernel is kda_conv */
+    int64_t gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim;
+    int attn_out_gate;          /* GQA: q_proj rows hold [query hd, gate hd] per head; att *= sigmoid(gate) */
+    int shared_expert_gate;     /* MoE: shared experts' output *= sigmoid(shared_expert_gate x) */
     ms_rope rope;
     /* DeepSeek Sparse Attention: MLA layers with a lightning indexer (ops/dsa.h) */
     int64_t dsa_heads, dsa_head_dim, dsa_topk, dsa_kpool;

@@ -8,6 +8,7 @@
 #define MS_MODEL_H
 
 #include "engine/experts.h"
+#include "engine/gdn_block.h"
 #include "engine/kda_block.h"
 #include "io/safetensors.h"
 #include "model/arch.h"
@@ -41,6 +42,8 @@ typedef struct ms_layer {
     ms_attn_res attn_res, mlp_res;               /* Attention Residuals before each sublayer (cfg attn_res_block) */
     /* KDA (linear attention) */
     ms_kda_weights kda;
+    /* gated DeltaNet (linear attention, MS_ATTN_GDN) */
+    ms_gdn_weights gdn;
     /* DSA lightning indexer (layer_dsa 1) */
     ms_dsa_weights dsa;
     /* mHC around the attention and the feed-forward (hc_mult > 1): fn [(2+hc)*hc, hc*hidden], base, scale [3] */
@@ -52,6 +55,7 @@ typedef struct ms_layer {
     ms_qmat router;                              /* [n_experts, hidden] */
     float *router_bias;                          /* [n_experts] e_score_correction_bias */
     float *router_lbias;                         /* [n_experts] router Linear bias (gpt-oss) */
+    ms_qmat shared_gate;                         /* [1, hidden] shared_expert_gate (cfg shared_expert_gate) */
     void *owned;                                 /* memory the layer's views point into, if any (freed with the model) */
     /* latent routed experts (cfg latent_moe): experts run at width expert_hidden */
     ms_qmat lat_down, lat_up;                    /* [expert_hidden, hidden], [hidden, expert_hidden] */
