@@ -87,7 +87,7 @@ TEST(k3_in_pieces) {
 
 /* ---- rewriting the fixture checkpoint into a temp dir ---- */
 
-typedef enum { EDIT_NONE, EDIT_PAD_ALOG, EDIT_PAD_ALOG_DIRTY, EDIT_SHORT_ALOG, EDIT_DROP_SCALE, EDIT_BAD_SCALE } edit_kind;
+typedef enum { EDIT_NONE, EDIT_VISION, EDIT_PAD_ALOG, EDIT_PAD_ALOG_DIRTY, EDIT_SHORT_ALOG, EDIT_DROP_SCALE, EDIT_BAD_SCALE } edit_kind;
 
 static char tmpdir[256];
 
@@ -150,6 +150,16 @@ static int rewrite(const char *src_dir, edit_kind edit, const char *config_extra
         hl += (size_t)snprintf(hdr + hl, cap - hl, "],\"data_offsets\":[%zu,%zu]}", dlen, dlen + nb + extra);
         dlen += nb + extra;
     }
+    if (edit == EDIT_VISION) { /* a vision tower tensor the text-only loader must ignore */
+        data = realloc(data, dlen + 64);
+        memset(data + dlen, 0x7f, 64);
+        hl += (size_t)snprintf(hdr + hl, cap - hl,
+                               ",\"vision_tower.patch_embed.proj.weight\":{\"dtype\":\"BF16\",\"shape\":[4,8],"
+                               "\"data_offsets\":[%zu,%zu]}",
+                               dlen, dlen + 64);
+        dlen += 64;
+        edited++;
+    }
     hl += (size_t)snprintf(hdr + hl, cap - hl, "}");
     while (hl % 8) hdr[hl++] = ' ';
     size_t flen = 8 + hl + dlen;
@@ -193,6 +203,14 @@ static int load_err(ms_err *err) {
     int rc = ms_model_load(tmpdir, &m, err);
     if (!rc) ms_model_free(&m);
     return rc;
+}
+
+TEST(k3_ignores_vision_tower) {
+    int c[] = {40};
+    CHECK(rewrite(K3, EDIT_VISION, "\"vision_config\": {\"vt_hidden_size\": 8},") == 0);
+    double d = run_pieces(tmpdir, c, 1, 256, 1);
+    CHECK_MSG(d <= 1e-4, "with a vision tower tensor: %.3g", d);
+    cleanup();
 }
 
 TEST(k3_a_log_padding) {
