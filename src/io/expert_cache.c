@@ -94,7 +94,7 @@ int ms_ecache_victim(const ms_ecache *c, int li, int e, int for_prefetch) {
         }
     }
     if (best >= 0 && for_prefetch && c->policy == MS_CACHE_LFU_DECAY) {
-        float cand = cur_score(c, li * c->n_experts + e);
+        float cand = cur_score(c, li * c->n_experts + e) + 2.0f * c->prefetch_bonus;
         if (best_s > cand) return -1;
     }
     return best;

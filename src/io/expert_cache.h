@@ -12,8 +12,9 @@
  *             lowest current score, last use breaking ties, but spare experts used in
  *             the layer's last MS_ECACHE_RECENT steps while others can go (routing
  *             repeats short-term: a fresh expert must get the chance to be reused). A prefetch is admitted
- *             only over a victim whose score is not higher than the candidate's, so
- *             speculative reads never push out hot experts. */
+ *             only over a victim whose score is not higher than the candidate's plus
+ *             2 x prefetch_bonus (the prefetches' running precision, kept by the owner), so
+ *             speculation never pushes out hot experts, and accurate lookahead still loads. */
 #ifndef MS_EXPERT_CACHE_H
 #define MS_EXPERT_CACHE_H
 
@@ -48,6 +49,7 @@ typedef struct ms_ecache {
     uint32_t *score_t; /* layer step of the last update */
     uint32_t *layer_t; /* [n_layers] steps so far */
     float decay;       /* per layer step: 2^(-1/half_life) */
+    float prefetch_bonus; /* LFU_DECAY admission: a prefetch counts as this likely use (its running precision) */
     uint64_t tick;
 } ms_ecache;
 

@@ -207,11 +207,19 @@ static void load(stream_src *S, int slot, int li, int e) {
     if (io->pending == 0) ms_ecache_drop(&S->c, slot);
 }
 
+/* Running precision of prefetches (used / issued), the admission bonus of the next ones. */
+static void prefetch_outcome(stream_src *S, int used) {
+    S->c.prefetch_bonus = S->c.prefetch_bonus * 0.95f + (used ? 0.05f : 0.0f);
+}
+
 static void evict_account(stream_src *S, int slot) {
     ms_ecache_slot *cs = &S->c.slots[slot];
     if (cs->key < 0) return;
     S->stats.evictions++;
-    if (cs->prefetched) S->stats.prefetch_wasted++;
+    if (cs->prefetched) {
+        S->stats.prefetch_wasted++;
+        prefetch_outcome(S, 0);
+    }
 }
 
 static int pin(stream_src *S, int layer, int slot, ms_err *err) {
@@ -262,7 +270,10 @@ static int s_acquire(ms_expert_source *base, int layer, int n, const int *ids, m
         int s = ms_ecache_lookup(&S->c, li, e);
         if (s >= 0) {
             S->stats.hits++;
-            if (S->c.slots[s].prefetched) S->stats.prefetch_used++;
+            if (S->c.slots[s].prefetched) {
+                S->stats.prefetch_used++;
+                prefetch_outcome(S, 1);
+            }
         } else {
             S->stats.misses++;
             for (;;) {
@@ -412,6 +423,7 @@ int ms_stream_source_create(const ms_expert_store *st, const ms_stream_opts *opt
     S->io = calloc((size_t)n, sizeof *S->io);
     if (!S->io) rc = ms_fail(err, MS_ERR_NOMEM, "expert cache: out of memory");
     if (!rc) rc = ms_ecache_init(&S->c, o.policy, (int)n, st->n_layers, st->n_experts, o.half_life, err);
+    if (!rc) S->c.prefetch_bonus = 0.5f; /* until prefetches have a record */
     if (!rc) {
         ms_reader_opts ro = {.mode = o.io, .queue_depth = o.queue_depth, .arena = S->arena,
                              .arena_bytes = S->arena_bytes, .unit_bytes = slot};
