@@ -178,7 +178,8 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         ms_gdn_config_of(c, &gc);
         if (ms_gdn_state_init(&e->kda[l], &gc, NULL)) f = 1;
     }
-    if (!f && ((rc = ms_dsa_engine_init(e, err)) || (rc = ms_mhc_engine_init(e, err)))) {
+    if (!f && ((rc = ms_dsa_engine_init(e, err)) || (rc = ms_mhc_engine_init(e, err)) ||
+               (rc = ms_cattn_engine_init(e, err)))) {
         ms_engine_destroy(e);
         return rc;
     }
@@ -202,6 +203,7 @@ void ms_engine_destroy(ms_engine *e) {
     free(e->kda);
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
+    ms_cattn_engine_free(e);
     free(e->k_cache);
     free(e->v_cache);
     free(e->latent);
@@ -219,6 +221,7 @@ void ms_engine_destroy(ms_engine *e) {
 void ms_engine_reset(ms_engine *e) {
     e->n_past = 0;
     ms_dsa_engine_reset(e);
+    ms_cattn_engine_reset(e);
     e->la_layer = -1;
     for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_reset(&e->kda[l]);
 }
@@ -253,6 +256,7 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
         ms_qmat_row(&m->embed, tokens[t], e->x + (int64_t)t * D);
     }
     int rc = MS_OK;
+    e->chunk_tokens = tokens;
     float eps = (float)c->rms_eps;
     const float *in = e->x; /* a sublayer's input before its norm: the residual, or the streams' collapse (mHC) */
     if (e->mhc) ms_mhc_engine_begin(e, n);
@@ -280,6 +284,7 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_GDN) rc = ms_attn_gdn(e, l, n, e->tmp, err);
+        else if (c->layer_attn[l] == MS_ATTN_COMPRESSED) rc = ms_attn_compressed(e, l, n, e->tmp, err);
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
         if (e->mhc) ms_mhc_engine_post(e, n, e->tmp);
@@ -300,7 +305,7 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
             for (int64_t i = 0; i < n * D; i++) e->x[i] += e->tmp[i];
     }
     if (rc) return rc;
-    if (e->mhc) ms_mhc_engine_end(e, n);
+    if (e->mhc && (rc = ms_mhc_engine_end(e, n, err))) return rc;
     e->n_past += n;
     e->stats.tokens += (uint64_t)n;
     if (!logits) return MS_OK;

@@ -43,6 +43,8 @@ struct ms_engine {
     /* DeepSeek Sparse Attention (engine/dsa_layer.c) */
     struct ms_dsa_state *dsa;
     struct ms_mhc_state *mhc; /* hyper-connection streams (engine/mhc_layer.c), NULL for hc_mult <= 1 */
+    struct ms_cattn_state *cattn; /* compressed-attention caches (engine/compressed_attn.c), NULL without */
+    const int32_t *chunk_tokens;  /* token ids of the chunk in flight (hash-routed MoE layers) */
     int64_t fwd_len;     /* length of the forward whose top-k tie choices are reproduced */
     /* decode lookahead: the experts layer la_layer was predicted to pick (-1: none pending) */
     int la_layer;
@@ -56,6 +58,12 @@ int ms_attn_kda(ms_engine *e, int layer, int n, float *out, ms_err *err);
 int ms_attn_gdn(ms_engine *e, int layer, int n, float *out, ms_err *err);
 /* The gated DeltaNet block config of a model config (engine/kda_layer.c). */
 void ms_gdn_config_of(const ms_config *c, ms_gdn_config *out);
+int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err);
+/* Compressed attention state (engine/compressed_attn.c): init (a no-op for models
+ * without MS_ATTN_COMPRESSED layers), free, reset to an empty sequence. */
+int ms_cattn_engine_init(ms_engine *e, ms_err *err);
+void ms_cattn_engine_free(ms_engine *e);
+void ms_cattn_engine_reset(ms_engine *e);
 /* The KDA block config of a model config (engine/kda_layer.c). */
 void ms_kda_config_of(const ms_config *c, ms_kda_config *out);
 int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_qmat *down, int n, const float *in,
@@ -91,13 +99,14 @@ void ms_attn_res_mix(float *out, const float *blocks, int nb, int64_t block_stri
 /* mHC (hc_mult > 1): init/free the streams; begin: e->x [n, hidden] (the
  * embeddings) becomes hc copies; pre: the collapsed input of a sublayer
  * (ffn 0: attention, 1: feed-forward) from the streams; post: mix the sublayer
- * output y [n, hidden] into the streams; end: their mean into e->x. */
+ * output y [n, hidden] into the streams; end: their mean (or the learned hyper
+ * head, cfg hc_head_weighted) into e->x. */
 int ms_mhc_engine_init(ms_engine *e, ms_err *err);
 void ms_mhc_engine_free(ms_engine *e);
 void ms_mhc_engine_begin(ms_engine *e, int n);
 int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **collapsed, ms_err *err);
 void ms_mhc_engine_post(ms_engine *e, int n, const float *y);
-void ms_mhc_engine_end(ms_engine *e, int n);
+int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err);
 
 /* Rotate one vector of rope->dim dims in place. */
 void ms_rope_apply(const ms_rope *r, float *x, const float *cos, const float *sin);

@@ -69,6 +69,14 @@ void ms_mhc_engine_post(ms_engine *e, int n, const float *y) {
     s->s2 = t;
 }
 
-void ms_mhc_engine_end(ms_engine *e, int n) {
-    ms_mhc_head_mean(e->mhc->s, n, e->mhc->hc, (int)e->m->cfg.hidden, e->x);
+int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err) {
+    const ms_model *m = e->m;
+    const ms_config *c = &m->cfg;
+    if (!c->hc_head_weighted) {
+        ms_mhc_head_mean(e->mhc->s, n, e->mhc->hc, (int)c->hidden, e->x);
+        return MS_OK;
+    }
+    int rc = ms_mhc_head_weighted(e->pool, &m->hc_head_fn, m->hc_head_base, m->hc_head_scale, e->mhc->hc,
+                                  (int)c->hidden, (float)c->hc_eps, (float)c->rms_eps, e->mhc->s, n, e->x, err);
+    return rc ? ms_wrap(err, "hyper head") : MS_OK;
 }

@@ -39,10 +39,25 @@ static void topk(const float *v, int n, int k, int *idx) {
     }
 }
 
-/* Route one token: logits [E] → ids[k], weights[k] (transformers' router math). */
-static void route(const ms_config *c, const float *logits, const float *bias, float *scratch, int *ids, float *w) {
+/* Route one token: logits [E] → ids[k], weights[k] (transformers' router math).
+ * fixed: the token's row of a hash-routed layer's table (ids given, only weighed), or NULL. */
+static void route(const ms_config *c, const float *logits, const float *bias, const int32_t *fixed, float *scratch,
+                  int *ids, float *w) {
     int E = (int)c->n_experts, K = (int)c->top_k;
     float *scores = scratch, *choice = scratch + E;
+    if (c->router == MS_ROUTER_SQRTSOFTPLUS) { /* DeepSeek-V4: sqrt(softplus), always renormalized */
+        for (int i = 0; i < E; i++) {
+            float x = logits[i];
+            scores[i] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
+        }
+        if (fixed) for (int i = 0; i < K; i++) ids[i] = fixed[i];
+        else topk(choice, E, K, ids);
+        double sum = 0;
+        for (int i = 0; i < K; i++) sum += (w[i] = scores[ids[i]]);
+        for (int i = 0; i < K; i++) w[i] = (float)(w[i] / (sum + 1e-20)) * (float)c->routed_scale;
+        return;
+    }
     if (c->router == MS_ROUTER_SOFTMAX) {
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
@@ -109,6 +124,12 @@ static void expert_act(const ms_config *c, float *g, const float *u, int64_t n) 
     } else if (c->expert_act == MS_ACT_SITU) {
         ms_situ_glu(g, g, u, n, (float)c->situ_beta, (float)c->situ_linear_beta);
     } else {
+        float lim = (float)c->swiglu_limit;
+        if (lim > 0) /* gate.clamp(max=limit), up.clamp(-limit, limit) (GLM-5-Next, DeepSeek-V4) */
+            for (int64_t i = 0; i < n; i++) {
+                if (g[i] > lim) g[i] = lim;
+                ((float *)u)[i] = u[i] > lim ? lim : u[i] < -lim ? -lim : u[i];
+            }
         ms_swiglu(g, g, u, n);
     }
 }
@@ -151,7 +172,8 @@ static void lookahead_prefetch(ms_engine *e, int layer, int n) {
     ms_matmul(e->pool, e->rlog, e->xn, 1, &N->router);
     if (N->router_lbias)
         for (int x = 0; x < c->n_experts; x++) e->rlog[x] += N->router_lbias[x];
-    route(c, e->rlog, N->router_bias, e->th_buf, e->la_ids, w);
+    const int32_t *fixed = N->hash_ids ? N->hash_ids + (int64_t)e->chunk_tokens[0] * K : NULL;
+    route(c, e->rlog, N->router_bias, fixed, e->th_buf, e->la_ids, w);
     e->la_layer = next;
     ms_experts_prefetch(e->experts, next, K, e->la_ids);
 }
@@ -176,7 +198,9 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
             for (int x = 0; x < E; x++) e->rlog[(int64_t)t * E + x] += L->router_lbias[x];
     float *scratch = e->th_buf; /* 2E floats, before any threaded use */
     for (int t = 0; t < n; t++)
-        route(c, e->rlog + (int64_t)t * E, L->router_bias, scratch, e->topk_ids + t * K, e->topk_w + t * K);
+        route(c, e->rlog + (int64_t)t * E, L->router_bias,
+              L->hash_ids ? L->hash_ids + (int64_t)e->chunk_tokens[t] * K : NULL, scratch, e->topk_ids + t * K,
+              e->topk_w + t * K);
     /* expert-major lists: counting sort of (token, slot) pairs by expert */
     int *cnt = e->ex_count;
     memset(cnt, 0, (size_t)(E + 1) * sizeof *cnt);

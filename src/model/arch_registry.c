@@ -10,6 +10,7 @@ extern const ms_arch ms_arch_kimi_linear;
 extern const ms_arch ms_arch_deepseek_v32, ms_arch_glm_moe_dsa, ms_arch_glm5_next;
 extern const ms_arch ms_arch_kimi_k3;
 extern const ms_arch ms_arch_qwen3_next;
+extern const ms_arch ms_arch_deepseek_v4;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -24,6 +25,7 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_glm5_next,
     &ms_arch_kimi_k3,
     &ms_arch_qwen3_next,
+    &ms_arch_deepseek_v4,
 };
 
 const ms_arch *ms_arch_find(const char *model_type) {

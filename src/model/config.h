@@ -14,13 +14,15 @@
 
 #define MS_MAX_LAYERS 512
 
-/* GDN: gated DeltaNet (one decay per head, grouped q/k heads; engine/gdn_block.h). */
-typedef enum { MS_ATTN_GQA = 1, MS_ATTN_MLA = 2, MS_ATTN_KDA = 3, MS_ATTN_GDN = 4 } ms_attn_kind;
+/* GDN: gated DeltaNet (one decay per head, grouped q/k heads; engine/gdn_block.h).
+ * COMPRESSED: shared-KV MQA over a sliding window plus compressed KV entries (engine/compressed_attn.c). */
+typedef enum { MS_ATTN_GQA = 1, MS_ATTN_MLA = 2, MS_ATTN_KDA = 3, MS_ATTN_GDN = 4, MS_ATTN_COMPRESSED = 5 } ms_attn_kind;
 typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
 /* SOFTMAX: softmax over all experts, then top-k; SIGMOID: sigmoid scores (+ correction
  * bias for the choice), group-limited top-k; TOPK_SOFTMAX: top-k of the logits, then
  * softmax over the k chosen (gpt-oss). */
-typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3 } ms_router_kind;
+/* SQRTSOFTPLUS: scores sqrt(softplus(logit)) (+ correction bias for the choice), plain top-k. */
+typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3, MS_ROUTER_SQRTSOFTPLUS = 4 } ms_router_kind;
 /* Expert/MLP activation: silu(gate) * up, or gpt-oss's clamped variant
  * (up + 1) * g * sigmoid(alpha g) with g = min(gate, limit), up clamped to ±limit. */
 /* RoPE pairing: rotate_half (x_i, x_{i+d/2}) or interleaved pairs (x_2i, x_2i+1). */
@@ -76,6 +78,13 @@ typedef struct ms_config {
     /* manifold-constrained hyper-connections (ops/mhc.h): hc_mult residual streams (<= 1: plain residual) */
     int64_t hc_mult, hc_sinkhorn_iters;
     double hc_eps;
+    int hc_head_weighted;       /* final stream collapse: learned weights (hc_head) instead of the mean */
+    /* compressed attention (MS_ATTN_COMPRESSED): per layer compress rate (0: sliding window only) and
+     * whether the layer's entries overlap two windows and are picked by a lightning indexer (CSA) */
+    uint8_t layer_compress[MS_MAX_LAYERS];
+    uint8_t layer_csa[MS_MAX_LAYERS];
+    int64_t o_groups, o_lora_rank;             /* grouped low-rank output projection */
+    uint8_t layer_hash[MS_MAX_LAYERS];          /* MoE layer routed by a token-id -> experts table */
     double swiglu_limit;        /* > 0: SwiGLU clamps gate <= limit and up to [-limit, limit] (GLM-5-Next) */
     /* GQA per-layer variations (0 = the model-wide value) */
     ms_rope rope_alt;                           /* a second RoPE (per layer type), see layer_rope */

@@ -14,6 +14,7 @@
 #include "model/arch.h"
 #include "model/config.h"
 #include "ops/dsa.h"
+#include "engine/compressed_attn.h"
 
 /* Per expert: gate.weight, gate.scale, up.weight, up.scale, down.weight, down.scale. */
 #define MS_EXPERT_TENSORS 6
@@ -49,6 +50,9 @@ typedef struct ms_layer {
     /* mHC around the attention and the feed-forward (hc_mult > 1): fn [(2+hc)*hc, hc*hidden], base, scale [3] */
     ms_qmat hc_attn_fn, hc_ffn_fn;
     float *hc_attn_base, *hc_attn_scale, *hc_ffn_base, *hc_ffn_scale;
+    /* compressed attention (cfg layer_attn MS_ATTN_COMPRESSED); q_a, q_b, q_a_norm, sinks above */
+    ms_cattn_weights ca;
+    int32_t *hash_ids;                           /* [vocab, top_k] expert ids of a hash-routed MoE layer */
     /* dense MLP (MS_MLP_DENSE) or shared experts (MoE layers, shared_inter > 0) */
     ms_qmat gate, up, down;
     /* MoE */
@@ -70,7 +74,9 @@ typedef struct ms_model {
     ms_qmat embed;                               /* [vocab, hidden] */
     ms_qmat lm_head;                             /* [vocab, hidden] (the embedding when tied) */
     float *final_norm;                           /* [hidden] */
-    ms_attn_res out_res;                         /* Attention Residuals before the final norm */
+    ms_attn_res out_res;
+    ms_qmat hc_head_fn;                          /* [hc, hc*hidden] learned stream collapse (cfg hc_head_weighted) */
+    float *hc_head_base, *hc_head_scale;         /* [hc], [1] */                         /* Attention Residuals before the final norm */
     ms_layer *layers;                            /* [n_layers] */
     uint64_t static_bytes, expert_bytes;         /* weight bytes by tier */
     void **allocs;                               /* F32 vector copies made while binding (freed with the model) */
