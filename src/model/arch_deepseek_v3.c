@@ -31,6 +31,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     rc = ms_config_rope(j, c, c->qk_rope_dim, interleave ? MS_ROPE_INTERLEAVED : MS_ROPE_HALF, where, err);
     if (rc) return rc;
     c->attn_scale = 1.0 / sqrt((double)(c->qk_nope_dim + c->qk_rope_dim));
+    c->mla_norm_eps = 1e-6; /* transformers builds q_a_layernorm / kv_a_layernorm with the default eps, not rms_norm_eps */
     if (c->rope.yarn && c->rope.mscale_all_dim != 0 && c->rope.factor > 1) {
         double ms = 0.1 * c->rope.mscale_all_dim * log(c->rope.factor) + 1.0;
         c->attn_scale *= ms * ms;
