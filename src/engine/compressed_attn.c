@@ -38,6 +38,7 @@ typedef struct {
 struct ms_cattn_state {
     ca_layer *L;
     float *qr, *kvc, *pk, *pg, *iq, *iw, *att, *og, *gin, *go, *sc, *isc, *keyw;
+    int64_t max_entries;      /* room in isc / sel / work: max_ctx / min rate + 1 */
     int32_t *sel;
     ms_dsa_qel *work;
 };
@@ -81,6 +82,7 @@ int ms_cattn_engine_init(ms_engine *e, ms_err *err) {
         !(s->isc = malloc((maxe + 2) * 4)) || !(s->keyw = malloc((maxw + maxe + 2) * sizeof(float *))) ||
         !(s->sel = malloc((maxe + 2) * 4)) || !(s->work = malloc((maxe + 2) * sizeof *s->work));
     if (f) return ms_fail(err, MS_ERR_NOMEM, "out of memory for the compressed-attention state (context %zu)", T);
+    s->max_entries = (int64_t)maxe;
     return MS_OK;
 }
 
@@ -203,8 +205,12 @@ int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err) 
                     }
                     s->isc[x] = acc;
                 }
-                int64_t k = c->dsa_topk < NC ? c->dsa_topk : NC;
-                int64_t cnt = ms_dsa_topk(s->isc, vis, NC, k, s->work, s->sel, NULL);
+                /* torch.topk's tie choices depend on the row length: that of the whole forward (fwd_len),
+                 * whose later entries are masked for this query anyway */
+                int64_t NT = e->fwd_len / rate > NC ? e->fwd_len / rate : NC;
+                if (NT > s->max_entries) NT = s->max_entries;
+                int64_t k = c->dsa_topk < NT ? c->dsa_topk : NT;
+                int64_t cnt = ms_dsa_topk(s->isc, vis, NT, k, s->work, s->sel, NULL);
                 for (int64_t i = 0; i < cnt; i++) ((const float **)s->keyw)[nk++] = L->comp + (int64_t)s->sel[i] * hd;
             }
         }

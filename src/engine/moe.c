@@ -245,14 +245,18 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         }
         if (g0 == 0) lookahead_prefetch(e, layer, n);
         for (int u = 0; u < gn; u++) {
-            int x = uniq[g0 + u], b = cnt[x], m = cnt[x + 1] - cnt[x];
-            for (int i = 0; i < m; i++)
-                memcpy(e->xs + (int64_t)i * D, in + (int64_t)e->ex_tokens[b + i] * D, (size_t)D * 4);
-            expert_ffn(e, &views[u], m);
-            for (int i = 0; i < m; i++) {
-                float w = e->ex_w[b + i], *o = acc + (int64_t)e->ex_tokens[b + i] * D;
-                const float *y = e->ys + (int64_t)i * D;
-                for (int64_t d = 0; d < D; d++) o[d] += w * y[d];
+            /* rows in blocks of max_batch: a hash-routed token can pick one expert in several slots */
+            int x = uniq[g0 + u];
+            for (int b = cnt[x]; b < cnt[x + 1]; b += e->max_batch) {
+                int m = cnt[x + 1] - b < e->max_batch ? cnt[x + 1] - b : e->max_batch;
+                for (int i = 0; i < m; i++)
+                    memcpy(e->xs + (int64_t)i * D, in + (int64_t)e->ex_tokens[b + i] * D, (size_t)D * 4);
+                expert_ffn(e, &views[u], m);
+                for (int i = 0; i < m; i++) {
+                    float w = e->ex_w[b + i], *o = acc + (int64_t)e->ex_tokens[b + i] * D;
+                    const float *y = e->ys + (int64_t)i * D;
+                    for (int64_t d = 0; d < D; d++) o[d] += w * y[d];
+                }
             }
         }
         ms_experts_release(e->experts, layer);
