@@ -16,6 +16,8 @@ uint64_t ms_engine_state_bytes_per_token(const ms_model *m) {
             b += kvh * (uint64_t)(c->head_dim + (c->v_head_dim ? c->v_head_dim : c->head_dim)) * 4;
         }
         else if (c->layer_attn[l] == MS_ATTN_MLA) b += (uint64_t)(c->kv_lora_rank + c->qk_rope_dim) * 4;
+        else if (c->layer_attn[l] == MS_ATTN_COMPRESSED && c->layer_compress[l]) /* one entry per rate tokens */
+            b += (uint64_t)(c->head_dim + (c->layer_csa[l] ? c->dsa_head_dim : 0)) * 4 / c->layer_compress[l];
     }
     return b;
 }
@@ -131,6 +133,14 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
     for (int l = 0; l < m->cfg.n_layers; l++) /* DSA index keys (KPool: + gate logits and pooled keys) */
         if (m->cfg.layer_dsa[l] == 1)
             *state += (uint64_t)T * m->cfg.dsa_head_dim * 4 * (m->cfg.dsa_kpool > 1 ? 3 : 1);
+    for (int l = 0; l < m->cfg.n_layers; l++) { /* compressed attention: window keys, raw rows, entries */
+        const ms_config *c = &m->cfg;
+        if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
+        uint64_t rate = c->layer_compress[l], hd = (uint64_t)c->head_dim;
+        uint64_t ihd = c->layer_csa[l] ? (uint64_t)c->dsa_head_dim : 0;
+        *state += (uint64_t)(c->layer_window[l] > 0 ? c->layer_window[l] : 1) * hd * 4;
+        if (rate) *state += (T / rate + 1) * (hd + ihd) * 4 + 2 * rate * 2 * ((c->layer_csa[l] ? 2 : 1) * hd + 2 * ihd) * 4;
+    }
 }
 
 int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err) {
