@@ -12,6 +12,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "engine/kda_block.h"
 #include "ops/kda.h"
 
@@ -155,6 +156,55 @@ static int bench_layer(ms_pool *pool, const dims *D, int n, int tbt, FILE *out) 
     return rc ? 1 : 0;
 }
 
+/* End to end on a checkpoint: prefill of n tokens in one engine call (KDA layers
+ * chunked) against the same tokens fed one decode step at a time (KDA layers
+ * recurrent), measured over the first tbt tokens; then decode steps after the
+ * prefill. Token ids are deterministic pseudo-random. */
+static int bench_model(const char *dir, int threads, const int *toks, int nt, int tbt) {
+    int maxn = 0;
+    for (int i = 0; i < nt; i++) maxn = toks[i] > maxn ? toks[i] : maxn;
+    ms_cli_ctx x;
+    if (ms_cli_open("kdabench", dir, threads, maxn + tbt + 1, &x)) return 1;
+    const ms_config *c = &x.model.cfg;
+    int n_kda = 0;
+    for (int l = 0; l < c->n_layers; l++) n_kda += c->layer_attn[l] == MS_ATTN_KDA;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(maxn + tbt));
+    float *logits = malloc(sizeof *logits * (size_t)c->vocab);
+    int rc = !ids || !logits;
+    for (int i = 0; i < maxn + tbt && !rc; i++) ids[i] = (int32_t)(urand() * (double)c->vocab) % (int32_t)c->vocab;
+    printf("{\n  \"bench\": \"kda_model\", \"model\": \"%s\", \"model_type\": \"%s\", \"layers\": %lld, "
+           "\"kda_layers\": %d, \"threads\": %d, \"load_s\": %.2f,\n  \"runs\": [\n",
+           dir, c->model_type, (long long)c->n_layers, n_kda, x.threads, x.load_seconds);
+    ms_err err = {0};
+    for (int i = 0; i < nt && !rc; i++) {
+        int n = toks[i], m = tbt < n ? tbt : n;
+        ms_engine_reset(x.engine);
+        double t = now_s();
+        rc = ms_engine_forward(x.engine, ids, n, logits, 0, &err);
+        double tp = now_s() - t;
+        double td = 0;
+        t = now_s();
+        for (int k = 0; k < m && !rc; k++) rc = ms_engine_forward(x.engine, ids + n + k, 1, logits, 0, &err);
+        td = now_s() - t;
+        ms_engine_reset(x.engine);
+        t = now_s();
+        for (int k = 0; k < m && !rc; k++) rc = ms_engine_forward(x.engine, ids + k, 1, logits, 0, &err);
+        double tt = now_s() - t;
+        if (rc) break;
+        printf("    {\"prompt_tokens\": %d, \"prefill_chunked_tok_s\": %.2f, \"prefill_s\": %.3f, "
+               "\"token_by_token_tok_s\": %.2f, \"token_by_token_measured_tokens\": %d, "
+               "\"decode_tok_s_after_prefill\": %.2f}%s\n",
+               n, n / tp, tp, m / tt, m, m / td, i + 1 < nt ? "," : "");
+        fflush(stdout);
+    }
+    printf("  ]\n}\n");
+    if (rc && err.code) fprintf(stderr, "moonshine kdabench: %s\n", err.msg);
+    free(ids);
+    free(logits);
+    ms_cli_close(&x);
+    return rc ? 1 : 0;
+}
+
 int cmd_kdabench(int argc, char **argv) {
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("usage: moonshine kdabench [--tokens 1024,4096] [--threads N] [--reps 2] [--heads 32]\n"
@@ -165,7 +215,11 @@ int cmd_kdabench(int argc, char **argv) {
                "and process CPU seconds: on a shared machine CPU time is the steadier one), and\n"
                "prints JSON. Defaults are Kimi-Linear-48B-A3B's KDA layer. --layer-tokens N also\n"
                "times the whole KDA mixer with random BF16 weights: one chunked prefill call\n"
-               "over N tokens against --layer-tbt-tokens single-token (decode) calls.\n");
+               "over N tokens against --layer-tbt-tokens single-token (decode) calls.\n"
+               "With --model DIR (e.g. a `moonshine synth` checkpoint) it runs the whole engine\n"
+               "instead: a prefill of each --tokens count in one call (KDA chunked) against\n"
+               "--layer-tbt-tokens tokens fed one decode step at a time (KDA recurrent), and\n"
+               "decode steps after the prefill.\n");
         return 0;
     }
     int64_t threads = 0, reps = 2, heads = 32, hd = 128, hidden = 2304, conv = 4, chunk = 64, ltok = 0, ltbt = 32;
@@ -177,6 +231,7 @@ int cmd_kdabench(int argc, char **argv) {
         ms_arg_int(argc, argv, "--layer-tbt-tokens", 1, 1 << 20, &ltbt))
         return 2;
     const char *tok = ms_arg_str(argc, argv, "--tokens");
+    const char *model = ms_arg_str(argc, argv, "--model");
     if (ms_args_unknown(argc, argv, "kdabench")) return 2;
     int toks[16], nt = 0;
     const char *s = tok ? tok : "1024,4096";
@@ -190,6 +245,7 @@ int cmd_kdabench(int argc, char **argv) {
         toks[nt++] = (int)v;
         s = *end ? end + 1 : end;
     }
+    if (model) return bench_model(model, (int)threads, toks, nt, (int)ltbt);
     ms_pool *pool = ms_pool_create((int)threads);
     if (!pool) {
         fprintf(stderr, "moonshine kdabench: cannot start threads\n");
