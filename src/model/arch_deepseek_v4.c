@@ -38,7 +38,10 @@ static int rope_of(const cJSON *j, const char *kind, ms_config *c, ms_rope *r, c
     double prf = 1.0;
     int rc = ms_json_opt_double(sub, "partial_rotary_factor", &prf, where, err);
     if (rc) return rc;
-    int64_t dim = (int64_t)(c->head_dim * prf);
+    if (!(prf > 0 && prf <= 1))
+        return ms_fail(err, MS_ERR_FORMAT, "%s: rope_parameters.%s.partial_rotary_factor %g must be in (0, 1]", where,
+                       kind, prf);
+    int64_t dim = (int64_t)((double)c->head_dim * prf);
     return ms_rope_parse(sub, 10000.0, c->max_pos, dim, MS_ROPE_INTERLEAVED, r, where, err);
 }
 
