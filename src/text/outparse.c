@@ -221,6 +221,17 @@ static int find_buffered(ms_outparse *p, const char *const *m, int nm, size_t *p
     return w;
 }
 
+/* find_buffered for a bounded head (tool-call head, harmony header, XTML tag):
+ * a marker that ends past HEAD_MAX + 1 bytes counts as absent. Callers give up
+ * once more than HEAD_MAX bytes are buffered; deciding by the marker's position
+ * rather than by how much happens to be buffered keeps whole and chunked input
+ * identical (found by fuzz_outparse). */
+static int find_head(ms_outparse *p, const char *const *m, int nm, size_t *pos) {
+    int w = find_buffered(p, m, nm, pos);
+    if (w >= 0 && *pos + strlen(m[w]) > HEAD_MAX + 1) return -1;
+    return w;
+}
+
 static void trim(const char **s, size_t *n) {
     while (*n && is_ws((*s)[0])) (*s)++, (*n)--;
     while (*n && is_ws((*s)[*n - 1])) (*n)--;
@@ -366,10 +377,10 @@ static int step_head(ms_outparse *p) {
     const char *const *m = p->fmt == MS_OUTFMT_DEEPSEEK_V3 ? v3 : p->fmt == MS_OUTFMT_KIMI_K2 ? km : v31;
     int nm = p->fmt == MS_OUTFMT_DEEPSEEK_V3 ? 3 : 2;
     size_t pos = 0;
-    int w = find_buffered(p, m, nm, &pos);
+    int w = find_head(p, m, nm, &pos);
     if (w < 0) {
-        if (p->pend.len > HEAD_MAX) {
-            give_back(p, p->pend.len);
+        if (p->pend.len > HEAD_MAX) { /* exactly the head's budget, whatever is buffered */
+            give_back(p, HEAD_MAX + 1);
             return 1;
         }
         return 0;
@@ -634,10 +645,10 @@ static int step_glm(ms_outparse *p) {
     switch (p->state) {
     case ST_GLM_NAME: {
         const char *m[] = {GLM_KEY, TC_CLOSE};
-        w = find_buffered(p, m, 2, &pos);
+        w = find_head(p, m, 2, &pos);
         if (w < 0) {
-            if (p->pend.len > HEAD_MAX) {
-                give_back(p, p->pend.len);
+            if (p->pend.len > HEAD_MAX) { /* exactly the head's budget, whatever is buffered */
+                give_back(p, HEAD_MAX + 1);
                 return 1;
             }
             return 0;
@@ -720,7 +731,7 @@ static int step_glm(ms_outparse *p) {
 static int step_h_header(ms_outparse *p) {
     const char *m[] = {H_MESSAGE};
     size_t pos = 0;
-    if (find_buffered(p, m, 1, &pos) < 0) {
+    if (find_head(p, m, 1, &pos) < 0) {
         if (p->pend.len > HEAD_MAX) { /* not harmony: plain content from here on */
             p->plain = 1;
             p->state = ST_TEXT;
@@ -869,11 +880,12 @@ static int step_x_text(ms_outparse *p) {
 static int step_x_open(ms_outparse *p) {
     const char *m[] = {X_SEP};
     size_t pos = 0;
-    if (find_buffered(p, m, 1, &pos) < 0) {
-        if (p->pend.len > HEAD_MAX) {
+    if (find_head(p, m, 1, &pos) < 0) {
+        if (p->pend.len > HEAD_MAX) { /* exactly the head's budget, whatever is buffered */
             p->block_open = X_OPEN;
-            give_back(p, p->pend.len);
+            give_back(p, HEAD_MAX + 1);
             p->state = ST_X_TOP;
+            return 1;
         }
         return 0;
     }
@@ -918,11 +930,12 @@ static int step_x_open(ms_outparse *p) {
 static int step_x_close(ms_outparse *p) {
     const char *m[] = {X_SEP};
     size_t pos = 0;
-    if (find_buffered(p, m, 1, &pos) < 0) {
-        if (p->pend.len > HEAD_MAX) {
+    if (find_head(p, m, 1, &pos) < 0) {
+        if (p->pend.len > HEAD_MAX) { /* exactly the head's budget, whatever is buffered */
             p->block_open = X_CLOSE;
-            give_back(p, p->pend.len);
+            give_back(p, HEAD_MAX + 1);
             p->state = ST_X_TOP;
+            return 1;
         }
         return 0;
     }
