@@ -4,7 +4,7 @@
 #                   checks, unit tests under ASan+UBSan, bounded fuzzing
 #   make test       unit tests + fixture checks (no installs, no sanitizers)
 #   make asan       unit tests under ASan+UBSan
-#   make fuzz       every fuzz target for FUZZ_SECONDS each
+#   make fuzz       every fuzz target, fixed seed, FUZZ_RUNS inputs (at most FUZZ_SECONDS)
 
 CC       ?= gcc
 CLANG    ?= clang
@@ -13,7 +13,8 @@ CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare \
             -Wshadow=local -pthread -Isrc -MMD -MP
 LDLIBS   := -lcjson -luring -lpcre2-8 -lcrypto -lm -pthread
-FUZZ_SECONDS ?= 20
+FUZZ_SECONDS ?= 60
+FUZZ_RUNS ?= 100000
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backend/gpu/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
@@ -91,7 +92,7 @@ asan: $(ASAN_TESTS) build/asan/moonshine
 	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE=build/asan/moonshine tests/scripts/run_fixtures.sh
 
 fuzz: $(FUZZERS)
-	@tests/scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
+	@tests/scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_RUNS) $(FUZZERS)
 
 deps:
 	@tools/install-deps.sh
