@@ -15,6 +15,8 @@ CFLAGS   += -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-si
 LDLIBS   := -lcjson -luring -lpcre2-8 -lcrypto -lm -pthread
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS ?= 100000
+# targets with a known open finding (tests/fuzz/open/README.md)
+FUZZ_OPEN ?= fuzz_outparse
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backend/gpu/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
@@ -92,7 +94,7 @@ asan: $(ASAN_TESTS) build/asan/moonshine
 	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE=build/asan/moonshine tests/scripts/run_fixtures.sh
 
 fuzz: $(FUZZERS)
-	@tests/scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_RUNS) $(FUZZERS)
+	@FUZZ_OPEN='$(FUZZ_OPEN)' tests/scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_RUNS) $(FUZZERS)
 
 deps:
 	@tools/install-deps.sh
