@@ -101,6 +101,11 @@ int ms_bind_router(ms_binder *b, struct ms_model *m, int layer, const char *weig
  * mlp.gate (+ e_score_correction_bias when cfg->router_bias), shared experts
  * mlp.shared_experts.* when cfg->shared_inter, routed experts mlp.experts.E.{gate,up,down}_proj. */
 int ms_bind_routed_moe(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* pfx input_layernorm.weight and post_attention_layernorm.weight [hidden]. */
+int ms_bind_layer_norms(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* The layer's FFN per cfg->layer_mlp: dense mlp.{gate,up,down}_proj of width
+ * cfg->inter, or ms_bind_routed_moe. */
+int ms_bind_ffn(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 /* Attention Residuals pair "<pfx>norm.weight" [hidden] and "<pfx>proj.weight"
  * [1, hidden] (pfx e.g. "model.layers.3.mlp_res_"), as F32 copies. */
 int ms_bind_attn_res(ms_binder *b, struct ms_attn_res *out, const char *pfx);

@@ -50,15 +50,9 @@ static int bind(ms_binder *b, ms_model *m) {
     for (int l = 0; l < c->n_layers && !b->rc; l++) {
         char p[64];
         snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_layer *L = &m->layers[l];
-        ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", p);
-        ms_bind_vec(b, &L->ffn_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", p);
+        ms_bind_layer_norms(b, m, l, p);
         ms_bind_gqa(b, m, l, p);
-        if (c->layer_mlp[l] == MS_MLP_DENSE) {
-            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
-            continue;
-        }
-        ms_bind_routed_moe(b, m, l, p);
+        ms_bind_ffn(b, m, l, p);
     }
     return b->rc;
 }

@@ -162,3 +162,18 @@ int ms_bind_routed_moe(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     snprintf(d, sizeof d, "%smlp.experts.%%2$d.down_proj", pfx);
     return ms_bind_experts(b, m, layer, g, u, d);
 }
+
+int ms_bind_layer_norms(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    const ms_config *c = b->cfg;
+    ms_layer *L = &m->layers[layer];
+    ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", pfx);
+    ms_bind_vec(b, &L->ffn_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", pfx);
+    return b->rc;
+}
+
+int ms_bind_ffn(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    const ms_config *c = b->cfg;
+    if (c->layer_mlp[layer] == MS_MLP_DENSE)
+        return ms_bind_mlp(b, m, layer, pfx, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+    return ms_bind_routed_moe(b, m, layer, pfx);
+}
