@@ -1,0 +1,589 @@
+/* generate.c — sampler, stop matcher, EOS ids, prefix reuse and the generation loop. */
+#include "engine/generate.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "util/fs.h"
+#include "util/json.h"
+
+/* ---------------- RNG ---------------- */
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void ms_rng_seed(ms_rng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t ms_rng_next(ms_rng *r) {
+    uint64_t *s = r->s, res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return res;
+}
+
+double ms_rng_uniform(ms_rng *r) { return (double)(ms_rng_next(r) >> 11) * 0x1.0p-53; }
+
+/* ---------------- sampler ---------------- */
+struct ms_sampler {
+    ms_sampler_params p;
+    int64_t vocab;
+    ms_rng rng;
+    uint32_t *out_count;  /* [vocab] occurrences in the output */
+    uint8_t *seen;        /* [vocab] in prompt or output */
+    double *work;         /* [vocab] adjusted logits / probs */
+    int32_t *order;       /* [vocab] ids sorted by probability */
+};
+
+void ms_sampler_defaults(ms_sampler_params *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = 1.0;
+    p->top_p = 1.0;
+    p->repetition_penalty = 1.0;
+}
+
+int ms_sampler_check(const ms_sampler_params *p, ms_err *err) {
+    if (!(p->temperature >= 0 && p->temperature <= 100))
+        return ms_fail(err, MS_ERR_ARG, "temperature must be in [0, 100], got %g", p->temperature);
+    if (p->top_k < 0) return ms_fail(err, MS_ERR_ARG, "top_k must be >= 0, got %d", p->top_k);
+    if (!(p->top_p > 0 && p->top_p <= 1)) return ms_fail(err, MS_ERR_ARG, "top_p must be in (0, 1], got %g", p->top_p);
+    if (!(p->min_p >= 0 && p->min_p <= 1)) return ms_fail(err, MS_ERR_ARG, "min_p must be in [0, 1], got %g", p->min_p);
+    if (!(p->repetition_penalty > 0 && p->repetition_penalty <= 100))
+        return ms_fail(err, MS_ERR_ARG, "repetition_penalty must be in (0, 100], got %g", p->repetition_penalty);
+    if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2))
+        return ms_fail(err, MS_ERR_ARG, "presence_penalty must be in [-2, 2], got %g", p->presence_penalty);
+    if (!(p->frequency_penalty >= -2 && p->frequency_penalty <= 2))
+        return ms_fail(err, MS_ERR_ARG, "frequency_penalty must be in [-2, 2], got %g", p->frequency_penalty);
+    return MS_OK;
+}
+
+int ms_sampler_new(const ms_sampler_params *p, int64_t vocab, ms_sampler **out, ms_err *err) {
+    *out = NULL;
+    int rc = ms_sampler_check(p, err);
+    if (rc) return rc;
+    if (vocab < 1 || vocab > (1LL << 31)) return ms_fail(err, MS_ERR_ARG, "sampler: vocab %lld out of range", (long long)vocab);
+    ms_sampler *s = calloc(1, sizeof *s);
+    if (!s) return ms_fail(err, MS_ERR_NOMEM, "sampler: out of memory");
+    s->p = *p;
+    s->vocab = vocab;
+    s->out_count = calloc((size_t)vocab, sizeof *s->out_count);
+    s->seen = calloc((size_t)vocab, 1);
+    s->work = malloc((size_t)vocab * sizeof *s->work);
+    s->order = malloc((size_t)vocab * sizeof *s->order);
+    if (!s->out_count || !s->seen || !s->work || !s->order) {
+        ms_sampler_free(s);
+        return ms_fail(err, MS_ERR_NOMEM, "sampler: out of memory for a vocabulary of %lld", (long long)vocab);
+    }
+    ms_rng_seed(&s->rng, p->seed);
+    *out = s;
+    return MS_OK;
+}
+
+void ms_sampler_free(ms_sampler *s) {
+    if (!s) return;
+    free(s->out_count);
+    free(s->seen);
+    free(s->work);
+    free(s->order);
+    free(s);
+}
+
+void ms_sampler_add_prompt(ms_sampler *s, const int32_t *ids, int n) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < s->vocab) s->seen[ids[i]] = 1;
+}
+
+void ms_sampler_add_output(ms_sampler *s, int32_t id) {
+    if (id < 0 || id >= s->vocab) return;
+    s->seen[id] = 1;
+    if (s->out_count[id] < UINT32_MAX) s->out_count[id]++;
+}
+
+static int cmp_prob_desc(const void *a, const void *b, void *ctx) {
+    const double *w = ctx;
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (w[i] != w[j]) return w[i] > w[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+/* Renormalize w over the ids with w > 0. */
+static void renorm(double *w, int64_t V) {
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++) sum += w[i];
+    if (sum > 0)
+        for (int64_t i = 0; i < V; i++) w[i] /= sum;
+}
+
+int ms_sampler_probs(ms_sampler *s, const float *logits, double *probs, ms_err *err) {
+    const ms_sampler_params *p = &s->p;
+    int64_t V = s->vocab;
+    double *w = probs;
+    for (int64_t i = 0; i < V; i++) {
+        double l = logits[i];
+        if (isnan(l)) return ms_fail(err, MS_ERR_ARG, "sampler: logit %lld is NaN", (long long)i);
+        if (s->seen[i] && p->repetition_penalty != 1.0) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
+        if (s->out_count[i]) l -= p->frequency_penalty * s->out_count[i] + p->presence_penalty;
+        w[i] = l;
+    }
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (w[i] > w[best]) best = i;
+    if (p->temperature == 0 || !isfinite(w[best])) {
+        /* greedy (or every logit infinite: the largest wins) */
+        for (int64_t i = 0; i < V; i++) w[i] = 0;
+        w[best] = 1;
+        return MS_OK;
+    }
+    double mx = w[best];
+    for (int64_t i = 0; i < V; i++) w[i] = exp((w[i] - mx) / p->temperature);
+    renorm(w, V);
+    int need_sort = (p->top_k > 0 && p->top_k < V) || p->top_p < 1;
+    if (need_sort) {
+        int64_t n = 0;
+        for (int64_t i = 0; i < V; i++)
+            if (w[i] > 0) s->order[n++] = (int32_t)i;
+        qsort_r(s->order, (size_t)n, sizeof *s->order, cmp_prob_desc, w);
+        int64_t keep = n;
+        if (p->top_k > 0 && p->top_k < keep) keep = p->top_k;
+        for (int64_t r = keep; r < n; r++) w[s->order[r]] = 0;
+        if (keep < n) renorm(w, V);
+        if (p->top_p < 1) {
+            /* transformers' TopPLogitsWarper: keep the smallest prefix whose mass reaches top_p
+             * (always at least one token) */
+            double cum = 0;
+            int64_t r = 0;
+            while (r < keep) {
+                cum += w[s->order[r]];
+                r++;
+                if (cum >= p->top_p) break;
+            }
+            for (int64_t q = r; q < keep; q++) w[s->order[q]] = 0;
+            if (r < keep) renorm(w, V);
+        }
+    }
+    if (p->min_p > 0) {
+        double pmax = 0;
+        for (int64_t i = 0; i < V; i++)
+            if (w[i] > pmax) pmax = w[i];
+        double thr = p->min_p * pmax;
+        int cut = 0;
+        for (int64_t i = 0; i < V; i++)
+            if (w[i] < thr && w[i] > 0) { w[i] = 0; cut = 1; }
+        if (cut) renorm(w, V);
+    }
+    return MS_OK;
+}
+
+int ms_sampler_sample(ms_sampler *s, const float *logits, int32_t *id, ms_err *err) {
+    int rc = ms_sampler_probs(s, logits, s->work, err);
+    if (rc) return rc;
+    int64_t V = s->vocab, last = -1;
+    if (s->p.temperature == 0) {
+        for (int64_t i = 0; i < V; i++)
+            if (s->work[i] > 0) { *id = (int32_t)i; return MS_OK; }
+    }
+    double u = ms_rng_uniform(&s->rng), cum = 0;
+    for (int64_t i = 0; i < V; i++) {
+        if (s->work[i] <= 0) continue;
+        last = i;
+        cum += s->work[i];
+        if (u < cum) { *id = (int32_t)i; return MS_OK; }
+    }
+    if (last < 0) return ms_fail(err, MS_ERR_ARG, "sampler: empty distribution");
+    *id = (int32_t)last; /* rounding: u landed past the summed mass */
+    return MS_OK;
+}
+
+/* ---------------- stop strings ---------------- */
+struct ms_stopper {
+    char *stops[MS_STOP_MAX];
+    size_t lens[MS_STOP_MAX];
+    int n, done;
+    char *buf;      /* held back + new text */
+    size_t len, cap;
+    char *out;      /* last output */
+    size_t out_cap;
+};
+
+int ms_stopper_new(const char *const *stops, int n, ms_stopper **out, ms_err *err) {
+    *out = NULL;
+    if (n < 0 || n > MS_STOP_MAX) return ms_fail(err, MS_ERR_ARG, "stop: at most %d stop strings, got %d", MS_STOP_MAX, n);
+    ms_stopper *s = calloc(1, sizeof *s);
+    if (!s) return ms_fail(err, MS_ERR_NOMEM, "stop: out of memory");
+    for (int i = 0; i < n; i++) {
+        size_t l = stops[i] ? strlen(stops[i]) : 0;
+        if (l == 0 || l > MS_STOP_MAX_LEN) {
+            ms_stopper_free(s);
+            return ms_fail(err, MS_ERR_ARG, "stop[%d]: a stop string must have 1..%d bytes, got %zu", i, MS_STOP_MAX_LEN, l);
+        }
+        if (!(s->stops[i] = strdup(stops[i]))) {
+            ms_stopper_free(s);
+            return ms_fail(err, MS_ERR_NOMEM, "stop: out of memory");
+        }
+        s->lens[i] = l;
+        s->n++;
+    }
+    *out = s;
+    return MS_OK;
+}
+
+void ms_stopper_free(ms_stopper *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) free(s->stops[i]);
+    free(s->buf);
+    free(s->out);
+    free(s);
+}
+
+static int grow(char **p, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    char *n = realloc(*p, c);
+    if (!n) return -1;
+    *p = n;
+    *cap = c;
+    return 0;
+}
+
+/* Emit buf[0..k) as output and keep buf[k..len). */
+static int stop_emit(ms_stopper *s, size_t k, const char **out, size_t *out_len, ms_err *err) {
+    if (grow(&s->out, &s->out_cap, k + 1)) return ms_fail(err, MS_ERR_NOMEM, "stop: out of memory");
+    memcpy(s->out, s->buf, k);
+    s->out[k] = 0;
+    memmove(s->buf, s->buf + k, s->len - k);
+    s->len -= k;
+    *out = s->out;
+    *out_len = k;
+    return MS_OK;
+}
+
+int ms_stopper_feed(ms_stopper *s, const char *text, size_t len, const char **out, size_t *out_len, int *hit,
+                    ms_err *err) {
+    *hit = 0;
+    *out = "";
+    *out_len = 0;
+    if (s->done) { *hit = 1; return MS_OK; }
+    if (grow(&s->buf, &s->cap, s->len + len + 1)) return ms_fail(err, MS_ERR_NOMEM, "stop: out of memory");
+    memcpy(s->buf + s->len, text, len);
+    s->len += len;
+    if (!s->n) return stop_emit(s, s->len, out, out_len, err);
+    /* earliest complete match */
+    size_t first = SIZE_MAX;
+    for (int i = 0; i < s->n; i++) {
+        const char *m = memmem(s->buf, s->len, s->stops[i], s->lens[i]);
+        if (m && (size_t)(m - s->buf) < first) first = (size_t)(m - s->buf);
+    }
+    if (first != SIZE_MAX) {
+        s->done = 1;
+        *hit = 1;
+        int rc = stop_emit(s, first, out, out_len, err);
+        s->len = 0;
+        return rc;
+    }
+    /* hold back the longest tail that is a proper prefix of some stop string */
+    size_t hold = 0;
+    for (int i = 0; i < s->n; i++) {
+        size_t mx = s->lens[i] - 1 < s->len ? s->lens[i] - 1 : s->len;
+        for (size_t k = mx; k > hold; k--)
+            if (!memcmp(s->buf + s->len - k, s->stops[i], k)) { hold = k; break; }
+    }
+    return stop_emit(s, s->len - hold, out, out_len, err);
+}
+
+void ms_stopper_flush(ms_stopper *s, const char **out, size_t *out_len) {
+    *out = "";
+    *out_len = 0;
+    if (s->done || !s->len) return;
+    /* the buffer already has room for its own bytes + NUL */
+    if (grow(&s->out, &s->out_cap, s->len + 1)) { /* cannot copy: hand out the buffer itself */
+        s->buf[s->len] = 0;
+        *out = s->buf;
+        *out_len = s->len;
+        s->len = 0;
+        return;
+    }
+    memcpy(s->out, s->buf, s->len);
+    s->out[s->len] = 0;
+    *out = s->out;
+    *out_len = s->len;
+    s->len = 0;
+}
+
+/* ---------------- EOS ids ---------------- */
+static int add_eos(const cJSON *v, const char *file, int64_t vocab, int32_t *ids, int cap, int *n, ms_err *err) {
+    if (!v || cJSON_IsNull(v)) return MS_OK;
+    if (cJSON_IsArray(v)) {
+        const cJSON *x;
+        cJSON_ArrayForEach(x, v) {
+            int rc = add_eos(x, file, vocab, ids, cap, n, err);
+            if (rc) return rc;
+        }
+        return MS_OK;
+    }
+    if (!ms_json_is_int(v, 0, vocab - 1))
+        return ms_fail(err, MS_ERR_FORMAT, "%s: eos_token_id must be an id in [0, %lld) or a list of them", file,
+                       (long long)vocab);
+    int32_t id = (int32_t)v->valuedouble;
+    for (int i = 0; i < *n; i++)
+        if (ids[i] == id) return MS_OK;
+    if (*n >= cap) return ms_fail(err, MS_ERR_LIMIT, "%s: more than %d eos_token_id values", file, cap);
+    ids[(*n)++] = id;
+    return MS_OK;
+}
+
+int ms_gen_eos_ids(const char *dir, int64_t vocab, int32_t *ids, int cap, int *n, ms_err *err) {
+    *n = 0;
+    const char *names[] = {"config.json", "generation_config.json"};
+    for (int f = 0; f < 2; f++) {
+        char path[4096];
+        int rc = ms_path_join(path, sizeof path, dir, names[f], err);
+        if (rc) return rc;
+        if (!ms_file_exists(path)) continue;
+        char *text;
+        size_t len;
+        if ((rc = ms_read_file(path, 1 << 24, &text, &len, err))) return rc;
+        cJSON *j;
+        rc = ms_json_parse(text, len, path, &j, err);
+        free(text);
+        if (rc) return rc;
+        rc = add_eos(cJSON_GetObjectItemCaseSensitive(j, "eos_token_id"), path, vocab, ids, cap, n, err);
+        cJSON_Delete(j);
+        if (rc) return rc;
+    }
+    return MS_OK;
+}
+
+/* ---------------- prefix reuse ---------------- */
+int ms_engine_can_truncate(const ms_engine *e) {
+    const ms_config *c = &e->m->cfg;
+    if (e->dsa || e->cattn) return 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if ((c->layer_attn[l] != MS_ATTN_GQA && c->layer_attn[l] != MS_ATTN_MLA) || c->layer_dsa[l]) return 0;
+    return 1;
+}
+
+int ms_engine_truncate(ms_engine *e, int n_past, ms_err *err) {
+    if (n_past < 0 || n_past > e->n_past)
+        return ms_fail(err, MS_ERR_ARG, "truncate: %d is outside [0, %d] (the tokens held)", n_past, e->n_past);
+    if (n_past == e->n_past) return MS_OK;
+    if (n_past == 0) {
+        ms_engine_reset(e);
+        return MS_OK;
+    }
+    if (!ms_engine_can_truncate(e))
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "truncate: the model has recurrent or compressed causal state (KDA/DeltaNet, DSA indexer or "
+                       "compressed attention) that cannot be cut back");
+    /* KV and latent caches are indexed by position: later rows are simply overwritten */
+    e->n_past = n_past;
+    e->la_layer = -1;
+    return MS_OK;
+}
+
+/* ---------------- generation ---------------- */
+struct ms_generator {
+    ms_engine *e;
+    const ms_tokenizer *t;
+    int64_t vocab;
+    ms_gen_snapshots snaps;
+    int32_t *hist; /* tokens in the engine */
+    int n_hist, cap;
+    float *logits; /* [vocab] of the last token fed */
+};
+
+const char *ms_finish_name(ms_finish f) {
+    switch (f) {
+    case MS_FINISH_STOP: return "stop";
+    case MS_FINISH_LENGTH: return "length";
+    case MS_FINISH_ABORT: return "abort";
+    default: return "none";
+    }
+}
+
+int ms_generator_new(ms_engine *e, const ms_tokenizer *t, int64_t vocab, const ms_gen_snapshots *snaps,
+                     ms_generator **out, ms_err *err) {
+    *out = NULL;
+    if (!e || vocab < 1) return ms_fail(err, MS_ERR_ARG, "generator: needs an engine and a vocabulary");
+    if (vocab != e->m->cfg.vocab)
+        return ms_fail(err, MS_ERR_ARG, "generator: vocab %lld differs from the model's %lld", (long long)vocab,
+                       (long long)e->m->cfg.vocab);
+    ms_generator *g = calloc(1, sizeof *g);
+    if (!g) return ms_fail(err, MS_ERR_NOMEM, "generator: out of memory");
+    g->e = e;
+    g->t = t;
+    g->vocab = vocab;
+    if (snaps) g->snaps = *snaps;
+    g->cap = e->max_ctx;
+    g->hist = malloc((size_t)g->cap * sizeof *g->hist);
+    g->logits = malloc((size_t)vocab * sizeof *g->logits);
+    if (!g->hist || !g->logits) {
+        ms_generator_free(g);
+        return ms_fail(err, MS_ERR_NOMEM, "generator: out of memory for %d tokens of history", e->max_ctx);
+    }
+    ms_engine_reset(e);
+    *out = g;
+    return MS_OK;
+}
+
+void ms_generator_free(ms_generator *g) {
+    if (!g) return;
+    free(g->hist);
+    free(g->logits);
+    free(g);
+}
+
+void ms_generator_reset(ms_generator *g) {
+    g->n_hist = 0;
+    ms_engine_reset(g->e);
+}
+
+const int32_t *ms_generator_history(const ms_generator *g, int *n) {
+    *n = g->n_hist;
+    return g->hist;
+}
+
+int ms_generator_max_ctx(const ms_generator *g) { return g->e->max_ctx; }
+
+/* Feed ids into the engine, keeping the history in step. */
+static int feed(ms_generator *g, const int32_t *ids, int n, ms_err *err) {
+    int rc = ms_engine_forward(g->e, ids, n, g->logits, 0, err);
+    if (rc) {
+        ms_generator_reset(g);
+        return rc;
+    }
+    memcpy(g->hist + g->n_hist, ids, (size_t)n * sizeof *ids);
+    g->n_hist += n;
+    return MS_OK;
+}
+
+int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cached, float *logits, ms_err *err) {
+    *cached = 0;
+    if (n < 1) return ms_fail(err, MS_ERR_ARG, "prompt is empty");
+    if (n > g->e->max_ctx)
+        return ms_fail(err, MS_ERR_LIMIT, "prompt of %d tokens does not fit the context of %d", n, g->e->max_ctx);
+    int common = 0;
+    while (common < n && common < g->n_hist && g->hist[common] == prompt[common]) common++;
+    if (common == n) common = n - 1; /* the last prompt token is fed again for its logits */
+    int rc;
+    if (common < g->n_hist) {
+        if (ms_engine_can_truncate(g->e)) {
+            if ((rc = ms_engine_truncate(g->e, common, err))) return rc;
+            g->n_hist = common;
+        } else {
+            int restored = 0;
+            ms_generator_reset(g);
+            if (g->snaps.restore && common > 0) {
+                if ((rc = g->snaps.restore(g->snaps.user, g->e, prompt, common, &restored, err))) {
+                    ms_generator_reset(g);
+                    return rc;
+                }
+                if (restored < 0 || restored > common || ms_engine_n_past(g->e) != restored) {
+                    ms_generator_reset(g);
+                    return ms_fail(err, MS_ERR_MISMATCH, "snapshot restore gave %d tokens (engine holds %d) for a prefix of %d",
+                                   restored, ms_engine_n_past(g->e), common);
+                }
+                memcpy(g->hist, prompt, (size_t)restored * sizeof *prompt);
+                g->n_hist = restored;
+            }
+            common = restored;
+        }
+    }
+    *cached = common;
+    if ((rc = feed(g, prompt + common, n - common, err))) return rc;
+    if (g->snaps.save && (rc = g->snaps.save(g->snaps.user, g->e, g->hist, g->n_hist, err))) return rc;
+    if (logits) memcpy(logits, g->logits, (size_t)g->vocab * sizeof *logits);
+    return MS_OK;
+}
+
+/* Pass text through the stop matcher to the callback. */
+static int emit(ms_stopper *st, int32_t id, const char *text, size_t len, ms_gen_token_fn fn, void *user, int *hit,
+                int *abort_, ms_err *err) {
+    const char *o;
+    size_t ol;
+    int rc = ms_stopper_feed(st, text, len, &o, &ol, hit, err);
+    if (rc) return rc;
+    if (fn && fn(user, id, o, ol)) *abort_ = 1;
+    return MS_OK;
+}
+
+int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
+                void *user, ms_gen_result *res, ms_err *err) {
+    memset(res, 0, sizeof *res);
+    if (p->max_tokens < 1) return ms_fail(err, MS_ERR_ARG, "max_tokens must be >= 1, got %d", p->max_tokens);
+    if (p->n_eos < 0 || (p->n_eos && !p->eos_ids)) return ms_fail(err, MS_ERR_ARG, "bad eos id list");
+    for (int i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= g->vocab)
+            return ms_fail(err, MS_ERR_ARG, "prompt token %d at %d is outside the vocabulary [0, %lld)", prompt[i], i,
+                           (long long)g->vocab);
+    if (!g->t && p->n_stop) return ms_fail(err, MS_ERR_ARG, "stop strings need a tokenizer (the generator has none)");
+    ms_sampler *sp = NULL;
+    ms_stopper *st = NULL;
+    ms_tok_stream ts;
+    ms_tok_stream_init(&ts, g->t, p->decode_flags);
+    int rc = ms_sampler_new(&p->sampling, g->vocab, &sp, err);
+    if (!rc) rc = ms_stopper_new(p->stop, p->n_stop, &st, err);
+    if (!rc) rc = ms_generator_prefill(g, prompt, n, &res->cached_tokens, NULL, err);
+    if (rc) goto done;
+    res->prompt_tokens = n;
+    ms_sampler_add_prompt(sp, prompt, n);
+    int hit = 0, abort_ = 0;
+    for (;;) {
+        int32_t id;
+        if ((rc = ms_sampler_sample(sp, g->logits, &id, err))) goto done;
+        res->completion_tokens++;
+        ms_sampler_add_output(sp, id);
+        int is_eos = 0;
+        for (int i = 0; i < p->n_eos; i++) is_eos |= p->eos_ids[i] == id;
+        if (is_eos) {
+            res->finish = MS_FINISH_STOP;
+            if (fn && fn(user, id, "", 0)) res->finish = MS_FINISH_ABORT;
+            break;
+        }
+        const char *txt = "";
+        size_t tl = 0;
+        if (g->t && (rc = ms_tok_stream_feed(&ts, id, &txt, &tl, err))) goto done;
+        if ((rc = emit(st, id, txt, tl, fn, user, &hit, &abort_, err))) goto done;
+        if (hit) { res->finish = MS_FINISH_STOP; break; }
+        if (abort_) { res->finish = MS_FINISH_ABORT; break; }
+        if (res->completion_tokens >= p->max_tokens || g->n_hist >= g->e->max_ctx) {
+            res->finish = MS_FINISH_LENGTH;
+            break;
+        }
+        if ((rc = feed(g, &id, 1, err))) goto done;
+    }
+    if (res->finish != MS_FINISH_ABORT && !hit) {
+        /* release what the detokenizer and the stop matcher held back */
+        const char *txt = "", *o;
+        size_t tl = 0, ol;
+        if (g->t && (rc = ms_tok_stream_flush(&ts, &txt, &tl, err))) goto done;
+        if (tl && !hit) {
+            if ((rc = ms_stopper_feed(st, txt, tl, &o, &ol, &hit, err))) goto done;
+            if (ol && fn) fn(user, -1, o, ol);
+            if (hit) res->finish = MS_FINISH_STOP;
+        }
+        if (!hit) {
+            ms_stopper_flush(st, &o, &ol);
+            if (ol && fn) fn(user, -1, o, ol);
+        }
+    }
+done:
+    ms_tok_stream_free(&ts);
+    ms_sampler_free(sp);
+    ms_stopper_free(st);
+    return rc;
+}

@@ -1,0 +1,176 @@
+/* generate.h — sampling, stop conditions and the generation loop over an engine.
+ *
+ * Three layers, each usable alone:
+ *   - the sampler: logits [vocab] -> one token id, with OpenAI's penalties and
+ *     the usual truncations, driven by a seeded RNG (same seed, same logits ->
+ *     same token);
+ *   - the stop matcher: text deltas in, text deltas out, holding back any tail
+ *     that could still become a stop string, so a stop string never leaks;
+ *   - the generator: owns the token history of one engine, reuses the longest
+ *     common prefix with the previous request (rollback for attention-only
+ *     models, or a snapshot hook for models with recurrent state), prefills
+ *     the rest, then samples, decodes (UTF-8 safe) and stops.
+ * Library code: statuses + ms_err, never prints. */
+#ifndef MS_ENGINE_GENERATE_H
+#define MS_ENGINE_GENERATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "text/tokenizer.h"
+#include "util/err.h"
+
+/* ---------------- RNG ---------------- */
+/* xoshiro256** seeded through splitmix64: a seed fixes the whole sequence. */
+typedef struct ms_rng { uint64_t s[4]; } ms_rng;
+void ms_rng_seed(ms_rng *r, uint64_t seed);
+uint64_t ms_rng_next(ms_rng *r);
+/* Uniform in [0, 1) with 53 random bits. */
+double ms_rng_uniform(ms_rng *r);
+
+/* ---------------- sampler ---------------- */
+typedef struct ms_sampler_params {
+    double temperature;        /* 0: greedy (argmax, lowest id on ties); else > 0 */
+    int top_k;                 /* 0: off; else keep the k most likely */
+    double top_p;              /* 1: off; else (0, 1]: smallest most-likely set with mass >= top_p */
+    double min_p;              /* 0: off; else [0, 1]: keep p >= min_p * max p */
+    double repetition_penalty; /* 1: off; > 0, transformers' rule: a logit of a token seen in the prompt
+                                  or output is divided by it when positive, multiplied when negative */
+    double presence_penalty;   /* OpenAI [-2, 2]: logit -= presence if the token occurred in the output */
+    double frequency_penalty;  /* OpenAI [-2, 2]: logit -= frequency * (times it occurred in the output) */
+    uint64_t seed;             /* RNG seed (the server draws one when the request has none) */
+} ms_sampler_params;
+
+/* Defaults: temperature 1, top_k 0, top_p 1, min_p 0, penalties off, seed 0. */
+void ms_sampler_defaults(ms_sampler_params *p);
+/* Range checks (names the field): MS_ERR_ARG. */
+int ms_sampler_check(const ms_sampler_params *p, ms_err *err);
+
+typedef struct ms_sampler ms_sampler;
+
+/* A sampler for a vocabulary of `vocab` ids. Copies p; seeds the RNG from p->seed.
+ * Errors: those of ms_sampler_check, MS_ERR_ARG (vocab < 1), MS_ERR_NOMEM. */
+int ms_sampler_new(const ms_sampler_params *p, int64_t vocab, ms_sampler **out, ms_err *err);
+void ms_sampler_free(ms_sampler *s);
+/* Token history for the penalties: prompt tokens count for repetition_penalty
+ * only, output tokens for all three. Ids outside the vocabulary are ignored. */
+void ms_sampler_add_prompt(ms_sampler *s, const int32_t *ids, int n);
+void ms_sampler_add_output(ms_sampler *s, int32_t id);
+
+/* The distribution the sampler would draw from: penalties, then temperature,
+ * top_k, top_p, min_p, each truncation applied to the distribution renormalized
+ * after the previous one (transformers' logits-processor order). probs [vocab]
+ * receives it (zeros outside the kept set; sums to 1). With temperature 0 it is
+ * one-hot on the argmax. logits [vocab] is not modified. */
+int ms_sampler_probs(ms_sampler *s, const float *logits, double *probs, ms_err *err);
+/* Draw one id from logits [vocab] (ms_sampler_probs + one RNG draw; greedy
+ * draws nothing). Does not record it: call ms_sampler_add_output. */
+int ms_sampler_sample(ms_sampler *s, const float *logits, int32_t *id, ms_err *err);
+
+/* ---------------- stop strings ---------------- */
+#define MS_STOP_MAX 16        /* stop strings per request */
+#define MS_STOP_MAX_LEN 256   /* bytes per stop string */
+
+typedef struct ms_stopper ms_stopper;
+
+/* A matcher for n (0..MS_STOP_MAX) non-empty stop strings of at most
+ * MS_STOP_MAX_LEN bytes each (copied). Errors: MS_ERR_ARG naming the string. */
+int ms_stopper_new(const char *const *stops, int n, ms_stopper **out, ms_err *err);
+void ms_stopper_free(ms_stopper *s);
+/* Feed a text delta. *out and *out_len: the text that is now certain not to be part
+ * of a stop string (owned by the stopper, valid until the next call). *hit is
+ * set to 1 when a stop string completed: *out is then the text before it and
+ * the matcher accepts nothing more. Errors: MS_ERR_NOMEM. */
+int ms_stopper_feed(ms_stopper *s, const char *text, size_t len, const char **out, size_t *out_len, int *hit,
+                    ms_err *err);
+/* End of text: everything held back (a partial match) is released. */
+void ms_stopper_flush(ms_stopper *s, const char **out, size_t *out_len);
+
+/* ---------------- EOS ids ---------------- */
+/* The end-of-sequence ids of a model directory: eos_token_id of config.json and
+ * of generation_config.json (an int or a list, either file may be absent),
+ * deduplicated, at most cap. Ids outside [0, vocab) are an error naming the file.
+ * Errors: MS_ERR_FORMAT (malformed JSON, bad ids), MS_ERR_LIMIT (> cap). */
+int ms_gen_eos_ids(const char *dir, int64_t vocab, int32_t *ids, int cap, int *n, ms_err *err);
+
+/* ---------------- prefix reuse ---------------- */
+/* Whether e's causal state can be cut back to fewer tokens (attention-only
+ * models: GQA/MLA KV caches; not KDA/DeltaNet recurrent state, DSA indexers
+ * or compressed attention, whose state summarizes what was cut). */
+int ms_engine_can_truncate(const ms_engine *e);
+/* Forget every token at position >= n_past. Errors: MS_ERR_ARG (n_past out of
+ * [0, current]), MS_ERR_UNSUPPORTED (the model cannot roll back). */
+int ms_engine_truncate(ms_engine *e, int n_past, ms_err *err);
+
+/* Exact causal-state snapshots for models that cannot roll back (an optional
+ * plug-in, e.g. over engine/state.h). Both functions are optional. */
+typedef struct ms_gen_snapshots {
+    void *user;
+    /* Put e into the state after the longest saved prefix of ids[0..n) (n >= 0);
+     * *restored = its length, or 0 when none applies (e untouched). */
+    int (*restore)(void *user, ms_engine *e, const int32_t *ids, int n, int *restored, ms_err *err);
+    /* e holds exactly ids[0..n): save it if wanted. */
+    int (*save)(void *user, ms_engine *e, const int32_t *ids, int n, ms_err *err);
+} ms_gen_snapshots;
+
+/* ---------------- generation ---------------- */
+typedef enum { MS_FINISH_NONE, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT } ms_finish;
+const char *ms_finish_name(ms_finish f); /* "stop", "length", "abort" */
+
+typedef struct ms_gen_params {
+    ms_sampler_params sampling;
+    int max_tokens;              /* >= 1 new tokens at most (also bounded by the context) */
+    const char *const *stop;     /* stop strings (n_stop <= MS_STOP_MAX), matched on the decoded text */
+    int n_stop;
+    const int32_t *eos_ids;      /* generation ends (finish stop) when one is sampled; not emitted */
+    int n_eos;
+    int decode_flags;            /* MS_TOK_DECODE_*: 0 keeps special tokens in the text (output parsers need them) */
+} ms_gen_params;
+
+/* Per-token callback: id is the sampled token (-1 for text released at the end:
+ * a held-back partial stop string or an incomplete UTF-8 character); text/len
+ * the new visible text (may be empty while a UTF-8 character or a possible
+ * stop string is pending; NUL-terminated, valid during the call).
+ * Return nonzero to stop generating (finish abort; e.g. the client went away). */
+typedef int (*ms_gen_token_fn)(void *user, int32_t id, const char *text, size_t len);
+
+typedef struct ms_gen_result {
+    int prompt_tokens;     /* tokens of the prompt */
+    int cached_tokens;     /* of which reused from the previous request's state */
+    int completion_tokens; /* sampled tokens (including a final EOS) */
+    ms_finish finish;
+} ms_gen_result;
+
+typedef struct ms_generator ms_generator;
+
+/* A generator over engine e (borrowed, used by nobody else while the generator
+ * lives) and tokenizer t (borrowed; NULL: ids only, the callback's text is
+ * always empty and stop strings are refused). vocab: the model's vocabulary (logit
+ * count). snaps may be NULL (copied). Errors: MS_ERR_ARG, MS_ERR_NOMEM. */
+int ms_generator_new(ms_engine *e, const ms_tokenizer *t, int64_t vocab, const ms_gen_snapshots *snaps,
+                     ms_generator **out, ms_err *err);
+void ms_generator_free(ms_generator *g);
+/* Forget the history (the next request prefills from scratch). */
+void ms_generator_reset(ms_generator *g);
+/* Bring the engine to the state after prompt[0..n) and leave its last logits in
+ * the generator (the common prefix with the history is reused: rollback when
+ * the engine can, else the snapshot hook, else a reset). *cached = tokens
+ * reused. logits (may be NULL) receives [vocab] of the last prompt token.
+ * Errors: MS_ERR_ARG (n < 1), those of ms_engine_forward (the history is then
+ * forgotten and the engine reset). */
+int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cached, float *logits, ms_err *err);
+/* Run one request: prefill the prompt, then sample until an EOS id, a stop
+ * string, max_tokens, the context end (finish length) or the callback asks to
+ * stop (finish abort). Text goes through the streaming detokenizer and the stop
+ * matcher before the callback sees it. res is filled on success.
+ * Errors: MS_ERR_ARG (bad params, named), MS_ERR_LIMIT (prompt does not fit the
+ * context), the engine's and tokenizer's errors. */
+int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
+                void *user, ms_gen_result *res, ms_err *err);
+/* Tokens the engine currently holds (the history), and its length. */
+const int32_t *ms_generator_history(const ms_generator *g, int *n);
+/* The engine's context size. */
+int ms_generator_max_ctx(const ms_generator *g);
+
+#endif

@@ -1,0 +1,335 @@
+/* Sampler distributions against closed forms (temperature, top_k, top_p, min_p,
+ * OpenAI penalties, transformers' repetition penalty), empirical draws within
+ * binomial bounds, seed reproducibility, stop-string hold-back against a
+ * whole-text search (memmem) over random splits, EOS ids from the fixtures'
+ * configs, greedy generation == the fixtures' transformers gen_ids, and prefix
+ * reuse (rollback for GQA/MLA, reset or a snapshot hook for KDA) giving the
+ * fixtures' reference logits and logits bit-identical to a fresh engine. */
+#include <stdint.h>
+
+#include "engine/generate.h"
+#include "io/safetensors.h"
+#include "test.h"
+
+static double *probs_of(const ms_sampler_params *p, const float *logits, int V, void (*hist)(ms_sampler *)) {
+    ms_sampler *s;
+    ms_err err = {0};
+    if (ms_sampler_new(p, V, &s, &err)) { CHECK_MSG(0, "%s", err.msg); return NULL; }
+    if (hist) hist(s);
+    double *pr = malloc(sizeof(double) * V);
+    CHECK(ms_sampler_probs(s, logits, pr, &err) == 0);
+    ms_sampler_free(s);
+    return pr;
+}
+
+static void check_probs(const double *got, const double *want, int V, const char *what) {
+    for (int i = 0; i < V; i++) CHECK_MSG(fabs(got[i] - want[i]) < 1e-12, "%s: p[%d] %.15g vs %.15g", what, i, got[i], want[i]);
+}
+
+/* logits = log p for p = [0.4, 0.3, 0.2, 0.1] (softmax at T=1 gives p back) */
+static const double k_p[4] = {0.4, 0.3, 0.2, 0.1};
+
+TEST(sampler_closed_forms) {
+    float lg[4];
+    for (int i = 0; i < 4; i++) lg[i] = (float)log(k_p[i]);
+    double want[4], *got;
+    ms_sampler_params p;
+    /* T = 1: p itself (float logits: 1e-7 relative) */
+    ms_sampler_defaults(&p);
+    got = probs_of(&p, lg, 4, NULL);
+    for (int i = 0; i < 4; i++) CHECK_NEAR(got[i], k_p[i], 1e-7);
+    free(got);
+    /* T = 2: p^(1/2) / sum */
+    double lgd[4], z = 0;
+    for (int i = 0; i < 4; i++) { lgd[i] = lg[i]; z += exp(lgd[i] / 2); }
+    for (int i = 0; i < 4; i++) want[i] = exp(lgd[i] / 2) / z;
+    p.temperature = 2;
+    got = probs_of(&p, lg, 4, NULL);
+    check_probs(got, want, 4, "T=2");
+    free(got);
+    /* T = 0.5: p^2 / sum */
+    z = 0;
+    for (int i = 0; i < 4; i++) z += exp(lgd[i] * 2);
+    for (int i = 0; i < 4; i++) want[i] = exp(lgd[i] * 2) / z;
+    p.temperature = 0.5;
+    got = probs_of(&p, lg, 4, NULL);
+    check_probs(got, want, 4, "T=0.5");
+    free(got);
+    /* exact masks: use logits that are exactly representable for the sums below */
+    double q[4];
+    z = 0;
+    for (int i = 0; i < 4; i++) z += exp(lgd[i]);
+    for (int i = 0; i < 4; i++) q[i] = exp(lgd[i]) / z; /* what the sampler sees at T=1 */
+    struct { int k; double tp, mp; int keep; } cases[] = {
+        {2, 1, 0, 2}, {1, 1, 0, 1}, {0, 0.65, 0, 2}, {0, 0.75, 0, 3}, {0, 0.35, 0, 1}, {0, 1, 0.6, 2},
+        {0, 1, 0.2, 4}, {0, 1, 0.3, 3}, {3, 0.8, 0, 3}, {3, 0.7, 0, 2}, {0, 0.95, 0.4, 3},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ms_sampler_defaults(&p);
+        p.top_k = cases[c].k;
+        p.top_p = cases[c].tp;
+        p.min_p = cases[c].mp;
+        got = probs_of(&p, lg, 4, NULL);
+        double s = 0;
+        for (int i = 0; i < cases[c].keep; i++) s += q[i];
+        for (int i = 0; i < 4; i++) want[i] = i < cases[c].keep ? q[i] / s : 0;
+        char what[64];
+        snprintf(what, sizeof what, "case %zu (k %d, p %g, min_p %g)", c, cases[c].k, cases[c].tp, cases[c].mp);
+        for (int i = 0; i < 4; i++) CHECK_MSG(fabs(got[i] - want[i]) < 1e-7, "%s: p[%d] %g vs %g", what, i, got[i], want[i]);
+        free(got);
+    }
+    /* greedy: one-hot on the argmax, lowest id on ties */
+    float tie[4] = {1, 3, 3, 2};
+    ms_sampler_defaults(&p);
+    p.temperature = 0;
+    got = probs_of(&p, tie, 4, NULL);
+    CHECK(got[1] == 1 && got[0] == 0 && got[2] == 0 && got[3] == 0);
+    free(got);
+}
+
+static void hist_pen(ms_sampler *s) {
+    ms_sampler_add_output(s, 1);
+    ms_sampler_add_output(s, 1);
+    ms_sampler_add_output(s, 2);
+}
+static void hist_rep(ms_sampler *s) {
+    int32_t pr[2] = {0, 1};
+    ms_sampler_add_prompt(s, pr, 2);
+}
+
+TEST(sampler_penalties) {
+    /* OpenAI: mu[j] - c[j] * alpha_frequency - (c[j] > 0) * alpha_presence */
+    float lg[4] = {0, 0, 0, 0};
+    ms_sampler_params p;
+    ms_sampler_defaults(&p);
+    p.frequency_penalty = 0.5;
+    p.presence_penalty = 0.25;
+    double *got = probs_of(&p, lg, 4, hist_pen);
+    double l[4] = {0, -2 * 0.5 - 0.25, -0.5 - 0.25, 0}, z = 0, want[4];
+    for (int i = 0; i < 4; i++) z += exp(l[i]);
+    for (int i = 0; i < 4; i++) want[i] = exp(l[i]) / z;
+    check_probs(got, want, 4, "penalties");
+    free(got);
+    /* transformers RepetitionPenaltyLogitsProcessor: score < 0 ? score * p : score / p */
+    float lr[4] = {2, -2, 1, 0.5f};
+    ms_sampler_defaults(&p);
+    p.repetition_penalty = 2;
+    got = probs_of(&p, lr, 4, hist_rep);
+    double m[4] = {1, -4, 1, 0.5};
+    z = 0;
+    for (int i = 0; i < 4; i++) z += exp(m[i]);
+    for (int i = 0; i < 4; i++) want[i] = exp(m[i]) / z;
+    check_probs(got, want, 4, "repetition");
+    free(got);
+    /* range errors name the field */
+    ms_err err = {0};
+    ms_sampler *s;
+    ms_sampler_defaults(&p);
+    p.top_p = 0;
+    CHECK(ms_sampler_new(&p, 4, &s, &err) == MS_ERR_ARG && strstr(err.msg, "top_p"));
+    ms_sampler_defaults(&p);
+    p.presence_penalty = 2.5;
+    CHECK(ms_sampler_new(&p, 4, &s, &err) == MS_ERR_ARG && strstr(err.msg, "presence_penalty"));
+}
+
+TEST(sampler_draws_and_seeds) {
+    float lg[4];
+    for (int i = 0; i < 4; i++) lg[i] = (float)log(k_p[i]);
+    ms_sampler_params p;
+    ms_sampler_defaults(&p);
+    p.seed = 1234;
+    ms_sampler *a, *b, *c;
+    ms_err err = {0};
+    CHECK(ms_sampler_new(&p, 4, &a, &err) == 0);
+    CHECK(ms_sampler_new(&p, 4, &b, &err) == 0);
+    p.seed = 1235;
+    CHECK(ms_sampler_new(&p, 4, &c, &err) == 0);
+    enum { N = 40000 };
+    int cnt[4] = {0}, same = 1, diff = 0;
+    for (int i = 0; i < N; i++) {
+        int32_t x, y, w;
+        ms_sampler_sample(a, lg, &x, &err);
+        ms_sampler_sample(b, lg, &y, &err);
+        ms_sampler_sample(c, lg, &w, &err);
+        cnt[x]++;
+        same &= x == y;
+        diff += x != w;
+    }
+    CHECK(same);
+    CHECK(diff > N / 4);
+    for (int i = 0; i < 4; i++) {
+        double sd = sqrt(N * k_p[i] * (1 - k_p[i]));
+        CHECK_MSG(fabs(cnt[i] - N * k_p[i]) < 5 * sd, "token %d drawn %d times, expected %g +- %g", i, cnt[i], N * k_p[i], sd);
+    }
+    ms_sampler_free(a);
+    ms_sampler_free(b);
+    ms_sampler_free(c);
+}
+
+/* Random texts over a small alphabet, random splits: the concatenated output
+ * equals the text before the earliest stop string, and no output ever contains
+ * a prefix of the text beyond that point. */
+TEST(stop_holdback) {
+    const char *stops[] = {"ab", "</s>", "aab", "b/"};
+    const char alpha[] = "ab</s>x";
+    ms_rng r;
+    ms_rng_seed(&r, 7);
+    ms_err err = {0};
+    for (int it = 0; it < 3000; it++) {
+        int ns = 1 + (int)(ms_rng_next(&r) % 4);
+        char text[64];
+        int n = (int)(ms_rng_next(&r) % 40);
+        for (int i = 0; i < n; i++) text[i] = alpha[ms_rng_next(&r) % 7];
+        text[n] = 0;
+        size_t want = n;
+        for (int k = 0; k < ns; k++) {
+            const char *m = memmem(text, n, stops[k], strlen(stops[k]));
+            if (m && (size_t)(m - text) < want) want = (size_t)(m - text);
+        }
+        ms_stopper *st;
+        CHECK(ms_stopper_new(stops, ns, &st, &err) == 0);
+        char got[128];
+        size_t gl = 0;
+        int hit = 0, pos = 0, ok = 1;
+        while (pos < n && !hit) {
+            int k = 1 + (int)(ms_rng_next(&r) % 5);
+            if (pos + k > n) k = n - pos;
+            const char *o;
+            size_t ol;
+            CHECK(ms_stopper_feed(st, text + pos, k, &o, &ol, &hit, &err) == 0);
+            memcpy(got + gl, o, ol);
+            gl += ol;
+            pos += k;
+            ok &= gl <= want; /* nothing past the stop point ever leaks */
+        }
+        if (!hit) {
+            const char *o;
+            size_t ol;
+            ms_stopper_flush(st, &o, &ol);
+            memcpy(got + gl, o, ol);
+            gl += ol;
+        }
+        CHECK_MSG(ok && gl == want && !memcmp(got, text, want) && hit == (want < (size_t)n), "text \"%s\" (%d stops): got %zu bytes, want %zu", text, ns, gl, want);
+        ms_stopper_free(st);
+    }
+    ms_stopper *st;
+    const char *bad[] = {""};
+    CHECK(ms_stopper_new(bad, 1, &st, &err) == MS_ERR_ARG);
+}
+
+TEST(eos_ids) {
+    int32_t ids[8];
+    int n;
+    ms_err err = {0};
+    CHECK(ms_gen_eos_ids("../shared/fixtures/models/qwen3_moe", 512, ids, 8, &n, &err) == 0);
+    CHECK(n == 1 && ids[0] == 2); /* config.json eos_token_id 2 */
+    CHECK(ms_gen_eos_ids("../shared/fixtures/models/qwen3_moe", 2, ids, 8, &n, &err) == MS_ERR_FORMAT);
+}
+
+typedef struct { const char *name; int can_truncate; } fixture;
+
+/* Mock snapshot hook: "restores" by replaying the prefix on a reset engine. */
+static int g_restores;
+static int mock_restore(void *user, ms_engine *e, const int32_t *ids, int n, int *restored, ms_err *err) {
+    g_restores++;
+    ms_engine_reset(e);
+    *restored = n;
+    return ms_engine_forward(e, ids, n, NULL, 0, err);
+}
+
+typedef struct { int32_t ids[64]; int n; } collected;
+static int collect(void *user, int32_t id, const char *text, size_t len) {
+    collected *c = user;
+    if (id >= 0 && c->n < 64) c->ids[c->n++] = id;
+    return 0;
+}
+
+static void max_err(const float *a, const float *b, int64_t V, double *mx) {
+    *mx = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (fabs(a[i] - b[i]) > *mx) *mx = fabs(a[i] - b[i]);
+}
+
+static void check_fixture(const fixture *f, int with_hook) {
+    char dir[256], refp[300];
+    snprintf(dir, sizeof dir, "../shared/fixtures/models/%s", f->name);
+    snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
+    ms_model m;
+    ms_err err = {0};
+    if (ms_model_load(dir, &m, &err)) { CHECK_MSG(0, "%s: %s", f->name, err.msg); return; }
+    ms_checkpoint ref;
+    CHECK(ms_checkpoint_open(refp, &ref, &err) == 0);
+    const ms_tensor *in = ms_checkpoint_find(&ref, "input_ids"), *lt = ms_checkpoint_find(&ref, "logits");
+    const ms_tensor *gp = ms_checkpoint_find(&ref, "gen_prompt"), *gi = ms_checkpoint_find(&ref, "gen_ids");
+    const int32_t *ids = in->data;
+    int n = (int)in->shape[0];
+    int64_t V = m.cfg.vocab;
+    ms_engine *e, *fresh;
+    ms_engine_opts o = {.max_ctx = 128};
+    CHECK(ms_engine_create(&m, &o, &e, &err) == 0);
+    CHECK(ms_engine_create(&m, &o, &fresh, &err) == 0);
+    CHECK(ms_engine_can_truncate(e) == f->can_truncate);
+    ms_gen_snapshots snaps = {.restore = mock_restore};
+    ms_generator *g;
+    CHECK(ms_generator_new(e, NULL, V, with_hook ? &snaps : NULL, &g, &err) == 0);
+    float *lg = malloc(sizeof(float) * V), *lf = malloc(sizeof(float) * V);
+    const float *ref_logits = lt->data;
+    int cached;
+    double mx;
+    g_restores = 0;
+    /* 1. a first request of 20 tokens: the reference's row 19 */
+    CHECK(ms_generator_prefill(g, ids, 20, &cached, lg, &err) == 0 && cached == 0);
+    max_err(lg, ref_logits + 19 * V, V, &mx);
+    CHECK_MSG(mx < 1e-4, "%s: first request: max error %g", f->name, mx);
+    /* 2. a prompt diverging after 20 tokens (5 foreign tokens), then 3. the full input */
+    int32_t alt[25];
+    memcpy(alt, ids, 20 * sizeof *ids);
+    for (int i = 20; i < 25; i++) alt[i] = (ids[i] + 7) % (int32_t)V;
+    CHECK(ms_generator_prefill(g, alt, 25, &cached, lg, &err) == 0);
+    CHECK_MSG(cached == 20, "%s: extending the history: cached %d", f->name, cached); /* no rollback needed */
+    CHECK(ms_generator_prefill(g, ids, n, &cached, lg, &err) == 0);
+    CHECK_MSG(cached == (f->can_truncate || with_hook ? 20 : 0), "%s: cached %d", f->name, cached);
+    max_err(lg, ref_logits + (int64_t)(n - 1) * V, V, &mx);
+    CHECK_MSG(mx < 1e-4, "%s: after reuse: max error %g vs the reference", f->name, mx);
+    /* a fresh engine fed the same chunks (rows are batch-size dependent in the last bits)
+     * gives bit-identical logits: the 5 foreign tokens left no trace */
+    int split = cached ? cached : n;
+    CHECK(ms_engine_forward(fresh, ids, split, lf, 0, &err) == 0);
+    if (split < n) CHECK(ms_engine_forward(fresh, ids + split, n - split, lf, 0, &err) == 0);
+    CHECK_MSG(!memcmp(lf, lg, sizeof(float) * V), "%s: reused-prefix logits differ from a fresh engine's", f->name);
+    /* 4. the same prompt again: everything but the last token is reused */
+    CHECK(ms_generator_prefill(g, ids, n, &cached, lg, &err) == 0);
+    CHECK_MSG(cached == (f->can_truncate || with_hook ? n - 1 : 0), "%s: same prompt: cached %d", f->name, cached);
+    max_err(lg, ref_logits + (int64_t)(n - 1) * V, V, &mx);
+    CHECK_MSG(mx < 1e-4, "%s: same prompt: max error %g", f->name, mx);
+    if (with_hook) CHECK(g_restores > 0);
+    /* 5. greedy generation reproduces transformers' gen_ids (no EOS: the reference ignores it) */
+    ms_gen_params gpar = {.max_tokens = (int)gi->shape[0]};
+    ms_sampler_defaults(&gpar.sampling);
+    gpar.sampling.temperature = 0;
+    ms_gen_result res;
+    collected col = {.n = 0};
+    CHECK(ms_generate(g, gp->data, (int)gp->shape[0], &gpar, collect, &col, &res, &err) == 0);
+    CHECK_MSG(col.n == gi->shape[0] && !memcmp(col.ids, gi->data, col.n * sizeof(int32_t)), "%s: greedy ids differ from gen_ids", f->name);
+    int nh;
+    const int32_t *h = ms_generator_history(g, &nh);
+    CHECK(res.completion_tokens == gi->shape[0] && res.finish == MS_FINISH_LENGTH);
+    /* the history holds the prompt and every generated token but the last (never fed) */
+    CHECK(nh == gp->shape[0] + gi->shape[0] - 1);
+    CHECK_MSG(!memcmp(h + gp->shape[0], gi->data, (gi->shape[0] - 1) * sizeof(int32_t)), "%s: greedy ids differ", f->name);
+    ms_generator_free(g);
+    ms_engine_destroy(e);
+    ms_engine_destroy(fresh);
+    free(lg);
+    free(lf);
+    ms_checkpoint_close(&ref);
+    ms_model_free(&m);
+}
+
+TEST(prefix_reuse_fixtures) {
+    fixture fx[] = {{"qwen3_moe", 1}, {"deepseek_v3", 1}, {"kimi_linear", 0}};
+    for (size_t i = 0; i < sizeof fx / sizeof *fx; i++) check_fixture(&fx[i], 0);
+    check_fixture(&fx[2], 1);
+}
+
+TEST_MAIN()
