@@ -12,7 +12,8 @@
 
 #include "text/pyjson.h"
 
-#define PEND_LIMIT (64u << 20)
+#define BLOCK_MAX_DEFAULT ((size_t)64 << 20) /* opts.max_block = 0 */
+#define FEED_SLICE 65536 /* input is appended and parsed this much at a time */
 #define HEAD_MAX 1024 /* a tool call's head (name, id) longer than this is not one */
 
 /* DeepSeek V3 / V3.1 */
@@ -76,6 +77,8 @@ struct ms_outparse {
     int plain; /* no markers at all (harmony output that had no harmony header) */
     ms_textbuf pend;
     size_t scan_from; /* buffering states: pend[0..scan_from) holds no complete marker start */
+    size_t max_block; /* longest buffered block (find_block) */
+    int over_block;   /* find_block failed the parse */
     char *r_open, *r_close;
     uint64_t seed;
     ms_py *tools;
@@ -165,12 +168,9 @@ static void consume(ms_outparse *p, size_t n) {
     p->scan_from = 0;
 }
 
-/* Earliest complete marker in s[from..n): returns its index and *pos, or -1.
- * A match is not decided while a longer marker could still complete at the
- * same position. When -1 (or undecided), *safe is how much of s can be
- * released: everything before a tail that may begin a marker. */
-static int find_marker(const char *s, size_t n, size_t from, const char *const *m, int nm, size_t *pos,
-                       size_t *safe) {
+/* Earliest complete marker in s[from..n), the longest one at that position:
+ * returns its index and *pos, or -1. */
+static int first_marker(const char *s, size_t n, size_t from, const char *const *m, int nm, size_t *pos) {
     int best = -1;
     size_t bp = 0, bl = 0;
     for (int i = 0; i < nm; i++) {
@@ -181,14 +181,34 @@ static int find_marker(const char *s, size_t n, size_t from, const char *const *
         size_t ps = h - s;
         if (best < 0 || ps < bp || (ps == bp && ml > bl)) best = i, bp = ps, bl = ml;
     }
+    *pos = bp;
+    return best;
+}
+
+/* Earliest complete marker in s[from..n): returns its index and *pos, or -1.
+ * A match is not decided while a longer marker could still complete at the
+ * same position, or any marker could still complete at an earlier one. When
+ * -1 (or undecided), *safe is how much of s can be released: everything
+ * before the earliest position where a marker may still begin. */
+static int find_marker(const char *s, size_t n, size_t from, const char *const *m, int nm, size_t *pos,
+                       size_t *safe) {
+    size_t bp = 0;
+    int best = first_marker(s, n, from, m, nm, &bp);
+    size_t bl = best >= 0 ? strlen(m[best]) : 0;
+    /* the earliest start of a marker that runs past the end of s (incomplete) */
+    size_t early = n;
+    for (int i = 0; i < nm; i++) {
+        size_t ml = strlen(m[i]);
+        for (size_t q = n >= ml ? n - ml + 1 : 0; q < early && q < n; q++)
+            if (memcmp(m[i], s + q, n - q) == 0) {
+                early = q;
+                break;
+            }
+    }
     if (best >= 0) {
-        for (int i = 0; i < nm; i++) { /* a marker starting earlier, still incomplete? */
-            size_t ml = strlen(m[i]);
-            for (size_t q = n > ml ? n - ml + 1 : 0; q < bp; q++)
-                if (memcmp(m[i], s + q, n - q) == 0) {
-                    *safe = q;
-                    return -1;
-                }
+        if (early < bp) { /* a marker starting earlier is still incomplete */
+            *safe = early;
+            return -1;
         }
         for (int i = 0; i < nm; i++) { /* a longer marker still possible here? */
             size_t ml = strlen(m[i]);
@@ -200,16 +220,7 @@ static int find_marker(const char *s, size_t n, size_t from, const char *const *
         *pos = bp;
         return best;
     }
-    size_t hold = 0;
-    for (int i = 0; i < nm; i++) {
-        size_t ml = strlen(m[i]);
-        for (size_t k = ml - 1 < n ? ml - 1 : n; k > hold; k--)
-            if (memcmp(s + n - k, m[i], k) == 0) {
-                hold = k;
-                break;
-            }
-    }
-    *safe = n - hold;
+    *safe = early;
     return -1;
 }
 
@@ -221,15 +232,32 @@ static int find_buffered(ms_outparse *p, const char *const *m, int nm, size_t *p
     return w;
 }
 
-/* find_buffered for a bounded head (tool-call head, harmony header, XTML tag):
- * a marker that ends past HEAD_MAX + 1 bytes counts as absent. Callers give up
- * once more than HEAD_MAX bytes are buffered; deciding by the marker's position
- * rather than by how much happens to be buffered keeps whole and chunked input
- * identical (found by fuzz_outparse). */
-static int find_head(ms_outparse *p, const char *const *m, int nm, size_t *pos) {
+/* A block buffered to its closing marker (a GLM key or value, a Qwen3 body in
+ * another layout, an XTML value): find_buffered, failing with MS_ERR_LIMIT when
+ * the block is longer than max_block bytes. Decided on the block's length, not
+ * on how much happens to be buffered, so whole and chunked input fail alike. */
+static int find_block(ms_outparse *p, const char *const *m, int nm, size_t *pos) {
     int w = find_buffered(p, m, nm, pos);
-    if (w >= 0 && *pos + strlen(m[w]) > HEAD_MAX + 1) return -1;
+    if ((w >= 0 && *pos > p->max_block) || (w < 0 && p->scan_from > p->max_block)) {
+        p->cb_status = MS_ERR_LIMIT;
+        p->over_block = 1;
+        return -1;
+    }
     return w;
+}
+
+/* Head lookup (tool-call head, harmony header, XTML tag): the marker must end
+ * within the head's first HEAD_MAX + 1 bytes. Returns the marker's index (*pos
+ * set), HEAD_WAIT while fewer bytes are buffered and none is decided, or
+ * HEAD_ABSENT once the window is complete without one. The answer depends only
+ * on the window's bytes, never on how much is buffered past it, so whole,
+ * chunked and byte-by-byte input agree (fuzz_outparse findings). */
+#define HEAD_WAIT (-1)
+#define HEAD_ABSENT (-2)
+static int find_head(ms_outparse *p, const char *const *m, int nm, size_t *pos) {
+    if (p->pend.len <= HEAD_MAX) return find_buffered(p, m, nm, pos);
+    int w = first_marker(p->pend.data, HEAD_MAX + 1, 0, m, nm, pos);
+    return w >= 0 ? w : HEAD_ABSENT;
 }
 
 static void trim(const char **s, size_t *n) {
@@ -378,13 +406,11 @@ static int step_head(ms_outparse *p) {
     int nm = p->fmt == MS_OUTFMT_DEEPSEEK_V3 ? 3 : 2;
     size_t pos = 0;
     int w = find_head(p, m, nm, &pos);
-    if (w < 0) {
-        if (p->pend.len > HEAD_MAX) { /* exactly the head's budget, whatever is buffered */
-            give_back(p, HEAD_MAX + 1);
-            return 1;
-        }
-        return 0;
+    if (w == HEAD_ABSENT) { /* not a call: exactly the head's budget goes back */
+        give_back(p, HEAD_MAX + 1);
+        return 1;
     }
+    if (w < 0) return 0;
     if (!strcmp(m[w], DS_CALL_END) || !strcmp(m[w], KM_CALL_END)) { /* a call without arguments */
         give_back(p, pos);
         return 1;
@@ -512,16 +538,22 @@ static int qwen_prefix(const char *s, size_t n, size_t *used, char **name) {
     return 1;
 }
 
+/* The streamed layout is recognized only in the body's text before its first
+ * </tool_call> and within its first HEAD_MAX + 1 bytes: the decision depends on
+ * those positions, never on how much text happens to be buffered, so whole and
+ * chunked input agree (fuzz_outparse finding). Anything else is buffered whole. */
 static int step_qwen_head(ms_outparse *p) {
+    const char *m[] = {TC_CLOSE};
+    size_t close = 0;
+    int found = find_buffered(p, m, 1, &close) >= 0;
+    size_t lim = found ? close : p->scan_from; /* no </tool_call> begins before lim */
+    int final = found || lim > HEAD_MAX;      /* the text the decision may see is all here */
+    if (lim > HEAD_MAX + 1) lim = HEAD_MAX + 1;
     size_t used = 0;
     char *name = NULL;
-    int r = qwen_prefix(p->pend.data, p->pend.len, &used, &name);
-    if (r == 0) {
-        /* a close tag inside an unfinished prefix: not this layout */
-        if (!memmem(p->pend.data, p->pend.len, TC_CLOSE, strlen(TC_CLOSE))) return 0;
-        r = -1;
-    }
-    if (r < 0) {
+    int r = qwen_prefix(p->pend.data, lim, &used, &name);
+    if (r == 0 && !final) return 0;
+    if (r <= 0) {
         p->state = ST_QWEN_WHOLE;
         return 1;
     }
@@ -566,7 +598,7 @@ static int step_qwen_args(ms_outparse *p) {
 static int step_qwen_whole(ms_outparse *p) {
     const char *m[] = {TC_CLOSE};
     size_t pos = 0;
-    if (find_buffered(p, m, 1, &pos) < 0) return 0;
+    if (find_block(p, m, 1, &pos) < 0) return 0;
     ms_py *v = NULL;
     const ms_py *name = NULL, *args = NULL;
     if (ms_py_parse(p->pend.data, pos, 64, "tool call", &v, NULL) == MS_OK && v->type == MS_PY_DICT) {
@@ -646,13 +678,11 @@ static int step_glm(ms_outparse *p) {
     case ST_GLM_NAME: {
         const char *m[] = {GLM_KEY, TC_CLOSE};
         w = find_head(p, m, 2, &pos);
-        if (w < 0) {
-            if (p->pend.len > HEAD_MAX) { /* exactly the head's budget, whatever is buffered */
-                give_back(p, HEAD_MAX + 1);
-                return 1;
-            }
-            return 0;
+        if (w == HEAD_ABSENT) { /* not a call: exactly the head's budget goes back */
+            give_back(p, HEAD_MAX + 1);
+            return 1;
         }
+        if (w < 0) return 0;
         const char *h = p->pend.data;
         size_t hl = pos;
         trim(&h, &hl);
@@ -679,7 +709,7 @@ static int step_glm(ms_outparse *p) {
     case ST_GLM_PAIRS:
     case ST_GLM_VALWAIT: {
         const char *m[] = {GLM_KEY, TC_CLOSE, GLM_VAL};
-        w = find_buffered(p, m, p->state == ST_GLM_VALWAIT ? 3 : 2, &pos);
+        w = find_block(p, m, p->state == ST_GLM_VALWAIT ? 3 : 2, &pos);
         if (w < 0) return 0;
         consume(p, pos + strlen(m[w]));
         if (w == 0) {
@@ -696,7 +726,7 @@ static int step_glm(ms_outparse *p) {
     }
     case ST_GLM_KEY: {
         const char *m[] = {GLM_KEY_END, TC_CLOSE};
-        w = find_buffered(p, m, 2, &pos);
+        w = find_block(p, m, 2, &pos);
         if (w < 0) return 0;
         const char *k = p->pend.data;
         size_t kl = pos;
@@ -716,7 +746,7 @@ static int step_glm(ms_outparse *p) {
     }
     default: { /* ST_GLM_VALUE */
         const char *m[] = {GLM_VAL_END, TC_CLOSE};
-        w = find_buffered(p, m, 2, &pos);
+        w = find_block(p, m, 2, &pos);
         if (w < 0) return 0;
         glm_emit_pair(p, p->pend.data, pos);
         consume(p, w == 0 ? pos + strlen(GLM_VAL_END) : pos);
@@ -731,14 +761,13 @@ static int step_glm(ms_outparse *p) {
 static int step_h_header(ms_outparse *p) {
     const char *m[] = {H_MESSAGE};
     size_t pos = 0;
-    if (find_head(p, m, 1, &pos) < 0) {
-        if (p->pend.len > HEAD_MAX) { /* not harmony: plain content from here on */
-            p->plain = 1;
-            p->state = ST_TEXT;
-            return 1;
-        }
-        return 0;
+    int w = find_head(p, m, 1, &pos);
+    if (w == HEAD_ABSENT) { /* not harmony: plain content from here on */
+        p->plain = 1;
+        p->state = ST_TEXT;
+        return 1;
     }
+    if (w < 0) return 0;
     const char *h = p->pend.data;
     size_t hl = pos;
     /* the header of the last message only */
@@ -880,15 +909,14 @@ static int step_x_text(ms_outparse *p) {
 static int step_x_open(ms_outparse *p) {
     const char *m[] = {X_SEP};
     size_t pos = 0;
-    if (find_head(p, m, 1, &pos) < 0) {
-        if (p->pend.len > HEAD_MAX) { /* exactly the head's budget, whatever is buffered */
-            p->block_open = X_OPEN;
-            give_back(p, HEAD_MAX + 1);
-            p->state = ST_X_TOP;
-            return 1;
-        }
-        return 0;
+    int w = find_head(p, m, 1, &pos);
+    if (w == HEAD_ABSENT) { /* not a tag: exactly the head's budget goes back */
+        p->block_open = X_OPEN;
+        give_back(p, HEAD_MAX + 1);
+        p->state = ST_X_TOP;
+        return 1;
     }
+    if (w < 0) return 0;
     const char *t = p->pend.data;
     size_t n = pos;
     ms_textbuf a = {0};
@@ -930,15 +958,14 @@ static int step_x_open(ms_outparse *p) {
 static int step_x_close(ms_outparse *p) {
     const char *m[] = {X_SEP};
     size_t pos = 0;
-    if (find_head(p, m, 1, &pos) < 0) {
-        if (p->pend.len > HEAD_MAX) { /* exactly the head's budget, whatever is buffered */
-            p->block_open = X_CLOSE;
-            give_back(p, HEAD_MAX + 1);
-            p->state = ST_X_TOP;
-            return 1;
-        }
-        return 0;
+    int w = find_head(p, m, 1, &pos);
+    if (w == HEAD_ABSENT) { /* not a tag: exactly the head's budget goes back */
+        p->block_open = X_CLOSE;
+        give_back(p, HEAD_MAX + 1);
+        p->state = ST_X_TOP;
+        return 1;
     }
+    if (w < 0) return 0;
     if (x_tag_is(p->pend.data, pos, "call") && p->in_call) x_end_call(p);
     consume(p, pos + strlen(X_SEP));
     p->state = ST_X_TOP;
@@ -949,7 +976,7 @@ static int step_x_close(ms_outparse *p) {
 static int step_x_value(ms_outparse *p) {
     const char *m[] = {X_CLOSE};
     size_t pos = 0;
-    if (find_buffered(p, m, 1, &pos) < 0) return 0;
+    if (find_block(p, m, 1, &pos) < 0) return 0;
     x_pair(p, p->pend.data, pos);
     consume(p, pos + strlen(X_CLOSE));
     p->state = ST_X_CLOSE;
@@ -1012,6 +1039,12 @@ static int done(ms_outparse *p, ms_err *err) {
     if (!p->cb_status) return MS_OK;
     p->failed = 1;
     if (p->cb_status == MS_ERR_NOMEM) return ms_fail(err, MS_ERR_NOMEM, "output parser: out of memory");
+    if (p->over_block)
+        return ms_fail(err, MS_ERR_LIMIT, "output parser: a tool call's %s is longer than max_block (%zu bytes)",
+                       p->state == ST_QWEN_WHOLE ? "body" : p->state == ST_GLM_KEY ? "argument key"
+                       : p->state == ST_GLM_PAIRS || p->state == ST_GLM_VALWAIT ? "text between arguments"
+                                                                                 : "argument value",
+                       p->max_block);
     return ms_fail(err, p->cb_status, "output parser: the event callback stopped the parse (%d)",
                    p->cb_status);
 }
@@ -1020,11 +1053,18 @@ int ms_outparse_feed(ms_outparse *p, const char *text, size_t len, ms_outev_fn f
                      ms_err *err) {
     int st = bind(p, fn, user, err);
     if (st) return st;
-    if (ms_textbuf_append(&p->pend, text, len)) {
-        p->failed = 1;
-        return ms_fail(err, p->pend.failed, "output parser: more than %u bytes held back", PEND_LIMIT);
+    /* a slice at a time: what is held back stays bounded by the longest block
+     * (or head) plus one slice, however much text comes in one call */
+    for (size_t i = 0; i < len && !p->cb_status;) {
+        size_t k = len - i < FEED_SLICE ? len - i : FEED_SLICE;
+        if (ms_textbuf_append(&p->pend, text + i, k)) {
+            p->failed = 1;
+            return ms_fail(err, p->pend.failed, "output parser: out of memory holding back %zu bytes",
+                           p->pend.len + k);
+        }
+        i += k;
+        run(p);
     }
-    run(p);
     return done(p, err);
 }
 
@@ -1114,7 +1154,9 @@ int ms_outparse_new(ms_outfmt fmt, const ms_outparse_opts *opts, ms_outparse **o
     ms_outparse *p = calloc(1, sizeof *p);
     if (!p) return ms_fail(err, MS_ERR_NOMEM, "output parser: out of memory");
     p->fmt = fmt;
-    p->pend.limit = PEND_LIMIT;
+    p->max_block = o.max_block ? o.max_block : BLOCK_MAX_DEFAULT;
+    /* a backstop only: find_block fails a longer block first */
+    p->pend.limit = p->max_block > SIZE_MAX / 2 ? 0 : p->max_block + HEAD_MAX + 4 * FEED_SLICE;
     p->r_open = strdup(ro);
     p->r_close = strdup(rc);
     p->seed = o.id_seed;

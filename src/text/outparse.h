@@ -72,6 +72,10 @@ typedef struct ms_outparse_opts {
     /* Optional OpenAI "tools" array as JSON text (GLM: decides which argument
      * values are strings). Copied; NULL = none. */
     const char *tools_json;
+    /* Longest block the parser buffers whole before deciding it (a GLM key or
+     * value, an XTML value, a Qwen3 body in another layout), in bytes; a longer
+     * one fails the parse with MS_ERR_LIMIT. 0 = 64 MiB. */
+    size_t max_block;
 } ms_outparse_opts;
 
 typedef enum {
@@ -103,8 +107,10 @@ void ms_outparse_free(ms_outparse *p);
 
 /* Feed the next len bytes of generated text; events go to fn. Content and
  * reasoning deltas end on UTF-8 character boundaries. Errors: MS_ERR_NOMEM,
- * MS_ERR_LIMIT (more than 64 MiB held back), or the callback's nonzero value;
- * after an error the parser only accepts ms_outparse_free. */
+ * MS_ERR_LIMIT (a buffered block longer than opts.max_block; decided by the
+ * block's length, so it fails the same however the text is split), or the
+ * callback's nonzero value; after an error the parser only accepts
+ * ms_outparse_free. */
 int ms_outparse_feed(ms_outparse *p, const char *text, size_t len, ms_outev_fn fn, void *user,
                      ms_err *err);
 /* End of generation: flush what was held back (an unfinished marker prefix is
