@@ -19,6 +19,7 @@
  * window (2*rate rows), and every compressed entry (one per rate tokens, also
  * for the indexer). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -249,4 +250,47 @@ int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err) 
     }
     ms_matmul(e->pool, out, s->og, n, &w->wo_b);
     return MS_OK;
+}
+
+/* ---- state parts (engine/state.c): the key window and raw-row rings (whole), the
+ * entries closed so far (one row per rate positions) ---- */
+int ms_cattn_engine_parts(ms_engine *e, ms_state_part *parts, int n, int cap) {
+    struct ms_cattn_state *s = e->cattn;
+    if (!s) return n;
+    const ms_config *c = &e->m->cfg;
+    const char *why = "a compressed-attention layer's rings (key window, raw compressor rows)";
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
+        ca_layer *L = &s->L[l];
+        uint64_t hd = (uint64_t)c->head_dim, ihd = (uint64_t)MAX2(c->dsa_head_dim, 1);
+        uint64_t W = (uint64_t)MAX2(c->layer_window[l], 1), rate = c->layer_compress[l];
+        uint64_t cw = (c->layer_csa[l] ? 2 : 1) * hd;
+        struct { const char *tag; void *data; uint64_t bytes; int64_t per; } P[] = {
+            {"win", L->win, W * hd * 4, 0},
+            {"raw_kv", L->craw_kv, 2 * rate * cw * 4, 0},
+            {"raw_g", L->craw_g, 2 * rate * cw * 4, 0},
+            {"comp", L->comp, hd * 4, (int64_t)rate},
+            {"iraw_kv", L->iraw_kv, 2 * rate * 2 * ihd * 4, 0},
+            {"iraw_g", L->iraw_g, 2 * rate * 2 * ihd * 4, 0},
+            {"icomp", L->icomp, ihd * 4, (int64_t)rate},
+        };
+        for (size_t i = 0; i < sizeof P / sizeof *P; i++) {
+            if (!P[i].data) continue; /* HCA without an indexer, or no compressor */
+            if (parts && n < cap) {
+                parts[n] = (ms_state_part){.kind = P[i].per ? MS_PART_ROWS : MS_PART_FIXED, .data = P[i].data,
+                                           .row_bytes = P[i].bytes, .per = P[i].per ? P[i].per : 1,
+                                           .cap_rows = e->max_ctx / (P[i].per ? P[i].per : 1) + 1, .no_truncate = why};
+                snprintf(parts[n].name, sizeof parts[n].name, "L%d.ca.%s", l, P[i].tag);
+            }
+            n++;
+        }
+    }
+    return n;
+}
+
+void ms_cattn_engine_restored(ms_engine *e, int64_t n_past) {
+    struct ms_cattn_state *s = e->cattn;
+    for (int l = 0; s && l < e->m->cfg.n_layers; l++)
+        if (e->m->cfg.layer_attn[l] == MS_ATTN_COMPRESSED && e->m->cfg.layer_compress[l])
+            s->L[l].n_comp = n_past / e->m->cfg.layer_compress[l];
 }

@@ -1,6 +1,7 @@
 /* dsa_layer.c — DeepSeek Sparse Attention in the engine: the per-layer
  * index-key caches (decode state kept next to the MLA latent cache), and the
  * selection each MLA layer with an indexer attends to (ops/dsa.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,4 +211,130 @@ int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, m
 const int32_t *ms_dsa_engine_row(const ms_engine *e, int t, int *count) {
     *count = e->dsa->cnt[t];
     return e->dsa->idx + (size_t)t * e->dsa->width;
+}
+
+/* ---- state parts (engine/state.c): index keys, KPool gates and pooled keys, the
+ * recorded tied selections of each layer, the token ids ---- */
+
+/* A layer's tied rows serialized: int64 count, then per row int64 pos, q [H*D],
+ * w [H] (f32), sel [width], cnt (int32). */
+static uint64_t amb_row_bytes(const ms_dsa_state *s) {
+    return 8 + 4 * ((uint64_t)s->cfg.n_heads * s->cfg.head_dim + (uint64_t)s->cfg.n_heads + (uint64_t)s->width + 1);
+}
+
+static uint64_t amb_size(const ms_engine *e, int layer) {
+    return 8 + (uint64_t)e->dsa->amb_rows[layer].n * amb_row_bytes(e->dsa);
+}
+
+static void amb_get(const ms_engine *e, int layer, uint8_t *out) {
+    const ms_dsa_state *s = e->dsa;
+    const amb_list *a = &s->amb_rows[layer];
+    size_t H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim, W = (size_t)s->width;
+    memcpy(out, &a->n, 8), out += 8;
+    for (int64_t i = 0; i < a->n; i++) {
+        memcpy(out, &a->pos[i], 8), out += 8;
+        memcpy(out, a->q + (size_t)i * H * D, 4 * H * D), out += 4 * H * D;
+        memcpy(out, a->w + (size_t)i * H, 4 * H), out += 4 * H;
+        memcpy(out, a->sel + (size_t)i * W, 4 * W), out += 4 * W;
+        memcpy(out, &a->cnt[i], 4), out += 4;
+    }
+}
+
+static int amb_check(ms_engine *e, int layer, const uint8_t *in, uint64_t n, int64_t n_past, ms_err *err) {
+    ms_dsa_state *s = e->dsa;
+    uint64_t rb = amb_row_bytes(s);
+    int64_t cnt;
+    if (n < 8) return ms_fail(err, MS_ERR_FORMAT, "%llu bytes, less than the row count", (unsigned long long)n);
+    memcpy(&cnt, in, 8);
+    if (cnt < 0 || cnt > n_past || (uint64_t)cnt != (n - 8) / rb || (n - 8) % rb)
+        return ms_fail(err, MS_ERR_FORMAT, "%lld tied rows do not fit %llu bytes (%llu per row, %lld positions)",
+                       (long long)cnt, (unsigned long long)n, (unsigned long long)rb, (long long)n_past);
+    size_t H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim, W = (size_t)s->width;
+    int64_t prev = -1;
+    for (int64_t i = 0; i < cnt; i++) {
+        const uint8_t *r = in + 8 + (uint64_t)i * rb;
+        int64_t pos;
+        int32_t c;
+        memcpy(&pos, r, 8);
+        memcpy(&c, r + 8 + 4 * (H * D + H + W), 4);
+        if (pos <= prev || pos >= n_past)
+            return ms_fail(err, MS_ERR_FORMAT, "tied row %lld: position %lld not in ascending order below %lld",
+                           (long long)i, (long long)pos, (long long)n_past);
+        if (c < 0 || c > (int32_t)W)
+            return ms_fail(err, MS_ERR_FORMAT, "tied row %lld: %d selected keys, the row holds %zu", (long long)i, c, W);
+        prev = pos;
+    }
+    amb_list *a = &s->amb_rows[layer];
+    if (a->cap < cnt) { /* more room only: the rows kept and a->n stay as they are */
+        int64_t *np = realloc(a->pos, sizeof *np * (size_t)cnt);
+        if (np) a->pos = np;
+        float *nq = realloc(a->q, sizeof *nq * (size_t)cnt * H * D);
+        if (nq) a->q = nq;
+        float *nw = realloc(a->w, sizeof *nw * (size_t)cnt * H);
+        if (nw) a->w = nw;
+        int32_t *ns = realloc(a->sel, sizeof *ns * (size_t)cnt * W);
+        if (ns) a->sel = ns;
+        int32_t *nc = realloc(a->cnt, sizeof *nc * (size_t)cnt);
+        if (nc) a->cnt = nc;
+        if (!np || !nq || !nw || !ns || !nc) return ms_fail(err, MS_ERR_NOMEM, "out of memory for %lld tied rows", (long long)cnt);
+        a->cap = cnt;
+    }
+    return MS_OK;
+}
+
+static void amb_put(ms_engine *e, int layer, const uint8_t *in, uint64_t n) {
+    ms_dsa_state *s = e->dsa;
+    amb_list *a = &s->amb_rows[layer];
+    size_t H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim, W = (size_t)s->width;
+    memcpy(&a->n, in, 8), in += 8;
+    for (int64_t i = 0; i < a->n; i++) {
+        memcpy(&a->pos[i], in, 8), in += 8;
+        memcpy(a->q + (size_t)i * H * D, in, 4 * H * D), in += 4 * H * D;
+        memcpy(a->w + (size_t)i * H, in, 4 * H), in += 4 * H;
+        memcpy(a->sel + (size_t)i * W, in, 4 * W), in += 4 * W;
+        memcpy(&a->cnt[i], in, 4), in += 4;
+    }
+}
+
+int ms_dsa_engine_parts(ms_engine *e, ms_state_part *parts, int n, int cap) {
+    ms_dsa_state *s = e->dsa;
+    if (!s) return n;
+    const char *why = s->replay_ok ? NULL : "DSA tie replays of a model with recurrent layers";
+#define PART(...)                                              \
+    do {                                                       \
+        if (parts && n < cap) parts[n] = (ms_state_part){__VA_ARGS__}; \
+        n++;                                                   \
+    } while (0)
+#define NAME(fmt, ...) \
+    if (parts && n - 1 < cap) snprintf(parts[n - 1].name, sizeof parts[n - 1].name, fmt, __VA_ARGS__)
+    uint64_t D4 = 4 * (uint64_t)s->cfg.head_dim;
+    for (int l = 0; l < e->m->cfg.n_layers; l++) {
+        ms_dsa_cache *c = &s->cache[l];
+        if (c->head_dim) {
+            PART(.kind = MS_PART_ROWS, .data = c->keys, .row_bytes = D4, .per = 1, .cap_rows = c->cap, .no_truncate = why);
+            NAME("L%d.dsa.keys", l);
+            if (c->kpool > 1) {
+                PART(.kind = MS_PART_ROWS, .data = c->gates, .row_bytes = D4, .per = 1, .cap_rows = c->cap,
+                     .no_truncate = why);
+                NAME("L%d.dsa.gates", l);
+                PART(.kind = MS_PART_ROWS, .data = c->pooled, .row_bytes = D4, .per = c->kpool,
+                     .cap_rows = c->cap / c->kpool + 1, .no_truncate = why);
+                NAME("L%d.dsa.pooled", l);
+            }
+            PART(.kind = MS_PART_CUSTOM, .layer = l, .no_truncate = why, .size = amb_size, .get = amb_get,
+                 .check = amb_check, .put = amb_put);
+            NAME("L%d.dsa.ties", l);
+        }
+    }
+    PART(.kind = MS_PART_ROWS, .data = s->tokens, .row_bytes = 4, .per = 1, .cap_rows = e->max_ctx, .no_truncate = why);
+    NAME("%s", "dsa.tokens");
+#undef PART
+#undef NAME
+    return n;
+}
+
+void ms_dsa_engine_restored(ms_engine *e, int64_t n_past) {
+    ms_dsa_state *s = e->dsa;
+    for (int l = 0; s && l < e->m->cfg.n_layers; l++)
+        if (s->cache[l].head_dim) s->cache[l].len = n_past;
 }

@@ -1,5 +1,6 @@
 /* engine.c — state allocation and the layer loop (prefill and decode). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,9 @@ typedef struct {
     void **ptr;
     size_t bytes;
     int state;
+    const char *tag; /* causal state: the snapshot section name (with the layer) */
+    int layer;
+    size_t row;      /* causal state: bytes per position */
 } buf_spec;
 
 #define MAX_BUFS (3 * MS_MAX_LAYERS + 32)
@@ -39,7 +43,9 @@ typedef struct {
 static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, int threads, int with_layers,
                           buf_spec *b) {
     int n = 0;
-#define BUF(p, sz, st) (b[n].ptr = (void **)(p), b[n].bytes = (size_t)(sz), b[n].state = (st), n++)
+#define BUF(p, sz, st) (b[n] = (buf_spec){(void **)(p), (size_t)(sz), (st), NULL, -1, 0}, n++)
+    /* causal state: one row of `rw` bytes per position (engine/state.c snapshots it by tag) */
+#define SBUF(p, rw, tg, ly) (b[n] = (buf_spec){(void **)(p), T * (size_t)(rw), 1, (tg), (ly), (size_t)(rw)}, n++)
     size_t L = (size_t)c->n_layers;
     BUF(&e->k_cache, L * sizeof(float *), 0);
     BUF(&e->v_cache, L * sizeof(float *), 0);
@@ -49,10 +55,10 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         if (c->layer_attn[l] == MS_ATTN_GQA) {
             size_t kvh = (size_t)(c->layer_kv_heads[l] ? c->layer_kv_heads[l] : c->n_kv_heads);
             size_t vd = (size_t)(c->v_head_dim ? c->v_head_dim : c->head_dim);
-            BUF(&e->k_cache[l], T * kvh * (size_t)c->head_dim * 4, 1);
-            BUF(&e->v_cache[l], T * kvh * vd * 4, 1);
+            SBUF(&e->k_cache[l], kvh * (size_t)c->head_dim * 4, "k", l);
+            SBUF(&e->v_cache[l], kvh * vd * 4, "v", l);
         } else if (c->layer_attn[l] == MS_ATTN_MLA) {
-            BUF(&e->latent[l], T * (size_t)(c->kv_lora_rank + c->qk_rope_dim) * 4, 1);
+            SBUF(&e->latent[l], (size_t)(c->kv_lora_rank + c->qk_rope_dim) * 4, "latent", l);
         }
     }
     int64_t H = c->n_heads, qdim = MAX2(c->head_dim, c->qk_nope_dim + c->qk_rope_dim);
@@ -96,6 +102,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         e->th_stride = (size_t)c->hidden + (size_t)e->ares_blocks + 64;
     BUF(&e->th_buf, (size_t)threads * e->th_stride * 4, 0);
 #undef BUF
+#undef SBUF
     return n;
 }
 
@@ -368,4 +375,40 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
         if (rc) return rc;
     }
     return MS_OK;
+}
+
+/* One part, if there is room. */
+static int add_part(ms_state_part *parts, int n, int cap, ms_state_part p) {
+    if (parts && n < cap) parts[n] = p;
+    return n + 1;
+}
+
+int ms_engine_state_parts(ms_engine *e, ms_state_part *parts, int cap) {
+    const ms_config *c = &e->m->cfg;
+    buf_spec *specs = malloc(MAX_BUFS * sizeof *specs);
+    if (!specs) return MS_ERR_NOMEM;
+    int ns = engine_buffers(e, c, (size_t)e->max_ctx, (size_t)e->max_batch, e->n_threads, 1, specs), n = 0;
+    for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table */
+        if (!specs[i].state) continue;
+        ms_state_part p = {.kind = MS_PART_ROWS, .data = *specs[i].ptr, .row_bytes = specs[i].row, .per = 1,
+                           .cap_rows = e->max_ctx};
+        snprintf(p.name, sizeof p.name, "L%d.%s", specs[i].layer, specs[i].tag);
+        n = add_part(parts, n, cap, p);
+    }
+    free(specs);
+    for (int l = 0; e->kda && l < c->n_layers; l++) { /* KDA / gated DeltaNet: conv tails + recurrent state */
+        if (!e->kda[l].S) continue;
+        const char *why = c->layer_attn[l] == MS_ATTN_GDN ? "a gated DeltaNet layer's recurrent state"
+                                                           : "a KDA layer's recurrent state";
+        ms_state_part p = {.kind = MS_PART_FIXED, .data = e->kda[l].conv, .row_bytes = (uint64_t)e->kda[l].conv_len * 4,
+                           .no_truncate = why};
+        snprintf(p.name, sizeof p.name, "L%d.conv", l);
+        n = add_part(parts, n, cap, p);
+        p.data = e->kda[l].S, p.row_bytes = (uint64_t)e->kda[l].S_len * 4;
+        snprintf(p.name, sizeof p.name, "L%d.recurrent", l);
+        n = add_part(parts, n, cap, p);
+    }
+    n = ms_dsa_engine_parts(e, parts, n, cap);
+    n = ms_cattn_engine_parts(e, parts, n, cap);
+    return n;
 }

@@ -111,4 +111,43 @@ int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err);
 /* Rotate one vector of rope->dim dims in place. */
 void ms_rope_apply(const ms_rope *r, float *x, const float *cos, const float *sin);
 
+/* ---- causal state as engine/state.c sees it (snapshots, state files, truncation) ----
+ * Every piece of state that outlives a forward is one part. Whoever allocates
+ * state lists it here: engine.c's buffer table (per-position caches) and the
+ * KDA / gated-DeltaNet states, dsa_layer.c and compressed_attn.c their own.
+ * Everything else in the engine (activations, mHC streams, Attention-Residual
+ * block states, router scratch) lives only within one forward. */
+typedef enum {
+    MS_PART_ROWS,   /* one row per `per` positions: rows in use = n_past / per */
+    MS_PART_FIXED,  /* row_bytes bytes, all of them state (recurrent states, rings) */
+    MS_PART_CUSTOM, /* serialized by the owning module (size/get/check/put) */
+} ms_part_kind;
+
+typedef struct ms_state_part {
+    char name[48];          /* unique and stable: the section name in snapshots and state files */
+    ms_part_kind kind;
+    void *data;             /* ROWS, FIXED: the engine memory */
+    uint64_t row_bytes;     /* ROWS: bytes per row; FIXED: bytes */
+    int64_t per;            /* ROWS: positions per row (>= 1) */
+    int64_t cap_rows;       /* ROWS: rows data has room for */
+    const char *no_truncate; /* NULL: rolls back with the position; else why it cannot */
+    int layer;              /* CUSTOM: passed to the hooks */
+    /* CUSTOM: bytes of the serialized form now; write them; validate a serialized form for
+     * n_past (and reserve memory for it: no visible change); put it (cannot fail after check) */
+    uint64_t (*size)(const ms_engine *e, int layer);
+    void (*get)(const ms_engine *e, int layer, uint8_t *out);
+    int (*check)(ms_engine *e, int layer, const uint8_t *in, uint64_t n, int64_t n_past, ms_err *err);
+    void (*put)(ms_engine *e, int layer, const uint8_t *in, uint64_t n);
+} ms_state_part;
+
+/* The engine's state parts into parts[0..cap) (parts may be NULL to count);
+ * returns how many there are (may exceed cap: call again with room). */
+int ms_engine_state_parts(ms_engine *e, ms_state_part *parts, int cap);
+/* The modules' parts, appended at parts[n..cap); return the new count. */
+int ms_dsa_engine_parts(ms_engine *e, ms_state_part *parts, int n, int cap);
+int ms_cattn_engine_parts(ms_engine *e, ms_state_part *parts, int n, int cap);
+/* After state.c restored every part for n_past: the modules' own counters. */
+void ms_dsa_engine_restored(ms_engine *e, int64_t n_past);
+void ms_cattn_engine_restored(ms_engine *e, int64_t n_past);
+
 #endif

@@ -1,0 +1,547 @@
+/* state.c — causal-state snapshots, rollback and state files (engine/state.h).
+ *
+ * The engine lists its state as parts (engine_internal.h: ms_engine_state_parts,
+ * fed by the buffer table that also allocates and plans it). A snapshot is one
+ * section per part, in that order, holding the part's bytes in use at n_past.
+ * A state file is a header, the token ids, a section table and the same
+ * sections (docs/state.md). Restoring from either goes through the same two
+ * steps: check every section against the engine's parts (no change), then copy. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/engine_internal.h"
+#include "engine/state.h"
+#include "util/fs.h"
+#include "util/hash.h"
+
+/* One section to restore: a name and its bytes. */
+typedef struct {
+    const char *name;
+    const uint8_t *data;
+    uint64_t size;
+} sec_in;
+
+struct ms_snapshot {
+    int64_t n_past;
+    int n;
+    ms_state_section *sec; /* offsets into blob */
+    uint8_t *blob;
+    uint64_t bytes;
+};
+
+/* The engine's parts, malloc'd into *out. */
+static int get_parts(ms_engine *e, ms_state_part **out, int *n, ms_err *err) {
+    int k = ms_engine_state_parts(e, NULL, 0);
+    if (k < 0) return ms_fail(err, MS_ERR_NOMEM, "out of memory listing the engine state");
+    ms_state_part *p = calloc((size_t)k + 1, sizeof *p);
+    if (!p) return ms_fail(err, MS_ERR_NOMEM, "out of memory listing %d state parts", k);
+    if (ms_engine_state_parts(e, p, k) != k) {
+        free(p);
+        return ms_fail(err, MS_ERR_NOMEM, "the engine state changed while it was listed");
+    }
+    *out = p;
+    *n = k;
+    return MS_OK;
+}
+
+/* Bytes of a part at the engine's current n_past. */
+static uint64_t part_bytes(const ms_engine *e, const ms_state_part *p) {
+    if (p->kind == MS_PART_ROWS) return (uint64_t)(e->n_past / p->per) * p->row_bytes;
+    if (p->kind == MS_PART_FIXED) return p->row_bytes;
+    return p->size(e, p->layer);
+}
+
+static void part_get(const ms_engine *e, const ms_state_part *p, uint8_t *out) {
+    if (p->kind == MS_PART_CUSTOM) p->get(e, p->layer, out);
+    else {
+        uint64_t n = part_bytes(e, p);
+        if (n) memcpy(out, p->data, n);
+    }
+}
+
+/* Check sections s[0..ns) for a state at n_past against e's parts (reserving
+ * memory custom parts need: no visible change). where: "snapshot" or the file. */
+static int check_sections(ms_engine *e, int64_t n_past, const sec_in *s, int ns, const ms_state_part *p, int np,
+                          const char *where, ms_err *err) {
+    if (n_past < 0) return ms_fail(err, MS_ERR_FORMAT, "%s: negative position count %lld", where, (long long)n_past);
+    if (n_past > e->max_ctx)
+        return ms_fail(err, MS_ERR_LIMIT, "%s: the state holds %lld positions, the engine's context only %d (raise --ctx)",
+                       where, (long long)n_past, e->max_ctx);
+    for (int i = 0; i < ns && i < np; i++)
+        if (strcmp(s[i].name, p[i].name))
+            return ms_fail(err, MS_ERR_MISMATCH,
+                           "%s: section %d is \"%s\" but this engine's state part %d is \"%s\" (a state of another model)",
+                           where, i, s[i].name, i, p[i].name);
+    if (ns != np)
+        return ms_fail(err, MS_ERR_MISMATCH, "%s: %d sections, this engine's state has %d parts (a state of another model)",
+                       where, ns, np);
+    for (int i = 0; i < np; i++) {
+        const ms_state_part *q = &p[i];
+        if (q->kind == MS_PART_CUSTOM) {
+            int rc = q->check(e, q->layer, s[i].data, s[i].size, n_past, err);
+            if (rc) return ms_wrap(err, "%s: section \"%s\"", where, q->name);
+            continue;
+        }
+        int64_t rows = q->kind == MS_PART_ROWS ? n_past / q->per : 1;
+        if (q->kind == MS_PART_ROWS && rows > q->cap_rows)
+            return ms_fail(err, MS_ERR_LIMIT, "%s: section \"%s\" needs %lld rows, the engine has room for %lld", where,
+                           q->name, (long long)rows, (long long)q->cap_rows);
+        uint64_t want = (uint64_t)rows * q->row_bytes;
+        if (s[i].size != want)
+            return ms_fail(err, MS_ERR_MISMATCH, "%s: section \"%s\" holds %llu bytes, %lld positions of this engine's "
+                           "state need %llu",
+                           where, q->name, (unsigned long long)s[i].size, (long long)n_past, (unsigned long long)want);
+    }
+    return MS_OK;
+}
+
+/* Copy checked sections into the engine; cannot fail. */
+static void apply_sections(ms_engine *e, int64_t n_past, const sec_in *s, const ms_state_part *p, int np) {
+    for (int i = 0; i < np; i++) {
+        if (p[i].kind == MS_PART_CUSTOM) p[i].put(e, p[i].layer, s[i].data, s[i].size);
+        else if (s[i].size) memcpy(p[i].data, s[i].data, s[i].size);
+    }
+    e->n_past = (int)n_past;
+    e->la_layer = -1;
+    ms_dsa_engine_restored(e, n_past);
+    ms_cattn_engine_restored(e, n_past);
+}
+
+static int restore_sections(ms_engine *e, int64_t n_past, const sec_in *s, int ns, const char *where, ms_err *err) {
+    ms_state_part *p;
+    int np, rc = get_parts(e, &p, &np, err);
+    if (rc) return rc;
+    if (!(rc = check_sections(e, n_past, s, ns, p, np, where, err))) apply_sections(e, n_past, s, p, np);
+    free(p);
+    return rc;
+}
+
+/* ---- snapshots ---- */
+
+int ms_engine_snapshot(ms_engine *e, ms_snapshot **out, ms_err *err) {
+    *out = NULL;
+    ms_state_part *p;
+    int np, rc = get_parts(e, &p, &np, err);
+    if (rc) return rc;
+    ms_snapshot *s = calloc(1, sizeof *s);
+    uint64_t total = 0;
+    if (s) s->sec = calloc((size_t)np + 1, sizeof *s->sec);
+    for (int i = 0; s && s->sec && i < np; i++) {
+        snprintf(s->sec[i].name, sizeof s->sec[i].name, "%s", p[i].name);
+        s->sec[i].offset = total;
+        s->sec[i].size = part_bytes(e, &p[i]);
+        total += (s->sec[i].size + 7) & ~(uint64_t)7;
+    }
+    if (!s || !s->sec || !(s->blob = malloc(total ? total : 1))) {
+        free(p);
+        ms_engine_snapshot_free(s);
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory for a snapshot of %llu bytes at %d positions",
+                       (unsigned long long)total, e->n_past);
+    }
+    for (int i = 0; i < np; i++) part_get(e, &p[i], s->blob + s->sec[i].offset);
+    s->n = np;
+    s->n_past = e->n_past;
+    s->bytes = total;
+    free(p);
+    *out = s;
+    return MS_OK;
+}
+
+int ms_engine_restore(ms_engine *e, const ms_snapshot *snap, ms_err *err) {
+    if (!snap) return ms_fail(err, MS_ERR_ARG, "restore: no snapshot");
+    sec_in *s = calloc((size_t)snap->n + 1, sizeof *s);
+    if (!s) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < snap->n; i++)
+        s[i] = (sec_in){snap->sec[i].name, snap->blob + snap->sec[i].offset, snap->sec[i].size};
+    int rc = restore_sections(e, snap->n_past, s, snap->n, "snapshot", err);
+    free(s);
+    return rc;
+}
+
+void ms_engine_snapshot_free(ms_snapshot *snap) {
+    if (!snap) return;
+    free(snap->sec);
+    free(snap->blob);
+    free(snap);
+}
+
+int ms_engine_snapshot_n_past(const ms_snapshot *snap) { return snap ? (int)snap->n_past : 0; }
+uint64_t ms_engine_snapshot_bytes(const ms_snapshot *snap) { return snap ? snap->bytes : 0; }
+
+/* ---- rollback ---- */
+
+int ms_engine_can_truncate(ms_engine *e, ms_err *why) {
+    ms_state_part *p;
+    int np, rc = get_parts(e, &p, &np, why);
+    if (rc) return rc;
+    for (int i = 0; i < np && !rc; i++)
+        if (p[i].no_truncate)
+            rc = ms_fail(why, MS_ERR_UNSUPPORTED,
+                         "cannot roll this model's state back: \"%s\" is %s, which depends on every earlier token "
+                         "(snapshot the state at the prefix instead)",
+                         p[i].name, p[i].no_truncate);
+    free(p);
+    return rc;
+}
+
+int ms_engine_truncate(ms_engine *e, int n, ms_err *err) {
+    if (n < 0 || n > e->n_past)
+        return ms_fail(err, MS_ERR_ARG, "truncate to %d positions: the sequence holds %d", n, e->n_past);
+    int rc = ms_engine_can_truncate(e, err);
+    if (rc) return rc;
+    if (n == e->n_past) return MS_OK;
+    ms_dsa_engine_rollback(e, n); /* index keys and recorded tie rows from n on */
+    e->n_past = n;
+    e->la_layer = -1;
+    return MS_OK;
+}
+
+/* ---- model identity ---- */
+
+static int cmp_tensor_name(const void *a, const void *b) {
+    return strcmp((*(const ms_tensor *const *)a)->name, (*(const ms_tensor *const *)b)->name);
+}
+
+int ms_model_identity(const ms_model *m, uint8_t id[32], ms_err *err) {
+    char path[4096];
+    int rc = ms_path_join(path, sizeof path, m->ck.dir ? m->ck.dir : ".", "config.json", err);
+    if (rc) return rc;
+    char *cfg = NULL;
+    size_t clen = 0;
+    if ((rc = ms_read_file(path, 64u << 20, &cfg, &clen, err))) return ms_wrap(err, "model identity");
+    int nt = m->ck.n_tensors;
+    const ms_tensor **t = malloc(sizeof *t * (size_t)(nt + 1));
+    size_t cap = 64 + clen;
+    for (int i = 0; t && i < nt; i++) {
+        t[i] = &m->ck.tensors[i];
+        cap += strlen(t[i]->name) + 1 + 8 + 8 * MS_MAX_DIMS;
+    }
+    uint8_t *buf = t ? malloc(cap) : NULL;
+    if (!buf) {
+        free(cfg), free(t);
+        return ms_fail(err, MS_ERR_NOMEM, "model identity: out of memory for %d tensors", nt);
+    }
+    qsort(t, (size_t)nt, sizeof *t, cmp_tensor_name);
+    size_t k = 0;
+    static const char tag[16] = "moonshine-id-v1";
+    memcpy(buf, tag, 16), k += 16;
+    uint64_t cl = clen;
+    memcpy(buf + k, &cl, 8), k += 8;
+    memcpy(buf + k, cfg, clen), k += clen;
+    for (int i = 0; i < nt; i++) {
+        size_t ln = strlen(t[i]->name) + 1;
+        memcpy(buf + k, t[i]->name, ln), k += ln;
+        uint32_t dt = (uint32_t)t[i]->dtype, nd = (uint32_t)t[i]->ndim;
+        memcpy(buf + k, &dt, 4), k += 4;
+        memcpy(buf + k, &nd, 4), k += 4;
+        memcpy(buf + k, t[i]->shape, 8 * (size_t)t[i]->ndim), k += 8 * (size_t)t[i]->ndim;
+    }
+    rc = ms_sha256(buf, k, id) ? ms_fail(err, MS_ERR_IO, "model identity: SHA-256 failed") : MS_OK;
+    free(buf), free(cfg), free(t);
+    return rc;
+}
+
+/* ---- state files ----
+ * Little-endian. Header (HDR bytes): magic[8], u32 version, u32 n_sections,
+ * u64 header_bytes, u64 file_bytes, u8 model_id[32], i64 n_past, i64 ctx_needed,
+ * i64 saved_ctx, i64 n_tokens, u32 header_crc32c (of [0, header_bytes) with
+ * this field zero), u32 reserved (0). Then int32 tokens [n_tokens] padded to 8
+ * bytes, then n_sections entries of SEC bytes: name[48] (NUL-padded), u64
+ * offset, u64 size, u32 crc32c, u32 reserved. Sections follow at 8-byte
+ * aligned offsets in table order. */
+#define HDR 104
+#define SEC 72
+#define HDR_CRC_AT 96
+#define MAX_SECTIONS (1 << 20)
+
+static uint64_t pad8(uint64_t x) { return (x + 7) & ~(uint64_t)7; }
+static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
+static void wr32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void wr64(uint8_t *p, uint64_t v) {
+    wr32(p, (uint32_t)v);
+    wr32(p + 4, (uint32_t)(v >> 32));
+}
+
+void ms_state_info_free(ms_state_info *info) {
+    if (!info) return;
+    free(info->tokens);
+    free(info->sections);
+    memset(info, 0, sizeof *info);
+}
+
+static int cmp_sec_name(const void *a, const void *b) {
+    return strcmp((*(const ms_state_section *const *)a)->name, (*(const ms_state_section *const *)b)->name);
+}
+
+static int parse(const uint8_t *b, uint64_t len, const char *w, ms_state_info *in, ms_err *err) {
+    if (len < HDR) return ms_fail(err, MS_ERR_FORMAT, "%s: %llu bytes, shorter than the %d-byte header", w, (unsigned long long)len, HDR);
+    if (memcmp(b, MS_STATE_MAGIC, 8)) return ms_fail(err, MS_ERR_FORMAT, "%s: not a moonshine state file (bad magic)", w);
+    in->version = rd32(b + 8);
+    if (in->version != MS_STATE_VERSION)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: state format version %u, this build reads %u", w, in->version,
+                       MS_STATE_VERSION);
+    uint32_t ns = rd32(b + 12);
+    in->header_bytes = rd64(b + 16);
+    in->file_bytes = rd64(b + 24);
+    memcpy(in->model_id, b + 32, 32);
+    in->n_past = (int64_t)rd64(b + 64);
+    in->ctx_needed = (int64_t)rd64(b + 72);
+    in->saved_ctx = (int64_t)rd64(b + 80);
+    in->n_tokens = (int64_t)rd64(b + 88);
+    if (in->file_bytes != len)
+        return ms_fail(err, MS_ERR_FORMAT, "%s: the header says %llu bytes, the file has %llu (truncated or extended)", w,
+                       (unsigned long long)in->file_bytes, (unsigned long long)len);
+    if (ns > MAX_SECTIONS) return ms_fail(err, MS_ERR_FORMAT, "%s: %u sections (at most %d)", w, ns, MAX_SECTIONS);
+    if (in->n_tokens < 0 || in->n_tokens > INT32_MAX || (uint64_t)in->n_tokens > len / 4)
+        return ms_fail(err, MS_ERR_FORMAT, "%s: token count %lld out of range", w, (long long)in->n_tokens);
+    uint64_t tok_at = HDR, tab_at = tok_at + pad8(4 * (uint64_t)in->n_tokens);
+    uint64_t hb = tab_at + (uint64_t)ns * SEC;
+    if (in->header_bytes != hb || hb > len)
+        return ms_fail(err, MS_ERR_FORMAT, "%s: header size %llu, %lld tokens and %u sections need %llu (file %llu bytes)",
+                       w, (unsigned long long)in->header_bytes, (long long)in->n_tokens, ns, (unsigned long long)hb,
+                       (unsigned long long)len);
+    if (rd32(b + 100)) return ms_fail(err, MS_ERR_FORMAT, "%s: reserved header field is not zero", w);
+    uint32_t want = rd32(b + HDR_CRC_AT), zero = 0;
+    uint32_t crc = ms_crc32c(0, b, HDR_CRC_AT);
+    crc = ms_crc32c(crc, &zero, 4);
+    crc = ms_crc32c(crc, b + HDR_CRC_AT + 4, hb - HDR_CRC_AT - 4);
+    if (crc != want)
+        return ms_fail(err, MS_ERR_MISMATCH, "%s: header checksum mismatch (CRC32C %08x, stored %08x)", w, crc, want);
+    if (in->n_past < 0 || in->n_past > INT32_MAX)
+        return ms_fail(err, MS_ERR_FORMAT, "%s: position count %lld out of range", w, (long long)in->n_past);
+    if (in->n_tokens != in->n_past)
+        return ms_fail(err, MS_ERR_FORMAT, "%s: %lld token ids for %lld positions", w, (long long)in->n_tokens,
+                       (long long)in->n_past);
+    if (in->ctx_needed < in->n_past || in->ctx_needed > INT32_MAX)
+        return ms_fail(err, MS_ERR_FORMAT, "%s: needed context %lld is below the %lld positions held or out of range", w,
+                       (long long)in->ctx_needed, (long long)in->n_past);
+    in->tokens = malloc(4 * (size_t)in->n_tokens + 4);
+    in->sections = calloc((size_t)ns + 1, sizeof *in->sections);
+    const ms_state_section **order = malloc(sizeof *order * ((size_t)ns + 1));
+    if (!in->tokens || !in->sections || !order) {
+        free(order);
+        return ms_fail(err, MS_ERR_NOMEM, "%s: out of memory for %u sections", w, ns);
+    }
+    for (int64_t i = 0; i < in->n_tokens; i++) {
+        in->tokens[i] = (int32_t)rd32(b + tok_at + 4 * i);
+        if (in->tokens[i] < 0) {
+            free(order);
+            return ms_fail(err, MS_ERR_FORMAT, "%s: token %lld is negative (%d)", w, (long long)i, in->tokens[i]);
+        }
+    }
+    in->n_sections = (int)ns;
+    uint64_t next = hb;
+    int rc = MS_OK;
+    for (uint32_t i = 0; i < ns && !rc; i++) {
+        const uint8_t *t = b + tab_at + (uint64_t)i * SEC;
+        ms_state_section *s = &in->sections[i];
+        size_t nl = strnlen((const char *)t, MS_STATE_NAME_MAX);
+        if (nl == 0 || nl == MS_STATE_NAME_MAX) {
+            rc = ms_fail(err, MS_ERR_FORMAT, "%s: section %u: name empty or not terminated", w, i);
+            break;
+        }
+        memcpy(s->name, t, nl);
+        for (size_t j = 0; j < nl && !rc; j++)
+            if (t[j] < 0x21 || t[j] > 0x7e) rc = ms_fail(err, MS_ERR_FORMAT, "%s: section %u: name has byte 0x%02x", w, i, t[j]);
+        for (size_t j = nl; j < MS_STATE_NAME_MAX && !rc; j++)
+            if (t[j]) rc = ms_fail(err, MS_ERR_FORMAT, "%s: section %u (\"%s\"): name padding not zero", w, i, s->name);
+        if (rc) break;
+        s->offset = rd64(t + 48);
+        s->size = rd64(t + 56);
+        s->crc32c = rd32(t + 64);
+        if (rd32(t + 68)) {
+            rc = ms_fail(err, MS_ERR_FORMAT, "%s: section \"%s\": reserved field not zero", w, s->name);
+            break;
+        }
+        if (s->offset != next || s->size > len - s->offset) {
+            rc = ms_fail(err, MS_ERR_FORMAT, "%s: section \"%s\": bytes [%llu, +%llu) are not at %llu or not inside the "
+                         "%llu-byte file",
+                         w, s->name, (unsigned long long)s->offset, (unsigned long long)s->size,
+                         (unsigned long long)next, (unsigned long long)len);
+            break;
+        }
+        next = s->offset + pad8(s->size);
+        if (next > len) next = len + 1; /* the padding of the last section must be in the file */
+        uint32_t c = ms_crc32c(0, b + s->offset, s->size);
+        if (c != s->crc32c)
+            rc = ms_fail(err, MS_ERR_MISMATCH, "%s: section \"%s\" checksum mismatch (CRC32C %08x, stored %08x)", w,
+                         s->name, c, s->crc32c);
+        for (uint64_t j = s->offset + s->size; !rc && j < s->offset + pad8(s->size) && j < len; j++)
+            if (b[j]) rc = ms_fail(err, MS_ERR_FORMAT, "%s: section \"%s\": padding byte at %llu is not zero", w, s->name,
+                                   (unsigned long long)j);
+        order[i] = s;
+    }
+    if (!rc && next != len)
+        rc = ms_fail(err, MS_ERR_FORMAT, "%s: the sections end at %llu, the file at %llu", w, (unsigned long long)next,
+                     (unsigned long long)len);
+    if (!rc) {
+        qsort(order, ns, sizeof *order, cmp_sec_name);
+        for (uint32_t i = 1; i < ns && !rc; i++)
+            if (!strcmp(order[i]->name, order[i - 1]->name))
+                rc = ms_fail(err, MS_ERR_FORMAT, "%s: section \"%s\" appears twice", w, order[i]->name);
+    }
+    free(order);
+    return rc;
+}
+
+int ms_state_parse(const uint8_t *buf, uint64_t len, const char *where, ms_state_info *info, ms_err *err) {
+    memset(info, 0, sizeof *info);
+    if (!buf && len) return ms_fail(err, MS_ERR_ARG, "state parse: no buffer");
+    int rc = parse(buf, len, where ? where : "state", info, err);
+    if (rc) ms_state_info_free(info);
+    return rc;
+}
+
+int ms_state_inspect(const char *path, ms_state_info *info, ms_err *err) {
+    memset(info, 0, sizeof *info);
+    ms_mapping mp;
+    int rc = ms_map_file(path, &mp, err);
+    if (rc) return rc;
+    rc = ms_state_parse(mp.data, mp.size, path, info, err);
+    ms_unmap_file(&mp);
+    return rc;
+}
+
+static int write_all(int fd, const void *p, uint64_t n, const char *tmp, ms_err *err) {
+    const uint8_t *c = p;
+    while (n) {
+        ssize_t k = write(fd, c, n > (1u << 30) ? (1u << 30) : (size_t)n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", tmp, k < 0 ? strerror(errno) : "no progress");
+        c += k;
+        n -= (uint64_t)k;
+    }
+    return MS_OK;
+}
+
+int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, int n_tokens, ms_err *err) {
+    if (n_tokens != e->n_past || (n_tokens && !tokens))
+        return ms_fail(err, MS_ERR_ARG, "state save: %d token ids for a state of %d positions", n_tokens, e->n_past);
+    for (int i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->m->cfg.vocab)
+            return ms_fail(err, MS_ERR_ARG, "state save: token %d is %d, outside the vocabulary", i, tokens[i]);
+    uint8_t id[32];
+    int rc = ms_model_identity(e->m, id, err);
+    if (rc) return rc;
+    ms_snapshot *s;
+    if ((rc = ms_engine_snapshot(e, &s, err))) return rc;
+    uint64_t tab_at = HDR + pad8(4 * (uint64_t)n_tokens), hb = tab_at + (uint64_t)s->n * SEC;
+    uint8_t *h = calloc(1, hb);
+    if (!h) {
+        ms_engine_snapshot_free(s);
+        return ms_fail(err, MS_ERR_NOMEM, "state save: out of memory for a %llu-byte header", (unsigned long long)hb);
+    }
+    uint64_t off = hb;
+    for (int i = 0; i < s->n; i++) {
+        uint8_t *t = h + tab_at + (uint64_t)i * SEC;
+        memcpy(t, s->sec[i].name, strlen(s->sec[i].name));
+        wr64(t + 48, off);
+        wr64(t + 56, s->sec[i].size);
+        wr32(t + 64, ms_crc32c(0, s->blob + s->sec[i].offset, s->sec[i].size));
+        off += pad8(s->sec[i].size);
+    }
+    memcpy(h, MS_STATE_MAGIC, 8);
+    wr32(h + 8, MS_STATE_VERSION);
+    wr32(h + 12, (uint32_t)s->n);
+    wr64(h + 16, hb);
+    wr64(h + 24, off);
+    memcpy(h + 32, id, 32);
+    wr64(h + 64, (uint64_t)s->n_past);
+    wr64(h + 72, (uint64_t)s->n_past);
+    wr64(h + 80, (uint64_t)e->max_ctx);
+    wr64(h + 88, (uint64_t)n_tokens);
+    for (int i = 0; i < n_tokens; i++) wr32(h + HDR + 4 * (uint64_t)i, (uint32_t)tokens[i]);
+    wr32(h + HDR_CRC_AT, ms_crc32c(0, h, hb));
+    /* temp file, fsync, rename, fsync the directory */
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
+        free(h), ms_engine_snapshot_free(s);
+        return ms_fail(err, MS_ERR_ARG, "%s: path too long", path);
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        free(h), ms_engine_snapshot_free(s);
+        return ms_fail(err, MS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    static const uint8_t zeros[8];
+    rc = write_all(fd, h, hb, tmp, err);
+    for (int i = 0; i < s->n && !rc; i++) {
+        rc = write_all(fd, s->blob + s->sec[i].offset, s->sec[i].size, tmp, err);
+        if (!rc) rc = write_all(fd, zeros, pad8(s->sec[i].size) - s->sec[i].size, tmp, err);
+    }
+    free(h);
+    ms_engine_snapshot_free(s);
+    if (!rc && fsync(fd)) rc = ms_fail(err, MS_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (close(fd) && !rc) rc = ms_fail(err, MS_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+    if (!rc && rename(tmp, path)) rc = ms_fail(err, MS_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
+    if (rc) {
+        unlink(tmp);
+        return rc;
+    }
+    char dirbuf[4096];
+    snprintf(dirbuf, sizeof dirbuf, "%s", path);
+    int dfd = open(dirname(dirbuf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return MS_OK;
+}
+
+int ms_engine_state_load(ms_engine *e, const char *path, int32_t **tokens, int *n_tokens, ms_err *err) {
+    if (tokens) *tokens = NULL;
+    if (n_tokens) *n_tokens = 0;
+    ms_mapping mp;
+    int rc = ms_map_file(path, &mp, err);
+    if (rc) return rc;
+    ms_state_info in;
+    sec_in *s = NULL;
+    if ((rc = ms_state_parse(mp.data, mp.size, path, &in, err))) goto out;
+    uint8_t id[32];
+    if ((rc = ms_model_identity(e->m, id, err))) goto out;
+    if (memcmp(id, in.model_id, 32)) {
+        char a[65], b[65];
+        ms_hex(in.model_id, 32, a);
+        ms_hex(id, 32, b);
+        rc = ms_fail(err, MS_ERR_MISMATCH, "%s: saved from another model (model id %.16s..., this model's %.16s...)", path,
+                     a, b);
+        goto out;
+    }
+    if (in.ctx_needed > e->max_ctx) {
+        rc = ms_fail(err, MS_ERR_LIMIT, "%s: the state needs a context of %lld positions, the engine has %d (raise --ctx)",
+                     path, (long long)in.ctx_needed, e->max_ctx);
+        goto out;
+    }
+    for (int64_t i = 0; i < in.n_tokens; i++)
+        if (in.tokens[i] >= e->m->cfg.vocab) {
+            rc = ms_fail(err, MS_ERR_FORMAT, "%s: token %lld is %d, outside the vocabulary of %lld", path, (long long)i,
+                         in.tokens[i], (long long)e->m->cfg.vocab);
+            goto out;
+        }
+    if (!(s = calloc((size_t)in.n_sections + 1, sizeof *s))) {
+        rc = ms_fail(err, MS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < in.n_sections; i++)
+        s[i] = (sec_in){in.sections[i].name, mp.data + in.sections[i].offset, in.sections[i].size};
+    if ((rc = restore_sections(e, in.n_past, s, in.n_sections, path, err))) goto out;
+    if (tokens) {
+        *tokens = in.tokens;
+        in.tokens = NULL;
+    }
+    if (n_tokens) *n_tokens = (int)in.n_tokens;
+out:
+    free(s);
+    ms_state_info_free(&in);
+    ms_unmap_file(&mp);
+    return rc;
+}

@@ -1,0 +1,243 @@
+/* test_state.c — causal-state snapshots, state files and rollback on every
+ * fixture of tests/fixtures.list (transformers checkpoints with reference
+ * logits: ../shared/fixtures/models/... and the variants in tests/fixtures/extra).
+ *
+ * S = gen_prompt + gen_ids (the fixture's greedy continuation). A = S[0..14),
+ * B = S[14..20) as one prefill then gen_ids[0..6) one token at a time, C = other
+ * tokens (input_ids). An engine fed A then B gives logits L, checked against
+ * the fixture's gen_logits (each step is a full-recompute reference), so L is
+ * right, not only self-consistent. Then, bit for bit (memcmp) equal to L:
+ * a fresh engine fed A, snapshotted, fed C, restored, fed B; that snapshot
+ * restored into a fresh engine of another context; a fresh engine loading A's
+ * state file; and, where the state is truncatable, A, C, truncate to |A|, B.
+ * Corrupt, foreign and too-large state files are refused with a message naming
+ * the problem, and the engine's state stays byte for byte what it was. */
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "engine/state.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "test.h"
+#include "util/fs.h"
+
+#define NA 14       /* |A| */
+#define PREFILL_B 6 /* B: the rest of gen_prompt as one prefill, */
+#define NB 12       /* then 6 of gen_ids one at a time */
+#define NC 10
+
+typedef struct {
+    char dir[256];
+    const char *name;
+    ms_model m;
+    ms_checkpoint ref;
+    int32_t seq[NA + NB];   /* gen_prompt + gen_ids */
+    const int32_t *other;   /* input_ids */
+    const float *gen_logits; /* [12, V] */
+    int64_t V;
+    ms_pool *pool;
+} fixture;
+
+static int open_fixture(fixture *f, const char *dir) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "%s", dir);
+    f->name = strrchr(f->dir, '/') + 1;
+    char path[512];
+    ms_err err = {0};
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    int rc = ms_checkpoint_open(path, &f->ref, &err);
+    CHECK_MSG(rc == MS_OK, "%s", err.msg);
+    if (rc) return rc;
+    rc = ms_model_load(dir, &f->m, &err);
+    CHECK_MSG(rc == MS_OK, "%s", err.msg);
+    if (rc) {
+        ms_checkpoint_close(&f->ref);
+        return rc;
+    }
+    const ms_tensor *in = ms_checkpoint_find(&f->ref, "input_ids"), *gp = ms_checkpoint_find(&f->ref, "gen_prompt");
+    const ms_tensor *gi = ms_checkpoint_find(&f->ref, "gen_ids"), *gl = ms_checkpoint_find(&f->ref, "gen_logits");
+    int ok = in && gp && gi && gl && in->nelem >= NC && gp->nelem == NA + PREFILL_B &&
+             gi->nelem >= NB - PREFILL_B + 1 && gl->nelem >= (uint64_t)(NB - PREFILL_B + 1) * f->m.cfg.vocab;
+    CHECK_MSG(ok, "%s: reference tensors missing or too short", dir);
+    if (!ok) return -1;
+    memcpy(f->seq, gp->data, sizeof(int32_t) * (NA + PREFILL_B));
+    memcpy(f->seq + NA + PREFILL_B, gi->data, sizeof(int32_t) * (NB - PREFILL_B));
+    f->other = in->data;
+    f->gen_logits = gl->data;
+    f->V = f->m.cfg.vocab;
+    f->pool = ms_pool_create(2);
+    return MS_OK;
+}
+
+static void close_fixture(fixture *f) {
+    if (f->pool) ms_pool_destroy(f->pool);
+    ms_model_free(&f->m);
+    ms_checkpoint_close(&f->ref);
+}
+
+static ms_engine *new_engine(fixture *f, int ctx, int batch) {
+    ms_engine_opts o = {.max_ctx = ctx, .max_batch = batch, .pool = f->pool};
+    ms_engine *e = NULL;
+    ms_err err = {0};
+    int rc = ms_engine_create(&f->m, &o, &e, &err);
+    CHECK_MSG(rc == MS_OK, "%s: %s", f->name, err.msg);
+    return rc ? NULL : e;
+}
+
+static int fwd(fixture *f, ms_engine *e, const int32_t *t, int n) {
+    ms_err err = {0};
+    int rc = ms_engine_forward(e, t, n, NULL, 0, &err);
+    CHECK_MSG(rc == MS_OK, "%s: %s", f->name, err.msg);
+    return rc;
+}
+
+/* Feed B (the ids after A): a prefill of PREFILL_B tokens with all logits, then
+ * the rest one at a time; out [NB, V]. */
+static int run_b(fixture *f, ms_engine *e, const int32_t *b, float *out) {
+    ms_err err = {0};
+    int rc = ms_engine_forward(e, b, PREFILL_B, out, 1, &err);
+    for (int i = PREFILL_B; i < NB && !rc; i++) rc = ms_engine_forward(e, b + i, 1, out + (int64_t)i * f->V, 0, &err);
+    CHECK_MSG(rc == MS_OK, "%s: %s", f->name, err.msg);
+    return rc;
+}
+
+static void tmp_path(char *out, size_t cap, const char *tag) {
+    snprintf(out, cap, "build/test_state.%d.%s", (int)getpid(), tag);
+}
+
+/* The architectures whose state is only per-position caches (GQA / MLA, DSA
+ * without recurrent layers): the ones ms_engine_truncate must accept. */
+static int expect_truncatable(const char *name) {
+    static const char *no[] = {"kimi_linear", "kimi_k3", "glm5_next", "qwen3_next", "deepseek_v4"};
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++)
+        if (!strncmp(name, no[i], strlen(no[i]))) return 0;
+    return 1;
+}
+
+static double max_abs(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d;
+    }
+    return m;
+}
+
+/* Snapshot/restore, state file save/load and truncation on one fixture. */
+static void check_fixture(const char *dir) {
+    fixture f;
+    if (open_fixture(&f, dir)) {
+        close_fixture(&f);
+        return;
+    }
+    const int32_t *A = f.seq, *B = f.seq + NA, *C = f.other;
+    size_t lb = sizeof(float) * (size_t)NB * (size_t)f.V;
+    float *ref = malloc(lb), *got = malloc(lb);
+    ms_err err = {0};
+    char path[256];
+    tmp_path(path, sizeof path, f.name);
+    /* one prefill chunk size throughout: DSA replays redo positions in chunks of max_batch, and a matmul's
+     * rounding may depend on its row count, so bit-identity holds for engines of the same max_batch */
+    ms_engine *e1 = new_engine(&f, 64, 16), *e2 = new_engine(&f, 64, 16), *e3 = new_engine(&f, 40, 16);
+    ms_snapshot *snap = NULL;
+    if (!e1 || !e2 || !e3) goto out;
+    /* A then B in one engine: the logits every other path must reproduce bit for bit; from the last
+     * prompt token on they are the fixture's gen_logits */
+    if (fwd(&f, e1, A, NA) || run_b(&f, e1, B, ref)) goto out;
+    double d = max_abs(ref + (int64_t)(PREFILL_B - 1) * f.V, f.gen_logits, (int64_t)(NB - PREFILL_B + 1) * f.V);
+    CHECK_MSG(d < 1e-4, "%s: A then B differs from the reference by %g", f.name, d);
+
+    /* in memory: A, snapshot, C, restore, B */
+    if (fwd(&f, e2, A, NA)) goto out;
+    int rc = ms_engine_snapshot(e2, &snap, &err);
+    CHECK_MSG(rc == MS_OK, "%s: %s", f.name, err.msg);
+    if (rc) goto out;
+    CHECK(ms_engine_snapshot_n_past(snap) == NA);
+    CHECK(ms_engine_snapshot_bytes(snap) > 0);
+    /* the state file of A, saved now, before e2 moves on */
+    rc = ms_engine_state_save(e2, path, A, NA, &err);
+    CHECK_MSG(rc == MS_OK, "%s: %s", f.name, err.msg);
+    if (fwd(&f, e2, C, NC)) goto out;
+    rc = ms_engine_restore(e2, snap, &err);
+    CHECK_MSG(rc == MS_OK, "%s: %s", f.name, err.msg);
+    CHECK(ms_engine_n_past(e2) == NA);
+    if (!rc && !run_b(&f, e2, B, got))
+        CHECK_MSG(!memcmp(got, ref, lb), "%s: snapshot/restore changed the logits (max diff %g)", f.name,
+                  max_abs(got, ref, (int64_t)NB * f.V));
+    /* the snapshot again, into a fresh engine of another context and batch */
+    rc = ms_engine_restore(e3, snap, &err);
+    CHECK_MSG(rc == MS_OK, "%s: %s", f.name, err.msg);
+    if (!rc && !run_b(&f, e3, B, got))
+        CHECK_MSG(!memcmp(got, ref, lb), "%s: snapshot restored into a fresh engine changed the logits (max diff %g)",
+                  f.name, max_abs(got, ref, (int64_t)NB * f.V));
+
+    /* state file: load A's state into a fresh engine, then B */
+    ms_engine_destroy(e3);
+    e3 = new_engine(&f, 64, 16);
+    int32_t *toks = NULL;
+    int nt = -1;
+    rc = e3 ? ms_engine_state_load(e3, path, &toks, &nt, &err) : -1;
+    CHECK_MSG(rc == MS_OK, "%s: %s", f.name, err.msg);
+    CHECK(nt == NA && toks && !memcmp(toks, A, sizeof(int32_t) * NA));
+    free(toks);
+    if (!rc && !run_b(&f, e3, B, got))
+        CHECK_MSG(!memcmp(got, ref, lb), "%s: a loaded state file changed the logits (max diff %g)", f.name,
+                  max_abs(got, ref, (int64_t)NB * f.V));
+
+    /* truncation: A, C, back to |A|, B */
+    ms_engine_reset(e2);
+    if (fwd(&f, e2, A, NA) || fwd(&f, e2, C, NC)) goto out;
+    ms_err why = {0};
+    rc = ms_engine_truncate(e2, NA, &why);
+    if (expect_truncatable(f.name)) {
+        CHECK_MSG(rc == MS_OK, "%s: truncate refused: %s", f.name, why.msg);
+        CHECK(ms_engine_can_truncate(e2, NULL) == MS_OK);
+        if (!rc && !run_b(&f, e2, B, got))
+            CHECK_MSG(!memcmp(got, ref, lb), "%s: truncate changed the logits (max diff %g)", f.name,
+                      max_abs(got, ref, (int64_t)NB * f.V));
+        rc = ms_engine_truncate(e2, NA + NB + 1, &why);
+        CHECK_MSG(rc == MS_ERR_ARG && strstr(why.msg, "truncate"), "%s: %s", f.name, why.msg);
+    } else {
+        CHECK_MSG(rc == MS_ERR_UNSUPPORTED && strstr(why.msg, "cannot roll"), "%s: truncate: rc %d %s", f.name, rc,
+                  why.msg);
+        CHECK(ms_engine_n_past(e2) == NA + NC);
+        CHECK(ms_engine_can_truncate(e2, NULL) == MS_ERR_UNSUPPORTED);
+    }
+out:
+    unlink(path);
+    ms_engine_snapshot_free(snap);
+    ms_engine_destroy(e1);
+    ms_engine_destroy(e2);
+    ms_engine_destroy(e3);
+    free(ref);
+    free(got);
+    close_fixture(&f);
+}
+
+/* Every distinct fixture directory of tests/fixtures.list (../shared/fixtures/models/NAME
+ * and the variants under tests/fixtures/extra). */
+static int list_fixtures(char dirs[][256], int cap) {
+    FILE *fp = fopen("tests/fixtures.list", "r");
+    CHECK(fp != NULL);
+    if (!fp) return 0;
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, fp) && n < cap) {
+        if (line[0] == '#' || line[0] == '\n' || strlen(line) >= 256) continue;
+        line[strcspn(line, " \t\r\n")] = 0;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= !strcmp(dirs[i], line);
+        if (!dup) memcpy(dirs[n++], line, strlen(line) + 1); /* < 256: longer lines were skipped */
+    }
+    fclose(fp);
+    return n;
+}
+
+TEST(every_fixture_snapshot_file_truncate) {
+    static char dirs[128][256];
+    int n = list_fixtures(dirs, 128);
+    CHECK(n >= 40);
+    for (int i = 0; i < n; i++) check_fixture(dirs[i]);
+}
+
+TEST_MAIN()
