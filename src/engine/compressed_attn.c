@@ -254,7 +254,7 @@ int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err) 
 
 /* ---- state parts (engine/state.c): the key window and raw-row rings (whole), the
  * entries closed so far (one row per rate positions) ---- */
-int ms_cattn_engine_parts(ms_engine *e, ms_state_part *parts, int n, int cap) {
+int ms_cattn_engine_parts(const ms_engine *e, ms_state_part *parts, int n, int cap) {
     struct ms_cattn_state *s = e->cattn;
     if (!s) return n;
     const ms_config *c = &e->m->cfg;

@@ -296,7 +296,7 @@ static void amb_put(ms_engine *e, int layer, const uint8_t *in, uint64_t n) {
     }
 }
 
-int ms_dsa_engine_parts(ms_engine *e, ms_state_part *parts, int n, int cap) {
+int ms_dsa_engine_parts(const ms_engine *e, ms_state_part *parts, int n, int cap) {
     ms_dsa_state *s = e->dsa;
     if (!s) return n;
     const char *why = s->replay_ok ? NULL : "DSA tie replays of a model with recurrent layers";

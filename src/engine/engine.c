@@ -383,11 +383,12 @@ static int add_part(ms_state_part *parts, int n, int cap, ms_state_part p) {
     return n + 1;
 }
 
-int ms_engine_state_parts(ms_engine *e, ms_state_part *parts, int cap) {
+int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap) {
     const ms_config *c = &e->m->cfg;
     buf_spec *specs = malloc(MAX_BUFS * sizeof *specs);
     if (!specs) return MS_ERR_NOMEM;
-    int ns = engine_buffers(e, c, (size_t)e->max_ctx, (size_t)e->max_batch, e->n_threads, 1, specs), n = 0;
+    ms_engine view = *e; /* the table writes a few sizes into its engine: a copy; the per-layer arrays are e's */
+    int ns = engine_buffers(&view, c, (size_t)e->max_ctx, (size_t)e->max_batch, e->n_threads, 1, specs), n = 0;
     for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table */
         if (!specs[i].state) continue;
         ms_state_part p = {.kind = MS_PART_ROWS, .data = *specs[i].ptr, .row_bytes = specs[i].row, .per = 1,

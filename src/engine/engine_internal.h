@@ -141,11 +141,12 @@ typedef struct ms_state_part {
 } ms_state_part;
 
 /* The engine's state parts into parts[0..cap) (parts may be NULL to count);
- * returns how many there are (may exceed cap: call again with room). */
-int ms_engine_state_parts(ms_engine *e, ms_state_part *parts, int cap);
+ * returns how many there are (may exceed cap: call again with room), or
+ * MS_ERR_NOMEM. e is not changed (the parts' data pointers are its memory). */
+int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap);
 /* The modules' parts, appended at parts[n..cap); return the new count. */
-int ms_dsa_engine_parts(ms_engine *e, ms_state_part *parts, int n, int cap);
-int ms_cattn_engine_parts(ms_engine *e, ms_state_part *parts, int n, int cap);
+int ms_dsa_engine_parts(const ms_engine *e, ms_state_part *parts, int n, int cap);
+int ms_cattn_engine_parts(const ms_engine *e, ms_state_part *parts, int n, int cap);
 /* After state.c restored every part for n_past: the modules' own counters. */
 void ms_dsa_engine_restored(ms_engine *e, int64_t n_past);
 void ms_cattn_engine_restored(ms_engine *e, int64_t n_past);

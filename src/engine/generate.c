@@ -368,32 +368,8 @@ int ms_gen_eos_ids(const char *dir, int64_t vocab, int32_t *ids, int cap, int *n
     return MS_OK;
 }
 
-/* ---------------- prefix reuse ---------------- */
-int ms_engine_can_truncate(const ms_engine *e) {
-    const ms_config *c = &e->m->cfg;
-    if (e->dsa || e->cattn) return 0;
-    for (int l = 0; l < c->n_layers; l++)
-        if ((c->layer_attn[l] != MS_ATTN_GQA && c->layer_attn[l] != MS_ATTN_MLA) || c->layer_dsa[l]) return 0;
-    return 1;
-}
-
-int ms_engine_truncate(ms_engine *e, int n_past, ms_err *err) {
-    if (n_past < 0 || n_past > e->n_past)
-        return ms_fail(err, MS_ERR_ARG, "truncate: %d is outside [0, %d] (the tokens held)", n_past, e->n_past);
-    if (n_past == e->n_past) return MS_OK;
-    if (n_past == 0) {
-        ms_engine_reset(e);
-        return MS_OK;
-    }
-    if (!ms_engine_can_truncate(e))
-        return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "truncate: the model has recurrent or compressed causal state (KDA/DeltaNet, DSA indexer or "
-                       "compressed attention) that cannot be cut back");
-    /* KV and latent caches are indexed by position: later rows are simply overwritten */
-    e->n_past = n_past;
-    e->la_layer = -1;
-    return MS_OK;
-}
+/* ---------------- prefix reuse ----------------
+ * ms_engine_can_truncate / ms_engine_truncate: engine/state.c. */
 
 /* ---------------- generation ---------------- */
 struct ms_generator {

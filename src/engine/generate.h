@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "engine/state.h"
 #include "text/tokenizer.h"
 #include "util/err.h"
 
@@ -95,13 +96,7 @@ void ms_stopper_flush(ms_stopper *s, const char **out, size_t *out_len);
 int ms_gen_eos_ids(const char *dir, int64_t vocab, int32_t *ids, int cap, int *n, ms_err *err);
 
 /* ---------------- prefix reuse ---------------- */
-/* Whether e's causal state can be cut back to fewer tokens (attention-only
- * models: GQA/MLA KV caches; not KDA/DeltaNet recurrent state, DSA indexers
- * or compressed attention, whose state summarizes what was cut). */
-int ms_engine_can_truncate(const ms_engine *e);
-/* Forget every token at position >= n_past. Errors: MS_ERR_ARG (n_past out of
- * [0, current]), MS_ERR_UNSUPPORTED (the model cannot roll back). */
-int ms_engine_truncate(ms_engine *e, int n_past, ms_err *err);
+/* Rollback (ms_engine_can_truncate, ms_engine_truncate) and snapshots: engine/state.h. */
 
 /* Exact causal-state snapshots for models that cannot roll back (an optional
  * plug-in, e.g. over engine/state.h). Both functions are optional. */

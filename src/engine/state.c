@@ -36,7 +36,7 @@ struct ms_snapshot {
 };
 
 /* The engine's parts, malloc'd into *out. */
-static int get_parts(ms_engine *e, ms_state_part **out, int *n, ms_err *err) {
+static int get_parts(const ms_engine *e, ms_state_part **out, int *n, ms_err *err) {
     int k = ms_engine_state_parts(e, NULL, 0);
     if (k < 0) return ms_fail(err, MS_ERR_NOMEM, "out of memory listing the engine state");
     ms_state_part *p = calloc((size_t)k + 1, sizeof *p);
@@ -176,7 +176,7 @@ uint64_t ms_engine_snapshot_bytes(const ms_snapshot *snap) { return snap ? snap-
 
 /* ---- rollback ---- */
 
-int ms_engine_can_truncate(ms_engine *e, ms_err *why) {
+int ms_engine_truncatable(const ms_engine *e, ms_err *why) {
     ms_state_part *p;
     int np, rc = get_parts(e, &p, &np, why);
     if (rc) return rc;
@@ -184,20 +184,26 @@ int ms_engine_can_truncate(ms_engine *e, ms_err *why) {
         if (p[i].no_truncate)
             rc = ms_fail(why, MS_ERR_UNSUPPORTED,
                          "cannot roll this model's state back: \"%s\" is %s, which depends on every earlier token "
-                         "(snapshot the state at the prefix instead)",
+                         "(restore a snapshot taken at the prefix instead)",
                          p[i].name, p[i].no_truncate);
     free(p);
     return rc;
 }
 
-int ms_engine_truncate(ms_engine *e, int n, ms_err *err) {
-    if (n < 0 || n > e->n_past)
-        return ms_fail(err, MS_ERR_ARG, "truncate to %d positions: the sequence holds %d", n, e->n_past);
-    int rc = ms_engine_can_truncate(e, err);
+int ms_engine_can_truncate(const ms_engine *e) { return ms_engine_truncatable(e, NULL) == MS_OK; }
+
+int ms_engine_truncate(ms_engine *e, int n_past, ms_err *err) {
+    if (n_past < 0 || n_past > e->n_past)
+        return ms_fail(err, MS_ERR_ARG, "truncate to %d positions: the sequence holds %d", n_past, e->n_past);
+    if (n_past == e->n_past) return MS_OK;
+    if (n_past == 0) { /* every model can start over */
+        ms_engine_reset(e);
+        return MS_OK;
+    }
+    int rc = ms_engine_truncatable(e, err);
     if (rc) return rc;
-    if (n == e->n_past) return MS_OK;
-    ms_dsa_engine_rollback(e, n); /* index keys and recorded tie rows from n on */
-    e->n_past = n;
+    ms_dsa_engine_rollback(e, n_past); /* index keys and recorded tie rows from n_past on */
+    e->n_past = n_past;
     e->la_layer = -1;
     return MS_OK;
 }

@@ -53,15 +53,18 @@ uint64_t ms_engine_snapshot_bytes(const ms_snapshot *snap);
  * per-position caches: GQA k/v, MLA latents, and DSA keys/ties of models
  * without recurrent layers); else MS_ERR_UNSUPPORTED with why naming the first
  * part that cannot (a KDA / gated-DeltaNet recurrent state, compressed-attention
- * rings...). why may be NULL. */
-int ms_engine_can_truncate(ms_engine *e, ms_err *why);
+ * rings...). why may be NULL. e is not changed. */
+int ms_engine_truncatable(const ms_engine *e, ms_err *why);
+/* 1 when ms_engine_truncatable(e) is MS_OK, else 0. */
+int ms_engine_can_truncate(const ms_engine *e);
 
-/* Roll e back to its first n tokens (0 <= n <= n_past): the state becomes
- * exactly what forwarding only those tokens left (forwarding more tokens then
- * matches a fresh engine fed the same pieces). Errors: MS_ERR_ARG (n out of
- * range), MS_ERR_UNSUPPORTED (see ms_engine_can_truncate; e unchanged: take
- * a snapshot at the prefix instead). */
-int ms_engine_truncate(ms_engine *e, int n, ms_err *err);
+/* Roll e back to its first n_past tokens (0 <= n_past <= current): the state
+ * becomes exactly what forwarding only those tokens left (forwarding more then
+ * matches an engine fed the same pieces without the detour). n_past 0 is a
+ * reset and works for every model. Errors: MS_ERR_ARG (n_past out of range),
+ * MS_ERR_UNSUPPORTED (see ms_engine_truncatable; e unchanged: restore a
+ * snapshot taken at the prefix instead). */
+int ms_engine_truncate(ms_engine *e, int n_past, ms_err *err);
 
 /* ---- state files ---- */
 

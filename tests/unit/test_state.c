@@ -191,7 +191,7 @@ static void check_fixture(const char *dir) {
     rc = ms_engine_truncate(e2, NA, &why);
     if (expect_truncatable(f.name)) {
         CHECK_MSG(rc == MS_OK, "%s: truncate refused: %s", f.name, why.msg);
-        CHECK(ms_engine_can_truncate(e2, NULL) == MS_OK);
+        CHECK(ms_engine_can_truncate(e2) && ms_engine_truncatable(e2, NULL) == MS_OK);
         if (!rc && !run_b(&f, e2, B, got))
             CHECK_MSG(!memcmp(got, ref, lb), "%s: truncate changed the logits (max diff %g)", f.name,
                       max_abs(got, ref, (int64_t)NB * f.V));
@@ -201,7 +201,12 @@ static void check_fixture(const char *dir) {
         CHECK_MSG(rc == MS_ERR_UNSUPPORTED && strstr(why.msg, "cannot roll"), "%s: truncate: rc %d %s", f.name, rc,
                   why.msg);
         CHECK(ms_engine_n_past(e2) == NA + NC);
-        CHECK(ms_engine_can_truncate(e2, NULL) == MS_ERR_UNSUPPORTED);
+        CHECK(!ms_engine_can_truncate(e2) && ms_engine_truncatable(e2, NULL) == MS_ERR_UNSUPPORTED);
+        /* back to nothing works for every model: a reset */
+        rc = ms_engine_truncate(e2, 0, &why);
+        CHECK_MSG(rc == MS_OK && ms_engine_n_past(e2) == 0, "%s: truncate to 0: %s", f.name, why.msg);
+        if (!rc && !fwd(&f, e2, A, NA) && !run_b(&f, e2, B, got))
+            CHECK_MSG(!memcmp(got, ref, lb), "%s: truncate to 0 changed the logits", f.name);
     }
 out:
     unlink(path);
