@@ -5,6 +5,8 @@
 #   make test       unit tests + fixture checks (no installs, no sanitizers)
 #   make asan       unit tests under ASan+UBSan
 #   make fuzz       every fuzz target, fixed seed, FUZZ_RUNS inputs (at most FUZZ_SECONDS)
+#   make gpu        GPU backend tests and bench (needs nvcc or hipcc; never part of make/check)
+#   make gpu-test   build and run them on the machine's GPU 0
 
 CC       ?= gcc
 CLANG    ?= clang
@@ -116,5 +118,45 @@ demo: deps
 
 clean:
 	rm -rf build
+
+# --- GPU backend (src/backend/gpu, tests/gpu): only through `make gpu` ---
+# CUDA: nvcc, GPU_ARCH (default sm_90, Hopper). ROCm: hipcc when nvcc is absent
+# (or GPUCC=hipcc), HIP_ARCH (default gfx90a); the sources are the same.
+GPU_ARCH ?= sm_90
+HIP_ARCH ?= gfx90a
+GPUCC    ?= $(shell command -v nvcc 2>/dev/null || command -v hipcc 2>/dev/null)
+ifneq ($(findstring hipcc,$(notdir $(GPUCC))),)
+GPU_FLAGS := -x hip -DMS_GPU_HIP --offload-arch=$(HIP_ARCH) -std=c++17 -O3 -Isrc -Wall
+GPU_LDFLAGS := --offload-arch=$(HIP_ARCH)
+else
+GPU_FLAGS := -O3 -std=c++17 -arch=$(GPU_ARCH) -lineinfo -Isrc -Xcompiler -Wall
+GPU_LDFLAGS := -arch=$(GPU_ARCH)
+endif
+GPU_SRC  := $(sort $(wildcard src/backend/gpu/*.cu))
+GPU_OBJ  := $(GPU_SRC:%.cu=build/gpu/obj/%.o)
+GPU_LIBS := $(filter-out -pthread,$(LDLIBS)) -lpthread
+
+.PHONY: gpu gpu-test
+gpu:
+	@if [ -z "$(GPUCC)" ]; then echo "make gpu: neither nvcc (CUDA) nor hipcc (ROCm) is on PATH; the GPU backend needs one (or set GPUCC=/path/to/nvcc)" >&2; exit 1; fi
+	$(MAKE) build/gpu/test_gpu build/gpu/gpubench
+
+gpu-test: gpu
+	build/gpu/test_gpu
+
+$(GPU_OBJ): $(wildcard src/backend/gpu/*.h) src/ops/ops.h src/util/dtype.h src/util/err.h
+build/gpu/obj/%.o: %.cu
+	@mkdir -p $(@D)
+	$(GPUCC) $(GPU_FLAGS) -c -o $@ $<
+
+build/gpu/%.o: tests/gpu/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests/unit -Itests/gpu -c -o $@ $<
+
+build/gpu/test_gpu: build/gpu/test_gpu.o $(GPU_OBJ) build/libmoonshine.a
+	$(GPUCC) $(GPU_LDFLAGS) -o $@ $^ $(GPU_LIBS)
+
+build/gpu/gpubench: build/gpu/gpubench.o $(GPU_OBJ) build/libmoonshine.a
+	$(GPUCC) $(GPU_LDFLAGS) -o $@ $^ $(GPU_LIBS)
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,176 @@
+/* gpu_port.h — the one place where CUDA and HIP differ.
+ *
+ * The kernels (*.cu) are written in CUDA syntax against the names below and
+ * never name a cuda* / hip* runtime symbol, intrinsic or header directly, so
+ * the same files build with nvcc (CUDA) and with hipcc (ROCm, compiled as HIP
+ * when __HIP_PLATFORM_AMD__ or MS_GPU_HIP is defined). In the style of
+ * llama.cpp's vendors/hip.h: runtime API names are mapped by macros, device
+ * intrinsics by small inline functions.
+ *
+ * Warp width: 32 on NVIDIA, 64 on AMD CDNA (gfx9xx; RDNA runs 32 but HIP
+ * reports warpSize 64 only for wave64). Kernels use MS_WARP for lane counts
+ * and ms_warp_sum / ms_warp_max for reductions within one warp; block sizes
+ * are multiples of 64 so they hold whole warps on both. */
+#ifndef MS_GPU_PORT_H
+#define MS_GPU_PORT_H
+
+#include <stdint.h>
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP)
+/* ---------------------------------------------------------------- HIP */
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#define MS_GPU_BACKEND_NAME "hip"
+#define MS_WARP 64
+typedef hipError_t gpuError_t;
+typedef hipStream_t gpuStream_t;
+typedef hipEvent_t gpuEvent_t;
+typedef hipDeviceProp_t gpuDeviceProp;
+#define gpuSuccess hipSuccess
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetLastError hipGetLastError
+#define gpuSetDevice hipSetDevice
+#define gpuGetDeviceCount hipGetDeviceCount
+#define gpuGetDeviceProperties hipGetDeviceProperties
+#define gpuDeviceGetAttribute hipDeviceGetAttribute
+#define gpuDevAttrMemoryClockRate hipDeviceAttributeMemoryClockRate
+#define gpuDevAttrGlobalMemoryBusWidth hipDeviceAttributeMemoryBusWidth
+#define gpuMemGetInfo hipMemGetInfo
+#define gpuMalloc hipMalloc
+#define gpuFree hipFree
+#define gpuMallocHost hipHostMalloc
+#define gpuFreeHost hipHostFree
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemsetAsync hipMemsetAsync
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define gpuMemcpyDefault hipMemcpyDefault
+#define gpuStreamCreateWithFlags hipStreamCreateWithFlags
+#define gpuStreamNonBlocking hipStreamNonBlocking
+#define gpuStreamDestroy hipStreamDestroy
+#define gpuStreamSynchronize hipStreamSynchronize
+#define gpuEventCreate hipEventCreate
+#define gpuEventDestroy hipEventDestroy
+#define gpuEventRecord hipEventRecord
+#define gpuEventSynchronize hipEventSynchronize
+#define gpuEventElapsedTime hipEventElapsedTime
+#define gpuRuntimeGetVersion hipRuntimeGetVersion
+#define gpuDriverGetVersion hipDriverGetVersion
+
+/* lane shuffles: HIP has no mask argument */
+static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor(v, m, MS_WARP); }
+static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor(v, m, MS_WARP); }
+
+/* FP8 E4M3FN byte -> float, exact (incl. subnormals; 0x7f/0xff NaN), by bit
+ * placement: the 7 magnitude bits at f32 bit 20 give 2^(e-127)(1+m/8) (or the
+ * f32 subnormal m 2^-129), times 2^120 is the E4M3 value. */
+static __device__ __forceinline__ float ms_fp8_e4m3_to_f32_dev(uint32_t b) {
+    uint32_t mag = b & 0x7fu;
+    float f = __uint_as_float(mag << 20) * 0x1p120f;
+    f = (b & 0x80u) ? -f : f;
+    return mag == 0x7fu ? __uint_as_float(0x7fc00000u) : f;
+}
+/* Two FP8 E4M3 values (low byte first) of a 16-bit word -> float2. */
+static __device__ __forceinline__ float2 ms_fp8x2_e4m3_to_f32x2(uint32_t w16) {
+    return make_float2(ms_fp8_e4m3_to_f32_dev(w16 & 0xffu), ms_fp8_e4m3_to_f32_dev((w16 >> 8) & 0xffu));
+}
+#else
+/* --------------------------------------------------------------- CUDA */
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#define MS_GPU_BACKEND_NAME "cuda"
+#define MS_WARP 32
+typedef cudaError_t gpuError_t;
+typedef cudaStream_t gpuStream_t;
+typedef cudaEvent_t gpuEvent_t;
+typedef cudaDeviceProp gpuDeviceProp;
+#define gpuSuccess cudaSuccess
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetLastError cudaGetLastError
+#define gpuSetDevice cudaSetDevice
+#define gpuGetDeviceCount cudaGetDeviceCount
+#define gpuGetDeviceProperties cudaGetDeviceProperties
+#define gpuDeviceGetAttribute cudaDeviceGetAttribute
+#define gpuDevAttrMemoryClockRate cudaDevAttrMemoryClockRate
+#define gpuDevAttrGlobalMemoryBusWidth cudaDevAttrGlobalMemoryBusWidth
+#define gpuMemGetInfo cudaMemGetInfo
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMallocHost cudaMallocHost
+#define gpuFreeHost cudaFreeHost
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemsetAsync cudaMemsetAsync
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define gpuMemcpyDefault cudaMemcpyDefault
+#define gpuStreamCreateWithFlags cudaStreamCreateWithFlags
+#define gpuStreamNonBlocking cudaStreamNonBlocking
+#define gpuStreamDestroy cudaStreamDestroy
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuEventCreate cudaEventCreate
+#define gpuEventDestroy cudaEventDestroy
+#define gpuEventRecord cudaEventRecord
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuEventElapsedTime cudaEventElapsedTime
+#define gpuRuntimeGetVersion cudaRuntimeGetVersion
+#define gpuDriverGetVersion cudaDriverGetVersion
+
+static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
+static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
+
+/* FP8 E4M3FN -> float through the hardware pair conversion (sm_89+: one
+ * cvt.rn.f16x2.e4m3x2 per two values; E4M3 is exact in F16, NaN stays NaN). */
+static __device__ __forceinline__ float2 ms_fp8x2_e4m3_to_f32x2(uint32_t w16) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w16 & 0xffffu), __NV_E4M3);
+    return __half22float2(*(const __half2 *)&h);
+}
+static __device__ __forceinline__ float ms_fp8_e4m3_to_f32_dev(uint32_t b) {
+    return ms_fp8x2_e4m3_to_f32x2(b & 0xffu).x;
+}
+#endif
+
+/* ------------------------------------------------------ shared helpers */
+
+/* Sum / max over the lanes of one warp (every lane gets the result). */
+static __device__ __forceinline__ float ms_warp_sum(float v) {
+#pragma unroll
+    for (int m = MS_WARP / 2; m > 0; m >>= 1) v += ms_shfl_xor(v, m);
+    return v;
+}
+static __device__ __forceinline__ float ms_warp_max(float v) {
+#pragma unroll
+    for (int m = MS_WARP / 2; m > 0; m >>= 1) v = fmaxf(v, ms_shfl_xor(v, m));
+    return v;
+}
+
+/* BF16 bits -> float (exact). */
+static __device__ __forceinline__ float ms_bf16_to_f32_dev(uint32_t h) { return __uint_as_float(h << 16); }
+/* Two BF16 in one 32-bit word (low first) -> float2. */
+static __device__ __forceinline__ float2 ms_bf16x2_to_f32x2(uint32_t w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+/* F16 bits -> float (exact). */
+static __device__ __forceinline__ float ms_f16_to_f32_dev(uint32_t h) {
+    __half_raw r;
+    r.x = (unsigned short)h;
+    return __half2float(__half(r));
+}
+/* Two F16 in one word -> float2. */
+static __device__ __forceinline__ float2 ms_f16x2_to_f32x2(uint32_t w) {
+    return make_float2(ms_f16_to_f32_dev(w & 0xffffu), ms_f16_to_f32_dev(w >> 16));
+}
+/* E8M0 scale byte -> 2^(e-127) as ms_e8m0_to_f32 computes it (0xff NaN, 0 -> 2^-127). */
+static __device__ __forceinline__ float ms_e8m0_to_f32_dev(uint32_t e) {
+    return __uint_as_float(e == 0xffu ? 0x7fc00000u : e == 0 ? 0x00400000u : e << 23);
+}
+/* MXFP4 e2m1 nibble -> float: magnitudes {0,.5,1,1.5,2,3,4,6} (twice: a
+ * packed table of 4-bit integers), sign in bit 3. */
+static __device__ __forceinline__ float ms_e2m1_to_f32(uint32_t nib) {
+    float m = (float)((0xC8643210u >> ((nib & 7u) * 4u)) & 15u) * 0.5f;
+    return (nib & 8u) ? -m : m;
+}
+
+#endif

@@ -1,0 +1,438 @@
+/* matmul.cu — y = W x for weights in their stored dtype (F32, F16, BF16, FP8
+ * E4M3 with block scales, MXFP4), small token counts (decode), and the expert
+ * FFN of one token built on it (contracts in gpu.h).
+ *
+ * Decode is memory-bound: each weight byte is read once per pass, so the
+ * kernel streams rows with 16-byte loads per lane, coalesced across the warp,
+ * several loads in flight (R rows x U chunks per lane), and applies up to NT
+ * tokens to every loaded chunk. One warp owns R rows; a block is 4 warps.
+ * Dequantization happens in registers: BF16/F16/F32 by conversion, FP8 by the
+ * port's pair conversion with the block scale applied once per 16-column
+ * chunk, MXFP4 by placing the e2m1 bits into F16 (2^-14 of the value, folded
+ * into the E8M0 scale) with the scale applied once per 32-column group.
+ *
+ * Rows whose byte length is not a multiple of 16, x not 16-byte aligned, or
+ * FP8 blocks narrower than 16 columns take a generic kernel (one element per
+ * lane per step, any layout): correct for every shape, slower. */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/gpu/gpu_internal.h"
+
+#define MM_WARPS 4    /* warps per block */
+#define MM_R 2        /* rows per warp */
+#define MM_U 2        /* chunks per lane in flight per row */
+#define MM_MAXJ 64    /* jobs per launch */
+#define MM_MAXNT 8    /* tokens per pass */
+
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_FP8 = 3, DT_F4 = 4 };
+enum { SC_NONE = 0, SC_F32 = 1, SC_BF16 = 2, SC_E8M0 = 3 };
+
+typedef struct mm_job {
+    const uint8_t *w, *scale;
+    const float *x;
+    float *y;
+} mm_job;
+
+typedef struct mm_args {
+    mm_job job[MM_MAXJ];
+    int64_t rows, cols, scols; /* scols: scale columns per scale row */
+    int brow, bcol, scale_dt, n, acc;
+} mm_args;
+
+static __device__ __forceinline__ float load_scale(const uint8_t *s, int dt, int64_t i) {
+    if (dt == SC_F32) return ((const float *)s)[i];
+    if (dt == SC_BF16) return ms_bf16_to_f32_dev(((const uint16_t *)s)[i]);
+    if (dt == SC_E8M0) return ms_e8m0_to_f32_dev(s[i]);
+    return 1.0f;
+}
+
+/* Elements per 16-byte chunk and per decoded sub-group. */
+template <int DT> struct mm_traits;
+template <> struct mm_traits<DT_F32> { enum { VEC = 4, SUB = 4 }; };
+template <> struct mm_traits<DT_F16> { enum { VEC = 8, SUB = 8 }; };
+template <> struct mm_traits<DT_BF16> { enum { VEC = 8, SUB = 8 }; };
+template <> struct mm_traits<DT_FP8> { enum { VEC = 16, SUB = 8 }; };
+template <> struct mm_traits<DT_F4> { enum { VEC = 32, SUB = 8 }; };
+
+/* e2m1 nibble pair (bits 0-3, 4-7 of q) -> F16 pair holding value * 2^-14. */
+static __device__ __forceinline__ float2 e2m1x2_scaled(uint32_t q) {
+    uint32_t h = ((q & 0x7u) << 9) | ((q & 0x8u) << 12) | ((q & 0x70u) << 21) | ((q & 0x80u) << 24);
+    return ms_f16x2_to_f32x2(h);
+}
+
+/* Decode sub-group `sub` of a 16-byte chunk into SUB floats. */
+template <int DT>
+static __device__ __forceinline__ void decode(const uint4 &raw, int sub, float *w) {
+    const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
+    if (DT == DT_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = __uint_as_float(q[i]);
+    } else if (DT == DT_BF16 || DT == DT_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = DT == DT_BF16 ? ms_bf16x2_to_f32x2(q[i]) : ms_f16x2_to_f32x2(q[i]);
+            w[2 * i] = f.x, w[2 * i + 1] = f.y;
+        }
+    } else if (DT == DT_FP8) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint32_t v = q[2 * sub + i];
+            float2 a = ms_fp8x2_e4m3_to_f32x2(v & 0xffffu), b = ms_fp8x2_e4m3_to_f32x2(v >> 16);
+            w[4 * i] = a.x, w[4 * i + 1] = a.y, w[4 * i + 2] = b.x, w[4 * i + 3] = b.y;
+        }
+    } else { /* DT_F4: word `sub` holds columns 8*sub .. 8*sub+7, low nibble first */
+        uint32_t v = q[sub];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = e2m1x2_scaled(v >> (8 * i));
+            w[2 * i] = f.x, w[2 * i + 1] = f.y;
+        }
+    }
+}
+
+/* The vector kernel: rows of cols % VEC == 0, 16-byte aligned rows and x. */
+template <int DT, int NT>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, SUB = T::SUB, NSUB = VEC / SUB;
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    const mm_job jb = a.job[blockIdx.y];
+    const int64_t row0 = ((int64_t)blockIdx.x * MM_WARPS + warp) * MM_R;
+    if (row0 >= a.rows) return;
+    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
+    const int n = a.n;
+    float acc[MM_R][NT];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    const uint4 *wr[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1; /* clamp: duplicate reads, result dropped */
+        wr[r] = (const uint4 *)(jb.w + row * rowbytes);
+    }
+    for (int64_t k0 = lane; k0 < nch; k0 += MM_U * MS_WARP) {
+        uint4 raw[MM_U][MM_R];
+#pragma unroll
+        for (int u = 0; u < MM_U; u++)
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) {
+                int64_t k = k0 + (int64_t)u * MS_WARP;
+                raw[u][r] = k < nch ? wr[r][k] : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+        for (int u = 0; u < MM_U; u++) {
+            int64_t k = k0 + (int64_t)u * MS_WARP;
+            bool live = k < nch;
+            int64_t c0 = (live ? k : 0) * VEC; /* a dead chunk decodes zeros against column 0 */
+            float part[MM_R][NT];
+#pragma unroll
+            for (int r = 0; r < MM_R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) part[r][t] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < NSUB; s++) {
+                float w[MM_R][SUB];
+#pragma unroll
+                for (int r = 0; r < MM_R; r++) decode<DT>(raw[u][r], s, w[r]);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float4 *xp = (const float4 *)(jb.x + (int64_t)(t < n ? t : 0) * a.cols + c0 + s * SUB);
+                    float xv[SUB];
+#pragma unroll
+                    for (int i = 0; i < SUB / 4; i++) {
+                        float4 v = xp[i];
+                        xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+                    }
+#pragma unroll
+                    for (int r = 0; r < MM_R; r++)
+#pragma unroll
+                        for (int i = 0; i < SUB; i++) part[r][t] = fmaf(w[r][i], xv[i], part[r][t]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) {
+                float sc = 1.0f;
+                if (DT == DT_FP8 || DT == DT_F4) {
+                    int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1;
+                    if (a.scale_dt != SC_NONE && live) sc = load_scale(jb.scale, a.scale_dt, (row / a.brow) * a.scols + c0 / a.bcol);
+                    if (DT == DT_F4) sc *= 16384.0f; /* e2m1x2_scaled's 2^-14 */
+                }
+#pragma unroll
+                for (int t = 0; t < NT; t++) acc[r][t] = fmaf(sc, part[r][t], acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MM_R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = ms_warp_sum(acc[r][t]);
+            int64_t row = row0 + r;
+            if (lane == 0 && t < n && row < a.rows) {
+                float *yp = jb.y + (int64_t)t * a.rows + row;
+                *yp = a.acc ? *yp + v : v;
+            }
+        }
+}
+
+/* Element (row, c) of any supported layout, scale applied. */
+static __device__ __forceinline__ float elem(const mm_args &a, const mm_job &jb, int dt, int64_t row, int64_t c) {
+    int64_t i = row * a.cols + c;
+    float v;
+    switch (dt) {
+    case DT_F32: return ((const float *)jb.w)[i];
+    case DT_F16: return ms_f16_to_f32_dev(((const uint16_t *)jb.w)[i]);
+    case DT_BF16: return ms_bf16_to_f32_dev(((const uint16_t *)jb.w)[i]);
+    case DT_FP8: v = ms_fp8_e4m3_to_f32_dev(jb.w[i]); break;
+    default: v = ms_e2m1_to_f32((jb.w[i >> 1] >> ((i & 1) * 4)) & 15u); break;
+    }
+    if (a.scale_dt != SC_NONE) v *= load_scale(jb.scale, a.scale_dt, (row / a.brow) * a.scols + c / a.bcol);
+    return v;
+}
+
+/* The generic kernel: one warp per row, one column per lane per step. */
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_generic_kernel(const mm_args a, int dt) {
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    const mm_job jb = a.job[blockIdx.y];
+    const int64_t row = (int64_t)blockIdx.x * MM_WARPS + warp;
+    if (row >= a.rows) return;
+    float acc[MM_MAXNT];
+#pragma unroll
+    for (int t = 0; t < MM_MAXNT; t++) acc[t] = 0.0f;
+    for (int64_t c = lane; c < a.cols; c += MS_WARP) {
+        float w = elem(a, jb, dt, row, c);
+#pragma unroll
+        for (int t = 0; t < MM_MAXNT; t++)
+            if (t < a.n) acc[t] = fmaf(w, jb.x[(int64_t)t * a.cols + c], acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < MM_MAXNT; t++) {
+        float v = ms_warp_sum(acc[t]);
+        if (lane == 0 && t < a.n) {
+            float *yp = jb.y + (int64_t)t * a.rows + row;
+            *yp = a.acc ? *yp + v : v;
+        }
+    }
+}
+
+static int kernel_dtype(ms_dtype dt) {
+    switch (dt) {
+    case MS_DT_F32: return DT_F32;
+    case MS_DT_F16: return DT_F16;
+    case MS_DT_BF16: return DT_BF16;
+    case MS_DT_F8_E4M3: return DT_FP8;
+    case MS_DT_F4: return DT_F4;
+    default: return -1;
+    }
+}
+
+template <int DT>
+static void launch_vec(const mm_args &a, int nj, gpuStream_t st) {
+    dim3 grid((unsigned)((a.rows + MM_WARPS * MM_R - 1) / (MM_WARPS * MM_R)), (unsigned)nj);
+    dim3 block(MM_WARPS * MS_WARP);
+    if (a.n == 1) mm_vec_kernel<DT, 1><<<grid, block, 0, st>>>(a);
+    else if (a.n == 2) mm_vec_kernel<DT, 2><<<grid, block, 0, st>>>(a);
+    else if (a.n <= 4) mm_vec_kernel<DT, 4><<<grid, block, 0, st>>>(a);
+    else mm_vec_kernel<DT, 8><<<grid, block, 0, st>>>(a);
+}
+
+/* Run nj jobs of one weight layout (w describes dtype/shape/scales; job pointers
+ * carry the per-job data), n tokens each (n <= MM_MAXNT). */
+static int mm_launch(ms_gpu *g, const ms_qmat *w, mm_job *jobs, int nj, int n, int acc, int force_generic,
+                     ms_err *err) {
+    mm_args a;
+    memset(&a, 0, sizeof a);
+    memcpy(a.job, jobs, (size_t)nj * sizeof *jobs);
+    a.rows = w->rows, a.cols = w->cols, a.n = n, a.acc = acc;
+    a.brow = w->scale ? w->brow : 1, a.bcol = w->scale ? w->bcol : 1;
+    a.scols = w->scale ? (w->cols + w->bcol - 1) / w->bcol : 0;
+    a.scale_dt = !w->scale ? SC_NONE : w->scale_dtype == MS_DT_F32 ? SC_F32 : w->scale_dtype == MS_DT_BF16 ? SC_BF16 : SC_E8M0;
+    int dt = kernel_dtype(w->dtype);
+    int bits = ms_gpu_dtype_bits(w->dtype), vec = 128 / bits;
+    int vec_ok = !force_generic && w->cols % vec == 0;
+    if (dt == DT_FP8 && w->scale && w->bcol % 16) vec_ok = 0;
+    for (int j = 0; j < nj && vec_ok; j++)
+        if ((uintptr_t)jobs[j].w % 16 || (uintptr_t)jobs[j].x % 16) vec_ok = 0;
+    if (vec_ok) {
+        switch (dt) {
+        case DT_F32: launch_vec<DT_F32>(a, nj, g->stream); break;
+        case DT_F16: launch_vec<DT_F16>(a, nj, g->stream); break;
+        case DT_BF16: launch_vec<DT_BF16>(a, nj, g->stream); break;
+        case DT_FP8: launch_vec<DT_FP8>(a, nj, g->stream); break;
+        default: launch_vec<DT_F4>(a, nj, g->stream); break;
+        }
+    } else {
+        dim3 grid((unsigned)((a.rows + MM_WARPS - 1) / MM_WARPS), (unsigned)nj);
+        mm_generic_kernel<<<grid, MM_WARPS * MS_WARP, 0, g->stream>>>(a, dt);
+    }
+    return ms_gpu_launched(err, vec_ok ? "matmul (vector kernel)" : "matmul (generic kernel)");
+}
+
+static int matmul_impl(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc, int force_generic,
+                       ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    int rc = ms_gpu_qmat_check(w, "ms_gpu_matmul", err);
+    if (rc) return rc;
+    if (!y || !x || n < 1) return ms_fail(err, MS_ERR_ARG, "ms_gpu_matmul: need x, y and n >= 1 (n = %d)", n);
+    for (int t0 = 0; t0 < n; t0 += MM_MAXNT) {
+        int nt = n - t0 < MM_MAXNT ? n - t0 : MM_MAXNT;
+        mm_job j = {(const uint8_t *)w->data, (const uint8_t *)w->scale, x + (int64_t)t0 * w->cols,
+                    y + (int64_t)t0 * w->rows};
+        if ((rc = mm_launch(g, w, &j, 1, nt, acc, force_generic, err))) return rc;
+    }
+    return MS_OK;
+}
+
+extern "C" int ms_gpu_matmul(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc, ms_err *err) {
+    return matmul_impl(g, y, x, n, w, acc, 0, err);
+}
+
+/* Same contract, always the generic kernel (tests compare both paths). */
+extern "C" int ms_gpu_matmul_generic(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc,
+                                     ms_err *err) {
+    return matmul_impl(g, y, x, n, w, acc, 1, err);
+}
+
+/* ------------------------------------------------------------ expert FFN */
+
+#define EX_MAXK 32
+
+typedef struct ex_act_args {
+    const void *gbias[EX_MAXK], *ubias[EX_MAXK];
+    int64_t inter;
+    int fused, bias_bf16, act;
+    float limit, alpha;
+} ex_act_args;
+
+static __device__ __forceinline__ float bias_at(const void *b, int bf16, int64_t i) {
+    if (!b) return 0.0f;
+    return bf16 ? ms_bf16_to_f32_dev(((const uint16_t *)b)[i]) : ((const float *)b)[i];
+}
+
+/* gpt-oss clamped SwiGLU / (limited) SwiGLU, as engine/moe.c's expert_act. */
+static __device__ __forceinline__ float glu(float gt, float up, int act, float limit, float alpha) {
+    if (act == MS_GPU_ACT_CLAMPED_SWIGLU) {
+        float gg = gt < limit ? gt : limit;
+        float uu = up < -limit ? -limit : up > limit ? limit : up;
+        return (uu + 1.0f) * gg * (1.0f / (1.0f + expf(-(alpha * gg))));
+    }
+    if (limit > 0) {
+        if (gt > limit) gt = limit;
+        up = up > limit ? limit : up < -limit ? -limit : up;
+    }
+    return gt / (1.0f + expf(-gt)) * up;
+}
+
+/* G [k, 2I] (gate outputs, or the fused interleaved gate_up), U [k, I] (up
+ * outputs when not fused) -> H [k, I] into U. */
+__global__ void ex_act_kernel(const ex_act_args a, const float *G, float *U) {
+    int e = blockIdx.y;
+    int64_t I = a.inter;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < I; i += (int64_t)gridDim.x * blockDim.x) {
+        float gt, up;
+        if (a.fused) {
+            gt = G[e * 2 * I + 2 * i] + bias_at(a.gbias[e], a.bias_bf16, 2 * i);
+            up = G[e * 2 * I + 2 * i + 1] + bias_at(a.gbias[e], a.bias_bf16, 2 * i + 1);
+        } else {
+            gt = G[e * 2 * I + i] + bias_at(a.gbias[e], a.bias_bf16, i);
+            up = U[e * I + i] + bias_at(a.ubias[e], a.bias_bf16, i);
+        }
+        U[e * I + i] = glu(gt, up, a.act, a.limit, a.alpha);
+    }
+}
+
+typedef struct ex_sum_args {
+    const void *dbias[EX_MAXK];
+    int k, bias_bf16, acc;
+    int64_t hidden;
+} ex_sum_args;
+
+/* out[d] = (acc ? out[d] : 0) + sum_e w[e] (Y[e, d] + bias_e[d]), experts in order. */
+__global__ void ex_sum_kernel(const ex_sum_args a, const float *Y, const float *w, float *out) {
+    for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < a.hidden; d += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int e = 0; e < a.k; e++) s = fmaf(w[e], Y[e * a.hidden + d] + bias_at(a.dbias[e], a.bias_bf16, d), s);
+        out[d] = a.acc ? out[d] + s : s;
+    }
+}
+
+extern "C" size_t ms_gpu_expert_scratch_floats(int k, int64_t inter, int64_t hidden) {
+    return (size_t)k * (size_t)(3 * inter + hidden) + 64;
+}
+
+static int same_layout(const ms_qmat *a, const ms_qmat *b) {
+    return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols && !a->scale == !b->scale &&
+           (!a->scale || (a->scale_dtype == b->scale_dtype && a->brow == b->brow && a->bcol == b->bcol));
+}
+
+extern "C" int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, const ms_gpu_expert *ex,
+                                 const float *weights, ms_gpu_act act, float limit, float alpha, float *scratch,
+                                 int acc, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    if (!out || !x || !ex || !weights || !scratch)
+        return ms_fail(err, MS_ERR_ARG, "ms_gpu_expert_ffn: NULL argument");
+    if (k < 1 || k > EX_MAXK) return ms_fail(err, MS_ERR_LIMIT, "ms_gpu_expert_ffn: %d experts (1..%d)", k, EX_MAXK);
+    if (act != MS_GPU_ACT_SWIGLU && act != MS_GPU_ACT_CLAMPED_SWIGLU)
+        return ms_fail(err, MS_ERR_ARG, "ms_gpu_expert_ffn: unknown activation %d", (int)act);
+    int fused = ex[0].up.data == NULL;
+    int64_t I = ex[0].down.cols, D = ex[0].down.rows;
+    int rc;
+    char what[64];
+    for (int e = 0; e < k; e++) {
+        snprintf(what, sizeof what, "expert %d gate", e);
+        if ((rc = ms_gpu_qmat_check(&ex[e].gate, what, err))) return rc;
+        snprintf(what, sizeof what, "expert %d down", e);
+        if ((rc = ms_gpu_qmat_check(&ex[e].down, what, err))) return rc;
+        if ((ex[e].up.data == NULL) != fused)
+            return ms_fail(err, MS_ERR_ARG, "expert %d: fused and separate gate/up mixed in one call", e);
+        if (!fused) {
+            snprintf(what, sizeof what, "expert %d up", e);
+            if ((rc = ms_gpu_qmat_check(&ex[e].up, what, err))) return rc;
+            if (!same_layout(&ex[e].up, &ex[e].gate))
+                return ms_fail(err, MS_ERR_SHAPE, "expert %d: up and gate differ in dtype, shape or scales", e);
+        }
+        if (ex[e].gate.rows != (fused ? 2 : 1) * I || ex[e].gate.cols != D || ex[e].down.rows != D ||
+            ex[e].down.cols != I)
+            return ms_fail(err, MS_ERR_SHAPE,
+                           "expert %d: gate [%lld, %lld], down [%lld, %lld] do not fit inter %lld, hidden %lld%s", e,
+                           (long long)ex[e].gate.rows, (long long)ex[e].gate.cols, (long long)ex[e].down.rows,
+                           (long long)ex[e].down.cols, (long long)I, (long long)D, fused ? " (fused gate_up)" : "");
+        if (e && (!same_layout(&ex[e].gate, &ex[0].gate) || !same_layout(&ex[e].down, &ex[0].down)))
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "expert %d: weights differ in dtype or layout from expert 0", e);
+        if ((ex[e].gate_bias || ex[e].up_bias || ex[e].down_bias) && ex[e].bias_dtype != MS_DT_F32 &&
+            ex[e].bias_dtype != MS_DT_BF16)
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "expert %d: biases of %s (F32 or BF16)", e,
+                           ms_dtype_name(ex[e].bias_dtype));
+    }
+    float *G = scratch, *U = G + (int64_t)k * 2 * I, *Y = U + (int64_t)k * I;
+    mm_job jobs[2 * EX_MAXK];
+    int nj = 0;
+    for (int e = 0; e < k; e++) {
+        jobs[nj++] = (mm_job){(const uint8_t *)ex[e].gate.data, (const uint8_t *)ex[e].gate.scale, x, G + e * 2 * I};
+        if (!fused)
+            jobs[nj++] = (mm_job){(const uint8_t *)ex[e].up.data, (const uint8_t *)ex[e].up.scale, x, U + e * I};
+    }
+    /* gate and up share a layout: one launch for both (or the fused rows) */
+    if ((rc = mm_launch(g, &ex[0].gate, jobs, nj, 1, 0, 0, err))) return rc;
+    ex_act_args aa;
+    memset(&aa, 0, sizeof aa);
+    aa.inter = I, aa.fused = fused, aa.act = act, aa.limit = limit, aa.alpha = alpha;
+    aa.bias_bf16 = ex[0].bias_dtype == MS_DT_BF16;
+    for (int e = 0; e < k; e++) aa.gbias[e] = ex[e].gate_bias, aa.ubias[e] = ex[e].up_bias;
+    dim3 ga((unsigned)((I + 255) / 256), (unsigned)k);
+    ex_act_kernel<<<ga, 256, 0, g->stream>>>(aa, G, U);
+    if ((rc = ms_gpu_launched(err, "expert activation"))) return rc;
+    nj = 0;
+    for (int e = 0; e < k; e++)
+        jobs[nj++] = (mm_job){(const uint8_t *)ex[e].down.data, (const uint8_t *)ex[e].down.scale, U + e * I, Y + e * D};
+    if ((rc = mm_launch(g, &ex[0].down, jobs, nj, 1, 0, 0, err))) return rc;
+    ex_sum_args sa;
+    memset(&sa, 0, sizeof sa);
+    sa.k = k, sa.hidden = D, sa.acc = acc, sa.bias_bf16 = aa.bias_bf16;
+    for (int e = 0; e < k; e++) sa.dbias[e] = ex[e].down_bias;
+    ex_sum_kernel<<<(unsigned)((D + 255) / 256), 256, 0, g->stream>>>(sa, Y, weights, out);
+    return ms_gpu_launched(err, "expert weighted sum");
+}

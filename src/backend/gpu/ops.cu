@@ -1,0 +1,343 @@
+/* ops.cu — RMSNorm, RoPE, gated activations, MoE router, GQA attention
+ * (contracts in gpu.h). Each mirrors a CPU twin: ops_ref.c / backend/cpu
+ * (rmsnorm), model/config.c + engine.c (ms_rope_cos_sin, ms_rope_apply),
+ * engine/moe.c (route, expert_act), engine/attention.c (gqa_head). */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/gpu/gpu_internal.h"
+
+/* Sum over a block whose size is a multiple of MS_WARP (every thread gets it). */
+static __device__ float block_sum(float v, float *sh) {
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    v = ms_warp_sum(v);
+    __syncthreads(); /* sh may still be read from a previous call */
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++) s += sh[i];
+    return s;
+}
+
+/* ------------------------------------------------------------ RMSNorm */
+
+__global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int d, float eps) {
+    __shared__ float sh[32];
+    const float *xr = x + (int64_t)blockIdx.x * d;
+    float *yr = y + (int64_t)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    ss = block_sum(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+}
+
+extern "C" int ms_gpu_rmsnorm(ms_gpu *g, float *y, const float *x, const float *w, int n, int d, float eps,
+                              ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    if (!y || !x || n < 1 || d < 1 || !(eps >= 0))
+        return ms_fail(err, MS_ERR_ARG, "ms_gpu_rmsnorm: need x, y, n >= 1, d >= 1, eps >= 0 (n %d, d %d)", n, d);
+    rmsnorm_kernel<<<n, 256, 0, g->stream>>>(y, x, w, d, eps);
+    return ms_gpu_launched(err, "rmsnorm");
+}
+
+/* --------------------------------------------------------------- RoPE */
+
+__global__ void rope_kernel(float *x, int n, int64_t tok_stride, int n_heads, int64_t head_stride, int rot_off,
+                            int half, int interleaved, const float *inv_freq, double attn_factor, int64_t pos0) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, total = (int64_t)n * n_heads * half;
+    if (idx >= total) return;
+    int i = (int)(idx % half);
+    int64_t th = idx / half;
+    int h = (int)(th % n_heads), t = (int)(th / n_heads);
+    float ang = (float)(pos0 + t) * inv_freq[i]; /* in float, as transformers and the CPU path */
+    float c = (float)(cos((double)ang) * attn_factor), s = (float)(sin((double)ang) * attn_factor);
+    float *v = x + t * tok_stride + h * head_stride + rot_off;
+    int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    float a = v[ia], b = v[ib];
+    v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    v[ib] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+extern "C" int ms_gpu_rope(ms_gpu *g, float *x, int n, int64_t tok_stride, int n_heads, int64_t head_stride,
+                           int rot_off, int rot_dim, int interleaved, const float *inv_freq, double attn_factor,
+                           int64_t pos0, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    if (!x || !inv_freq || n < 1 || n_heads < 1 || rot_off < 0 || pos0 < 0)
+        return ms_fail(err, MS_ERR_ARG, "ms_gpu_rope: need x, inv_freq, n >= 1, heads >= 1, offsets >= 0");
+    if (rot_dim < 2 || rot_dim % 2 || rot_dim > 1024)
+        return ms_fail(err, MS_ERR_ARG, "ms_gpu_rope: rotary dims %d must be even, 2..1024", rot_dim);
+    int64_t total = (int64_t)n * n_heads * (rot_dim / 2);
+    rope_kernel<<<(unsigned)((total + 255) / 256), 256, 0, g->stream>>>(x, n, tok_stride, n_heads, head_stride,
+                                                                       rot_off, rot_dim / 2, interleaved, inv_freq,
+                                                                       attn_factor, pos0);
+    return ms_gpu_launched(err, "rope");
+}
+
+/* ---------------------------------------------------- gated activations */
+
+__global__ void glu_kernel(float *out, const float *gate, const float *up, int64_t n, int act, float limit,
+                           float alpha) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float gt = gate[i], u = up[i];
+        if (act == MS_GPU_ACT_CLAMPED_SWIGLU) {
+            float gg = gt < limit ? gt : limit;
+            float uu = u < -limit ? -limit : u > limit ? limit : u;
+            out[i] = (uu + 1.0f) * gg * (1.0f / (1.0f + expf(-(alpha * gg))));
+        } else {
+            if (limit > 0) {
+                if (gt > limit) gt = limit;
+                u = u > limit ? limit : u < -limit ? -limit : u;
+            }
+            out[i] = gt / (1.0f + expf(-gt)) * u;
+        }
+    }
+}
+
+extern "C" int ms_gpu_glu(ms_gpu *g, float *out, const float *gate, const float *up, int64_t n, ms_gpu_act act,
+                          float limit, float alpha, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    if (!out || !gate || !up || n < 1) return ms_fail(err, MS_ERR_ARG, "ms_gpu_glu: need buffers and n >= 1");
+    if (act != MS_GPU_ACT_SWIGLU && act != MS_GPU_ACT_CLAMPED_SWIGLU)
+        return ms_fail(err, MS_ERR_ARG, "ms_gpu_glu: unknown activation %d", (int)act);
+    int64_t blocks = (n + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    glu_kernel<<<(unsigned)blocks, 256, 0, g->stream>>>(out, gate, up, n, (int)act, limit, alpha);
+    return ms_gpu_launched(err, "glu");
+}
+
+/* ------------------------------------------------------------- router */
+
+#define RT_MAXE 1024
+#define RT_MAXK 32
+#define RT_MAXG 256
+#define RT_THREADS 256
+
+/* Is (v, i) a better top-k candidate than (bv, bi)? Larger wins, ties to the
+ * lower index, NaN never (engine/moe.c topk). bi < 0: no candidate yet. */
+static __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+    if (i < 0 || isnan(v)) return false;
+    if (bi < 0) return true;
+    return v > bv || (v == bv && i < bi);
+}
+
+/* K rounds of block argmax over v[0..E) (entries marked taken skipped) into ids. */
+static __device__ void block_topk(const float *v, int E, int K, unsigned char *taken, int *ids, float *shv, int *shi) {
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    for (int k = 0; k < K; k++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            if (!taken[i] && better(v[i], i, bv, bi)) bv = v[i], bi = i;
+#pragma unroll
+        for (int m = MS_WARP / 2; m > 0; m >>= 1) {
+            float ov = ms_shfl_xor(bv, m);
+            int oi = ms_shfl_xor_i(bi, m);
+            if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+        }
+        if (lane == 0) shv[warp] = bv, shi[warp] = bi;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float fv = 0.0f;
+            int fi = -1;
+            for (int w = 0; w < nw; w++)
+                if (better(shv[w], shi[w], fv, fi)) fv = shv[w], fi = shi[w];
+            ids[k] = fi;
+            if (fi >= 0) taken[fi] = 1;
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void route_kernel(int32_t *ids_out, float *w_out, const float *logits, const float *bias,
+                             ms_gpu_route_cfg c) {
+    __shared__ float scores[RT_MAXE], choice[RT_MAXE], shv[32], red[32];
+    __shared__ unsigned char taken[RT_MAXE];
+    __shared__ int shi[32], ids[RT_MAXK];
+    __shared__ float gsc[RT_MAXG];
+    __shared__ unsigned char gkeep[RT_MAXG];
+    const int E = c.n_experts, K = c.top_k;
+    const float *lg = logits + (int64_t)blockIdx.x * E;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) taken[i] = 0;
+    if (c.kind == MS_GPU_ROUTER_SOFTMAX) {
+        float m = -INFINITY;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, lg[i]);
+        m = ms_warp_max(m);
+        if (threadIdx.x % MS_WARP == 0) shv[threadIdx.x / MS_WARP] = m;
+        __syncthreads();
+        m = -INFINITY;
+        for (int w = 0; w < (int)(blockDim.x / MS_WARP); w++) m = fmaxf(m, shv[w]);
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) s += (choice[i] = expf(lg[i] - m));
+        s = block_sum(s, red);
+        float inv = 1.0f / s;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) scores[i] = choice[i] * inv;
+        __syncthreads();
+        block_topk(scores, E, K, taken, ids, shv, shi);
+    } else if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
+        __syncthreads();
+        block_topk(lg, E, K, taken, ids, shv, shi);
+    } else {
+        for (int i = threadIdx.x; i < E; i += blockDim.x) {
+            scores[i] = 1.0f / (1.0f + expf(-lg[i]));
+            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
+        }
+        __syncthreads();
+        const int G = c.n_group;
+        if (G > 1) {
+            const int per = E / G;
+            /* group score: the sum of its two best choices (one thread per group) */
+            for (int gi = threadIdx.x; gi < G; gi += blockDim.x) {
+                float b1 = 0.0f, b2 = 0.0f;
+                int i1 = -1, i2 = -1;
+                for (int j = 0; j < per; j++) {
+                    float v = choice[gi * per + j];
+                    if (better(v, j, b1, i1)) b2 = b1, i2 = i1, b1 = v, i1 = j;
+                    else if (better(v, j, b2, i2)) b2 = v, i2 = j;
+                }
+                gsc[gi] = b1 + b2;
+                gkeep[gi] = 0;
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) /* the topk_group best groups, ties to the lower group */
+                for (int k = 0; k < c.topk_group; k++) {
+                    float bv = 0.0f;
+                    int bi = -1;
+                    for (int gi = 0; gi < G; gi++)
+                        if (!gkeep[gi] && better(gsc[gi], gi, bv, bi)) bv = gsc[gi], bi = gi;
+                    if (bi >= 0) gkeep[bi] = 1;
+                }
+            __syncthreads();
+            for (int i = threadIdx.x; i < E; i += blockDim.x)
+                if (!gkeep[i / per]) choice[i] = -INFINITY;
+            __syncthreads();
+        }
+        block_topk(choice, E, K, taken, ids, shv, shi);
+    }
+    if (threadIdx.x == 0) {
+        float w[RT_MAXK];
+        if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
+            float m = -INFINITY;
+            for (int k = 0; k < K; k++) m = fmaxf(m, w[k] = lg[ids[k]]);
+            double s = 0;
+            for (int k = 0; k < K; k++) s += (w[k] = expf(w[k] - m));
+            float inv = (float)(1.0 / s);
+            for (int k = 0; k < K; k++) w[k] *= inv;
+        } else {
+            double sum = 0;
+            for (int k = 0; k < K; k++) sum += (w[k] = scores[ids[k]]);
+            if (c.norm_topk) {
+                float den = (float)(sum + (c.kind == MS_GPU_ROUTER_SIGMOID ? 1e-20 : 0.0));
+                for (int k = 0; k < K; k++) w[k] /= den;
+            }
+            for (int k = 0; k < K; k++) w[k] *= c.routed_scale;
+        }
+        for (int k = 0; k < K; k++) {
+            ids_out[(int64_t)blockIdx.x * K + k] = ids[k];
+            w_out[(int64_t)blockIdx.x * K + k] = w[k];
+        }
+    }
+}
+
+extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
+                            const ms_gpu_route_cfg *c, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    if (!ids || !weights || !logits || !c || n < 1) return ms_fail(err, MS_ERR_ARG, "ms_gpu_route: NULL argument or n < 1");
+    if (c->kind != MS_GPU_ROUTER_SOFTMAX && c->kind != MS_GPU_ROUTER_SIGMOID && c->kind != MS_GPU_ROUTER_TOPK_SOFTMAX)
+        return ms_fail(err, MS_ERR_ARG, "ms_gpu_route: unknown router kind %d", (int)c->kind);
+    if (c->n_experts < 1 || c->n_experts > RT_MAXE || c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts)
+        return ms_fail(err, MS_ERR_LIMIT, "ms_gpu_route: %d experts, top %d (limits: experts <= %d, 1 <= k <= %d, k <= experts)",
+                       c->n_experts, c->top_k, RT_MAXE, RT_MAXK);
+    if (c->kind == MS_GPU_ROUTER_SIGMOID && c->n_group > 1 &&
+        (c->n_group > RT_MAXG || c->n_experts % c->n_group || c->n_experts / c->n_group < 2 || c->topk_group < 1 ||
+         c->topk_group > c->n_group))
+        return ms_fail(err, MS_ERR_ARG,
+                       "ms_gpu_route: %d groups (<= %d) of %d experts (>= 2 each, dividing evenly), %d kept groups",
+                       c->n_group, RT_MAXG, c->n_experts, c->topk_group);
+    route_kernel<<<n, RT_THREADS, 0, g->stream>>>(ids, weights, logits, bias, *c);
+    return ms_gpu_launched(err, "route");
+}
+
+/* ---------------------------------------------------------- attention */
+
+#define AT_WARPS 8
+#define AT_MAXD 512
+#define AT_PER (AT_MAXD / MS_WARP) /* dims per lane */
+
+/* One block per (head, token): each warp runs an online softmax over its share
+ * of the keys (q.k by a warp reduction, the value row accumulated lane-wise),
+ * then the warps' partial results are merged with the sink. */
+__global__ void __launch_bounds__(AT_WARPS *MS_WARP)
+    attn_kernel(float *out, const float *q, const float *K, const float *V, const float *sinks, int64_t pos0,
+                ms_gpu_attn_cfg c) {
+    __shared__ float sm[AT_WARPS], sl[AT_WARPS], so[AT_WARPS][AT_MAXD];
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    const int h = blockIdx.x, t = blockIdx.y, H = c.n_heads, hd = c.head_dim, vd = c.v_head_dim;
+    const int kvh = h / (H / c.n_kv_heads);
+    const int64_t kd = (int64_t)c.n_kv_heads * hd, vtot = (int64_t)c.n_kv_heads * vd;
+    const int64_t p = pos0 + t;
+    const int64_t s0 = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
+    const float *qv = q + ((int64_t)t * H + h) * hd;
+    float qr[AT_PER], acc[AT_PER];
+#pragma unroll
+    for (int i = 0; i < AT_PER; i++) {
+        int d = lane + i * MS_WARP;
+        qr[i] = d < hd ? qv[d] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t s = s0 + warp; s <= p; s += AT_WARPS) {
+        const float *kr = K + s * kd + (int64_t)kvh * hd;
+        float d0 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < AT_PER; i++) {
+            int d = lane + i * MS_WARP;
+            if (d < hd) d0 = fmaf(qr[i], kr[d], d0);
+        }
+        float sc = ms_warp_sum(d0) * c.scale;
+        float mn = fmaxf(m, sc), corr = expf(m - mn), pr = expf(sc - mn);
+        l = l * corr + pr;
+        const float *vr = V + s * vtot + (int64_t)kvh * vd;
+#pragma unroll
+        for (int i = 0; i < AT_PER; i++) {
+            int d = lane + i * MS_WARP;
+            if (d < vd) acc[i] = fmaf(pr, vr[d], acc[i] * corr);
+        }
+        m = mn;
+    }
+    if (lane == 0) sm[warp] = m, sl[warp] = l;
+#pragma unroll
+    for (int i = 0; i < AT_PER; i++) {
+        int d = lane + i * MS_WARP;
+        if (d < vd) so[warp][d] = acc[i];
+    }
+    __syncthreads();
+    float M = sinks ? sinks[h] : -INFINITY;
+    for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, sm[w]);
+    float L = sinks ? expf(sinks[h] - M) : 0.0f;
+    for (int w = 0; w < AT_WARPS; w++)
+        if (sl[w] > 0) L += sl[w] * expf(sm[w] - M);
+    float inv = 1.0f / L;
+    float *o = out + ((int64_t)t * H + h) * vd;
+    for (int d = threadIdx.x; d < vd; d += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < AT_WARPS; w++)
+            if (sl[w] > 0) v += so[w][d] * expf(sm[w] - M);
+        o[d] = v * inv;
+    }
+}
+
+extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
+                               const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *c, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    if (!out || !q || !k_cache || !v_cache || !c || n < 1 || pos0 < 0)
+        return ms_fail(err, MS_ERR_ARG, "ms_gpu_attn_gqa: NULL argument, n < 1 or pos0 < 0");
+    if (c->n_heads < 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->head_dim < 1 ||
+        c->head_dim > AT_MAXD || c->v_head_dim < 1 || c->v_head_dim > AT_MAXD || c->window < 0)
+        return ms_fail(err, MS_ERR_ARG,
+                       "ms_gpu_attn_gqa: %d heads over %d kv heads (must divide), head dims %d/%d (1..%d), window %d",
+                       c->n_heads, c->n_kv_heads, c->head_dim, c->v_head_dim, AT_MAXD, c->window);
+    dim3 grid((unsigned)c->n_heads, (unsigned)n);
+    attn_kernel<<<grid, AT_WARPS * MS_WARP, 0, g->stream>>>(out, q, k_cache, v_cache, sinks, pos0, *c);
+    return ms_gpu_launched(err, "attention");
+}

@@ -1,0 +1,243 @@
+/* gpubench.c — GPU kernel microbenchmark, one JSON object per line (like
+ * `moonshine kbench`): decode matvecs per stored dtype (GB/s of weight + scale
+ * bytes read, against the datasheet peak and a measured device copy), the
+ * expert FFN of one token, GQA decode attention. Built by `make gpu`.
+ *
+ * Every weight is replicated into copies that together exceed 1 GiB and the
+ * timed launches cycle through them, so the bytes come from HBM, not L2.
+ * Usage: gpubench [--peak-gbs 4800] [--quick] */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/gpu/gpu.h"
+#include "ops/ops.h"
+
+static ms_gpu *G;
+static double g_peak = 4800, g_copy = 0;
+
+static void die(const char *what, const ms_err *err) {
+    fprintf(stderr, "gpubench: %s: %s\n", what, err->msg);
+    exit(1);
+}
+
+static uint64_t g_rng = 88172645463325252ull;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+typedef struct {
+    const char *name;
+    ms_dtype dt, sdt;
+    int brow, bcol;
+} bdt;
+static const bdt k_dt[] = {
+    {"bf16", MS_DT_BF16, 0, 0, 0},
+    {"f16", MS_DT_F16, 0, 0, 0},
+    {"f32", MS_DT_F32, 0, 0, 0},
+    {"f8_e4m3", MS_DT_F8_E4M3, MS_DT_F32, 128, 128},
+    {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
+};
+
+/* Host weight with plausible values (finite; the speed does not depend on them). */
+static ms_qmat host_w(const bdt *d, int64_t rows, int64_t cols) {
+    ms_qmat w = {.dtype = d->dt, .rows = rows, .cols = cols};
+    size_t db = (size_t)((uint64_t)rows * cols * ms_dtype_bits(d->dt) / 8);
+    uint8_t *m = malloc(db + 8);
+    for (size_t i = 0; i + 8 <= db; i += 8) {
+        uint64_t r = rnd(), v;
+        switch (d->dt) {
+        case MS_DT_BF16: v = (r & 0x807f807f807f807full) | 0x3c003c003c003c00ull; break;
+        case MS_DT_F16: v = (r & 0x83ff83ff83ff83ffull) | 0x2c002c002c002c00ull; break;
+        case MS_DT_F32: v = (r & 0x807fffff807fffffull) | 0x3c0000003c000000ull; break;
+        case MS_DT_F8_E4M3: v = r & 0xbfbfbfbfbfbfbfbfull; break;
+        default: v = r;
+        }
+        memcpy(m + i, &v, 8);
+    }
+    w.data = m;
+    if (d->sdt) {
+        int64_t n = ((rows + d->brow - 1) / d->brow) * ((cols + d->bcol - 1) / d->bcol);
+        uint8_t *s = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) {
+            if (d->sdt == MS_DT_F32) ((float *)s)[i] = 0.01f;
+            else s[i] = 120;
+        }
+        w.scale = s, w.scale_dtype = d->sdt, w.brow = d->brow, w.bcol = d->bcol;
+    }
+    return w;
+}
+
+/* Copies of w on the device totalling >= 1 GiB (at least 2). */
+static int upload_copies(const ms_qmat *h, ms_qmat *dev, int max) {
+    uint64_t b = ms_qmat_bytes(h);
+    int n = (int)((1ull << 30) / b) + 1;
+    if (n < 2) n = 2;
+    if (n > max) n = max;
+    ms_err err = {0};
+    for (int i = 0; i < n; i++)
+        if (ms_gpu_qmat_upload(G, h, &dev[i], &err)) die("upload", &err);
+    return n;
+}
+
+static void measure_copy(void) {
+    size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    ms_err err = {0};
+    float ms = 0, best = 1e30f;
+    if (ms_gpu_alloc(G, bytes, &a, &err) || ms_gpu_alloc(G, bytes, &b, &err)) die("alloc", &err);
+    ms_gpu_zero(G, a, bytes, &err);
+    for (int r = 0; r < 6; r++) {
+        ms_gpu_timer_start(G, &err);
+        if (ms_gpu_copy(G, b, a, bytes, &err)) die("copy", &err);
+        if (ms_gpu_timer_stop(G, &ms, &err)) die("timer", &err);
+        if (r && ms < best) best = ms;
+    }
+    g_copy = 2.0 * bytes / (best * 1e-3) / 1e9; /* read + write */
+    printf("{\"bench\":\"copy\",\"bytes\":%zu,\"ms\":%.3f,\"gbs_read_plus_write\":%.1f}\n", bytes, best, g_copy);
+    ms_gpu_free(G, a), ms_gpu_free(G, b);
+}
+
+static void bench_matvec(const bdt *d, int64_t rows, int64_t cols, int n, int generic) {
+    ms_qmat h = host_w(d, rows, cols), dev[64];
+    int nc = upload_copies(&h, dev, 64);
+    ms_err err = {0};
+    float *x, *y;
+    if (ms_gpu_alloc(G, (size_t)(n * cols) * 4, (void **)&x, &err) || ms_gpu_alloc(G, (size_t)(n * rows) * 4, (void **)&y, &err))
+        die("alloc", &err);
+    ms_gpu_zero(G, x, (size_t)(n * cols) * 4, &err);
+    int reps = nc < 40 ? 40 : nc;
+    float ms = 0, best = 1e30f;
+    for (int round = 0; round < 4; round++) {
+        ms_gpu_timer_start(G, &err);
+        for (int i = 0; i < reps; i++) {
+            int rc = generic ? ms_gpu_matmul_generic(G, y, x, n, &dev[i % nc], 0, &err)
+                             : ms_gpu_matmul(G, y, x, n, &dev[i % nc], 0, &err);
+            if (rc) die("matmul", &err);
+        }
+        if (ms_gpu_timer_stop(G, &ms, &err)) die("timer", &err);
+        if (round && ms < best) best = ms; /* round 0 warms up */
+    }
+    double us = best * 1e3 / reps, bytes = (double)ms_qmat_bytes(&h), gbs = bytes / (us * 1e-6) / 1e9;
+    printf("{\"bench\":\"matvec\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"n\":%d,\"bytes\":%.0f,"
+           "\"us\":%.2f,\"gbs\":%.1f,\"frac_peak\":%.3f,\"frac_copy\":%.3f}\n",
+           d->name, generic ? "generic" : "vector", (long long)rows, (long long)cols, n, bytes, us, gbs, gbs / g_peak,
+           g_copy > 0 ? gbs / g_copy : 0.0);
+    fflush(stdout);
+    for (int i = 0; i < nc; i++) ms_gpu_qmat_free(G, &dev[i]);
+    ms_gpu_free(G, x), ms_gpu_free(G, y);
+    free((void *)h.data), free((void *)h.scale);
+}
+
+/* k experts of one token, dsv3 shape; sets of experts cycled as above. */
+static void bench_experts(const bdt *d, int k, int64_t D, int64_t I) {
+    enum { SETS = 8 };
+    ms_qmat hg = host_w(d, I, D), hd = host_w(d, D, I);
+    ms_gpu_expert ex[SETS][8];
+    ms_err err = {0};
+    for (int s = 0; s < SETS; s++)
+        for (int e = 0; e < k; e++) {
+            memset(&ex[s][e], 0, sizeof ex[s][e]);
+            if (ms_gpu_qmat_upload(G, &hg, &ex[s][e].gate, &err) || ms_gpu_qmat_upload(G, &hg, &ex[s][e].up, &err) ||
+                ms_gpu_qmat_upload(G, &hd, &ex[s][e].down, &err))
+                die("upload", &err);
+        }
+    float *x, *out, *w, *scr, ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    if (ms_gpu_alloc(G, (size_t)D * 4, (void **)&x, &err) || ms_gpu_alloc(G, (size_t)D * 4, (void **)&out, &err) ||
+        ms_gpu_alloc(G, 32, (void **)&w, &err) ||
+        ms_gpu_alloc(G, ms_gpu_expert_scratch_floats(k, I, D) * 4, (void **)&scr, &err))
+        die("alloc", &err);
+    ms_gpu_zero(G, x, (size_t)D * 4, &err);
+    ms_gpu_upload(G, w, ones, 32, &err);
+    int reps = 64;
+    float ms = 0, best = 1e30f;
+    for (int round = 0; round < 4; round++) {
+        ms_gpu_timer_start(G, &err);
+        for (int i = 0; i < reps; i++)
+            if (ms_gpu_expert_ffn(G, out, x, k, ex[i % SETS], w, MS_GPU_ACT_SWIGLU, 0, 0, scr, 0, &err))
+                die("experts", &err);
+        if (ms_gpu_timer_stop(G, &ms, &err)) die("timer", &err);
+        if (round && ms < best) best = ms;
+    }
+    double us = best * 1e3 / reps, bytes = (double)k * (2 * ms_qmat_bytes(&hg) + ms_qmat_bytes(&hd));
+    double gbs = bytes / (us * 1e-6) / 1e9;
+    printf("{\"bench\":\"expert_ffn\",\"dtype\":\"%s\",\"k\":%d,\"hidden\":%lld,\"inter\":%lld,\"bytes\":%.0f,\"us\":%.2f,"
+           "\"gbs\":%.1f,\"frac_peak\":%.3f}\n",
+           d->name, k, (long long)D, (long long)I, bytes, us, gbs, gbs / g_peak);
+    fflush(stdout);
+    for (int s = 0; s < SETS; s++)
+        for (int e = 0; e < k; e++)
+            ms_gpu_qmat_free(G, &ex[s][e].gate), ms_gpu_qmat_free(G, &ex[s][e].up), ms_gpu_qmat_free(G, &ex[s][e].down);
+    ms_gpu_free(G, x), ms_gpu_free(G, out), ms_gpu_free(G, w), ms_gpu_free(G, scr);
+    free((void *)hg.data), free((void *)hg.scale), free((void *)hd.data), free((void *)hd.scale);
+}
+
+static void bench_attn(int H, int KV, int hd, int64_t ctx, int window) {
+    ms_err err = {0};
+    size_t kvb = (size_t)ctx * KV * hd * 4;
+    float *q, *k, *v, *o;
+    if (ms_gpu_alloc(G, (size_t)H * hd * 4, (void **)&q, &err) || ms_gpu_alloc(G, kvb, (void **)&k, &err) ||
+        ms_gpu_alloc(G, kvb, (void **)&v, &err) || ms_gpu_alloc(G, (size_t)H * hd * 4, (void **)&o, &err))
+        die("alloc", &err);
+    ms_gpu_zero(G, q, (size_t)H * hd * 4, &err), ms_gpu_zero(G, k, kvb, &err), ms_gpu_zero(G, v, kvb, &err);
+    ms_gpu_attn_cfg c = {H, KV, hd, hd, window, 0.088f};
+    int reps = 20;
+    float ms = 0, best = 1e30f;
+    for (int round = 0; round < 3; round++) {
+        ms_gpu_timer_start(G, &err);
+        for (int i = 0; i < reps; i++)
+            if (ms_gpu_attn_gqa(G, o, q, k, v, NULL, 1, ctx - 1, &c, &err)) die("attention", &err);
+        if (ms_gpu_timer_stop(G, &ms, &err)) die("timer", &err);
+        if (round && ms < best) best = ms;
+    }
+    int64_t keys = window > 0 && window < ctx ? window : ctx;
+    double us = best * 1e3 / reps, bytes = 2.0 * keys * KV * hd * 4, gbs = bytes / (us * 1e-6) / 1e9;
+    printf("{\"bench\":\"attn_gqa_decode\",\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,\"ctx\":%lld,\"window\":%d,"
+           "\"kv_bytes\":%.0f,\"us\":%.2f,\"gbs\":%.1f,\"frac_peak\":%.3f}\n",
+           H, KV, hd, (long long)ctx, window, bytes, us, gbs, gbs / g_peak);
+    fflush(stdout);
+    ms_gpu_free(G, q), ms_gpu_free(G, k), ms_gpu_free(G, v), ms_gpu_free(G, o);
+}
+
+int main(int argc, char **argv) {
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--peak-gbs") && i + 1 < argc) g_peak = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else {
+            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick]\n");
+            return 2;
+        }
+    }
+    ms_err err = {0};
+    if (ms_gpu_open(0, &G, &err)) die("opening GPU 0", &err);
+    ms_gpu_info info;
+    if (ms_gpu_info_get(G, &info, &err)) die("device info", &err);
+    printf("{\"bench\":\"device\",\"backend\":\"%s\",\"name\":\"%s\",\"cc\":\"%d.%d\",\"sms\":%d,\"warp\":%d,"
+           "\"mem_gib\":%.1f,\"l2_mib\":%.1f,\"peak_gbs_attr\":%.0f,\"peak_gbs_used\":%.0f,\"runtime\":%d,\"driver\":%d}\n",
+           info.backend, info.name, info.cc_major, info.cc_minor, info.sm_count, info.warp_size,
+           info.mem_total / 1073741824.0, info.l2_bytes / 1048576.0, info.peak_gbs, g_peak, info.runtime_version,
+           info.driver_version);
+    measure_copy();
+    static const int64_t shapes[][2] = {{2048, 7168}, {7168, 2048}, {18432, 7168}, {129280, 7168}};
+    int nshape = quick ? 3 : 4;
+    for (int d = 0; d < 5; d++)
+        for (int s = 0; s < nshape; s++) bench_matvec(&k_dt[d], shapes[s][0], shapes[s][1], 1, 0);
+    for (int d = 0; d < 5; d++) {
+        bench_matvec(&k_dt[d], 18432, 7168, 4, 0);
+        bench_matvec(&k_dt[d], 18432, 7168, 8, 0);
+    }
+    bench_matvec(&k_dt[0], 18432, 7168, 1, 1);
+    bench_matvec(&k_dt[3], 18432, 7168, 1, 1);
+    bench_experts(&k_dt[0], 8, 7168, 2048);
+    bench_experts(&k_dt[3], 8, 7168, 2048);
+    bench_experts(&k_dt[4], 8, 7168, 2048);
+    bench_attn(64, 8, 128, 4096, 0);
+    bench_attn(64, 8, 128, 32768, 0);
+    bench_attn(64, 8, 64, 32768, 128);
+    ms_gpu_close(G);
+    return 0;
+}
