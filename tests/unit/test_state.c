@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "test.h"
 #include "util/fs.h"
+#include "util/hash.h"
 
 #define NA 14       /* |A| */
 #define PREFILL_B 6 /* B: the rest of gen_prompt as one prefill, */
@@ -101,8 +102,10 @@ static int run_b(fixture *f, ms_engine *e, const int32_t *b, float *out) {
     return rc;
 }
 
+/* Scratch files: in /dev/shm when there is one (saves fsync), else build/. */
 static void tmp_path(char *out, size_t cap, const char *tag) {
-    snprintf(out, cap, "build/test_state.%d.%s", (int)getpid(), tag);
+    const char *d = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "build";
+    snprintf(out, cap, "%s/moonshine_test_state.%d.%s", d, (int)getpid(), tag);
 }
 
 /* The architectures whose state is only per-position caches (GQA / MLA, DSA
@@ -219,6 +222,200 @@ out:
     close_fixture(&f);
 }
 
+static int read_all(const char *path, uint8_t **buf, size_t *len) {
+    ms_err err = {0};
+    char *b;
+    int rc = ms_read_file(path, 1u << 30, &b, len, &err);
+    CHECK_MSG(rc == MS_OK, "%s", err.msg);
+    *buf = (uint8_t *)b;
+    return rc;
+}
+
+static int write_all(const char *path, const uint8_t *b, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp) return -1;
+    size_t w = fwrite(b, 1, n, fp);
+    return fclose(fp) || w != n ? -1 : 0;
+}
+
+
+/* Load buf[0..n) (written to path) into e: must fail with code and a message
+ * containing want; e must stay as it was (checked by the caller). */
+static void expect_refused(fixture *f, ms_engine *e, const char *path, const uint8_t *buf, size_t n, int code,
+                           const char *want, const char *what) {
+    ms_err err = {0};
+    if (write_all(path, buf, n)) {
+        CHECK_MSG(0, "cannot write %s", path);
+        return;
+    }
+    int32_t *toks = NULL;
+    int nt = -1;
+    int rc = ms_engine_state_load(e, path, &toks, &nt, &err);
+    CHECK_MSG(rc == code && strstr(err.msg, want) && !toks && nt == 0,
+              "%s: %s: rc %d (want %d), message \"%s\" (want \"%s\")", f->name, what, rc, code, err.msg, want);
+    free(toks);
+}
+
+static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+/* Recompute the header CRC32C (bytes [0, header_bytes) with the field at 96 zero): a crafted file
+ * whose checksums are right, so the checks behind them are reached. */
+static void fix_header_crc(uint8_t *b) {
+    uint64_t hb = le32(b + 16) | (uint64_t)le32(b + 20) << 32;
+    put32(b + 96, 0);
+    put32(b + 96, ms_crc32c(0, b, hb));
+}
+
+/* Corrupt, truncated, extended, foreign-context and crafted state files are
+ * refused with a message naming the problem; the engine keeps its state. */
+static void check_corrupt(const char *dir) {
+    fixture f;
+    if (open_fixture(&f, dir)) {
+        close_fixture(&f);
+        return;
+    }
+    const int32_t *A = f.seq, *C = f.other;
+    char good[256], bad[256], before[256], after[256];
+    tmp_path(good, sizeof good, "good");
+    tmp_path(bad, sizeof bad, "bad");
+    tmp_path(before, sizeof before, "before");
+    tmp_path(after, sizeof after, "after");
+    ms_err err = {0};
+    uint8_t *g = NULL, *b = NULL, *s0 = NULL, *s1 = NULL;
+    size_t n = 0, n0 = 0, n1 = 0;
+    ms_engine *e = new_engine(&f, 64, 16), *small = new_engine(&f, NA - 1, 16);
+    ms_state_info in = {0};
+    if (!e || !small || fwd(&f, e, A, NA)) goto out;
+    int rc = ms_engine_state_save(e, good, A, NA, &err);
+    CHECK_MSG(rc == MS_OK, "%s: %s", f.name, err.msg);
+    if (rc || read_all(good, &g, &n)) goto out;
+    rc = ms_state_inspect(good, &in, &err);
+    CHECK_MSG(rc == MS_OK && in.n_past == NA && in.n_tokens == NA && in.n_sections > 0, "%s: %s", f.name, err.msg);
+    if (rc) goto out;
+    /* the engine under attack holds another sequence (C), saved for comparison */
+    ms_engine_reset(e);
+    if (fwd(&f, e, C, NC)) goto out;
+    if ((rc = ms_engine_state_save(e, before, C, NC, &err))) goto out;
+    b = malloc(n + 16);
+    /* truncated and extended files */
+    size_t cuts[] = {0, 7, 103, 104, (size_t)in.header_bytes - 1, n / 2, n - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        memcpy(b, g, n);
+        char what[64];
+        snprintf(what, sizeof what, "cut to %zu bytes", cuts[i]);
+        expect_refused(&f, e, bad, b, cuts[i], MS_ERR_FORMAT, cuts[i] < 104 ? "shorter than" : "truncated", what);
+    }
+    memcpy(b, g, n);
+    memset(b + n, 0, 8);
+    expect_refused(&f, e, bad, b, n + 8, MS_ERR_FORMAT, "truncated or extended", "8 bytes appended");
+    /* a flipped byte: magic, version, the header fields, a token id, each section-table entry */
+    struct { size_t at; int code; const char *want; } flips[] = {
+        {0, MS_ERR_FORMAT, "bad magic"},          {8, MS_ERR_UNSUPPORTED, "version"},
+        {12, MS_ERR_FORMAT, "sections"},          {40, MS_ERR_MISMATCH, "header checksum"},
+        {64, MS_ERR_MISMATCH, "header checksum"}, {72, MS_ERR_MISMATCH, "header checksum"},
+        {104 + 4, MS_ERR_MISMATCH, "header checksum"},
+    };
+    for (size_t i = 0; i < sizeof flips / sizeof *flips; i++) {
+        memcpy(b, g, n);
+        b[flips[i].at] ^= 0x40;
+        char what[64];
+        snprintf(what, sizeof what, "byte %zu flipped", flips[i].at);
+        expect_refused(&f, e, bad, b, n, flips[i].code, flips[i].want, what);
+    }
+    uint64_t tab = in.header_bytes - (uint64_t)in.n_sections * 72;
+    for (int i = 0; i < in.n_sections; i++) {
+        memcpy(b, g, n);
+        b[tab + (uint64_t)i * 72 + 50] ^= 1; /* the offset */
+        expect_refused(&f, e, bad, b, n, MS_ERR_MISMATCH, "header checksum", "section table entry flipped");
+    }
+    /* a flipped byte in each non-empty section: its checksum names it */
+    for (int i = 0; i < in.n_sections; i++) {
+        if (!in.sections[i].size) continue;
+        memcpy(b, g, n);
+        b[in.sections[i].offset + in.sections[i].size / 2] ^= 0x10;
+        char want[96];
+        snprintf(want, sizeof want, "section \"%s\" checksum mismatch", in.sections[i].name);
+        expect_refused(&f, e, bad, b, n, MS_ERR_MISMATCH, want, in.sections[i].name);
+    }
+    /* crafted with valid checksums: another model's identity, a larger needed context, a renamed
+     * section, a token outside the vocabulary */
+    memcpy(b, g, n);
+    b[33] ^= 1;
+    fix_header_crc(b);
+    expect_refused(&f, e, bad, b, n, MS_ERR_MISMATCH, "another model", "model id changed");
+    memcpy(b, g, n);
+    put32(b + 72, 65);
+    fix_header_crc(b);
+    expect_refused(&f, e, bad, b, n, MS_ERR_LIMIT, "needs a context of 65", "ctx_needed 65");
+    memcpy(b, g, n);
+    b[tab] = 'X';
+    fix_header_crc(b);
+    expect_refused(&f, e, bad, b, n, MS_ERR_MISMATCH, "this engine's state part 0", "section 0 renamed");
+    memcpy(b, g, n);
+    put32(b + 104, (uint32_t)f.V);
+    fix_header_crc(b);
+    expect_refused(&f, e, bad, b, n, MS_ERR_FORMAT, "outside the vocabulary", "token id = vocab");
+    /* an engine whose context is smaller than the state */
+    expect_refused(&f, small, bad, g, n, MS_ERR_LIMIT, "context", "engine context |A| - 1");
+    CHECK(ms_engine_n_past(small) == 0);
+    /* the attacked engine still holds C, byte for byte */
+    if ((rc = ms_engine_state_save(e, after, C, NC, &err)) || read_all(before, &s0, &n0) || read_all(after, &s1, &n1)) {
+        CHECK_MSG(0, "%s: %s", f.name, err.msg);
+        goto out;
+    }
+    CHECK_MSG(n0 == n1 && !memcmp(s0, s1, n0), "%s: a refused load changed the engine's state", f.name);
+    /* and the good file still loads */
+    rc = ms_engine_state_load(e, good, NULL, NULL, &err);
+    CHECK_MSG(rc == MS_OK && ms_engine_n_past(e) == NA, "%s: %s", f.name, err.msg);
+out:
+    ms_state_info_free(&in);
+    unlink(good), unlink(bad), unlink(before), unlink(after);
+    free(g), free(b), free(s0), free(s1);
+    ms_engine_destroy(e);
+    ms_engine_destroy(small);
+    close_fixture(&f);
+}
+
+/* A state file of one model is refused by another: of another architecture, and of the
+ * same architecture and state layout (deepseek_v3 vs its FP8 twin: only the identity differs). */
+TEST(foreign_model_refused) {
+    const char *pairs[][2] = {{"deepseek_v3", "deepseek_v3_fp8"}, {"qwen3_moe", "kimi_linear"}, {"gpt_oss", "gpt_oss_mxfp4"}};
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        char d0[256], d1[256], path[256];
+        snprintf(d0, sizeof d0, "../shared/fixtures/models/%s", pairs[i][0]);
+        snprintf(d1, sizeof d1, "../shared/fixtures/models/%s", pairs[i][1]);
+        tmp_path(path, sizeof path, "foreign");
+        fixture f0, f1;
+        int ok0 = !open_fixture(&f0, d0), ok1 = !open_fixture(&f1, d1);
+        ms_engine *e0 = ok0 ? new_engine(&f0, 64, 16) : NULL, *e1 = ok1 ? new_engine(&f1, 64, 16) : NULL;
+        ms_err err = {0};
+        if (e0 && e1 && !fwd(&f0, e0, f0.seq, NA) && !fwd(&f1, e1, f1.seq, 3) &&
+            !ms_engine_state_save(e0, path, f0.seq, NA, &err)) {
+            int rc = ms_engine_state_load(e1, path, NULL, NULL, &err);
+            CHECK_MSG(rc == MS_ERR_MISMATCH && strstr(err.msg, "another model"), "%s into %s: rc %d %s", pairs[i][0],
+                      pairs[i][1], rc, err.msg);
+            CHECK(ms_engine_n_past(e1) == 3);
+            /* an in-memory snapshot of another layout is refused too */
+            ms_snapshot *sn = NULL;
+            ms_err_clear(&err);
+            if (!strcmp(pairs[i][1], "kimi_linear") && !ms_engine_snapshot(e0, &sn, &err)) {
+                /* (the other pairs share a state layout: snapshots carry no identity, files do) */
+                rc = ms_engine_restore(e1, sn, &err);
+                CHECK_MSG(rc == MS_ERR_MISMATCH && strstr(err.msg, "another model"), "rc %d %s", rc, err.msg);
+                CHECK(ms_engine_n_past(e1) == 3);
+                ms_engine_snapshot_free(sn);
+            }
+        }
+        unlink(path);
+        ms_engine_destroy(e0);
+        ms_engine_destroy(e1);
+        close_fixture(&f0);
+        close_fixture(&f1);
+    }
+}
+
 /* Every distinct fixture directory of tests/fixtures.list (../shared/fixtures/models/NAME
  * and the variants under tests/fixtures/extra). */
 static int list_fixtures(char dirs[][256], int cap) {
@@ -243,6 +440,12 @@ TEST(every_fixture_snapshot_file_truncate) {
     int n = list_fixtures(dirs, 128);
     CHECK(n >= 40);
     for (int i = 0; i < n; i++) check_fixture(dirs[i]);
+}
+
+TEST(every_fixture_corrupt_files_refused) {
+    static char dirs[128][256];
+    int n = list_fixtures(dirs, 128);
+    for (int i = 0; i < n; i++) check_corrupt(dirs[i]);
 }
 
 TEST_MAIN()
