@@ -416,6 +416,66 @@ TEST(foreign_model_refused) {
     }
 }
 
+
+/* Run `moonshine run ARGS`; the ids of "generated_ids" of its JSON output into ids (returns how
+ * many, -1 on failure). */
+static int run_cli(const char *args, int32_t *ids, int cap) {
+    const char *bin = getenv("MOONSHINE") ? getenv("MOONSHINE") : "build/moonshine";
+    char cmd[2048], out[8192];
+    snprintf(cmd, sizeof cmd, "%s run %s", bin, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    if (pclose(p) != 0) return -1;
+    char *g = strstr(out, "\"generated_ids\":[");
+    if (!g) return -1;
+    g += strlen("\"generated_ids\":[");
+    int k = 0;
+    while (*g && *g != ']' && k < cap) {
+        ids[k++] = (int32_t)strtol(g, &g, 10);
+        if (*g == ',') g++;
+    }
+    return k;
+}
+
+static void ids_arg(char *out, size_t cap, const int32_t *ids, int n) {
+    size_t k = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && k < cap; i++) k += (size_t)snprintf(out + k, cap - k, i ? ",%d" : "%d", ids[i]);
+}
+
+/* moonshine run --save-state after the first 13 prompt tokens (no generation), then --load-state
+ * with the rest of the prompt: the greedy continuation is the fixture's gen_ids. */
+TEST(cli_save_then_load_continues_the_reference) {
+    const char *names[] = {"qwen3_moe", "deepseek_v32", "kimi_linear", "qwen3_next", "deepseek_v4", "glm5_next"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char dir[256], path[256], a1[256], a2[256], args[2048];
+        snprintf(dir, sizeof dir, "../shared/fixtures/models/%s", names[i]);
+        fixture f;
+        if (open_fixture(&f, dir)) {
+            close_fixture(&f);
+            continue;
+        }
+        tmp_path(path, sizeof path, "cli");
+        const int n1 = 13, n2 = NA + PREFILL_B - 13, ng = 12;
+        ids_arg(a1, sizeof a1, f.seq, n1);
+        ids_arg(a2, sizeof a2, f.seq + n1, n2);
+        int32_t got[64];
+        snprintf(args, sizeof args, "%s --prompt-ids %s --max-new-tokens 0 --save-state %s --json --threads 1", dir, a1, path);
+        int k = run_cli(args, got, 64);
+        CHECK_MSG(k == 0, "%s: save run gave %d", names[i], k);
+        snprintf(args, sizeof args, "%s --prompt-ids %s --max-new-tokens %d --load-state %s --json --threads 1", dir, a2,
+                 ng, path);
+        k = run_cli(args, got, 64);
+        const ms_tensor *gi = ms_checkpoint_find(&f.ref, "gen_ids");
+        CHECK_MSG(k == ng && gi && !memcmp(got, gi->data, sizeof(int32_t) * ng), "%s: continuation from the state "
+                  "differs from gen_ids (%d ids)", names[i], k);
+        unlink(path);
+        close_fixture(&f);
+    }
+}
+
 /* Every distinct fixture directory of tests/fixtures.list (../shared/fixtures/models/NAME
  * and the variants under tests/fixtures/extra). */
 static int list_fixtures(char dirs[][256], int cap) {
