@@ -202,6 +202,11 @@ static void *worker(void *arg) {
         if (r->mode == MS_IO_MMAP) {
             memcpy(ch.dst, f->map + ch.foff, ch.rlen);
             res = (int64_t)ch.rlen;
+            /* the copy is the cache: drop the mapped pages from this process (they stay in the
+             * page cache) so mapped expert bytes never pile up beyond the memory plan */
+            uint64_t pg = 4096, a = ch.foff & ~(pg - 1), b = (ch.foff + ch.rlen + pg - 1) & ~(pg - 1);
+            if (b > f->size) b = f->size;
+            if (b > a) madvise((void *)(f->map + a), b - a, MADV_DONTNEED);
         } else {
             uint64_t got = 0;
             res = 0;

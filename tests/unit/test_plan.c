@@ -73,6 +73,25 @@ TEST(plan_bounds_rss) {
     argv[12] = tiny;
     CHECK(run_child(argv, &rss_kib) == 1);
     CHECK((double)rss_kib * 1024 < (double)p.total / 2);
+    /* streamed experts: the plan counts the expert cache instead of the experts, and a run in
+     * each io mode stays within it (the arena is the cache; mapped expert pages must not pile up) */
+    ms_plan_opts ps = {.context = 256, .threads = 2, .expert_cache_bytes = 16 << 20};
+    ms_plan pst;
+    CHECK(ms_plan_make(&m, &ps, &pst, &e) == 0);
+    CHECK(!pst.resident && pst.expert_bytes <= (16u << 20) && pst.total < p.total);
+    const char *modes[] = {"uring", "pread", "mmap"};
+    for (int i = 0; i < 3; i++) {
+        char smem[32];
+        snprintf(smem, sizeof smem, "%llu", (unsigned long long)(pst.total >> 20) + 1);
+        char *sargv[] = {"build/moonshine", "run", out, "--prompt-ids", "1,2,3,4,5,6,7,8,9,10,11,12", "--max-new-tokens",
+                         "48", "--ctx", "256", "--threads", "2", "--memory-mib", smem, "--expert-cache-mib", "16",
+                         "--io", (char *)modes[i], NULL};
+        CHECK_MSG(run_child(sargv, &rss_kib) == 0, "streamed run (%s) failed", modes[i]);
+        printf("streamed (%s): peak RSS %ld KiB, plan %llu KiB (resident plan %llu KiB)\n", modes[i], rss_kib,
+               (unsigned long long)(pst.total >> 10), (unsigned long long)(p.total >> 10));
+        CHECK_MSG((double)rss_kib * 1024 <= (double)pst.total * margin, "%s: peak RSS %ld KiB vs plan %llu KiB",
+                  modes[i], rss_kib, (unsigned long long)(pst.total >> 10));
+    }
     ms_model_free(&m);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
