@@ -22,6 +22,7 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
     X(detokenize, "decode a JSON array of token ids from stdin to text") \
     X(parse, "split generated text (stdin) into content, reasoning and tool calls (JSON)") \
     X(state, "inspect a saved causal-state file (header as JSON)") \
+    X(cachesim, "replay a recorded expert trace through the cache policies (JSON)") \
     /* one line per command, each ending in a backslash; keep this comment last */
 
 #define MS_DECLARE(name, help) int cmd_##name(int argc, char **argv);

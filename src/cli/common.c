@@ -24,7 +24,8 @@ static struct {
 static int stream_args(int argc, char **argv) {
     int64_t mib = -1, qd = 0;
     const char *io = ms_arg_str(argc, argv, "--io"), *store = ms_arg_str(argc, argv, "--store");
-    const char *pol = ms_arg_str(argc, argv, "--cache-policy");
+    const char *pol = ms_arg_str(argc, argv, "--cache-policy"), *trace = ms_arg_str(argc, argv, "--expert-trace");
+    int no_pf = ms_arg_flag(argc, argv, "--no-prefetch");
     if (ms_arg_int(argc, argv, "--expert-cache-mib", 0, INT64_C(1) << 32, &mib) ||
         ms_arg_int(argc, argv, "--queue-depth", 0, 256, &qd))
         return -1;
@@ -34,7 +35,9 @@ static int stream_args(int argc, char **argv) {
         fprintf(stderr, "moonshine: %s\n", err.msg);
         return -1;
     }
-    g_stream.on = mib >= 0 || io || store || pol;
+    g_stream.on = mib >= 0 || io || store || pol || trace || no_pf;
+    g_stream.o.trace_path = trace;
+    g_stream.o.no_prefetch = no_pf;
     g_stream.o.cache_mib = mib > 0 ? mib : 0;
     g_stream.o.store_dir = store;
     g_stream.o.queue_depth = (int)qd;

@@ -314,6 +314,7 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
             h = e->xn;
         }
         ms_rmsnorm(e->xn, h, L->ffn_norm, n, (int)D, eps);
+        e->ffn_in = h;
         if (c->layer_mlp[l] == MS_MLP_MOE) rc = ms_ffn_moe(e, l, n, e->tmp, err);
         else rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
         if (rc) break;

@@ -48,6 +48,7 @@ struct ms_engine {
     int64_t fwd_len;     /* length of the forward whose top-k tie choices are reproduced */
     /* decode lookahead: the experts layer la_layer was predicted to pick (-1: none pending) */
     int la_layer;
+    const float *ffn_in; /* [n, hidden] the current layer's FFN input before its norm (the lookahead re-norms it) */
     int la_ids[MS_LOOKAHEAD_MAX_K];
 };
 

@@ -169,7 +169,14 @@ static void lookahead_prefetch(ms_engine *e, int layer, int n) {
     if (next < 0) return;
     const ms_layer *N = &e->m->layers[next];
     float w[MS_LOOKAHEAD_MAX_K];
-    ms_matmul(e->pool, e->rlog, e->xn, 1, &N->router);
+    /* the next router sees the residual normed by ITS layer's FFN norm: re-norm this
+     * layer's FFN input with that weight (the residual itself moves little in one layer) */
+    const float *la_in = e->xn;
+    if (e->ffn_in && N->ffn_norm) {
+        ms_rmsnorm(e->xs, e->ffn_in, N->ffn_norm, 1, (int)c->hidden, (float)c->rms_eps);
+        la_in = e->xs;
+    }
+    ms_matmul(e->pool, e->rlog, la_in, 1, &N->router);
     if (N->router_lbias)
         for (int x = 0; x < c->n_experts; x++) e->rlog[x] += N->router_lbias[x];
     const int32_t *fixed = N->hash_ids ? N->hash_ids + (int64_t)e->chunk_tokens[0] * K : NULL;

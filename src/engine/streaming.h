@@ -21,6 +21,8 @@ typedef struct ms_streaming_opts {
     const char *store_dir;    /* packed store (moonshine pack) or NULL: read the checkpoint */
     ms_cache_policy policy;   /* MS_CACHE_LFU_DECAY by default */
     int no_verify;            /* skip the per-expert CRC of a packed store */
+    int no_prefetch;          /* ignore lookahead prefetches (plain demand caching) */
+    const char *trace_path;   /* record the source's calls (io/expert_trace.h), or NULL */
 } ms_streaming_opts;
 
 /* A streaming source for model m (borrowed: must outlive the source). why[why_cap]

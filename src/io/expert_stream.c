@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "io/expert_trace.h"
 #include "util/hash.h"
 
 typedef struct slot_io {
@@ -32,6 +33,7 @@ typedef struct stream_src {
     int n_pins, cap_pins;
     ms_stream_stats stats;
     double busy_t0;
+    FILE *trace; /* opts.trace_path */
 } stream_src;
 
 static double now_s(void) {
@@ -207,21 +209,6 @@ static void load(stream_src *S, int slot, int li, int e) {
     if (io->pending == 0) ms_ecache_drop(&S->c, slot);
 }
 
-/* Running precision of prefetches (used / issued), the admission bonus of the next ones. */
-static void prefetch_outcome(stream_src *S, int used) {
-    S->c.prefetch_bonus = S->c.prefetch_bonus * 0.95f + (used ? 0.05f : 0.0f);
-}
-
-static void evict_account(stream_src *S, int slot) {
-    ms_ecache_slot *cs = &S->c.slots[slot];
-    if (cs->key < 0) return;
-    S->stats.evictions++;
-    if (cs->prefetched) {
-        S->stats.prefetch_wasted++;
-        prefetch_outcome(S, 0);
-    }
-}
-
 static int pin(stream_src *S, int layer, int slot, ms_err *err) {
     if (S->n_pins == S->cap_pins) {
         int nc = S->cap_pins ? S->cap_pins * 2 : 256;
@@ -237,6 +224,8 @@ static int pin(stream_src *S, int layer, int slot, ms_err *err) {
 
 static void s_release(ms_expert_source *base, int layer) {
     stream_src *S = (stream_src *)base;
+    if (S->trace && layer >= 0 && layer < S->st->n_model_layers && S->st->store_layer[layer] >= 0)
+        ms_expert_trace_event(S->trace, 'r', S->st->store_layer[layer], 0, NULL);
     int k = 0;
     for (int i = 0; i < S->n_pins; i++) {
         if (S->pins[i].layer == layer) S->c.slots[S->pins[i].slot].pins--;
@@ -251,6 +240,7 @@ static int s_acquire(ms_expert_source *base, int layer, int n, const int *ids, m
     if (layer < 0 || layer >= st->n_model_layers || st->store_layer[layer] < 0)
         return ms_fail(err, MS_ERR_ARG, "acquire: layer %d has no routed experts", layer);
     int li = st->store_layer[layer];
+    if (S->trace && n > 0) ms_expert_trace_event(S->trace, 'a', li, n, ids);
     if (n < 0 || n > S->n_slots)
         return ms_fail(err, MS_ERR_NOMEM,
                        "acquire: layer %d asks for %d experts at once but the expert cache holds %d (raise the budget "
@@ -266,41 +256,27 @@ static int s_acquire(ms_expert_source *base, int layer, int n, const int *ids, m
             rc = ms_fail(err, MS_ERR_ARG, "acquire: layer %d expert id %d out of range [0, %d)", layer, e, st->n_experts);
             break;
         }
-        S->stats.acquires++;
-        int s = ms_ecache_lookup(&S->c, li, e);
-        if (s >= 0) {
-            S->stats.hits++;
-            if (S->c.slots[s].prefetched) {
-                S->stats.prefetch_used++;
-                prefetch_outcome(S, 1);
+        int s, r;
+        for (;;) {
+            r = ms_ecache_request(&S->c, li, e, &s);
+            if (r >= 0) break;
+            /* every slot pinned, loading or a protected prefetch: wait for a load */
+            int loading = 0;
+            for (int k = 0; k < S->n_slots; k++) loading += S->c.slots[k].state == MS_SLOT_LOADING;
+            if (!loading) {
+                rc = ms_fail(err, MS_ERR_NOMEM,
+                             "acquire: layer %d expert %d: all %d expert cache slots are in use (pinned by "
+                             "unreleased acquires)",
+                             layer, e, S->n_slots);
+                break;
             }
-        } else {
-            S->stats.misses++;
-            for (;;) {
-                s = ms_ecache_victim(&S->c, li, e, 0);
-                if (s >= 0) break;
-                /* every slot pinned or loading: wait for a load that no one pinned */
-                int loading = 0;
-                for (int k = 0; k < S->n_slots; k++)
-                    loading += S->c.slots[k].state == MS_SLOT_LOADING && S->c.slots[k].pins == 0;
-                if (!loading) {
-                    rc = ms_fail(err, MS_ERR_NOMEM,
-                                 "acquire: layer %d expert %d: all %d expert cache slots are in use (pinned by "
-                                 "unreleased acquires)",
-                                 layer, e, S->n_slots);
-                    break;
-                }
-                double t0 = now_s();
-                rc = reap(S, 1, err);
-                S->stats.wait_s += now_s() - t0;
-                if (rc) break;
-            }
+            double t0 = now_s();
+            rc = reap(S, 1, err);
+            S->stats.wait_s += now_s() - t0;
             if (rc) break;
-            evict_account(S, s);
-            ms_ecache_assign(&S->c, s, li, e);
-            load(S, s, li, e);
         }
-        if (S->c.slots[s].key >= 0) ms_ecache_touch(&S->c, s);
+        if (rc) break;
+        if (r == 0) load(S, s, li, e);
         slot_of_req[i] = s;
         if ((rc = pin(S, layer, s, err))) break;
     }
@@ -345,22 +321,16 @@ static void s_prefetch(ms_expert_source *base, int layer, int n, const int *ids)
     stream_src *S = (stream_src *)base;
     const ms_expert_store *st = S->st;
     ms_err e2 = {0};
-    if (layer < 0 || layer >= st->n_model_layers || st->store_layer[layer] < 0) return;
+    if (layer < 0 || layer >= st->n_model_layers || st->store_layer[layer] < 0 || n < 1) return;
     int li = st->store_layer[layer];
+    if (S->trace) ms_expert_trace_event(S->trace, 'p', li, n, ids);
+    if (S->o.no_prefetch) return;
     reap(S, 0, &e2);
     for (int i = 0; i < n; i++) {
         int e = ids[i];
-        if (e < 0 || e >= st->n_experts || ms_ecache_lookup(&S->c, li, e) >= 0) continue;
-        int s = ms_ecache_victim(&S->c, li, e, 1);
-        if (s < 0) {
-            S->stats.prefetch_dropped++;
-            continue;
-        }
-        evict_account(S, s);
-        ms_ecache_assign(&S->c, s, li, e);
-        S->c.slots[s].prefetched = 1;
-        S->stats.prefetch_issued++;
-        load(S, s, li, e);
+        if (e < 0 || e >= st->n_experts) continue;
+        int s = ms_ecache_prefetch(&S->c, li, e);
+        if (s >= 0) load(S, s, li, e);
     }
 }
 
@@ -368,6 +338,7 @@ static void s_destroy(ms_expert_source *base) {
     stream_src *S = (stream_src *)base;
     if (!S) return;
     ms_reader_close(S->rd); /* waits for reads in flight into the arena */
+    if (S->trace) fclose(S->trace);
     if (S->arena) munmap(S->arena, S->arena_bytes);
     ms_ecache_free(&S->c);
     free(S->io);
@@ -380,6 +351,15 @@ static const ms_expert_source_ops k_stream_ops = {s_acquire, s_release, s_prefet
 void ms_stream_source_stats(const ms_expert_source *s, ms_stream_stats *out) {
     const stream_src *S = (const stream_src *)s;
     *out = S->stats;
+    const ms_ecache_stats *c = &S->c.st;
+    out->acquires = c->requests;
+    out->hits = c->hits;
+    out->misses = c->misses;
+    out->prefetch_issued = c->prefetch_issued;
+    out->prefetch_used = c->prefetch_used;
+    out->prefetch_dropped = c->prefetch_refused;
+    out->prefetch_wasted = c->prefetch_wasted;
+    out->evictions = c->evictions;
 }
 
 int ms_stream_source_slots(const ms_expert_source *s) { return ((const stream_src *)s)->n_slots; }
@@ -423,7 +403,11 @@ int ms_stream_source_create(const ms_expert_store *st, const ms_stream_opts *opt
     S->io = calloc((size_t)n, sizeof *S->io);
     if (!S->io) rc = ms_fail(err, MS_ERR_NOMEM, "expert cache: out of memory");
     if (!rc) rc = ms_ecache_init(&S->c, o.policy, (int)n, st->n_layers, st->n_experts, o.half_life, err);
-    if (!rc) S->c.prefetch_bonus = 0.5f; /* until prefetches have a record */
+    if (!rc && o.trace_path) {
+        S->trace = fopen(o.trace_path, "w");
+        if (!S->trace) rc = ms_fail(err, MS_ERR_IO, "cannot create expert trace %s: %s", o.trace_path, strerror(errno));
+        else ms_expert_trace_header(S->trace, st->n_layers, st->n_experts);
+    }
     if (!rc) {
         ms_reader_opts ro = {.mode = o.io, .queue_depth = o.queue_depth, .arena = S->arena,
                              .arena_bytes = S->arena_bytes, .unit_bytes = slot};

@@ -52,6 +52,8 @@ typedef struct ms_stream_opts {
     ms_cache_policy policy;
     double half_life;      /* LFU-decay half-life in tokens (0 = 64) */
     int verify;            /* packed stores: check each expert's CRC32C after reading (1 recommended) */
+    int no_prefetch;       /* 1: ignore prefetch hints (plain demand caching, for comparison) */
+    const char *trace_path; /* record every acquire/prefetch/release here (io/expert_trace.h), or NULL */
     ms_expert_bind_fn bind;  /* NULL = ms_expert_bind_default */
     void *bind_ctx;
 } ms_stream_opts;

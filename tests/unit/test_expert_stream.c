@@ -3,11 +3,13 @@
  * failures (truncated store, corrupt expert, another checkpoint's store, too small a
  * budget, a file truncated under the reader) each a named error. */
 #include <fcntl.h>
+#include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "io/expert_stream.h"
+#include "io/expert_trace.h"
 #include "test.h"
 
 static uint64_t rs = 0x2545F4914F6CDD1Dull;
@@ -241,6 +243,71 @@ TEST(synthetic_unaligned_all_modes_and_packed) {
     ms_checkpoint_close(&ck2);
     CHECK(ms_expert_store_open_packed("build/tmp/stream_store", &ck, &st, &pk2, &e) == 0);
     ms_expert_store_free(&pk2);
+    ms_expert_store_free(&st);
+    ms_checkpoint_close(&ck);
+}
+
+/* The trace a live source records, replayed without I/O, reproduces the live cache's
+ * bookkeeping (same requests; hits equal up to reads still in flight when a victim was
+ * chosen), for both policies, with lookahead-like prefetches that are right 60% of the time. */
+TEST(trace_replay_reproduces_live_cache) {
+    mkdir("build/tmp", 0755);
+    const char *path = "build/tmp/stream_trace_model.safetensors";
+    write_model(path, 3, 12, 16, 32, 5, 0);
+    ms_checkpoint ck;
+    ms_err e = {0};
+    CHECK_MSG(ms_checkpoint_open(path, &ck, &e) == 0, "%s", e.msg);
+    ms_expert_naming nm;
+    ms_expert_store st;
+    CHECK(ms_expert_naming_detect(&ck, &nm, &e) == 0 && ms_expert_store_from_checkpoint(&ck, &nm, 3, 0, &st, &e) == 0);
+    for (int pol = 0; pol < 2; pol++) {
+        const char *tp = "build/tmp/stream_live.trace";
+        ms_stream_opts o = {.budget_bytes = st.buf_bytes * 8, .min_slots = 3, .io = MS_IO_PREAD,
+                            .policy = pol ? MS_CACHE_LRU : MS_CACHE_LFU_DECAY, .trace_path = tp};
+        ms_expert_source *src;
+        CHECK_MSG(ms_stream_source_create(&st, &o, &src, NULL, 0, &e) == 0, "%s", e.msg);
+        uint64_t x = 12345;
+        int next[3] = {0, 1, 2};
+        for (int t = 0; t < 300; t++)
+            for (int L = 1; L <= 2; L++) {
+                int ids[3];
+                for (int j = 0; j < 3; j++) { /* skewed: low ids more often; 60% as predicted */
+                    int d;
+                    do {
+                        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                        ids[j] = (x % 10) < 6 && L == 2 ? next[j] : (int)((x >> 8) % 12 * ((x >> 20) % 12) / 12);
+                        d = 0;
+                        for (int q = 0; q < j; q++) d |= ids[q] == ids[j];
+                        if (d) next[j] = (next[j] + 1) % 12;
+                    } while (d);
+                }
+                ms_expert_view v[3];
+                CHECK_MSG(ms_experts_acquire(src, L, 3, ids, v, &e) == 0, "%s", e.msg);
+                if (L == 1) {
+                    for (int j = 0; j < 3; j++) next[j] = (int)((x >> (4 * j + 30)) % 12);
+                    if (next[1] == next[0]) next[1] = (next[0] + 1) % 12;
+                    while (next[2] == next[0] || next[2] == next[1]) next[2] = (next[2] + 1) % 12;
+                    ms_experts_prefetch(src, 2, 3, next);
+                }
+                ms_experts_release(src, L);
+            }
+        ms_stream_stats live;
+        ms_stream_source_stats(src, &live);
+        src->ops->destroy(src);
+        ms_trace_replay_opts ro = {.policy = o.policy, .n_slots = 8};
+        ms_trace_replay_result r;
+        CHECK_MSG(ms_expert_trace_replay(tp, &ro, &r, &e) == 0, "%s", e.msg);
+        CHECK(r.acquires == 600 && r.st.requests == live.acquires && live.acquires == 1800);
+        double dh = (double)r.st.hits - (double)live.hits;
+        CHECK_MSG(fabs(dh) <= 0.03 * (double)live.acquires && live.prefetch_issued > 0,
+                  "policy %d: live hits %llu, replay %llu", pol, (unsigned long long)live.hits,
+                  (unsigned long long)r.st.hits);
+        printf("trace replay (%s): live hits %llu / %llu, prefetch %llu used of %llu; replay hits %llu, prefetch %llu of %llu\n",
+               ms_cache_policy_name(o.policy), (unsigned long long)live.hits, (unsigned long long)live.acquires,
+               (unsigned long long)live.prefetch_used, (unsigned long long)live.prefetch_issued,
+               (unsigned long long)r.st.hits, (unsigned long long)r.st.prefetch_used,
+               (unsigned long long)r.st.prefetch_issued);
+    }
     ms_expert_store_free(&st);
     ms_checkpoint_close(&ck);
 }
