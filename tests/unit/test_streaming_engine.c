@@ -83,7 +83,7 @@ static void check_fixture(const char *name) {
         CHECK_MSG(got != NULL, "%s cfg %zu: %s", name, k, err.msg);
         ms_stream_stats st;
         ms_streaming_stats(src, &st);
-        CHECK(st.misses > 0 && st.bytes_read > 0);
+        CHECK(st.misses > 0 && (st.bytes_read > 0 || !strcmp(name, "gpt_oss"))); /* gpt_oss BF16: copies, nothing to read */
         if (got) CHECK_MSG(memcmp(got, base, total * sizeof(float)) == 0, "%s cfg %zu (%s): logits differ", name, k, why);
         free(got);
         src->ops->destroy(src);
@@ -94,7 +94,11 @@ static void check_fixture(const char *name) {
 }
 
 TEST(bit_identical_to_resident) {
-    const char *names[] = {"deepseek_v3_fp8", "qwen3_moe", "kimi_linear", "minimax_m2", "gpt_oss_mxfp4", "deepseek_v32", "kimi_k3_mxfp4"};
+    /* every shared fixture (all have routed experts; gpt_oss's BF16 experts are transposed copies
+     * made at load, so they stay resident and only its MXFP4 twin reads from disk) */
+    const char *names[] = {"deepseek_v3", "deepseek_v3_fp8", "deepseek_v32", "deepseek_v4", "glm4_moe", "glm5_next",
+                           "glm_moe_dsa", "gpt_oss", "gpt_oss_mxfp4", "kimi_k3", "kimi_k3_mxfp4", "kimi_linear", "kimi_linear_fp8",
+                           "mimo_v2_flash", "minimax_m2", "qwen3_moe", "qwen3_next"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) check_fixture(names[i]);
 }
 
