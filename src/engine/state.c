@@ -435,6 +435,13 @@ int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, 
     for (int i = 0; i < n_tokens; i++)
         if (tokens[i] < 0 || tokens[i] >= e->m->cfg.vocab)
             return ms_fail(err, MS_ERR_ARG, "state save: token %d is %d, outside the vocabulary", i, tokens[i]);
+    if (e->dsa) { /* the engine keeps the ids too (for tie replays): they must be these */
+        const int32_t *own = ms_dsa_engine_tokens(e);
+        for (int i = 0; i < n_tokens; i++)
+            if (own[i] != tokens[i])
+                return ms_fail(err, MS_ERR_ARG, "state save: token %d is %d, the engine was fed %d there", i, tokens[i],
+                               own[i]);
+    }
     uint8_t id[32];
     int rc = ms_model_identity(e->m, id, err);
     if (rc) return rc;
@@ -537,8 +544,14 @@ int ms_engine_state_load(ms_engine *e, const char *path, int32_t **tokens, int *
         rc = ms_fail(err, MS_ERR_NOMEM, "out of memory");
         goto out;
     }
-    for (int i = 0; i < in.n_sections; i++)
+    for (int i = 0; i < in.n_sections; i++) {
         s[i] = (sec_in){in.sections[i].name, mp.data + in.sections[i].offset, in.sections[i].size};
+        if (!strcmp(s[i].name, "dsa.tokens") && (s[i].size != 4 * (uint64_t)in.n_tokens ||
+                                                  memcmp(s[i].data, in.tokens, s[i].size))) {
+            rc = ms_fail(err, MS_ERR_FORMAT, "%s: the DSA token ids differ from the header's", path);
+            goto out;
+        }
+    }
     if ((rc = restore_sections(e, in.n_past, s, in.n_sections, path, err))) goto out;
     if (tokens) {
         *tokens = in.tokens;

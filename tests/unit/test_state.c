@@ -357,6 +357,22 @@ static void check_corrupt(const char *dir) {
     put32(b + 104, (uint32_t)f.V);
     fix_header_crc(b);
     expect_refused(&f, e, bad, b, n, MS_ERR_FORMAT, "outside the vocabulary", "token id = vocab");
+    /* DSA models keep the ids themselves (tie replays re-run them): they must agree with the header's */
+    int has_dsa_tokens = 0;
+    for (int i = 0; i < in.n_sections; i++) has_dsa_tokens |= !strcmp(in.sections[i].name, "dsa.tokens");
+    if (has_dsa_tokens) {
+        memcpy(b, g, n);
+        put32(b + 104, (le32(b + 104) + 1) % (uint32_t)f.V);
+        fix_header_crc(b);
+        expect_refused(&f, e, bad, b, n, MS_ERR_FORMAT, "DSA token ids differ", "header token 0 changed");
+        int32_t wrong[NA];
+        memcpy(wrong, C, sizeof wrong);
+        rc = ms_engine_state_save(e, bad, wrong, NC, &err); /* e holds C: fine */
+        CHECK_MSG(rc == MS_OK, "%s: %s", f.name, err.msg);
+        wrong[3] = (wrong[3] + 1) % (int32_t)f.V;
+        rc = ms_engine_state_save(e, bad, wrong, NC, &err);
+        CHECK_MSG(rc == MS_ERR_ARG && strstr(err.msg, "the engine was fed"), "%s: rc %d %s", f.name, rc, err.msg);
+    }
     /* an engine whose context is smaller than the state */
     expect_refused(&f, small, bad, g, n, MS_ERR_LIMIT, "context", "engine context |A| - 1");
     CHECK(ms_engine_n_past(small) == 0);
