@@ -17,8 +17,12 @@
 
 #include "engine/engine_internal.h"
 #include "engine/state.h"
+#include "util/dtype.h"
 #include "util/fs.h"
 #include "util/hash.h"
+
+static void wr32(uint8_t *p, uint32_t v);
+static void wr64(uint8_t *p, uint64_t v);
 
 /* One section to restore: a name and its bytes. */
 typedef struct {
@@ -226,7 +230,7 @@ int ms_model_identity(const ms_model *m, uint8_t id[32], ms_err *err) {
     size_t cap = 64 + clen;
     for (int i = 0; t && i < nt; i++) {
         t[i] = &m->ck.tensors[i];
-        cap += strlen(t[i]->name) + 1 + 8 + 8 * MS_MAX_DIMS;
+        cap += strlen(t[i]->name) + 1 + strlen(ms_dtype_name(t[i]->dtype)) + 1 + 4 + 8 * MS_MAX_DIMS;
     }
     uint8_t *buf = t ? malloc(cap) : NULL;
     if (!buf) {
@@ -234,19 +238,19 @@ int ms_model_identity(const ms_model *m, uint8_t id[32], ms_err *err) {
         return ms_fail(err, MS_ERR_NOMEM, "model identity: out of memory for %d tensors", nt);
     }
     qsort(t, (size_t)nt, sizeof *t, cmp_tensor_name);
+    /* "moonshine-id-v1\0", u64 config length, config bytes, then per tensor by name:
+     * name NUL, SafeTensors dtype NUL, u32 ndim, i64 shape[ndim] (little-endian) */
     size_t k = 0;
-    static const char tag[16] = "moonshine-id-v1";
-    memcpy(buf, tag, 16), k += 16;
-    uint64_t cl = clen;
-    memcpy(buf + k, &cl, 8), k += 8;
+    memcpy(buf, "moonshine-id-v1", 16), k += 16;
+    wr64(buf + k, clen), k += 8;
     memcpy(buf + k, cfg, clen), k += clen;
     for (int i = 0; i < nt; i++) {
-        size_t ln = strlen(t[i]->name) + 1;
+        const char *dt = ms_dtype_name(t[i]->dtype);
+        size_t ln = strlen(t[i]->name) + 1, ld = strlen(dt) + 1;
         memcpy(buf + k, t[i]->name, ln), k += ln;
-        uint32_t dt = (uint32_t)t[i]->dtype, nd = (uint32_t)t[i]->ndim;
-        memcpy(buf + k, &dt, 4), k += 4;
-        memcpy(buf + k, &nd, 4), k += 4;
-        memcpy(buf + k, t[i]->shape, 8 * (size_t)t[i]->ndim), k += 8 * (size_t)t[i]->ndim;
+        memcpy(buf + k, dt, ld), k += ld;
+        wr32(buf + k, (uint32_t)t[i]->ndim), k += 4;
+        for (int d = 0; d < t[i]->ndim; d++) wr64(buf + k, (uint64_t)t[i]->shape[d]), k += 8;
     }
     rc = ms_sha256(buf, k, id) ? ms_fail(err, MS_ERR_IO, "model identity: SHA-256 failed") : MS_OK;
     free(buf), free(cfg), free(t);

@@ -12,6 +12,7 @@
  * state file; and, where the state is truncatable, A, C, truncate to |A|, B.
  * Corrupt, foreign and too-large state files are refused with a message naming
  * the problem, and the engine's state stays byte for byte what it was. */
+#include <cjson/cJSON.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
@@ -522,6 +523,96 @@ TEST(every_fixture_corrupt_files_refused) {
     static char dirs[128][256];
     int n = list_fixtures(dirs, 128);
     for (int i = 0; i < n; i++) check_corrupt(dirs[i]);
+}
+
+
+/* The C reader and writer against tests/unit/state_reference.py, an independent
+ * reader written from docs/state.md (struct, crcmod's CRC-32C, hashlib's SHA-256
+ * over config.json and the SafeTensors headers): every architecture's state file,
+ * and one with a flipped section byte, which the reference must refuse too. */
+#define MAX_PY 32
+TEST(every_architecture_against_the_python_reader) {
+    static char dirs[128][256], paths[MAX_PY + 1][256];
+    static ms_state_info info[MAX_PY];
+    static char ids[MAX_PY][65];
+    static int32_t seqs[MAX_PY][NA];
+    int nd = list_fixtures(dirs, 128), n = 0;
+    static char cmd[MAX_PY * 600 + 256];
+    size_t k = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/unit/state_reference.py");
+    for (int i = 0; i < nd && n < MAX_PY; i++) {
+        if (strncmp(dirs[i], "../shared/", 10)) continue;
+        fixture f;
+        if (open_fixture(&f, dirs[i])) {
+            close_fixture(&f);
+            continue;
+        }
+        char tag[16];
+        snprintf(tag, sizeof tag, "py%d", n);
+        tmp_path(paths[n], sizeof paths[n], tag);
+        ms_err err = {0};
+        uint8_t id[32];
+        ms_engine *e = new_engine(&f, 64, 16);
+        int rc = !e || fwd(&f, e, f.seq, NA) ? -1 : ms_engine_state_save(e, paths[n], f.seq, NA, &err);
+        if (!rc) rc = ms_state_inspect(paths[n], &info[n], &err);
+        if (!rc) rc = ms_model_identity(&f.m, id, &err);
+        CHECK_MSG(rc == MS_OK, "%s: %s", f.name, err.msg);
+        if (!rc) {
+            ms_hex(id, 32, ids[n]);
+            memcpy(seqs[n], f.seq, sizeof seqs[n]);
+            k += (size_t)snprintf(cmd + k, sizeof cmd - k, " %s %s", paths[n], dirs[i]);
+            n++;
+        }
+        ms_engine_destroy(e);
+        close_fixture(&f);
+    }
+    CHECK(n >= 17);
+    uint8_t *b = NULL; /* the corrupt copy of the first file */
+    size_t bn = 0;
+    tmp_path(paths[n], sizeof paths[n], "pybad");
+    if (n && !read_all(paths[0], &b, &bn)) {
+        b[info[0].sections[info[0].n_sections - 1].offset] ^= 1;
+        write_all(paths[n], b, bn);
+        snprintf(cmd + k, sizeof cmd - k, " %s %s", paths[n], dirs[0]);
+    }
+    free(b);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    static char line[1 << 16];
+    for (int i = 0; p && i <= n && fgets(line, sizeof line, p); i++) {
+        cJSON *j = cJSON_Parse(line);
+        CHECK_MSG(j != NULL, "reference output: %s", line);
+        if (!j) break;
+        int ok = cJSON_IsTrue(cJSON_GetObjectItem(j, "ok"));
+        if (i == n) {
+            CHECK_MSG(!ok, "the reference accepted a corrupt section: %s", line);
+        } else {
+            const char *nm = info[i].n_sections ? info[i].sections[0].name : "";
+            CHECK_MSG(ok, "%s: the reference refuses the file: %s", paths[i], line);
+            const char *mid = cJSON_GetStringValue(cJSON_GetObjectItem(j, "model_id"));
+            const char *fid = cJSON_GetStringValue(cJSON_GetObjectItem(j, "file_model_id"));
+            CHECK_MSG(mid && fid && !strcmp(mid, ids[i]) && !strcmp(fid, ids[i]), "%s: model id %s / %s, C %s", nm,
+                      mid ? mid : "?", fid ? fid : "?", ids[i]);
+            cJSON *toks = cJSON_GetObjectItem(j, "tokens"), *secs = cJSON_GetObjectItem(j, "sections");
+            CHECK(cJSON_GetArraySize(toks) == NA && cJSON_GetArraySize(secs) == info[i].n_sections);
+            for (int t = 0; t < NA && t < cJSON_GetArraySize(toks); t++)
+                CHECK(cJSON_GetArrayItem(toks, t)->valueint == seqs[i][t]);
+            for (int s = 0; s < info[i].n_sections && s < cJSON_GetArraySize(secs); s++) {
+                cJSON *x = cJSON_GetArrayItem(secs, s);
+                char crc[9];
+                snprintf(crc, sizeof crc, "%08x", info[i].sections[s].crc32c);
+                const char *sn = cJSON_GetStringValue(cJSON_GetObjectItem(x, "name"));
+                const char *cr = cJSON_GetStringValue(cJSON_GetObjectItem(x, "crc32c"));
+                CHECK_MSG(sn && !strcmp(sn, info[i].sections[s].name) && cr && !strcmp(cr, crc) &&
+                              cJSON_GetObjectItem(x, "offset")->valuedouble == (double)info[i].sections[s].offset &&
+                              cJSON_GetObjectItem(x, "size")->valuedouble == (double)info[i].sections[s].size,
+                          "%s: section %d differs from the reference's reading", paths[i], s);
+            }
+        }
+        cJSON_Delete(j);
+    }
+    CHECK(p && pclose(p) == 0);
+    for (int i = 0; i <= n; i++) unlink(paths[i]);
+    for (int i = 0; i < n; i++) ms_state_info_free(&info[i]);
 }
 
 TEST_MAIN()
