@@ -184,12 +184,14 @@ static void bench_attn(int H, int KV, int hd, int64_t ctx, int window) {
         die("alloc", &err);
     ms_gpu_zero(G, q, (size_t)H * hd * 4, &err), ms_gpu_zero(G, k, kvb, &err), ms_gpu_zero(G, v, kvb, &err);
     ms_gpu_attn_cfg c = {H, KV, hd, hd, window, 0.088f};
+    float *scr;
+    if (ms_gpu_alloc(G, ms_gpu_attn_scratch_floats(1, &c) * 4, (void **)&scr, &err)) die("alloc", &err);
     int reps = 20;
     float ms = 0, best = 1e30f;
     for (int round = 0; round < 3; round++) {
         ms_gpu_timer_start(G, &err);
         for (int i = 0; i < reps; i++)
-            if (ms_gpu_attn_gqa(G, o, q, k, v, NULL, 1, ctx - 1, &c, &err)) die("attention", &err);
+            if (ms_gpu_attn_gqa(G, o, q, k, v, NULL, 1, ctx - 1, &c, scr, &err)) die("attention", &err);
         if (ms_gpu_timer_stop(G, &ms, &err)) die("timer", &err);
         if (round && ms < best) best = ms;
     }
@@ -199,16 +201,26 @@ static void bench_attn(int H, int KV, int hd, int64_t ctx, int window) {
            "\"kv_bytes\":%.0f,\"us\":%.2f,\"gbs\":%.1f,\"frac_peak\":%.3f}\n",
            H, KV, hd, (long long)ctx, window, bytes, us, gbs, gbs / g_peak);
     fflush(stdout);
-    ms_gpu_free(G, q), ms_gpu_free(G, k), ms_gpu_free(G, v), ms_gpu_free(G, o);
+    ms_gpu_free(G, q), ms_gpu_free(G, k), ms_gpu_free(G, v), ms_gpu_free(G, o), ms_gpu_free(G, scr);
 }
 
 int main(int argc, char **argv) {
-    int quick = 0;
+    int quick = 0, one = -1, one_n = 1;
+    int64_t one_r = 0, one_c = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peak-gbs") && i + 1 < argc) g_peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else {
-            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick]\n");
+        else if (!strcmp(argv[i], "--matvec") && i + 4 < argc) { /* one case: DTYPE ROWS COLS N */
+            for (int d = 0; d < 5; d++)
+                if (!strcmp(argv[i + 1], k_dt[d].name)) one = d;
+            one_r = atoll(argv[i + 2]), one_c = atoll(argv[i + 3]), one_n = atoi(argv[i + 4]);
+            i += 4;
+            if (one < 0 || one_r < 1 || one_c < 1 || one_n < 1) {
+                fprintf(stderr, "gpubench: --matvec DTYPE ROWS COLS N (dtype bf16|f16|f32|f8_e4m3|mxfp4)\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick] [--matvec DTYPE ROWS COLS N]\n");
             return 2;
         }
     }
@@ -222,6 +234,11 @@ int main(int argc, char **argv) {
            info.mem_total / 1073741824.0, info.l2_bytes / 1048576.0, info.peak_gbs, g_peak, info.runtime_version,
            info.driver_version);
     measure_copy();
+    if (one >= 0) {
+        bench_matvec(&k_dt[one], one_r, one_c, one_n, 0);
+        ms_gpu_close(G);
+        return 0;
+    }
     static const int64_t shapes[][2] = {{2048, 7168}, {7168, 2048}, {18432, 7168}, {129280, 7168}};
     int nshape = quick ? 3 : 4;
     for (int d = 0; d < 5; d++)
@@ -238,6 +255,8 @@ int main(int argc, char **argv) {
     bench_attn(64, 8, 128, 4096, 0);
     bench_attn(64, 8, 128, 32768, 0);
     bench_attn(64, 8, 64, 32768, 128);
+    bench_attn(64, 4, 128, 32768, 0);
+    bench_attn(128, 128, 128, 4096, 0);
     ms_gpu_close(G);
     return 0;
 }

@@ -425,14 +425,16 @@ static void check_attn(const char *what, int H, int KV, int hd, int vd, int wind
           *dv = dup_dev(v, (size_t)(ctx * vt) * 4), *ds = sinks ? dup_dev(sinks, (size_t)H * 4) : NULL,
           *dout = alloc_dev((size_t)n * H * vd * 4);
     ms_gpu_attn_cfg c = {H, KV, hd, vd, window, scale};
+    float *dscr = alloc_dev(ms_gpu_attn_scratch_floats(n, &c) * 4);
     ms_err err = {0};
-    int rc = ms_gpu_attn_gqa(gpu(), dout, dq, dk, dv, ds, n, pos0, &c, &err);
+    int rc = ms_gpu_attn_gqa(gpu(), dout, dq, dk, dv, ds, n, pos0, &c, dscr, &err);
     CHECK_MSG(rc == MS_OK, "%s: %s", what, err.msg);
     get(got, dout, (size_t)n * H * vd * 4);
     /* out = sum_s p_s v_s with |v| <= vmax: a relative error e_s of each p_s moves it by
-     * at most max_s e_s * vmax. Scores: dot bound (hd terms, |q.k| <= |q||k|) times
-     * |scale|, giving e_s <= 2 |dscore| + the exp/normalization (8 u); the CPU twin
-     * adds its own (float accumulation over the keys: (keys/8 + 8) u). */
+     * at most max_s e_s * vmax. Scores: the GPU sums q.k in one lane, (hd + 3) u
+     * sum|q_i k_i| <= (hd + 3) u hd qmax kmax, times scale; e_s <= 2 |dscore| + the
+     * exp/rescaling roundings (8 u); the value sums run over at most keys/4 keys per
+     * lane chain ((keys/4 + 16) u); the CPU twin's float sums over keys add as much. */
     double vmax = 0;
     for (int64_t i = 0; i < ctx * vt; i++) vmax = fmax(vmax, fabs(v[i]));
     double qk = 0;
@@ -440,8 +442,8 @@ static void check_attn(const char *what, int H, int KV, int hd, int vd, int wind
     double kmax = 0;
     for (int64_t i = 0; i < ctx * kd; i++) kmax = fmax(kmax, fabs(k[i]));
     double keys = window > 0 && window < ctx ? window : (double)ctx;
-    double ds_ = dot_bound(hd) * hd * qk * kmax * scale;
-    double tol = (2 * ds_ + (keys / 8 + 16) * U32 + 8 * U32) * vmax * 2;
+    double ds_ = (hd + 3) * U32 * hd * qk * kmax * scale;
+    double tol = (2 * ds_ + 2 * (keys / 4 + 16) * U32 + 8 * U32) * vmax;
     double worst = 0;
     int bad = 0;
     for (int64_t i = 0; i < (int64_t)n * H * vd; i++) {
@@ -452,7 +454,7 @@ static void check_attn(const char *what, int H, int KV, int hd, int vd, int wind
     printf("  attn %-46s ctx %-6lld n=%d max err/bound %.3f (bound %.2e)\n", what, (long long)ctx, n, worst, tol);
     CHECK_MSG(bad == 0, "%s: %d outputs out of bound", what, bad);
     ms_gpu_free(gpu(), dq), ms_gpu_free(gpu(), dk), ms_gpu_free(gpu(), dv), ms_gpu_free(gpu(), ds),
-        ms_gpu_free(gpu(), dout);
+        ms_gpu_free(gpu(), dout), ms_gpu_free(gpu(), dscr);
     free(q), free(k), free(v), free(sinks), free(ref), free(got), free(sc);
 }
 
@@ -463,6 +465,9 @@ TEST(attention_gqa) {
     check_attn("16 / 2, qk 192, v 128", 16, 2, 192, 128, 0, 0, 8192, 1);
     check_attn("8 / 8, hd 256, window 4096", 8, 8, 256, 256, 4096, 0, 5000, 2);
     check_attn("4 / 1, hd 96, 1 key", 4, 1, 96, 96, 0, 1, 1, 1);
+    check_attn("32 / 32 (MHA), hd 128, 5 tokens", 32, 32, 128, 128, 0, 0, 300, 5);
+    check_attn("8 / 1, qk 512, v 512, window 33", 8, 1, 512, 512, 33, 1, 2000, 4);
+    check_attn("2 / 1, qk 64, v 32", 2, 1, 64, 32, 0, 0, 77, 1);
 }
 
 /* ---------------------------------------------------------- expert FFN */

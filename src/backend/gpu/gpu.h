@@ -146,14 +146,18 @@ int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float *logits, c
  * [>= pos0+n, KV*vd], row p = position p): head h reads kv head h / (H/KV);
  * scores q.k * scale over the positions s with s <= p and, when window > 0,
  * s > p - window; sinks (F32 [H] or NULL) add exp(sink[h] - max) to the softmax
- * denominator only. q: [n, H, hd], out: [n, H, vd]. H % KV == 0, hd and vd <= 512. */
+ * denominator only. q: [n, H, hd], out: [n, H, vd]. H % KV == 0; hd a multiple
+ * of 4 up to 512 (q and k_cache 16-byte aligned); vd up to 512. scratch: device
+ * F32 of ms_gpu_attn_scratch_floats(n, cfg) (per-split partial results: the
+ * keys are split across blocks, flash-decoding style, then merged). */
 typedef struct ms_gpu_attn_cfg {
     int n_heads, n_kv_heads, head_dim, v_head_dim;
     int window;
     float scale;
 } ms_gpu_attn_cfg;
+size_t ms_gpu_attn_scratch_floats(int n, const ms_gpu_attn_cfg *cfg);
 int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
-                    const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *cfg, ms_err *err);
+                    const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *cfg, float *scratch, ms_err *err);
 
 /* One routed expert, device views (engine/experts.h's ms_expert_view with
  * device pointers): gate/up [I, D], down [D, I]; up.data NULL means gate is

@@ -61,6 +61,7 @@ typedef hipDeviceProp_t gpuDeviceProp;
 /* lane shuffles: HIP has no mask argument */
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor(v, m, MS_WARP); }
 static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor(v, m, MS_WARP); }
+static __device__ __forceinline__ float ms_shfl_idx(float v, int lane) { return __shfl(v, lane, MS_WARP); }
 
 /* FP8 E4M3FN byte -> float, exact (incl. subnormals; 0x7f/0xff NaN), by bit
  * placement: the 7 magnitude bits at f32 bit 20 give 2^(e-127)(1+m/8) (or the
@@ -74,6 +75,10 @@ static __device__ __forceinline__ float ms_fp8_e4m3_to_f32_dev(uint32_t b) {
 /* Two FP8 E4M3 values (low byte first) of a 16-bit word -> float2. */
 static __device__ __forceinline__ float2 ms_fp8x2_e4m3_to_f32x2(uint32_t w16) {
     return make_float2(ms_fp8_e4m3_to_f32_dev(w16 & 0xffu), ms_fp8_e4m3_to_f32_dev((w16 >> 8) & 0xffu));
+}
+/* Four FP8 E4M3 values of a word (low byte first) times 2^-112 (see the CUDA twin). */
+static __device__ __forceinline__ void ms_fp8x4_e4m3_scaled(uint32_t w, float *out) {
+    for (int i = 0; i < 4; i++) out[i] = ms_fp8_e4m3_to_f32_dev((w >> (8 * i)) & 0xffu) * 0x1p-112f;
 }
 #else
 /* --------------------------------------------------------------- CUDA */
@@ -120,6 +125,7 @@ typedef cudaDeviceProp gpuDeviceProp;
 
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
 static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
+static __device__ __forceinline__ float ms_shfl_idx(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane, MS_WARP); }
 
 /* FP8 E4M3FN -> float through the hardware pair conversion (sm_89+: one
  * cvt.rn.f16x2.e4m3x2 per two values; E4M3 is exact in F16, NaN stays NaN). */
@@ -130,9 +136,34 @@ static __device__ __forceinline__ float2 ms_fp8x2_e4m3_to_f32x2(uint32_t w16) {
 static __device__ __forceinline__ float ms_fp8_e4m3_to_f32_dev(uint32_t b) {
     return ms_fp8x2_e4m3_to_f32x2(b & 0xffu).x;
 }
+/* Four FP8 E4M3 values of a word (low byte first) times 2^-112, for the matvec
+ * fast path: the hardware pair conversion to F16 (exact), then each F16 moved
+ * into F32 bits by shifts alone (F16 exponent field read with F32's bias: the
+ * value times 2^-112; every E4M3 value is a normal F16 or zero, so this is
+ * exact). Avoids the F16->F32 conversion instructions, which bounded the FP8
+ * kernel at ~3 TB/s. NaN bytes (0x7f/0xff) come out finite here. */
+static __device__ __forceinline__ void ms_fp8x4_e4m3_scaled(uint32_t w, float *out) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w >> (16 * i)) & 0xffffu), __NV_E4M3);
+        uint32_t h2 = (uint32_t)h.x | ((uint32_t)h.y << 16);
+        out[2 * i] = __uint_as_float(((h2 & 0x7fffu) << 13) | ((h2 & 0x8000u) << 16));
+        out[2 * i + 1] = __uint_as_float(((h2 >> 3) & 0x0fffe000u) | (h2 & 0x80000000u));
+    }
+}
 #endif
 
 /* ------------------------------------------------------ shared helpers */
+
+/* 16-byte load of data read once (weights): streaming / evict-first where the
+ * platform has it, so it does not push reused data (activations) out of L1/L2. */
+static __device__ __forceinline__ uint4 ms_load_stream16(const uint4 *p) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP) || defined(MS_MM_PLAIN_LOAD)
+    return *p;
+#else
+    return __ldcs(p);
+#endif
+}
 
 /* Sum / max over the lanes of one warp (every lane gets the result). */
 static __device__ __forceinline__ float ms_warp_sum(float v) {
@@ -165,6 +196,23 @@ static __device__ __forceinline__ float2 ms_f16x2_to_f32x2(uint32_t w) {
 /* E8M0 scale byte -> 2^(e-127) as ms_e8m0_to_f32 computes it (0xff NaN, 0 -> 2^-127). */
 static __device__ __forceinline__ float ms_e8m0_to_f32_dev(uint32_t e) {
     return __uint_as_float(e == 0xffu ? 0x7fc00000u : e == 0 ? 0x00400000u : e << 23);
+}
+/* Eight MXFP4 e2m1 nibbles of a word (low nibble first) -> twice their values
+ * (exact small integers -12..12): magnitudes by one byte-permute table lookup
+ * per four nibbles, each placed under the float 2^23 to read it as a number,
+ * the sign XORed in from the nibble's bit 3. The 1/2 goes into the scale. */
+static __device__ __forceinline__ void ms_e2m1x8_times2(uint32_t q, float *out) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        uint32_t sel = (q >> (16 * half)) & 0x7777u;
+        uint32_t mag = __byte_perm(0x03020100u, 0x0C080604u, sel); /* 2 * {0,.5,1,1.5,2,3,4,6} */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int j = 4 * half + i;
+            float f = __uint_as_float(__byte_perm(mag, 0x4B000000u, 0x7540u | (uint32_t)i)) - 8388608.0f;
+            out[j] = __uint_as_float(__float_as_uint(f) ^ ((q << (28 - 4 * j)) & 0x80000000u));
+        }
+    }
 }
 /* MXFP4 e2m1 nibble -> float: magnitudes {0,.5,1,1.5,2,3,4,6} (twice: a
  * packed table of 4-bit integers), sign in bit 3. */

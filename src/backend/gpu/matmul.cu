@@ -5,27 +5,32 @@
  * Decode is memory-bound: each weight byte is read once per pass, so the
  * kernel streams rows with 16-byte loads per lane, coalesced across the warp,
  * several loads in flight (R rows x U chunks per lane), and applies up to NT
- * tokens to every loaded chunk. One warp owns R rows; a block is 4 warps.
- * Dequantization happens in registers: BF16/F16/F32 by conversion, FP8 by the
- * port's pair conversion with the block scale applied once per 16-column
- * chunk, MXFP4 by placing the e2m1 bits into F16 (2^-14 of the value, folded
- * into the E8M0 scale) with the scale applied once per 32-column group.
+ * tokens to every loaded chunk (each x load serves R rows). A block of 4
+ * warps owns R = 4 rows and its warps split the columns. Dequantization
+ * happens in registers with few integer operations (the conversion units, not
+ * the memory, limited the first version): BF16/F16/F32 by shifts/conversion;
+ * FP8 by the hardware pair conversion to F16 then shifts into F32 bits (value
+ * x 2^-112), the block scale applied once per 16-column chunk; MXFP4 by a
+ * byte-permute table lookup (2 x value as an exact float), the E8M0 scale once
+ * per 32-column group. Products of the scaled FP8 values below 2^-14 in
+ * magnitude become F32 subnormals: their absolute error stays below 2^-38
+ * times the block scale, far under the F32 rounding of the sum.
  *
  * Rows whose byte length is not a multiple of 16, x not 16-byte aligned, or
  * FP8 blocks narrower than 16 columns take a generic kernel (one element per
  * lane per step, any layout): correct for every shape, slower. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/gpu/gpu_internal.h"
 
 #define MM_WARPS 4    /* warps per block */
-#define MM_R 2        /* rows per warp */
-#define MM_U 2        /* chunks per lane in flight per row */
+#define MM_R 4        /* rows per block */
 #define MM_MAXJ 64    /* jobs per launch */
 #define MM_MAXNT 8    /* tokens per pass */
 
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_FP8 = 3, DT_F4 = 4 };
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_FP8 = 3, DT_F4 = 4, DT_FP8_CVT = 5 /* FP8, other decode */ };
 enum { SC_NONE = 0, SC_F32 = 1, SC_BF16 = 2, SC_E8M0 = 3 };
 
 typedef struct mm_job {
@@ -37,7 +42,7 @@ typedef struct mm_job {
 typedef struct mm_args {
     mm_job job[MM_MAXJ];
     int64_t rows, cols, scols; /* scols: scale columns per scale row */
-    int brow, bcol, scale_dt, n, acc;
+    int brow, bcol, bshift, scale_dt, n, acc; /* bshift: log2(bcol) (vector kernel: bcol a power of 2) */
 } mm_args;
 
 static __device__ __forceinline__ float load_scale(const uint8_t *s, int dt, int64_t i) {
@@ -54,14 +59,10 @@ template <> struct mm_traits<DT_F16> { enum { VEC = 8, SUB = 8 }; };
 template <> struct mm_traits<DT_BF16> { enum { VEC = 8, SUB = 8 }; };
 template <> struct mm_traits<DT_FP8> { enum { VEC = 16, SUB = 8 }; };
 template <> struct mm_traits<DT_F4> { enum { VEC = 32, SUB = 8 }; };
+template <> struct mm_traits<DT_FP8_CVT> { enum { VEC = 16, SUB = 8 }; };
 
-/* e2m1 nibble pair (bits 0-3, 4-7 of q) -> F16 pair holding value * 2^-14. */
-static __device__ __forceinline__ float2 e2m1x2_scaled(uint32_t q) {
-    uint32_t h = ((q & 0x7u) << 9) | ((q & 0x8u) << 12) | ((q & 0x70u) << 21) | ((q & 0x80u) << 24);
-    return ms_f16x2_to_f32x2(h);
-}
-
-/* Decode sub-group `sub` of a 16-byte chunk into SUB floats. */
+/* Decode sub-group `sub` of a 16-byte chunk into SUB floats. FP8 comes out
+ * times 2^-112, MXFP4 times 2 (kernel_scale puts that back with the block scale). */
 template <int DT>
 static __device__ __forceinline__ void decode(const uint4 &raw, int sub, float *w) {
     const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -74,59 +75,80 @@ static __device__ __forceinline__ void decode(const uint4 &raw, int sub, float *
             float2 f = DT == DT_BF16 ? ms_bf16x2_to_f32x2(q[i]) : ms_f16x2_to_f32x2(q[i]);
             w[2 * i] = f.x, w[2 * i + 1] = f.y;
         }
-    } else if (DT == DT_FP8) {
+    } else if (DT == DT_FP8_CVT) { /* pair conversion to F16, F16 -> F32 by the conversion unit */
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             uint32_t v = q[2 * sub + i];
             float2 a = ms_fp8x2_e4m3_to_f32x2(v & 0xffffu), b = ms_fp8x2_e4m3_to_f32x2(v >> 16);
             w[4 * i] = a.x, w[4 * i + 1] = a.y, w[4 * i + 2] = b.x, w[4 * i + 3] = b.y;
         }
-    } else { /* DT_F4: word `sub` holds columns 8*sub .. 8*sub+7, low nibble first */
-        uint32_t v = q[sub];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float2 f = e2m1x2_scaled(v >> (8 * i));
-            w[2 * i] = f.x, w[2 * i + 1] = f.y;
-        }
+    } else if (DT == DT_FP8) {
+        ms_fp8x4_e4m3_scaled(q[2 * sub], w);
+        ms_fp8x4_e4m3_scaled(q[2 * sub + 1], w + 4);
+    } else { /* DT_F4: word `sub` holds columns 8*sub .. 8*sub+7 */
+        ms_e2m1x8_times2(q[sub], w);
     }
 }
+template <int DT> static __device__ __forceinline__ float kernel_scale() {
+    return DT == DT_FP8 ? 0x1p112f : DT == DT_F4 ? 0.5f : 1.0f;
+}
 
-/* The vector kernel: rows of cols % VEC == 0, 16-byte aligned rows and x. */
-template <int DT, int NT>
+/* FP8 decode of the vector kernel: 0 = hardware pair conversion then F16->F32
+ * conversions (DT_FP8_CVT, measured faster on H200), 1 = shifts (DT_FP8);
+ * MS_GPU_FP8_DECODE=shift selects the latter (for measurements). */
+static int fp8_decode_mode(void) {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("MS_GPU_FP8_DECODE");
+        mode = e && !strcmp(e, "shift") ? 1 : 0;
+    }
+    return mode;
+}
+
+/* The vector kernel: rows of cols % VEC == 0, 16-byte aligned rows and x.
+ * A block owns MM_R rows; its warps split the columns (so short, wide
+ * matrices still fill the device); partial sums meet in shared memory. */
+template <int DT, int NT, int U>
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args a) {
     typedef mm_traits<DT> T;
     const int VEC = T::VEC, SUB = T::SUB, NSUB = VEC / SUB;
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
     const mm_job jb = a.job[blockIdx.y];
-    const int64_t row0 = ((int64_t)blockIdx.x * MM_WARPS + warp) * MM_R;
-    if (row0 >= a.rows) return;
+    const int64_t row0 = (int64_t)blockIdx.x * MM_R;
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const int n = a.n;
+    const int STEP = MM_WARPS * MS_WARP;
     float acc[MM_R][NT];
 #pragma unroll
     for (int r = 0; r < MM_R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     const uint4 *wr[MM_R];
+    int64_t srow[MM_R];
+    const float *xrow[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) xrow[t] = jb.x + (int64_t)(t < n ? t : 0) * a.cols;
 #pragma unroll
     for (int r = 0; r < MM_R; r++) {
         int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1; /* clamp: duplicate reads, result dropped */
         wr[r] = (const uint4 *)(jb.w + row * rowbytes);
+        srow[r] = (row / a.brow) * a.scols;
     }
-    for (int64_t k0 = lane; k0 < nch; k0 += MM_U * MS_WARP) {
-        uint4 raw[MM_U][MM_R];
+    for (int k0 = warp * MS_WARP + lane; k0 < nch; k0 += U * STEP) {
+        uint4 raw[U][MM_R];
 #pragma unroll
-        for (int u = 0; u < MM_U; u++)
+        for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < MM_R; r++) {
-                int64_t k = k0 + (int64_t)u * MS_WARP;
-                raw[u][r] = k < nch ? wr[r][k] : make_uint4(0, 0, 0, 0);
+                int k = k0 + u * STEP;
+                raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
-        for (int u = 0; u < MM_U; u++) {
-            int64_t k = k0 + (int64_t)u * MS_WARP;
+        for (int u = 0; u < U; u++) {
+            int k = k0 + u * STEP;
             bool live = k < nch;
-            int64_t c0 = (live ? k : 0) * VEC; /* a dead chunk decodes zeros against column 0 */
+            int c0 = (live ? k : 0) * VEC; /* a dead chunk decodes zeros against column 0 */
+            const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT;
             float part[MM_R][NT];
 #pragma unroll
             for (int r = 0; r < MM_R; r++)
@@ -139,7 +161,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
                 for (int r = 0; r < MM_R; r++) decode<DT>(raw[u][r], s, w[r]);
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
-                    const float4 *xp = (const float4 *)(jb.x + (int64_t)(t < n ? t : 0) * a.cols + c0 + s * SUB);
+                    const float4 *xp = (const float4 *)(xrow[t] + c0 + s * SUB);
                     float xv[SUB];
 #pragma unroll
                     for (int i = 0; i < SUB / 4; i++) {
@@ -149,33 +171,43 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
 #pragma unroll
                     for (int r = 0; r < MM_R; r++)
 #pragma unroll
-                        for (int i = 0; i < SUB; i++) part[r][t] = fmaf(w[r][i], xv[i], part[r][t]);
+                        for (int i = 0; i < SUB; i++) {
+                            if (SCALED) part[r][t] = fmaf(w[r][i], xv[i], part[r][t]);
+                            else acc[r][t] = fmaf(w[r][i], xv[i], acc[r][t]);
+                        }
                 }
             }
+            if (SCALED) {
 #pragma unroll
-            for (int r = 0; r < MM_R; r++) {
-                float sc = 1.0f;
-                if (DT == DT_FP8 || DT == DT_F4) {
-                    int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1;
-                    if (a.scale_dt != SC_NONE && live) sc = load_scale(jb.scale, a.scale_dt, (row / a.brow) * a.scols + c0 / a.bcol);
-                    if (DT == DT_F4) sc *= 16384.0f; /* e2m1x2_scaled's 2^-14 */
+                for (int r = 0; r < MM_R; r++) {
+                    float sc = kernel_scale<DT>();
+                    if (a.scale_dt != SC_NONE && live) sc *= load_scale(jb.scale, a.scale_dt, srow[r] + (c0 >> a.bshift));
+#pragma unroll
+                    for (int t = 0; t < NT; t++) acc[r][t] = fmaf(sc, part[r][t], acc[r][t]);
                 }
-#pragma unroll
-                for (int t = 0; t < NT; t++) acc[r][t] = fmaf(sc, part[r][t], acc[r][t]);
             }
         }
     }
+    __shared__ float red[MM_WARPS][MM_R][NT];
 #pragma unroll
     for (int r = 0; r < MM_R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float v = ms_warp_sum(acc[r][t]);
-            int64_t row = row0 + r;
-            if (lane == 0 && t < n && row < a.rows) {
-                float *yp = jb.y + (int64_t)t * a.rows + row;
-                *yp = a.acc ? *yp + v : v;
-            }
+            if (lane == 0) red[warp][r][t] = v;
         }
+    __syncthreads();
+    if (threadIdx.x < MM_R * NT) {
+        int r = threadIdx.x / NT, t = threadIdx.x % NT;
+        int64_t row = row0 + r;
+        if (t < n && row < a.rows) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MM_WARPS; w++) v += red[w][r][t];
+            float *yp = jb.y + (int64_t)t * a.rows + row;
+            *yp = a.acc ? *yp + v : v;
+        }
+    }
 }
 
 /* Element (row, c) of any supported layout, scale applied. */
@@ -231,12 +263,12 @@ static int kernel_dtype(ms_dtype dt) {
 
 template <int DT>
 static void launch_vec(const mm_args &a, int nj, gpuStream_t st) {
-    dim3 grid((unsigned)((a.rows + MM_WARPS * MM_R - 1) / (MM_WARPS * MM_R)), (unsigned)nj);
+    dim3 grid((unsigned)((a.rows + MM_R - 1) / MM_R), (unsigned)nj);
     dim3 block(MM_WARPS * MS_WARP);
-    if (a.n == 1) mm_vec_kernel<DT, 1><<<grid, block, 0, st>>>(a);
-    else if (a.n == 2) mm_vec_kernel<DT, 2><<<grid, block, 0, st>>>(a);
-    else if (a.n <= 4) mm_vec_kernel<DT, 4><<<grid, block, 0, st>>>(a);
-    else mm_vec_kernel<DT, 8><<<grid, block, 0, st>>>(a);
+    if (a.n == 1) mm_vec_kernel<DT, 1, 2><<<grid, block, 0, st>>>(a);
+    else if (a.n == 2) mm_vec_kernel<DT, 2, 2><<<grid, block, 0, st>>>(a);
+    else if (a.n <= 4) mm_vec_kernel<DT, 4, 1><<<grid, block, 0, st>>>(a);
+    else mm_vec_kernel<DT, 8, 1><<<grid, block, 0, st>>>(a);
 }
 
 /* Run nj jobs of one weight layout (w describes dtype/shape/scales; job pointers
@@ -252,8 +284,10 @@ static int mm_launch(ms_gpu *g, const ms_qmat *w, mm_job *jobs, int nj, int n, i
     a.scale_dt = !w->scale ? SC_NONE : w->scale_dtype == MS_DT_F32 ? SC_F32 : w->scale_dtype == MS_DT_BF16 ? SC_BF16 : SC_E8M0;
     int dt = kernel_dtype(w->dtype);
     int bits = ms_gpu_dtype_bits(w->dtype), vec = 128 / bits;
-    int vec_ok = !force_generic && w->cols % vec == 0;
+    int vec_ok = !force_generic && w->cols % vec == 0 && w->cols < (INT64_C(1) << 30);
     if (dt == DT_FP8 && w->scale && w->bcol % 16) vec_ok = 0;
+    if (a.bcol & (a.bcol - 1)) vec_ok = 0; /* the vector kernel shifts by log2(bcol) */
+    while ((1 << a.bshift) < a.bcol) a.bshift++;
     for (int j = 0; j < nj && vec_ok; j++)
         if ((uintptr_t)jobs[j].w % 16 || (uintptr_t)jobs[j].x % 16) vec_ok = 0;
     if (vec_ok) {
@@ -261,7 +295,10 @@ static int mm_launch(ms_gpu *g, const ms_qmat *w, mm_job *jobs, int nj, int n, i
         case DT_F32: launch_vec<DT_F32>(a, nj, g->stream); break;
         case DT_F16: launch_vec<DT_F16>(a, nj, g->stream); break;
         case DT_BF16: launch_vec<DT_BF16>(a, nj, g->stream); break;
-        case DT_FP8: launch_vec<DT_FP8>(a, nj, g->stream); break;
+        case DT_FP8:
+            if (fp8_decode_mode()) launch_vec<DT_FP8>(a, nj, g->stream);
+            else launch_vec<DT_FP8_CVT>(a, nj, g->stream);
+            break;
         default: launch_vec<DT_F4>(a, nj, g->stream); break;
         }
     } else {

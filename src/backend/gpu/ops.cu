@@ -260,84 +260,190 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
 
 /* ---------------------------------------------------------- attention */
 
-#define AT_WARPS 8
+#define AT_WARPS 4
 #define AT_MAXD 512
-#define AT_PER (AT_MAXD / MS_WARP) /* dims per lane */
+#define AT_MAXS 64 /* key splits */
 
-/* One block per (head, token): each warp runs an online softmax over its share
- * of the keys (q.k by a warp reduction, the value row accumulated lane-wise),
- * then the warps' partial results are merged with the sink. */
+/* Flash-decoding over a GQA cache. Grid: (q-head groups, tokens, key splits).
+ * A block takes GB query heads that share one kv head, so each K/V row is read
+ * once for all of them, and one slice of the keys. Warps take tiles of
+ * MS_WARP keys: lane j scores key j against the GB queries (q in shared
+ * memory), the tile's probabilities are broadcast by shuffles while the lanes
+ * accumulate the value rows across dims (PV dims per lane). Each block leaves
+ * (max, sum, unnormalized output) per head for attn_combine_kernel. */
+template <int GB, int PV>
 __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
-    attn_kernel(float *out, const float *q, const float *K, const float *V, const float *sinks, int64_t pos0,
-                ms_gpu_attn_cfg c) {
-    __shared__ float sm[AT_WARPS], sl[AT_WARPS], so[AT_WARPS][AT_MAXD];
+    attn_split_kernel(float *part, const float *q, const float *K, const float *V, int64_t pos0, int splits,
+                      ms_gpu_attn_cfg c) {
+    __shared__ float qs[GB][AT_MAXD];
+    __shared__ float wm[AT_WARPS][GB], wl[AT_WARPS][GB];
+    __shared__ float wo[AT_WARPS][GB][PV * MS_WARP];
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
-    const int h = blockIdx.x, t = blockIdx.y, H = c.n_heads, hd = c.head_dim, vd = c.v_head_dim;
-    const int kvh = h / (H / c.n_kv_heads);
+    const int H = c.n_heads, hd = c.head_dim, vd = c.v_head_dim, G = H / c.n_kv_heads;
+    const int h0 = blockIdx.x * GB, kvh = h0 / G, t = blockIdx.y, split = blockIdx.z;
     const int64_t kd = (int64_t)c.n_kv_heads * hd, vtot = (int64_t)c.n_kv_heads * vd;
     const int64_t p = pos0 + t;
-    const int64_t s0 = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
-    const float *qv = q + ((int64_t)t * H + h) * hd;
-    float qr[AT_PER], acc[AT_PER];
+    const int64_t s0 = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0, nkeys = p - s0 + 1;
+    const int64_t per = (nkeys + splits - 1) / splits, a0 = s0 + split * per;
+    const int64_t a1 = a0 + per - 1 < p ? a0 + per - 1 : p; /* inclusive */
+    for (int i = threadIdx.x; i < GB * hd; i += blockDim.x)
+        qs[i / hd][i % hd] = q[((int64_t)t * H + h0 + i / hd) * hd + i % hd];
+    __syncthreads();
+    float m[GB], l[GB], acc[GB][PV];
 #pragma unroll
-    for (int i = 0; i < AT_PER; i++) {
-        int d = lane + i * MS_WARP;
-        qr[i] = d < hd ? qv[d] : 0.0f;
-        acc[i] = 0.0f;
+    for (int g = 0; g < GB; g++) {
+        m[g] = -INFINITY, l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PV; i++) acc[g][i] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
-    for (int64_t s = s0 + warp; s <= p; s += AT_WARPS) {
-        const float *kr = K + s * kd + (int64_t)kvh * hd;
-        float d0 = 0.0f;
+    for (int64_t tb = a0 + (int64_t)warp * MS_WARP; tb <= a1; tb += (int64_t)AT_WARPS * MS_WARP) {
+        const int64_t s = tb + lane;
+        const bool valid = s <= a1;
+        float sc[GB];
 #pragma unroll
-        for (int i = 0; i < AT_PER; i++) {
-            int d = lane + i * MS_WARP;
-            if (d < hd) d0 = fmaf(qr[i], kr[d], d0);
-        }
-        float sc = ms_warp_sum(d0) * c.scale;
-        float mn = fmaxf(m, sc), corr = expf(m - mn), pr = expf(sc - mn);
-        l = l * corr + pr;
-        const float *vr = V + s * vtot + (int64_t)kvh * vd;
+        for (int g = 0; g < GB; g++) sc[g] = 0.0f;
+        if (valid) {
+            const float4 *kr = (const float4 *)(K + s * kd + (int64_t)kvh * hd);
+            for (int d4 = 0; d4 < hd / 4; d4++) {
+                float4 kv = kr[d4];
 #pragma unroll
-        for (int i = 0; i < AT_PER; i++) {
-            int d = lane + i * MS_WARP;
-            if (d < vd) acc[i] = fmaf(pr, vr[d], acc[i] * corr);
+                for (int g = 0; g < GB; g++) {
+                    const float *qq = &qs[g][4 * d4];
+                    sc[g] = fmaf(qq[0], kv.x, sc[g]);
+                    sc[g] = fmaf(qq[1], kv.y, sc[g]);
+                    sc[g] = fmaf(qq[2], kv.z, sc[g]);
+                    sc[g] = fmaf(qq[3], kv.w, sc[g]);
+                }
+            }
         }
-        m = mn;
+        float pr[GB];
+#pragma unroll
+        for (int g = 0; g < GB; g++) {
+            float v = valid ? sc[g] * c.scale : -INFINITY;
+            float mn = fmaxf(m[g], ms_warp_max(v)); /* finite: lane 0 of the tile is valid */
+            float corr = expf(m[g] - mn);
+            pr[g] = expf(v - mn);
+            l[g] = l[g] * corr + pr[g];
+#pragma unroll
+            for (int i = 0; i < PV; i++) acc[g][i] *= corr;
+            m[g] = mn;
+        }
+        const int nt = a1 - tb + 1 < MS_WARP ? (int)(a1 - tb + 1) : MS_WARP;
+        for (int j = 0; j < nt; j++) {
+            const float *vr = V + (tb + j) * vtot + (int64_t)kvh * vd;
+            float vv[PV];
+#pragma unroll
+            for (int i = 0; i < PV; i++) {
+                int d = lane + i * MS_WARP;
+                vv[i] = d < vd ? vr[d] : 0.0f;
+            }
+#pragma unroll
+            for (int g = 0; g < GB; g++) {
+                float pj = ms_shfl_idx(pr[g], j);
+#pragma unroll
+                for (int i = 0; i < PV; i++) acc[g][i] = fmaf(pj, vv[i], acc[g][i]);
+            }
+        }
     }
-    if (lane == 0) sm[warp] = m, sl[warp] = l;
 #pragma unroll
-    for (int i = 0; i < AT_PER; i++) {
-        int d = lane + i * MS_WARP;
-        if (d < vd) so[warp][d] = acc[i];
+    for (int g = 0; g < GB; g++) {
+        float ls = ms_warp_sum(l[g]);
+        if (lane == 0) wm[warp][g] = m[g], wl[warp][g] = ls;
+#pragma unroll
+        for (int i = 0; i < PV; i++) wo[warp][g][lane + i * MS_WARP] = acc[g][i];
     }
     __syncthreads();
-    float M = sinks ? sinks[h] : -INFINITY;
-    for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, sm[w]);
-    float L = sinks ? expf(sinks[h] - M) : 0.0f;
-    for (int w = 0; w < AT_WARPS; w++)
-        if (sl[w] > 0) L += sl[w] * expf(sm[w] - M);
-    float inv = 1.0f / L;
-    float *o = out + ((int64_t)t * H + h) * vd;
-    for (int d = threadIdx.x; d < vd; d += blockDim.x) {
-        float v = 0.0f;
+    /* merge the warps: part[(t, h, split)] = {max, sum, out[vd]} */
+    for (int g = 0; g < GB; g++) {
+        float M = -INFINITY;
+        for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, wm[w][g]);
+        float *dst = part + (((int64_t)t * H + h0 + g) * splits + split) * (vd + 2);
+        float L = 0.0f;
         for (int w = 0; w < AT_WARPS; w++)
-            if (sl[w] > 0) v += so[w][d] * expf(sm[w] - M);
-        o[d] = v * inv;
+            if (wl[w][g] > 0) L += wl[w][g] * expf(wm[w][g] - M);
+        if (threadIdx.x == 0) dst[0] = M, dst[1] = L;
+        for (int d = threadIdx.x; d < vd; d += blockDim.x) {
+            float o = 0.0f;
+            for (int w = 0; w < AT_WARPS; w++)
+                if (wl[w][g] > 0) o += wo[w][g][d] * expf(wm[w][g] - M);
+            dst[2 + d] = o;
+        }
     }
 }
 
+/* out[t, h] = sum over splits of out_s e^(m_s - M) / (sum_s l_s e^(m_s - M) + e^(sink - M)). */
+__global__ void attn_combine_kernel(float *out, const float *part, const float *sinks, int splits, int H, int vd) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float *src = part + ((int64_t)t * H + h) * splits * (vd + 2);
+    float M = sinks ? sinks[h] : -INFINITY;
+    for (int s = 0; s < splits; s++)
+        if (src[s * (vd + 2) + 1] > 0) M = fmaxf(M, src[s * (vd + 2)]);
+    float L = sinks ? expf(sinks[h] - M) : 0.0f;
+    for (int s = 0; s < splits; s++) {
+        const float *ps = src + s * (vd + 2);
+        if (ps[1] > 0) L += ps[1] * expf(ps[0] - M);
+    }
+    float inv = 1.0f / L;
+    for (int d = threadIdx.x; d < vd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            const float *ps = src + s * (vd + 2);
+            if (ps[1] > 0) o += ps[2 + d] * expf(ps[0] - M);
+        }
+        out[((int64_t)t * H + h) * vd + d] = o * inv;
+    }
+}
+
+template <int GB, int PV>
+static void launch_attn(dim3 grid, gpuStream_t st, float *part, const float *q, const float *K, const float *V,
+                        int64_t pos0, int splits, const ms_gpu_attn_cfg &c) {
+    attn_split_kernel<GB, PV><<<grid, AT_WARPS * MS_WARP, 0, st>>>(part, q, K, V, pos0, splits, c);
+}
+
+extern "C" size_t ms_gpu_attn_scratch_floats(int n, const ms_gpu_attn_cfg *c) {
+    return (size_t)n * (size_t)c->n_heads * AT_MAXS * (size_t)(c->v_head_dim + 2);
+}
+
 extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
-                               const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *c, ms_err *err) {
+                               const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *c, float *scratch,
+                               ms_err *err) {
     MS_GPU_CHECK_CTX(g, err);
-    if (!out || !q || !k_cache || !v_cache || !c || n < 1 || pos0 < 0)
+    if (!out || !q || !k_cache || !v_cache || !c || !scratch || n < 1 || pos0 < 0)
         return ms_fail(err, MS_ERR_ARG, "ms_gpu_attn_gqa: NULL argument, n < 1 or pos0 < 0");
-    if (c->n_heads < 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->head_dim < 1 ||
+    if (c->n_heads < 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->head_dim < 4 || c->head_dim % 4 ||
         c->head_dim > AT_MAXD || c->v_head_dim < 1 || c->v_head_dim > AT_MAXD || c->window < 0)
         return ms_fail(err, MS_ERR_ARG,
-                       "ms_gpu_attn_gqa: %d heads over %d kv heads (must divide), head dims %d/%d (1..%d), window %d",
-                       c->n_heads, c->n_kv_heads, c->head_dim, c->v_head_dim, AT_MAXD, c->window);
-    dim3 grid((unsigned)c->n_heads, (unsigned)n);
-    attn_kernel<<<grid, AT_WARPS * MS_WARP, 0, g->stream>>>(out, q, k_cache, v_cache, sinks, pos0, *c);
-    return ms_gpu_launched(err, "attention");
+                       "ms_gpu_attn_gqa: %d heads over %d kv heads (must divide), head dim %d (multiple of 4, <= %d), "
+                       "value dim %d (1..%d), window %d",
+                       c->n_heads, c->n_kv_heads, c->head_dim, AT_MAXD, c->v_head_dim, AT_MAXD, c->window);
+    if (((uintptr_t)k_cache | (uintptr_t)q) % 16)
+        return ms_fail(err, MS_ERR_ARG, "ms_gpu_attn_gqa: q and the key cache must be 16-byte aligned");
+    int G = c->n_heads / c->n_kv_heads;
+    int pv = (c->v_head_dim + MS_WARP - 1) / MS_WARP;
+    pv = pv <= 2 ? 2 : pv <= 4 ? 4 : pv <= 8 ? 8 : 16;
+    int gb = 1;
+    while (gb * 2 <= 8 && G % (gb * 2) == 0 && gb * 2 * pv <= 32 && gb * 2 * c->head_dim <= AT_MAXD * 4) gb *= 2;
+    /* splits: enough blocks for the device, at least 128 keys each */
+    int64_t keys = pos0 + n;
+    if (c->window > 0 && keys > c->window) keys = c->window;
+    int64_t blocks = (int64_t)(c->n_heads / gb) * n;
+    int64_t want = (2 * (int64_t)g->prop.multiProcessorCount + blocks - 1) / blocks;
+    int64_t cap = (keys + 127) / 128;
+    int splits = (int)(want < cap ? want : cap);
+    if (splits < 1) splits = 1;
+    if (splits > AT_MAXS) splits = AT_MAXS;
+    dim3 grid((unsigned)(c->n_heads / gb), (unsigned)n, (unsigned)splits);
+#define AT_CASE(GBV, PVV) \
+    if (gb == GBV && pv == PVV) launch_attn<GBV, PVV>(grid, g->stream, scratch, q, k_cache, v_cache, pos0, splits, *c)
+    AT_CASE(1, 2); else AT_CASE(2, 2); else AT_CASE(4, 2); else AT_CASE(8, 2);
+    else AT_CASE(1, 4); else AT_CASE(2, 4); else AT_CASE(4, 4); else AT_CASE(8, 4);
+    else AT_CASE(1, 8); else AT_CASE(2, 8); else AT_CASE(4, 8);
+    else AT_CASE(1, 16); else AT_CASE(2, 16);
+    else return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_attn_gqa: no kernel for group %d x %d value regs", gb, pv);
+#undef AT_CASE
+    int rc = ms_gpu_launched(err, "attention (split)");
+    if (rc) return rc;
+    attn_combine_kernel<<<dim3((unsigned)c->n_heads, (unsigned)n), 128, 0, g->stream>>>(out, scratch, sinks, splits,
+                                                                                      c->n_heads, c->v_head_dim);
+    return ms_gpu_launched(err, "attention (combine)");
 }
