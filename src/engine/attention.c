@@ -1,5 +1,6 @@
-/* attention.c — GQA (standard KV cache) and MLA (compressed latent cache,
- * absorbed form) attention sublayers. Both are causal over the sequence's
+/* attention.c — GQA (standard KV cache) and MLA (compressed latent cache;
+ * absorbed form for decode and short chunks, expanded form for long prefill
+ * chunks) attention sublayers. Both are causal over the sequence's
  * cache; heads are split across the pool. */
 #include <math.h>
 #include <string.h>
@@ -176,6 +177,128 @@ static void mla_head(void *ctx, int h, int tid) {
     }
 }
 
+/* ---------------- MLA (expanded) ----------------
+ * The same attention computed as transformers writes it: per head, the cached
+ * latents are up-projected into k_nope = W_UK c and v = W_UV c (kv_b rows
+ * [h*(nope+v), (h+1)*(nope+v)), one matmul per block of MS_MLA_KEY_BLOCK
+ * cached positions), scores are q_nope·k_nope + q_pe·k_pe, the output
+ * Σ p v. Keys are taken block by block with a running (online) softmax, so
+ * the scratch per thread is bounded by the block, not by the context. DSA
+ * layers attend to their selection (ascending positions: one cursor per
+ * token walks it block by block); blocks no token selects are skipped. */
+
+static void mla_head_expanded(void *ctx, int h, int tid) {
+    attn_job *j = ctx;
+    ms_engine *e = j->e;
+    const ms_config *c = &e->m->cfg;
+    const ms_layer *L = &e->m->layers[j->layer];
+    int64_t lora = c->kv_lora_rank, rope = c->qk_rope_dim, nope = c->qk_nope_dim, vd = c->v_head_dim;
+    int64_t qk = nope + rope, lw = lora + rope, H = c->n_heads, n = j->n, dkv = nope + vd;
+    int64_t T = e->n_past + n, KB = MS_MLA_KEY_BLOCK, B = e->max_batch;
+    float *xl = thread_buf(e, tid);   /* [KB, lora] the block's latents, contiguous */
+    float *kvb = xl + KB * lora;      /* [KB, nope + vd] their k_nope | v */
+    float *sc = kvb + KB * dkv;       /* [KB] scores of one token */
+    float *mx = sc + KB, *sum = mx + B; /* [n] running max and denominator per token */
+    int32_t *cur = (int32_t *)(sum + B); /* [n] DSA: next index into the token's selection */
+    const float *lat = e->latent[j->layer];
+    float scale = (float)c->attn_scale;
+    int dsa = c->layer_dsa[j->layer] != 0;
+    ms_qmat w;
+    ms_qmat_row_range(&L->kv_b, h * dkv, dkv, &w); /* checked by mla_choose_expanded */
+    for (int64_t t = 0; t < n; t++) {
+        mx[t] = -INFINITY;
+        sum[t] = 0;
+        cur[t] = 0;
+        memset(e->att + (t * H + h) * vd, 0, (size_t)vd * 4);
+    }
+    for (int64_t b0 = 0; b0 < T; b0 += KB) {
+        int64_t nb = T - b0 < KB ? T - b0 : KB, b1 = b0 + nb;
+        if (dsa) { /* skip a block that no token selects */
+            int need = 0;
+            for (int64_t t = 0; t < n && !need; t++) {
+                int cnt;
+                const int32_t *sel = ms_dsa_engine_row(e, (int)t, &cnt);
+                need = cur[t] < cnt && sel[cur[t]] < b1;
+            }
+            if (!need) continue;
+        }
+        for (int64_t i = 0; i < nb; i++) memcpy(xl + i * lora, lat + (b0 + i) * lw, (size_t)lora * 4);
+        ms_matmul(NULL, kvb, xl, (int)nb, &w);
+        for (int64_t t = 0; t < n; t++) {
+            int64_t p = e->n_past + t;
+            const float *qn = e->q + (t * H + h) * qk, *qpe = qn + nope;
+            int cnt = 0;
+            const int32_t *sel = dsa ? ms_dsa_engine_row(e, (int)t, &cnt) : NULL;
+            /* this block's keys of token t: k of them, from selection index i0 or position b0 */
+            int64_t k = 0, i0 = cur[t];
+            if (dsa) {
+                while (i0 + k < cnt && sel[i0 + k] < b1) k++;
+            } else if (p >= b0) {
+                k = (p < b1 - 1 ? p : b1 - 1) - b0 + 1;
+            }
+            if (k == 0) continue;
+            float bm = -INFINITY;
+            for (int64_t i = 0; i < k; i++) {
+                int64_t s = sel ? sel[i0 + i] : b0 + i;
+                sc[i] = (dot(qn, kvb + (s - b0) * dkv, nope) + dot(qpe, lat + s * lw + lora, rope)) * scale;
+                if (sc[i] > bm) bm = sc[i];
+            }
+            float *o = e->att + (t * H + h) * vd;
+            float m_new = bm > mx[t] ? bm : mx[t];
+            if (mx[t] > -INFINITY && m_new > mx[t]) { /* rescale what was accumulated under the old max */
+                float a = expf(mx[t] - m_new);
+                sum[t] *= a;
+                for (int64_t i = 0; i < vd; i++) o[i] *= a;
+            }
+            mx[t] = m_new;
+            for (int64_t i = 0; i < k; i++) {
+                int64_t s = sel ? sel[i0 + i] : b0 + i;
+                float pw = expf(sc[i] - m_new);
+                sum[t] += pw;
+                ms_axpy(o, pw, kvb + (s - b0) * dkv + nope, vd);
+            }
+            cur[t] = (int32_t)(i0 + k);
+        }
+    }
+    for (int64_t t = 0; t < n; t++) {
+        float *o = e->att + (t * H + h) * vd, inv = sum[t] > 0 ? 1.0f / sum[t] : 0.0f;
+        for (int64_t i = 0; i < vd; i++) o[i] *= inv;
+    }
+}
+
+/* Whether layer's chunk of n tokens (at n_past) runs in the expanded form.
+ * Multiply-adds per head, with P = Σ_t keys attended by token t (p + 1, or the
+ * DSA selection's size) and T = n_past + n cached positions:
+ *   absorbed: n·lora·(nope + vd)       q_lat = W_UKᵀ q_nope and W_UV o_lat, per token
+ *           + P·(2·lora + rope)        scores against [c, k_pe] and Σ p·c over the latent width
+ *   expanded: T·lora·(nope + vd)       k_nope, v = kv_b c for every cached position
+ *           + P·(nope + rope + vd)     scores and Σ p·v at head width
+ * With DeepSeek's lora 512, nope/rope/v 128/64/128 a key costs 1088 absorbed
+ * vs 320 expanded, but expanded pays (T - n)·131072 more up front: decode
+ * (n = 1) always stays absorbed, a prefill from an empty cache always expands
+ * (T = n), and a chunk appended to a long context expands once
+ * P·768 > (T - n)·131072, i.e. roughly n·(n_past + n/2) > 170·n_past. */
+static int mla_choose_expanded(ms_engine *e, int layer, int n) {
+    const ms_config *c = &e->m->cfg;
+    const ms_layer *L = &e->m->layers[layer];
+    if (e->mla_form == MS_MLA_ABSORBED || n < 2) return 0;
+    int64_t lora = c->kv_lora_rank, rope = c->qk_rope_dim, nope = c->qk_nope_dim, vd = c->v_head_dim;
+    int64_t dkv = nope + vd, T = e->n_past + n;
+    ms_qmat w;
+    for (int64_t h = 0; h < c->n_heads; h++) /* block-scaled rows must start at a scale block */
+        if (!ms_qmat_row_range(&L->kv_b, h * dkv, dkv, &w)) return 0;
+    if (e->mla_form == MS_MLA_EXPANDED) return 1;
+    double P = 0;
+    for (int t = 0; t < n; t++) {
+        int cnt = e->n_past + t + 1;
+        if (c->layer_dsa[layer]) ms_dsa_engine_row(e, t, &cnt);
+        P += cnt;
+    }
+    double absorbed = (double)n * lora * dkv + P * (double)(2 * lora + rope);
+    double expanded = (double)T * lora * dkv + P * (double)(nope + rope + vd);
+    return expanded < absorbed;
+}
+
 int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->m->layers[layer];
@@ -203,7 +326,10 @@ int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         for (int64_t h = 0; h < H; h++) ms_rope_apply(&c->rope, e->q + (t * H + h) * qk + nope, cs, sn);
     }
     attn_job j = {e, layer, n};
-    ms_pool_run(e->pool, (int)H, mla_head, &j);
+    int expanded = mla_choose_expanded(e, layer, n);
+    e->stats.mla_chunks++;
+    e->stats.mla_expanded += (uint64_t)expanded;
+    ms_pool_run(e->pool, (int)H, expanded ? mla_head_expanded : mla_head, &j);
     if (c->mla_out_gate) { /* gated MLA (Kimi K3): att *= sigmoid(g_proj x) */
         int64_t w = H * c->v_head_dim;
         ms_matmul(e->pool, e->gate_buf, e->xn, n, &L->mla_gate);

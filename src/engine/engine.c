@@ -97,6 +97,10 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     /* per thread: scores [T] + latent queries [B * kv_lora] + rows; at least the router's 2E floats */
     size_t row = (size_t)MAX2(MAX2(c->kv_lora_rank, c->hidden), MAX2(qdim, vdim)) + 16;
     e->th_stride = T + B * (size_t)MAX2(c->kv_lora_rank, 1) + 2 * row + 1024;
+    if (c->kv_lora_rank > 0) { /* MLA expanded prefill (engine/attention.c): latent block, K/V block, scores, per-token stats */
+        size_t kb = MS_MLA_KEY_BLOCK, need = kb * (size_t)(c->kv_lora_rank + c->qk_nope_dim + c->v_head_dim) + kb + 3 * B + 64;
+        if (e->th_stride < need) e->th_stride = need;
+    }
     if (e->th_stride < 2 * (size_t)c->n_experts + 64) e->th_stride = 2 * (size_t)c->n_experts + 64;
     if (e->th_stride < (size_t)c->hidden + (size_t)e->ares_blocks + 64) /* Attention Residuals scratch */
         e->th_stride = (size_t)c->hidden + (size_t)e->ares_blocks + 64;
@@ -163,6 +167,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     e->max_ctx = (int)T;
     e->max_batch = (int)B;
     e->experts = opts ? opts->experts : NULL;
+    e->mla_form = opts ? opts->mla_form : MS_MLA_AUTO;
     int rc;
     if (!e->experts) {
         if ((rc = ms_resident_experts_create(m, &e->own_experts, err))) {

@@ -14,11 +14,18 @@
 #include "model/model.h"
 #include "util/threadpool.h"
 
+/* How MLA layers compute a prefill chunk (engine/attention.c): by the FLOP
+ * estimate there (AUTO), or forced (tests compare the two forms). Decode and
+ * weights whose per-head kv_b rows cannot be viewed in place always use the
+ * absorbed form. */
+typedef enum { MS_MLA_AUTO = 0, MS_MLA_ABSORBED = 1, MS_MLA_EXPANDED = 2 } ms_mla_form;
+
 typedef struct ms_engine_opts {
     int max_ctx;            /* tokens of causal state to allocate (default 4096, capped by max_pos) */
     int max_batch;          /* prefill chunk (default 256) */
     ms_pool *pool;          /* borrowed; NULL runs single-threaded */
     ms_expert_source *experts; /* borrowed; NULL: resident views of the mapped checkpoint */
+    ms_mla_form mla_form;   /* MLA prefill form (default MS_MLA_AUTO) */
 } ms_engine_opts;
 
 typedef struct ms_engine_stats {
@@ -26,6 +33,7 @@ typedef struct ms_engine_stats {
     uint64_t expert_activations; /* (token, expert) pairs computed */
     uint64_t experts_acquired;   /* unique experts requested from the source, summed over layers/steps */
     uint64_t lookahead_predicted, lookahead_correct; /* decode: experts predicted one layer early, and right */
+    uint64_t mla_chunks, mla_expanded; /* MLA (layer, chunk) computations, and how many used the expanded form */
 } ms_engine_stats;
 
 typedef struct ms_engine ms_engine;

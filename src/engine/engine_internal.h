@@ -4,6 +4,9 @@
 
 #include "engine/engine.h"
 
+/* keys per block of the expanded MLA prefill (bounds its per-thread scratch) */
+#define MS_MLA_KEY_BLOCK 256
+
 /* lookahead prefetch is skipped for routers choosing more experts than this */
 #define MS_LOOKAHEAD_MAX_K 64
 
@@ -14,6 +17,7 @@ struct ms_engine {
     ms_expert_source *own_experts; /* created here when none was given */
     int max_ctx, max_batch, n_threads;
     int n_past;
+    ms_mla_form mla_form;
     /* causal state, per layer: GQA k/v [max_ctx, kv_heads*head_dim];
      * MLA latent [max_ctx, kv_lora + rope] (normalized latent, roped k_pe) */
     float **k_cache, **v_cache, **latent;
