@@ -7,7 +7,7 @@
 #include "engine/plan.h"
 
 int cmd_plan(int argc, char **argv) {
-    const char *usage = "usage: moonshine plan MODEL_DIR --memory-mib M [--context N] [--expert-cache-mib C] [--threads T] [--json]\n";
+    const char *usage = "usage: moonshine plan MODEL_DIR --memory-mib M [--context N] [--expert-cache-mib C] [--threads T] [--static-load mmap|read] [--json]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sPrints the memory ledger (static tier, expert cache, causal state, workspace, staging)\n"
                "for serving MODEL_DIR with N tokens of context (default 4096) and exits 1 when it does\n"
@@ -21,6 +21,13 @@ int cmd_plan(int argc, char **argv) {
         ms_arg_int(argc, argv, "--threads", 1, 1024, &threads))
         return 2;
     int json = ms_arg_flag(argc, argv, "--json");
+    const char *sl = ms_arg_str(argc, argv, "--static-load");
+    ms_static_load sload = MS_STATIC_MMAP;
+    ms_err serr = {0};
+    if (sl && ms_static_load_parse(sl, &sload, &serr)) {
+        fprintf(stderr, "moonshine plan: --static-load: %s\n", serr.msg);
+        return 2;
+    }
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || mem < 0 || ms_args_unknown(argc, argv, "plan")) {
         fputs(usage, stderr);
@@ -33,7 +40,8 @@ int cmd_plan(int argc, char **argv) {
         return 1;
     }
     ms_plan_opts o = {.context = (int)ctx, .threads = (int)threads,
-                      .expert_cache_bytes = cache < 0 ? -1 : cache << 20, .staging_bytes = 0};
+                      .expert_cache_bytes = cache < 0 ? -1 : cache << 20, .staging_bytes = 0,
+                      .static_load = sload};
     ms_plan p;
     int rc = ms_plan_make(&m, &o, &p, &err);
     if (rc) {

@@ -14,6 +14,20 @@ double ms_now(void) {
 }
 
 static int64_t g_memory_mib = -1;
+static ms_static_load g_static_load = MS_STATIC_MMAP;
+static int g_static_defer;
+
+void ms_cli_defer_static_load(void) { g_static_defer = 1; }
+
+int ms_cli_static_load(const char *cmd, ms_cli_ctx *x) {
+    if (x->static_load != MS_STATIC_READ) return 0;
+    ms_err err = {0};
+    if (ms_model_static_read(&x->model, &err)) {
+        fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+        return 1;
+    }
+    return 0;
+}
 
 /* streaming options parsed by ms_cli_engine_args, applied by ms_cli_open */
 static struct {
@@ -49,6 +63,12 @@ int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx) {
     if (ms_arg_int(argc, argv, "--threads", 0, 1024, &t) || ms_arg_int(argc, argv, "--ctx", 0, 1 << 24, &c) ||
         ms_arg_int(argc, argv, "--memory-mib", 1, INT64_C(1) << 40, &g_memory_mib))
         return -1;
+    const char *sl = ms_arg_str(argc, argv, "--static-load");
+    ms_err serr = {0};
+    if (sl && ms_static_load_parse(sl, &g_static_load, &serr)) {
+        fprintf(stderr, "moonshine: --static-load: %s\n", serr.msg);
+        return -1;
+    }
     if (stream_args(argc, argv)) return -1;
     *threads = (int)t;
     *ctx = (int)c;
@@ -72,6 +92,7 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
         }
         fprintf(stderr, "moonshine %s: %s\n", cmd, why);
     }
+    x->static_load = g_static_load;
     x->pool = ms_pool_create(threads);
     x->threads = ms_pool_size(x->pool);
     ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts};
@@ -83,7 +104,8 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
             ms_streaming_stats(x->experts, &ss);
             cache = (int64_t)ss.slot_bytes * ss.n_slots; /* mapped lazily: nothing touched yet */
         }
-        ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = x->threads, .expert_cache_bytes = cache};
+        ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = x->threads, .expert_cache_bytes = cache,
+                           .static_load = x->static_load};
         if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
         if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)g_memory_mib << 20, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
@@ -92,6 +114,12 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
             ms_model_free(&x->model);
             return 1;
         }
+    }
+    if (!g_static_defer && ms_cli_static_load(cmd, x)) {
+        ms_pool_destroy(x->pool);
+        if (x->experts) x->experts->ops->destroy(x->experts);
+        ms_model_free(&x->model);
+        return 1;
     }
     if (ms_engine_create(&x->model, &o, &x->engine, &err)) {
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);

@@ -13,6 +13,7 @@ typedef struct ms_cli_ctx {
     int threads;
     double load_seconds;
     ms_expert_source *experts; /* the streaming source when --expert-cache-mib/--io/--store were given, else NULL */
+    ms_static_load static_load; /* --static-load */
 } ms_cli_ctx;
 
 /* Parse the engine options every command shares (--threads N, --ctx N) from argv, and the
@@ -23,6 +24,12 @@ int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx);
 /* Load dir and create pool + engine; prints the error and returns nonzero on failure. */
 int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_ctx *x);
 void ms_cli_close(ms_cli_ctx *x);
+/* --static-load read (the default is mmap): ms_cli_open moves the static tier into huge-page
+ * memory (ms_model_static_read) after the memory plan, unless ms_cli_defer_static_load() was
+ * called first; then the caller does it with ms_cli_static_load (bench drops the page cache
+ * first: dropping after the move would discard the copy). Prints the error, nonzero on failure. */
+void ms_cli_defer_static_load(void);
+int ms_cli_static_load(const char *cmd, ms_cli_ctx *x);
 /* Print the streaming source's statistics as one line to stderr (nothing when not streaming). */
 void ms_cli_print_stream_stats(const ms_cli_ctx *x);
 double ms_now(void);

@@ -9,7 +9,7 @@ int ms_plan_make(const ms_model *m, const ms_plan_opts *o, ms_plan *p, ms_err *e
     if (o->context > m->cfg.max_pos)
         return ms_fail(err, MS_ERR_ARG, "plan: context %d exceeds the model's max_position_embeddings %lld", o->context,
                        (long long)m->cfg.max_pos);
-    p->static_bytes = m->static_bytes;
+    p->static_bytes = o->static_load == MS_STATIC_READ ? ms_model_static_read_bytes(m) : m->static_bytes;
     p->experts_total = m->expert_bytes;
     p->resident = o->expert_cache_bytes < 0 || (uint64_t)o->expert_cache_bytes >= m->expert_bytes;
     p->expert_bytes = p->resident ? m->expert_bytes : (uint64_t)o->expert_cache_bytes;

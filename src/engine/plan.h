@@ -14,6 +14,7 @@ typedef struct ms_plan_opts {
     int threads;
     int64_t expert_cache_bytes; /* < 0: every routed expert resident (mapped) */
     uint64_t staging_bytes;     /* I/O staging buffers of a streaming expert source */
+    ms_static_load static_load; /* READ: the static line is the page-rounded copy (ms_model_static_read_bytes) */
 } ms_plan_opts;
 
 typedef struct ms_plan {

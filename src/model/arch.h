@@ -46,6 +46,7 @@ typedef struct ms_binder {
     int rc;                    /* first failure; later binds are no-ops */
     char prefix[96];           /* prepended to every name (e.g. "model.language_model.") */
     uint64_t bound_bytes;      /* load mode: bytes of every tensor bound so far */
+    uint8_t *bound;            /* load mode, optional: [ck->n_tensors], set to 1 for every tensor bound */
     void **allocs;             /* load mode: every buffer ms_bind_vec allocated (handed to the model) */
     int n_allocs, cap_allocs;
 } ms_binder;

@@ -51,6 +51,7 @@ const ms_tensor *ms_bind_find(ms_binder *b, const char *name, int ndim, const in
         return NULL;
     }
     b->bound_bytes += t->nbytes;
+    if (b->bound) b->bound[t - b->ck->tensors] = 1;
     return t;
 }
 

@@ -27,6 +27,7 @@ static int bind_padded_a_log(ms_binder *b, ms_qmat *out, const ms_tensor *t, int
                                    name, (long long)n, (long long)H, (long long)i, (double)v);
     }
     b->bound_bytes += t->nbytes;
+    if (b->bound) b->bound[t - b->ck->tensors] = 1;
     memset(out, 0, sizeof *out);
     out->dtype = t->dtype;
     out->rows = 1;

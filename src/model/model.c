@@ -30,7 +30,12 @@ int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
     if (rc) return rc;
     if ((rc = ms_checkpoint_open(dir, &m->ck, err))) return rc;
     if ((rc = alloc_layers(m, err))) goto fail;
-    ms_binder b = {.ck = &m->ck, .cfg = &m->cfg, .err = err};
+    m->tensor_bound = calloc((size_t)m->ck.n_tensors + 1, 1);
+    if (!m->tensor_bound) {
+        rc = ms_fail(err, MS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    ms_binder b = {.ck = &m->ck, .cfg = &m->cfg, .err = err, .bound = m->tensor_bound};
     rc = m->cfg.arch->bind(&b, m);
     m->allocs = b.allocs; /* the model owns every vector the binder copied */
     m->n_allocs = b.n_allocs;
@@ -54,6 +59,7 @@ void ms_model_free(ms_model *m) {
     }
     for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
     free(m->allocs);
+    free(m->tensor_bound);
     ms_checkpoint_close(&m->ck);
     memset(m, 0, sizeof *m);
 }

@@ -80,6 +80,8 @@ typedef struct ms_model {
     ms_layer *layers;                            /* [n_layers] */
     uint64_t static_bytes, expert_bytes;         /* weight bytes by tier */
     void **allocs;                               /* F32 vector copies made while binding (freed with the model) */
+    uint8_t *tensor_bound;                       /* [ck.n_tensors] 1 for every tensor the architecture bound */
+    uint64_t static_copied;                      /* bytes of the static tier moved into anonymous memory (ms_model_static_read) */
     int n_allocs;
 } ms_model;
 
@@ -93,5 +95,33 @@ int ms_model_specs(const ms_config *c, ms_tensor_spec **specs, int *n, ms_err *e
 
 /* Bytes of weights one decoded token reads: static tier + top_k experts per MoE layer. */
 uint64_t ms_model_active_bytes(const ms_model *m);
+
+/* How the static tier (every bound tensor that is not a routed expert's) is
+ * served: from the checkpoint's page-cache mapping (MMAP), or read once into
+ * anonymous memory advised for 2 MiB huge pages (READ, ms_model_static_read). */
+typedef enum { MS_STATIC_MMAP = 0, MS_STATIC_READ = 1 } ms_static_load;
+/* Parse "mmap" | "read"; MS_ERR_ARG naming the value otherwise. */
+int ms_static_load_parse(const char *s, ms_static_load *out, ms_err *err);
+
+/* Bytes ms_model_static_read would copy: the static tier's tensors, each
+ * file's ranges merged and widened to whole 4 KiB pages (a page shared with a
+ * routed expert's bytes is copied too). The memory plan's static line in READ
+ * mode. */
+uint64_t ms_model_static_read_bytes(const ms_model *m);
+
+/* Move the static tier out of the page-cache mapping: each range is copied
+ * byte for byte (stored dtype, no conversion) into anonymous memory, advised
+ * MADV_HUGEPAGE and placed congruent to its address modulo 2 MiB, made
+ * read-only, then moved (mremap) over the very addresses it was mapped at, so
+ * every bound view stays valid and no mapping page of those ranges stays in
+ * the process; the file's page-cache pages of the ranges are then dropped
+ * (POSIX_FADV_DONTNEED), so the bytes are held once. Works in chunks of at
+ * most 64 MiB (the transient extra). The memory goes with the mapping when the
+ * model is freed. Refuses (MS_ERR_NOMEM, naming the sizes) when the bytes
+ * exceed MemAvailable of /proc/meminfo, before copying anything; MS_ERR_IO
+ * naming the range when an mmap/mremap fails (ranges already moved stay moved:
+ * they hold the same bytes). Call before any other thread reads the model.
+ * Sets m->static_copied; calling it again is a no-op. */
+int ms_model_static_read(ms_model *m, ms_err *err);
 
 #endif
