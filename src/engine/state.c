@@ -514,15 +514,15 @@ int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, 
     return MS_OK;
 }
 
-int ms_engine_state_load(ms_engine *e, const char *path, int32_t **tokens, int *n_tokens, ms_err *err) {
+int ms_engine_state_load_buffer(ms_engine *e, const uint8_t *buf, uint64_t len, const char *where, int32_t **tokens,
+                                int *n_tokens, ms_err *err) {
     if (tokens) *tokens = NULL;
     if (n_tokens) *n_tokens = 0;
-    ms_mapping mp;
-    int rc = ms_map_file(path, &mp, err);
-    if (rc) return rc;
+    const char *path = where ? where : "state";
     ms_state_info in;
     sec_in *s = NULL;
-    if ((rc = ms_state_parse(mp.data, mp.size, path, &in, err))) goto out;
+    int rc = ms_state_parse(buf, len, path, &in, err);
+    if (rc) return rc;
     uint8_t id[32];
     if ((rc = ms_model_identity(e->m, id, err))) goto out;
     if (memcmp(id, in.model_id, 32)) {
@@ -549,7 +549,7 @@ int ms_engine_state_load(ms_engine *e, const char *path, int32_t **tokens, int *
         goto out;
     }
     for (int i = 0; i < in.n_sections; i++) {
-        s[i] = (sec_in){in.sections[i].name, mp.data + in.sections[i].offset, in.sections[i].size};
+        s[i] = (sec_in){in.sections[i].name, buf + in.sections[i].offset, in.sections[i].size};
         if (!strcmp(s[i].name, "dsa.tokens") && (s[i].size != 4 * (uint64_t)in.n_tokens ||
                                                   memcmp(s[i].data, in.tokens, s[i].size))) {
             rc = ms_fail(err, MS_ERR_FORMAT, "%s: the DSA token ids differ from the header's", path);
@@ -565,6 +565,16 @@ int ms_engine_state_load(ms_engine *e, const char *path, int32_t **tokens, int *
 out:
     free(s);
     ms_state_info_free(&in);
+    return rc;
+}
+
+int ms_engine_state_load(ms_engine *e, const char *path, int32_t **tokens, int *n_tokens, ms_err *err) {
+    if (tokens) *tokens = NULL;
+    if (n_tokens) *n_tokens = 0;
+    ms_mapping mp;
+    int rc = ms_map_file(path, &mp, err);
+    if (rc) return rc;
+    rc = ms_engine_state_load_buffer(e, mp.data, mp.size, path, tokens, n_tokens, err);
     ms_unmap_file(&mp);
     return rc;
 }

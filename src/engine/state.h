@@ -94,6 +94,11 @@ int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, 
  * MS_ERR_LIMIT (context too small), MS_ERR_UNSUPPORTED (version), MS_ERR_NOMEM. */
 int ms_engine_state_load(ms_engine *e, const char *path, int32_t **tokens, int *n_tokens, ms_err *err);
 
+/* The same from a whole state-file image buf[0..len) (borrowed; where names it
+ * in messages). */
+int ms_engine_state_load_buffer(ms_engine *e, const uint8_t *buf, uint64_t len, const char *where, int32_t **tokens,
+                                int *n_tokens, ms_err *err);
+
 /* One section of a state file. */
 typedef struct ms_state_section {
     char name[MS_STATE_NAME_MAX]; /* NUL-terminated */
