@@ -141,9 +141,14 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
         ms_gdn_config_of(&m->cfg, &gc);
         *state += ms_gdn_state_bytes(&gc);
     }
-    for (int l = 0; l < m->cfg.n_layers; l++) /* DSA index keys (KPool: + gate logits and pooled keys) */
-        if (m->cfg.layer_dsa[l] == 1)
-            *state += (uint64_t)T * m->cfg.dsa_head_dim * 4 * (m->cfg.dsa_kpool > 1 ? 3 : 1);
+    int any_dsa = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) { /* DSA index keys (KPool: + gate logits and pooled keys) */
+        any_dsa |= m->cfg.layer_dsa[l] != 0;
+        if (m->cfg.layer_dsa[l] != 1) continue;
+        uint64_t D4 = (uint64_t)m->cfg.dsa_head_dim * 4, kp = (uint64_t)m->cfg.dsa_kpool;
+        *state += (uint64_t)T * D4 * (kp > 1 ? 2 : 1) + (kp > 1 ? ((uint64_t)T / kp + 1) * D4 : 0);
+    }
+    if (any_dsa) *state += (uint64_t)T * 4; /* the token ids tie replays re-run */
     for (int l = 0; l < m->cfg.n_layers; l++) { /* compressed attention: window keys, raw rows, entries */
         const ms_config *c = &m->cfg;
         if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
