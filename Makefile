@@ -14,7 +14,7 @@ OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare \
             -Wshadow=local -pthread -Isrc -MMD -MP
-LDLIBS   := -lcjson -luring -lpcre2-8 -lcrypto -lm -pthread
+LDLIBS   := -lcjson -luring -lpcre2-8 -lcrypto -lmicrohttpd -lm -pthread
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS ?= 100000
 # targets with a known open finding (tests/fuzz/open/README.md); none now
@@ -36,7 +36,7 @@ FUZZERS  := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/bin/%)
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 .PHONY: all check test unit fixtures asan fuzz deps clean demo
-all: build/moonshine
+all: build/moonshine build/moonshine-server
 
 build/libmoonshine.a: $(OBJ_LIB)
 	@mkdir -p $(@D)
@@ -44,6 +44,10 @@ build/libmoonshine.a: $(OBJ_LIB)
 
 build/moonshine: $(OBJ_CLI) build/libmoonshine.a
 	$(CC) $(CFLAGS) -o $@ $(OBJ_CLI) build/libmoonshine.a $(LDLIBS)
+
+# moonshine-server is the same program; main() dispatches on its name to `serve`
+build/moonshine-server: build/moonshine
+	ln -f $< $@
 
 build/obj/%.o: %.c
 	@mkdir -p $(@D)

@@ -520,7 +520,13 @@ int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_para
     int hit = 0, abort_ = 0;
     for (;;) {
         int32_t id;
-        if ((rc = ms_sampler_sample(sp, g->logits, &id, err))) goto done;
+        if (p->forced_ids) {
+            if (res->completion_tokens >= p->n_forced) { res->finish = MS_FINISH_STOP; break; }
+            id = p->forced_ids[res->completion_tokens];
+            if (id < 0 || id >= g->vocab) { rc = ms_fail(err, MS_ERR_ARG, "forced id %d is outside the vocabulary", id); goto done; }
+        } else if ((rc = ms_sampler_sample(sp, g->logits, &id, err))) {
+            goto done;
+        }
         res->completion_tokens++;
         ms_sampler_add_output(sp, id);
         int is_eos = 0;

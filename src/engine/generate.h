@@ -121,6 +121,11 @@ typedef struct ms_gen_params {
     const int32_t *eos_ids;      /* generation ends (finish stop) when one is sampled; not emitted */
     int n_eos;
     int decode_flags;            /* MS_TOK_DECODE_*: 0 keeps special tokens in the text (output parsers need them) */
+    /* Test hook: emit these ids in order instead of sampling (the engine still
+     * runs every step); when they run out the generation ends with finish stop.
+     * NULL for normal sampling. */
+    const int32_t *forced_ids;
+    int n_forced;
 } ms_gen_params;
 
 /* Per-token callback: id is the sampled token (-1 for text released at the end:

@@ -1,0 +1,152 @@
+/* cmd_serve.c — `moonshine serve MODEL_DIR` (also `moonshine-server MODEL_DIR`):
+ * the OpenAI-compatible HTTP server (src/server/server.h). */
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "engine/generate.h"
+#include "server/api.h"
+#include "server/server.h"
+#include "text/tokenizer.h"
+#include "util/fs.h"
+#include "util/json.h"
+
+static const char k_usage[] =
+    "usage: moonshine serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--model-name NAME] [--ctx N] [--threads N]\n"
+    "                       [--parser FORMAT] [--max-queue N] [--max-body-mib N] [engine flags]\n";
+
+/* The output format from config.json's model_type (or --parser). */
+static int pick_format(const char *dir, const char *name, ms_outfmt *fmt) {
+    ms_err err = {0};
+    if (name) {
+        if (ms_outfmt_from_name(name, fmt, &err)) {
+            fprintf(stderr, "moonshine serve: --parser: %s\n", err.msg);
+            return -1;
+        }
+        return 0;
+    }
+    char path[4096], *text = NULL;
+    size_t len;
+    cJSON *j = NULL;
+    const char *mt = NULL;
+    if (!ms_path_join(path, sizeof path, dir, "config.json", &err) && !ms_read_file(path, 1 << 24, &text, &len, &err) &&
+        !ms_json_parse(text, len, path, &j, &err)) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+        if (cJSON_IsString(v)) mt = v->valuestring;
+    }
+    *fmt = ms_api_outfmt_for_model_type(mt);
+    cJSON_Delete(j);
+    free(text);
+    return 0;
+}
+
+/* Test hook: the tokenization of a file's text, emitted instead of sampled tokens. */
+static int load_forced(const ms_tokenizer *t, const char *path, ms_tok_ids *ids) {
+    ms_err err = {0};
+    char *text;
+    size_t len;
+    if (ms_read_file(path, 1 << 24, &text, &len, &err)) {
+        fprintf(stderr, "moonshine serve: --test-forced-output: %s\n", err.msg);
+        return -1;
+    }
+    int rc = ms_tok_encode(t, text, len, MS_TOK_ENCODE_SPECIAL, ids, &err);
+    free(text);
+    if (rc) fprintf(stderr, "moonshine serve: --test-forced-output: %s\n", err.msg);
+    return rc ? -1 : 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+    if (ms_arg_flag(argc, argv, "--help")) {
+        printf("%s\nServes the OpenAI API (GET /health, GET /v1/models, POST /v1/chat/completions,\n"
+               "POST /v1/completions) for the model in MODEL_DIR, which needs a tokenizer and, for chat,\n"
+               "a chat template. Requests run one at a time in arrival order (see docs/server.md).\n"
+               "--port 0 picks a free port; the listening address is printed to stderr.\n"
+               "--parser think|qwen3|deepseek_v3|deepseek_v31|kimi_k2|glm|harmony|xtml overrides the\n"
+               "reasoning/tool-call format chosen from config.json's model_type.\n"
+               "--test-forced-output FILE (tests only) emits FILE's tokens instead of sampling.\n",
+               k_usage);
+        return 0;
+    }
+    int threads, ctx;
+    int64_t port = 8000, max_queue = 64, max_body = 8;
+    if (ms_cli_engine_args(argc, argv, &threads, &ctx) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
+        ms_arg_int(argc, argv, "--max-queue", 1, 1 << 20, &max_queue) ||
+        ms_arg_int(argc, argv, "--max-body-mib", 1, 1024, &max_body))
+        return 2;
+    const char *host = ms_arg_str(argc, argv, "--host"), *name = ms_arg_str(argc, argv, "--model-name");
+    const char *parser = ms_arg_str(argc, argv, "--parser"), *forced = ms_arg_str(argc, argv, "--test-forced-output");
+    const char *dir = ms_arg_pos(argc, argv, 0);
+    if (!dir || ms_args_unknown(argc, argv, "serve")) {
+        fputs(k_usage, stderr);
+        return 2;
+    }
+    char dircopy[4096];
+    snprintf(dircopy, sizeof dircopy, "%s", dir);
+    size_t dl = strlen(dircopy);
+    while (dl > 1 && dircopy[dl - 1] == '/') dircopy[--dl] = 0;
+    if (!name) name = basename(dircopy);
+    ms_outfmt fmt;
+    if (pick_format(dir, parser, &fmt)) return 2;
+    ms_err err = {0};
+    ms_tokenizer *tok = NULL;
+    if (ms_tok_load_dir(dir, &tok, &err)) {
+        fprintf(stderr, "moonshine serve: tokenizer: %s\n", err.msg);
+        return 1;
+    }
+    /* signals are taken by sigwait below: block them before any thread starts */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    ms_cli_ctx x;
+    if (ms_cli_open("serve", dir, threads, ctx, &x)) {
+        ms_tok_free(tok);
+        return 1;
+    }
+    int rc = 1;
+    int64_t V = x.model.cfg.vocab;
+    int32_t eos[64];
+    int n_eos = 0;
+    ms_generator *gen = NULL;
+    ms_server *srv = NULL;
+    ms_tok_ids fids = {0};
+    if (ms_gen_eos_ids(dir, V, eos, 63, &n_eos, &err)) goto fail;
+    int32_t teos = ms_tok_eos_id(tok);
+    int dup = 0;
+    for (int i = 0; i < n_eos; i++) dup |= eos[i] == teos;
+    if (teos >= 0 && teos < V && !dup) eos[n_eos++] = teos;
+    if (forced && load_forced(tok, forced, &fids)) goto done;
+    if (ms_generator_new(x.engine, tok, V, NULL, &gen, &err)) goto fail;
+    ms_server_opts so = {.host = host, .port = (int)port, .model_name = name, .model_dir = dir, .gen = gen, .tok = tok,
+                         .vocab = V, .eos_ids = eos, .n_eos = n_eos, .fmt = fmt, .max_body = (size_t)max_body << 20,
+                         .max_queue = (int)max_queue, .forced_ids = forced ? fids.ids : NULL, .n_forced = (int)fids.n};
+    if (ms_server_start(&so, &srv, &err)) goto fail;
+    fprintf(stderr, "moonshine serve: listening on http://%s:%d (model \"%s\", %d threads, context %d, parser %s)\n",
+            host ? host : "127.0.0.1", ms_server_port(srv), name, x.threads, ms_generator_max_ctx(gen),
+            ms_outfmt_name(fmt));
+    fflush(stderr);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "moonshine serve: signal %d, stopping\n", sig);
+    ms_server_stop(srv);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "moonshine serve: %s\n", err.msg);
+done:
+    ms_generator_free(gen);
+    ms_tok_ids_free(&fids);
+    ms_cli_close(&x);
+    ms_tok_free(tok);
+    return rc;
+}

@@ -1,0 +1,688 @@
+/* api.c — OpenAI request validation and response building. */
+#include "server/api.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/json.h"
+
+int ms_api_fail(ms_api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
+                ...) {
+    e->status = status;
+    e->type = type ? type : "invalid_request_error";
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return MS_ERR_ARG;
+}
+
+char *ms_api_error_json(const ms_api_error *e) {
+    cJSON *root = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(root, "error");
+    if (!o) { cJSON_Delete(root); return NULL; }
+    cJSON_AddStringToObject(o, "message", e->message);
+    cJSON_AddStringToObject(o, "type", e->type ? e->type : "server_error");
+    if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+    else cJSON_AddNullToObject(o, "param");
+    if (e->code[0]) cJSON_AddStringToObject(o, "code", e->code);
+    else cJSON_AddNullToObject(o, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* ---------------- requests ---------------- */
+#define BAD(param, ...) ms_api_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+#define UNSUPPORTED(param, ...) ms_api_fail(e, 400, "invalid_request_error", param, "unsupported_parameter", __VA_ARGS__)
+#define NOMEM() ms_api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
+
+static const char *type_name(const cJSON *v) {
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsArray(v)) return "an array";
+    if (cJSON_IsObject(v)) return "an object";
+    return "null";
+}
+
+static int get_number(const cJSON *root, const char *key, double lo, double hi, double *out, int *present,
+                      ms_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (present) *present = 0;
+    if (!v || cJSON_IsNull(v)) return MS_OK;
+    if (!cJSON_IsNumber(v)) return BAD(key, "'%s' must be a number, got %s", key, type_name(v));
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return BAD(key, "'%s' must be in [%g, %g], got %g", key, lo, hi, v->valuedouble);
+    *out = v->valuedouble;
+    if (present) *present = 1;
+    return MS_OK;
+}
+
+static int get_int(const cJSON *root, const char *key, int64_t lo, int64_t hi, int64_t *out, int *present,
+                   ms_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (present) *present = 0;
+    if (!v || cJSON_IsNull(v)) return MS_OK;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return BAD(key, "'%s' must be an integer, got %s", key, cJSON_IsNumber(v) ? "a fraction" : type_name(v));
+    if (!(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi))
+        return BAD(key, "'%s' must be in [%lld, %lld], got %.17g", key, (long long)lo, (long long)hi, v->valuedouble);
+    *out = (int64_t)v->valuedouble;
+    if (present) *present = 1;
+    return MS_OK;
+}
+
+static int get_bool(const cJSON *root, const char *key, int *out, ms_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v)) return MS_OK;
+    if (!cJSON_IsBool(v)) return BAD(key, "'%s' must be a boolean, got %s", key, type_name(v));
+    *out = cJSON_IsTrue(v);
+    return MS_OK;
+}
+
+static int parse_stop(const cJSON *root, ms_api_request *r, ms_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (!v || cJSON_IsNull(v)) return MS_OK;
+    const cJSON *one[1] = {v};
+    int n = 1;
+    if (cJSON_IsArray(v)) n = cJSON_GetArraySize(v);
+    else if (!cJSON_IsString(v)) return BAD("stop", "'stop' must be a string or an array of strings, got %s", type_name(v));
+    if (n > MS_STOP_MAX) return BAD("stop", "'stop' has %d strings; at most %d are supported", n, MS_STOP_MAX);
+    const cJSON *it = cJSON_IsArray(v) ? v->child : one[0];
+    for (int i = 0; i < n; i++, it = it->next) {
+        if (!cJSON_IsString(it)) return BAD("stop", "'stop[%d]' must be a string, got %s", i, type_name(it));
+        size_t l = strlen(it->valuestring);
+        if (l == 0 || l > MS_STOP_MAX_LEN)
+            return BAD("stop", "'stop[%d]' must have 1 to %d bytes, got %zu", i, MS_STOP_MAX_LEN, l);
+        if (!(r->stop[r->n_stop++] = strdup(it->valuestring))) return NOMEM();
+    }
+    return MS_OK;
+}
+
+/* Fields common to both endpoints: model, stream, sampling, stop, limits, and refusals. */
+static int parse_common(const cJSON *root, ms_api_request *r, ms_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v)) return BAD("model", "'model' must be a string, got %s", type_name(v));
+        if (!(r->model = strdup(v->valuestring))) return NOMEM();
+    }
+    int rc;
+    if ((rc = get_bool(root, "stream", &r->stream, e))) return rc;
+    v = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsObject(v)) return BAD("stream_options", "'stream_options' must be an object, got %s", type_name(v));
+        if (!r->stream) return BAD("stream_options", "'stream_options' is only allowed when 'stream' is true");
+        if ((rc = get_bool(v, "include_usage", &r->include_usage, e))) return rc;
+    }
+    ms_sampler_params *s = &r->sampling;
+    ms_sampler_defaults(s);
+    double d;
+    int has;
+    if ((rc = get_number(root, "temperature", 0, 2, &s->temperature, NULL, e))) return rc;
+    if ((rc = get_number(root, "top_p", 0, 1, &d, &has, e))) return rc;
+    if (has) {
+        if (d == 0) s->top_k = 1; /* the smallest set with mass >= 0: the most likely token */
+        else s->top_p = d;
+    }
+    if ((rc = get_number(root, "min_p", 0, 1, &s->min_p, NULL, e))) return rc;
+    if ((rc = get_number(root, "presence_penalty", -2, 2, &s->presence_penalty, NULL, e))) return rc;
+    if ((rc = get_number(root, "frequency_penalty", -2, 2, &s->frequency_penalty, NULL, e))) return rc;
+    if ((rc = get_number(root, "repetition_penalty", 1e-3, 100, &s->repetition_penalty, NULL, e))) return rc;
+    int64_t k;
+    if ((rc = get_int(root, "top_k", -1, INT32_MAX, &k, &has, e))) return rc;
+    if (has && k > 0 && !(s->top_k == 1)) s->top_k = (int)k; /* -1 and 0: off (vLLM's convention) */
+    int64_t seed;
+    if ((rc = get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, &r->has_seed, e))) return rc;
+    if (r->has_seed) s->seed = (uint64_t)seed;
+    int64_t mt = 0, mct = 0;
+    int has_mt, has_mct;
+    if ((rc = get_int(root, "max_tokens", 1, INT32_MAX, &mt, &has_mt, e))) return rc;
+    if ((rc = get_int(root, "max_completion_tokens", 1, INT32_MAX, &mct, &has_mct, e))) return rc;
+    r->max_tokens = (int)(has_mct ? mct : has_mt ? mt : 0);
+    int64_t n = 1;
+    if ((rc = get_int(root, "n", 1, 128, &n, NULL, e))) return rc;
+    if (n != 1) return UNSUPPORTED("n", "'n' must be 1: this server generates one choice per request");
+    if ((rc = get_int(root, "best_of", 1, 128, &n, &has, e))) return rc;
+    if (has && n != 1) return UNSUPPORTED("best_of", "'best_of' must be 1");
+    v = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v))
+        return UNSUPPORTED("logprobs", "'logprobs' is not supported by this server");
+    v = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
+    if (v && !cJSON_IsNull(v)) return UNSUPPORTED("top_logprobs", "'top_logprobs' is not supported by this server");
+    v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (v && !cJSON_IsNull(v) && !(cJSON_IsObject(v) && !v->child))
+        return UNSUPPORTED("logit_bias", "'logit_bias' is not supported by this server");
+    return parse_stop(root, r, e);
+}
+
+/* Message content: a string, null, or an array of {"type":"text","text":...} parts (joined). */
+static int normalize_content(cJSON *msg, int i, ms_api_error *e) {
+    cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    if (!c || cJSON_IsNull(c) || cJSON_IsString(c)) return MS_OK;
+    if (!cJSON_IsArray(c)) return BAD(param, "'%s' must be a string, an array of content parts or null, got %s", param, type_name(c));
+    size_t len = 0;
+    const cJSON *p;
+    int j = 0;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type");
+        if (!cJSON_IsObject(p) || !cJSON_IsString(t))
+            return BAD(param, "'%s[%d]' must be an object with a string 'type'", param, j);
+        if (strcmp(t->valuestring, "text"))
+            return UNSUPPORTED(param, "'%s[%d]': content parts of type '%s' are not supported (text only)", param, j,
+                               t->valuestring);
+        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsString(tx)) return BAD(param, "'%s[%d].text' must be a string", param, j);
+        len += strlen(tx->valuestring);
+        j++;
+    }
+    char *joined = malloc(len + 1), *w = joined;
+    if (!joined) return NOMEM();
+    cJSON_ArrayForEach(p, c) {
+        const char *s = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        size_t l = strlen(s);
+        memcpy(w, s, l);
+        w += l;
+    }
+    *w = 0;
+    cJSON *ns = cJSON_CreateString(joined);
+    free(joined);
+    if (!ns) return NOMEM();
+    cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", ns);
+    return MS_OK;
+}
+
+static int check_tool_calls(const cJSON *msg, int i, ms_api_error *e) {
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+    if (!tc || cJSON_IsNull(tc)) return MS_OK;
+    if (!cJSON_IsArray(tc)) return BAD(param, "'%s' must be an array, got %s", param, type_name(tc));
+    const cJSON *c;
+    int j = 0;
+    cJSON_ArrayForEach(c, tc) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(f) || !cJSON_IsString(name))
+            return BAD(param, "'%s[%d]' must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}",
+                       param, j);
+        if (args && !cJSON_IsString(args) && !cJSON_IsObject(args))
+            return BAD(param, "'%s[%d].function.arguments' must be a JSON string", param, j);
+        j++;
+    }
+    return MS_OK;
+}
+
+static int parse_messages(const cJSON *root, cJSON *render, ms_api_error *e) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!msgs) return BAD("messages", "'messages' is required");
+    if (!cJSON_IsArray(msgs)) return BAD("messages", "'messages' must be an array, got %s", type_name(msgs));
+    if (!msgs->child) return BAD("messages", "'messages' must not be empty");
+    cJSON *copy = cJSON_Duplicate(msgs, 1);
+    if (!copy) return NOMEM();
+    cJSON_AddItemToObject(render, "messages", copy);
+    int i = 0;
+    cJSON *m;
+    cJSON_ArrayForEach(m, copy) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) return BAD(param, "'%s' must be an object, got %s", param, type_name(m));
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        if (!cJSON_IsString(role)) return BAD(param, "'%s' must be a string", param);
+        const char *rs = role->valuestring;
+        if (!strcmp(rs, "developer")) { /* OpenAI's newer name for system; templates know "system" */
+            cJSON_ReplaceItemInObjectCaseSensitive(m, "role", cJSON_CreateString("system"));
+        } else if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool")) {
+            return BAD(param, "'%s' must be one of system, developer, user, assistant, tool; got '%.64s'", param, rs);
+        }
+        int rc = normalize_content(m, i, e);
+        if (rc) return rc;
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        int is_asst = !strcmp(rs, "assistant");
+        if ((!c || cJSON_IsNull(c)) && !is_asst) {
+            snprintf(param, sizeof param, "messages[%d].content", i);
+            return BAD(param, "'%s' is required for role '%s'", param, rs);
+        }
+        if (is_asst && (rc = check_tool_calls(m, i, e))) return rc;
+        if (!strcmp(rs, "tool")) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+            snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
+            if (id && !cJSON_IsString(id)) return BAD(param, "'%s' must be a string", param);
+        }
+        i++;
+    }
+    return MS_OK;
+}
+
+static int parse_tools(const cJSON *root, cJSON *render, ms_api_request *r, ms_api_error *e) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    int use_tools = 1;
+    if (choice && !cJSON_IsNull(choice)) {
+        if (cJSON_IsString(choice)) {
+            if (!strcmp(choice->valuestring, "none")) use_tools = 0;
+            else if (!strcmp(choice->valuestring, "required"))
+                return UNSUPPORTED("tool_choice", "'tool_choice' \"required\" is not supported (no constrained decoding); use \"auto\"");
+            else if (strcmp(choice->valuestring, "auto"))
+                return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or an object, got \"%.64s\"",
+                           choice->valuestring);
+        } else if (cJSON_IsObject(choice)) {
+            return UNSUPPORTED("tool_choice", "'tool_choice' naming a function is not supported (no constrained decoding); use \"auto\"");
+        } else {
+            return BAD("tool_choice", "'tool_choice' must be a string or an object, got %s", type_name(choice));
+        }
+    }
+    if (!tools || cJSON_IsNull(tools)) return MS_OK;
+    if (!cJSON_IsArray(tools)) return BAD("tools", "'tools' must be an array, got %s", type_name(tools));
+    const cJSON *t;
+    int i = 0;
+    cJSON_ArrayForEach(t, tools) {
+        char param[64];
+        snprintf(param, sizeof param, "tools[%d]", i);
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function"))
+            return BAD(param, "'%s' must be an object with \"type\": \"function\"", param);
+        if (!cJSON_IsObject(f) || !cJSON_IsString(name) || !name->valuestring[0])
+            return BAD(param, "'%s.function' must be an object with a non-empty string 'name'", param);
+        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        if (ps && !cJSON_IsNull(ps) && !cJSON_IsObject(ps))
+            return BAD(param, "'%s.function.parameters' must be a JSON Schema object", param);
+        i++;
+    }
+    if (!i || !use_tools) return MS_OK;
+    cJSON *copy = cJSON_Duplicate(tools, 1);
+    if (!copy) return NOMEM();
+    cJSON_AddItemToObject(render, "tools", copy);
+    if (!(r->tools_json = cJSON_PrintUnformatted(tools))) return NOMEM();
+    return MS_OK;
+}
+
+static int parse_chat(const cJSON *root, ms_api_request *r, ms_api_error *e) {
+    cJSON *render = cJSON_CreateObject();
+    if (!render) return NOMEM();
+    int rc = parse_messages(root, render, e);
+    if (!rc) rc = parse_tools(root, render, r, e);
+    if (!rc) {
+        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+        if (rf && !cJSON_IsNull(rf)) {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+            if (!cJSON_IsObject(rf) || !cJSON_IsString(ty)) rc = BAD("response_format", "'response_format' must be an object with a string 'type'");
+            else if (strcmp(ty->valuestring, "text"))
+                rc = UNSUPPORTED("response_format", "'response_format' type \"%.32s\" is not supported (text only)", ty->valuestring);
+        }
+    }
+    if (!rc) {
+        const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+        if (kw && !cJSON_IsNull(kw)) {
+            if (!cJSON_IsObject(kw)) rc = BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            else {
+                cJSON *c = cJSON_Duplicate(kw, 1);
+                if (!c) rc = NOMEM();
+                else cJSON_AddItemToObject(render, "chat_template_kwargs", c);
+            }
+        }
+    }
+    if (!rc) {
+        cJSON_AddBoolToObject(render, "add_generation_prompt", 1);
+        if (!(r->render_json = cJSON_PrintUnformatted(render))) rc = NOMEM();
+    }
+    cJSON_Delete(render);
+    return rc;
+}
+
+static int parse_ids(const cJSON *arr, int64_t vocab, ms_api_request *r, ms_api_error *e) {
+    int n = cJSON_GetArraySize(arr);
+    if (!n) return BAD("prompt", "'prompt' must not be empty");
+    if (!(r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids))) return NOMEM();
+    const cJSON *x;
+    int i = 0;
+    cJSON_ArrayForEach(x, arr) {
+        if (!ms_json_is_int(x, 0, vocab - 1))
+            return BAD("prompt", "'prompt[%d]' must be a token id in [0, %lld)", i, (long long)vocab);
+        r->prompt_ids[i++] = (int32_t)x->valuedouble;
+    }
+    r->n_prompt_ids = n;
+    return MS_OK;
+}
+
+static int parse_completion(const cJSON *root, int64_t vocab, ms_api_request *r, ms_api_error *e) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!p || cJSON_IsNull(p)) return BAD("prompt", "'prompt' is required");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        p = p->child; /* a batch of one */
+    if (cJSON_IsString(p)) {
+        if (!p->valuestring[0]) return BAD("prompt", "'prompt' must not be empty");
+        if (!(r->prompt_text = strdup(p->valuestring))) return NOMEM();
+    } else if (cJSON_IsArray(p)) {
+        if (p->child && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+            return UNSUPPORTED("prompt", "'prompt' with several prompts is not supported: send one per request");
+        int rc = parse_ids(p, vocab, r, e);
+        if (rc) return rc;
+    } else {
+        return BAD("prompt", "'prompt' must be a string or an array of token ids, got %s", type_name(p));
+    }
+    int echo = 0, rc;
+    if ((rc = get_bool(root, "echo", &echo, e))) return rc;
+    if (echo) return UNSUPPORTED("echo", "'echo' is not supported by this server");
+    const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(root, "suffix");
+    if (sfx && !cJSON_IsNull(sfx)) return UNSUPPORTED("suffix", "'suffix' is not supported by this server");
+    return MS_OK;
+}
+
+int ms_api_parse_request(ms_api_kind kind, const char *body, size_t len, int64_t vocab, ms_api_request *r,
+                         ms_api_error *e) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    if (!body || !len) return BAD(NULL, "the request body is empty: expected a JSON object");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return BAD(NULL, "the request body is not valid JSON (near byte %td)", cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - body : (ptrdiff_t)0);
+    int rc;
+    if (!cJSON_IsObject(root)) rc = BAD(NULL, "the request body must be a JSON object, got %s", type_name(root));
+    else {
+        rc = parse_common(root, r, e);
+        if (!rc) rc = kind == MS_API_CHAT ? parse_chat(root, r, e) : parse_completion(root, vocab, r, e);
+    }
+    cJSON_Delete(root);
+    if (rc) ms_api_request_free(r);
+    return rc;
+}
+
+void ms_api_request_free(ms_api_request *r) {
+    free(r->model);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->render_json);
+    free(r->tools_json);
+    free(r->prompt_text);
+    free(r->prompt_ids);
+    memset(r, 0, sizeof *r);
+}
+
+ms_outfmt ms_api_outfmt_for_model_type(const char *mt) {
+    if (!mt) return MS_OUTFMT_THINK;
+    if (!strncmp(mt, "qwen3", 5) || !strncmp(mt, "mimo", 4)) return MS_OUTFMT_QWEN3;
+    if (!strcmp(mt, "deepseek_v3")) return MS_OUTFMT_DEEPSEEK_V3;
+    if (!strcmp(mt, "deepseek_v32") || !strcmp(mt, "deepseek_v4")) return MS_OUTFMT_DEEPSEEK_V31;
+    if (!strcmp(mt, "kimi_linear") || !strcmp(mt, "kimi_k2")) return MS_OUTFMT_KIMI_K2;
+    if (!strcmp(mt, "kimi_k3")) return MS_OUTFMT_XTML;
+    if (!strncmp(mt, "glm", 3)) return MS_OUTFMT_GLM;
+    if (!strcmp(mt, "gpt_oss")) return MS_OUTFMT_HARMONY;
+    return MS_OUTFMT_THINK;
+}
+
+/* ---------------- responses ---------------- */
+struct ms_api_resp {
+    ms_api_resp_opts o;
+    char *id, *model;
+    ms_outparse *parser;  /* chat */
+    ms_outmsg *msg;       /* chat, non-stream */
+    char *text;           /* completion, non-stream */
+    size_t text_len, text_cap;
+    int sent_role, n_tool_calls;
+    ms_api_sink sink;     /* during a call */
+    void *user;
+    int sink_rc;
+};
+
+int ms_api_resp_new(const ms_api_resp_opts *o, ms_api_resp **out, ms_err *err) {
+    *out = NULL;
+    ms_api_resp *r = calloc(1, sizeof *r);
+    if (!r) return ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
+    r->o = *o;
+    r->id = strdup(o->id ? o->id : "");
+    r->model = strdup(o->model ? o->model : "");
+    r->o.parse = NULL;
+    int rc = (!r->id || !r->model) ? ms_fail(err, MS_ERR_NOMEM, "response: out of memory") : MS_OK;
+    if (!rc && o->kind == MS_API_CHAT) {
+        rc = ms_outparse_new(o->fmt, o->parse, &r->parser, err);
+        if (!rc && !o->stream && !(r->msg = ms_outmsg_new())) rc = ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
+    }
+    if (rc) {
+        ms_api_resp_free(r);
+        return rc;
+    }
+    *out = r;
+    return MS_OK;
+}
+
+void ms_api_resp_free(ms_api_resp *r) {
+    if (!r) return;
+    free(r->id);
+    free(r->model);
+    ms_outparse_free(r->parser);
+    ms_outmsg_free(r->msg);
+    free(r->text);
+    free(r);
+}
+
+/* Send `data: JSON\n\n` and free obj. */
+static int send_event(ms_api_resp *r, cJSON *obj) {
+    if (!obj) return r->sink_rc = MS_ERR_NOMEM;
+    char *s = cJSON_PrintUnformatted(obj);
+    cJSON_Delete(obj);
+    if (!s) return r->sink_rc = MS_ERR_NOMEM;
+    size_t l = strlen(s);
+    char *buf = malloc(l + 9);
+    if (!buf) { free(s); return r->sink_rc = MS_ERR_NOMEM; }
+    memcpy(buf, "data: ", 6);
+    memcpy(buf + 6, s, l);
+    memcpy(buf + 6 + l, "\n\n", 3);
+    free(s);
+    int rc = r->sink(r->user, buf, l + 8);
+    free(buf);
+    if (rc) r->sink_rc = rc;
+    return rc;
+}
+
+/* A chunk skeleton with one choice whose delta/text the caller fills. */
+static cJSON *chunk(ms_api_resp *r, cJSON **choice) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", r->id);
+    cJSON_AddStringToObject(c, "object", r->o.kind == MS_API_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(c, "created", (double)r->o.created);
+    cJSON_AddStringToObject(c, "model", r->model);
+    cJSON_AddNullToObject(c, "system_fingerprint");
+    cJSON *arr = cJSON_AddArrayToObject(c, "choices");
+    if (choice) {
+        *choice = cJSON_CreateObject();
+        cJSON_AddNumberToObject(*choice, "index", 0);
+        cJSON_AddItemToArray(arr, *choice);
+    }
+    if (r->o.include_usage) cJSON_AddNullToObject(c, "usage");
+    return c;
+}
+
+static int chat_delta(ms_api_resp *r, cJSON *delta, const char *finish) {
+    cJSON *choice, *c = chunk(r, &choice);
+    if (!r->sent_role) {
+        cJSON_AddStringToObject(delta, "role", "assistant");
+        r->sent_role = 1;
+    }
+    cJSON_AddItemToObject(choice, "delta", delta);
+    cJSON_AddNullToObject(choice, "logprobs");
+    if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
+    else cJSON_AddNullToObject(choice, "finish_reason");
+    return send_event(r, c);
+}
+
+static cJSON *string_n(const char *s, size_t n) {
+    char *t = malloc(n + 1);
+    if (!t) return NULL;
+    memcpy(t, s, n);
+    t[n] = 0;
+    cJSON *j = cJSON_CreateString(t);
+    free(t);
+    return j;
+}
+
+/* Parser events -> streamed chat chunks. */
+static int on_event(void *user, const ms_outev *ev) {
+    ms_api_resp *r = user;
+    cJSON *d = cJSON_CreateObject();
+    if (!d) return r->sink_rc = MS_ERR_NOMEM;
+    switch (ev->type) {
+    case MS_OUTEV_CONTENT:
+    case MS_OUTEV_REASONING:
+        if (!ev->len) { cJSON_Delete(d); return 0; }
+        cJSON_AddItemToObject(d, ev->type == MS_OUTEV_CONTENT ? "content" : "reasoning_content", string_n(ev->text, ev->len));
+        break;
+    case MS_OUTEV_TOOL_START: {
+        r->n_tool_calls++;
+        cJSON *arr = cJSON_AddArrayToObject(d, "tool_calls"), *tc = cJSON_CreateObject(), *f = cJSON_CreateObject();
+        cJSON_AddNumberToObject(tc, "index", ev->tool_index);
+        cJSON_AddStringToObject(tc, "id", ev->tool_id ? ev->tool_id : "");
+        cJSON_AddStringToObject(tc, "type", "function");
+        cJSON_AddStringToObject(f, "name", ev->tool_name ? ev->tool_name : "");
+        cJSON_AddStringToObject(f, "arguments", "");
+        cJSON_AddItemToObject(tc, "function", f);
+        cJSON_AddItemToArray(arr, tc);
+        break;
+    }
+    case MS_OUTEV_TOOL_ARGS: {
+        if (!ev->len) { cJSON_Delete(d); return 0; }
+        cJSON *arr = cJSON_AddArrayToObject(d, "tool_calls"), *tc = cJSON_CreateObject(), *f = cJSON_CreateObject();
+        cJSON_AddNumberToObject(tc, "index", ev->tool_index);
+        cJSON_AddItemToObject(f, "arguments", string_n(ev->text, ev->len));
+        cJSON_AddItemToObject(tc, "function", f);
+        cJSON_AddItemToArray(arr, tc);
+        break;
+    }
+    default:
+        cJSON_Delete(d);
+        return 0;
+    }
+    return chat_delta(r, d, NULL);
+}
+
+/* Parser events -> collected message (non-stream), counting tool calls. */
+static int on_collect(void *user, const ms_outev *ev) {
+    ms_api_resp *r = user;
+    if (ev->type == MS_OUTEV_TOOL_START) r->n_tool_calls++;
+    return ms_outmsg_collect(r->msg, ev);
+}
+
+int ms_api_resp_text(ms_api_resp *r, const char *text, size_t len, ms_api_sink sink, void *user, ms_err *err) {
+    r->sink = sink;
+    r->user = user;
+    r->sink_rc = 0;
+    if (r->o.kind == MS_API_CHAT) {
+        int rc = ms_outparse_feed(r->parser, text, len, r->o.stream ? on_event : on_collect, r, err);
+        if (r->sink_rc) return r->sink_rc;
+        return rc;
+    }
+    if (!len) return MS_OK;
+    if (r->o.stream) {
+        cJSON *choice, *c = chunk(r, &choice);
+        cJSON_AddItemToObject(choice, "text", string_n(text, len));
+        cJSON_AddNullToObject(choice, "logprobs");
+        cJSON_AddNullToObject(choice, "finish_reason");
+        return send_event(r, c);
+    }
+    if (r->text_len + len + 1 > r->text_cap) {
+        size_t cap = r->text_cap ? r->text_cap : 256;
+        while (cap < r->text_len + len + 1) cap *= 2;
+        char *n = realloc(r->text, cap);
+        if (!n) return ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
+        r->text = n;
+        r->text_cap = cap;
+    }
+    memcpy(r->text + r->text_len, text, len);
+    r->text_len += len;
+    r->text[r->text_len] = 0;
+    return MS_OK;
+}
+
+static cJSON *usage_json(int prompt, int completion, int cached) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", cached);
+    return u;
+}
+
+int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int completion_tokens, int cached_tokens,
+                       ms_api_sink sink, void *user, ms_err *err) {
+    r->sink = sink;
+    r->user = user;
+    r->sink_rc = 0;
+    int rc;
+    if (r->parser) {
+        rc = ms_outparse_finish(r->parser, r->o.stream ? on_event : on_collect, r, err);
+        if (r->sink_rc) return r->sink_rc;
+        if (rc) return rc;
+    }
+    const char *fin = finish == MS_FINISH_LENGTH ? "length" : "stop";
+    if (r->n_tool_calls && finish == MS_FINISH_STOP) fin = "tool_calls";
+    if (r->o.stream) {
+        cJSON *choice, *c = chunk(r, &choice);
+        if (r->o.kind == MS_API_CHAT) {
+            cJSON_Delete(c);
+            if ((rc = chat_delta(r, cJSON_CreateObject(), fin))) return rc;
+        } else {
+            cJSON_AddStringToObject(choice, "text", "");
+            cJSON_AddNullToObject(choice, "logprobs");
+            cJSON_AddStringToObject(choice, "finish_reason", fin);
+            if ((rc = send_event(r, c))) return rc;
+        }
+        if (r->o.include_usage) {
+            c = chunk(r, NULL);
+            cJSON_ReplaceItemInObjectCaseSensitive(c, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens));
+            if ((rc = send_event(r, c))) return rc;
+        }
+        static const char done[] = "data: [DONE]\n\n";
+        return sink(user, done, sizeof done - 1);
+    }
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", r->id);
+    cJSON_AddStringToObject(c, "object", r->o.kind == MS_API_CHAT ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(c, "created", (double)r->o.created);
+    cJSON_AddStringToObject(c, "model", r->model);
+    cJSON_AddNullToObject(c, "system_fingerprint");
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(choice, "index", 0);
+    if (r->o.kind == MS_API_CHAT) {
+        char *mj;
+        if ((rc = ms_outmsg_json(r->msg, &mj, err))) { cJSON_Delete(c); cJSON_Delete(choice); return rc; }
+        cJSON *m = cJSON_Parse(mj);
+        free(mj);
+        if (!m) { cJSON_Delete(c); cJSON_Delete(choice); return ms_fail(err, MS_ERR_NOMEM, "response: out of memory"); }
+        cJSON_AddItemToObject(choice, "message", m);
+    } else {
+        cJSON_AddStringToObject(choice, "text", r->text ? r->text : "");
+    }
+    cJSON_AddNullToObject(choice, "logprobs");
+    cJSON_AddStringToObject(choice, "finish_reason", fin);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "choices"), choice);
+    cJSON_AddItemToObject(c, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens));
+    char *s = cJSON_PrintUnformatted(c);
+    cJSON_Delete(c);
+    if (!s) return ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
+    rc = sink(user, s, strlen(s));
+    free(s);
+    return rc;
+}
+
+int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user) {
+    char *j = ms_api_error_json(e);
+    if (!j) return MS_ERR_NOMEM;
+    size_t l = strlen(j);
+    char *buf = malloc(l + 32);
+    if (!buf) { free(j); return MS_ERR_NOMEM; }
+    int n = snprintf(buf, l + 32, "data: %s\n\ndata: [DONE]\n\n", j);
+    free(j);
+    int rc = sink(user, buf, (size_t)n);
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,108 @@
+/* api.h — the OpenAI-compatible API without the HTTP: request validation and
+ * response building (JSON bodies and SSE chunks).
+ *
+ * Requests (POST /v1/chat/completions and /v1/completions bodies) are parsed
+ * into an ms_api_request: every field we read is type- and range-checked;
+ * fields we cannot honour (n > 1, logprobs, images, tool_choice "required",
+ * response_format other than text, ...) are refused with an OpenAI-shaped
+ * error naming the parameter, never silently ignored. Unknown fields are
+ * ignored, as OpenAI-compatible servers do.
+ *
+ * A response builder turns generated text into the body: for chat, the text
+ * goes through the model family's output parser (text/outparse.h), so
+ * reasoning becomes `reasoning_content` and tool calls `tool_calls`. With
+ * stream it produces `data: {...}\n\n` chunks ending in `data: [DONE]\n\n`.
+ * Library code: statuses and error structs, never prints. */
+#ifndef MS_SERVER_API_H
+#define MS_SERVER_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/generate.h"
+#include "text/outparse.h"
+
+typedef enum { MS_API_CHAT, MS_API_COMPLETION } ms_api_kind;
+
+/* An OpenAI error object plus its HTTP status. */
+typedef struct ms_api_error {
+    int status;        /* 400, 404, 405, 413, 500, 503 */
+    const char *type;  /* "invalid_request_error", "not_found_error", "server_error", ... (static) */
+    char param[64];    /* the offending parameter ("" = null) */
+    char code[64];     /* machine code ("" = null) */
+    char message[1024];
+} ms_api_error;
+
+/* Fill e (status, type, param, code may be NULL) with a printf message; returns MS_ERR_ARG. */
+int ms_api_fail(ms_api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
+                ...) __attribute__((format(printf, 6, 7)));
+/* The error as JSON: {"error":{"message","type","param","code"}} (malloc'd; NULL when out of memory). */
+char *ms_api_error_json(const ms_api_error *e);
+
+#define MS_API_MAX_BODY (8u << 20) /* default request body limit (bytes) */
+
+typedef struct ms_api_request {
+    ms_api_kind kind;
+    char *model;               /* requested model id (owned; may be NULL) */
+    int stream, include_usage;
+    ms_sampler_params sampling;
+    int has_seed;              /* seed given (else the caller draws one) */
+    int max_tokens;            /* 0: until the context is full */
+    char *stop[MS_STOP_MAX];   /* owned */
+    int n_stop;
+    /* chat */
+    char *render_json;         /* chat-template request {"messages","tools"?,"add_generation_prompt":true,
+                                  "chat_template_kwargs"?} (owned) */
+    char *tools_json;          /* the "tools" array as JSON (owned) or NULL */
+    /* completion: exactly one of prompt_text / prompt_ids */
+    char *prompt_text;         /* owned */
+    int32_t *prompt_ids;       /* owned */
+    int n_prompt_ids;
+} ms_api_request;
+
+/* Parse and validate a request body of len bytes. vocab bounds token-id
+ * prompts. On failure e says why (status 400) and req holds nothing.
+ * Returns MS_OK or MS_ERR_ARG (also for out of memory: e is then a 500). */
+int ms_api_parse_request(ms_api_kind kind, const char *body, size_t len, int64_t vocab, ms_api_request *req,
+                         ms_api_error *e);
+void ms_api_request_free(ms_api_request *req);
+
+/* ---- responses ---- */
+/* Receives bytes of the response body (SSE chunks when streaming, the whole
+ * JSON otherwise). Nonzero aborts (returned by the builder's functions). */
+typedef int (*ms_api_sink)(void *user, const char *data, size_t len);
+
+typedef struct ms_api_resp_opts {
+    ms_api_kind kind;
+    const char *id;          /* "chatcmpl-..." / "cmpl-..." */
+    const char *model;       /* model id to report */
+    int64_t created;         /* unix seconds */
+    int stream, include_usage;
+    ms_outfmt fmt;           /* chat: output format of the model family */
+    const ms_outparse_opts *parse; /* chat: parser options (start_in_reasoning, tools_json, id_seed); may be NULL */
+} ms_api_resp_opts;
+
+typedef struct ms_api_resp ms_api_resp;
+
+/* A builder for one response. Errors: those of ms_outparse_new, MS_ERR_NOMEM. */
+int ms_api_resp_new(const ms_api_resp_opts *o, ms_api_resp **out, ms_err *err);
+void ms_api_resp_free(ms_api_resp *r);
+/* Generated text delta (any split). Streaming: chunks go to sink as soon as
+ * the parser releases text (the first one carries the assistant role).
+ * Errors: the parser's, or the sink's nonzero value. */
+int ms_api_resp_text(ms_api_resp *r, const char *text, size_t len, ms_api_sink sink, void *user, ms_err *err);
+/* End: finish ("stop"/"length"; "tool_calls" replaces "stop" when the message
+ * has tool calls), usage counts. Streaming: the final chunk, the usage chunk
+ * (include_usage) and `data: [DONE]`; otherwise the whole JSON body. */
+int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int completion_tokens, int cached_tokens,
+                       ms_api_sink sink, void *user, ms_err *err);
+/* A streamed error after the stream started: `data: {"error":...}` and `data: [DONE]`. */
+int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user);
+
+/* The output format for a model directory's config.json model_type
+ * (qwen3* -> qwen3, deepseek_v3 -> deepseek_v3, deepseek_v32/v4 -> deepseek_v31,
+ * kimi_linear -> kimi_k2, kimi_k3 -> xtml, glm* -> glm, gpt_oss -> harmony,
+ * otherwise think). */
+ms_outfmt ms_api_outfmt_for_model_type(const char *model_type);
+
+#endif
