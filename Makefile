@@ -35,7 +35,7 @@ FUZZERS  := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/bin/%)
 
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
-.PHONY: all check test unit fixtures asan fuzz deps clean demo
+.PHONY: all check test unit fixtures server asan fuzz deps clean demo
 all: build/moonshine build/moonshine-server
 
 build/libmoonshine.a: $(OBJ_LIB)
@@ -93,11 +93,16 @@ unit: $(TESTS) build/moonshine
 fixtures: build/moonshine
 	@tests/scripts/run_fixtures.sh
 
-test: unit fixtures
+# moonshine-server against the official OpenAI SDK (tests/server/run.sh)
+server: all
+	@tests/server/run.sh
+
+test: unit fixtures server
 
 asan: $(ASAN_TESTS) build/asan/moonshine
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 tests/scripts/run_unit.sh $(ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE=build/asan/moonshine tests/scripts/run_fixtures.sh
+	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE_SERVER="build/asan/moonshine serve" tests/server/run.sh
 
 fuzz: $(FUZZERS)
 	@FUZZ_OPEN='$(FUZZ_OPEN)' tests/scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_RUNS) $(FUZZERS)

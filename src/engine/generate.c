@@ -511,7 +511,11 @@ int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_para
     ms_stopper *st = NULL;
     ms_tok_stream ts;
     ms_tok_stream_init(&ts, g->t, p->decode_flags);
-    int rc = ms_sampler_new(&p->sampling, g->vocab, &sp, err);
+    /* models pad their vocabulary past the tokenizer's (Qwen3: 151936 logits, 151669 tokens):
+     * ids without text are never sampled */
+    int64_t sv = g->vocab;
+    if (g->t && (int64_t)ms_tok_vocab_size(g->t) < sv) sv = ms_tok_vocab_size(g->t);
+    int rc = ms_sampler_new(&p->sampling, sv, &sp, err);
     if (!rc) rc = ms_stopper_new(p->stop, p->n_stop, &st, err);
     if (!rc) rc = ms_generator_prefill(g, prompt, n, &res->cached_tokens, NULL, err);
     if (rc) goto done;

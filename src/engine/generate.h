@@ -160,7 +160,8 @@ void ms_generator_reset(ms_generator *g);
  * Errors: MS_ERR_ARG (n < 1), those of ms_engine_forward (the history is then
  * forgotten and the engine reset). */
 int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cached, float *logits, ms_err *err);
-/* Run one request: prefill the prompt, then sample until an EOS id, a stop
+/* Run one request: prefill the prompt, then sample (only ids below the
+ * tokenizer's vocabulary size when it is smaller than the model's) until an EOS id, a stop
  * string, max_tokens, the context end (finish length) or the callback asks to
  * stop (finish abort). Text goes through the streaming detokenizer and the stop
  * matcher before the callback sees it. res is filled on success.

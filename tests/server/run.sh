@@ -1,0 +1,58 @@
+#!/bin/sh
+# The server checks of `make test`: synthesize a tiny Qwen3-MoE model carrying the real Qwen3
+# tokenizer and chat template (random weights: the text is noise, the protocol is not), start
+# moonshine-server twice on free ports (sampling, and --test-forced-output with a tool-call/
+# reasoning output rendered by the official template), and run the OpenAI Node SDK against them.
+# env: MOONSHINE_SERVER (default build/moonshine-server; e.g. "build/asan/moonshine serve"),
+#      MOONSHINE (the CLI for render/tokenize, default build/moonshine).
+set -eu
+SERVER=${MOONSHINE_SERVER:-build/moonshine-server}
+CLI=${MOONSHINE:-build/moonshine}
+W=build/tmp/server-test
+SDK=tests/server/sdk
+mkdir -p "$W" build/tokenizers/qwen3
+command -v node >/dev/null || { echo "FAIL server: node is missing (tools/install-deps.sh installs it)"; exit 1; }
+if [ ! -f "$SDK/node_modules/openai/package.json" ]; then
+    (cd "$SDK" && npm ci --no-audit --no-fund --loglevel=error) || { echo "FAIL server: npm ci in $SDK failed"; exit 1; }
+fi
+TOK=build/tokenizers/qwen3
+[ -f "$TOK/tokenizer.json" ] || { gzip -dc ../shared/tokenizers/qwen3/tokenizer.json.gz > "$TOK/tokenizer.json.tmp" && mv "$TOK/tokenizer.json.tmp" "$TOK/tokenizer.json"; }
+cp ../shared/tokenizers/qwen3/tokenizer_config.json "$TOK/"
+MODEL=$W/tiny_qwen3
+"$CLI" synth --config tests/server/tiny_qwen3.json --out "$MODEL" --tokenizer "$TOK" --seed 1 >/dev/null
+python3 tests/server/forced_output.py "$MODEL/tokenizer_config.json" "$W/forced.txt" "$W/forced.json"
+
+pids=""
+cleanup() { for p in $pids; do kill "$p" 2>/dev/null || true; done; for p in $pids; do wait "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT INT TERM
+
+# start NAME ARGS...: a server on a free port; sets PORT
+start() {
+    name=$1; shift
+    log=$W/$name.log
+    : > "$log"
+    $SERVER "$MODEL" --port 0 --threads 1 --ctx 4096 --model-name tiny-qwen3 "$@" 2> "$log" &
+    pids="$pids $!"
+    i=0
+    while ! grep -q "listening on" "$log"; do
+        i=$((i + 1))
+        if [ $i -gt 300 ] || ! kill -0 "$!" 2>/dev/null; then echo "FAIL server: $name did not start"; cat "$log"; exit 1; fi
+        sleep 0.1
+    done
+    PORT=$(sed -n 's/.*listening on http:\/\/[0-9.]*:\([0-9]*\).*/\1/p' "$log")
+}
+start sampling --max-body-mib 2
+P1=$PORT
+start forced --test-forced-output "$W/forced.txt"
+P2=$PORT
+rc=0
+BASE=http://127.0.0.1:$P1/v1 FORCED_BASE=http://127.0.0.1:$P2/v1 FORCED_EXPECT=$W/forced.json MODEL_NAME=tiny-qwen3 \
+    MOONSHINE=$CLI MODEL_DIR=$MODEL node "$SDK/test.mjs" > "$W/sdk.out" 2>&1 || rc=$?
+cleanup
+pids=""
+for n in sampling forced; do
+    if grep -q "ERROR: \|runtime error" "$W/$n.log"; then echo "FAIL server: $n log:"; cat "$W/$n.log"; rc=1; fi
+done
+line=$(tail -n 1 "$W/sdk.out")
+if [ $rc -ne 0 ]; then cat "$W/sdk.out"; echo "FAIL server ($line)"; exit 1; fi
+echo "server: $line"

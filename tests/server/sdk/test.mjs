@@ -1,0 +1,260 @@
+// moonshine-server against the official OpenAI Node SDK (tests/server/run.sh starts the servers).
+// env: BASE (http://127.0.0.1:PORT/v1 of the sampling server), FORCED_BASE (the server run with
+// --test-forced-output), FORCED_EXPECT (the message that output means, by forced_output.py),
+// MODEL_NAME, MOONSHINE (the binary), MODEL_DIR; prints "N passed, N failed".
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import OpenAI from 'openai';
+
+const { BASE, FORCED_BASE, FORCED_EXPECT, MODEL_NAME, MOONSHINE, MODEL_DIR } = process.env;
+const client = new OpenAI({ baseURL: BASE, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+const model = MODEL_NAME;
+let passed = 0, failed = 0;
+
+async function test(name, fn) {
+  try {
+    await fn();
+    passed++;
+    console.log(`ok   ${name}`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
+  }
+}
+
+// The prompt's token count by moonshine's own CLI: render (chat template) + tokenize.
+function promptTokens(request) {
+  const text = execFileSync(MOONSHINE, ['render', MODEL_DIR], { input: JSON.stringify({ ...request, add_generation_prompt: true }) });
+  return JSON.parse(execFileSync(MOONSHINE, ['tokenize', MODEL_DIR], { input: text }).toString()).length;
+}
+
+async function collect(stream) {
+  let content = '', reasoning = '', finish = null, usage = null, chunks = 0, role = null;
+  const calls = [];
+  for await (const c of stream) {
+    chunks++;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      const d = ch.delta || {};
+      if (d.role) role = d.role;
+      if (d.content) content += d.content;
+      if (d.reasoning_content) reasoning += d.reasoning_content;
+      for (const t of d.tool_calls || []) {
+        if (!calls[t.index]) calls[t.index] = { id: t.id, name: '', arguments: '' };
+        if (t.function?.name) calls[t.index].name += t.function.name;
+        if (t.function?.arguments) calls[t.index].arguments += t.function.arguments;
+      }
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  return { content, reasoning, finish, usage, chunks, calls, role };
+}
+
+const hello = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Say something about the sea.' }];
+
+await test('models.list', async () => {
+  const list = await client.models.list();
+  const ids = [];
+  for await (const m of list) ids.push(m.id);
+  assert.deepEqual(ids, [model]);
+  const one = await client.models.retrieve(model);
+  assert.equal(one.id, model);
+});
+
+let greedy;
+await test('chat non-stream: usage, length, seed', async () => {
+  greedy = await client.chat.completions.create({ model, messages: hello, max_tokens: 12, temperature: 0, seed: 7 });
+  const ch = greedy.choices[0];
+  assert.equal(ch.message.role, 'assistant');
+  assert.equal(typeof ch.message.content, 'string');
+  assert.equal(greedy.object, 'chat.completion');
+  assert.equal(greedy.usage.prompt_tokens, promptTokens({ messages: hello }));
+  // random weights rarely produce <|im_end|> within 12 tokens; when they do the finish is "stop"
+  if (ch.finish_reason === 'length') assert.equal(greedy.usage.completion_tokens, 12);
+  else assert.equal(ch.finish_reason, 'stop');
+  assert.equal(greedy.usage.total_tokens, greedy.usage.prompt_tokens + greedy.usage.completion_tokens);
+});
+
+await test('chat stream == non-stream (temperature 0, same seed), usage chunk', async () => {
+  const s = await client.chat.completions.create({ model, messages: hello, max_tokens: 12, temperature: 0, seed: 7, stream: true,
+                                                   stream_options: { include_usage: true } });
+  const r = await collect(s);
+  assert.equal(r.role, 'assistant');
+  assert.equal(r.content, greedy.choices[0].message.content);
+  assert.equal(r.finish, greedy.choices[0].finish_reason);
+  assert.deepEqual([r.usage.prompt_tokens, r.usage.completion_tokens], [greedy.usage.prompt_tokens, greedy.usage.completion_tokens]);
+  assert.ok(r.usage.prompt_tokens_details.cached_tokens > 0, 'the repeated prompt reuses the cached prefix');
+});
+
+await test('sampling: a seed reproduces, another seed differs', async () => {
+  const req = { model, messages: hello, max_tokens: 16, temperature: 1.0, top_p: 0.95 };
+  const a = await client.chat.completions.create({ ...req, seed: 123 });
+  const b = await client.chat.completions.create({ ...req, seed: 123 });
+  const c = await client.chat.completions.create({ ...req, seed: 124 });
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  assert.notEqual(a.choices[0].message.content, c.choices[0].message.content);
+});
+
+await test('stop strings cut the text before the match, finish stop', async () => {
+  const text = greedy.choices[0].message.content;
+  const chars = [...text];
+  assert.ok(chars.length >= 6, `greedy text too short: ${JSON.stringify(text)}`);
+  const stop = chars.slice(3, 5).join('');
+  const want = text.slice(0, text.indexOf(stop));
+  const r = await client.chat.completions.create({ model, messages: hello, max_tokens: 12, temperature: 0, stop: [stop, '\u0001never'] });
+  assert.equal(r.choices[0].message.content, want);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  const s = await collect(await client.chat.completions.create({ model, messages: hello, max_tokens: 12, temperature: 0, stop, stream: true }));
+  assert.equal(s.content, want);
+  assert.equal(s.finish, 'stop');
+});
+
+await test('max_completion_tokens -> finish length', async () => {
+  const r = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Count.' }], max_completion_tokens: 3,
+                                                   temperature: 0.8, seed: 5 });
+  if (r.choices[0].finish_reason === 'length') assert.equal(r.usage.completion_tokens, 3);
+  else assert.ok(r.usage.completion_tokens <= 3);
+  assert.ok(r.usage.completion_tokens <= 3);
+});
+
+const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather forecast for a city',
+                 parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+
+await test('tool definitions are rendered into the prompt', async () => {
+  const r = await client.chat.completions.create({ model, messages: hello, tools, max_tokens: 1, temperature: 0 });
+  assert.equal(r.usage.prompt_tokens, promptTokens({ messages: hello, tools }));
+  assert.ok(r.usage.prompt_tokens > greedy.usage.prompt_tokens + 20);
+  const none = await client.chat.completions.create({ model, messages: hello, tools, tool_choice: 'none', max_tokens: 1, temperature: 0 });
+  assert.equal(none.usage.prompt_tokens, greedy.usage.prompt_tokens);
+});
+
+await test('a conversation with assistant tool calls and tool results renders', async () => {
+  const messages = [...hello, { role: 'assistant', content: '', tool_calls: [{ id: 'call_1', type: 'function',
+                      function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+                    { role: 'tool', tool_call_id: 'call_1', content: '{"temp": 21}' }];
+  const r = await client.chat.completions.create({ model, messages, tools, max_tokens: 2, temperature: 0 });
+  assert.equal(r.usage.prompt_tokens, promptTokens({ messages, tools }));
+});
+
+await test('completions: prompt text and token ids agree, stream too', async () => {
+  const prompt = 'The tide came in over the';
+  const ids = JSON.parse(execFileSync(MOONSHINE, ['tokenize', MODEL_DIR], { input: prompt }).toString());
+  const a = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0 });
+  const b = await client.completions.create({ model, prompt: ids, max_tokens: 8, temperature: 0 });
+  assert.equal(a.object, 'text_completion');
+  assert.equal(a.choices[0].text, b.choices[0].text);
+  assert.equal(a.usage.prompt_tokens, ids.length);
+  let text = '', finish = null;
+  for await (const c of await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0, stream: true })) {
+    for (const ch of c.choices) { text += ch.text; if (ch.finish_reason) finish = ch.finish_reason; }
+  }
+  assert.equal(text, a.choices[0].text);
+  assert.equal(finish, a.choices[0].finish_reason);
+});
+
+async function expectError(cls, status, fragment, fn, param) {
+  try {
+    await fn();
+  } catch (e) {
+    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e && e.constructor && e.constructor.name}: ${e.message}`);
+    assert.equal(e.status, status);
+    assert.ok(e.message.includes(fragment), `message ${JSON.stringify(e.message)} lacks ${JSON.stringify(fragment)}`);
+    if (param !== undefined) assert.equal(e.param, param);
+    assert.equal(e.type, status >= 500 ? 'server_error' : 'invalid_request_error');
+    return;
+  }
+  assert.fail('no error was raised');
+}
+
+await test('bad requests raise BadRequestError / NotFoundError with the message', async () => {
+  await expectError(OpenAI.BadRequestError, 400, "'n' must be 1", () => client.chat.completions.create({ model, messages: hello, n: 2 }), 'n');
+  await expectError(OpenAI.BadRequestError, 400, "'temperature' must be in [0, 2]", () => client.chat.completions.create({ model, messages: hello, temperature: 3 }), 'temperature');
+  await expectError(OpenAI.BadRequestError, 400, "'messages' must not be empty", () => client.chat.completions.create({ model, messages: [] }), 'messages');
+  await expectError(OpenAI.BadRequestError, 400, "'messages' is required", () => client.chat.completions.create({ model }), 'messages');
+  await expectError(OpenAI.BadRequestError, 400, "messages[0].role", () => client.chat.completions.create({ model, messages: [{ role: 'wizard', content: 'x' }] }));
+  await expectError(OpenAI.BadRequestError, 400, "'max_tokens' must be in", () => client.chat.completions.create({ model, messages: hello, max_tokens: 0 }), 'max_tokens');
+  await expectError(OpenAI.BadRequestError, 400, 'maximum context length', () => client.chat.completions.create({ model, messages: hello, max_tokens: 1000000 }), 'max_tokens');
+  await expectError(OpenAI.BadRequestError, 400, "'tool_choice' \"required\"", () => client.chat.completions.create({ model, messages: hello, tools, tool_choice: 'required' }), 'tool_choice');
+  await expectError(OpenAI.BadRequestError, 400, 'not supported', () => client.chat.completions.create({ model, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'http://x/y.png' } }] }] }));
+  await expectError(OpenAI.BadRequestError, 400, "'prompt[1]' must be a token id", () => client.completions.create({ model, prompt: [1, -5] }), 'prompt');
+  await expectError(OpenAI.NotFoundError, 404, "does not exist", () => client.chat.completions.create({ model: 'gpt-4o', messages: hello }), 'model');
+});
+
+await test('raw HTTP: invalid JSON 400, 404, 405, 413, health', async () => {
+  const root = BASE.replace(/\/v1$/, '');
+  let r = await fetch(`${BASE}/chat/completions`, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });
+  assert.equal(r.status, 400);
+  assert.match((await r.json()).error.message, /not valid JSON/);
+  r = await fetch(`${BASE}/embeddings`, { method: 'POST', body: '{}' });
+  assert.equal(r.status, 404);
+  assert.equal((await r.json()).error.type, 'invalid_request_error');
+  r = await fetch(`${BASE}/chat/completions`);
+  assert.equal(r.status, 405);
+  assert.equal(r.headers.get('allow'), 'POST');
+  r = await fetch(`${BASE}/chat/completions`, { method: 'POST', body: 'x'.repeat(2 * 1024 * 1024 + 10) });
+  assert.equal(r.status, 413);
+  assert.match((await r.json()).error.message, /exceeds the limit/);
+  r = await fetch(`${root}/health`);
+  assert.equal(r.status, 200);
+  assert.equal((await r.json()).status, 'ok');
+});
+
+await test('client disconnect stops the generation', async () => {
+  const ac = new AbortController();
+  const s = await client.chat.completions.create({ model, messages: hello, max_tokens: 3000, temperature: 1, seed: 3, stream: true },
+                                                 { signal: ac.signal });
+  let n = 0;
+  try {
+    for await (const c of s) { if (++n === 3) ac.abort(); }
+  } catch (e) { /* aborted */ }
+  const root = BASE.replace(/\/v1$/, '');
+  const t0 = Date.now();
+  let q = 1;
+  while (Date.now() - t0 < 3000) {
+    q = (await (await fetch(`${root}/health`)).json()).queued;
+    if (q === 0) break;
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  assert.equal(q, 0, 'the aborted request still runs');
+  const r = await client.chat.completions.create({ model, messages: hello, max_tokens: 2, temperature: 0 });
+  assert.ok(r.usage.completion_tokens >= 1);
+});
+
+// ---- the forced-output server: reasoning and tool calls through the model family's parser ----
+const forced = new OpenAI({ baseURL: FORCED_BASE, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+const expect = JSON.parse(readFileSync(FORCED_EXPECT, 'utf8'));
+const weatherQ = [{ role: 'user', content: 'What is the weather in Paris and in Zürich?' }];
+
+await test('tool calls and reasoning_content (non-stream)', async () => {
+  const r = await forced.chat.completions.create({ model, messages: weatherQ, tools });
+  const m = r.choices[0].message;
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  assert.equal(m.content.trim(), expect.content); // the template's newlines around the markers stay
+  assert.equal(m.reasoning_content.trim(), expect.reasoning_content);
+  assert.equal(m.tool_calls.length, expect.tool_calls.length);
+  m.tool_calls.forEach((c, i) => {
+    assert.equal(c.type, 'function');
+    assert.match(c.id, /^call_[0-9a-f]{24}$/);
+    assert.equal(c.function.name, expect.tool_calls[i].name);
+    assert.deepEqual(JSON.parse(c.function.arguments), expect.tool_calls[i].arguments);
+  });
+  assert.notEqual(m.tool_calls[0].id, m.tool_calls[1].id);
+});
+
+await test('tool calls and reasoning_content (stream)', async () => {
+  const r = await collect(await forced.chat.completions.create({ model, messages: weatherQ, tools, stream: true,
+                                                                 stream_options: { include_usage: true } }));
+  assert.equal(r.finish, 'tool_calls');
+  assert.equal(r.content.trim(), expect.content);
+  assert.equal(r.reasoning.trim(), expect.reasoning_content);
+  assert.equal(r.calls.length, expect.tool_calls.length);
+  r.calls.forEach((c, i) => {
+    assert.equal(c.name, expect.tool_calls[i].name);
+    assert.deepEqual(JSON.parse(c.arguments), expect.tool_calls[i].arguments);
+  });
+  assert.ok(r.usage.completion_tokens > 20);
+});
+
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);
