@@ -1,0 +1,259 @@
+/* The server's API layer without HTTP: request validation (accepted fields land
+ * in range, refusals name the parameter), the chat-template request built from
+ * messages (content parts joined, developer -> system, tools kept unless
+ * tool_choice "none"), and responses: for texts of every case that
+ * tests/scripts/outparse_reference.py renders with the official templates, the
+ * streamed chunks reassemble to the non-streamed message, which equals the
+ * output parser's own whole-text message. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+
+#include "server/api.h"
+#include "test.h"
+
+static int parse(ms_api_kind k, const char *body, ms_api_request *r, ms_api_error *e) {
+    return ms_api_parse_request(k, body, strlen(body), 1000, r, e);
+}
+
+TEST(request_fields) {
+    ms_api_request r;
+    ms_api_error e;
+    const char *body =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":"
+        "[{\"type\":\"text\",\"text\":\"Hel\"},{\"type\":\"text\",\"text\":\"lo\"}]}],\"temperature\":0.5,\"top_p\":0.9,"
+        "\"top_k\":40,\"min_p\":0.05,\"seed\":-1,\"stop\":\"END\",\"max_tokens\":7,\"max_completion_tokens\":9,"
+        "\"presence_penalty\":1.5,\"frequency_penalty\":-0.5,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]}";
+    CHECK_MSG(parse(MS_API_CHAT, body, &r, &e) == 0, "%s", e.message);
+    CHECK(!strcmp(r.model, "m") && r.stream && r.include_usage && r.has_seed && r.sampling.seed == UINT64_MAX);
+    CHECK(r.sampling.temperature == 0.5 && r.sampling.top_p == 0.9 && r.sampling.top_k == 40 && r.sampling.min_p == 0.05);
+    CHECK(r.sampling.presence_penalty == 1.5 && r.sampling.frequency_penalty == -0.5);
+    CHECK(r.max_tokens == 9); /* max_completion_tokens wins */
+    CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "END"));
+    cJSON *rj = cJSON_Parse(r.render_json);
+    CHECK(rj != NULL);
+    cJSON *m = cJSON_GetObjectItem(rj, "messages");
+    CHECK(!strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 0), "role")->valuestring, "system"));
+    CHECK(!strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "content")->valuestring, "Hello"));
+    CHECK(cJSON_IsTrue(cJSON_GetObjectItem(rj, "add_generation_prompt")));
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(rj, "tools")) == 1 && r.tools_json);
+    cJSON_Delete(rj);
+    ms_api_request_free(&r);
+    /* tool_choice none: the tools stay out of the prompt */
+    CHECK(parse(MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"none\",\"tools\":"
+                             "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", &r, &e) == 0);
+    CHECK(!strstr(r.render_json, "\"tools\"") && !r.tools_json);
+    ms_api_request_free(&r);
+    /* completions: a batch of one, token ids in range */
+    CHECK(parse(MS_API_COMPLETION, "{\"prompt\":[[5,6,999]]}", &r, &e) == 0);
+    CHECK(r.n_prompt_ids == 3 && r.prompt_ids[2] == 999 && !r.prompt_text && r.max_tokens == 0);
+    ms_api_request_free(&r);
+    CHECK(parse(MS_API_COMPLETION, "{\"prompt\":\"abc\",\"top_p\":0}", &r, &e) == 0);
+    CHECK(!strcmp(r.prompt_text, "abc") && r.sampling.top_k == 1);
+    ms_api_request_free(&r);
+}
+
+TEST(request_refusals) {
+    struct { ms_api_kind k; const char *body, *param, *msg; int status; } cases[] = {
+        {MS_API_CHAT, "", "", "empty", 400},
+        {MS_API_CHAT, "[1]", "", "must be a JSON object", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":3}", "n", "'n' must be 1", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", "temperature", "must be a number", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":1.5}", "top_p", "[0, 1]", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", "max_tokens", "integer", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",5]}", "stop", "'stop[1]'", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"\"]}", "stop", "1 to", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{}}", "stream_options", "only allowed", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", "logprobs", "not supported", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", "messages[0].content", "required", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", "tools[0]", "name", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\"}}", "tool_choice", "not supported", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", "response_format", "not supported", 400},
+        {MS_API_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt", "several prompts", 400},
+        {MS_API_COMPLETION, "{\"prompt\":[1,1000]}", "prompt", "'prompt[1]'", 400},
+        {MS_API_COMPLETION, "{\"prompt\":\"a\",\"echo\":true}", "echo", "not supported", 400},
+        {MS_API_COMPLETION, "{}", "prompt", "required", 400},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ms_api_request r;
+        ms_api_error e;
+        int rc = parse(cases[i].k, cases[i].body, &r, &e);
+        CHECK_MSG(rc == MS_ERR_ARG && e.status == cases[i].status && !strcmp(e.param, cases[i].param) &&
+                      strstr(e.message, cases[i].msg),
+                  "case %zu: rc %d status %d param '%s' message '%s'", i, rc, e.status, e.param, e.message);
+        char *j = ms_api_error_json(&e);
+        cJSON *p = cJSON_Parse(j);
+        cJSON *err = cJSON_GetObjectItem(p, "error");
+        CHECK(cJSON_IsString(cJSON_GetObjectItem(err, "message")) && cJSON_IsString(cJSON_GetObjectItem(err, "type")));
+        CHECK(cases[i].param[0] ? cJSON_IsString(cJSON_GetObjectItem(err, "param")) : cJSON_IsNull(cJSON_GetObjectItem(err, "param")));
+        cJSON_Delete(p);
+        free(j);
+    }
+}
+
+typedef struct { char *buf; size_t len; } sbuf;
+static int sink(void *user, const char *d, size_t n) {
+    sbuf *b = user;
+    b->buf = realloc(b->buf, b->len + n + 1);
+    memcpy(b->buf + b->len, d, n);
+    b->len += n;
+    b->buf[b->len] = 0;
+    return 0;
+}
+
+static char *build(ms_outfmt fmt, int sir, const char *text, int stream, size_t step) {
+    ms_outparse_opts po = {.start_in_reasoning = sir, .id_seed = 42};
+    ms_api_resp_opts o = {.kind = MS_API_CHAT, .id = "chatcmpl-1", .model = "m", .created = 5, .stream = stream,
+                          .include_usage = 1, .fmt = fmt, .parse = &po};
+    ms_api_resp *r;
+    ms_err err = {0};
+    if (ms_api_resp_new(&o, &r, &err)) return NULL;
+    sbuf b = {0};
+    size_t n = strlen(text);
+    for (size_t i = 0; i < n; i += step) ms_api_resp_text(r, text + i, n - i < step ? n - i : step, sink, &b, &err);
+    ms_api_resp_finish(r, MS_FINISH_STOP, 10, 20, 3, sink, &b, &err);
+    ms_api_resp_free(r);
+    return b.buf;
+}
+
+/* Reassemble SSE chunks into {"content","reasoning_content","tool_calls"} and check the framing. */
+static cJSON *reassemble(const char *sse, const char **finish_out, int *usage_ok) {
+    cJSON *msg = cJSON_CreateObject(), *calls = cJSON_CreateArray();
+    char *content = calloc(1, 1), *reasoning = calloc(1, 1);
+    static char finish[32];
+    finish[0] = 0;
+    *usage_ok = 0;
+    const char *p = sse;
+    while (!strncmp(p, "data: ", 6)) {
+        const char *end = strstr(p, "\n\n");
+        if (!end) break;
+        if (!strncmp(p + 6, "[DONE]", 6)) break;
+        cJSON *c = cJSON_ParseWithLength(p + 6, (size_t)(end - p - 6));
+        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(c, "choices"), 0);
+        cJSON *u = cJSON_GetObjectItem(c, "usage");
+        if (cJSON_IsObject(u) && cJSON_GetObjectItem(u, "total_tokens")->valueint == 30) *usage_ok = 1;
+        if (ch) {
+            cJSON *d = cJSON_GetObjectItem(ch, "delta"), *x;
+            if ((x = cJSON_GetObjectItem(d, "content"))) {
+                content = realloc(content, strlen(content) + strlen(x->valuestring) + 1);
+                strcat(content, x->valuestring);
+            }
+            if ((x = cJSON_GetObjectItem(d, "reasoning_content"))) {
+                reasoning = realloc(reasoning, strlen(reasoning) + strlen(x->valuestring) + 1);
+                strcat(reasoning, x->valuestring);
+            }
+            cJSON *tc;
+            cJSON_ArrayForEach(tc, cJSON_GetObjectItem(d, "tool_calls")) {
+                int idx = cJSON_GetObjectItem(tc, "index")->valueint;
+                while (cJSON_GetArraySize(calls) <= idx) {
+                    cJSON *n = cJSON_CreateObject();
+                    cJSON_AddStringToObject(n, "name", "");
+                    cJSON_AddStringToObject(n, "arguments", "");
+                    cJSON_AddItemToArray(calls, n);
+                }
+                cJSON *dst = cJSON_GetArrayItem(calls, idx), *f = cJSON_GetObjectItem(tc, "function");
+                const char *keys[2] = {"name", "arguments"};
+                for (int k = 0; k < 2; k++) {
+                    cJSON *v = cJSON_GetObjectItem(f, keys[k]);
+                    if (!v) continue;
+                    const char *old = cJSON_GetObjectItem(dst, keys[k])->valuestring;
+                    char *nv = malloc(strlen(old) + strlen(v->valuestring) + 1);
+                    strcpy(nv, old);
+                    strcat(nv, v->valuestring);
+                    cJSON_ReplaceItemInObject(dst, keys[k], cJSON_CreateString(nv));
+                    free(nv);
+                }
+            }
+            cJSON *fr = cJSON_GetObjectItem(ch, "finish_reason");
+            if (cJSON_IsString(fr)) snprintf(finish, sizeof finish, "%s", fr->valuestring);
+        }
+        cJSON_Delete(c);
+        p = end + 2;
+    }
+    cJSON_AddStringToObject(msg, "content", content);
+    cJSON_AddStringToObject(msg, "reasoning_content", reasoning);
+    cJSON_AddItemToObject(msg, "tool_calls", calls);
+    free(content);
+    free(reasoning);
+    *finish_out = !strcmp(p, "data: [DONE]\n\n") ? finish : "bad framing";
+    return msg;
+}
+
+static const char *str_or_empty(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+TEST(responses_stream_equals_whole) {
+    FILE *f = popen("/usr/bin/python3 tests/scripts/outparse_reference.py ../shared/tokenizers "
+                    "../shared/reference/kimi-k3/kimi_k2_thinking_chat_template.jinja 2>/dev/null", "r");
+    char *out = NULL;
+    size_t cap = 0, len = 0;
+    if (f) {
+        char buf[65536];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+            out = realloc(out, len + n + 1);
+            memcpy(out + len, buf, n);
+            len += n;
+            out[len] = 0;
+            cap = len;
+        }
+        pclose(f);
+    }
+    cJSON *cases = out ? cJSON_Parse(out) : NULL;
+    CHECK_MSG(cJSON_GetArraySize(cases) > 10, "outparse_reference.py gave no cases (%zu bytes)", cap);
+    cJSON *c;
+    int n_calls = 0;
+    cJSON_ArrayForEach(c, cases) {
+        const char *name = cJSON_GetObjectItem(c, "name")->valuestring, *text = cJSON_GetObjectItem(c, "text")->valuestring;
+        ms_outfmt fmt;
+        if (ms_outfmt_from_name(cJSON_GetObjectItem(c, "format")->valuestring, &fmt, NULL)) continue;
+        int sir = cJSON_IsTrue(cJSON_GetObjectItem(c, "start_in_reasoning"));
+        /* the parser's own whole-text message is the reference for the builder's glue */
+        ms_outparse_opts po = {.start_in_reasoning = sir, .id_seed = 42};
+        char *pj = NULL;
+        CHECK(ms_outparse_all(fmt, &po, text, strlen(text), &pj, NULL) == 0);
+        cJSON *want = cJSON_Parse(pj);
+        free(pj);
+        char *whole = build(fmt, sir, text, 0, 1 << 20);
+        cJSON *wj = cJSON_Parse(whole);
+        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(wj, "choices"), 0);
+        cJSON *msg = cJSON_GetObjectItem(ch, "message");
+        CHECK_MSG(cJSON_Compare(msg, want, 1), "%s: whole message differs from the parser's", name);
+        int has_calls = cJSON_GetArraySize(cJSON_GetObjectItem(want, "tool_calls")) > 0;
+        n_calls += has_calls;
+        const char *fin = cJSON_GetObjectItem(ch, "finish_reason")->valuestring;
+        CHECK_MSG(!strcmp(fin, has_calls ? "tool_calls" : "stop"), "%s: finish %s", name, fin);
+        CHECK(cJSON_GetObjectItem(cJSON_GetObjectItem(wj, "usage"), "total_tokens")->valueint == 30);
+        for (size_t step = 1; step <= 7; step += 6) {
+            char *sse = build(fmt, sir, text, 1, step);
+            const char *sfin;
+            int usage_ok;
+            cJSON *got = reassemble(sse, &sfin, &usage_ok);
+            CHECK_MSG(!strcmp(sfin, fin) && usage_ok, "%s step %zu: finish '%s' usage %d", name, step, sfin, usage_ok);
+            CHECK_MSG(!strcmp(str_or_empty(got, "content"), str_or_empty(msg, "content")), "%s step %zu: content", name, step);
+            CHECK_MSG(!strcmp(str_or_empty(got, "reasoning_content"), str_or_empty(msg, "reasoning_content")),
+                      "%s step %zu: reasoning", name, step);
+            cJSON *gc = cJSON_GetObjectItem(got, "tool_calls"), *wc = cJSON_GetObjectItem(msg, "tool_calls");
+            CHECK_MSG(cJSON_GetArraySize(gc) == cJSON_GetArraySize(wc), "%s step %zu: %d vs %d calls", name, step,
+                      cJSON_GetArraySize(gc), cJSON_GetArraySize(wc));
+            for (int i = 0; i < cJSON_GetArraySize(gc) && i < cJSON_GetArraySize(wc); i++) {
+                cJSON *g = cJSON_GetArrayItem(gc, i), *w = cJSON_GetObjectItem(cJSON_GetArrayItem(wc, i), "function");
+                CHECK_MSG(!strcmp(str_or_empty(g, "name"), str_or_empty(w, "name")) &&
+                              !strcmp(str_or_empty(g, "arguments"), str_or_empty(w, "arguments")),
+                          "%s step %zu: call %d", name, step, i);
+            }
+            cJSON_Delete(got);
+            free(sse);
+        }
+        cJSON_Delete(wj);
+        cJSON_Delete(want);
+        free(whole);
+    }
+    CHECK(n_calls > 3);
+    cJSON_Delete(cases);
+    free(out);
+}
+
+TEST_MAIN()
