@@ -240,7 +240,10 @@ static int parse_messages(const cJSON *root, cJSON *render, ms_api_error *e) {
         if (!cJSON_IsString(role)) return BAD(param, "'%s' must be a string", param);
         const char *rs = role->valuestring;
         if (!strcmp(rs, "developer")) { /* OpenAI's newer name for system; templates know "system" */
-            cJSON_ReplaceItemInObjectCaseSensitive(m, "role", cJSON_CreateString("system"));
+            cJSON *sys = cJSON_CreateString("system");
+            if (!sys) return NOMEM();
+            cJSON_ReplaceItemInObjectCaseSensitive(m, "role", sys); /* frees the old string */
+            rs = "system";
         } else if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool")) {
             return BAD(param, "'%s' must be one of system, developer, user, assistant, tool; got '%.64s'", param, rs);
         }
