@@ -316,6 +316,11 @@ static void give_back(ms_outparse *p, size_t n) {
     p->reasoning = 0;
 }
 
+/* A head longer than its window: its first HEAD_MAX + 1 bytes go back as
+ * content, less a character cut at the window's edge, which stays (with the
+ * rest) for the text state, so content deltas end on character boundaries. */
+static void give_back_head(ms_outparse *p) { give_back(p, utf8_cut(p->pend.data, HEAD_MAX + 1, 0)); }
+
 /* ---------------- content / reasoning ---------------- */
 
 static int step_text(ms_outparse *p) {
@@ -407,7 +412,7 @@ static int step_head(ms_outparse *p) {
     size_t pos = 0;
     int w = find_head(p, m, nm, &pos);
     if (w == HEAD_ABSENT) { /* not a call: exactly the head's budget goes back */
-        give_back(p, HEAD_MAX + 1);
+        give_back_head(p);
         return 1;
     }
     if (w < 0) return 0;
@@ -679,7 +684,7 @@ static int step_glm(ms_outparse *p) {
         const char *m[] = {GLM_KEY, TC_CLOSE};
         w = find_head(p, m, 2, &pos);
         if (w == HEAD_ABSENT) { /* not a call: exactly the head's budget goes back */
-            give_back(p, HEAD_MAX + 1);
+            give_back_head(p);
             return 1;
         }
         if (w < 0) return 0;
@@ -912,7 +917,7 @@ static int step_x_open(ms_outparse *p) {
     int w = find_head(p, m, 1, &pos);
     if (w == HEAD_ABSENT) { /* not a tag: exactly the head's budget goes back */
         p->block_open = X_OPEN;
-        give_back(p, HEAD_MAX + 1);
+        give_back_head(p);
         p->state = ST_X_TOP;
         return 1;
     }
@@ -961,7 +966,7 @@ static int step_x_close(ms_outparse *p) {
     int w = find_head(p, m, 1, &pos);
     if (w == HEAD_ABSENT) { /* not a tag: exactly the head's budget goes back */
         p->block_open = X_CLOSE;
-        give_back(p, HEAD_MAX + 1);
+        give_back_head(p);
         p->state = ST_X_TOP;
         return 1;
     }

@@ -150,6 +150,69 @@ TEST(heads_at_the_window_edge) {
     ms_textbuf_free(&b);
 }
 
+static int utf8_ok(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+        if (!k || i + k > n) return 0;
+        for (size_t j = 1; j < k; j++)
+            if ((s[i + j] & 0xC0) != 0x80) return 0;
+        i += k;
+    }
+    return 1;
+}
+
+typedef struct {
+    ms_outmsg *m;
+    int bad;
+} utf8_check;
+
+static int check_utf8(void *user, const ms_outev *ev) {
+    utf8_check *c = user;
+    if ((ev->type == MS_OUTEV_CONTENT || ev->type == MS_OUTEV_REASONING) && !utf8_ok(ev->text, ev->len)) c->bad++;
+    return ms_outmsg_collect(c->m, ev);
+}
+
+/* A head given back at the window's edge, cut inside a character: every
+ * content delta still holds whole characters (valid UTF-8 in, valid out). */
+TEST(head_given_back_inside_a_character) {
+    const struct {
+        ms_outfmt f;
+        const char *open;
+    } cases[] = {{MS_OUTFMT_DEEPSEEK_V31, DS_CALLS}, {MS_OUTFMT_KIMI_K2, "<|tool_call_begin|>"},
+                 {MS_OUTFMT_GLM, "<tool_call>"}, {MS_OUTFMT_XTML, "<|open|>"}, {MS_OUTFMT_XTML, "<|close|>"},
+                 {MS_OUTFMT_HARMONY, "<|channel|>"}, {MS_OUTFMT_QWEN3, "<tool_call>"}};
+    const char *chars[] = {"é", "思", "😀"};
+    ms_textbuf b = {0};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (int k = 0; k < 3; k++)
+            for (int shift = 0; shift < 4; shift++) {
+                b.len = 0;
+                ms_textbuf_puts(&b, cases[c].open);
+                for (int i = 0; i < shift; i++) ms_textbuf_puts(&b, "a");
+                while (b.len < WINDOW + 40) ms_textbuf_puts(&b, chars[k]);
+                char what[64];
+                snprintf(what, sizeof what, "utf-8 case %zu/%d/%d", c, k, shift);
+                result w = agree(what, cases[c].f, NULL, b.data, b.len);
+                free(w.json);
+                for (uint64_t chunk = 0; chunk < 3; chunk++) {
+                    ms_outparse *p = NULL;
+                    ms_err e = {0};
+                    utf8_check u = {.m = ms_outmsg_new()};
+                    CHECK(ms_outparse_new(cases[c].f, NULL, &p, &e) == MS_OK);
+                    size_t step = chunk == 0 ? b.len : chunk == 1 ? 1 : 7;
+                    for (size_t i = 0; i < b.len; i += step)
+                        CHECK(ms_outparse_feed(p, b.data + i, b.len - i < step ? b.len - i : step, check_utf8, &u,
+                                               &e) == MS_OK);
+                    CHECK(ms_outparse_finish(p, check_utf8, &u, &e) == MS_OK);
+                    CHECK_MSG(u.bad == 0, "%s, chunks of %zu: %d deltas cut a character", what, step, u.bad);
+                    ms_outparse_free(p);
+                    ms_outmsg_free(u.m);
+                }
+            }
+    ms_textbuf_free(&b);
+}
+
 /* Buffered blocks of length max_block - 3 .. max_block + 3, closed and not. */
 TEST(blocks_at_max_block) {
     const size_t M = 300;
