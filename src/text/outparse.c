@@ -1208,6 +1208,13 @@ int ms_outparse_prompt_opens_reasoning(const char *prompt, size_t len, const ms_
     return 1;
 }
 
+int ms_outfmt_prompt_opens_reasoning(ms_outfmt fmt, const char *prompt, size_t len, const ms_outparse_opts *opts) {
+    if (fmt == MS_OUTFMT_HARMONY) return 0;
+    if (fmt != MS_OUTFMT_XTML) return ms_outparse_prompt_opens_reasoning(prompt, len, opts);
+    ms_outparse_opts x = {.reasoning_open = X_OPEN "think" X_SEP};
+    return ms_outparse_prompt_opens_reasoning(prompt, len, &x);
+}
+
 /* ---------------- collecting ---------------- */
 
 typedef struct {

@@ -122,6 +122,12 @@ int ms_outparse_finish(ms_outparse *p, ms_outev_fn fn, void *user, ms_err *err);
  * reasoning-open marker, i.e. the template opened reasoning for the model:
  * pass as start_in_reasoning. Markers as in opts (may be NULL). */
 int ms_outparse_prompt_opens_reasoning(const char *prompt, size_t len, const ms_outparse_opts *opts);
+/* The same for a format: XTML's prompt opens reasoning when it ends with
+ * <|open|>think<|sep|> (Kimi K3 with thinking on; <|open|>response<|sep|> is
+ * not), harmony's never does (the model writes its channel), every other
+ * format's as above. A server renders the prompt, calls this and passes the
+ * answer as opts.start_in_reasoning. */
+int ms_outfmt_prompt_opens_reasoning(ms_outfmt fmt, const char *prompt, size_t len, const ms_outparse_opts *opts);
 
 /* ---- collecting events into an OpenAI-style message ---- */
 typedef struct ms_outmsg ms_outmsg;

@@ -10,6 +10,7 @@
 #include "test.h"
 #include "text/outparse.h"
 #include "text/pyjson.h"
+#include "text/xtml.h"
 
 #define REF_CMD                                                                                    \
     "/usr/bin/python3 tests/scripts/outparse_reference.py ../shared/tokenizers "                    \
@@ -256,6 +257,39 @@ TEST(glm_schema_decides_string_values) {
                                         "<arg_value>true</arg_value></tool_call>");
     CHECK_MSG(js && strstr(js, "{\\\"zip\\\": \\\"02134\\\", \\\"n\\\": 7, \\\"s\\\": true}"), "%s", js);
     free(js);
+}
+
+/* Which prompts open reasoning, per format: K3's generation prompt as the XTML
+ * renderer (checked against encoding_k3.py in test_xtml) writes it, thinking
+ * on and off; harmony never; the others by their markers. */
+TEST(format_prompt_opens_reasoning) {
+    const char *req[2] = {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"add_generation_prompt\":true}",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"add_generation_prompt\":true,"
+                          "\"chat_template_kwargs\":{\"thinking\":false}}"};
+    for (int k = 0; k < 2; k++) {
+        char *out = NULL;
+        size_t len = 0;
+        ms_err e = {0};
+        CHECK(ms_xtml_render(req[k], strlen(req[k]), &out, &len, &e) == MS_OK);
+        if (!out) continue;
+        CHECK_MSG(ms_outfmt_prompt_opens_reasoning(MS_OUTFMT_XTML, out, len, NULL) == (k == 0), "K3 prompt %d", k);
+        CHECK(ms_outfmt_prompt_opens_reasoning(MS_OUTFMT_QWEN3, out, len, NULL) == 0);
+        /* and the parser started that way takes the reasoning as reasoning */
+        ms_outparse_opts o = {.start_in_reasoning = ms_outfmt_prompt_opens_reasoning(MS_OUTFMT_XTML, out, len, NULL)};
+        char *js = NULL;
+        const char *gen = k == 0 ? "hmm<|close|>think<|sep|><|open|>response<|sep|>ok<|close|>response<|sep|>"
+                                 : "ok<|close|>response<|sep|>";
+        CHECK(ms_outparse_all(MS_OUTFMT_XTML, &o, gen, strlen(gen), &js, &e) == MS_OK);
+        CHECK_MSG(js && strstr(js, "\"content\":\"ok\"") && (strstr(js, "\"reasoning_content\":\"hmm\"") != NULL) == (k == 0),
+                  "%s", js ? js : "");
+        free(js);
+        free(out);
+    }
+    const char *h = "<|start|>user<|message|>hi<|end|><|start|>assistant";
+    CHECK(ms_outfmt_prompt_opens_reasoning(MS_OUTFMT_HARMONY, h, strlen(h), NULL) == 0);
+    const char *q = "<|im_start|>assistant\n<think>\n";
+    CHECK(ms_outfmt_prompt_opens_reasoning(MS_OUTFMT_QWEN3, q, strlen(q), NULL) == 1);
+    CHECK(ms_outfmt_prompt_opens_reasoning(MS_OUTFMT_HARMONY, q, strlen(q), NULL) == 0);
 }
 
 static int count_args(void *user, const ms_outev *ev) {
