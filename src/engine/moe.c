@@ -7,20 +7,21 @@
 
 #include "engine/engine_internal.h"
 
+/* The gated activation of kind (the config's act for dense MLPs and shared
+ * experts, expert_act for routed experts) over g (gate) and u (up), into g;
+ * u may be clamped in place. One SwiGLU, parameterized by the config (plain,
+ * gpt-oss's clamped (up + 1) form, GLM-5-Next / DeepSeek-V4's clamp), or SiTU. */
+static void glu_act(const ms_config *c, ms_act_kind kind, float *g, float *u, int64_t n) {
+    if (kind == MS_ACT_SITU) ms_situ_glu(g, g, u, n, (float)c->situ_beta, (float)c->situ_linear_beta);
+    else ms_swiglu_param(g, u, n, (float)c->act_limit, (float)c->act_alpha, (float)c->act_up_offset);
+}
+
 int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_qmat *down, int n, const float *in,
                  float *out, int accumulate) {
     int64_t I = gate->rows;
     ms_matmul(e->pool, e->g, in, n, gate);
     ms_matmul(e->pool, e->u, in, n, up);
-    float lim = (float)e->m->cfg.swiglu_limit;
-    if (lim > 0) /* GLM-5-Next: gate.clamp(max=limit), up.clamp(-limit, limit) */
-        for (int64_t i = 0; i < (int64_t)n * I; i++) {
-            if (e->g[i] > lim) e->g[i] = lim;
-            e->u[i] = e->u[i] > lim ? lim : e->u[i] < -lim ? -lim : e->u[i];
-        }
-    const ms_config *c = &e->m->cfg;
-    if (c->act == MS_ACT_SITU) ms_situ_glu(e->g, e->g, e->u, (int64_t)n * I, (float)c->situ_beta, (float)c->situ_linear_beta);
-    else ms_swiglu(e->g, e->g, e->u, (int64_t)n * I);
+    glu_act(&e->m->cfg, e->m->cfg.act, e->g, e->u, (int64_t)n * I);
     if (accumulate) ms_matmul_acc(e->pool, out, e->g, n, down);
     else ms_matmul(e->pool, out, e->g, n, down);
     return MS_OK;
@@ -122,27 +123,6 @@ static void add_bias_rows(float *y, const void *bias, ms_dtype dt, int m, int64_
     free(b);
 }
 
-/* The activation of the model's experts over g (gate) and u (up), into g. */
-static void expert_act(const ms_config *c, float *g, const float *u, int64_t n) {
-    if (c->expert_act == MS_ACT_CLAMPED_SWIGLU) {
-        float lim = (float)c->act_limit, alpha = (float)c->act_alpha;
-        for (int64_t i = 0; i < n; i++) {
-            float gg = g[i] < lim ? g[i] : lim;
-            float uu = u[i] < -lim ? -lim : u[i] > lim ? lim : u[i];
-            g[i] = (uu + 1.0f) * gg * ms_sigmoid(alpha * gg);
-        }
-    } else if (c->expert_act == MS_ACT_SITU) {
-        ms_situ_glu(g, g, u, n, (float)c->situ_beta, (float)c->situ_linear_beta);
-    } else {
-        float lim = (float)c->swiglu_limit;
-        if (lim > 0) /* gate.clamp(max=limit), up.clamp(-limit, limit) (GLM-5-Next, DeepSeek-V4) */
-            for (int64_t i = 0; i < n; i++) {
-                if (g[i] > lim) g[i] = lim;
-                ((float *)u)[i] = u[i] > lim ? lim : u[i] < -lim ? -lim : u[i];
-            }
-        ms_swiglu(g, g, u, n);
-    }
-}
 
 /* One routed expert over the m gathered rows e->xs → e->ys. */
 static void expert_ffn(ms_engine *e, const ms_expert_view *v, int m) {
@@ -161,7 +141,7 @@ static void expert_ffn(ms_engine *e, const ms_expert_view *v, int m) {
         add_bias_rows(e->g, v->gate_bias, v->bias_dtype, m, I);
         add_bias_rows(e->u, v->up_bias, v->bias_dtype, m, I);
     }
-    expert_act(c, e->g, e->u, (int64_t)m * I);
+    glu_act(c, c->expert_act, e->g, e->u, (int64_t)m * I);
     ms_matmul(e->pool, e->ys, e->g, m, &v->down);
     add_bias_rows(e->ys, v->down_bias, v->bias_dtype, m, D);
 }

@@ -49,7 +49,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     int64_t n_shared = 1, win = 0, csa_rate = 4, hca_rate = 128;
     const char *act = "silu", *score = "sqrtsoftplus";
     int rc;
-    c->hc_mult = 4, c->hc_sinkhorn_iters = 20, c->hc_eps = 1e-6, c->swiglu_limit = 10.0;
+    c->hc_mult = 4, c->hc_sinkhorn_iters = 20, c->hc_eps = 1e-6, c->act_limit = 10.0;
     const cJSON *rates = cJSON_GetObjectItemCaseSensitive(j, "compress_rates");
     if (rates && ((rc = ms_json_opt_int(rates, "compressed_sparse_attention", 1, 1 << 16, &csa_rate, where, err)) ||
                   (rc = ms_json_opt_int(rates, "heavily_compressed_attention", 1, 1 << 16, &hca_rate, where, err))))
@@ -66,7 +66,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
         (rc = ms_json_opt_int(j, "hc_mult", 1, 64, &c->hc_mult, where, err)) ||
         (rc = ms_json_opt_int(j, "hc_sinkhorn_iters", 1, 1000, &c->hc_sinkhorn_iters, where, err)) ||
         (rc = ms_json_opt_double(j, "hc_eps", &c->hc_eps, where, err)) ||
-        (rc = ms_json_opt_double(j, "swiglu_limit", &c->swiglu_limit, where, err)) ||
+        (rc = ms_json_opt_double(j, "swiglu_limit", &c->act_limit, where, err)) ||
         (rc = ms_json_opt_string(j, "scoring_func", &score, where, err)) ||
         (rc = ms_json_opt_string(j, "hidden_act", &act, where, err)))
         return rc;
@@ -81,7 +81,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
                        (long long)c->o_groups);
     if (csa_rate > 255 || hca_rate > 255)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: compress rates above 255 are not supported", where);
-    if (!(c->hc_eps >= 0) || !(c->swiglu_limit >= 0))
+    if (!(c->hc_eps >= 0) || !(c->act_limit >= 0))
         return ms_fail(err, MS_ERR_FORMAT, "%s: hc_eps and swiglu_limit must be >= 0", where);
     int n = (int)c->n_layers;
     static const char *const attn_types[] = {"sliding_attention", "compressed_sparse_attention",

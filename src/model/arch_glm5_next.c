@@ -39,7 +39,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     const char *act = "silu";
     double lb = -5.0;
     int rc;
-    c->hc_mult = 4, c->hc_sinkhorn_iters = 20, c->hc_eps = 1e-6, c->swiglu_limit = 10.0;
+    c->hc_mult = 4, c->hc_sinkhorn_iters = 20, c->hc_eps = 1e-6, c->act_limit = 10.0;
     c->kda_heads = 64, c->kda_head_dim = 128, c->kda_conv = 4;
     if ((rc = ms_json_int(j, "q_lora_rank", 1, 1 << 20, &c->q_lora_rank, where, err)) ||
         (rc = ms_json_int(j, "kv_lora_rank", 1, 1 << 20, &c->kv_lora_rank, where, err)) ||
@@ -54,7 +54,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
         (rc = ms_json_opt_int(j, "hc_mult", 1, 64, &c->hc_mult, where, err)) ||
         (rc = ms_json_opt_int(j, "hc_sinkhorn_iters", 1, 1000, &c->hc_sinkhorn_iters, where, err)) ||
         (rc = ms_json_opt_double(j, "hc_eps", &c->hc_eps, where, err)) ||
-        (rc = ms_json_opt_double(j, "swiglu_limit", &c->swiglu_limit, where, err)) ||
+        (rc = ms_json_opt_double(j, "swiglu_limit", &c->act_limit, where, err)) ||
         (rc = ms_json_opt_string(j, "hidden_act", &act, where, err)))
         return rc;
     if (strcmp(act, "silu"))
@@ -72,7 +72,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
         c->kda_lower_bound_gate = 1;
         c->kda_lower_bound = lb;
     }
-    if (!(c->hc_eps >= 0) || !(c->swiglu_limit >= 0))
+    if (!(c->hc_eps >= 0) || !(c->act_limit >= 0))
         return ms_fail(err, MS_ERR_FORMAT, "%s: hc_eps and swiglu_limit must be >= 0", where);
     /* schedules; transformers' defaults: KDA except every 4th layer, 3 dense MLP layers first */
     int found;

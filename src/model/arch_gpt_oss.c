@@ -22,10 +22,13 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     c->router = MS_ROUTER_TOPK_SOFTMAX;
     c->router_logit_bias = 1;
     c->expert_bias = 1;
-    c->expert_act = MS_ACT_CLAMPED_SWIGLU;
+    /* clamped SwiGLU: (up + 1) * g * sigmoid(1.702 g), g = min(gate, limit), up clamped to ±limit */
+    c->expert_act = MS_ACT_SILU;
     c->act_alpha = 1.702;
+    c->act_up_offset = 1.0;
     c->act_limit = 7.0;
     if ((rc = ms_json_opt_double(j, "swiglu_limit", &c->act_limit, where, err))) return rc;
+    if (!(c->act_limit > 0)) return ms_fail(err, MS_ERR_FORMAT, "%s: swiglu_limit must be > 0", where);
     c->n_group = c->topk_group = 1;
     c->routed_scale = 1.0;
     c->attn_bias = 1;

@@ -254,6 +254,7 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
         snprintf(c->model_type, sizeof c->model_type, "%s", mt);
         c->arch = arch;
         c->media_token = -1;
+        c->act_alpha = 1.0; /* plain SwiGLU unless the architecture says otherwise */
         rc = parse_common(src, c, where, err);
     }
     if (!rc) rc = arch->configure(src, c, where, err);

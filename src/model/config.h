@@ -23,15 +23,14 @@ typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
  * softmax over the k chosen (gpt-oss). */
 /* SQRTSOFTPLUS: scores sqrt(softplus(logit)) (+ correction bias for the choice), plain top-k. */
 typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3, MS_ROUTER_SQRTSOFTPLUS = 4 } ms_router_kind;
-/* Expert/MLP activation: silu(gate) * up, or gpt-oss's clamped variant
- * (up + 1) * g * sigmoid(alpha g) with g = min(gate, limit), up clamped to ±limit. */
 /* RoPE pairing: rotate_half (x_i, x_{i+d/2}) or interleaved pairs (x_2i, x_2i+1). */
 typedef enum { MS_ROPE_HALF = 1, MS_ROPE_INTERLEAVED = 2 } ms_rope_layout;
 /* Where q/k RMSNorm applies: none, per head (head_dim), or over all heads' projection. */
 typedef enum { MS_QKNORM_NONE = 0, MS_QKNORM_HEAD = 1, MS_QKNORM_FULL = 2 } ms_qknorm_kind;
-/* Gated MLP activation: silu(gate) * up; gpt-oss's clamped SwiGLU (experts); or SiTU (Kimi K3):
+/* Gated MLP activation: SwiGLU with the config's act_limit / act_alpha / act_up_offset (plain
+ * silu(gate) * up by default; see ms_swiglu_param), or SiTU (Kimi K3):
  * beta tanh(gate/beta) sigmoid(gate) * (linear_beta tanh(up/linear_beta) when linear_beta > 0, else up). */
-typedef enum { MS_ACT_SILU = 0, MS_ACT_CLAMPED_SWIGLU = 1, MS_ACT_SITU = 2 } ms_act_kind;
+typedef enum { MS_ACT_SILU = 0, MS_ACT_SITU = 2 } ms_act_kind;
 
 typedef struct ms_rope {
     int dim;                 /* rotary dims (even) */
@@ -85,7 +84,6 @@ typedef struct ms_config {
     uint8_t layer_csa[MS_MAX_LAYERS];
     int64_t o_groups, o_lora_rank;             /* grouped low-rank output projection */
     uint8_t layer_hash[MS_MAX_LAYERS];          /* MoE layer routed by a token-id -> experts table */
-    double swiglu_limit;        /* > 0: SwiGLU clamps gate <= limit and up to [-limit, limit] (GLM-5-Next) */
     /* GQA per-layer variations (0 = the model-wide value) */
     ms_rope rope_alt;                           /* a second RoPE (per layer type), see layer_rope */
     int32_t layer_kv_heads[MS_MAX_LAYERS];
@@ -115,7 +113,11 @@ typedef struct ms_config {
     int router_logit_bias;      /* router Linear has a bias (gpt-oss) */
     int expert_bias;            /* experts' projections have biases */
     ms_act_kind expert_act;
-    double act_alpha, act_limit;
+    /* SwiGLU (MS_ACT_SILU, dense MLP and experts alike): out = (u + act_up_offset) g sigmoid(act_alpha g)
+     * with g = gate, u = up, first clamped to g <= act_limit, |u| <= act_limit when act_limit > 0.
+     * Plain (the default): 0, 1, 0. gpt-oss: swiglu_limit (7), 1.702, 1. GLM-5-Next and DeepSeek-V4:
+     * swiglu_limit (10), 1, 0. */
+    double act_limit, act_alpha, act_up_offset;
     /* weights */
     int fp8;                    /* quantization_config fp8 */
     int fp8_block[2];

@@ -83,6 +83,11 @@ void ms_axpy_ref(float *y, float a, const float *x, int64_t n);
  * * u, u = linear_beta tanh(up[i]/linear_beta) when linear_beta > 0, else up[i]. beta > 0.
  * out may alias gate or up (ops/act.c). */
 void ms_situ_glu(float *out, const float *gate, const float *up, int64_t n, float beta, float linear_beta);
+/* Parameterized SwiGLU in F32, in place: with limit > 0, g[i] = min(g[i], limit) and u[i] clamped to
+ * [-limit, limit] (u is modified; NaN stays NaN, as torch.clamp), then
+ * g[i] = (u[i] + up_offset) * g[i] * sigmoid(alpha * g[i]). alpha = 1, up_offset = 0 runs ms_swiglu
+ * (silu(g) * u) exactly; gpt-oss's experts use alpha 1.702, up_offset 1. */
+void ms_swiglu_param(float *g, float *u, int64_t n, float limit, float alpha, float up_offset);
 
 #include <math.h>
 static inline float ms_silu(float x) { return x / (1.0f + expf(-x)); }

@@ -50,7 +50,7 @@ TEST(fixture_configs) {
     CHECK(c.layer_dsa[0] == 1 && c.layer_dsa[2] == 1 && c.rope.layout == MS_ROPE_INTERLEAVED);
     CHECK(ms_config_load("../shared/fixtures/models/glm5_next", &c, &e) == MS_OK);
     CHECK_MSG(c.vocab == 512 && c.hidden == 64 && c.n_layers == 4, "%s", e.msg); /* from text_config */
-    CHECK(c.hc_mult == 2 && c.hc_sinkhorn_iters == 5 && c.swiglu_limit == 10.0 && c.dsa_kpool == 4 && c.dsa_kpool_tail);
+    CHECK(c.hc_mult == 2 && c.hc_sinkhorn_iters == 5 && c.act_limit == 10.0 && c.dsa_kpool == 4 && c.dsa_kpool_tail);
     CHECK(c.layer_attn[0] == MS_ATTN_KDA && c.layer_attn[3] == MS_ATTN_MLA && c.layer_dsa[0] == 0 && c.layer_dsa[3] == 1);
     CHECK(c.kda_lower_bound_gate && c.kda_lower_bound == -5.0 && c.qk_rope_dim == 0);
     /* GLM-5-Next: a shared layer must directly follow a full DSA layer; layer 3 follows a KDA layer */
