@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/generate.h"
+#include "engine/prefix_cache.h"
 #include "server/api.h"
 #include "server/server.h"
 #include "text/tokenizer.h"
@@ -21,7 +22,8 @@
 
 static const char k_usage[] =
     "usage: moonshine serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--model-name NAME] [--ctx N] [--threads N]\n"
-    "                       [--parser FORMAT] [--max-queue N] [--max-body-mib N] [engine flags]\n";
+    "                       [--parser FORMAT] [--max-queue N] [--max-body-mib N]\n"
+    "                       [--prefix-cache-entries N] [--prefix-cache-mib M] [engine flags]\n";
 
 /* The output format from config.json's model_type (or --parser). */
 static int pick_format(const char *dir, const char *name, ms_outfmt *fmt) {
@@ -71,15 +73,20 @@ int cmd_serve(int argc, char **argv) {
                "--port 0 picks a free port; the listening address is printed to stderr.\n"
                "--parser think|qwen3|deepseek_v3|deepseek_v31|kimi_k2|glm|harmony|xtml overrides the\n"
                "reasoning/tool-call format chosen from config.json's model_type.\n"
+               "Models that cannot roll back their state (KDA, DeltaNet, DSA, compressed attention) keep\n"
+               "snapshots of recent prompts for prefix reuse: --prefix-cache-entries (default 8) and\n"
+               "--prefix-cache-mib (default 2048); 0 turns it off.\n"
                "--test-forced-output FILE (tests only) emits FILE's tokens instead of sampling.\n",
                k_usage);
         return 0;
     }
     int threads, ctx;
-    int64_t port = 8000, max_queue = 64, max_body = 8;
+    int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 8, pc_mib = 2048;
     if (ms_cli_engine_args(argc, argv, &threads, &ctx) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
         ms_arg_int(argc, argv, "--max-queue", 1, 1 << 20, &max_queue) ||
-        ms_arg_int(argc, argv, "--max-body-mib", 1, 1024, &max_body))
+        ms_arg_int(argc, argv, "--max-body-mib", 1, 1024, &max_body) ||
+        ms_arg_int(argc, argv, "--prefix-cache-entries", 0, 4096, &pc_entries) ||
+        ms_arg_int(argc, argv, "--prefix-cache-mib", 0, INT64_C(1) << 30, &pc_mib))
         return 2;
     const char *host = ms_arg_str(argc, argv, "--host"), *name = ms_arg_str(argc, argv, "--model-name");
     const char *parser = ms_arg_str(argc, argv, "--parser"), *forced = ms_arg_str(argc, argv, "--test-forced-output");
@@ -120,20 +127,35 @@ int cmd_serve(int argc, char **argv) {
     ms_generator *gen = NULL;
     ms_server *srv = NULL;
     ms_tok_ids fids = {0};
+    ms_prefix_cache *pc = NULL;
+    ms_gen_snapshots snaps = {0};
+    const char *reuse = "rollback";
     if (ms_gen_eos_ids(dir, V, eos, 63, &n_eos, &err)) goto fail;
     int32_t teos = ms_tok_eos_id(tok);
     int dup = 0;
     for (int i = 0; i < n_eos; i++) dup |= eos[i] == teos;
     if (teos >= 0 && teos < V && !dup) eos[n_eos++] = teos;
     if (forced && load_forced(tok, forced, &fids)) goto done;
-    if (ms_generator_new(x.engine, tok, V, NULL, &gen, &err)) goto fail;
+    if (!ms_engine_can_truncate(x.engine)) {
+        reuse = "reset (no prefix cache)";
+        if (pc_entries > 0 && pc_mib > 0) {
+            if (ms_prefix_cache_new((int)pc_entries, (uint64_t)pc_mib << 20, &pc, &err)) goto fail;
+            snaps.user = pc;
+            snaps.save = ms_prefix_cache_save_hook;
+            snaps.restore = ms_prefix_cache_restore_hook;
+            reuse = "snapshots";
+        }
+    }
+    if (ms_generator_new(x.engine, tok, V, pc ? &snaps : NULL, &gen, &err)) goto fail;
     ms_server_opts so = {.host = host, .port = (int)port, .model_name = name, .model_dir = dir, .gen = gen, .tok = tok,
                          .vocab = V, .eos_ids = eos, .n_eos = n_eos, .fmt = fmt, .max_body = (size_t)max_body << 20,
                          .max_queue = (int)max_queue, .forced_ids = forced ? fids.ids : NULL, .n_forced = (int)fids.n};
     if (ms_server_start(&so, &srv, &err)) goto fail;
-    fprintf(stderr, "moonshine serve: listening on http://%s:%d (model \"%s\", %d threads, context %d, parser %s)\n",
+    fprintf(stderr,
+            "moonshine serve: listening on http://%s:%d (model \"%s\", %d threads, context %d, parser %s, prefix reuse "
+            "%s)\n",
             host ? host : "127.0.0.1", ms_server_port(srv), name, x.threads, ms_generator_max_ctx(gen),
-            ms_outfmt_name(fmt));
+            ms_outfmt_name(fmt), reuse);
     fflush(stderr);
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -145,6 +167,7 @@ fail:
     fprintf(stderr, "moonshine serve: %s\n", err.msg);
 done:
     ms_generator_free(gen);
+    ms_prefix_cache_free(pc);
     ms_tok_ids_free(&fids);
     ms_cli_close(&x);
     ms_tok_free(tok);

@@ -455,29 +455,32 @@ int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cac
     int common = 0;
     while (common < n && common < g->n_hist && g->hist[common] == prompt[common]) common++;
     if (common == n) common = n - 1; /* the last prompt token is fed again for its logits */
-    int rc;
+    int rc, truncatable = ms_engine_can_truncate(g->e);
     if (common < g->n_hist) {
-        if (ms_engine_can_truncate(g->e)) {
+        if (truncatable) {
             if ((rc = ms_engine_truncate(g->e, common, err))) return rc;
             g->n_hist = common;
         } else {
-            int restored = 0;
             ms_generator_reset(g);
-            if (g->snaps.restore && common > 0) {
-                if ((rc = g->snaps.restore(g->snaps.user, g->e, prompt, common, &restored, err))) {
-                    ms_generator_reset(g);
-                    return rc;
-                }
-                if (restored < 0 || restored > common || ms_engine_n_past(g->e) != restored) {
-                    ms_generator_reset(g);
-                    return ms_fail(err, MS_ERR_MISMATCH, "snapshot restore gave %d tokens (engine holds %d) for a prefix of %d",
-                                   restored, ms_engine_n_past(g->e), common);
-                }
-                memcpy(g->hist, prompt, (size_t)restored * sizeof *prompt);
-                g->n_hist = restored;
-            }
-            common = restored;
+            common = 0;
         }
+    }
+    if (!truncatable && common == 0 && n > 1 && g->snaps.restore) {
+        /* an empty engine: the longest saved prefix of the prompt (any earlier request's) */
+        int restored = 0;
+        ms_generator_reset(g);
+        if ((rc = g->snaps.restore(g->snaps.user, g->e, prompt, n - 1, &restored, err))) {
+            ms_generator_reset(g);
+            return rc;
+        }
+        if (restored < 0 || restored > n - 1 || ms_engine_n_past(g->e) != restored) {
+            ms_generator_reset(g);
+            return ms_fail(err, MS_ERR_MISMATCH, "snapshot restore gave %d tokens (engine holds %d) for a prompt of %d",
+                           restored, ms_engine_n_past(g->e), n);
+        }
+        memcpy(g->hist, prompt, (size_t)restored * sizeof *prompt);
+        g->n_hist = restored;
+        common = restored;
     }
     *cached = common;
     if ((rc = feed(g, prompt + common, n - common, err))) return rc;

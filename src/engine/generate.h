@@ -154,8 +154,11 @@ void ms_generator_free(ms_generator *g);
 /* Forget the history (the next request prefills from scratch). */
 void ms_generator_reset(ms_generator *g);
 /* Bring the engine to the state after prompt[0..n) and leave its last logits in
- * the generator (the common prefix with the history is reused: rollback when
- * the engine can, else the snapshot hook, else a reset). *cached = tokens
+ * the generator. The common prefix with the history is reused: kept as is when
+ * the prompt extends the history, else rolled back when the engine can
+ * truncate; otherwise the engine is reset and the snapshot hook (if any) asked
+ * for the longest saved prefix of prompt[0..n-1). The state is saved through
+ * the hook after every prefill. *cached = tokens
  * reused. logits (may be NULL) receives [vocab] of the last prompt token.
  * Errors: MS_ERR_ARG (n < 1), those of ms_engine_forward (the history is then
  * forgotten and the engine reset). */

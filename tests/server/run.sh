@@ -20,6 +20,10 @@ TOK=build/tokenizers/qwen3
 cp ../shared/tokenizers/qwen3/tokenizer_config.json "$TOK/"
 MODEL=$W/tiny_qwen3
 "$CLI" synth --config tests/server/tiny_qwen3.json --out "$MODEL" --tokenizer "$TOK" --seed 1 >/dev/null
+# a KDA + MLA model (recurrent state: no rollback, prefix reuse through state snapshots)
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['vocab_size']=151936; json.dump(c,open(sys.argv[2],'w'))" \
+    ../shared/fixtures/models/kimi_linear/config.json "$W/kda.json"
+"$CLI" synth --config "$W/kda.json" --out "$W/tiny_kda" --tokenizer "$TOK" --seed 2 >/dev/null
 python3 tests/server/forced_output.py "$MODEL/tokenizer_config.json" "$W/forced.txt" "$W/forced.json"
 
 pids=""
@@ -31,7 +35,7 @@ start() {
     name=$1; shift
     log=$W/$name.log
     : > "$log"
-    $SERVER "$MODEL" --port 0 --threads 1 --ctx 4096 --model-name tiny-qwen3 "$@" 2> "$log" &
+    $SERVER "${DIR:-$MODEL}" --port 0 --threads 1 --ctx 4096 --model-name tiny-qwen3 "$@" 2> "$log" &
     pids="$pids $!"
     i=0
     while ! grep -q "listening on" "$log"; do
@@ -45,12 +49,14 @@ start sampling --max-body-mib 2
 P1=$PORT
 start forced --test-forced-output "$W/forced.txt"
 P2=$PORT
+DIR=$W/tiny_kda start kda --parser qwen3
+P3=$PORT
 rc=0
-BASE=http://127.0.0.1:$P1/v1 FORCED_BASE=http://127.0.0.1:$P2/v1 FORCED_EXPECT=$W/forced.json MODEL_NAME=tiny-qwen3 \
+BASE=http://127.0.0.1:$P1/v1 FORCED_BASE=http://127.0.0.1:$P2/v1 KDA_BASE=http://127.0.0.1:$P3/v1 FORCED_EXPECT=$W/forced.json MODEL_NAME=tiny-qwen3 \
     MOONSHINE=$CLI MODEL_DIR=$MODEL node "$SDK/test.mjs" > "$W/sdk.out" 2>&1 || rc=$?
 cleanup
 pids=""
-for n in sampling forced; do
+for n in sampling forced kda; do
     if grep -q "ERROR: \|runtime error" "$W/$n.log"; then echo "FAIL server: $n log:"; cat "$W/$n.log"; rc=1; fi
 done
 line=$(tail -n 1 "$W/sdk.out")

@@ -228,13 +228,26 @@ TEST(eos_ids) {
 
 typedef struct { const char *name; int can_truncate; } fixture;
 
-/* Mock snapshot hook: "restores" by replaying the prefix on a reset engine. */
-static int g_restores;
+/* Mock snapshot hook: save records the ids; restore replays the longest
+ * recorded prefix of ids[0..n) on a reset engine (a real cache copies state). */
+static int g_restores, g_nsaved, g_saved_n[16];
+static int32_t g_saved[16][128];
+static int mock_save(void *user, ms_engine *e, const int32_t *ids, int n, ms_err *err) {
+    if (g_nsaved < 16 && n <= 128) {
+        memcpy(g_saved[g_nsaved], ids, n * sizeof *ids);
+        g_saved_n[g_nsaved++] = n;
+    }
+    return 0;
+}
 static int mock_restore(void *user, ms_engine *e, const int32_t *ids, int n, int *restored, ms_err *err) {
     g_restores++;
+    int best = 0;
+    for (int i = 0; i < g_nsaved; i++)
+        if (g_saved_n[i] <= n && g_saved_n[i] > best && !memcmp(g_saved[i], ids, g_saved_n[i] * sizeof *ids)) best = g_saved_n[i];
+    *restored = best;
+    if (!best) return 0;
     ms_engine_reset(e);
-    *restored = n;
-    return ms_engine_forward(e, ids, n, NULL, 0, err);
+    return ms_engine_forward(e, ids, best, NULL, 0, err);
 }
 
 typedef struct { int32_t ids[64]; int n; } collected;
@@ -269,7 +282,8 @@ static void check_fixture(const fixture *f, int with_hook) {
     CHECK(ms_engine_create(&m, &o, &e, &err) == 0);
     CHECK(ms_engine_create(&m, &o, &fresh, &err) == 0);
     CHECK(ms_engine_can_truncate(e) == f->can_truncate);
-    ms_gen_snapshots snaps = {.restore = mock_restore};
+    ms_gen_snapshots snaps = {.restore = mock_restore, .save = mock_save};
+    g_nsaved = 0;
     ms_generator *g;
     CHECK(ms_generator_new(e, NULL, V, with_hook ? &snaps : NULL, &g, &err) == 0);
     float *lg = malloc(sizeof(float) * V), *lf = malloc(sizeof(float) * V);
@@ -297,11 +311,15 @@ static void check_fixture(const fixture *f, int with_hook) {
     CHECK(ms_engine_forward(fresh, ids, split, lf, 0, &err) == 0);
     if (split < n) CHECK(ms_engine_forward(fresh, ids + split, n - split, lf, 0, &err) == 0);
     CHECK_MSG(!memcmp(lf, lg, sizeof(float) * V), "%s: reused-prefix logits differ from a fresh engine's", f->name);
-    /* 4. the same prompt again: everything but the last token is reused */
+    /* 4. the same prompt again: rollback reuses everything but the last token; snapshots
+     * the longest saved prefix shorter than the prompt (request 1's 20 tokens) */
     CHECK(ms_generator_prefill(g, ids, n, &cached, lg, &err) == 0);
-    CHECK_MSG(cached == (f->can_truncate || with_hook ? n - 1 : 0), "%s: same prompt: cached %d", f->name, cached);
+    CHECK_MSG(cached == (f->can_truncate ? n - 1 : with_hook ? 20 : 0), "%s: same prompt: cached %d", f->name, cached);
     max_err(lg, ref_logits + (int64_t)(n - 1) * V, V, &mx);
     CHECK_MSG(mx < 1e-4, "%s: same prompt: max error %g", f->name, mx);
+    /* 5. back to the foreign prompt: rollback keeps 20; snapshots the longest saved prefix of its first 24 (request 1's 20) */
+    CHECK(ms_generator_prefill(g, alt, 25, &cached, lg, &err) == 0);
+    CHECK_MSG(cached == (f->can_truncate ? 20 : with_hook ? 20 : 0), "%s: foreign prompt again: cached %d", f->name, cached);
     if (with_hook) CHECK(g_restores > 0);
     /* 5. greedy generation reproduces transformers' gen_ids (no EOS: the reference ignores it) */
     ms_gen_params gpar = {.max_tokens = (int)gi->shape[0]};

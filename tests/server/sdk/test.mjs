@@ -7,7 +7,7 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
 
-const { BASE, FORCED_BASE, FORCED_EXPECT, MODEL_NAME, MOONSHINE, MODEL_DIR } = process.env;
+const { BASE, FORCED_BASE, KDA_BASE, FORCED_EXPECT, MODEL_NAME, MOONSHINE, MODEL_DIR } = process.env;
 const client = new OpenAI({ baseURL: BASE, apiKey: 'none', maxRetries: 0, timeout: 60000 });
 const model = MODEL_NAME;
 let passed = 0, failed = 0;
@@ -254,6 +254,20 @@ await test('tool calls and reasoning_content (stream)', async () => {
     assert.deepEqual(JSON.parse(c.arguments), expect.tool_calls[i].arguments);
   });
   assert.ok(r.usage.completion_tokens > 20);
+});
+
+// ---- a KDA model (no rollback): the next turn of a conversation restores the previous prompt's snapshot ----
+await test('prefix reuse through state snapshots (KDA model)', async () => {
+  const kda = new OpenAI({ baseURL: KDA_BASE, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+  const turn1 = [{ role: 'user', content: 'Tell me a story about the sea.' }];
+  const a = await kda.chat.completions.create({ model, messages: turn1, max_tokens: 4, temperature: 0 });
+  assert.equal(a.usage.prompt_tokens_details.cached_tokens, 0);
+  await kda.chat.completions.create({ model, messages: [{ role: 'user', content: 'Something else.' }], max_tokens: 2, temperature: 0 });
+  const turn2 = [...turn1, { role: 'assistant', content: 'Once upon a time.' }, { role: 'user', content: 'Go on.' }];
+  const c = await kda.chat.completions.create({ model, messages: turn2, max_tokens: 6, temperature: 0 });
+  assert.equal(c.usage.prompt_tokens_details.cached_tokens, a.usage.prompt_tokens);
+  const s = await collect(await kda.chat.completions.create({ model, messages: turn2, max_tokens: 6, temperature: 0, stream: true }));
+  assert.equal(s.content, c.choices[0].message.content);
 });
 
 console.log(`${passed} passed, ${failed} failed`);
