@@ -148,7 +148,7 @@ GPU_LIBS := $(filter-out -pthread,$(LDLIBS)) -lpthread
 .PHONY: gpu gpu-test
 gpu:
 	@if [ -z "$(GPUCC)" ]; then echo "make gpu: neither nvcc (CUDA) nor hipcc (ROCm) is on PATH; the GPU backend needs one (or set GPUCC=/path/to/nvcc)" >&2; exit 1; fi
-	$(MAKE) build/gpu/test_gpu build/gpu/gpubench
+	$(MAKE) build/gpu/test_gpu build/gpu/gpubench build/gpu/moonshine
 
 gpu-test: gpu
 	build/gpu/test_gpu
@@ -166,6 +166,10 @@ build/gpu/test_gpu: build/gpu/test_gpu.o $(GPU_OBJ) build/libmoonshine.a
 	$(GPUCC) $(GPU_LDFLAGS) -o $@ $^ $(GPU_LIBS)
 
 build/gpu/gpubench: build/gpu/gpubench.o $(GPU_OBJ) build/libmoonshine.a
+	$(GPUCC) $(GPU_LDFLAGS) -o $@ $^ $(GPU_LIBS)
+
+# moonshine with --gpu (the CLI's objects with another main)
+build/gpu/moonshine: build/gpu/moonshine_gpu.o $(filter-out build/obj/src/cli/main.o,$(OBJ_CLI)) $(GPU_OBJ) build/libmoonshine.a
 	$(GPUCC) $(GPU_LDFLAGS) -o $@ $^ $(GPU_LIBS)
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -5,9 +5,12 @@
 #include "backend/gpu/gpu_port.h"
 
 /* the C library's headers, with C linkage (ops.h, included by gpu.h, then finds them guarded) */
+#include <math.h> /* before the extern "C" block: C++'s math overloads must keep C++ linkage */
+#include <string.h>
 extern "C" {
 #include "util/dtype.h"
 #include "util/err.h"
+#include "ops/ops.h"
 }
 #include "backend/gpu/gpu.h"
 
