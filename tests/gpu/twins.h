@@ -24,6 +24,16 @@ static void twin_topk(const float *v, int n, int k, int *idx) {
         memmove(idx + pos + 1, idx + pos, (size_t)(k - pos - 1) * sizeof *idx);
         idx[pos] = j;
     }
+    /* fewer than k non-NaN values (a NaN hidden state): fill with the lowest unused indices, never -1 */
+    for (int i = 0, j = 0; i < k && j < n; i++) {
+        if (idx[i] >= 0) continue;
+        for (;; j++) {
+            int used = 0;
+            for (int q = 0; q < k; q++) used |= idx[q] == j;
+            if (!used) break;
+        }
+        if (j < n) idx[i] = j++;
+    }
 }
 
 /* engine/moe.c route (softmax, sigmoid group-limited, top-k softmax kinds). kind: 1 softmax,

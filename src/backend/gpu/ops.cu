@@ -142,6 +142,8 @@ static __device__ void block_topk(const float *v, int E, int K, unsigned char *t
             int fi = -1;
             for (int w = 0; w < nw; w++)
                 if (better(shv[w], shi[w], fv, fi)) fv = shv[w], fi = shi[w];
+            for (int i = 0; fi < 0 && i < E; i++) /* only NaN left: the lowest unused index, as engine/moe.c */
+                if (!taken[i]) fi = i;
             ids[k] = fi;
             if (fi >= 0) taken[fi] = 1;
         }
