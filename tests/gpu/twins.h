@@ -1,6 +1,6 @@
 /* twins.h — CPU twins for GPU ops whose CPU code is static inside the engine.
  *
- * engine/moe.c (route, topk, expert_act) and engine/attention.c (gqa_head) keep
+ * engine/moe.c (route, topk) and engine/attention.c (gqa_head) keep
  * their math in static functions; the engine is not ours to reshape in this
  * change, so these are line-by-line transcriptions of those functions (same
  * operation order, same float/double choices, same ops.h primitives). Keep
@@ -85,22 +85,20 @@ static void twin_route(int kind, int E, int K, int n_group, int topk_group, int 
     for (int i = 0; i < K; i++) w[i] *= routed_scale;
 }
 
-/* engine/moe.c expert_act: clamped (gpt-oss) or SwiGLU with optional limit, into g (u may be clamped). */
+/* The experts' activation, into g (u may be clamped): the engine's ms_swiglu_param (ops/act.c)
+ * for gpt-oss's clamped variant (alpha, up offset 1); for SwiGLU with an optional limit, the
+ * same clamps and then ms_swiglu_ref, the scalar twin of the ms_swiglu that ms_swiglu_param calls. */
 static void twin_expert_act(int clamped, float lim, float alpha, float *g, float *u, int64_t n) {
     if (clamped) {
-        for (int64_t i = 0; i < n; i++) {
-            float gg = g[i] < lim ? g[i] : lim;
-            float uu = u[i] < -lim ? -lim : u[i] > lim ? lim : u[i];
-            g[i] = (uu + 1.0f) * gg * ms_sigmoid(alpha * gg);
-        }
-    } else {
-        if (lim > 0)
-            for (int64_t i = 0; i < n; i++) {
-                if (g[i] > lim) g[i] = lim;
-                u[i] = u[i] > lim ? lim : u[i] < -lim ? -lim : u[i];
-            }
-        ms_swiglu_ref(g, g, u, n);
+        ms_swiglu_param(g, u, n, lim, alpha, 1.0f);
+        return;
     }
+    if (lim > 0)
+        for (int64_t i = 0; i < n; i++) {
+            if (g[i] > lim) g[i] = lim;
+            u[i] = u[i] > lim ? lim : u[i] < -lim ? -lim : u[i];
+        }
+    ms_swiglu_ref(g, g, u, n);
 }
 
 /* engine/attention.c gqa_head for one head h of token t at position p: q [H*hd] of

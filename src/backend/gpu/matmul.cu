@@ -352,7 +352,7 @@ static __device__ __forceinline__ float bias_at(const void *b, int bf16, int64_t
 /* gpt-oss clamped SwiGLU / (limited) SwiGLU, as engine/moe.c's expert_act. */
 static __device__ __forceinline__ float glu(float gt, float up, int act, float limit, float alpha) {
     if (act == MS_GPU_ACT_CLAMPED_SWIGLU) {
-        float gg = gt < limit ? gt : limit;
+        float gg = gt > limit ? limit : gt; /* NaN stays NaN, as torch.clamp */
         float uu = up < -limit ? -limit : up > limit ? limit : up;
         return (uu + 1.0f) * gg * (1.0f / (1.0f + expf(-(alpha * gg))));
     }

@@ -81,7 +81,7 @@ __global__ void glu_kernel(float *out, const float *gate, const float *up, int64
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float gt = gate[i], u = up[i];
         if (act == MS_GPU_ACT_CLAMPED_SWIGLU) {
-            float gg = gt < limit ? gt : limit;
+            float gg = gt > limit ? limit : gt; /* NaN stays NaN, as torch.clamp */
             float uu = u < -limit ? -limit : u > limit ? limit : u;
             out[i] = (uu + 1.0f) * gg * (1.0f / (1.0f + expf(-(alpha * gg))));
         } else {
