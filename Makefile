@@ -14,7 +14,7 @@ OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare \
             -Wshadow=local -pthread -Isrc -MMD -MP
-LDLIBS   := -lcjson -luring -lpcre2-8 -lcrypto -lmicrohttpd -lm -pthread
+LDLIBS   := -lcjson -luring -lpcre2-8 -lcrypto -lmicrohttpd -ledit -lm -pthread
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS ?= 100000
 # targets with a known open finding (tests/fuzz/open/README.md); none now
@@ -36,7 +36,7 @@ FUZZERS  := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/bin/%)
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 .PHONY: all check test unit fixtures server asan fuzz deps clean demo
-all: build/moonshine build/moonshine-server
+all: build/moonshine build/moonshine-server build/moonshine-chat
 
 build/libmoonshine.a: $(OBJ_LIB)
 	@mkdir -p $(@D)
@@ -47,6 +47,10 @@ build/moonshine: $(OBJ_CLI) build/libmoonshine.a
 
 # moonshine-server is the same program; main() dispatches on its name to `serve`
 build/moonshine-server: build/moonshine
+	ln -f $< $@
+
+# moonshine-chat likewise runs `chat`
+build/moonshine-chat: build/moonshine
 	ln -f $< $@
 
 build/obj/%.o: %.c
@@ -102,7 +106,7 @@ test: unit fixtures server
 asan: $(ASAN_TESTS) build/asan/moonshine
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 tests/scripts/run_unit.sh $(ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE=build/asan/moonshine tests/scripts/run_fixtures.sh
-	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE_SERVER="build/asan/moonshine serve" tests/server/run.sh
+	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE_SERVER="build/asan/moonshine serve" MOONSHINE_CHAT="build/asan/moonshine chat" tests/server/run.sh
 
 fuzz: $(FUZZERS)
 	@FUZZ_OPEN='$(FUZZ_OPEN)' tests/scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_RUNS) $(FUZZERS)

@@ -24,6 +24,7 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
     X(state, "inspect a saved causal-state file (header as JSON)") \
     X(cachesim, "replay a recorded expert trace through the cache policies (JSON)") \
     X(serve, "OpenAI-compatible HTTP server (also installed as moonshine-server)") \
+    X(chat, "interactive chat in the terminal (also installed as moonshine-chat)") \
     /* one line per command, each ending in a backslash; keep this comment last */
 
 #define MS_DECLARE(name, help) int cmd_##name(int argc, char **argv);

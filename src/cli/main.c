@@ -20,6 +20,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     const char *base = argc > 0 && argv[0] ? strrchr(argv[0], '/') : NULL;
     if (argc > 0 && argv[0] && !strcmp(base ? base + 1 : argv[0], "moonshine-server")) return cmd_serve(argc, argv);
+    if (argc > 0 && argv[0] && !strcmp(base ? base + 1 : argv[0], "moonshine-chat")) return cmd_chat(argc, argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -3,7 +3,9 @@
 # tokenizer and chat template (random weights: the text is noise, the protocol is not), start
 # moonshine-server twice on free ports (sampling, and --test-forced-output with a tool-call/
 # reasoning output rendered by the official template), and run the OpenAI Node SDK against them.
+# Then moonshine-chat runs a scripted conversation whose replies must equal the server's.
 # env: MOONSHINE_SERVER (default build/moonshine-server; e.g. "build/asan/moonshine serve"),
+#      MOONSHINE_CHAT (default build/moonshine-chat),
 #      MOONSHINE (the CLI for render/tokenize, default build/moonshine).
 set -eu
 SERVER=${MOONSHINE_SERVER:-build/moonshine-server}
@@ -54,11 +56,17 @@ P3=$PORT
 rc=0
 BASE=http://127.0.0.1:$P1/v1 FORCED_BASE=http://127.0.0.1:$P2/v1 KDA_BASE=http://127.0.0.1:$P3/v1 FORCED_EXPECT=$W/forced.json MODEL_NAME=tiny-qwen3 \
     MOONSHINE=$CLI MODEL_DIR=$MODEL node "$SDK/test.mjs" > "$W/sdk.out" 2>&1 || rc=$?
+# moonshine-chat: a scripted conversation, saved, compared with the server's replies
+CHAT=${MOONSHINE_CHAT:-build/moonshine-chat}
+printf '/system Be brief.\nHello there\nAnd again\n/save %s\n/quit\n' "$W/chat.json" |
+    $CHAT "$MODEL" --max-tokens 5 --temperature 0 --threads 1 --ctx 512 > "$W/chat.out" 2> "$W/chat.log" || rc=$?
+python3 tests/server/chat_check.py "$W/chat.json" "$W/chat.out" "http://127.0.0.1:$P1/v1" tiny-qwen3 >> "$W/sdk.out" 2>&1 || rc=$?
+if grep -q "ERROR: \|runtime error" "$W/chat.log"; then cat "$W/chat.log"; rc=1; fi
 cleanup
 pids=""
 for n in sampling forced kda; do
     if grep -q "ERROR: \|runtime error" "$W/$n.log"; then echo "FAIL server: $n log:"; cat "$W/$n.log"; rc=1; fi
 done
-line=$(tail -n 1 "$W/sdk.out")
+line=$(grep -E '^[0-9]+ passed' "$W/sdk.out" | tr '\n' ' ')
 if [ $rc -ne 0 ]; then cat "$W/sdk.out"; echo "FAIL server ($line)"; exit 1; fi
 echo "server: $line"
