@@ -120,6 +120,34 @@ static int cmp_prob_desc(const void *a, const void *b, void *ctx) {
     return (i > j) - (i < j);
 }
 
+/* Reorder ids[0..n) so that ids[0..k) are the k first in cmp_prob_desc order (0 < k < n):
+ * quickselect with a median-of-three pivot, O(n) on average. */
+static void select_top(int32_t *ids, int64_t n, int64_t k, const double *w) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int32_t a = ids[lo], b = ids[mid], c = ids[hi], piv;
+        if (cmp_prob_desc(&a, &b, (void *)w) < 0) {
+            piv = cmp_prob_desc(&b, &c, (void *)w) < 0 ? b : (cmp_prob_desc(&a, &c, (void *)w) < 0 ? c : a);
+        } else {
+            piv = cmp_prob_desc(&a, &c, (void *)w) < 0 ? a : (cmp_prob_desc(&b, &c, (void *)w) < 0 ? c : b);
+        }
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (cmp_prob_desc(&ids[i], &piv, (void *)w) < 0) i++;
+            while (cmp_prob_desc(&piv, &ids[j], (void *)w) < 0) j--;
+            if (i <= j) {
+                int32_t t = ids[i];
+                ids[i++] = ids[j];
+                ids[j--] = t;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else return;
+    }
+}
+
 /* Renormalize w over the ids with w > 0. */
 static void renorm(double *w, int64_t V) {
     double sum = 0;
@@ -153,14 +181,43 @@ int ms_sampler_probs(ms_sampler *s, const float *logits, double *probs, ms_err *
     renorm(w, V);
     int need_sort = (p->top_k > 0 && p->top_k < V) || p->top_p < 1;
     if (need_sort) {
-        int64_t n = 0;
-        for (int64_t i = 0; i < V; i++)
-            if (w[i] > 0) s->order[n++] = (int32_t)i;
+        /* Sort only a prefix of the probability order. top_k: the k most likely, found by
+         * quickselect. top_p alone: the ids with p >= eps for the largest eps (1e-3, 1e-6,
+         * ... of the maximum) whose set reaches the top_p mass; that set is a prefix of the
+         * full order, so the nucleus is exact, and a peaked distribution over a 150k
+         * vocabulary sorts tens of ids per token instead of all of them. */
+        int64_t n = 0, total = 0;
+        for (int64_t i = 0; i < V; i++) total += w[i] > 0;
+        int use_k = p->top_k > 0 && p->top_k < V;
+        for (double eps = 1e-3; !use_k; eps *= 1e-3) {
+            double thr = eps > 1e-280 ? w[best] * eps : 0, mass = 0;
+            n = 0;
+            for (int64_t i = 0; i < V; i++)
+                if (w[i] > 0 && w[i] >= thr) { s->order[n++] = (int32_t)i; mass += w[i]; }
+            if (n == total || mass >= p->top_p) break;
+        }
+        if (use_k) { /* top_k: select the k most likely in O(V), sort only them */
+            for (int64_t i = 0; i < V; i++)
+                if (w[i] > 0) s->order[n++] = (int32_t)i;
+            if (p->top_k < n) {
+                select_top(s->order, n, p->top_k, w);
+                for (int64_t r = p->top_k; r < n; r++) w[s->order[r]] = 0; /* ties at the k-th go by id */
+                n = p->top_k;
+            }
+        }
+        int cut = n < total;
+        if (cut && !use_k) { /* everything outside the set is past the nucleus */
+            double thr = w[s->order[0]];
+            for (int64_t r = 1; r < n; r++)
+                if (w[s->order[r]] < thr) thr = w[s->order[r]];
+            for (int64_t i = 0; i < V; i++)
+                if (w[i] < thr) w[i] = 0;
+        }
         qsort_r(s->order, (size_t)n, sizeof *s->order, cmp_prob_desc, w);
         int64_t keep = n;
         if (p->top_k > 0 && p->top_k < keep) keep = p->top_k;
         for (int64_t r = keep; r < n; r++) w[s->order[r]] = 0;
-        if (keep < n) renorm(w, V);
+        if (use_k && (keep < n || cut)) renorm(w, V); /* top_p then sees the top_k renormalized */
         if (p->top_p < 1) {
             /* transformers' TopPLogitsWarper: keep the smallest prefix whose mass reaches top_p
              * (always at least one token) */
@@ -172,7 +229,7 @@ int ms_sampler_probs(ms_sampler *s, const float *logits, double *probs, ms_err *
                 if (cum >= p->top_p) break;
             }
             for (int64_t q = r; q < keep; q++) w[s->order[q]] = 0;
-            if (r < keep) renorm(w, V);
+            if (r < keep || (cut && !use_k)) renorm(w, V);
         }
     }
     if (p->min_p > 0) {

@@ -87,6 +87,76 @@ TEST(sampler_closed_forms) {
     free(got);
 }
 
+/* Reference truncation by a full sort of the whole vocabulary (the definitions:
+ * top_k, then top_p on the renormalized top_k, then min_p), to check the
+ * sampler's partial sort on a large vocabulary. */
+static const double *g_ref_p;
+static int ref_cmp(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    if (g_ref_p[i] != g_ref_p[j]) return g_ref_p[i] > g_ref_p[j] ? -1 : 1;
+    return i - j;
+}
+static void ref_probs(const float *lg, int V, double T, int k, double tp, double *out) {
+    double mx = lg[0], z = 0;
+    for (int i = 1; i < V; i++) if (lg[i] > mx) mx = lg[i];
+    for (int i = 0; i < V; i++) z += out[i] = exp((lg[i] - mx) / T);
+    for (int i = 0; i < V; i++) out[i] /= z;
+    int *ord = malloc(sizeof(int) * V);
+    for (int i = 0; i < V; i++) ord[i] = i;
+    g_ref_p = out;
+    qsort(ord, V, sizeof *ord, ref_cmp);
+    int keep = k > 0 && k < V ? k : V;
+    double s = 0;
+    for (int r = 0; r < keep; r++) s += out[ord[r]];
+    for (int r = keep; r < V; r++) out[ord[r]] = 0;
+    for (int r = 0; r < keep; r++) out[ord[r]] /= s;
+    if (tp < 1) {
+        double cum = 0;
+        int r = 0;
+        while (r < keep) { cum += out[ord[r++]]; if (cum >= tp) break; }
+        s = 0;
+        for (int q = 0; q < r; q++) s += out[ord[q]];
+        for (int q = r; q < keep; q++) out[ord[q]] = 0;
+        for (int q = 0; q < r; q++) out[ord[q]] /= s;
+    }
+    free(ord);
+}
+
+TEST(sampler_large_vocab_truncation) {
+    enum { V = 20000 };
+    float *lg = malloc(sizeof(float) * V);
+    double *want = malloc(sizeof(double) * V);
+    ms_rng r;
+    ms_rng_seed(&r, 99);
+    for (int i = 0; i < V; i++) { /* a peaked head and a long tail, like a language model's logits */
+        double u = ms_rng_uniform(&r) + 1e-12;
+        lg[i] = (float)(-3 * log(u) * (i % 97 == 0 ? 2.5 : 1));
+    }
+    struct { double T; int k; double tp; } cs[] = {{1, 40, 1}, {1, 0, 0.9}, {0.7, 0, 0.5}, {1.3, 50, 0.95}, {1, 1, 1},
+                                                   {2, 0, 0.999}, {1, 15000, 1}, {1, 0, 1e-9}};
+    for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
+        ms_sampler_params p;
+        ms_sampler_defaults(&p);
+        p.temperature = cs[c].T;
+        p.top_k = cs[c].k;
+        p.top_p = cs[c].tp;
+        double *got = probs_of(&p, lg, V, NULL);
+        ref_probs(lg, V, cs[c].T, cs[c].k, cs[c].tp, want);
+        int same_support = 1;
+        double mx = 0;
+        for (int i = 0; i < V; i++) {
+            same_support &= (got[i] > 0) == (want[i] > 0);
+            if (fabs(got[i] - want[i]) > mx) mx = fabs(got[i] - want[i]);
+        }
+        CHECK_MSG(same_support && mx < 1e-12, "case %zu: support %d, max diff %g", c, same_support, mx);
+        free(got);
+        if (c == 0) /* the rest with many ties (logits rounded to halves): ties go by id */
+            for (int i = 0; i < V; i++) lg[i] = roundf(lg[i] * 2) / 2;
+    }
+    free(lg);
+    free(want);
+}
+
 static void hist_pen(ms_sampler *s) {
     ms_sampler_add_output(s, 1);
     ms_sampler_add_output(s, 1);
