@@ -11,7 +11,7 @@
 CC       ?= gcc
 CLANG    ?= clang
 OPT      ?= -O2
-CFLAGS   ?= $(OPT) -g
+CFLAGS   ?= $(OPT) -g -D_FORTIFY_SOURCE=2
 CFLAGS   += -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare \
             -Wshadow=local -pthread -Isrc -MMD -MP
 LDLIBS   := -lcjson -luring -lpcre2-8 -lcrypto -lmicrohttpd -ledit -lm -pthread

@@ -112,8 +112,9 @@ static const ms_tensor *find_rel(ms_binder *b, const char *rel) {
     return ms_checkpoint_find(b->ck, name);
 }
 
-int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
-                    const char *down_fmt) {
+/* ms_bind_experts with patterns formatted with (layer, expert) when with_layer, else (expert). */
+static int bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
+                        const char *down_fmt, int with_layer) {
     const ms_config *c = b->cfg;
     ms_layer *L = &m->layers[layer];
     if (b->rc) return b->rc;
@@ -128,7 +129,8 @@ int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, 
         ms_qmat *mats[3] = {&v->gate, &v->up, &v->down};
         for (int k = 0; k < 3 && !b->rc; k++) {
             char base[200];
-            snprintf(base, sizeof base, fmts[k], layer, e);
+            if (with_layer) snprintf(base, sizeof base, fmts[k], layer, e);
+            else snprintf(base, sizeof base, fmts[k], e);
             int64_t eh = c->expert_hidden ? c->expert_hidden : c->hidden;
             int64_t rows = k < 2 ? c->moe_inter : eh, cols = k < 2 ? eh : c->moe_inter;
             ms_bind_mat(b, mats[k], MS_W_EXPERT, rows, cols, "%s", base);
@@ -146,6 +148,11 @@ int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, 
     return b->rc;
 }
 
+int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
+                    const char *down_fmt) {
+    return bind_experts(b, m, layer, gate_fmt, up_fmt, down_fmt, 1);
+}
+
 int ms_bind_routed_moe(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     const ms_config *c = b->cfg;
     char w[160], bias[200], g[200], u[200], d[200];
@@ -155,12 +162,12 @@ int ms_bind_routed_moe(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     if (c->shared_inter)
         ms_bind_mlp(b, m, layer, pfx, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
                     "mlp.shared_experts.down_proj");
-    /* ms_bind_experts formats (layer, expert); the layer is already in pfx, so the
-     * pattern takes the expert positionally ("%2$d") */
-    snprintf(g, sizeof g, "%smlp.experts.%%2$d.gate_proj", pfx);
-    snprintf(u, sizeof u, "%smlp.experts.%%2$d.up_proj", pfx);
-    snprintf(d, sizeof d, "%smlp.experts.%%2$d.down_proj", pfx);
-    return ms_bind_experts(b, m, layer, g, u, d);
+    /* the layer is already in pfx: the patterns take the expert alone (a lone "%2$d" without
+     * "%1$" is undefined, and fortified glibc aborts on it) */
+    snprintf(g, sizeof g, "%smlp.experts.%%d.gate_proj", pfx);
+    snprintf(u, sizeof u, "%smlp.experts.%%d.up_proj", pfx);
+    snprintf(d, sizeof d, "%smlp.experts.%%d.down_proj", pfx);
+    return bind_experts(b, m, layer, g, u, d, 0);
 }
 
 int ms_bind_layer_norms(ms_binder *b, ms_model *m, int layer, const char *pfx) {
