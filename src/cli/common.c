@@ -15,6 +15,7 @@ double ms_now(void) {
 
 static int64_t g_memory_mib = -1;
 static ms_static_load g_static_load = MS_STATIC_MMAP;
+static ms_mla_form g_mla_form = MS_MLA_AUTO;
 static int g_static_defer;
 
 void ms_cli_defer_static_load(void) { g_static_defer = 1; }
@@ -63,6 +64,16 @@ int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx) {
     if (ms_arg_int(argc, argv, "--threads", 0, 1024, &t) || ms_arg_int(argc, argv, "--ctx", 0, 1 << 24, &c) ||
         ms_arg_int(argc, argv, "--memory-mib", 1, INT64_C(1) << 40, &g_memory_mib))
         return -1;
+    const char *mf = ms_arg_str(argc, argv, "--mla-form");
+    if (mf) {
+        if (!strcmp(mf, "auto")) g_mla_form = MS_MLA_AUTO;
+        else if (!strcmp(mf, "absorbed")) g_mla_form = MS_MLA_ABSORBED;
+        else if (!strcmp(mf, "expanded")) g_mla_form = MS_MLA_EXPANDED;
+        else {
+            fprintf(stderr, "moonshine: --mla-form \"%s\": expected auto, absorbed or expanded\n", mf);
+            return -1;
+        }
+    }
     const char *sl = ms_arg_str(argc, argv, "--static-load");
     ms_err serr = {0};
     if (sl && ms_static_load_parse(sl, &g_static_load, &serr)) {
@@ -95,7 +106,7 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
     x->static_load = g_static_load;
     x->pool = ms_pool_create(threads);
     x->threads = ms_pool_size(x->pool);
-    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts};
+    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts, .mla_form = g_mla_form};
     if (g_memory_mib > 0) { /* plan first; refuse what does not fit, before allocating */
         ms_plan p;
         int64_t cache = -1;

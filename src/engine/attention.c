@@ -161,8 +161,7 @@ static void mla_head(void *ctx, int h, int tid) {
         memset(ql, 0, (size_t)lora * 4); /* becomes o_lat */
         for (int64_t si = 0; si < cnt; si++) {
             const float *ls = lat + (sel ? sel[si] : si) * lw;
-            float w = sc[si];
-            for (int64_t i = 0; i < lora; i++) ql[i] += w * ls[i];
+            ms_axpy(ql, sc[si], ls, lora);
         }
     }
     ms_qmat wuv;
