@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "backend/cpu/cpu.h"
@@ -18,6 +19,12 @@
  * and memory bandwidth, not page faults (the engine's own steady state). With
  * streamed experts only the static tier is faulted in: the routed experts'
  * tensors are left to the expert source (they may not fit in memory). */
+static double cpu_seconds(void) { /* user + system time of the whole process */
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
 static unsigned long long anon_huge_bytes(void) { /* AnonHugePages of this process (THP in use) */
     FILE *f = fopen("/proc/self/smaps_rollup", "r");
     char line[256];
@@ -68,7 +75,8 @@ int cmd_bench(int argc, char **argv) {
                "reports expert bytes read per token, hit rate, prefetch issued/used, lookahead accuracy,\n"
                "read GB/s vs the drive, and time waiting for reads vs the floor (bytes read / drive GB/s).\n"
                "--static-load read copies the static tier into huge-page memory at load (default mmap: served from\n"
-               "the page-cache mapping); static_copied_bytes and anon_huge_bytes say what it holds.\n"
+               "the page-cache mapping); static_copied_bytes and anon_huge_bytes say what it holds. decode_cpu_s is the\n"
+               "process CPU time of the decode loop (with --threads 1: decode work without time-sharing waits).\n"
                "--drop-cache evicts the model's files from the page cache first. decode_expert_hit_rate,\n"
                "decode_disk_bytes_per_token and decode_read_wait_s repeat hit_rate, expert_bytes_read_per_token\n"
                "and read_wait_s under their earlier names.\n", usage);
@@ -133,13 +141,14 @@ int cmd_bench(int argc, char **argv) {
     ms_stream_stats ss0 = {0}, ss1 = {0};
     ms_engine_stats es0 = *ms_engine_get_stats(x.engine);
     if (x.experts) ms_streaming_stats(x.experts, &ss0);
+    double c2 = cpu_seconds();
     for (int64_t i = 0; i < G; i++) {
         int32_t best = 0;
         for (int64_t v = 1; v < c->vocab; v++)
             if (logits[v] > logits[best]) best = (int32_t)v;
         if (ms_engine_forward(x.engine, &best, 1, logits, 0, &err)) goto fail;
     }
-    double t3 = ms_now();
+    double t3 = ms_now(), c3 = cpu_seconds();
     if (x.experts) ms_streaming_stats(x.experts, &ss1);
     const ms_engine_stats *es1 = ms_engine_get_stats(x.engine);
     uint64_t acq = ms_engine_get_stats(x.engine)->experts_acquired - acq0;
@@ -180,11 +189,12 @@ int cmd_bench(int argc, char **argv) {
     printf("{\"model\":\"%s\",\"arch\":\"%s\",\"threads\":%d,\"load_s\":%.3f,\"prompt_tokens\":%lld,\"prefill_tok_s\":%.2f,"
            "\"gen_tokens\":%lld,\"decode_tok_s\":%.3f,\"weight_bytes_per_token\":%.0f,\"achieved_gb_s\":%.2f,"
            "\"mem_bw_gb_s\":%.2f,\"bw_fraction\":%.3f,\"static_bytes\":%llu,\"expert_bytes\":%llu,"
-           "\"static_load\":\"%s\",\"static_copied_bytes\":%llu,\"anon_huge_bytes\":%llu%s}\n",
+           "\"static_load\":\"%s\",\"static_copied_bytes\":%llu,\"anon_huge_bytes\":%llu,\"decode_cpu_s\":%.3f,"
+           "\"decode_tok_per_cpu_s\":%.3f%s}\n",
            dir, c->model_type, x.threads, load_s, (long long)P, pre, (long long)G, dec, bytes_tok, gbs, bw,
            bw > 0 ? gbs / bw : 0.0, (unsigned long long)x.model.static_bytes, (unsigned long long)x.model.expert_bytes,
            x.static_load == MS_STATIC_READ ? "read" : "mmap", (unsigned long long)x.model.static_copied,
-           (unsigned long long)anon_huge_bytes(), sj);
+           (unsigned long long)anon_huge_bytes(), c3 - c2, c3 > c2 ? (double)G / (c3 - c2) : 0.0, sj);
     rc = 0;
     goto done;
 fail:
