@@ -213,7 +213,7 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         free(rj);
-        ms_outparse_opts po = {.start_in_reasoning = ms_outparse_prompt_opens_reasoning(prompt, plen, NULL), .id_seed = sp.seed};
+        ms_outparse_opts po = {.start_in_reasoning = ms_outfmt_prompt_opens_reasoning(fmt, prompt, plen, NULL), .id_seed = sp.seed};
         free(prompt);
         chat_out o = {.tty = tty, .msg = ms_outmsg_new()};
         int room = ms_generator_max_ctx(gen) - (int)ids.n;

@@ -319,7 +319,7 @@ static int prepare(ms_server *s, ms_api_kind kind, const conn *cn, job **out, ms
                              NULL, "chat template: %s", err.msg);
             goto fail;
         }
-        j->start_in_reasoning = ms_outparse_prompt_opens_reasoning(prompt, plen, NULL);
+        j->start_in_reasoning = ms_outfmt_prompt_opens_reasoning(s->o.fmt, prompt, plen, NULL);
         rc = ms_tok_encode(s->o.tok, prompt, plen, MS_TOK_ENCODE_SPECIAL, &ids, &err);
         free(prompt);
     } else if (j->req.prompt_text) {
