@@ -492,6 +492,26 @@ const int32_t *ms_generator_history(const ms_generator *g, int *n) {
 
 int ms_generator_max_ctx(const ms_generator *g) { return g->e->max_ctx; }
 
+const float *ms_generator_logits(const ms_generator *g) { return g->logits; }
+
+int ms_generator_adopt(ms_generator *g, const int32_t *ids, int n, ms_err *err) {
+    int bad = n < 0 || n > g->cap || n != ms_engine_n_past(g->e) || (n > 0 && !ids);
+    for (int i = 0; !bad && i < n; i++)
+        if (ids[i] < 0 || ids[i] >= g->vocab) {
+            ms_generator_reset(g);
+            return ms_fail(err, MS_ERR_ARG, "adopt: token %d at %d is outside the vocabulary [0, %lld)", ids[i], i,
+                           (long long)g->vocab);
+        }
+    if (bad) {
+        int np = ms_engine_n_past(g->e);
+        ms_generator_reset(g);
+        return ms_fail(err, MS_ERR_ARG, "adopt: %d tokens for an engine holding %d (context %d)", n, np, g->cap);
+    }
+    if (n) memcpy(g->hist, ids, (size_t)n * sizeof *ids);
+    g->n_hist = n;
+    return MS_OK;
+}
+
 /* Feed ids into the engine, keeping the history in step. */
 static int feed(ms_generator *g, const int32_t *ids, int n, ms_err *err) {
     int rc = ms_engine_forward(g->e, ids, n, g->logits, 0, err);

@@ -176,5 +176,15 @@ int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_para
 const int32_t *ms_generator_history(const ms_generator *g, int *n);
 /* The engine's context size. */
 int ms_generator_max_ctx(const ms_generator *g);
+/* The logits [vocab] of the last token fed (owned by the generator; valid until
+ * the next prefill or generate). Inside an ms_generate callback for a sampled
+ * id (id >= 0) they are the logits that id was drawn from. */
+const float *ms_generator_logits(const ms_generator *g);
+/* The caller put the engine into the state after ids[0..n) (ms_engine_state_load,
+ * ms_engine_restore): make that the history, so the next prefill reuses it. The
+ * stored logits are not those of ids[n-1] (a prefill always feeds at least one
+ * token). Errors: MS_ERR_ARG (n != the engine's n_past, n beyond the context, an
+ * id outside the vocabulary); the history is then forgotten and the engine reset. */
+int ms_generator_adopt(ms_generator *g, const int32_t *ids, int n, ms_err *err);
 
 #endif
