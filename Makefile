@@ -101,12 +101,17 @@ fixtures: build/moonshine
 server: all
 	@tests/server/run.sh
 
-test: unit fixtures server
+# moonshine chat: scripted sessions over a tiny model with the real Qwen3 tokenizer (tests/chat/run.sh)
+chat: all
+	@tests/chat/run.sh
+
+test: unit fixtures server chat
 
 asan: $(ASAN_TESTS) build/asan/moonshine
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 tests/scripts/run_unit.sh $(ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE=build/asan/moonshine tests/scripts/run_fixtures.sh
 	@ASAN_OPTIONS=detect_leaks=1 MOONSHINE_SERVER="build/asan/moonshine serve" MOONSHINE_CHAT="build/asan/moonshine chat" tests/server/run.sh
+	@ASAN_OPTIONS=detect_leaks=1 CHAT_TEST_QUICK=1 MOONSHINE=build/asan/moonshine tests/chat/run.sh
 
 fuzz: $(FUZZERS)
 	@FUZZ_OPEN='$(FUZZ_OPEN)' tests/scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_RUNS) $(FUZZERS)

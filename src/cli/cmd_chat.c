@@ -319,8 +319,8 @@ static void turn(chat *c, const char *text, int with_ids) {
     if (!c->interactive) sigaction(SIGINT, &old, NULL);
     if (!c->json) {
         end_reasoning(c);
-        if (!rc && t.finish == MS_FINISH_ABORT) fputs(c->color ? DIM "[interrupted]" RESET : "[interrupted]", stdout);
-        if (!rc && t.finish == MS_FINISH_LENGTH) fputs(c->color ? DIM "[max tokens]" RESET : "[max tokens]", stdout);
+        if (!rc && t.finish == MS_FINISH_ABORT) fputs(c->color ? " " DIM "[interrupted]" RESET : " [interrupted]", stdout);
+        if (!rc && t.finish == MS_FINISH_LENGTH) fputs(c->color ? " " DIM "[max tokens]" RESET : " [max tokens]", stdout);
         fputs("\n", stdout);
         fflush(stdout);
     }
