@@ -14,7 +14,7 @@ cp ../shared/tokenizers/qwen3/tokenizer_config.json "$TOK/"
 sed 's/"num_experts": 4/"num_experts": 8/' tests/chat/tiny_qwen3.json > "$W/other.json"
 build/moonshine synth --config tests/chat/tiny_qwen3.json --out "$W/model" --tokenizer "$TOK" --seed 1 >/dev/null
 build/moonshine synth --config "$W/other.json" --out "$W/other" --tokenizer "$TOK" --seed 2 >/dev/null
-out=$(MOONSHINE="$CLI" python3 tests/chat/test_chat.py "$W/model" "$W/other" "$W/work" 2>&1) && rc=0 || rc=$?
+out=$(MOONSHINE="$CLI" /usr/bin/python3 tests/chat/test_chat.py "$W/model" "$W/other" "$W/work" 2>&1) && rc=0 || rc=$?
 line=$(printf '%s\n' "$out" | tail -n 1)
 if [ $rc -ne 0 ]; then printf '%s\n' "$out"; echo "FAIL chat ($line)"; exit 1; fi
 echo "chat: $line"

@@ -234,15 +234,30 @@ def repl():
 
     check(read_until(b"> "), f"REPL prompt: {out!r}")
     os.write(fd, b"Tell me a long story\r")
-    time.sleep(1.0)  # generating (up to the whole context)
+    check(read_until(b"story\r\n"), f"line not taken: {out!r}")
+    start = out.index(b"story\r\n") + 7
+    end = time.time() + 60
+    while len(out) < start + 8 and time.time() < end:  # the reply is streaming (up to the whole context)
+        read_until(b"\0", 0.2)
     os.kill(pid, 2)
     check(read_until(b"[interrupted]"), f"Ctrl-C did not stop the reply: {out[-300:]!r}")
-    out = b""
+    out = out[out.index(b"[interrupted]"):]
     check(read_until(b"> "), f"no prompt after Ctrl-C: {out!r}")
     os.write(fd, b"/stats\r")
     check(read_until(b"turns 1;"), f"/stats after an interrupted turn: {out[-300:]!r}")
+    out = out[out.index(b"turns 1;"):]
+    check(read_until(b"> "), f"no prompt after /stats: {out!r}")  # libedit is reading in raw mode now
     os.write(fd, b"\x04")  # Ctrl-D
-    _, status = os.waitpid(pid, 0)
+    end, status = time.time() + 60, None
+    while time.time() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        read_until(b"\0", 0.2)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        check(False, f"Ctrl-D did not end the session: {out[-300:]!r}")
     os.close(fd)
     check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"exit status {status}")
     hist = os.path.join(state, "moonshine", "history")
