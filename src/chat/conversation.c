@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "engine/state.h"
+#include "server/api.h"
 #include "text/chat_template.h"
 #include "util/fs.h"
 #include "util/hash.h"
@@ -37,18 +38,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-ms_outfmt ms_conv_format_for_model_type(const char *mt) {
-    if (!mt) return MS_OUTFMT_THINK;
-    if (!strncmp(mt, "qwen3", 5) || !strncmp(mt, "mimo", 4)) return MS_OUTFMT_QWEN3;
-    if (!strcmp(mt, "deepseek_v3")) return MS_OUTFMT_DEEPSEEK_V3;
-    if (!strcmp(mt, "deepseek_v32") || !strcmp(mt, "deepseek_v4")) return MS_OUTFMT_DEEPSEEK_V31;
-    if (!strcmp(mt, "kimi_linear") || !strcmp(mt, "kimi_k2")) return MS_OUTFMT_KIMI_K2;
-    if (!strcmp(mt, "kimi_k3")) return MS_OUTFMT_XTML;
-    if (!strncmp(mt, "glm", 3)) return MS_OUTFMT_GLM;
-    if (!strcmp(mt, "gpt_oss")) return MS_OUTFMT_HARMONY;
-    return MS_OUTFMT_THINK;
-}
-
 /* The output format from dir/config.json's model_type. */
 static int format_from_config(const char *dir, ms_outfmt *fmt, ms_err *err) {
     char path[4096], *text = NULL;
@@ -59,7 +48,7 @@ static int format_from_config(const char *dir, ms_outfmt *fmt, ms_err *err) {
     if (!rc) rc = ms_json_parse(text, len, path, &j, err);
     const char *mt = NULL;
     if (!rc) rc = ms_json_opt_string(j, "model_type", &mt, path, err);
-    if (!rc) *fmt = ms_conv_format_for_model_type(mt);
+    if (!rc) *fmt = ms_api_outfmt_for_model_type(mt); /* the server's choice, so both agree */
     cJSON_Delete(j);
     free(text);
     return rc;

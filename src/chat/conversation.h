@@ -41,7 +41,8 @@ typedef struct ms_conv_opts {
     ms_engine *engine;          /* borrowed; used by nobody else while the conversation lives */
     const ms_tokenizer *tok;    /* borrowed */
     const char *system;         /* system message text or NULL (copied) */
-    const char *parser;         /* output format name (outparse.h) or NULL: from config.json's model_type */
+    const char *parser;         /* output format name (outparse.h) or NULL: from config.json's model_type
+                                   (ms_api_outfmt_for_model_type, as the server chooses) */
     const char *template_kwargs;/* JSON object passed as chat_template_kwargs, or NULL (copied) */
 } ms_conv_opts;
 
@@ -129,11 +130,5 @@ int ms_conv_save(ms_conv *c, const char *path, ms_err *err);
  * (another model, a state file that is not this conversation's),
  * MS_ERR_LIMIT (context too small), MS_ERR_NOMEM. */
 int ms_conv_load(ms_conv *c, const char *path, ms_err *err);
-
-/* The output format for a config.json model_type (qwen3* -> qwen3,
- * deepseek_v3 -> deepseek_v3, deepseek_v32 / deepseek_v4 -> deepseek_v31,
- * kimi_linear -> kimi_k2, kimi_k3 -> xtml, glm* -> glm, gpt_oss -> harmony,
- * otherwise think). NULL gives think. */
-ms_outfmt ms_conv_format_for_model_type(const char *model_type);
 
 #endif
