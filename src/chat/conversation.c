@@ -229,12 +229,6 @@ static cJSON *assistant_message(const ms_outmsg *m, ms_err *err) {
     return o;
 }
 
-static int ends_with_ws(const char *s, size_t n, const char *suffix) {
-    while (n && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t' || s[n - 1] == '\r')) n--;
-    size_t k = strlen(suffix);
-    return n >= k && !memcmp(s + n - k, suffix, k);
-}
-
 int ms_conv_turn_run(ms_conv *c, const char *text, const ms_sampler_params *sp, int max_tokens,
                      const ms_conv_sink *sink, ms_conv_turn *res, ms_err *err) {
     memset(res, 0, sizeof *res);
@@ -269,8 +263,7 @@ int ms_conv_turn_run(ms_conv *c, const char *text, const ms_sampler_params *sp, 
         goto fail;
     }
     ms_outparse_opts po = {.id_seed = sp->seed};
-    po.start_in_reasoning = ms_outparse_prompt_opens_reasoning(prompt, plen, NULL) ||
-                            (c->fmt == MS_OUTFMT_XTML && ends_with_ws(prompt, plen, "<|open|>think<|sep|>"));
+    po.start_in_reasoning = ms_outfmt_prompt_opens_reasoning(c->fmt, prompt, plen, NULL);
     if ((rc = ms_outparse_new(c->fmt, &po, &t.parser, err))) goto fail;
     if (!(t.msg = ms_outmsg_new())) {
         rc = ms_fail(err, MS_ERR_NOMEM, "conversation: out of memory");
