@@ -243,8 +243,9 @@ void ms_streaming_drop_page_cache(ms_model *m, const ms_expert_source *s) {
     const wrap_src *w = (const wrap_src *)s;
     for (int i = 0; i < m->ck.n_files; i++) {
         const ms_mapping *mp = &m->ck.files[i].map;
-        /* pages mapped by this process stay; drop what the kernel may */
-        if (mp->data && mp->size) madvise((void *)mp->data, mp->size, MADV_DONTNEED);
+        /* pages mapped by this process stay; drop what the kernel may. Not after --static-load
+         * read: parts of the mapping are then anonymous copies, which MADV_DONTNEED would zero */
+        if (mp->data && mp->size && !m->static_copied) madvise((void *)mp->data, mp->size, MADV_DONTNEED);
         drop_file(m->ck.files[i].path);
     }
     if (w->use_packed)
