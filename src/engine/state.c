@@ -7,8 +7,6 @@
  * sections (docs/state.md). Restoring from either goes through the same two
  * steps: check every section against the engine's parts (no change), then copy. */
 #include <errno.h>
-#include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -421,18 +419,6 @@ int ms_state_inspect(const char *path, ms_state_info *info, ms_err *err) {
     return rc;
 }
 
-static int write_all(int fd, const void *p, uint64_t n, const char *tmp, ms_err *err) {
-    const uint8_t *c = p;
-    while (n) {
-        ssize_t k = write(fd, c, n > (1u << 30) ? (1u << 30) : (size_t)n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", tmp, k < 0 ? strerror(errno) : "no progress");
-        c += k;
-        n -= (uint64_t)k;
-    }
-    return MS_OK;
-}
-
 int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, int n_tokens, ms_err *err) {
     if (n_tokens != e->n_past || (n_tokens && !tokens))
         return ms_fail(err, MS_ERR_ARG, "state save: %d token ids for a state of %d positions", n_tokens, e->n_past);
@@ -479,39 +465,24 @@ int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, 
     for (int i = 0; i < n_tokens; i++) wr32(h + HDR + 4 * (uint64_t)i, (uint32_t)tokens[i]);
     wr32(h + HDR_CRC_AT, ms_crc32c(0, h, hb));
     /* temp file, fsync, rename, fsync the directory */
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
+    ms_atomic_file f;
+    if ((rc = ms_atomic_begin(&f, path, err))) {
         free(h), ms_engine_snapshot_free(s);
-        return ms_fail(err, MS_ERR_ARG, "%s: path too long", path);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        free(h), ms_engine_snapshot_free(s);
-        return ms_fail(err, MS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        return rc;
     }
     static const uint8_t zeros[8];
-    rc = write_all(fd, h, hb, tmp, err);
+    rc = ms_atomic_write(&f, h, hb, err);
     for (int i = 0; i < s->n && !rc; i++) {
-        rc = write_all(fd, s->blob + s->sec[i].offset, s->sec[i].size, tmp, err);
-        if (!rc) rc = write_all(fd, zeros, pad8(s->sec[i].size) - s->sec[i].size, tmp, err);
+        rc = ms_atomic_write(&f, s->blob + s->sec[i].offset, s->sec[i].size, err);
+        if (!rc) rc = ms_atomic_write(&f, zeros, pad8(s->sec[i].size) - s->sec[i].size, err);
     }
     free(h);
     ms_engine_snapshot_free(s);
-    if (!rc && fsync(fd)) rc = ms_fail(err, MS_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-    if (close(fd) && !rc) rc = ms_fail(err, MS_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path)) rc = ms_fail(err, MS_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
     if (rc) {
-        unlink(tmp);
+        ms_atomic_abort(&f);
         return rc;
     }
-    char dirbuf[4096];
-    snprintf(dirbuf, sizeof dirbuf, "%s", path);
-    int dfd = open(dirname(dirbuf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return MS_OK;
+    return ms_atomic_commit(&f, err);
 }
 
 int ms_engine_state_load_buffer(ms_engine *e, const uint8_t *buf, uint64_t len, const char *where, int32_t **tokens,

@@ -13,6 +13,7 @@
 #include <openssl/evp.h>
 
 #include "io/reader.h"
+#include "util/fs.h"
 #include "util/hash.h"
 #include "util/json.h"
 
@@ -488,18 +489,6 @@ static uint64_t record_layout(const ms_expert_store *st, int li, uint64_t *off) 
     return o;
 }
 
-static int write_all(int fd, const void *buf, size_t n, const char *path, ms_err *err) {
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", path, w < 0 ? strerror(errno) : "no progress");
-        p += w;
-        n -= (size_t)w;
-    }
-    return MS_OK;
-}
-
 int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const char *out_dir,
                    const char *const *dirs, int n_dirs, ms_pack_stats *stats, ms_err *err) {
     if (src->packed) return ms_fail(err, MS_ERR_ARG, "pack: the source is already a packed store");
@@ -537,7 +526,7 @@ int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const ch
     for (int li = 0; li < src->n_layers && !rc; li++) {
         uint64_t off[MS_EXPERT_MAX_ROLES];
         uint64_t rb = record_layout(src, li, off), stride = ALIGN_UP(rb, MS_IO_ALIGN);
-        char fname[64], path[4096], tmp[4200];
+        char fname[64], path[4096];
         snprintf(fname, sizeof fname, "experts-L%04d.bin", src->layer_id[li]);
         const char *dir = n_dirs ? dirs[li % n_dirs] : out_dir;
         char absdir[PATH_MAX];
@@ -546,12 +535,11 @@ int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const ch
             dir = absdir;
         }
         if ((rc = ms_path_join(path, sizeof path, dir, fname, err))) break;
-        snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
         free(rec);
         rec = calloc(1, stride);
         if (!rec) { rc = ms_fail(err, MS_ERR_NOMEM, "pack: out of memory for a %" PRIu64 "-byte record", stride); break; }
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) { rc = ms_fail(err, MS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno)); break; }
+        ms_atomic_file af;
+        if ((rc = ms_atomic_begin(&af, path, err))) break;
         cJSON *crcs = cJSON_CreateArray();
         for (int e = 0; e < src->n_experts && !rc; e++) {
             const ms_expert_loc *l = ms_expert_store_loc(src, li, e);
@@ -570,13 +558,12 @@ int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const ch
             }
             if (rc) break;
             cJSON_AddItemToArray(crcs, cJSON_CreateNumber(ms_crc32c(0, rec, rb)));
-            rc = write_all(fd, rec, stride, tmp, err);
+            rc = ms_atomic_write(&af, rec, stride, err);
             if (stats) stats->bytes_written += stride;
         }
-        if (!rc && (fsync(fd) != 0)) rc = ms_fail(err, MS_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-        close(fd);
-        if (!rc && rename(tmp, path) != 0) rc = ms_fail(err, MS_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
-        if (rc) { unlink(tmp); cJSON_Delete(crcs); break; }
+        if (rc) ms_atomic_abort(&af);
+        else rc = ms_atomic_commit(&af, err);
+        if (rc) { cJSON_Delete(crcs); break; }
         if (stats) stats->n_files++;
         cJSON *lj = cJSON_CreateObject();
         cJSON_AddNumberToObject(lj, "layer", src->layer_id[li]);

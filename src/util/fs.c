@@ -47,43 +47,63 @@ int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *len, ms
     return MS_OK;
 }
 
-int ms_write_file_atomic(const char *path, const void *data, size_t len, ms_err *err) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+int ms_atomic_begin(ms_atomic_file *f, const char *path, ms_err *err) {
+    f->fd = -1;
+    f->path = path;
+    if (snprintf(f->tmp, sizeof f->tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof f->tmp)
         return ms_fail(err, MS_ERR_ARG, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return ms_fail(err, MS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    const char *p = data;
-    size_t left = len;
-    while (left) {
-        ssize_t w = write(fd, p, left);
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f->fd < 0) return ms_fail(err, MS_ERR_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
+    return MS_OK;
+}
+
+int ms_atomic_write(ms_atomic_file *f, const void *data, uint64_t len, ms_err *err) {
+    const uint8_t *p = data;
+    while (len) {
+        ssize_t w = write(f->fd, p, len > (1u << 30) ? (1u << 30) : (size_t)len);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            unlink(tmp);
-            return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", tmp, strerror(e));
-        }
+        if (w <= 0) return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", f->tmp, w < 0 ? strerror(errno) : "no progress");
         p += w;
-        left -= (size_t)w;
+        len -= (uint64_t)w;
     }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        unlink(tmp);
-        return ms_fail(err, MS_ERR_IO, "%s: fsync/close failed: %s", tmp, strerror(errno));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return ms_fail(err, MS_ERR_IO, "%s: rename failed: %s", path, strerror(e));
+    return MS_OK;
+}
+
+void ms_atomic_abort(ms_atomic_file *f) {
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    unlink(f->tmp);
+}
+
+int ms_atomic_commit(ms_atomic_file *f, ms_err *err) {
+    int rc = MS_OK;
+    if (fsync(f->fd) != 0) rc = ms_fail(err, MS_ERR_IO, "%s: fsync failed: %s", f->tmp, strerror(errno));
+    if (close(f->fd) != 0 && !rc) rc = ms_fail(err, MS_ERR_IO, "%s: close failed: %s", f->tmp, strerror(errno));
+    f->fd = -1;
+    if (!rc && rename(f->tmp, f->path) != 0) rc = ms_fail(err, MS_ERR_IO, "%s: rename failed: %s", f->path, strerror(errno));
+    if (rc) {
+        unlink(f->tmp);
+        return rc;
     }
     char dirbuf[4096];
-    snprintf(dirbuf, sizeof dirbuf, "%s", path);
+    snprintf(dirbuf, sizeof dirbuf, "%s", f->path);
     int dfd = open(dirname(dirbuf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         fsync(dfd);
         close(dfd);
     }
     return MS_OK;
+}
+
+int ms_write_file_atomic(const char *path, const void *data, size_t len, ms_err *err) {
+    ms_atomic_file f;
+    int rc = ms_atomic_begin(&f, path, err);
+    if (rc) return rc;
+    if ((rc = ms_atomic_write(&f, data, len, err))) {
+        ms_atomic_abort(&f);
+        return rc;
+    }
+    return ms_atomic_commit(&f, err);
 }
 
 int ms_map_file(const char *path, ms_mapping *m, ms_err *err) {
