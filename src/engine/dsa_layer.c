@@ -208,6 +208,12 @@ int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, m
     return MS_OK;
 }
 
+void ms_dsa_engine_selection(const ms_engine *e, const int32_t **sel, const int32_t **count, int64_t *width) {
+    *sel = e->dsa->idx;
+    *count = e->dsa->cnt;
+    *width = e->dsa->width;
+}
+
 const int32_t *ms_dsa_engine_row(const ms_engine *e, int t, int *count) {
     *count = e->dsa->cnt[t];
     return e->dsa->idx + (size_t)t * e->dsa->width;

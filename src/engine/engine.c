@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/backend_cpu.h"
 #include "engine/engine_internal.h"
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
@@ -29,6 +30,7 @@ typedef struct {
     void **ptr;
     size_t bytes;
     int state;
+    int host;        /* engine memory (malloc), not backend memory */
     const char *tag; /* causal state: the snapshot section name (with the layer) */
     int layer;
     size_t row;      /* causal state: bytes per position */
@@ -36,21 +38,24 @@ typedef struct {
 
 #define MAX_BUFS (3 * MS_MAX_LAYERS + 32)
 
-/* Every buffer the engine allocates, sized from the config, context T, batch B
- * and thread count. The single source of truth for allocation and for the
- * memory plan. Pointer arrays (per-layer caches) must already exist when
- * with_layers is set. Returns the number of specs. */
-static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, int threads, int with_layers,
-                          buf_spec *b) {
+/* Every buffer the engine allocates, sized from the config, context T and
+ * batch B. The single source of truth for allocation and for the memory plan
+ * (the backend's own workspace is its workspace_bytes). Pointer arrays
+ * (per-layer caches) must already exist when with_layers is set. Returns the
+ * number of specs. */
+static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, int with_layers, buf_spec *b) {
     int n = 0;
-#define BUF(p, sz, st) (b[n] = (buf_spec){(void **)(p), (size_t)(sz), (st), NULL, -1, 0}, n++)
+    /* backend memory */
+#define BUF(p, sz, st) (b[n] = (buf_spec){(void **)(p), (size_t)(sz), (st), 0, NULL, -1, 0}, n++)
+    /* engine (host) memory */
+#define HBUF(p, sz) (b[n] = (buf_spec){(void **)(p), (size_t)(sz), 0, 1, NULL, -1, 0}, n++)
     /* causal state: one row of `rw` bytes per position (engine/state.c snapshots it by tag) */
-#define SBUF(p, rw, tg, ly) (b[n] = (buf_spec){(void **)(p), T * (size_t)(rw), 1, (tg), (ly), (size_t)(rw)}, n++)
+#define SBUF(p, rw, tg, ly) (b[n] = (buf_spec){(void **)(p), T * (size_t)(rw), 1, 0, (tg), (ly), (size_t)(rw)}, n++)
     size_t L = (size_t)c->n_layers;
-    BUF(&e->k_cache, L * sizeof(float *), 0);
-    BUF(&e->v_cache, L * sizeof(float *), 0);
-    BUF(&e->latent, L * sizeof(float *), 0);
-    BUF(&e->kda, L * sizeof *e->kda, 0);
+    HBUF(&e->k_cache, L * sizeof(float *));
+    HBUF(&e->v_cache, L * sizeof(float *));
+    HBUF(&e->latent, L * sizeof(float *));
+    HBUF(&e->kda, L * sizeof *e->kda);
     for (size_t l = 0; with_layers && l < L; l++) {
         if (c->layer_attn[l] == MS_ATTN_GQA) {
             size_t kvh = (size_t)(c->layer_kv_heads[l] ? c->layer_kv_heads[l] : c->n_kv_heads);
@@ -74,6 +79,12 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     BUF(&e->kv, B * kvw * 4, 0);
     BUF(&e->att, B * H * vdim * 4, 0);
     BUF(&e->tmp, B * c->hidden * 4, 0);
+    /* logits rows computed on a backend whose memory the caller cannot read (logit_rows at a time) */
+    e->logit_rows = 0;
+    if (e->be && !e->be->host_memory) {
+        e->logit_rows = (int)(B < 16 ? B : 16);
+        BUF(&e->logits, (size_t)e->logit_rows * (size_t)c->vocab * 4, 0);
+    }
     BUF(&e->g, B * inter * 4, 0);
     BUF(&e->u, B * inter * 4, 0);
     int64_t xw = MAX2(c->hidden, c->expert_hidden); /* expert rows: hidden, or the latent width */
@@ -90,22 +101,19 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         BUF(&e->rlog, B * c->n_experts * 4, 0);
         BUF(&e->topk_ids, B * c->top_k * sizeof(int), 0);
         BUF(&e->topk_w, B * c->top_k * 4, 0);
-        BUF(&e->ex_count, (size_t)c->n_experts * sizeof(int) + 4, 0);
-        BUF(&e->ex_tokens, B * c->top_k * sizeof(int), 0);
-        BUF(&e->ex_w, B * c->top_k * 4, 0);
+        size_t E = (size_t)c->n_experts, BK = B * (size_t)c->top_k;
+        HBUF(&e->h_ids, BK * sizeof(int));
+        HBUF(&e->h_w, BK * 4);
+        HBUF(&e->h_fixed, BK * sizeof(int32_t));
+        HBUF(&e->ex_count, (E + 1) * sizeof(int));
+        HBUF(&e->ex_tokens, BK * sizeof(int));
+        HBUF(&e->ex_w, BK * 4);
+        HBUF(&e->ex_pos, E * sizeof(int));
+        HBUF(&e->ex_uniq, E * sizeof(int));
+        HBUF(&e->ex_views, E * sizeof(ms_expert_view));
     }
-    /* per thread: scores [T] + latent queries [B * kv_lora] + rows; at least the router's 2E floats */
-    size_t row = (size_t)MAX2(MAX2(c->kv_lora_rank, c->hidden), MAX2(qdim, vdim)) + 16;
-    e->th_stride = T + B * (size_t)MAX2(c->kv_lora_rank, 1) + 2 * row + 1024;
-    if (c->kv_lora_rank > 0) { /* MLA expanded prefill (engine/attention.c): latent block, K/V block, scores, per-token stats */
-        size_t kb = MS_MLA_KEY_BLOCK, need = kb * (size_t)(c->kv_lora_rank + c->qk_nope_dim + c->v_head_dim) + kb + 3 * B + 64;
-        if (e->th_stride < need) e->th_stride = need;
-    }
-    if (e->th_stride < 2 * (size_t)c->n_experts + 64) e->th_stride = 2 * (size_t)c->n_experts + 64;
-    if (e->th_stride < (size_t)c->hidden + (size_t)e->ares_blocks + 64) /* Attention Residuals scratch */
-        e->th_stride = (size_t)c->hidden + (size_t)e->ares_blocks + 64;
-    BUF(&e->th_buf, (size_t)threads * e->th_stride * 4, 0);
 #undef BUF
+#undef HBUF
 #undef SBUF
     return n;
 }
@@ -122,13 +130,17 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
     engine_dims(m, opts, &T, &B);
     ms_engine tmp;
     memset(&tmp, 0, sizeof tmp);
-    static buf_spec specs[MAX_BUFS];
+    buf_spec specs[MAX_BUFS];
     /* layer caches: count them without pointer storage */
     float *dummy[MS_MAX_LAYERS];
     tmp.k_cache = tmp.v_cache = tmp.latent = dummy;
-    int n = engine_buffers(&tmp, &m->cfg, T, B, threads > 0 ? threads : 1, 1, specs);
+    tmp.be = opts ? opts->backend : NULL;
+    int n = engine_buffers(&tmp, &m->cfg, T, B, 1, specs);
     *state = *workspace = 0;
     for (int i = 0; i < n; i++) *(specs[i].state ? state : workspace) += specs[i].bytes;
+    /* the backend's own scratch (the CPU backend: per-thread attention and router scratch) */
+    if (opts && opts->backend) *workspace += opts->backend->ops->workspace_bytes(opts->backend, &m->cfg, (int64_t)T, (int64_t)B);
+    else *workspace += ms_backend_cpu_workspace_bytes(&m->cfg, (int64_t)T, (int64_t)B, threads > 0 ? threads : 1);
     for (int l = 0; l < m->cfg.n_layers; l++) { /* KDA: fixed-size recurrent + conv state */
         if (m->cfg.layer_attn[l] != MS_ATTN_KDA) continue;
         ms_kda_config kc;
@@ -164,6 +176,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     ms_engine *e = calloc(1, sizeof *e);
     if (!e) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     e->m = m;
+    e->w = m;
     e->la_layer = -1;
     e->pool = opts ? opts->pool : NULL;
     e->n_threads = ms_pool_size(e->pool);
@@ -173,23 +186,37 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     e->max_batch = (int)B;
     e->experts = opts ? opts->experts : NULL;
     e->mla_form = opts ? opts->mla_form : MS_MLA_AUTO;
+    e->be = opts ? opts->backend : NULL;
     int rc;
+    if (!e->be) {
+        if ((rc = ms_backend_cpu_create(e->pool, &e->own_be, err))) {
+            free(e);
+            return rc;
+        }
+        e->be = e->own_be;
+    }
+    if ((rc = ms_backend_require(e->be, c, err)) ||
+        (rc = e->be->ops->reserve(e->be, c, (int64_t)T, (int64_t)B, err))) {
+        ms_engine_destroy(e);
+        return rc;
+    }
     if (!e->experts) {
         if ((rc = ms_resident_experts_create(m, &e->own_experts, err))) {
-            free(e);
+            ms_engine_destroy(e);
             return rc;
         }
         e->experts = e->own_experts;
     }
     buf_spec *specs = malloc(MAX_BUFS * sizeof *specs);
     int f = !specs;
+    ms_err aerr = {0};
     /* first the per-layer pointer arrays, then everything else */
     for (int pass = 0; pass < 2 && !f; pass++) {
-        int n = engine_buffers(e, c, T, B, e->n_threads, pass, specs);
+        int n = engine_buffers(e, c, T, B, pass, specs);
         for (int i = 0; i < n && !f; i++) {
             if (*specs[i].ptr) continue;
-            *specs[i].ptr = calloc(specs[i].bytes ? specs[i].bytes : 1, 1);
-            if (!*specs[i].ptr) f = 1;
+            if (specs[i].host) f = !(*specs[i].ptr = calloc(specs[i].bytes ? specs[i].bytes : 1, 1));
+            else f = e->be->ops->alloc(e->be, specs[i].bytes, specs[i].ptr, &aerr) != MS_OK;
         }
     }
     free(specs);
@@ -221,27 +248,28 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
 
 void ms_engine_destroy(ms_engine *e) {
     if (!e) return;
-    for (int l = 0; e->k_cache && l < e->m->cfg.n_layers; l++) {
-        free(e->k_cache[l]);
-        free(e->v_cache[l]);
-        free(e->latent[l]);
-        if (e->kda) ms_kda_state_free(&e->kda[l]);
-    }
-    free(e->kda);
+    for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_free(&e->kda[l]);
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
-    free(e->k_cache);
-    free(e->v_cache);
-    free(e->latent);
-    float *bufs[] = {e->x,    e->xn,     e->q,     e->kv,      e->att,     e->tmp,     e->g,      e->u,
-                     e->xs,   e->ys,     e->rlog,  e->topk_w,  e->ex_w,    e->th_buf,  e->ares,   e->lat_in,
-                     e->lat_out, e->gate_buf};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
-    free(e->topk_ids);
-    free(e->ex_count);
-    free(e->ex_tokens);
+    if (e->be) { /* every buffer of the table: backend memory through the backend, the rest with free */
+        buf_spec *specs = malloc(MAX_BUFS * sizeof *specs);
+        if (specs) {
+            size_t T, B;
+            ms_engine_opts o = {.max_ctx = e->max_ctx, .max_batch = e->max_batch};
+            engine_dims(e->m, &o, &T, &B);
+            int n = engine_buffers(e, &e->m->cfg, T, B, e->k_cache && e->v_cache && e->latent, specs);
+            for (int i = n - 1; i >= 0; i--) { /* backwards: the per-layer caches before their pointer arrays */
+                if (!*specs[i].ptr) continue;
+                if (specs[i].host) free(*specs[i].ptr);
+                else e->be->ops->free(e->be, *specs[i].ptr);
+                *specs[i].ptr = NULL;
+            }
+            free(specs);
+        }
+    }
     if (e->own_experts) e->own_experts->ops->destroy(e->own_experts);
+    if (e->own_be) e->own_be->ops->destroy(e->own_be);
     free(e);
 }
 
@@ -272,16 +300,22 @@ void ms_rope_apply(const ms_rope *r, float *x, const float *cs, const float *sn)
     }
 }
 
+/* A sublayer's output y [n, D] joins the residual stream (or the hyper-connection streams). */
+static void residual_add(ms_engine *e, int n, const float *y) {
+    if (e->mhc) ms_mhc_engine_post(e, n, y);
+    else e->be->ops->add(e->be, e->x, y, (int64_t)n * e->m->cfg.hidden);
+}
+
 /* One chunk of n <= max_batch tokens. */
 static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
-    ms_model *m = e->m;
+    const ms_model *m = e->w;
     const ms_config *c = &m->cfg;
+    ms_backend *be = e->be;
     int64_t D = c->hidden;
-    for (int t = 0; t < n; t++) {
+    for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return ms_fail(err, MS_ERR_ARG, "token id %d is out of range [0, %lld)", tokens[t], (long long)c->vocab);
-        ms_qmat_row(&m->embed, tokens[t], e->x + (int64_t)t * D);
-    }
+    be->ops->embed(be, e->x, &m->embed, tokens, n);
     int rc = MS_OK;
     e->chunk_tokens = tokens;
     float eps = (float)c->rms_eps;
@@ -297,40 +331,36 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
         const float *h = in;
         if (c->attn_res_block) {
             if (nb > 0) {
-                ms_attn_res_mix(e->xn, e->ares, nb, BS, e->x, n, D, &L->attn_res, eps, e->th_buf);
+                be->ops->attn_res_mix(be, e->xn, e->ares, nb, BS, e->x, n, D, L->attn_res.norm, L->attn_res.proj, eps);
                 h = e->xn;
             }
             if (l % c->attn_res_block == 0) { /* a new block starts: the partial sum becomes a block state */
-                memcpy(e->ares + nb * BS, e->x, (size_t)(n * D) * 4);
+                be->ops->copy(be, e->ares + nb * BS, e->x, (size_t)(n * D) * 4);
                 if (h == e->x) h = e->ares + nb * BS;
                 nb++;
-                memset(e->x, 0, (size_t)(n * D) * 4);
+                be->ops->zero(be, e->x, (size_t)(n * D) * 4);
             }
         }
-        ms_rmsnorm(e->xn, h, L->attn_norm, n, (int)D, eps);
+        be->ops->rmsnorm(be, e->xn, h, L->attn_norm, n, D, eps);
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_GDN) rc = ms_attn_gdn(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_COMPRESSED) rc = ms_attn_compressed(e, l, n, e->tmp, err);
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
-        if (e->mhc) ms_mhc_engine_post(e, n, e->tmp);
-        else
-            for (int64_t i = 0; i < n * D; i++) e->x[i] += e->tmp[i];
+        residual_add(e, n, e->tmp);
         if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 1, n, &in, err))) break;
         h = in;
         if (c->attn_res_block) {
-            ms_attn_res_mix(e->xn, e->ares, nb, BS, e->x, n, D, &L->mlp_res, eps, e->th_buf);
+            be->ops->attn_res_mix(be, e->xn, e->ares, nb, BS, e->x, n, D, L->mlp_res.norm, L->mlp_res.proj, eps);
             h = e->xn;
         }
-        ms_rmsnorm(e->xn, h, L->ffn_norm, n, (int)D, eps);
+        be->ops->rmsnorm(be, e->xn, h, L->ffn_norm, n, D, eps);
         e->ffn_in = h;
         if (c->layer_mlp[l] == MS_MLP_MOE) rc = ms_ffn_moe(e, l, n, e->tmp, err);
         else rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
         if (rc) break;
-        if (e->mhc) ms_mhc_engine_post(e, n, e->tmp);
-        else
-            for (int64_t i = 0; i < n * D; i++) e->x[i] += e->tmp[i];
+        residual_add(e, n, e->tmp);
     }
     if (rc) return rc;
     if (e->mhc && (rc = ms_mhc_engine_end(e, n, err))) return rc;
@@ -340,11 +370,22 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
     int t0 = all_logits ? 0 : n - 1, nt = n - t0;
     const float *h = e->x + (int64_t)t0 * D;
     if (c->attn_res_block) {
-        ms_attn_res_mix(e->xn, e->ares + (int64_t)t0 * D, nb, BS, h, nt, D, &m->out_res, eps, e->th_buf);
+        be->ops->attn_res_mix(be, e->xn, e->ares + (int64_t)t0 * D, nb, BS, h, nt, D, m->out_res.norm, m->out_res.proj,
+                              eps);
         h = e->xn;
     }
-    ms_rmsnorm(e->xn, h, m->final_norm, nt, (int)D, eps);
-    ms_matmul(e->pool, logits, e->xn, nt, &m->lm_head);
+    be->ops->rmsnorm(be, e->xn, h, m->final_norm, nt, D, eps);
+    /* the head writes the caller's buffer directly when it is backend memory, else a device row block */
+    if (be->host_memory) {
+        be->ops->matmul(be, logits, e->xn, nt, &m->lm_head, 0);
+        return MS_OK;
+    }
+    int64_t V = c->vocab;
+    for (int t = 0; t < nt; t += e->logit_rows) {
+        int k = nt - t < e->logit_rows ? nt - t : e->logit_rows;
+        be->ops->matmul(be, e->logits, e->xn + (int64_t)t * D, k, &m->lm_head, 0);
+        if ((rc = be->ops->download(be, logits + (int64_t)t * V, e->logits, (size_t)k * (size_t)V * 4, err))) return rc;
+    }
     return MS_OK;
 }
 
@@ -399,7 +440,7 @@ int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap) {
     buf_spec *specs = malloc(MAX_BUFS * sizeof *specs);
     if (!specs) return MS_ERR_NOMEM;
     ms_engine view = *e; /* the table writes a few sizes into its engine: a copy; the per-layer arrays are e's */
-    int ns = engine_buffers(&view, c, (size_t)e->max_ctx, (size_t)e->max_batch, e->n_threads, 1, specs), n = 0;
+    int ns = engine_buffers(&view, c, (size_t)e->max_ctx, (size_t)e->max_batch, 1, specs), n = 0;
     for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table */
         if (!specs[i].state) continue;
         ms_state_part p = {.kind = MS_PART_ROWS, .data = *specs[i].ptr, .row_bytes = specs[i].row, .per = 1,

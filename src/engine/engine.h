@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "core/backend.h"
 #include "engine/experts.h"
 #include "model/model.h"
 #include "util/threadpool.h"
@@ -26,6 +27,7 @@ typedef struct ms_engine_opts {
     ms_pool *pool;          /* borrowed; NULL runs single-threaded */
     ms_expert_source *experts; /* borrowed; NULL: resident views of the mapped checkpoint */
     ms_mla_form mla_form;   /* MLA prefill form (default MS_MLA_AUTO) */
+    ms_backend *backend;    /* borrowed; NULL: a CPU backend over pool (core/backend.h) */
 } ms_engine_opts;
 
 typedef struct ms_engine_stats {

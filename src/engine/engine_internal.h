@@ -2,16 +2,20 @@
 #ifndef MS_ENGINE_INTERNAL_H
 #define MS_ENGINE_INTERNAL_H
 
+#include "core/backend.h"
 #include "engine/engine.h"
-
-/* keys per block of the expanded MLA prefill (bounds its per-thread scratch) */
-#define MS_MLA_KEY_BLOCK 256
 
 /* lookahead prefetch is skipped for routers choosing more experts than this */
 #define MS_LOOKAHEAD_MAX_K 64
 
+/* Memory: pointers marked [be] are backend memory (activations, causal state):
+ * the engine passes them to ops and never dereferences them; [host] ones are
+ * the engine's own (routing lists, pointer tables). */
 struct ms_engine {
     ms_model *m;
+    const ms_model *w;   /* the weights as placed on the backend (the CPU backend: m itself) */
+    ms_backend *be;      /* every compute step goes through it */
+    ms_backend *own_be;  /* created here when opts gave none (a CPU backend over opts->pool) */
     ms_pool *pool;
     ms_expert_source *experts;
     ms_expert_source *own_experts; /* created here when none was given */
@@ -20,29 +24,35 @@ struct ms_engine {
     ms_mla_form mla_form;
     /* causal state, per layer: GQA k/v [max_ctx, kv_heads*head_dim];
      * MLA latent [max_ctx, kv_lora + rope] (normalized latent, roped k_pe) */
-    float **k_cache, **v_cache, **latent;
+    float **k_cache, **v_cache, **latent; /* [host] per-layer pointers to [be] caches */
     ms_kda_state *kda;   /* [n_layers]: conv + recurrent state of KDA and gated DeltaNet layers (unused entries zero) */
-    /* activations for a chunk of up to max_batch tokens */
+    /* [be] activations for a chunk of up to max_batch tokens */
     float *x;      /* [B, hidden] residual stream */
     float *xn;     /* [B, hidden] normed input of a sublayer */
     float *q;      /* [B, H * qdim] */
     float *kv;     /* [B, max(2*KV*hd, lora+rope, q_lora)] */
     float *att;    /* [B, H * vdim] attention output before o_proj */
     float *tmp;    /* [B, hidden] */
+    float *logits; /* [logit_rows, vocab] the head's output when the caller cannot read backend memory */
+    int logit_rows;
     /* FFN scratch */
     float *g, *u;  /* [B, max inter] */
     float *xs, *ys;/* [B, hidden] gathered rows for one expert */
     float *rlog;   /* [B, n_experts] router logits */
-    int *topk_ids; /* [B, top_k] */
-    float *topk_w; /* [B, top_k] */
-    int *ex_count, *ex_tokens; float *ex_w; /* expert-major routing lists */
+    int *topk_ids; /* [B, top_k] the router's choice */
+    float *topk_w; /* [B, top_k] and weights */
+    /* [host] the routing as the engine sees it: ids/weights downloaded, hash-routed
+     * rows given to the router, expert-major lists, the unique experts of a layer */
+    int *h_ids; float *h_w;   /* [B, top_k] */
+    int32_t *h_fixed;         /* [B, top_k] */
+    int *ex_count, *ex_tokens; float *ex_w; /* [E + 1], [B * top_k], [B * top_k] */
+    int *ex_pos, *ex_uniq;    /* [E] */
+    ms_expert_view *ex_views; /* [E] */
     /* Kimi K3 options */
     float *ares;   /* [n_blocks][B, hidden] Attention Residuals block states of the chunk's tokens */
     int ares_blocks;
     float *lat_in, *lat_out; /* [B, expert_hidden] latent routed-expert input / weighted sum */
     float *gate_buf;         /* [B, H * vdim] MLA / GQA output gate */
-    /* per-thread scratch for attention */
-    float *th_buf; size_t th_stride;
     ms_engine_stats stats;
     /* DeepSeek Sparse Attention (engine/dsa_layer.c) */
     struct ms_dsa_state *dsa;
@@ -85,6 +95,8 @@ void ms_dsa_engine_free(ms_engine *e);
 void ms_dsa_engine_reset(ms_engine *e);
 int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, ms_err *err);
 const int32_t *ms_dsa_engine_row(const ms_engine *e, int t, int *count);
+/* The whole selection of the chunk: rows of width positions, count[t] valid in row t (host arrays). */
+void ms_dsa_engine_selection(const ms_engine *e, const int32_t **sel, const int32_t **count, int64_t *width);
 /* Reproducing a full-recompute reference: a selection that fell inside a tie
  * can change when the forward grows (ops/dsa.h). replay_from: the earliest
  * position whose recorded tied selection differs in a forward of fwd_len
@@ -95,12 +107,6 @@ int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_e
 void ms_dsa_engine_rollback(ms_engine *e, int64_t pos);
 void ms_dsa_engine_note_tokens(ms_engine *e, const int32_t *tokens, int n);
 const int32_t *ms_dsa_engine_tokens(const ms_engine *e);
-/* Attention Residuals: out[t] = softmax-over-depth mixture of blocks[0..nb)[t]
- * (block i at blocks + i*block_stride, rows of d) and cur[t], for t < n
- * (engine/attn_res.c). scratch: d + nb + 1 floats. */
-void ms_attn_res_mix(float *out, const float *blocks, int nb, int64_t block_stride, const float *cur, int n, int64_t d,
-                     const ms_attn_res *r, float eps, float *scratch);
-
 /* mHC (hc_mult > 1): init/free the streams; begin: e->x [n, hidden] (the
  * embeddings) becomes hc copies; pre: the collapsed input of a sublayer
  * (ffn 0: attention, 1: feed-forward) from the streams; post: mix the sublayer
@@ -113,8 +119,6 @@ int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **col
 void ms_mhc_engine_post(ms_engine *e, int n, const float *y);
 int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err);
 
-/* Rotate one vector of rope->dim dims in place. */
-void ms_rope_apply(const ms_rope *r, float *x, const float *cos, const float *sin);
 
 /* ---- causal state as engine/state.c sees it (snapshots, state files, truncation) ----
  * Every piece of state that outlives a forward is one part. Whoever allocates

@@ -1,183 +1,110 @@
 /* moe.c — feed-forward sublayers: dense SwiGLU MLP, routed MoE (router,
  * expert-major computation through the expert source), shared experts, and
  * the resident expert source. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine_internal.h"
 
 /* The gated activation of kind (the config's act for dense MLPs and shared
- * experts, expert_act for routed experts) over g (gate) and u (up), into g;
- * u may be clamped in place. One SwiGLU, parameterized by the config (plain,
- * gpt-oss's clamped (up + 1) form, GLM-5-Next / DeepSeek-V4's clamp), or SiTU. */
-static void glu_act(const ms_config *c, ms_act_kind kind, float *g, float *u, int64_t n) {
-    if (kind == MS_ACT_SITU) ms_situ_glu(g, g, u, n, (float)c->situ_beta, (float)c->situ_linear_beta);
-    else ms_swiglu_param(g, u, n, (float)c->act_limit, (float)c->act_alpha, (float)c->act_up_offset);
+ * experts, expert_act for routed experts): one SwiGLU parameterized by the
+ * config (plain, gpt-oss's clamped (up + 1) form, GLM-5-Next / DeepSeek-V4's
+ * clamp), or SiTU. */
+static ms_glu glu_of(const ms_config *c, ms_act_kind kind) {
+    ms_glu a = {.kind = kind, .limit = (float)c->act_limit, .alpha = (float)c->act_alpha,
+                .up_offset = (float)c->act_up_offset, .beta = (float)c->situ_beta,
+                .linear_beta = (float)c->situ_linear_beta};
+    return a;
 }
 
 int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_qmat *down, int n, const float *in,
                  float *out, int accumulate) {
+    ms_backend *be = e->be;
     int64_t I = gate->rows;
-    ms_matmul(e->pool, e->g, in, n, gate);
-    ms_matmul(e->pool, e->u, in, n, up);
-    glu_act(&e->m->cfg, e->m->cfg.act, e->g, e->u, (int64_t)n * I);
-    if (accumulate) ms_matmul_acc(e->pool, out, e->g, n, down);
-    else ms_matmul(e->pool, out, e->g, n, down);
+    ms_glu act = glu_of(&e->m->cfg, e->m->cfg.act);
+    be->ops->matmul(be, e->g, in, n, gate, 0);
+    be->ops->matmul(be, e->u, in, n, up, 0);
+    be->ops->glu(be, &act, e->g, e->u, (int64_t)n * I);
+    be->ops->matmul(be, out, e->g, n, down, accumulate);
     return MS_OK;
 }
-
-/* Indices of the k largest of v[0..n) into idx (descending; ties: lower index first). */
-static void topk(const float *v, int n, int k, int *idx) {
-    for (int i = 0; i < k; i++) idx[i] = -1;
-    for (int j = 0; j < n; j++) {
-        if (isnan(v[j])) continue;
-        int pos = k;
-        while (pos > 0 && (idx[pos - 1] < 0 || v[j] > v[idx[pos - 1]])) pos--;
-        if (pos >= k) continue;
-        memmove(idx + pos + 1, idx + pos, (size_t)(k - pos - 1) * sizeof *idx);
-        idx[pos] = j;
-    }
-    /* fewer than k non-NaN values (a NaN hidden state): fill with the lowest unused indices, never -1 */
-    for (int i = 0, j = 0; i < k && j < n; i++) {
-        if (idx[i] >= 0) continue;
-        for (;; j++) {
-            int used = 0;
-            for (int q = 0; q < k; q++) used |= idx[q] == j;
-            if (!used) break;
-        }
-        if (j < n) idx[i] = j++;
-    }
-}
-
-/* Route one token: logits [E] → ids[k], weights[k] (transformers' router math).
- * fixed: the token's row of a hash-routed layer's table (ids given, only weighed), or NULL. */
-static void route(const ms_config *c, const float *logits, const float *bias, const int32_t *fixed, float *scratch,
-                  int *ids, float *w) {
-    int E = (int)c->n_experts, K = (int)c->top_k;
-    float *scores = scratch, *choice = scratch + E;
-    if (c->router == MS_ROUTER_SQRTSOFTPLUS) { /* DeepSeek-V4: sqrt(softplus), always renormalized */
-        for (int i = 0; i < E; i++) {
-            float x = logits[i];
-            scores[i] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
-            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
-        }
-        if (fixed) for (int i = 0; i < K; i++) ids[i] = fixed[i];
-        else topk(choice, E, K, ids);
-        double sum = 0;
-        for (int i = 0; i < K; i++) sum += (w[i] = scores[ids[i]]);
-        for (int i = 0; i < K; i++) w[i] = (float)(w[i] / (sum + 1e-20)) * (float)c->routed_scale;
-        return;
-    }
-    if (c->router == MS_ROUTER_SOFTMAX) {
-        memcpy(scores, logits, (size_t)E * 4);
-        ms_softmax(scores, E);
-        topk(scores, E, K, ids);
-    } else if (c->router == MS_ROUTER_TOPK_SOFTMAX) {
-        topk(logits, E, K, ids);
-        for (int i = 0; i < K; i++) w[i] = logits[ids[i]];
-        ms_softmax(w, K);
-        return;
-    } else {
-        for (int i = 0; i < E; i++) {
-            scores[i] = ms_sigmoid(logits[i]);
-            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
-        }
-        int G = (int)c->n_group;
-        if (G > 1) {
-            int per = E / G, gid[4096];
-            float gs[4096];
-            for (int g = 0; g < G; g++) {
-                int t2[2];
-                topk(choice + g * per, per, 2, t2);
-                gs[g] = choice[g * per + t2[0]] + choice[g * per + t2[1]];
-            }
-            topk(gs, G, (int)c->topk_group, gid);
-            unsigned char keep[4096] = {0};
-            for (int i = 0; i < c->topk_group; i++) keep[gid[i]] = 1;
-            for (int g = 0; g < G; g++)
-                if (!keep[g])
-                    for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
-        }
-        topk(choice, E, K, ids);
-    }
-    double sum = 0;
-    for (int i = 0; i < K; i++) {
-        w[i] = scores[ids[i]];
-        sum += w[i];
-    }
-    if (c->norm_topk_prob) {
-        float den = (float)(sum + (c->router == MS_ROUTER_SIGMOID ? 1e-20 : 0.0));
-        for (int i = 0; i < K; i++) w[i] /= den;
-    }
-    for (int i = 0; i < K; i++) w[i] *= (float)c->routed_scale;
-}
-
-static void add_bias_rows(float *y, const void *bias, ms_dtype dt, int m, int64_t d) {
-    if (!bias) return;
-    float *b = malloc((size_t)d * sizeof *b);
-    if (!b) abort();
-    ms_to_f32(b, bias, dt, d);
-    for (int i = 0; i < m; i++)
-        for (int64_t k = 0; k < d; k++) y[(int64_t)i * d + k] += b[k];
-    free(b);
-}
-
 
 /* One routed expert over the m gathered rows e->xs → e->ys. */
 static void expert_ffn(ms_engine *e, const ms_expert_view *v, int m) {
     const ms_config *c = &e->m->cfg;
+    ms_backend *be = e->be;
     int64_t I = v->down.cols, D = v->down.rows; /* hidden, or the latent width */
     if (!v->up.data) { /* fused, interleaved gate/up rows */
-        ms_matmul(e->pool, e->u, e->xs, m, &v->gate);
-        add_bias_rows(e->u, v->gate_bias, v->bias_dtype, m, 2 * I);
-        for (int64_t i = 0; i < (int64_t)m * I; i++) {
-            e->g[i] = e->u[2 * i];
-            e->u[i] = e->u[2 * i + 1]; /* in place: reads run ahead of writes */
-        }
+        be->ops->matmul(be, e->u, e->xs, m, &v->gate, 0);
+        if (v->gate_bias) be->ops->add_bias_any(be, e->u, v->gate_bias, v->bias_dtype, m, 2 * I);
+        be->ops->split_gate_up(be, e->g, e->u, m, I);
     } else {
-        ms_matmul(e->pool, e->g, e->xs, m, &v->gate);
-        ms_matmul(e->pool, e->u, e->xs, m, &v->up);
-        add_bias_rows(e->g, v->gate_bias, v->bias_dtype, m, I);
-        add_bias_rows(e->u, v->up_bias, v->bias_dtype, m, I);
+        be->ops->matmul(be, e->g, e->xs, m, &v->gate, 0);
+        be->ops->matmul(be, e->u, e->xs, m, &v->up, 0);
+        if (v->gate_bias) be->ops->add_bias_any(be, e->g, v->gate_bias, v->bias_dtype, m, I);
+        if (v->up_bias) be->ops->add_bias_any(be, e->u, v->up_bias, v->bias_dtype, m, I);
     }
-    glu_act(c, c->expert_act, e->g, e->u, (int64_t)m * I);
-    ms_matmul(e->pool, e->ys, e->g, m, &v->down);
-    add_bias_rows(e->ys, v->down_bias, v->bias_dtype, m, D);
+    ms_glu act = glu_of(c, c->expert_act);
+    be->ops->glu(be, &act, e->g, e->u, (int64_t)m * I);
+    be->ops->matmul(be, e->ys, e->g, m, &v->down, 0);
+    if (v->down_bias) be->ops->add_bias_any(be, e->ys, v->down_bias, v->bias_dtype, m, D);
+}
+
+/* Router logits [n, E] of layer L's router over x, its Linear bias added, routed
+ * into ids/w [n, K] (backend memory) and downloaded into e->h_ids / e->h_w.
+ * tokens: the chunk's ids (hash-routed layers look their experts up by token). */
+static int route_layer(ms_engine *e, const ms_layer *L, const float *x, int n, const int32_t *tokens, int *ids,
+                       float *w, ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    ms_backend *be = e->be;
+    int64_t E = c->n_experts, K = c->top_k;
+    be->ops->matmul(be, e->rlog, x, n, &L->router, 0);
+    if (L->router_lbias) be->ops->add_bias(be, e->rlog, L->router_lbias, n, E);
+    const int32_t *fixed = NULL;
+    if (L->hash_ids) { /* hash routing: the table stays host memory (also in placed models) */
+        for (int t = 0; t < n; t++) memcpy(e->h_fixed + t * K, L->hash_ids + tokens[t] * K, (size_t)K * 4);
+        fixed = e->h_fixed;
+    }
+    ms_route_args a = {.c = c, .logits = e->rlog, .bias = L->router_bias, .fixed = fixed, .n = n, .ids = ids, .w = w};
+    be->ops->route(be, &a);
+    int rc = be->ops->download(be, e->h_ids, ids, (size_t)(n * K) * sizeof(int), err);
+    if (!rc) rc = be->ops->download(be, e->h_w, w, (size_t)(n * K) * 4, err);
+    return rc;
 }
 
 /* Decode lookahead: apply the next MoE layer's router to this layer's FFN input and
  * prefetch the experts it picks, so their reads overlap this layer's compute. Only
- * for sources that prefetch (streaming); uses rlog/th_buf, free once routed. */
-static void lookahead_prefetch(ms_engine *e, int layer, int n) {
+ * for sources that prefetch (streaming); uses rlog/xs and the routing lists, free once
+ * this layer is routed. */
+static int lookahead_prefetch(ms_engine *e, int layer, int n, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     int K = (int)c->top_k;
-    if (n != 1 || !e->experts->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return;
+    if (n != 1 || !e->experts->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return MS_OK;
     int next = -1;
     for (int l = layer + 1; l < c->n_layers && next < 0; l++)
         if (c->layer_mlp[l] == MS_MLP_MOE) next = l;
-    if (next < 0) return;
-    const ms_layer *N = &e->m->layers[next];
-    float w[MS_LOOKAHEAD_MAX_K];
+    if (next < 0) return MS_OK;
+    const ms_layer *N = &e->w->layers[next];
     /* the next router sees the residual normed by ITS layer's FFN norm: re-norm this
      * layer's FFN input with that weight (the residual itself moves little in one layer) */
     const float *la_in = e->xn;
     if (e->ffn_in && N->ffn_norm) {
-        ms_rmsnorm(e->xs, e->ffn_in, N->ffn_norm, 1, (int)c->hidden, (float)c->rms_eps);
+        e->be->ops->rmsnorm(e->be, e->xs, e->ffn_in, N->ffn_norm, 1, c->hidden, (float)c->rms_eps);
         la_in = e->xs;
     }
-    ms_matmul(e->pool, e->rlog, la_in, 1, &N->router);
-    if (N->router_lbias)
-        for (int x = 0; x < c->n_experts; x++) e->rlog[x] += N->router_lbias[x];
-    const int32_t *fixed = N->hash_ids ? N->hash_ids + (int64_t)e->chunk_tokens[0] * K : NULL;
-    route(c, e->rlog, N->router_bias, fixed, e->th_buf, e->la_ids, w);
+    /* this layer's expert-major lists are built, its ids no longer needed: reuse them */
+    int rc = route_layer(e, N, la_in, 1, e->chunk_tokens, e->topk_ids, e->topk_w, err);
+    if (rc) return rc;
+    memcpy(e->la_ids, e->h_ids, (size_t)K * sizeof(int));
     e->la_layer = next;
     ms_experts_prefetch(e->experts, next, K, e->la_ids);
+    return MS_OK;
 }
 
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_config *c = &e->m->cfg;
-    const ms_layer *L = &e->m->layers[layer];
+    const ms_layer *L = &e->w->layers[layer];
+    ms_backend *be = e->be;
     int E = (int)c->n_experts, K = (int)c->top_k;
     /* experts read `in` and sum into `acc`, rows of D: the hidden stream, or the
      * latent width between routed_expert_down_proj and up_proj (Kimi K3) */
@@ -185,36 +112,23 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const float *in = e->xn;
     float *acc = out;
     if (c->latent_moe) {
-        ms_matmul(e->pool, e->lat_in, e->xn, n, &L->lat_down);
+        be->ops->matmul(be, e->lat_in, e->xn, n, &L->lat_down, 0);
         in = e->lat_in;
         acc = e->lat_out;
     }
-    ms_matmul(e->pool, e->rlog, e->xn, n, &L->router);
-    if (L->router_lbias)
-        for (int t = 0; t < n; t++)
-            for (int x = 0; x < E; x++) e->rlog[(int64_t)t * E + x] += L->router_lbias[x];
-    float *scratch = e->th_buf; /* 2E floats, before any threaded use */
-    for (int t = 0; t < n; t++)
-        route(c, e->rlog + (int64_t)t * E, L->router_bias,
-              L->hash_ids ? L->hash_ids + (int64_t)e->chunk_tokens[t] * K : NULL, scratch, e->topk_ids + t * K,
-              e->topk_w + t * K);
+    int rc = route_layer(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
+    if (rc) return ms_wrap(err, "layer %d router", layer);
     /* expert-major lists: counting sort of (token, slot) pairs by expert */
-    int *cnt = e->ex_count;
+    int *cnt = e->ex_count, *pos = e->ex_pos, *uniq = e->ex_uniq;
+    ms_expert_view *views = e->ex_views;
     memset(cnt, 0, (size_t)(E + 1) * sizeof *cnt);
-    for (int i = 0; i < n * K; i++) cnt[e->topk_ids[i] + 1]++;
+    for (int i = 0; i < n * K; i++) cnt[e->h_ids[i] + 1]++;
     for (int x = 0; x < E; x++) cnt[x + 1] += cnt[x];
-    int *pos = malloc((size_t)E * sizeof *pos);
-    int *uniq = malloc((size_t)E * sizeof *uniq);
-    ms_expert_view *views = malloc((size_t)E * sizeof *views);
-    if (!pos || !uniq || !views) {
-        free(pos), free(uniq), free(views);
-        return ms_fail(err, MS_ERR_NOMEM, "out of memory routing layer %d", layer);
-    }
     memcpy(pos, cnt, (size_t)E * sizeof *pos);
     for (int i = 0; i < n * K; i++) {
-        int x = e->topk_ids[i];
+        int x = e->h_ids[i];
         e->ex_tokens[pos[x]] = i / K;
-        e->ex_w[pos[x]] = e->topk_w[i];
+        e->ex_w[pos[x]] = e->h_w[i];
         pos[x]++;
     }
     int nu = 0;
@@ -223,54 +137,40 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     /* lookahead accounting: how many of this token's experts the previous layer predicted */
     if (n == 1 && e->la_layer == layer) {
         for (int i = 0; i < K; i++)
-            for (int j = 0; j < K; j++) e->stats.lookahead_correct += e->topk_ids[i] == e->la_ids[j];
+            for (int j = 0; j < K; j++) e->stats.lookahead_correct += e->h_ids[i] == e->la_ids[j];
         e->stats.lookahead_predicted += (uint64_t)K;
     }
     e->la_layer = -1;
     e->stats.experts_acquired += (uint64_t)nu;
     e->stats.expert_activations += (uint64_t)n * K;
-    memset(acc, 0, (size_t)(n * D) * 4);
+    be->ops->zero(be, acc, (size_t)(n * D) * 4);
     /* a bounded expert cache serves at most max_acquire experts at once: groups, in expert order
      * (the same accumulation order as one acquire, so results do not depend on the cache size) */
     int group = e->experts->max_acquire > 0 ? e->experts->max_acquire : nu;
     for (int g0 = 0; g0 < nu; g0 += group) {
         int gn = nu - g0 < group ? nu - g0 : group;
-        int rc = ms_experts_acquire(e->experts, layer, gn, uniq + g0, views, err);
-        if (rc) {
-            free(pos), free(uniq), free(views);
-            return rc;
-        }
-        if (g0 == 0) lookahead_prefetch(e, layer, n);
+        if ((rc = ms_experts_acquire(e->experts, layer, gn, uniq + g0, views, err))) return rc;
+        if (g0 == 0 && (rc = lookahead_prefetch(e, layer, n, err))) return rc;
         for (int u = 0; u < gn; u++) {
             /* rows in blocks of max_batch: a hash-routed token can pick one expert in several slots */
             int x = uniq[g0 + u];
             for (int b = cnt[x]; b < cnt[x + 1]; b += e->max_batch) {
                 int m = cnt[x + 1] - b < e->max_batch ? cnt[x + 1] - b : e->max_batch;
-                for (int i = 0; i < m; i++)
-                    memcpy(e->xs + (int64_t)i * D, in + (int64_t)e->ex_tokens[b + i] * D, (size_t)D * 4);
+                be->ops->gather_rows(be, e->xs, in, e->ex_tokens + b, m, D);
                 expert_ffn(e, &views[u], m);
-                for (int i = 0; i < m; i++) {
-                    float w = e->ex_w[b + i], *o = acc + (int64_t)e->ex_tokens[b + i] * D;
-                    const float *y = e->ys + (int64_t)i * D;
-                    for (int64_t d = 0; d < D; d++) o[d] += w * y[d];
-                }
+                be->ops->scatter_add_rows(be, acc, e->ys, e->ex_tokens + b, e->ex_w + b, m, D);
             }
         }
         ms_experts_release(e->experts, layer);
     }
-    free(pos), free(uniq), free(views);
     if (c->latent_moe) {
-        if (c->latent_moe_norm) ms_rmsnorm(acc, acc, L->lat_norm, n, (int)D, (float)c->rms_eps);
-        ms_matmul(e->pool, out, acc, n, &L->lat_up);
+        if (c->latent_moe_norm) be->ops->rmsnorm(be, acc, acc, L->lat_norm, n, D, (float)c->rms_eps);
+        be->ops->matmul(be, out, acc, n, &L->lat_up, 0);
     }
     if (c->shared_inter && c->shared_expert_gate) { /* out += sigmoid(shared_expert_gate x) * shared(x) */
         ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->ys, 0);
-        ms_matmul(e->pool, e->rlog, e->xn, n, &L->shared_gate); /* [n, 1]; router logits are used up */
-        for (int t = 0; t < n; t++) {
-            float s = ms_sigmoid(e->rlog[t]), *o = out + (int64_t)t * c->hidden;
-            const float *y = e->ys + (int64_t)t * c->hidden;
-            for (int64_t d = 0; d < c->hidden; d++) o[d] += s * y[d];
-        }
+        be->ops->matmul(be, e->rlog, e->xn, n, &L->shared_gate, 0); /* [n, 1]; router logits are used up */
+        be->ops->add_gated_rows(be, out, e->ys, e->rlog, n, c->hidden);
     } else if (c->shared_inter) {
         ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, out, 1);
     }

@@ -144,5 +144,7 @@ int ms_rope_parse(const cJSON *rp, double theta, int64_t max_pos, int64_t rotary
                   ms_rope *r, const char *where, ms_err *err);
 /* Fill cos/sin [dim/2] for a position (already multiplied by attn_factor). */
 void ms_rope_cos_sin(const ms_rope *r, int64_t pos, float *cos_out, float *sin_out);
+/* Rotate one vector of r->dim dims in place with those cos/sin. */
+void ms_rope_apply(const ms_rope *r, float *x, const float *cos, const float *sin);
 
 #endif

@@ -1,4 +1,4 @@
-/* attn_res.c — Attention Residuals (Kimi K3): instead of one running residual
+/* attn_res.c — the CPU backend's Attention Residuals op (Kimi K3): instead of one running residual
  * stream, a layer's sublayer input is a softmax mixture over depth of the
  * block states completed so far and the current partial sum. As the official
  * _apply_attn_res, per token, in F32:
@@ -10,13 +10,14 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/engine_internal.h"
+#include "backend/cpu/be_cpu.h"
 
-void ms_attn_res_mix(float *out, const float *blocks, int nb, int64_t block_stride, const float *cur, int n, int64_t d,
-                     const ms_attn_res *r, float eps, float *scratch) {
+void ms_cpu_attn_res_mix(ms_backend *be, float *out, const float *blocks, int nb, int64_t block_stride,
+                         const float *cur, int n, int64_t d, const float *norm, const float *proj, float eps) {
+    float *scratch = cpu_thread_buf(cpu_of(be), 0); /* d + nb + 1 floats (ms_cpu_th_stride) */
     float *w = scratch;            /* [d] norm * proj */
     float *sc = scratch + d;       /* [nb + 1] */
-    for (int64_t i = 0; i < d; i++) w[i] = r->norm[i] * r->proj[i];
+    for (int64_t i = 0; i < d; i++) w[i] = norm[i] * proj[i];
     for (int t = 0; t < n; t++) {
         const float *ct = cur + (int64_t)t * d;
         for (int i = 0; i <= nb; i++) {

@@ -1,0 +1,40 @@
+/* be_cpu.h — private to the CPU backend's files (backend_cpu.c, be_cpu_*.c). */
+#ifndef MS_BE_CPU_H
+#define MS_BE_CPU_H
+
+#include "backend/cpu/backend_cpu.h"
+
+/* keys per block of the expanded MLA prefill (bounds its per-thread scratch) */
+#define MS_MLA_KEY_BLOCK 256
+
+/* what the per-thread scratch is sized by (backend_cpu.c) */
+typedef struct cpu_scratch_dims {
+    int64_t lora, row, mla_block, small;
+} cpu_scratch_dims;
+
+typedef struct cpu_backend {
+    ms_backend base;
+    ms_pool *pool;
+    int n_threads;
+    /* per-thread scratch: th_stride floats per thread, sized by reserve() for
+     * contexts of up to max_ctx tokens and chunks of up to max_batch */
+    float *th_buf;
+    size_t th_stride;
+    int64_t max_ctx, max_batch;
+    cpu_scratch_dims dims;
+} cpu_backend;
+
+static inline cpu_backend *cpu_of(ms_backend *be) { return (cpu_backend *)be; }
+static inline float *cpu_thread_buf(cpu_backend *b, int tid) { return b->th_buf + (size_t)tid * b->th_stride; }
+
+/* Floats of per-thread scratch a model of config c needs (backend_cpu.c). */
+size_t ms_cpu_th_stride(const ms_config *c, int64_t max_ctx, int64_t max_batch);
+
+/* Ops implemented in be_cpu_*.c, gathered into the ops table by backend_cpu.c. */
+int ms_cpu_attn_gqa(ms_backend *be, const ms_attn_gqa_args *a, ms_err *err);
+int ms_cpu_attn_mla(ms_backend *be, const ms_attn_mla_args *a, ms_err *err);
+void ms_cpu_route(ms_backend *be, const ms_route_args *a);
+void ms_cpu_attn_res_mix(ms_backend *be, float *out, const float *blocks, int nb, int64_t block_stride,
+                         const float *cur, int n, int64_t d, const float *norm, const float *proj, float eps);
+
+#endif

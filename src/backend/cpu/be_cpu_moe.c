@@ -1,0 +1,101 @@
+/* be_cpu_moe.c — the CPU backend's router: every kind the config knows, per
+ * token, as transformers computes it (contract in core/backend.h). */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/be_cpu.h"
+
+/* Indices of the k largest of v[0..n) into idx (descending; ties: lower index first). */
+static void topk(const float *v, int n, int k, int *idx) {
+    for (int i = 0; i < k; i++) idx[i] = -1;
+    for (int j = 0; j < n; j++) {
+        if (isnan(v[j])) continue;
+        int pos = k;
+        while (pos > 0 && (idx[pos - 1] < 0 || v[j] > v[idx[pos - 1]])) pos--;
+        if (pos >= k) continue;
+        memmove(idx + pos + 1, idx + pos, (size_t)(k - pos - 1) * sizeof *idx);
+        idx[pos] = j;
+    }
+    /* fewer than k non-NaN values (a NaN hidden state): fill with the lowest unused indices, never -1 */
+    for (int i = 0, j = 0; i < k && j < n; i++) {
+        if (idx[i] >= 0) continue;
+        for (;; j++) {
+            int used = 0;
+            for (int q = 0; q < k; q++) used |= idx[q] == j;
+            if (!used) break;
+        }
+        if (j < n) idx[i] = j++;
+    }
+}
+
+/* Route one token: logits [E] → ids[k], weights[k] (transformers' router math).
+ * fixed: the token's row of a hash-routed layer's table (ids given, only weighed), or NULL. */
+static void route_one(const ms_config *c, const float *logits, const float *bias, const int32_t *fixed, float *scratch,
+                      int *ids, float *w) {
+    int E = (int)c->n_experts, K = (int)c->top_k;
+    float *scores = scratch, *choice = scratch + E;
+    if (c->router == MS_ROUTER_SQRTSOFTPLUS) { /* DeepSeek-V4: sqrt(softplus), always renormalized */
+        for (int i = 0; i < E; i++) {
+            float x = logits[i];
+            scores[i] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
+        }
+        if (fixed) for (int i = 0; i < K; i++) ids[i] = fixed[i];
+        else topk(choice, E, K, ids);
+        double sum = 0;
+        for (int i = 0; i < K; i++) sum += (w[i] = scores[ids[i]]);
+        for (int i = 0; i < K; i++) w[i] = (float)(w[i] / (sum + 1e-20)) * (float)c->routed_scale;
+        return;
+    }
+    if (c->router == MS_ROUTER_SOFTMAX) {
+        memcpy(scores, logits, (size_t)E * 4);
+        ms_softmax(scores, E);
+        topk(scores, E, K, ids);
+    } else if (c->router == MS_ROUTER_TOPK_SOFTMAX) {
+        topk(logits, E, K, ids);
+        for (int i = 0; i < K; i++) w[i] = logits[ids[i]];
+        ms_softmax(w, K);
+        return;
+    } else {
+        for (int i = 0; i < E; i++) {
+            scores[i] = ms_sigmoid(logits[i]);
+            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
+        }
+        int G = (int)c->n_group;
+        if (G > 1) {
+            int per = E / G, gid[4096];
+            float gs[4096];
+            for (int g = 0; g < G; g++) {
+                int t2[2];
+                topk(choice + g * per, per, 2, t2);
+                gs[g] = choice[g * per + t2[0]] + choice[g * per + t2[1]];
+            }
+            topk(gs, G, (int)c->topk_group, gid);
+            unsigned char keep[4096] = {0};
+            for (int i = 0; i < c->topk_group; i++) keep[gid[i]] = 1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g])
+                    for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
+        }
+        topk(choice, E, K, ids);
+    }
+    double sum = 0;
+    for (int i = 0; i < K; i++) {
+        w[i] = scores[ids[i]];
+        sum += w[i];
+    }
+    if (c->norm_topk_prob) {
+        float den = (float)(sum + (c->router == MS_ROUTER_SIGMOID ? 1e-20 : 0.0));
+        for (int i = 0; i < K; i++) w[i] /= den;
+    }
+    for (int i = 0; i < K; i++) w[i] *= (float)c->routed_scale;
+}
+
+void ms_cpu_route(ms_backend *be, const ms_route_args *a) {
+    const ms_config *c = a->c;
+    int64_t E = c->n_experts, K = c->top_k;
+    float *scratch = cpu_thread_buf(cpu_of(be), 0); /* 2E floats */
+    for (int t = 0; t < a->n; t++)
+        route_one(c, a->logits + t * E, a->bias, a->fixed ? a->fixed + t * K : NULL, scratch, a->ids + t * K,
+                  a->w + t * K);
+}

@@ -1,0 +1,49 @@
+/* backend.c — which ops a model needs (ms_backend_require). */
+#include <stddef.h>
+
+#include "core/backend.h"
+
+static int any_attn(const ms_config *c, ms_attn_kind k) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_attn[l] == k) return 1;
+    return 0;
+}
+static int always(const ms_config *c) { return 1; }
+static int has_gqa(const ms_config *c) { return any_attn(c, MS_ATTN_GQA); }
+static int has_mla(const ms_config *c) { return any_attn(c, MS_ATTN_MLA); }
+static int has_moe(const ms_config *c) { return c->n_experts > 0; }
+static int has_attn_res(const ms_config *c) { return c->attn_res_block > 0; }
+
+/* One op: its name (as the error says it), where it sits in the table, and
+ * whether a model of config c calls it. */
+typedef struct {
+    const char *name;
+    size_t offset;
+    int (*needed)(const ms_config *c);
+} op_need;
+
+#define OP(field, pred) {#field, offsetof(ms_backend_ops, field), pred}
+static const op_need k_needs[] = {
+    OP(alloc, always),        OP(free, always),          OP(upload, always),       OP(download, always),
+    OP(copy, always),         OP(zero, always),          OP(copy_rows, always),    OP(sync, always),
+    OP(place_qmat, always),   OP(place_vec, always),     OP(destroy, always),      OP(workspace_bytes, always),
+    OP(reserve, always),      OP(matmul, always),        OP(matmul_many, always),  OP(rmsnorm, always),
+    OP(add_bias, always),     OP(add, always),           OP(scale, always),        OP(mul_sigmoid, always),
+    OP(rope, always),         OP(glu, always),           OP(embed, always),        OP(attn_gqa, has_gqa),
+    OP(attn_mla, has_mla),    OP(route, has_moe),        OP(gather_rows, has_moe), OP(scatter_add_rows, has_moe),
+    OP(add_bias_any, has_moe), OP(split_gate_up, has_moe), OP(add_gated_rows, has_moe),
+    OP(attn_res_mix, has_attn_res),
+};
+#undef OP
+
+int ms_backend_require(const ms_backend *be, const ms_config *c, ms_err *err) {
+    if (!be || !be->ops) return ms_fail(err, MS_ERR_ARG, "no backend");
+    for (size_t i = 0; i < sizeof k_needs / sizeof *k_needs; i++) {
+        if (!k_needs[i].needed(c)) continue;
+        const void *fn = *(void *const *)((const char *)be->ops + k_needs[i].offset);
+        if (!fn)
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "the %s backend has no %s op, which this model needs", be->name,
+                           k_needs[i].name);
+    }
+    return MS_OK;
+}

@@ -1,0 +1,200 @@
+/* backend.h — the one interface between the model code (src/engine) and the
+ * machines it runs on (src/backend/cpu, src/backend/gpu).
+ *
+ * Eager, in the spirit of ggml's backend interface but without a graph: the
+ * engine calls an op, the backend runs it (or enqueues it on its stream) and
+ * returns. Every pointer an op takes is a backend address: memory from
+ * be->ops->alloc (activations, causal state) or a weight placed with
+ * place_qmat / place_vec. Pointer arithmetic on backend addresses is allowed
+ * (row t of a buffer is buf + t * row); dereferencing them in model code is
+ * not: the engine reads device memory only through download. Activations are
+ * F32 and row-major; shapes are [rows, cols] as stated on each op.
+ *
+ * Every op has a scalar or reference twin on the CPU (src/ops/ops_ref.c and the
+ * CPU backend itself, which is the reference: its results are the ones the
+ * fixtures check). A backend may leave an op NULL: engine creation then fails
+ * with MS_ERR_UNSUPPORTED naming the op (ms_backend_require); nothing falls
+ * back silently.
+ *
+ * Ops that cannot fail return void; those that can (allocation, a failed
+ * kernel launch, a malformed selection) return MS_OK or MS_ERR_* with err
+ * filled. A backend that queues work may report an earlier failure at the next
+ * download or sync. */
+#ifndef MS_BACKEND_H
+#define MS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+#include "ops/ops.h"
+#include "util/err.h"
+
+typedef struct ms_backend ms_backend;
+
+/* The gated activation of an FFN: out = act(gate) * up in place of gate.
+ *  SwiGLU (MS_ACT_SILU): with limit > 0 the gate is clamped to
+ *  (-inf, limit] and up to [-limit, limit]; g = (u + up_offset) * g * sigmoid(alpha * g)
+ *  (ms_swiglu_param; alpha 1, offset 0 is silu(g) * u).
+ *  SiTU (MS_ACT_SITU): ms_situ_glu with beta, linear_beta. */
+typedef struct ms_glu {
+    ms_act_kind kind;
+    float limit, alpha, up_offset; /* SwiGLU */
+    float beta, linear_beta;       /* SiTU */
+} ms_glu;
+
+/* GQA / MHA / SWA / sink attention of n query tokens at positions n_past.. over
+ * a KV cache that already holds positions 0..n_past+n-1.
+ *   out   [n, H * vd]        softmax(q k^T * scale) v per head
+ *   q     [n, H * hd]        roped queries
+ *   k     [ctx, KV * hd]     cache rows by position; v [ctx, KV * vd]
+ * Query head h reads KV head h / (H / KV). window > 0: token p sees keys
+ * max(0, p - window + 1)..p, else 0..p. sinks [H] (or NULL): a per-head logit
+ * that joins the softmax denominator only. */
+typedef struct ms_attn_gqa_args {
+    float *out;
+    const float *q, *k, *v;
+    int n;
+    int64_t n_past;
+    int64_t H, KV, hd, vd, window;
+    const float *sinks;
+    float scale;
+} ms_attn_gqa_args;
+
+/* MLA attention (DeepSeek V3 family) over the latent cache.
+ *   out    [n, H * vd]
+ *   q      [n, H * (nope + rope)]  per head [q_nope, q_pe], q_pe roped
+ *   latent [ctx, lora + rope]      per position [normalized c, roped k_pe], 0..n_past+n-1 filled
+ *   kv_b   [H * (nope + vd), lora] per head: nope rows W_UK, then vd rows W_UV
+ * score(t, s) = (q_nope W_UK c_s + q_pe k_pe_s) * scale; out = W_UV sum_s p c_s.
+ * sel (DSA, or NULL for causal 0..p): token t attends to sel[t * sel_width + i],
+ * i < sel_count[t], ascending positions; both are HOST arrays (the indexer's output).
+ * expanded: compute in transformers' expanded form (k_nope, v = kv_b c per cached
+ * position, online softmax over key blocks) instead of the absorbed form; only
+ * when every head's kv_b rows can be viewed in place (ms_qmat_row_range). */
+typedef struct ms_attn_mla_args {
+    float *out;
+    const float *q, *latent;
+    const ms_qmat *kv_b;
+    int n;
+    int64_t n_past;
+    int64_t H, lora, rope, nope, vd;
+    float scale;
+    const int32_t *sel;
+    const int32_t *sel_count;
+    int64_t sel_width;
+    int expanded;
+} ms_attn_mla_args;
+
+/* Router of every kind the config knows (ms_router_kind), for n tokens:
+ *   logits [n, E] (a router Linear bias already added), bias [E] or NULL
+ *   (correction bias), fixed [n, K] or NULL (hash routing: ids given, only weighed)
+ *   ids [n, K], w [n, K] out: transformers' choice and weights (ties: lower id first;
+ *   NaN logits never chosen while another is left; never an id of -1).
+ * Reads only the router fields of c (router, n_experts, top_k, n_group,
+ * topk_group, norm_topk_prob, routed_scale). */
+typedef struct ms_route_args {
+    const ms_config *c;
+    const float *logits, *bias;
+    const int32_t *fixed;
+    int n;
+    int *ids;
+    float *w;
+} ms_route_args;
+
+typedef struct ms_backend_ops {
+    /* ---- memory ---- */
+    /* bytes of zeroed backend memory into *out (MS_ERR_NOMEM naming the size) */
+    int (*alloc)(ms_backend *be, size_t bytes, void **out, ms_err *err);
+    void (*free)(ms_backend *be, void *p);
+    /* host → backend, backend → host (waits for queued work), backend → backend; zero */
+    int (*upload)(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err);
+    int (*download)(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err);
+    void (*copy)(ms_backend *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(ms_backend *be, void *dst, size_t bytes);
+    /* rows strided copy: dst[r * dst_stride + i] = src[r * src_stride + i], i < width floats */
+    void (*copy_rows)(ms_backend *be, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                      int64_t rows, int64_t width);
+    /* wait for every queued op; reports a failure of any of them */
+    int (*sync)(ms_backend *be, ms_err *err);
+    /* A weight on the backend: out describes the same matrix (dtype, shape, blocks) with
+     * data/scale in backend memory (the CPU backend: the host view itself). Owned by the
+     * backend until destroy. Vectors (norms, biases) likewise, F32. */
+    int (*place_qmat)(ms_backend *be, const ms_qmat *host, ms_qmat *out, ms_err *err);
+    int (*place_vec)(ms_backend *be, const float *host, int64_t n, const float **out, ms_err *err);
+    void (*destroy)(ms_backend *be);
+    /* Planning: bytes of the backend's own workspace (per-thread scratch, staging) for a
+     * model of config c at max_ctx tokens of context and chunks of max_batch tokens, and
+     * reserving it (engine creation; a backend shared by engines keeps the largest). */
+    uint64_t (*workspace_bytes)(const ms_backend *be, const ms_config *c, int64_t max_ctx, int64_t max_batch);
+    int (*reserve)(ms_backend *be, const ms_config *c, int64_t max_ctx, int64_t max_batch, ms_err *err);
+
+    /* ---- dense math ---- */
+    /* y [n, w->rows] = x [n, w->cols] W^T (acc: y +=), W in its stored dtype */
+    void (*matmul)(ms_backend *be, float *y, const float *x, int n, const ms_qmat *w, int acc);
+    /* several independent products in one pass (no job's y overlaps another's x or y) */
+    void (*matmul_many)(ms_backend *be, const ms_matmul_job *jobs, int count);
+    /* y = x / sqrt(mean(x^2) + eps) * (w ? w : 1), rows of d; y may equal x */
+    void (*rmsnorm)(ms_backend *be, float *y, const float *x, const float *w, int64_t rows, int64_t d, float eps);
+    /* x[r * d + i] += b[i] for rows r; b F32 [d] */
+    void (*add_bias)(ms_backend *be, float *x, const float *b, int64_t rows, int64_t d);
+    /* y[i] += x[i]; x[i] *= s; x[i] *= sigmoid(g[i]) for i < n */
+    void (*add)(ms_backend *be, float *y, const float *x, int64_t n);
+    void (*scale)(ms_backend *be, float *x, float s, int64_t n);
+    void (*mul_sigmoid)(ms_backend *be, float *x, const float *g, int64_t n);
+    /* RoPE on heads of n tokens at positions pos0 + t: head h of token t starts at
+     * x + t * tok_stride + h * head_stride + offset and its first r->dim dims rotate
+     * (r->layout pairs). sign -1 rotates backwards (inverse RoPE). */
+    void (*rope)(ms_backend *be, const ms_rope *r, float *x, int n, int64_t tok_stride, int64_t heads,
+                 int64_t head_stride, int64_t offset, int64_t pos0, float sign);
+    /* gate [n] = act(gate) * up elementwise (ms_glu); up may be modified (clamped) */
+    void (*glu)(ms_backend *be, const ms_glu *a, float *gate, float *up, int64_t n);
+    /* x [n, d] rows of the embedding table (any stored dtype) for host token ids */
+    void (*embed)(ms_backend *be, float *x, const ms_qmat *table, const int32_t *tokens, int n);
+
+    /* ---- attention ---- */
+    int (*attn_gqa)(ms_backend *be, const ms_attn_gqa_args *a, ms_err *err);
+    int (*attn_mla)(ms_backend *be, const ms_attn_mla_args *a, ms_err *err);
+
+    /* ---- mixture of experts ---- */
+    void (*route)(ms_backend *be, const ms_route_args *a);
+    /* dst[i] = src[rows[i]] for i < m, rows of d floats (rows: host array) */
+    void (*gather_rows)(ms_backend *be, float *dst, const float *src, const int *rows, int m, int64_t d);
+    /* dst[rows[i]] += w[i] * src[i] for i < m in order (rows, w: host arrays) */
+    void (*scatter_add_rows)(ms_backend *be, float *dst, const float *src, const int *rows, const float *w, int m,
+                             int64_t d);
+    /* x [m, d] += bias (a stored F32/F16/BF16 vector [d], host or placed) */
+    void (*add_bias_any)(ms_backend *be, float *x, const void *bias, ms_dtype dt, int64_t m, int64_t d);
+    /* interleaved fused gate/up rows [m, 2I] in u → gate g [m, I], up u [m, I] (in place in u) */
+    void (*split_gate_up)(ms_backend *be, float *g, float *u, int64_t m, int64_t I);
+    /* y[t] += sigmoid(s[t]) * x[t] for rows of d (shared-expert gate) */
+    void (*add_gated_rows)(ms_backend *be, float *y, const float *x, const float *s, int64_t rows, int64_t d);
+
+    /* ---- linear attention (KDA, gated DeltaNet) ---- */
+    /* (owner: engine/kda_layer.c) */
+
+    /* ---- sparse and compressed attention (DSA indexer, DeepSeek V4) ---- */
+    /* (owner: engine/dsa_layer.c, engine/compressed_attn.c) */
+
+    /* ---- residual-stream variants (mHC, Attention Residuals) ---- */
+    /* (owner: engine/mhc_layer.c) */
+    /* Attention Residuals (Kimi K3): out[t] = the softmax-over-depth mixture of
+     * blocks[0..nb)[t] (block i at blocks + i * block_stride, rows of d) and cur[t],
+     * scored by sum(rmsnorm(v) * norm * proj), for t < n. norm, proj [d]. */
+    void (*attn_res_mix)(ms_backend *be, float *out, const float *blocks, int nb, int64_t block_stride,
+                         const float *cur, int n, int64_t d, const float *norm, const float *proj, float eps);
+} ms_backend_ops;
+
+struct ms_backend {
+    const ms_backend_ops *ops;
+    const char *name; /* "cpu", "cuda", "hip" */
+    int host_memory;  /* 1: backend addresses are host addresses a caller may read and write
+                       * directly (the CPU backend); an op's output may then be a caller's buffer */
+    void *impl;       /* the backend's own state */
+};
+
+/* MS_OK when every op a model of config c needs is present in be; otherwise
+ * MS_ERR_UNSUPPORTED naming the backend and the first missing op. */
+int ms_backend_require(const ms_backend *be, const ms_config *c, ms_err *err);
+
+#endif
