@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "engine/experts.h"
+#include "core/expert_source.h"
 #include "model/model.h"
 #include "util/threadpool.h"
 

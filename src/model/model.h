@@ -7,7 +7,7 @@
 #ifndef MS_MODEL_H
 #define MS_MODEL_H
 
-#include "engine/experts.h"
+#include "core/expert_source.h"
 #include "engine/gdn_block.h"
 #include "engine/kda_block.h"
 #include "io/safetensors.h"
