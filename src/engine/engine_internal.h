@@ -3,6 +3,8 @@
 #define MS_ENGINE_INTERNAL_H
 
 #include "engine/engine.h"
+#include "engine/gdn_block.h"
+#include "engine/kda_block.h"
 
 /* keys per block of the expanded MLA prefill (bounds its per-thread scratch) */
 #define MS_MLA_KEY_BLOCK 256
