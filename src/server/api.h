@@ -99,10 +99,4 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
 /* A streamed error after the stream started: `data: {"error":...}` and `data: [DONE]`. */
 int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user);
 
-/* The output format for a model directory's config.json model_type
- * (qwen3* -> qwen3, deepseek_v3 -> deepseek_v3, deepseek_v32/v4 -> deepseek_v31,
- * kimi_linear -> kimi_k2, kimi_k3 -> xtml, glm* -> glm, gpt_oss -> harmony,
- * otherwise think). */
-ms_outfmt ms_api_outfmt_for_model_type(const char *model_type);
-
 #endif
