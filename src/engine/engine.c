@@ -253,6 +253,8 @@ void ms_engine_reset(ms_engine *e) {
     for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_reset(&e->kda[l]);
 }
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
+int ms_engine_max_ctx(const ms_engine *e) { return e->max_ctx; }
+const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e) { return &e->stats; }
 
 void ms_rope_apply(const ms_rope *r, float *x, const float *cs, const float *sn) {

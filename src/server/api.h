@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/generate.h"
+#include "session/generate.h"
 #include "text/outparse.h"
 
 typedef enum { MS_API_CHAT, MS_API_COMPLETION } ms_api_kind;

@@ -1,5 +1,5 @@
 /* conversation.c — chat turns over a generator, and saved conversations. */
-#include "chat/conversation.h"
+#include "session/conversation.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

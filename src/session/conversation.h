@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/generate.h"
+#include "session/generate.h"
 #include "model/model.h"
 #include "text/outparse.h"
 #include "text/tokenizer.h"
