@@ -257,23 +257,6 @@ int ms_engine_max_ctx(const ms_engine *e) { return e->max_ctx; }
 const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e) { return &e->stats; }
 
-void ms_rope_apply(const ms_rope *r, float *x, const float *cs, const float *sn) {
-    int h = r->dim / 2;
-    if (r->layout == MS_ROPE_INTERLEAVED) {
-        for (int i = 0; i < h; i++) {
-            float a = x[2 * i], b = x[2 * i + 1];
-            x[2 * i] = a * cs[i] - b * sn[i];
-            x[2 * i + 1] = b * cs[i] + a * sn[i];
-        }
-    } else {
-        for (int i = 0; i < h; i++) {
-            float a = x[i], b = x[i + h];
-            x[i] = a * cs[i] - b * sn[i];
-            x[i + h] = b * cs[i] + a * sn[i];
-        }
-    }
-}
-
 /* One chunk of n <= max_batch tokens. */
 static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
     ms_model *m = e->m;

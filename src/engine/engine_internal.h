@@ -115,9 +115,6 @@ int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **col
 void ms_mhc_engine_post(ms_engine *e, int n, const float *y);
 int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err);
 
-/* Rotate one vector of rope->dim dims in place. */
-void ms_rope_apply(const ms_rope *r, float *x, const float *cos, const float *sin);
-
 /* ---- causal state as engine/state.c sees it (snapshots, state files, truncation) ----
  * Every piece of state that outlives a forward is one part. Whoever allocates
  * state lists it here: engine.c's buffer table (per-position caches) and the
