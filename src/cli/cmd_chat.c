@@ -1,7 +1,7 @@
 /* cmd_chat.c — `moonshine chat MODEL_DIR` (also `moonshine-chat MODEL_DIR`): the
  * interactive chat client. A REPL with libedit on a terminal; one message per
  * line (or --prompt) when stdin is not a terminal; --json prints one object per
- * turn. The conversation logic lives in src/chat/conversation.h (docs/chat.md). */
+ * turn. The conversation logic lives in src/session/conversation.h (docs/chat.md). */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 #include <cjson/cJSON.h>
 #include <editline/readline.h>
 
-#include "chat/conversation.h"
+#include "session/conversation.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"

@@ -12,8 +12,8 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "engine/generate.h"
-#include "engine/prefix_cache.h"
+#include "session/generate.h"
+#include "session/prefix_cache.h"
 #include "server/api.h"
 #include "server/server.h"
 #include "text/tokenizer.h"
@@ -44,7 +44,7 @@ static int pick_format(const char *dir, const char *name, ms_outfmt *fmt) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "model_type");
         if (cJSON_IsString(v)) mt = v->valuestring;
     }
-    *fmt = ms_api_outfmt_for_model_type(mt);
+    *fmt = ms_outfmt_for_model_type(mt);
     cJSON_Delete(j);
     free(text);
     return 0;

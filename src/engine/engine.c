@@ -281,24 +281,9 @@ void ms_engine_reset(ms_engine *e) {
     for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_reset(&e->kda[l]);
 }
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
+int ms_engine_max_ctx(const ms_engine *e) { return e->max_ctx; }
+const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e) { return &e->stats; }
-
-void ms_rope_apply(const ms_rope *r, float *x, const float *cs, const float *sn) {
-    int h = r->dim / 2;
-    if (r->layout == MS_ROPE_INTERLEAVED) {
-        for (int i = 0; i < h; i++) {
-            float a = x[2 * i], b = x[2 * i + 1];
-            x[2 * i] = a * cs[i] - b * sn[i];
-            x[2 * i + 1] = b * cs[i] + a * sn[i];
-        }
-    } else {
-        for (int i = 0; i < h; i++) {
-            float a = x[i], b = x[i + h];
-            x[i] = a * cs[i] - b * sn[i];
-            x[i + h] = b * cs[i] + a * sn[i];
-        }
-    }
-}
 
 /* A sublayer's output y [n, D] joins the residual stream (or the hyper-connection streams). */
 static void residual_add(ms_engine *e, int n, const float *y) {

@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
-#include "engine/experts.h"
+#include "core/expert_source.h"
 #include "model/model.h"
 #include "util/threadpool.h"
 
@@ -47,6 +47,10 @@ void ms_engine_destroy(ms_engine *e);
 /* Forget the sequence (n_past = 0). */
 void ms_engine_reset(ms_engine *e);
 int ms_engine_n_past(const ms_engine *e);
+/* Tokens of causal state allocated (opts->max_ctx as capped at create). */
+int ms_engine_max_ctx(const ms_engine *e);
+/* The model the engine runs (borrowed). */
+const ms_model *ms_engine_model(const ms_engine *e);
 /* What ms_engine_create would allocate with `threads` threads: causal state for
  * opts->max_ctx tokens and workspace (activations, scratch) — the engine's
  * lines of the memory plan. */

@@ -4,6 +4,8 @@
 
 #include "core/backend.h"
 #include "engine/engine.h"
+#include "engine/gdn_block.h"
+#include "engine/kda_block.h"
 
 /* lookahead prefetch is skipped for routers choosing more experts than this */
 #define MS_LOOKAHEAD_MAX_K 64
@@ -118,7 +120,6 @@ void ms_mhc_engine_begin(ms_engine *e, int n);
 int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **collapsed, ms_err *err);
 void ms_mhc_engine_post(ms_engine *e, int n, const float *y);
 int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err);
-
 
 /* ---- causal state as engine/state.c sees it (snapshots, state files, truncation) ----
  * Every piece of state that outlives a forward is one part. Whoever allocates

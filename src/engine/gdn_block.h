@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "engine/kda_block.h"
+#include "model/blocks.h"
 #include "ops/kda.h"
 
 typedef struct ms_gdn_config {
@@ -30,16 +31,6 @@ typedef struct ms_gdn_config {
     int conv_kernel;     /* 1..16 */
     float norm_eps;      /* gated RMSNorm epsilon (rms_norm_eps) */
 } ms_gdn_config;
-
-typedef struct ms_gdn_weights {
-    ms_qmat in_qkvz;     /* [2*Hk*dk + 2*Hv*dv, hidden] */
-    ms_qmat in_ba;       /* [2*Hv, hidden] */
-    ms_qmat conv;        /* [2*Hk*dk + Hv*dv, K] (conv1d weight [C, 1, K]) */
-    ms_qmat A_log;       /* Hv elements */
-    ms_qmat dt_bias;     /* Hv elements */
-    ms_qmat norm;        /* [dv] gated RMSNorm weight */
-    ms_qmat out_proj;    /* [hidden, Hv*dv] */
-} ms_gdn_weights;
 
 /* Check cfg and every weight's presence and shape. Errors: MS_ERR_ARG
  * (config), MS_ERR_SHAPE / MS_ERR_UNSUPPORTED naming the weight. */

@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "model/blocks.h"
 #include "ops/kda.h"
 
 typedef struct ms_kda_config {
@@ -24,19 +25,6 @@ typedef struct ms_kda_config {
     int full_rank_gate;  /* 1: g_proj [H*d, hidden]; 0: g_a [d, hidden], g_b [H*d, d] */
     float norm_eps;      /* o_norm epsilon (rms_norm_eps) */
 } ms_kda_config;
-
-typedef struct ms_kda_weights {
-    ms_qmat q_proj, k_proj, v_proj; /* [H*d, hidden] */
-    ms_qmat q_conv, k_conv, v_conv; /* [H*d, K] (conv1d weights [H*d, 1, K]) */
-    ms_qmat f_a, f_b;               /* [d, hidden], [H*d, d] */
-    ms_qmat A_log;                  /* H elements (zero padding stripped by the binder) */
-    ms_qmat dt_bias;                /* H*d elements; data NULL when absent */
-    ms_qmat b_proj;                 /* [H, hidden] */
-    ms_qmat g_a, g_b;               /* low-rank output gate */
-    ms_qmat g_proj;                 /* full-rank output gate */
-    ms_qmat o_norm;                 /* [d] */
-    ms_qmat o_proj;                 /* [hidden, H*d] */
-} ms_kda_weights;
 
 /* Decode state of one KDA layer: the last K-1 inputs of the three
  * convolutions and the F32 recurrent state. All zeros = a fresh sequence. */

@@ -10,7 +10,7 @@
 #ifndef MS_STREAMING_H
 #define MS_STREAMING_H
 
-#include "engine/experts.h"
+#include "core/expert_source.h"
 #include "io/expert_stream.h"
 #include "model/model.h"
 

@@ -20,7 +20,7 @@
 
 #include <stdint.h>
 
-#include "engine/experts.h"
+#include "core/expert_source.h"
 #include "io/safetensors.h"
 #include "util/err.h"
 

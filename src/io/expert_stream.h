@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#include "engine/experts.h"
+#include "core/expert_source.h"
 #include "io/expert_cache.h"
 #include "io/expert_store.h"
 #include "io/reader.h"

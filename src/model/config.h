@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
+#include "model/rope.h"
 #include "util/err.h"
 
 #define MS_MAX_LAYERS 512
@@ -23,25 +24,12 @@ typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
  * softmax over the k chosen (gpt-oss). */
 /* SQRTSOFTPLUS: scores sqrt(softplus(logit)) (+ correction bias for the choice), plain top-k. */
 typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3, MS_ROUTER_SQRTSOFTPLUS = 4 } ms_router_kind;
-/* RoPE pairing: rotate_half (x_i, x_{i+d/2}) or interleaved pairs (x_2i, x_2i+1). */
-typedef enum { MS_ROPE_HALF = 1, MS_ROPE_INTERLEAVED = 2 } ms_rope_layout;
 /* Where q/k RMSNorm applies: none, per head (head_dim), or over all heads' projection. */
 typedef enum { MS_QKNORM_NONE = 0, MS_QKNORM_HEAD = 1, MS_QKNORM_FULL = 2 } ms_qknorm_kind;
 /* Gated MLP activation: SwiGLU with the config's act_limit / act_alpha / act_up_offset (plain
  * silu(gate) * up by default; see ms_swiglu_param), or SiTU (Kimi K3):
  * beta tanh(gate/beta) sigmoid(gate) * (linear_beta tanh(up/linear_beta) when linear_beta > 0, else up). */
 typedef enum { MS_ACT_SILU = 0, MS_ACT_SITU = 2 } ms_act_kind;
-
-typedef struct ms_rope {
-    int dim;                 /* rotary dims (even) */
-    ms_rope_layout layout;
-    double theta;
-    int yarn;                /* rope_type == "yarn" */
-    double factor, beta_fast, beta_slow, mscale, mscale_all_dim, orig_max_pos;
-    int truncate;
-    double attn_factor;      /* multiplies cos/sin (YaRN attention_factor; 1 otherwise) */
-    double inv_freq[512];    /* [dim/2] */
-} ms_rope;
 
 typedef struct ms_config {
     char model_type[64];
@@ -138,13 +126,5 @@ int ms_config_load(const char *dir, ms_config *c, ms_err *err);
 /* Helpers for architecture files. */
 int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_layout layout, const char *where,
                    ms_err *err);
-/* Parse one RoPE parameter object (rope_parameters / rope_scaling, or NULL for
- * defaults) into r: default or YaRN. theta: rope_theta found outside rp. */
-int ms_rope_parse(const cJSON *rp, double theta, int64_t max_pos, int64_t rotary_dim, ms_rope_layout layout,
-                  ms_rope *r, const char *where, ms_err *err);
-/* Fill cos/sin [dim/2] for a position (already multiplied by attn_factor). */
-void ms_rope_cos_sin(const ms_rope *r, int64_t pos, float *cos_out, float *sin_out);
-/* Rotate one vector of r->dim dims in place with those cos/sin. */
-void ms_rope_apply(const ms_rope *r, float *x, const float *cos, const float *sin);
 
 #endif

@@ -7,14 +7,12 @@
 #ifndef MS_MODEL_H
 #define MS_MODEL_H
 
-#include "engine/experts.h"
-#include "engine/gdn_block.h"
-#include "engine/kda_block.h"
+#include "core/expert_source.h"
 #include "io/safetensors.h"
 #include "model/arch.h"
+#include "model/blocks.h"
 #include "model/config.h"
 #include "ops/dsa.h"
-#include "engine/compressed_attn.h"
 
 /* Per expert: gate.weight, gate.scale, up.weight, up.scale, down.weight, down.scale. */
 #define MS_EXPERT_TENSORS 6

@@ -10,25 +10,8 @@
 #include <stdint.h>
 
 #include "util/dtype.h"
+#include "core/qmat.h"
 #include "util/threadpool.h"
-
-/* A 2-D weight [rows, cols] as torch.nn.Linear stores it (out x in).
- *  F32/F16/BF16: data is rows*cols elements, no scale.
- *  F8_E4M3: data rows*cols bytes; scale [ceil(rows/brow), ceil(cols/bcol)] of
- *           scale_dtype (F32 or BF16), multiplied in (DeepSeek weight_scale_inv).
- *  F4 (MXFP4 e2m1): data rows*cols/2 bytes, two values per byte, low nibble
- *           first; scale [rows, cols/32] E8M0 (brow 1, bcol 32). */
-typedef struct ms_qmat {
-    ms_dtype dtype;
-    int64_t rows, cols;
-    const void *data;
-    ms_dtype scale_dtype;
-    const void *scale;
-    int brow, bcol;
-} ms_qmat;
-
-/* Bytes of weight data + scales that a full pass over w reads. */
-uint64_t ms_qmat_bytes(const ms_qmat *w);
 
 /* y[t, r] = sum_c w[r, c] * x[t, c] for t < n. y is [n, w->rows], x is [n, w->cols].
  * Rows are split across the pool. */
@@ -55,16 +38,6 @@ typedef int (*ms_matmul_offload_fn)(void *ctx, float *y, const float *x, int n, 
 void ms_matmul_set_offload(ms_matmul_offload_fn fn, void *ctx);
 /* Scalar reference (single-threaded, no SIMD): the twin every fast kernel is tested against. */
 void ms_matmul_ref(float *y, const float *x, int n, const ms_qmat *w);
-
-/* A view of rows [r0, r0 + nrows) of w. Returns 1 and fills out when the rows
- * can be viewed in place (block scales, if any, must start at a block boundary);
- * 0 otherwise. */
-int ms_qmat_row_range(const ms_qmat *w, int64_t r0, int64_t nrows, ms_qmat *out);
-/* Dequantize row r of w into out[cols] (F32). */
-void ms_qmat_row(const ms_qmat *w, int64_t r, float *out);
-
-/* Element conversion of a stored vector (F32/F16/BF16) to F32. */
-void ms_to_f32(float *out, const void *src, ms_dtype dt, int64_t n);
 
 /* y[i] = x[i] / sqrt(mean(x^2) + eps) * (w ? w[i] : 1) for each of n rows of d. w: F32 view.
  * y may equal x. Vectorized (backend/cpu/ops_fast.c); ms_rmsnorm_ref is the scalar twin. */

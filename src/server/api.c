@@ -411,18 +411,6 @@ void ms_api_request_free(ms_api_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-ms_outfmt ms_api_outfmt_for_model_type(const char *mt) {
-    if (!mt) return MS_OUTFMT_THINK;
-    if (!strncmp(mt, "qwen3", 5) || !strncmp(mt, "mimo", 4)) return MS_OUTFMT_QWEN3;
-    if (!strcmp(mt, "deepseek_v3")) return MS_OUTFMT_DEEPSEEK_V3;
-    if (!strcmp(mt, "deepseek_v32") || !strcmp(mt, "deepseek_v4")) return MS_OUTFMT_DEEPSEEK_V31;
-    if (!strcmp(mt, "kimi_linear") || !strcmp(mt, "kimi_k2")) return MS_OUTFMT_KIMI_K2;
-    if (!strcmp(mt, "kimi_k3")) return MS_OUTFMT_XTML;
-    if (!strncmp(mt, "glm", 3)) return MS_OUTFMT_GLM;
-    if (!strcmp(mt, "gpt_oss")) return MS_OUTFMT_HARMONY;
-    return MS_OUTFMT_THINK;
-}
-
 /* ---------------- responses ---------------- */
 struct ms_api_resp {
     ms_api_resp_opts o;

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/generate.h"
+#include "session/generate.h"
 #include "text/outparse.h"
 
 typedef enum { MS_API_CHAT, MS_API_COMPLETION } ms_api_kind;
@@ -98,11 +98,5 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
                        ms_api_sink sink, void *user, ms_err *err);
 /* A streamed error after the stream started: `data: {"error":...}` and `data: [DONE]`. */
 int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user);
-
-/* The output format for a model directory's config.json model_type
- * (qwen3* -> qwen3, deepseek_v3 -> deepseek_v3, deepseek_v32/v4 -> deepseek_v31,
- * kimi_linear -> kimi_k2, kimi_k3 -> xtml, glm* -> glm, gpt_oss -> harmony,
- * otherwise think). */
-ms_outfmt ms_api_outfmt_for_model_type(const char *model_type);
 
 #endif

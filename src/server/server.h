@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/generate.h"
+#include "session/generate.h"
 #include "text/outparse.h"
 #include "text/tokenizer.h"
 

@@ -58,6 +58,11 @@ typedef enum {
  * "glm", "harmony", "xtml"); MS_ERR_ARG naming the known names otherwise. */
 int ms_outfmt_from_name(const char *name, ms_outfmt *out, ms_err *err);
 const char *ms_outfmt_name(ms_outfmt f);
+/* The output format for a model directory's config.json model_type
+ * (qwen3* -> qwen3, deepseek_v3 -> deepseek_v3, deepseek_v32/v4 -> deepseek_v31,
+ * kimi_linear -> kimi_k2, kimi_k3 -> xtml, glm* -> glm, gpt_oss -> harmony,
+ * otherwise think); text/outfmt.c. The server and chat both choose by it. */
+ms_outfmt ms_outfmt_for_model_type(const char *model_type);
 
 typedef struct ms_outparse_opts {
     /* The prompt ends inside reasoning (the template opened <think>): the

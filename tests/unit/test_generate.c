@@ -7,7 +7,7 @@
  * fixtures' reference logits and logits bit-identical to a fresh engine. */
 #include <stdint.h>
 
-#include "engine/generate.h"
+#include "session/generate.h"
 #include "io/safetensors.h"
 #include "test.h"
 

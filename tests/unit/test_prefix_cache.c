@@ -1,13 +1,13 @@
 /* test_prefix_cache.c — prefix reuse through causal-state snapshots
- * (engine/prefix_cache.h) on fixtures whose state cannot be rolled back (KDA,
+ * (session/prefix_cache.h) on fixtures whose state cannot be rolled back (KDA,
  * gated DeltaNet, compressed attention, KDA + DSA) and on one that can. The
  * logits after a restored prefix are checked against the fixture's
  * transformers reference (full forward over input_ids) and bit for bit against
- * a fresh engine fed the same pieces; directly and through engine/generate.h's
+ * a fresh engine fed the same pieces; directly and through session/generate.h's
  * snapshot hooks. */
 #include "engine/engine.h"
-#include "engine/generate.h"
-#include "engine/prefix_cache.h"
+#include "session/generate.h"
+#include "session/prefix_cache.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "test.h"

@@ -159,7 +159,7 @@ size_t ms_gpu_attn_scratch_floats(int n, const ms_gpu_attn_cfg *cfg);
 int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
                     const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *cfg, float *scratch, ms_err *err);
 
-/* One routed expert, device views (engine/experts.h's ms_expert_view with
+/* One routed expert, device views (core/expert_source.h's ms_expert_view with
  * device pointers): gate/up [I, D], down [D, I]; up.data NULL means gate is
  * the fused [2I, D] projection with gate/up rows interleaved (gpt-oss). Biases
  * F32 or BF16 (bias_dtype), NULL when absent. */

@@ -1,6 +1,6 @@
 /* ops.cu — RMSNorm, RoPE, gated activations, MoE router, GQA attention
  * (contracts in gpu.h). Each mirrors a CPU twin: ops_ref.c / backend/cpu
- * (rmsnorm), model/config.c + engine.c (ms_rope_cos_sin, ms_rope_apply),
+ * (rmsnorm), model/rope.c (ms_rope_cos_sin, ms_rope_apply),
  * engine/moe.c (route, expert_act), engine/attention.c (gqa_head). */
 #include <stdio.h>
 #include <string.h>

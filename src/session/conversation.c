@@ -1,5 +1,5 @@
 /* conversation.c — chat turns over a generator, and saved conversations. */
-#include "chat/conversation.h"
+#include "session/conversation.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -8,7 +8,6 @@
 #include <time.h>
 
 #include "engine/state.h"
-#include "server/api.h"
 #include "text/chat_template.h"
 #include "util/fs.h"
 #include "util/hash.h"
@@ -48,7 +47,7 @@ static int format_from_config(const char *dir, ms_outfmt *fmt, ms_err *err) {
     if (!rc) rc = ms_json_parse(text, len, path, &j, err);
     const char *mt = NULL;
     if (!rc) rc = ms_json_opt_string(j, "model_type", &mt, path, err);
-    if (!rc) *fmt = ms_api_outfmt_for_model_type(mt); /* the server's choice, so both agree */
+    if (!rc) *fmt = ms_outfmt_for_model_type(mt); /* the server's choice, so both agree */
     cJSON_Delete(j);
     free(text);
     return rc;

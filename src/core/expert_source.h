@@ -1,16 +1,16 @@
-/* experts.h — where the MoE block gets routed experts from.
+/* expert_source.h — where the MoE block gets routed experts from.
  *
  * The MoE block never touches expert bytes directly: it asks an expert
  * source for the experts a layer's tokens selected. The resident source
  * hands out views onto the mapped checkpoint; the streaming source (io/)
  * reads missing experts from NVMe into a bounded cache and hands out views
  * onto cache slots. Both fill the same ms_expert_view. */
-#ifndef MS_EXPERTS_H
-#define MS_EXPERTS_H
+#ifndef MS_CORE_EXPERT_SOURCE_H
+#define MS_CORE_EXPERT_SOURCE_H
 
 #include <stdint.h>
 
-#include "ops/ops.h"
+#include "core/qmat.h"
 #include "util/err.h"
 
 /* One routed expert: SwiGLU FFN down(act(gate x) * (up x)), optional biases

@@ -6,7 +6,7 @@
  * restores the snapshot of the longest saved prefix and forwards only the rest;
  * the result is bit-identical to forwarding the same pieces on a fresh engine.
  * Entries are evicted least recently used first to stay within max_entries and
- * max_bytes. The save/restore hooks below match engine/generate.h's
+ * max_bytes. The save/restore hooks below match session/generate.h's
  * ms_gen_snapshots (user = the cache). Not thread-safe: one engine's requests. */
 #ifndef MS_PREFIX_CACHE_H
 #define MS_PREFIX_CACHE_H

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/generate.h"
+#include "session/generate.h"
 #include "model/model.h"
 #include "text/outparse.h"
 #include "text/tokenizer.h"
@@ -42,7 +42,7 @@ typedef struct ms_conv_opts {
     const ms_tokenizer *tok;    /* borrowed */
     const char *system;         /* system message text or NULL (copied) */
     const char *parser;         /* output format name (outparse.h) or NULL: from config.json's model_type
-                                   (ms_api_outfmt_for_model_type, as the server chooses) */
+                                   (ms_outfmt_for_model_type, as the server chooses) */
     const char *template_kwargs;/* JSON object passed as chat_template_kwargs, or NULL (copied) */
 } ms_conv_opts;
 

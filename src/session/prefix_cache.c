@@ -1,8 +1,8 @@
-/* prefix_cache.c — snapshots keyed by token prefixes, LRU (engine/prefix_cache.h). */
+/* prefix_cache.c — snapshots keyed by token prefixes, LRU (session/prefix_cache.h). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/prefix_cache.h"
+#include "session/prefix_cache.h"
 
 typedef struct {
     int32_t *ids;

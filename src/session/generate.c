@@ -1,12 +1,11 @@
 /* generate.c — sampler, stop matcher, EOS ids, prefix reuse and the generation loop. */
-#include "engine/generate.h"
+#include "session/generate.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine_internal.h"
 #include "util/fs.h"
 #include "util/json.h"
 
@@ -452,21 +451,21 @@ int ms_generator_new(ms_engine *e, const ms_tokenizer *t, int64_t vocab, const m
                      ms_generator **out, ms_err *err) {
     *out = NULL;
     if (!e || vocab < 1) return ms_fail(err, MS_ERR_ARG, "generator: needs an engine and a vocabulary");
-    if (vocab != e->m->cfg.vocab)
+    if (vocab != ms_engine_model(e)->cfg.vocab)
         return ms_fail(err, MS_ERR_ARG, "generator: vocab %lld differs from the model's %lld", (long long)vocab,
-                       (long long)e->m->cfg.vocab);
+                       (long long)ms_engine_model(e)->cfg.vocab);
     ms_generator *g = calloc(1, sizeof *g);
     if (!g) return ms_fail(err, MS_ERR_NOMEM, "generator: out of memory");
     g->e = e;
     g->t = t;
     g->vocab = vocab;
     if (snaps) g->snaps = *snaps;
-    g->cap = e->max_ctx;
+    g->cap = ms_engine_max_ctx(e);
     g->hist = malloc((size_t)g->cap * sizeof *g->hist);
     g->logits = malloc((size_t)vocab * sizeof *g->logits);
     if (!g->hist || !g->logits) {
         ms_generator_free(g);
-        return ms_fail(err, MS_ERR_NOMEM, "generator: out of memory for %d tokens of history", e->max_ctx);
+        return ms_fail(err, MS_ERR_NOMEM, "generator: out of memory for %d tokens of history", ms_engine_max_ctx(e));
     }
     ms_engine_reset(e);
     *out = g;
@@ -490,7 +489,7 @@ const int32_t *ms_generator_history(const ms_generator *g, int *n) {
     return g->hist;
 }
 
-int ms_generator_max_ctx(const ms_generator *g) { return g->e->max_ctx; }
+int ms_generator_max_ctx(const ms_generator *g) { return ms_engine_max_ctx(g->e); }
 
 const float *ms_generator_logits(const ms_generator *g) { return g->logits; }
 
@@ -527,8 +526,8 @@ static int feed(ms_generator *g, const int32_t *ids, int n, ms_err *err) {
 int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cached, float *logits, ms_err *err) {
     *cached = 0;
     if (n < 1) return ms_fail(err, MS_ERR_ARG, "prompt is empty");
-    if (n > g->e->max_ctx)
-        return ms_fail(err, MS_ERR_LIMIT, "prompt of %d tokens does not fit the context of %d", n, g->e->max_ctx);
+    if (n > ms_engine_max_ctx(g->e))
+        return ms_fail(err, MS_ERR_LIMIT, "prompt of %d tokens does not fit the context of %d", n, ms_engine_max_ctx(g->e));
     int common = 0;
     while (common < n && common < g->n_hist && g->hist[common] == prompt[common]) common++;
     if (common == n) common = n - 1; /* the last prompt token is fed again for its logits */
@@ -626,7 +625,7 @@ int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_para
         if ((rc = emit(st, id, txt, tl, fn, user, &hit, &abort_, err))) goto done;
         if (hit) { res->finish = MS_FINISH_STOP; break; }
         if (abort_) { res->finish = MS_FINISH_ABORT; break; }
-        if (res->completion_tokens >= p->max_tokens || g->n_hist >= g->e->max_ctx) {
+        if (res->completion_tokens >= p->max_tokens || g->n_hist >= ms_engine_max_ctx(g->e)) {
             res->finish = MS_FINISH_LENGTH;
             break;
         }
