@@ -83,9 +83,9 @@ int cmd_bench(int argc, char **argv) {
                "and read_wait_s under their earlier names.\n", usage);
         return 0;
     }
-    int threads, ctx;
+    ms_cli_opts eo;
     int64_t P = 128, G = 32;
-    if (ms_cli_engine_args(argc, argv, &threads, &ctx) || ms_arg_int(argc, argv, "--prompt-tokens", 1, 1 << 20, &P) ||
+    if (ms_cli_engine_args(argc, argv, &eo) || ms_arg_int(argc, argv, "--prompt-tokens", 1, 1 << 20, &P) ||
         ms_arg_int(argc, argv, "--gen-tokens", 1, 1 << 20, &G))
         return 2;
     int drop_cache = ms_arg_flag(argc, argv, "--drop-cache");
@@ -96,8 +96,9 @@ int cmd_bench(int argc, char **argv) {
     }
     ms_cli_ctx x;
     double t0 = ms_now();
-    ms_cli_defer_static_load(); /* after the page-cache drop below */
-    if (ms_cli_open("bench", dir, threads, ctx ? ctx : (int)(P + G + 1), &x)) return 1;
+    eo.defer_static_load = 1; /* after the page-cache drop below */
+    if (!eo.ctx) eo.ctx = (int)(P + G + 1);
+    if (ms_cli_open("bench", dir, &eo, &x)) return 1;
     double drive_bw = 0;
     if (x.experts) { /* streaming: the static tier in memory, the experts on the drive */
         const char *big = ms_streaming_largest_file(x.experts);

@@ -543,10 +543,10 @@ int cmd_chat(int argc, char **argv) {
                k_usage, k_help_cmds);
         return 0;
     }
-    int threads, ctx;
+    ms_cli_opts eo;
     int64_t top_k = -1, seed = -1, max_tokens = 0;
     double temp = -1, top_p = -1, min_p = -1;
-    if (ms_cli_engine_args(argc, argv, &threads, &ctx) || arg_double(argc, argv, "--temperature", 0, 100, &temp) ||
+    if (ms_cli_engine_args(argc, argv, &eo) || arg_double(argc, argv, "--temperature", 0, 100, &temp) ||
         arg_double(argc, argv, "--top-p", 0, 1, &top_p) || arg_double(argc, argv, "--min-p", 0, 1, &min_p) ||
         ms_arg_int(argc, argv, "--top-k", 0, 1 << 30, &top_k) ||
         ms_arg_int(argc, argv, "--seed", 0, INT64_MAX, &seed) ||
@@ -596,7 +596,7 @@ int cmd_chat(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
-    if (ms_cli_open("chat", dir, threads, ctx, &c->x)) goto out_tok;
+    if (ms_cli_open("chat", dir, &eo, &c->x)) goto out_tok;
     ms_conv_opts co = {.model_dir = dir, .model = &c->x.model, .engine = c->x.engine, .tok = tok, .system = system,
                        .parser = parser, .template_kwargs = kwargs};
     if (ms_conv_new(&co, &c->conv, &err)) {

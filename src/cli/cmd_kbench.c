@@ -177,13 +177,10 @@ int cmd_kbench(int argc, char **argv) {
         }
     }
     if (ms_args_unknown(argc, argv, "kbench")) return 2;
-    if (isa) {
-        ms_err err = {0};
-        int v = ms_cpu_isa_parse(isa);
-        if (v < 0 || ms_cpu_set_isa((ms_cpu_isa)v, &err)) {
-            fprintf(stderr, "moonshine kbench: --isa %s: %s\n", isa, v < 0 ? "expected scalar, avx2 or avx512" : err.msg);
-            return 2;
-        }
+    int isa_v = isa ? ms_cpu_isa_parse(isa) : -1;
+    if (isa && isa_v < 0) {
+        fprintf(stderr, "moonshine kbench: --isa %s: expected scalar, avx2 or avx512\n", isa);
+        return 2;
     }
     if (only) {
         int found = 0;
@@ -193,19 +190,29 @@ int cmd_kbench(int argc, char **argv) {
             return 2;
         }
     }
-    ms_pool *pool = ms_pool_create((int)threads);
-    if (!pool) {
+    /* pool: the measurements' threads; one: the single-core runs (both on --isa) */
+    ms_pool *pool = ms_pool_create((int)threads), *one = ms_pool_create(1);
+    if (!pool || !one) {
         fprintf(stderr, "moonshine kbench: cannot create a pool of %lld threads\n", (long long)threads);
+        ms_pool_destroy(pool), ms_pool_destroy(one);
         return 1;
+    }
+    if (isa) {
+        ms_err err = {0};
+        if (ms_cpu_set_isa(pool, (ms_cpu_isa)isa_v, &err) || ms_cpu_set_isa(one, (ms_cpu_isa)isa_v, &err)) {
+            fprintf(stderr, "moonshine kbench: --isa %s: %s\n", isa, err.msg);
+            ms_pool_destroy(pool), ms_pool_destroy(one);
+            return 2;
+        }
     }
     double bw = ms_measure_read_bandwidth(pool, (size_t)bw_mib << 20);
     if (bw <= 0) {
         fprintf(stderr, "moonshine kbench: cannot allocate %lld MiB for the bandwidth measurement\n", (long long)bw_mib);
-        ms_pool_destroy(pool);
+        ms_pool_destroy(pool), ms_pool_destroy(one);
         return 1;
     }
     printf("{\"threads\":%d,\"isa\":\"%s\",\"read_gbps\":%.2f,\"decode\":[", ms_pool_size(pool),
-           ms_cpu_isa_name(ms_cpu_isa_active()), bw);
+           ms_cpu_isa_name(ms_cpu_isa_of(pool)), bw);
     int first = 1;
     for (size_t di = 0; di < sizeof k_dtypes / sizeof *k_dtypes; di++) {
         const kb_dtype *d = &k_dtypes[di];
@@ -230,7 +237,7 @@ int cmd_kbench(int argc, char **argv) {
     for (size_t di = 0; di < sizeof k_dtypes / sizeof *k_dtypes; di++) {
         const kb_dtype *d = &k_dtypes[di];
         if (only && strcmp(only, d->name)) continue;
-        double g = bench_decode(NULL, d, 256, 2048, 0, secs / 2);
+        double g = bench_decode(one, d, 256, 2048, 0, secs / 2);
         printf("%s{\"dtype\":\"%s\",\"rows\":256,\"cols\":2048,\"gbps\":%.2f}", first ? "" : ",", d->name, g);
         fflush(stdout);
         first = 0;
@@ -251,6 +258,6 @@ int cmd_kbench(int argc, char **argv) {
         }
     }
     printf("]}\n");
-    ms_pool_destroy(pool);
+    ms_pool_destroy(pool), ms_pool_destroy(one);
     return 0;
 }

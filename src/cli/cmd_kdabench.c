@@ -164,7 +164,11 @@ static int bench_model(const char *dir, int threads, const int *toks, int nt, in
     int maxn = 0;
     for (int i = 0; i < nt; i++) maxn = toks[i] > maxn ? toks[i] : maxn;
     ms_cli_ctx x;
-    if (ms_cli_open("kdabench", dir, threads, maxn + tbt + 1, &x)) return 1;
+    ms_cli_opts eo;
+    ms_cli_opts_init(&eo);
+    eo.threads = threads;
+    eo.ctx = maxn + tbt + 1;
+    if (ms_cli_open("kdabench", dir, &eo, &x)) return 1;
     const ms_config *c = &x.model.cfg;
     int n_kda = 0;
     for (int l = 0; l < c->n_layers; l++) n_kda += c->layer_attn[l] == MS_ATTN_KDA;

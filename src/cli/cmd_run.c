@@ -65,9 +65,9 @@ int cmd_run(int argc, char **argv) {
                usage);
         return 0;
     }
-    int threads, ctx;
+    ms_cli_opts eo;
     int64_t max_new = 16;
-    if (ms_cli_engine_args(argc, argv, &threads, &ctx) || ms_arg_int(argc, argv, "--max-new-tokens", 0, 1 << 24, &max_new))
+    if (ms_cli_engine_args(argc, argv, &eo) || ms_arg_int(argc, argv, "--max-new-tokens", 0, 1 << 24, &max_new))
         return 2;
     const char *ids_s = ms_arg_str(argc, argv, "--prompt-ids");
     const char *load = ms_arg_str(argc, argv, "--load-state"), *save = ms_arg_str(argc, argv, "--save-state");
@@ -92,9 +92,9 @@ int cmd_run(int argc, char **argv) {
         n_state = (int)in.n_past;
         ms_state_info_free(&in);
     }
-    if (ctx == 0) ctx = n_state + n + (int)max_new + 1;
+    if (eo.ctx == 0) eo.ctx = n_state + n + (int)max_new + 1;
     ms_cli_ctx x;
-    if (ms_cli_open("run", dir, threads, ctx, &x)) {
+    if (ms_cli_open("run", dir, &eo, &x)) {
         free(ids);
         return 1;
     }

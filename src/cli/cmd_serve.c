@@ -80,9 +80,9 @@ int cmd_serve(int argc, char **argv) {
                k_usage);
         return 0;
     }
-    int threads, ctx;
+    ms_cli_opts eo;
     int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 8, pc_mib = 2048;
-    if (ms_cli_engine_args(argc, argv, &threads, &ctx) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
+    if (ms_cli_engine_args(argc, argv, &eo) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
         ms_arg_int(argc, argv, "--max-queue", 1, 1 << 20, &max_queue) ||
         ms_arg_int(argc, argv, "--max-body-mib", 1, 1024, &max_body) ||
         ms_arg_int(argc, argv, "--prefix-cache-entries", 0, 4096, &pc_entries) ||
@@ -116,7 +116,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     ms_cli_ctx x;
-    if (ms_cli_open("serve", dir, threads, ctx, &x)) {
+    if (ms_cli_open("serve", dir, &eo, &x)) {
         ms_tok_free(tok);
         return 1;
     }

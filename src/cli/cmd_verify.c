@@ -51,8 +51,8 @@ int cmd_verify(int argc, char **argv) {
                "--io auto|uring|pread|mmap, --store DIR (moonshine pack), --cache-policy lfu-decay|lru.\n");
         return 0;
     }
-    int threads, ctx;
-    if (ms_cli_engine_args(argc, argv, &threads, &ctx)) return 2;
+    ms_cli_opts eo;
+    if (ms_cli_engine_args(argc, argv, &eo)) return 2;
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || ms_args_unknown(argc, argv, "verify")) {
         fprintf(stderr, "usage: moonshine verify FIXTURE_DIR [--threads N]\n");
@@ -67,7 +67,7 @@ int cmd_verify(int argc, char **argv) {
         return 1;
     }
     ms_cli_ctx x;
-    if (ms_cli_open("verify", dir, threads, ctx, &x)) {
+    if (ms_cli_open("verify", dir, &eo, &x)) {
         ms_checkpoint_close(&ref);
         return 1;
     }

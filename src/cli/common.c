@@ -13,12 +13,12 @@ double ms_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int64_t g_memory_mib = -1;
-static ms_static_load g_static_load = MS_STATIC_MMAP;
-static ms_mla_form g_mla_form = MS_MLA_AUTO;
-static int g_static_defer;
-
-void ms_cli_defer_static_load(void) { g_static_defer = 1; }
+void ms_cli_opts_init(ms_cli_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->memory_mib = -1;
+    o->static_load = MS_STATIC_MMAP;
+    o->mla_form = MS_MLA_AUTO;
+}
 
 int ms_cli_static_load(const char *cmd, ms_cli_ctx *x) {
     if (x->static_load != MS_STATIC_READ) return 0;
@@ -30,13 +30,7 @@ int ms_cli_static_load(const char *cmd, ms_cli_ctx *x) {
     return 0;
 }
 
-/* streaming options parsed by ms_cli_engine_args, applied by ms_cli_open */
-static struct {
-    int on;
-    ms_streaming_opts o;
-} g_stream;
-
-static int stream_args(int argc, char **argv) {
+static int stream_args(int argc, char **argv, ms_cli_opts *o) {
     int64_t mib = -1, qd = 0;
     const char *io = ms_arg_str(argc, argv, "--io"), *store = ms_arg_str(argc, argv, "--store");
     const char *pol = ms_arg_str(argc, argv, "--cache-policy"), *trace = ms_arg_str(argc, argv, "--expert-trace");
@@ -44,31 +38,33 @@ static int stream_args(int argc, char **argv) {
     if (ms_arg_int(argc, argv, "--expert-cache-mib", 0, INT64_C(1) << 32, &mib) ||
         ms_arg_int(argc, argv, "--queue-depth", 0, 256, &qd))
         return -1;
-    memset(&g_stream, 0, sizeof g_stream);
+    memset(&o->stream_opts, 0, sizeof o->stream_opts);
+    ms_streaming_opts *so = &o->stream_opts;
     ms_err err = {0};
-    if ((io && ms_io_mode_parse(io, &g_stream.o.io, &err)) || (pol && ms_cache_policy_parse(pol, &g_stream.o.policy, &err))) {
+    if ((io && ms_io_mode_parse(io, &so->io, &err)) || (pol && ms_cache_policy_parse(pol, &so->policy, &err))) {
         fprintf(stderr, "moonshine: %s\n", err.msg);
         return -1;
     }
-    g_stream.on = mib >= 0 || io || store || pol || trace || no_pf;
-    g_stream.o.trace_path = trace;
-    g_stream.o.no_prefetch = no_pf;
-    g_stream.o.cache_mib = mib > 0 ? mib : 0;
-    g_stream.o.store_dir = store;
-    g_stream.o.queue_depth = (int)qd;
+    o->stream = mib >= 0 || io || store || pol || trace || no_pf;
+    so->trace_path = trace;
+    so->no_prefetch = no_pf;
+    so->cache_mib = mib > 0 ? mib : 0;
+    so->store_dir = store;
+    so->queue_depth = (int)qd;
     return 0;
 }
 
-int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx) {
+int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
+    ms_cli_opts_init(o);
     int64_t t = 0, c = 0;
     if (ms_arg_int(argc, argv, "--threads", 0, 1024, &t) || ms_arg_int(argc, argv, "--ctx", 0, 1 << 24, &c) ||
-        ms_arg_int(argc, argv, "--memory-mib", 1, INT64_C(1) << 40, &g_memory_mib))
+        ms_arg_int(argc, argv, "--memory-mib", 1, INT64_C(1) << 40, &o->memory_mib))
         return -1;
     const char *mf = ms_arg_str(argc, argv, "--mla-form");
     if (mf) {
-        if (!strcmp(mf, "auto")) g_mla_form = MS_MLA_AUTO;
-        else if (!strcmp(mf, "absorbed")) g_mla_form = MS_MLA_ABSORBED;
-        else if (!strcmp(mf, "expanded")) g_mla_form = MS_MLA_EXPANDED;
+        if (!strcmp(mf, "auto")) o->mla_form = MS_MLA_AUTO;
+        else if (!strcmp(mf, "absorbed")) o->mla_form = MS_MLA_ABSORBED;
+        else if (!strcmp(mf, "expanded")) o->mla_form = MS_MLA_EXPANDED;
         else {
             fprintf(stderr, "moonshine: --mla-form \"%s\": expected auto, absorbed or expanded\n", mf);
             return -1;
@@ -76,38 +72,39 @@ int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx) {
     }
     const char *sl = ms_arg_str(argc, argv, "--static-load");
     ms_err serr = {0};
-    if (sl && ms_static_load_parse(sl, &g_static_load, &serr)) {
+    if (sl && ms_static_load_parse(sl, &o->static_load, &serr)) {
         fprintf(stderr, "moonshine: --static-load: %s\n", serr.msg);
         return -1;
     }
-    if (stream_args(argc, argv)) return -1;
-    *threads = (int)t;
-    *ctx = (int)c;
+    if (stream_args(argc, argv, o)) return -1;
+    o->threads = (int)t;
+    o->ctx = (int)c;
     return 0;
 }
 
-int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_ctx *x) {
+int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_ctx *x) {
     memset(x, 0, sizeof *x);
+    const int ctx = eo->ctx;
     ms_err err = {0};
     double t0 = ms_now();
     if (ms_model_load(dir, &x->model, &err)) {
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
         return 1;
     }
-    if (g_stream.on) {
+    if (eo->stream) {
         char why[1024];
-        if (ms_streaming_experts_create(&x->model, &g_stream.o, &x->experts, why, sizeof why, &err)) {
+        if (ms_streaming_experts_create(&x->model, &eo->stream_opts, &x->experts, why, sizeof why, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
             ms_model_free(&x->model);
             return 1;
         }
         fprintf(stderr, "moonshine %s: %s\n", cmd, why);
     }
-    x->static_load = g_static_load;
-    x->pool = ms_pool_create(threads);
+    x->static_load = eo->static_load;
+    x->pool = ms_pool_create(eo->threads);
     x->threads = ms_pool_size(x->pool);
-    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts, .mla_form = g_mla_form};
-    if (g_memory_mib > 0) { /* plan first; refuse what does not fit, before allocating */
+    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts, .mla_form = eo->mla_form};
+    if (eo->memory_mib > 0) { /* plan first; refuse what does not fit, before allocating */
         ms_plan p;
         int64_t cache = -1;
         if (x->experts) {
@@ -118,7 +115,7 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
         ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = x->threads, .expert_cache_bytes = cache,
                            .static_load = x->static_load};
         if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
-        if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)g_memory_mib << 20, &err)) {
+        if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)eo->memory_mib << 20, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
             ms_pool_destroy(x->pool);
             if (x->experts) x->experts->ops->destroy(x->experts);
@@ -126,7 +123,7 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
             return 1;
         }
     }
-    if (!g_static_defer && ms_cli_static_load(cmd, x)) {
+    if (!eo->defer_static_load && ms_cli_static_load(cmd, x)) {
         ms_pool_destroy(x->pool);
         if (x->experts) x->experts->ops->destroy(x->experts);
         ms_model_free(&x->model);

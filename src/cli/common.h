@@ -16,20 +16,35 @@ typedef struct ms_cli_ctx {
     ms_static_load static_load; /* --static-load */
 } ms_cli_ctx;
 
-/* Parse the engine options every command shares (--threads N, --ctx N) from argv, and the
- * expert streaming options (--expert-cache-mib N, --io uring|pread|mmap|auto, --store DIR,
- * --cache-policy lfu-decay|lru, --queue-depth N), which ms_cli_open then applies: any of
- * them streams routed experts through a bounded cache instead of the resident mapping.
- * Also --static-load mmap|read (below) and --mla-form auto|absorbed|expanded (ms_mla_form). */
-int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx);
-/* Load dir and create pool + engine; prints the error and returns nonzero on failure. */
-int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_ctx *x);
+/* The engine options of one invocation: parsed by ms_cli_engine_args, applied by ms_cli_open. */
+typedef struct ms_cli_opts {
+    int threads;                  /* --threads (0: one per CPU) */
+    int ctx;                      /* --ctx (0: the engine's default) */
+    int64_t memory_mib;           /* --memory-mib, -1 when not given */
+    ms_static_load static_load;   /* --static-load (below) */
+    ms_mla_form mla_form;         /* --mla-form */
+    int defer_static_load;        /* 1: ms_cli_open leaves --static-load read to the caller (below) */
+    int stream;                   /* 1: one of the streaming options was given */
+    ms_streaming_opts stream_opts;
+} ms_cli_opts;
+
+/* The defaults (what ms_cli_engine_args gives for an argv without engine flags). */
+void ms_cli_opts_init(ms_cli_opts *o);
+/* Parse the engine options every command shares (--threads N, --ctx N, --memory-mib N) from
+ * argv into *o, and the expert streaming options (--expert-cache-mib N, --io
+ * uring|pread|mmap|auto, --store DIR, --cache-policy lfu-decay|lru, --queue-depth N,
+ * --expert-trace FILE, --no-prefetch), which ms_cli_open then applies: any of them streams
+ * routed experts through a bounded cache instead of the resident mapping. Also
+ * --static-load mmap|read (below) and --mla-form auto|absorbed|expanded (ms_mla_form).
+ * Prints the error and returns nonzero on a bad flag. */
+int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o);
+/* Load dir and create pool + engine as *o says; prints the error and returns nonzero on failure. */
+int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *o, ms_cli_ctx *x);
 void ms_cli_close(ms_cli_ctx *x);
 /* --static-load read (the default is mmap): ms_cli_open moves the static tier into huge-page
- * memory (ms_model_static_read) after the memory plan, unless ms_cli_defer_static_load() was
- * called first; then the caller does it with ms_cli_static_load (bench drops the page cache
- * first: dropping after the move would discard the copy). Prints the error, nonzero on failure. */
-void ms_cli_defer_static_load(void);
+ * memory (ms_model_static_read) after the memory plan, unless o->defer_static_load; then the
+ * caller does it with ms_cli_static_load (bench drops the page cache first: dropping after
+ * the move would discard the copy). Prints the error, nonzero on failure. */
 int ms_cli_static_load(const char *cmd, ms_cli_ctx *x);
 /* Print the streaming source's statistics as one line to stderr (nothing when not streaming). */
 void ms_cli_print_stream_stats(const ms_cli_ctx *x);

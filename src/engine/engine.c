@@ -130,7 +130,7 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
     engine_dims(m, opts, &T, &B);
     ms_engine tmp;
     memset(&tmp, 0, sizeof tmp);
-    buf_spec specs[MAX_BUFS];
+    buf_spec specs[MAX_BUFS]; /* ~75 KiB; not static: two threads may plan at once */
     /* layer caches: count them without pointer storage */
     float *dummy[MS_MAX_LAYERS];
     tmp.k_cache = tmp.v_cache = tmp.latent = dummy;

@@ -19,7 +19,8 @@
  * The chunked form (WY representation, chunks of `chunk` tokens) gives the same
  * result as stepping token by token, up to F32 rounding; every decay factor
  * it uses is a product of per-step factors exp(g) <= 1, so strong decays
- * cannot overflow. Heads are split across the pool. */
+ * cannot overflow. Heads are split across the pool; the pool's ISA
+ * (backend/cpu/cpu.h ms_cpu_set_isa) picks the AVX2 or the portable kernels. */
 #ifndef MS_KDA_H
 #define MS_KDA_H
 
@@ -97,10 +98,6 @@ int ms_delta_recurrent(ms_pool *pool, const ms_delta_args *a, float *state, ms_e
  * Same state contract as ms_delta_recurrent. Errors: as ms_delta_recurrent,
  * MS_ERR_NOMEM when scratch cannot be allocated. */
 int ms_delta_chunked(ms_pool *pool, const ms_delta_args *a, float *state, int chunk, ms_err *err);
-
-/* Tests and benchmarks: 0 makes every kernel here use its portable build
- * (no AVX2) from the next call on, 1 (the default) picks by CPU. */
-void ms_kda_use_simd(int on);
 
 /* Scalar single-threaded reference twin of ms_delta_recurrent (no SIMD), for tests. */
 int ms_delta_recurrent_ref(const ms_delta_args *a, float *state, ms_err *err);

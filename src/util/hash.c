@@ -54,9 +54,8 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const 
 
 uint32_t ms_crc32c(uint32_t crc, const void *buf, size_t len) {
 #if defined(__x86_64__)
-    static int have = -1;
-    if (have < 0) have = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-    if (have) return crc32c_hw(crc, buf, len);
+    /* libgcc fills the CPU model in a constructor; reading it is a load, no cache needed */
+    if (__builtin_cpu_supports("sse4.2")) return crc32c_hw(crc, buf, len);
 #endif
     return ms_crc32c_sw(crc, buf, len);
 }

@@ -21,6 +21,7 @@
 
 struct ms_pool {
     int n;
+    int isa; /* ms_pool_isa */
     pthread_t *threads;
     struct worker_arg *args;
     /* current run: written by the caller before publishing the generation */
@@ -115,6 +116,7 @@ ms_pool *ms_pool_create(int n_threads) {
     ms_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n = 1;
+    p->isa = -1;
     p->spin_ns = 300000; /* 0.3 ms */
     const char *env = getenv("MS_POOL_SPIN_US");
     if (env && *env) {
@@ -164,6 +166,10 @@ void ms_pool_destroy(ms_pool *p) {
 }
 
 int ms_pool_size(const ms_pool *p) { return p ? p->n : 1; }
+int ms_pool_isa(const ms_pool *p) { return p ? p->isa : -1; }
+void ms_pool_set_isa(ms_pool *p, int isa) {
+    if (p) p->isa = isa;
+}
 
 void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx) {
     if (n_tasks <= 0) return;

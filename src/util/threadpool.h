@@ -16,4 +16,10 @@ void ms_pool_destroy(ms_pool *p);
 int ms_pool_size(const ms_pool *p);
 void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx);
 
+/* The instruction set the CPU kernels run on this pool use (an ms_cpu_isa of
+ * backend/cpu/cpu.h; set it through ms_cpu_set_isa there, which checks it),
+ * or -1 (the default, and always for a NULL pool): the process's choice. */
+int ms_pool_isa(const ms_pool *p);
+void ms_pool_set_isa(ms_pool *p, int isa);
+
 #endif

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
 #include "ops/kda.h"
 #include "test.h"
 
@@ -217,6 +218,16 @@ static ms_pool *pool2(void) {
     return p;
 }
 
+/* Two threads running the portable (non-AVX2) kernels. */
+static ms_pool *pool2_portable(void) {
+    static ms_pool *p;
+    if (!p) {
+        p = ms_pool_create(2);
+        CHECK(ms_cpu_set_isa(p, MS_ISA_SCALAR, NULL) == MS_OK);
+    }
+    return p;
+}
+
 /* F32 against float64: 5e-6 relative to the outputs' scale (seen: <= 1.1e-6). */
 #define TOL 5e-6
 
@@ -232,11 +243,9 @@ TEST(recurrent_matches_float64) {
 /* The portable (non-AVX2) builds of the same kernels. */
 TEST(portable_kernels_match_float64) {
     int one[] = {100}, m_simd[] = {RECUR_SIMD}, m_ch[] = {CHUNKED};
-    ms_kda_use_simd(0);
-    run_and_compare(pool2(), 100, 2, 2, 128, 128, 0, 1, one, m_simd, 1, 0, TOL, "portable recurrent 128x128");
-    run_and_compare(pool2(), 100, 1, 2, 48, 40, 0, 1, one, m_ch, 1, 32, TOL, "portable chunked 48x40");
-    run_and_compare(pool2(), 100, 1, 2, 20, 24, 1, 0, one, m_ch, 1, 64, TOL, "portable chunked per-head 20x24");
-    ms_kda_use_simd(1);
+    run_and_compare(pool2_portable(), 100, 2, 2, 128, 128, 0, 1, one, m_simd, 1, 0, TOL, "portable recurrent 128x128");
+    run_and_compare(pool2_portable(), 100, 1, 2, 48, 40, 0, 1, one, m_ch, 1, 32, TOL, "portable chunked 48x40");
+    run_and_compare(pool2_portable(), 100, 1, 2, 20, 24, 1, 0, one, m_ch, 1, 64, TOL, "portable chunked per-head 20x24");
 }
 
 TEST(chunked_matches_float64) {
@@ -361,7 +370,7 @@ TEST(short_conv_prefill_then_decode) {
 TEST(decay_gate_forms) {
     const int n = 9, H = 3, W = 16;
     for (int kind = 0; kind < 4; kind++) { /* 2, 3: the portable kernels */
-        ms_kda_use_simd(kind < 2);
+        ms_pool *gp = kind < 2 ? pool2() : pool2_portable();
         float *f = randn((size_t)n * (H * W + 5), 3.0), *alog = randn(H, 1.0), *bias = randn((size_t)H * W, 1.0);
         uint16_t *ab = to_bf16(alog, H);
         float *orig = malloc(sizeof(float) * n * (H * W + 5));
@@ -371,7 +380,7 @@ TEST(decay_gate_forms) {
         for (int i = 0; i < 12; i++) f[i * 3] = ext[i], orig[i * 3] = ext[i];
         ms_qmat A = {.dtype = MS_DT_BF16, .rows = 1, .cols = H, .data = ab}, B = vec_f32(bias, 1, (int64_t)H * W);
         ms_err err = {0};
-        CHECK(ms_decay_gate(pool2(), f, H * W + 5, n, H, W, &A, &B, kind % 2, -5.0f, &err) == MS_OK);
+        CHECK(ms_decay_gate(gp, f, H * W + 5, n, H, W, &A, &B, kind % 2, -5.0f, &err) == MS_OK);
         double m = 0;
         for (int t = 0; t < n; t++)
             for (int i = 0; i < H * W; i++) {
@@ -384,7 +393,6 @@ TEST(decay_gate_forms) {
         CHECK(f[H * W] == orig[H * W] && f[(n - 1) * (H * W + 5) + H * W + 4] == orig[(n - 1) * (H * W + 5) + H * W + 4]);
         free(f), free(alog), free(bias), free(ab), free(orig);
     }
-    ms_kda_use_simd(1);
     ms_err err = {0};
     float f[4] = {0}, a4[4] = {0};
     ms_qmat A4 = vec_f32(a4, 1, 4);

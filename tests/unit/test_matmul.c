@@ -86,7 +86,17 @@ static int g_isas[3], g_nisa;
 
 static double g_xscale = 4; /* activation magnitude */
 
-static void run_case(const variant *v, int64_t rows, int64_t cols, int n, ms_pool *pool) {
+/* A pool of `threads` (1..3) whose kernels use `isa` (made once, kept for the run). */
+static ms_pool *isa_pool(int isa, int threads) {
+    static ms_pool *pools[3][4];
+    if (!pools[isa][threads]) {
+        pools[isa][threads] = ms_pool_create(threads);
+        CHECK(ms_cpu_set_isa(pools[isa][threads], (ms_cpu_isa)isa, NULL) == MS_OK);
+    }
+    return pools[isa][threads];
+}
+
+static void run_case(const variant *v, int64_t rows, int64_t cols, int n, int threads) {
     ms_qmat w;
     void *mem = make_weight(v, rows, cols, &w);
     float *x = malloc((size_t)(n * cols) * sizeof *x), *ref = malloc((size_t)(n * rows) * sizeof *ref);
@@ -96,7 +106,7 @@ static void run_case(const variant *v, int64_t rows, int64_t cols, int n, ms_poo
     ms_matmul_ref(ref, x, n, &w);
     magnitude(&w, x, n, mag);
     for (int ii = 0; ii < g_nisa; ii++) {
-        ms_cpu_set_isa((ms_cpu_isa)g_isas[ii], NULL);
+        ms_pool *pool = isa_pool(g_isas[ii], threads);
         for (int acc = 0; acc < 2; acc++) {
             for (int64_t i = 0; i < n * rows; i++) y[i] = y0[i] = acc ? frand() : NAN;
             if (acc) ms_matmul_acc(pool, y, x, n, &w);
@@ -125,18 +135,22 @@ static void setup_isas(void) {
 TEST(isa_selection) {
     ms_err err = {0};
     setup_isas();
-    CHECK(ms_cpu_set_isa(MS_ISA_SCALAR, &err) == MS_OK);
-    CHECK(ms_cpu_isa_active() == MS_ISA_SCALAR);
-    CHECK(ms_cpu_set_isa((ms_cpu_isa)7, &err) == MS_ERR_ARG);
-    if (ms_cpu_isa_best() < MS_ISA_AVX512) CHECK(ms_cpu_set_isa(MS_ISA_AVX512, &err) == MS_ERR_UNSUPPORTED);
-    CHECK(ms_cpu_set_isa(ms_cpu_isa_best(), &err) == MS_OK);
+    ms_pool *p = ms_pool_create(2), *q = ms_pool_create(1);
+    CHECK(ms_cpu_isa_of(p) == ms_cpu_isa_active() && ms_cpu_isa_of(NULL) == ms_cpu_isa_active());
+    CHECK(ms_cpu_isa_active() <= ms_cpu_isa_best());
+    CHECK(ms_cpu_set_isa(p, MS_ISA_SCALAR, &err) == MS_OK);
+    CHECK(ms_cpu_isa_of(p) == MS_ISA_SCALAR && ms_cpu_isa_of(q) == ms_cpu_isa_active()); /* per pool */
+    CHECK(ms_cpu_set_isa(p, (ms_cpu_isa)7, &err) == MS_ERR_ARG);
+    CHECK(ms_cpu_set_isa(NULL, MS_ISA_SCALAR, &err) == MS_ERR_ARG);
+    if (ms_cpu_isa_best() < MS_ISA_AVX512) CHECK(ms_cpu_set_isa(p, MS_ISA_AVX512, &err) == MS_ERR_UNSUPPORTED);
+    CHECK(ms_cpu_set_isa(p, ms_cpu_isa_best(), &err) == MS_OK && ms_cpu_isa_of(p) == ms_cpu_isa_best());
+    ms_pool_destroy(p), ms_pool_destroy(q);
     CHECK(ms_cpu_isa_parse("avx2") == MS_ISA_AVX2 && ms_cpu_isa_parse("nope") == -1);
     printf("cpu isa: best %s\n", ms_cpu_isa_name(ms_cpu_isa_best()));
 }
 
 TEST(matmul_all_dtypes_all_isas) {
     setup_isas();
-    ms_pool *pool = ms_pool_create(3);
     static const int64_t rows_l[] = {1, 7, 130};
     static const int64_t cols_l[] = {32, 96, 160, 4160, 33, 1001};
     static const int n_l[] = {1, 3, 17, 64};
@@ -149,13 +163,11 @@ TEST(matmul_all_dtypes_all_isas) {
                     int n = n_l[ni];
                     if (v->dt == MS_DT_F4 && cols % 32) continue;
                     if (rows * cols * n > 130 * 4160 * 3) continue; /* keep the test short */
-                    run_case(v, rows, cols, n, (ri + ci + ni) % 2 ? pool : NULL);
+                    run_case(v, rows, cols, n, (ri + ci + ni) % 2 ? 3 : 1);
                 }
         /* the big-n case once per dtype */
-        run_case(v, 130, 4160, 64, pool);
+        run_case(v, 130, 4160, 64, 3);
     }
-    ms_pool_destroy(pool);
-    ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
 }
 
 /* FP8 decode reads weights as value * 2^-120 and pre-scales x: tiny and huge
@@ -166,20 +178,18 @@ TEST(matmul_f8_activation_range) {
     for (int si = 0; si < 3; si++) {
         g_xscale = scales[si];
         for (size_t vi = 3; vi < 7; vi++) { /* the f8 variants */
-            run_case(&k_variants[vi], 7, 160, 1, NULL);
-            run_case(&k_variants[vi], 7, 4160, 1, NULL);
-            run_case(&k_variants[vi], 7, 160, 3, NULL);
+            run_case(&k_variants[vi], 7, 160, 1, 1);
+            run_case(&k_variants[vi], 7, 4160, 1, 1);
+            run_case(&k_variants[vi], 7, 160, 3, 1);
         }
     }
     g_xscale = 4;
-    ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
 }
 
 /* ms_matmul_many: a mixed batch (every variant, decode and prefill, acc 0/1,
  * more jobs than one pool run takes) equals the reference job by job. */
 TEST(matmul_many_batch) {
     setup_isas();
-    ms_pool *pool = ms_pool_create(2);
     enum { NJ = 70 };
     ms_matmul_job jobs[NJ];
     ms_qmat ws[NJ];
@@ -187,7 +197,7 @@ TEST(matmul_many_batch) {
     float *y0[NJ], *ref[NJ];
     double *mag[NJ];
     for (int ii = 0; ii < g_nisa; ii++) {
-        ms_cpu_set_isa((ms_cpu_isa)g_isas[ii], NULL);
+        ms_pool *pool = isa_pool(g_isas[ii], 2);
         for (int i = 0; i < NJ; i++) {
             const variant *v = &k_variants[i % (sizeof k_variants / sizeof *k_variants)];
             int64_t rows = 1 + (i * 7) % 40, cols = (i % 5 == 0) ? 4160 : 32 * (1 + i % 6);
@@ -214,8 +224,6 @@ TEST(matmul_many_batch) {
         }
         CHECK_MSG(bad == 0, "isa %s: %d outputs off", ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]), bad);
     }
-    ms_pool_destroy(pool);
-    ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
 }
 
 TEST(matmul_zero_shapes) {
@@ -224,14 +232,16 @@ TEST(matmul_zero_shapes) {
     uint16_t d[1] = {0};
     ms_qmat w = {.dtype = MS_DT_BF16, .rows = 2, .cols = 0, .data = d};
     for (int ii = 0; ii < g_nisa; ii++) {
-        ms_cpu_set_isa((ms_cpu_isa)g_isas[ii], NULL);
+        ms_pool *pool = isa_pool(g_isas[ii], 1);
         for (int i = 0; i < 4; i++) y[i] = 5;
-        ms_matmul_acc(NULL, y, x, 2, &w);
+        ms_matmul_acc(pool, y, x, 2, &w);
         CHECK(y[0] == 5 && y[3] == 5);
-        ms_matmul(NULL, y, x, 2, &w);
+        ms_matmul(pool, y, x, 2, &w);
         CHECK(y[0] == 0 && y[3] == 0);
     }
-    ms_cpu_set_isa(ms_cpu_isa_best(), NULL);
+    for (int i = 0; i < 4; i++) y[i] = 5;
+    ms_matmul(NULL, y, x, 2, &w); /* no pool: the process's ISA */
+    CHECK(y[0] == 0 && y[3] == 0);
 }
 
 TEST_MAIN()

@@ -2,9 +2,13 @@
  *
  * The fast kernels (ms_matmul, ms_rmsnorm, ...) pick an implementation at run
  * time from what the CPU supports: AVX-512 (F/BW/VL + FMA + F16C), AVX2 (+FMA,
- * F16C) or portable scalar C. The choice is made once (first use) from CPUID,
- * capped by the environment variable MS_CPU_ISA=scalar|avx2|avx512, and can be
- * changed with ms_cpu_set_isa() (tests force every path this way). */
+ * F16C) or portable scalar C. The process's choice is made once (first use)
+ * from CPUID, capped by the environment variable MS_CPU_ISA=scalar|avx2|avx512,
+ * and never changes after. A pool can carry its own (ms_cpu_set_isa: tests and
+ * benchmarks force every path this way); the kernels that receive a pool
+ * (ms_matmul*, the KDA/DeltaNet ops of ops/kda.h, ms_measure_read_bandwidth)
+ * follow it, the pool-less vector ops (ms_rmsnorm, ms_softmax, ...) use the
+ * process's choice. */
 #ifndef MS_BACKEND_CPU_H
 #define MS_BACKEND_CPU_H
 
@@ -21,12 +25,14 @@ typedef enum ms_cpu_isa {
 
 /* The best ISA this CPU supports (ignores MS_CPU_ISA and ms_cpu_set_isa). */
 ms_cpu_isa ms_cpu_isa_best(void);
-/* The ISA the kernels use now. */
+/* The process's ISA: the best, capped by MS_CPU_ISA (fixed at first use). */
 ms_cpu_isa ms_cpu_isa_active(void);
-/* Select the kernels' ISA. Fails with MS_ERR_UNSUPPORTED (message in err)
- * when the CPU lacks it. Not thread-safe against kernels running at the same
- * time: call it between computations. */
-int ms_cpu_set_isa(ms_cpu_isa isa, ms_err *err);
+/* The ISA the kernels run on `pool` use: its own, else the process's (also for NULL). */
+ms_cpu_isa ms_cpu_isa_of(const ms_pool *pool);
+/* Make the kernels run on `pool` use `isa` (may exceed MS_CPU_ISA, not the CPU).
+ * Fails with MS_ERR_ARG for a NULL pool or an unknown isa, MS_ERR_UNSUPPORTED
+ * (message in err) when the CPU lacks it. Call it between computations on the pool. */
+int ms_cpu_set_isa(ms_pool *pool, ms_cpu_isa isa, ms_err *err);
 /* "scalar", "avx2", "avx512". */
 const char *ms_cpu_isa_name(ms_cpu_isa isa);
 /* Parse a name as above; returns -1 when unknown. */

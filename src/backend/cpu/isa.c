@@ -1,6 +1,6 @@
-/* isa.c — pick the kernels' instruction set once, from CPUID and MS_CPU_ISA. */
+/* isa.c — the process's kernel instruction set, picked once from CPUID and
+ * MS_CPU_ISA, and the per-pool override. */
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
@@ -9,7 +9,7 @@
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static ms_cpu_isa g_best = MS_ISA_SCALAR;
-static _Atomic int g_active = MS_ISA_SCALAR;
+static ms_cpu_isa g_active = MS_ISA_SCALAR; /* g_best capped by MS_CPU_ISA; fixed by init_once */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -47,7 +47,7 @@ static void init_once(void) {
         /* an unknown or unsupported request is capped to what the CPU has */
         if (want >= 0 && want < (int)use) use = (ms_cpu_isa)want;
     }
-    atomic_store(&g_active, (int)use);
+    g_active = use;
 }
 
 ms_cpu_isa ms_cpu_isa_best(void) {
@@ -57,17 +57,23 @@ ms_cpu_isa ms_cpu_isa_best(void) {
 
 ms_cpu_isa ms_cpu_isa_active(void) {
     pthread_once(&g_once, init_once);
-    return (ms_cpu_isa)atomic_load_explicit(&g_active, memory_order_relaxed);
+    return g_active;
 }
 
-int ms_cpu_set_isa(ms_cpu_isa isa, ms_err *err) {
+ms_cpu_isa ms_cpu_isa_of(const ms_pool *pool) {
+    int isa = ms_pool_isa(pool);
+    return isa >= 0 ? (ms_cpu_isa)isa : ms_cpu_isa_active();
+}
+
+int ms_cpu_set_isa(ms_pool *pool, ms_cpu_isa isa, ms_err *err) {
     pthread_once(&g_once, init_once);
+    if (!pool) return ms_fail(err, MS_ERR_ARG, "cpu isa: no pool to set it on");
     if ((int)isa < MS_ISA_SCALAR || (int)isa > MS_ISA_AVX512)
         return ms_fail(err, MS_ERR_ARG, "cpu isa %d: not one of scalar, avx2, avx512", (int)isa);
     if (isa > g_best)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "cpu isa %s: this CPU supports at most %s", ms_cpu_isa_name(isa),
                        ms_cpu_isa_name(g_best));
-    atomic_store(&g_active, (int)isa);
+    ms_pool_set_isa(pool, (int)isa);
     return MS_OK;
 }
 
@@ -88,8 +94,8 @@ int ms_cpu_isa_parse(const char *name) {
     return -1;
 }
 
-const mm_kernels *ms_cpu_kernels(void) {
-    switch (ms_cpu_isa_active()) {
+const mm_kernels *ms_cpu_kernels_for(ms_cpu_isa isa) {
+    switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case MS_ISA_AVX512: return &ms_kernels_avx512;
     case MS_ISA_AVX2: return &ms_kernels_avx2;
@@ -97,3 +103,6 @@ const mm_kernels *ms_cpu_kernels(void) {
     default: return &ms_kernels_scalar;
     }
 }
+
+const mm_kernels *ms_cpu_kernels(void) { return ms_cpu_kernels_for(ms_cpu_isa_active()); }
+const mm_kernels *ms_cpu_kernels_of(const ms_pool *pool) { return ms_cpu_kernels_for(ms_cpu_isa_of(pool)); }

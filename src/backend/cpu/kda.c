@@ -1,11 +1,12 @@
 /* kda.c — gated delta-rule attention on the CPU: short convolution, decay
  * gate, recurrent and chunked delta rule, gated RMSNorm (contracts in
  * ops/kda.h). The per-head kernels live in kda_kern.inc, compiled for AVX2+FMA
- * and for the baseline, chosen at run time. */
+ * and for the baseline, chosen by the pool's ISA (ms_cpu_isa_of). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
 #include "ops/kda.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -37,19 +38,12 @@ enum { KDA_SB = 16 }; /* sub-block of the chunked kernel's intra-chunk matrices 
 #undef KT
 #endif
 
-static int simd_allowed = 1;
-void ms_kda_use_simd(int on) { simd_allowed = on; }
-
-static int use_avx2(void) {
+/* The AVX2+FMA builds when the pool's ISA (backend/cpu/cpu.h) has them. */
+static int use_avx2(const ms_pool *pool) {
 #ifdef KDA_X86
-    static int cached = -1;
-    if (!simd_allowed) return 0;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return cached;
+    return ms_cpu_isa_of(pool) >= MS_ISA_AVX2;
 #else
+    (void)pool;
     return 0;
 #endif
 }
@@ -195,7 +189,7 @@ int ms_decay_gate(ms_pool *pool, float *f, int64_t ld, int n, int heads, int wid
     }
     if (dt_bias) ms_to_f32(bias, dt_bias->data, dt_bias->dtype, hw);
     else memset(bias, 0, (size_t)hw * sizeof *bias);
-    gate_job j = {f, ld, n, heads, width, kind == MS_DECAY_LOWER_BOUND, use_avx2(), 16, A, bias, lower_bound};
+    gate_job j = {f, ld, n, heads, width, kind == MS_DECAY_LOWER_BOUND, use_avx2(pool), 16, A, bias, lower_bound};
     ms_pool_run(pool, (n + j.rows_per_task - 1) / j.rows_per_task, gate_task, &j);
     free(buf);
     return MS_OK;
@@ -288,7 +282,7 @@ static void recur_task(void *ctx, int h, int tid) {
 int ms_delta_recurrent(ms_pool *pool, const ms_delta_args *a, float *state, ms_err *err) {
     int rc = delta_check(a, state, "delta rule (recurrent)", err);
     if (rc) return rc;
-    delta_job j = {a, state, 0, use_avx2(), 3 * (size_t)a->dk + 2 * (size_t)a->dv, 0};
+    delta_job j = {a, state, 0, use_avx2(pool), 3 * (size_t)a->dk + 2 * (size_t)a->dv, 0};
     ms_pool_run(pool, a->n_v_heads, recur_task, &j);
     if (j.failed) return ms_fail(err, MS_ERR_NOMEM, "delta rule (recurrent): scratch");
     return MS_OK;
@@ -317,7 +311,7 @@ int ms_delta_chunked(ms_pool *pool, const ms_delta_args *a, float *state, int ch
     int rc = delta_check(a, state, "delta rule (chunked)", err);
     if (rc) return rc;
     if (chunk < 1 || chunk > 256) return ms_fail(err, MS_ERR_ARG, "delta rule (chunked): chunk %d outside 1..256", chunk);
-    delta_job j = {a, state, chunk, use_avx2(), chunk_scratch_base(chunk, a->dk, a->dv), 0};
+    delta_job j = {a, state, chunk, use_avx2(pool), chunk_scratch_base(chunk, a->dk, a->dv), 0};
     ms_pool_run(pool, a->n_v_heads, chunk_task, &j);
     if (j.failed) return ms_fail(err, MS_ERR_NOMEM, "delta rule (chunked): scratch");
     return MS_OK;

@@ -41,8 +41,12 @@ extern const mm_kernels ms_kernels_scalar;
 extern const mm_kernels ms_kernels_avx2;
 extern const mm_kernels ms_kernels_avx512;
 
-/* The table for the active ISA (initializes dispatch on first use). */
+/* The table for the process's ISA (initializes dispatch on first use), for
+ * the kernels run on `pool` (cpu.h ms_cpu_isa_of), and for one ISA (which
+ * the CPU must support). */
 const mm_kernels *ms_cpu_kernels(void);
+const mm_kernels *ms_cpu_kernels_of(const ms_pool *pool);
+const mm_kernels *ms_cpu_kernels_for(ms_cpu_isa isa);
 
 /* Scale of block (sr, sc) of w as F32 (1 when w has no scale). */
 static inline float mm_scale_at(const ms_qmat *w, int64_t sr, int64_t sc) {

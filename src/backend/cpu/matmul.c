@@ -192,7 +192,7 @@ static void use_scratch(mm_job *j, float *xs, int nth) {
 }
 
 static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w, int acc) {
-    const mm_kernels *k = ms_cpu_kernels();
+    const mm_kernels *k = ms_cpu_kernels_of(pool);
     int nth = ms_pool_size(pool);
     mm_job j;
     int64_t need;
@@ -245,7 +245,7 @@ void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count) {
                 run(pool, jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].acc);
         return;
     }
-    const mm_kernels *k = ms_cpu_kernels();
+    const mm_kernels *k = ms_cpu_kernels_of(pool);
     int nth = ms_pool_size(pool);
     many_ctx m;
     for (int base = 0; base < count; base += MANY_MAX) {

@@ -87,7 +87,7 @@ double ms_measure_read_bandwidth(ms_pool *pool, size_t bytes) {
     memset(&j, 0, sizeof j);
     j.buf = mem;
     j.n_chunks = n_chunks;
-    j.isa = (int)ms_cpu_isa_active();
+    j.isa = (int)ms_cpu_isa_of(pool);
     j.fill = 1; /* first touch from the threads that will read */
     ms_pool_run(pool, (int)n_chunks, bw_task, &j);
     j.fill = 0;

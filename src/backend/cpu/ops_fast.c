@@ -16,8 +16,6 @@ void ms_axpy_ref(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-const mm_kernels *ms_cpu_kernels(void);
-
 float ms_dot(const float *a, const float *b, int64_t n) { return ms_cpu_kernels()->dot(a, b, n); }
 void ms_axpy(float *y, float a, const float *x, int64_t n) { ms_cpu_kernels()->axpy(y, a, x, n); }
 void ms_rmsnorm(float *y, const float *x, const float *w, int n, int d, float eps) {
