@@ -114,9 +114,9 @@ static void against_reference(const char *dir, ms_pool *pool, int chunk) {
 }
 
 static const char *dirs[] = {
-    "../shared/fixtures/models/deepseek_v3",  "tests/fixtures/extra/deepseek_v3_noqlora",
-    "../shared/fixtures/models/deepseek_v32", "../shared/fixtures/models/kimi_k3",
-    "../shared/fixtures/models/glm5_next",
+    "tests/data/fixtures/models/deepseek_v3",  "tests/fixtures/extra/deepseek_v3_noqlora",
+    "tests/data/fixtures/models/deepseek_v32", "tests/data/fixtures/models/kimi_k3",
+    "tests/data/fixtures/models/glm5_next",
 };
 
 TEST(forms_agree_on_random_prompts) {
