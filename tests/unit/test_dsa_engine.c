@@ -1,5 +1,5 @@
 /* test_dsa_engine.c — DeepSeek Sparse Attention in the engine against the
- * transformers references of the shared fixtures, on paths `moonshine verify`
+ * transformers references of the tests/data fixtures, on paths `moonshine verify`
  * does not take: prefill in small chunks, a prompt fed in pieces, and decode
  * whose tied top-k choices must be redone as the sequence grows (the reference
  * recomputes every step; deepseek_v32, deepseek_v32_topk4 and glm5_next_s2 need replays). */

@@ -1,6 +1,6 @@
 /* test_mla_forms.c — MLA prefill in the expanded form (per-head K/V up-projected
  * from the latent cache, engine/attention.c) against the absorbed form and
- * against the transformers references of the shared fixtures: random prompts
+ * against the transformers references of the tests/data fixtures: random prompts
  * at several chunk sizes n and context lengths T (past one key block of
  * MS_MLA_KEY_BLOCK = 256, so the running softmax crosses blocks), dense MLA,
  * MLA without q_lora, DSA (sparse) MLA and gated NoPE MLA. */

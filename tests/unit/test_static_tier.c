@@ -2,7 +2,7 @@
  * (ms_model_static_read): every bound tensor keeps its bytes and address, the
  * static tensors' pages are no longer file-backed (the routed experts' still
  * are), the plan's static line is the copy's size, and the engine still
- * reproduces the transformers references of the shared fixtures. */
+ * reproduces the transformers references of the tests/data fixtures. */
 #include <stdint.h>
 #include <unistd.h>
 

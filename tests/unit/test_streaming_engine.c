@@ -94,7 +94,7 @@ static void check_fixture(const char *name) {
 }
 
 TEST(bit_identical_to_resident) {
-    /* every shared fixture (all have routed experts; gpt_oss's BF16 experts are transposed copies
+    /* every tests/data fixture (all have routed experts; gpt_oss's BF16 experts are transposed copies
      * made at load, so they stay resident and only its MXFP4 twin reads from disk) */
     const char *names[] = {"deepseek_v3", "deepseek_v3_fp8", "deepseek_v32", "deepseek_v4", "glm4_moe", "glm5_next",
                            "glm_moe_dsa", "gpt_oss", "gpt_oss_mxfp4", "kimi_k3", "kimi_k3_mxfp4", "kimi_linear", "kimi_linear_fp8",
