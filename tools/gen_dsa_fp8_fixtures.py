@@ -1,7 +1,8 @@
 # Usage (on the GPU machine): python3 tools/gen_dsa_fp8_fixtures.py GEN_MODEL_FIXTURES_PY FIXTURE_DIR
 # FP8 (e4m3, 128x128 blocks, power-of-two scales) variants of the DSA fixtures in FIXTURE_DIR
-# (deepseek_v32, glm_moe_dsa), made by ../shared/tools/gen_model_fixtures.py's own make_fp8 and
-# finish, exactly as deepseek_v3_fp8 / kimi_linear_fp8 were -> $OUT/fixtures_dsa_fp8.tgz.
+# (deepseek_v32, glm_moe_dsa of tests/data/fixtures/models), made by GEN_MODEL_FIXTURES_PY's own make_fp8
+# and finish (gen_model_fixtures.py, the generator of those fixtures, from the project's shared reference
+# data), exactly as deepseek_v3_fp8 / kimi_linear_fp8 were -> $OUT/fixtures_dsa_fp8.tgz.
 import os, sys, tarfile
 import torch
 

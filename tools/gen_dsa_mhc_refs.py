@@ -6,7 +6,7 @@
 # 2. How close the DSA top-k decisions of the stored fixtures come to a tie: the
 #    smallest gap between the k-th and (k+1)-th valid index score over every query
 #    of every indexer call (float64, the fixtures' own inputs).
-# 3. More DSA fixtures made exactly like ../shared/tools/gen_model_fixtures.py
+# 3. More DSA fixtures made exactly like GEN_MODEL_FIXTURES_PY (the generator of tests/data/fixtures/models)
 #    (other seeds, top-k, layer schedules, shared indexers) -> $OUT/fixtures_dsa.tgz.
 import os, sys, json, tarfile, types
 import torch
@@ -132,7 +132,8 @@ def more_fixtures(ns):
             copy.deepcopy(model).to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
             meta = dict(arch=arch.rsplit("_", 1)[0] if not arch.startswith("glm_moe") else "glm_moe_dsa",
                         weights="bfloat16 in the file; the reference computed in float64 from the same values",
-                        made_by="tools/gen_dsa_mhc_refs.py via shared/tools/gen_model_fixtures.py build/finish")
+                        made_by="tools/gen_dsa_mhc_refs.py via gen_model_fixtures.py build/finish "
+                                "(the generator of tests/data/fixtures/models)")
             f = os.path.join(d, "model.safetensors")
             sd = load_file(f)
             if any(k.startswith("model.visual.") for k in sd):

@@ -8,8 +8,8 @@ CLI=${MOONSHINE:-build/moonshine}
 W=build/tmp/chat-test
 TOK=build/tmp/chat-tokenizer/qwen3
 mkdir -p "$W" "$TOK"
-[ -f "$TOK/tokenizer.json" ] || { gzip -dc ../shared/tokenizers/qwen3/tokenizer.json.gz > "$TOK/tokenizer.json.tmp" && mv "$TOK/tokenizer.json.tmp" "$TOK/tokenizer.json"; }
-cp ../shared/tokenizers/qwen3/tokenizer_config.json "$TOK/"
+[ -f "$TOK/tokenizer.json" ] || { gzip -dc tests/data/tokenizers/qwen3/tokenizer.json.gz > "$TOK/tokenizer.json.tmp" && mv "$TOK/tokenizer.json.tmp" "$TOK/tokenizer.json"; }
+cp tests/data/tokenizers/qwen3/tokenizer_config.json "$TOK/"
 # the same model with 8 experts: another model identity (for the refusal of foreign state)
 sed 's/"num_experts": 4/"num_experts": 8/' tests/chat/tiny_qwen3.json > "$W/other.json"
 build/moonshine synth --config tests/chat/tiny_qwen3.json --out "$W/model" --tokenizer "$TOK" --seed 1 >/dev/null

@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """Scripted sessions of `moonshine chat` over a tiny random-weight Qwen3-MoE model that
-carries the real Qwen3 tokenizer and chat template (../shared/tokenizers/qwen3).
+carries the real Qwen3 tokenizer and chat template (tests/data/tokenizers/qwen3).
 
 References no one here wrote: every turn's prompt ids must equal Debian's python3-jinja2
 rendering of the whole conversation with the official template (configured as transformers'
 apply_chat_template, tests/text/jinja_diff.py) tokenized by the tokenizer (itself checked
-against Hugging Face tokenizers on ../shared/fixtures/text/tok_dev.json); the cached count
+against Hugging Face tokenizers on tests/data/fixtures/text/tok_dev.json); the cached count
 must be the longest common prefix of that prompt with the tokens the engine holds.
 
 usage: test_chat.py MODEL_DIR OTHER_MODEL_DIR WORKDIR   (env MOONSHINE: the CLI binary)

@@ -3,7 +3,7 @@
  * layout (sizes for n_past, the DSA tie-row lists) and the restore behind them.
  *
  * The engine is the deepseek_v32 fixture (MLA latents, DSA index keys, recorded
- * tied selections, token ids), context 64, from ../shared (make fuzz runs in the
+ * tied selections, token ids), context 64, from tests/data/fixtures (make fuzz runs in the
  * repository root). Each input gets this model's identity, its own size and
  * recomputed checksums written in where its claimed layout allows, so mutations
  * get past those checks to the engine's. After a successful load the engine
@@ -18,7 +18,7 @@
 #include "model/model.h"
 #include "util/hash.h"
 
-#define FIXTURE "../shared/fixtures/models/deepseek_v32"
+#define FIXTURE "tests/data/fixtures/models/deepseek_v32"
 
 static ms_model g_model;
 static ms_engine *g_engine;

@@ -18,13 +18,13 @@ if [ ! -f "$SDK/node_modules/openai/package.json" ]; then
     (cd "$SDK" && npm ci --no-audit --no-fund --loglevel=error) || { echo "FAIL server: npm ci in $SDK failed"; exit 1; }
 fi
 TOK=build/tokenizers/qwen3
-[ -f "$TOK/tokenizer.json" ] || { gzip -dc ../shared/tokenizers/qwen3/tokenizer.json.gz > "$TOK/tokenizer.json.tmp" && mv "$TOK/tokenizer.json.tmp" "$TOK/tokenizer.json"; }
-cp ../shared/tokenizers/qwen3/tokenizer_config.json "$TOK/"
+[ -f "$TOK/tokenizer.json" ] || { gzip -dc tests/data/tokenizers/qwen3/tokenizer.json.gz > "$TOK/tokenizer.json.tmp" && mv "$TOK/tokenizer.json.tmp" "$TOK/tokenizer.json"; }
+cp tests/data/tokenizers/qwen3/tokenizer_config.json "$TOK/"
 MODEL=$W/tiny_qwen3
 "$CLI" synth --config tests/server/tiny_qwen3.json --out "$MODEL" --tokenizer "$TOK" --seed 1 >/dev/null
 # a KDA + MLA model (recurrent state: no rollback, prefix reuse through state snapshots)
 python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['vocab_size']=151936; json.dump(c,open(sys.argv[2],'w'))" \
-    ../shared/fixtures/models/kimi_linear/config.json "$W/kda.json"
+    tests/data/fixtures/models/kimi_linear/config.json "$W/kda.json"
 "$CLI" synth --config "$W/kda.json" --out "$W/tiny_kda" --tokenizer "$TOK" --seed 2 >/dev/null
 python3 tests/server/forced_output.py "$MODEL/tokenizer_config.json" "$W/forced.txt" "$W/forced.json"
 

@@ -1,4 +1,4 @@
-"""Real chat templates (../shared/tokenizers) and chat-template-style templates
+"""Real chat templates (tests/data/tokenizers) and chat-template-style templates
 written for this test, each rendered over a set of conversations.
 
 cases(tokdir) yields (name, template, request, tokenizer_config)."""

@@ -11,7 +11,7 @@ Every case (a template and its variables) is rendered twice:
 Outputs must be byte-identical, or both must fail.
 
 Cases: tests/text/jinja_cases.py (small templates, one construct each) and the
-real chat templates of ../shared/tokenizers with extra conversations
+real chat templates of tests/data/tokenizers with extra conversations
 (tests/text/chat_convs.py).
 
 usage: jinja_diff.py [--moonshine PATH] [--verbose] [--only SUBSTRING]
@@ -120,7 +120,7 @@ def all_cases():
         v = dict(variables)
         msgs = v.pop("messages", jinja_cases.DEFAULT_MESSAGES)
         yield f"case{i}", tpl, {"messages": msgs, "chat_template_kwargs": v}, jinja_cases.TOK_CONFIG
-    for name, tpl, req, tok_config in chat_convs.cases(os.path.join(ROOT, "..", "shared", "tokenizers")):
+    for name, tpl, req, tok_config in chat_convs.cases(os.path.join(ROOT, "tests", "data", "tokenizers")):
         yield name, tpl, req, tok_config
 
 

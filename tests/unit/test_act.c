@@ -1,8 +1,9 @@
 /* The one parameterized SwiGLU (ms_swiglu_param) as each model's config sets it
  * up, against the activation code of the transformers sources themselves
  * (gpt-oss's clamped (up + 1) form, GLM-5-Next's and DeepSeek-V4's clamped
- * MLPs), run in float64 by tests/scripts/swiglu_reference.py on values past
- * the clamps; the unclamped default is ms_swiglu exactly. */
+ * MLPs), run in float64 by tools/refs/swiglu_reference.py on values past
+ * the clamps (its output is tests/data/swiglu_reference.json); the unclamped
+ * default is ms_swiglu exactly. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,23 +13,9 @@
 #include "ops/ops.h"
 #include "test.h"
 #include "text/pyjson.h"
+#include "util/fs.h"
 
-#define REF_CMD "/usr/bin/python3 tests/scripts/swiglu_reference.py ../shared/reference/transformers-5.17/models"
-
-static char *run_capture(const char *cmd, size_t *len) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return NULL;
-    ms_textbuf b = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) ms_textbuf_append(&b, chunk, n);
-    if (pclose(p) != 0 || b.failed) {
-        ms_textbuf_free(&b);
-        return NULL;
-    }
-    *len = b.len;
-    return b.data;
-}
+#define REF_FILE "tests/data/swiglu_reference.json"
 
 static float *floats(const ms_py *list, size_t *n) {
     *n = list && list->type == MS_PY_LIST ? list->n : 0;
@@ -42,11 +29,11 @@ static float *floats(const ms_py *list, size_t *n) {
 
 TEST(configured_swiglu_matches_transformers) {
     size_t len = 0;
-    char *out = run_capture(REF_CMD, &len);
-    CHECK_MSG(out != NULL, "the reference script did not run");
+    char *out = NULL;
+    ms_err e = {0};
+    CHECK_MSG(ms_read_file(REF_FILE, 1 << 20, &out, &len, &e) == MS_OK, "%s", e.msg);
     if (!out) return;
     ms_py *ref = NULL;
-    ms_err e = {0};
     CHECK(ms_py_parse(out, len, 8, "swiglu reference", &ref, &e) == MS_OK);
     size_t n = 0, nu = 0;
     float *gate = floats(ms_py_get(ref, "gate"), &n), *up = floats(ms_py_get(ref, "up"), &nu);
@@ -54,7 +41,7 @@ TEST(configured_swiglu_matches_transformers) {
     const char *models[] = {"gpt_oss", "glm5_next", "deepseek_v4"};
     for (int m = 0; m < 3; m++) {
         char dir[256];
-        snprintf(dir, sizeof dir, "../shared/fixtures/models/%s", models[m]);
+        snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", models[m]);
         ms_config c;
         CHECK_MSG(ms_config_load(dir, &c, &e) == MS_OK, "%s: %s", dir, e.msg);
         size_t nw = 0;
@@ -79,7 +66,7 @@ TEST(configured_swiglu_matches_transformers) {
     }
     /* the unclamped default is ms_swiglu bit for bit; NaN stays NaN through the clamp */
     ms_config q;
-    CHECK(ms_config_load("../shared/fixtures/models/qwen3_moe", &q, &e) == MS_OK);
+    CHECK(ms_config_load("tests/data/fixtures/models/qwen3_moe", &q, &e) == MS_OK);
     CHECK(q.act_limit == 0 && q.act_alpha == 1 && q.act_up_offset == 0);
     float *g = malloc(n * sizeof *g), *u = malloc(n * sizeof *u), *r = malloc(n * sizeof *r);
     memcpy(g, gate, n * sizeof *g);

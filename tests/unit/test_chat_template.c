@@ -1,5 +1,5 @@
 /* test_chat_template.c — chat renders against transformers' reference strings
- * (../shared/fixtures/text/tok_dev.json, made with apply_chat_template) and the
+ * (tests/data/fixtures/text/tok_dev.json, made with apply_chat_template) and the
  * interpreter's error and limit behavior. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +30,7 @@ TEST(tok_dev_chats_render_byte_identical) {
     char *buf;
     size_t len;
     ms_err err = {0};
-    int rc = ms_read_file("../shared/fixtures/text/tok_dev.json", (size_t)64 << 20, &buf, &len, &err);
+    int rc = ms_read_file("tests/data/fixtures/text/tok_dev.json", (size_t)64 << 20, &buf, &len, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);
     if (rc) return;
     cJSON *doc = cJSON_ParseWithLength(buf, len);
@@ -42,7 +42,7 @@ TEST(tok_dev_chats_render_byte_identical) {
     for (int k = 0; k < 3; k++) {
         const cJSON *chats = cJSON_GetObjectItem(cJSON_GetObjectItem(toks, names[k]), "chats");
         char dir[256];
-        snprintf(dir, sizeof dir, "../shared/tokenizers/%s", names[k]);
+        snprintf(dir, sizeof dir, "tests/data/tokenizers/%s", names[k]);
         const cJSON *chat;
         cJSON_ArrayForEach(chat, chats) {
             const cJSON *want = cJSON_GetObjectItem(chat, "rendered");
@@ -175,7 +175,7 @@ TEST(render_command) {
     const char *req = "/tmp/ms_render_req.json";
     write_text(req, "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}], \"add_generation_prompt\": true,"
                     " \"chat_template_kwargs\": {\"enable_thinking\": false}}");
-    FILE *p = popen("./build/moonshine render ../shared/tokenizers/qwen3 < /tmp/ms_render_req.json", "r");
+    FILE *p = popen("./build/moonshine render tests/data/tokenizers/qwen3 < /tmp/ms_render_req.json", "r");
     CHECK(p != NULL);
     if (!p) return;
     char buf[4096];
@@ -188,7 +188,7 @@ TEST(render_command) {
     ms_err err = {0};
     const char *want = NULL;
     cJSON *doc = NULL;
-    if (ms_read_file("../shared/fixtures/text/tok_dev.json", (size_t)64 << 20, &fx, &fl, &err) == 0) {
+    if (ms_read_file("tests/data/fixtures/text/tok_dev.json", (size_t)64 << 20, &fx, &fl, &err) == 0) {
         doc = cJSON_ParseWithLength(fx, fl);
         free(fx);
         const cJSON *chat;
@@ -203,7 +203,7 @@ TEST(render_command) {
     CHECK_MSG(st == 0 && want && !strcmp(buf, want), "status %d output %s", st, buf);
     cJSON_Delete(doc);
     write_text(req, "{\"messages\": 5}");
-    st = system("./build/moonshine render ../shared/tokenizers/qwen3 < /tmp/ms_render_req.json 2>/dev/null");
+    st = system("./build/moonshine render tests/data/tokenizers/qwen3 < /tmp/ms_render_req.json 2>/dev/null");
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d", st);
     st = system("./build/moonshine render < /dev/null 2>/dev/null");
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d", st);
@@ -213,7 +213,7 @@ TEST(render_command) {
 TEST(gptoss_ships_no_template) {
     ms_chat_source src;
     ms_err err = {0};
-    int rc = ms_chat_pick("../shared/tokenizers/gptoss", 0, &src, &err);
+    int rc = ms_chat_pick("tests/data/tokenizers/gptoss", 0, &src, &err);
     CHECK(rc == MS_ERR_UNSUPPORTED);
     CHECK(strstr(err.msg, "no chat template") != NULL);
 }

@@ -87,7 +87,7 @@ static double max_abs(const float *a, const float *b, int64_t n) {
     return m;
 }
 
-#define FIX "../shared/fixtures/models/deepseek_v4"
+#define FIX "tests/data/fixtures/models/deepseek_v4"
 
 static void run(int max_batch, int threads, int piece) {
     ms_checkpoint ref;

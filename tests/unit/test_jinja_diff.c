@@ -1,6 +1,6 @@
 /* test_jinja_diff.c — differential test against Debian's python3-jinja2.
  * tests/text/jinja_diff.py renders a corpus (small templates, one construct
- * each, plus the real chat templates of ../shared/tokenizers and chat-style
+ * each, plus the real chat templates of tests/data/tokenizers and chat-style
  * templates over many conversations) with jinja2 configured as transformers
  * configures it, and emits the results; this test renders every case
  * in-process and requires byte-identical output, or an error where jinja2

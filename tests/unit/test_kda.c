@@ -1,8 +1,8 @@
 /* test_kda.c — the KDA / gated DeltaNet ops against float64 token-by-token
  * implementations written from the reference math
- * (../shared/reference/transformers-5.17/models/kimi_linear: l2norm,
+ * (transformers 5.17's models/kimi_linear: l2norm,
  * recurrent_kimi_delta_attention, KimiLinearForgetGate, causal_conv1d_*,
- * KimiLinearRMSNormGated; ../shared/reference/kimi-k3/fixture_*_standin.py:
+ * KimiLinearRMSNormGated; the Kimi K3 fixtures' pure-torch stand-ins:
  * the lower-bounded gate, ShortConvolution, FusedRMSNormGated; qwen3_next:
  * per-head decay, GQA by repeat_interleave), and the chunked form against the
  * recurrent one on long random inputs. */

@@ -1,5 +1,5 @@
 /* test_kimi_k3.c — Kimi K3 on the fixtures made with the official K3 code
- * (../shared/fixtures/models/kimi_k3{,_mxfp4}):
+ * (tests/data/fixtures/models/kimi_k3{,_mxfp4}):
  *  - the reference logits reproduced when the sequence arrives in uneven
  *    pieces and engine batches (Attention Residuals block states, KDA state,
  *    latent cache across every boundary);
@@ -21,8 +21,8 @@
 #include "test.h"
 #include "util/fs.h"
 
-#define K3 "../shared/fixtures/models/kimi_k3"
-#define K3Q "../shared/fixtures/models/kimi_k3_mxfp4"
+#define K3 "tests/data/fixtures/models/kimi_k3"
+#define K3Q "tests/data/fixtures/models/kimi_k3_mxfp4"
 
 /* max |logits - reference| over the 40 reference tokens fed in pieces */
 static double run_pieces(const char *model_dir, const int *pieces, int np, int max_batch, int threads) {

@@ -1,5 +1,5 @@
 /* test_kimi_linear.c — the KDA + MLA engine on the transformers-made fixtures
- * (../shared/fixtures/models/kimi_linear{,_fp8}): the 40-token reference logits
+ * (tests/data/fixtures/models/kimi_linear{,_fp8}): the 40-token reference logits
  * reproduced when the sequence arrives in uneven pieces (prefill slices,
  * single decode steps, prefill again), so the carried KDA conv + recurrent
  * state and the chunked/recurrent switch are exercised at every boundary. */
@@ -56,10 +56,10 @@ static void run_pieces(const char *dir, const int *pieces, int np, int max_batch
 
 TEST(kimi_linear_in_pieces) {
     int a[] = {17, 1, 1, 21}, b[] = {1, 1, 1, 1, 1, 35}, c[] = {40};
-    run_pieces("../shared/fixtures/models/kimi_linear", a, 4, 256, 2);
-    run_pieces("../shared/fixtures/models/kimi_linear", b, 6, 256, 1);
-    run_pieces("../shared/fixtures/models/kimi_linear", c, 1, 7, 2); /* engine batches of 7 */
-    run_pieces("../shared/fixtures/models/kimi_linear_fp8", a, 4, 256, 2);
+    run_pieces("tests/data/fixtures/models/kimi_linear", a, 4, 256, 2);
+    run_pieces("tests/data/fixtures/models/kimi_linear", b, 6, 256, 1);
+    run_pieces("tests/data/fixtures/models/kimi_linear", c, 1, 7, 2); /* engine batches of 7 */
+    run_pieces("tests/data/fixtures/models/kimi_linear_fp8", a, 4, 256, 2);
 }
 
 TEST(kimi_linear_config_errors) {

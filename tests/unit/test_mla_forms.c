@@ -1,6 +1,6 @@
 /* test_mla_forms.c — MLA prefill in the expanded form (per-head K/V up-projected
  * from the latent cache, engine/attention.c) against the absorbed form and
- * against the transformers references of the shared fixtures: random prompts
+ * against the transformers references of the tests/data fixtures: random prompts
  * at several chunk sizes n and context lengths T (past one key block of
  * MS_MLA_KEY_BLOCK = 256, so the running softmax crosses blocks), dense MLA,
  * MLA without q_lora, DSA (sparse) MLA and gated NoPE MLA. */
@@ -114,9 +114,9 @@ static void against_reference(const char *dir, ms_pool *pool, int chunk) {
 }
 
 static const char *dirs[] = {
-    "../shared/fixtures/models/deepseek_v3",  "tests/fixtures/extra/deepseek_v3_noqlora",
-    "../shared/fixtures/models/deepseek_v32", "../shared/fixtures/models/kimi_k3",
-    "../shared/fixtures/models/glm5_next",
+    "tests/data/fixtures/models/deepseek_v3",  "tests/fixtures/extra/deepseek_v3_noqlora",
+    "tests/data/fixtures/models/deepseek_v32", "tests/data/fixtures/models/kimi_k3",
+    "tests/data/fixtures/models/glm5_next",
 };
 
 TEST(forms_agree_on_random_prompts) {

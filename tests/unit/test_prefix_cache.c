@@ -34,7 +34,7 @@ static int open_fixture(fixture *f, const char *name) {
     char dir[256], path[300];
     memset(f, 0, sizeof *f);
     f->name = name;
-    snprintf(dir, sizeof dir, "../shared/fixtures/models/%s", name);
+    snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", name);
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     ms_err err = {0};
     if (ms_checkpoint_open(path, &f->ref, &err)) {

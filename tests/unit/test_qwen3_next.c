@@ -1,5 +1,5 @@
 /* test_qwen3_next.c — Qwen3-Next (gated DeltaNet + gated attention) on the
- * transformers-made fixture ../shared/fixtures/models/qwen3_next: the
+ * transformers-made fixture tests/data/fixtures/models/qwen3_next: the
  * 40-token reference logits reproduced when the sequence arrives in uneven
  * pieces (so the carried conv + recurrent state and the chunked/recurrent
  * switch are crossed at every boundary); the gated DeltaNet block's chunked
@@ -15,7 +15,7 @@
 #include "model/model.h"
 #include "test.h"
 
-#define DIR "../shared/fixtures/models/qwen3_next"
+#define DIR "tests/data/fixtures/models/qwen3_next"
 
 static void logits_in_pieces(const int *pieces, int np, int max_batch, int threads) {
     ms_checkpoint ref;

@@ -2,7 +2,8 @@
  * in range, refusals name the parameter), the chat-template request built from
  * messages (content parts joined, developer -> system, tools kept unless
  * tool_choice "none"), and responses: for texts of every case that
- * tests/scripts/outparse_reference.py renders with the official templates, the
+ * tools/refs/outparse_reference.py rendered with the official templates
+ * (tests/data/outparse_cases.json), the
  * streamed chunks reassemble to the non-streamed message, which equals the
  * output parser's own whole-text message. */
 #include <cjson/cJSON.h>
@@ -10,6 +11,7 @@
 
 #include "server/api.h"
 #include "test.h"
+#include "util/fs.h"
 
 static int parse(ms_api_kind k, const char *body, ms_api_request *r, ms_api_error *e) {
     return ms_api_parse_request(k, body, strlen(body), 1000, r, e);
@@ -185,24 +187,12 @@ static const char *str_or_empty(const cJSON *o, const char *k) {
 }
 
 TEST(responses_stream_equals_whole) {
-    FILE *f = popen("/usr/bin/python3 tests/scripts/outparse_reference.py ../shared/tokenizers "
-                    "../shared/reference/kimi-k3/kimi_k2_thinking_chat_template.jinja 2>/dev/null", "r");
     char *out = NULL;
-    size_t cap = 0, len = 0;
-    if (f) {
-        char buf[65536];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-            out = realloc(out, len + n + 1);
-            memcpy(out + len, buf, n);
-            len += n;
-            out[len] = 0;
-            cap = len;
-        }
-        pclose(f);
-    }
+    size_t len = 0;
+    ms_err rerr = {0};
+    CHECK_MSG(ms_read_file("tests/data/outparse_cases.json", 1 << 24, &out, &len, &rerr) == MS_OK, "%s", rerr.msg);
     cJSON *cases = out ? cJSON_Parse(out) : NULL;
-    CHECK_MSG(cJSON_GetArraySize(cases) > 10, "outparse_reference.py gave no cases (%zu bytes)", cap);
+    CHECK_MSG(cJSON_GetArraySize(cases) > 10, "tests/data/outparse_cases.json has no cases (%zu bytes)", len);
     cJSON *c;
     int n_calls = 0;
     cJSON_ArrayForEach(c, cases) {

@@ -1,6 +1,6 @@
 /* test_state.c — causal-state snapshots, state files and rollback on every
  * fixture of tests/fixtures.list (transformers checkpoints with reference
- * logits: ../shared/fixtures/models/... and the variants in tests/fixtures/extra).
+ * logits: tests/data/fixtures/models/... and the variants in tests/fixtures/extra).
  *
  * S = gen_prompt + gen_ids (the fixture's greedy continuation). A = S[0..14),
  * B = S[14..20) as one prefill then gen_ids[0..6) one token at a time, C = other
@@ -406,8 +406,8 @@ TEST(foreign_model_refused) {
     const char *pairs[][2] = {{"deepseek_v3", "deepseek_v3_fp8"}, {"qwen3_moe", "kimi_linear"}, {"gpt_oss", "gpt_oss_mxfp4"}};
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
         char d0[256], d1[256], path[256];
-        snprintf(d0, sizeof d0, "../shared/fixtures/models/%s", pairs[i][0]);
-        snprintf(d1, sizeof d1, "../shared/fixtures/models/%s", pairs[i][1]);
+        snprintf(d0, sizeof d0, "tests/data/fixtures/models/%s", pairs[i][0]);
+        snprintf(d1, sizeof d1, "tests/data/fixtures/models/%s", pairs[i][1]);
         tmp_path(path, sizeof path, "foreign");
         fixture f0, f1;
         int ok0 = !open_fixture(&f0, d0), ok1 = !open_fixture(&f1, d1);
@@ -473,7 +473,7 @@ TEST(cli_save_then_load_continues_the_reference) {
     const char *names[] = {"qwen3_moe", "deepseek_v32", "kimi_linear", "qwen3_next", "deepseek_v4", "glm5_next"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char dir[256], path[256], a1[256], a2[256], args[2048];
-        snprintf(dir, sizeof dir, "../shared/fixtures/models/%s", names[i]);
+        snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", names[i]);
         fixture f;
         if (open_fixture(&f, dir)) {
             close_fixture(&f);
@@ -498,7 +498,7 @@ TEST(cli_save_then_load_continues_the_reference) {
     }
 }
 
-/* Every distinct fixture directory of tests/fixtures.list (../shared/fixtures/models/NAME
+/* Every distinct fixture directory of tests/fixtures.list (tests/data/fixtures/models/NAME
  * and the variants under tests/fixtures/extra). */
 static int list_fixtures(char dirs[][256], int cap) {
     FILE *fp = fopen("tests/fixtures.list", "r");
@@ -545,7 +545,7 @@ TEST(every_architecture_against_the_python_reader) {
     static char cmd[MAX_PY * 600 + 256];
     size_t k = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/unit/state_reference.py");
     for (int i = 0; i < nd && n < MAX_PY; i++) {
-        if (strncmp(dirs[i], "../shared/", 10)) continue;
+        if (strncmp(dirs[i], "tests/data/fixtures/", 20)) continue;
         fixture f;
         if (open_fixture(&f, dirs[i])) {
             close_fixture(&f);

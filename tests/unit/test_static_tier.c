@@ -2,7 +2,7 @@
  * (ms_model_static_read): every bound tensor keeps its bytes and address, the
  * static tensors' pages are no longer file-backed (the routed experts' still
  * are), the plan's static line is the copy's size, and the engine still
- * reproduces the transformers references of the shared fixtures. */
+ * reproduces the transformers references of the tests/data fixtures. */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -128,10 +128,10 @@ static void check_fixture(const char *dir) {
 }
 
 TEST(static_read_fixtures) {
-    check_fixture("../shared/fixtures/models/deepseek_v3_fp8");
-    check_fixture("../shared/fixtures/models/qwen3_moe");
-    check_fixture("../shared/fixtures/models/kimi_k3_mxfp4");
-    check_fixture("../shared/fixtures/models/glm5_next");
+    check_fixture("tests/data/fixtures/models/deepseek_v3_fp8");
+    check_fixture("tests/data/fixtures/models/qwen3_moe");
+    check_fixture("tests/data/fixtures/models/kimi_k3_mxfp4");
+    check_fixture("tests/data/fixtures/models/glm5_next");
 }
 
 TEST(static_load_parse) {

@@ -31,7 +31,7 @@ static float *run(ms_model *m, ms_expert_source *src, const int32_t *ids, int n,
 
 static void check_fixture(const char *name) {
     char dir[256], refp[300];
-    snprintf(dir, sizeof dir, "../shared/fixtures/models/%s", name);
+    snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", name);
     snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
     ms_model m;
     ms_err err = {0};
@@ -94,7 +94,7 @@ static void check_fixture(const char *name) {
 }
 
 TEST(bit_identical_to_resident) {
-    /* every shared fixture (all have routed experts; gpt_oss's BF16 experts are transposed copies
+    /* every tests/data fixture (all have routed experts; gpt_oss's BF16 experts are transposed copies
      * made at load, so they stay resident and only its MXFP4 twin reads from disk) */
     const char *names[] = {"deepseek_v3", "deepseek_v3_fp8", "deepseek_v32", "deepseek_v4", "glm4_moe", "glm5_next",
                            "glm_moe_dsa", "gpt_oss", "gpt_oss_mxfp4", "kimi_k3", "kimi_k3_mxfp4", "kimi_linear", "kimi_linear_fp8",
@@ -105,8 +105,8 @@ TEST(bit_identical_to_resident) {
 TEST(refuses_store_of_another_model) {
     ms_model a, b;
     ms_err err = {0};
-    CHECK(ms_model_load("../shared/fixtures/models/deepseek_v3", &a, &err) == 0);
-    CHECK(ms_model_load("../shared/fixtures/models/glm4_moe", &b, &err) == 0);
+    CHECK(ms_model_load("tests/data/fixtures/models/deepseek_v3", &a, &err) == 0);
+    CHECK(ms_model_load("tests/data/fixtures/models/glm4_moe", &b, &err) == 0);
     mkdir("build/tmp", 0755);
     CHECK(ms_streaming_pack(&a, "build/tmp/engine_store_other", NULL, 0, NULL, &err) == 0);
     ms_streaming_opts so = {.store_dir = "build/tmp/engine_store_other"};

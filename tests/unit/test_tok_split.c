@@ -41,7 +41,7 @@ static char *json_pattern(const char *name) {
     snprintf(path, sizeof path, "build/tokenizers/%s/tokenizer.json", name);
     if (!ms_file_exists(path)) {
         char cmd[1024];
-        snprintf(cmd, sizeof cmd, "mkdir -p build/tokenizers/%s && gzip -dc ../shared/tokenizers/%s/tokenizer.json.gz > %s.tmp && mv %s.tmp %s",
+        snprintf(cmd, sizeof cmd, "mkdir -p build/tokenizers/%s && gzip -dc tests/data/tokenizers/%s/tokenizer.json.gz > %s.tmp && mv %s.tmp %s",
                  name, name, path, path, path);
         if (system(cmd)) return NULL;
     }

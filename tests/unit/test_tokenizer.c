@@ -1,6 +1,6 @@
 /* test_tokenizer.c — tokenizers against Hugging Face's own outputs
- * (../shared/fixtures/text/tok_dev.json, made with tokenizers 0.23.2) for the
- * three real tokenizers in ../shared/tokenizers, plus properties on other text:
+ * (tests/data/fixtures/text/tok_dev.json, made with tokenizers 0.23.2) for the
+ * three real tokenizers in tests/data/tokenizers, plus properties on other text:
  * byte-level round trip, streaming == batch decoding, and a tiktoken rank file
  * made from gpt-oss's tokenizer.json encoding exactly like the tokenizer.json. */
 #include <cjson/cJSON.h>
@@ -20,7 +20,7 @@
 static const char *k_names[3] = {"deepseek_v3", "qwen3", "gptoss"};
 static cJSON *g_fix;
 
-/* Unpack ../shared/tokenizers/NAME into build/tokenizers/NAME (once). */
+/* Unpack tests/data/tokenizers/NAME into build/tokenizers/NAME (once). */
 static int unpack(const char *name, char *dir, size_t cap) {
     snprintf(dir, cap, "build/tokenizers/%s", name);
     char path[600], cmd[4096];
@@ -30,8 +30,8 @@ static int unpack(const char *name, char *dir, size_t cap) {
     /* other tests unpack tokenizer.json alone into the same folder: need both */
     if (ms_file_exists(path) && ms_file_exists(cfg)) return 0;
     snprintf(cmd, sizeof cmd,
-             "mkdir -p %s && gzip -dc ../shared/tokenizers/%s/tokenizer.json.gz > %s.tmp && mv %s.tmp %s && "
-             "cp ../shared/tokenizers/%s/tokenizer_config.json %s/",
+             "mkdir -p %s && gzip -dc tests/data/tokenizers/%s/tokenizer.json.gz > %s.tmp && mv %s.tmp %s && "
+             "cp tests/data/tokenizers/%s/tokenizer_config.json %s/",
              dir, name, path, path, path, name, dir);
     return system(cmd);
 }
@@ -59,7 +59,7 @@ static cJSON *fixture(void) {
     char *data;
     size_t len;
     ms_err err = {0};
-    int rc = ms_read_file("../shared/fixtures/text/tok_dev.json", 1 << 26, &data, &len, &err);
+    int rc = ms_read_file("tests/data/fixtures/text/tok_dev.json", 1 << 26, &data, &len, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);
     if (rc) return NULL;
     rc = ms_json_parse(data, len, "tok_dev.json", &g_fix, &err);

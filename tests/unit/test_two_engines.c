@@ -5,7 +5,7 @@
  * kimi_linear, MLA deepseek_v3), two engines over the same loaded model, and
  * engines whose pools run different kernel ISAs (backend/cpu/cpu.h
  * ms_cpu_set_isa is per pool: a scalar pool must not change what the other
- * engine computes). Fixtures: ../shared/fixtures/models/<name>. */
+ * engine computes). Fixtures: tests/data/fixtures/models/<name>. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +16,7 @@
 #include "model/model.h"
 #include "test.h"
 
-#define FIXTURES "../shared/fixtures/models/"
+#define FIXTURES "tests/data/fixtures/models/"
 enum { PREFILL = 9, MAX_STEPS = 12 }; /* step 0: the first PREFILL tokens; then one token a step */
 
 /* A model and the token sequence it is fed (the fixture's reference input_ids). */

@@ -10,6 +10,8 @@ the JSON object `moonshine render` reads, a raw one is that object as JSON text
 mapping is the one documented in src/text/xtml.h, written here independently.
 With --random, COUNT random requests (mixing every feature, valid and not) are
 generated from SEED and printed with their renders as {"name", "request", ...}.
+REFERENCE_DIR holds the official Kimi K3 files (encoding_k3.py). tools/refs/regen.sh
+runs both forms into tests/data/xtml/reference_{corpus,random}.json, which test_xtml reads.
 """
 import json
 import random

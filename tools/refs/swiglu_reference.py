@@ -1,11 +1,12 @@
 """Reference clamped SwiGLU outputs, computed by the transformers sources themselves.
 
-The activation code of three models is taken from ../shared/reference/transformers-5.17
+The activation code of three models is taken from the transformers 5.17.0 sources
 (gpt-oss GptOssExperts._apply_gate, GLM-5-Next Glm5NextTextMLP.forward, DeepSeek-V4
 DeepseekV4MLP.forward), and run, unmodified, on a tiny float64 stand-in for the few torch
 tensor operations they use (clamp, sigmoid, silu, arithmetic, strided slicing). Prints JSON:
 {"gate": [...], "up": [...], "gpt_oss": [...], "glm5_next": [...], "deepseek_v4": [...]}.
-Usage: swiglu_reference.py TRANSFORMERS_MODELS_DIR
+Usage: swiglu_reference.py TRANSFORMERS_MODELS_DIR  (transformers/models of 5.17.0)
+tools/refs/regen.sh runs it into tests/data/swiglu_reference.json, which test_act reads.
 """
 import ast
 import json

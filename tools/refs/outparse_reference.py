@@ -10,6 +10,8 @@ settings transformers uses, and cuts out what the model itself generates
 GLM and harmony ship no template here: their texts are written from the
 published formats (GLM-4.5 / GLM-4.7 templates, OpenAI's harmony spec).
 Prints a JSON list of {name, format, start_in_reasoning, text, expect}.
+tools/refs/regen.sh runs it into tests/data/outparse_cases.json, which test_outparse
+and test_server_api read.
 """
 import json
 import sys
