@@ -5,6 +5,7 @@
 #define MS_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,29 @@ static int ms_ntests_, ms_pass_, ms_fail_;
     } while (0)
 
 #define CHECK_NEAR(a, b, tol) CHECK_MSG(fabs((double)(a) - (double)(b)) <= (tol), "%g vs %g", (double)(a), (double)(b))
+
+/* Where the tests' fixtures are (tests/data/README.md): MS_TEST_FIXTURES "qwen3_moe". */
+#define MS_TEST_FIXTURES "tests/data/fixtures/models/"
+
+/* max |a[i] - b[i]| over n values, in double; a NaN on either side makes it NaN-large (never hidden). */
+static inline double ms_test_max_abs(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d;
+    }
+    return m;
+}
+
+/* The tests' random stream: xorshift64 (13, 7, 17) on *s (never 0); returns the new state. */
+static inline uint64_t ms_test_xorshift(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+/* Uniform in (0, 1) from the top 53 bits of the next state. */
+static inline double ms_test_urand(uint64_t *s) { return ((ms_test_xorshift(s) >> 11) + 0.5) / 9007199254740992.0; }
 
 #define TEST_MAIN()                                                           \
     int main(void) {                                                          \

@@ -41,7 +41,7 @@ TEST(configured_swiglu_matches_transformers) {
     const char *models[] = {"gpt_oss", "glm5_next", "deepseek_v4"};
     for (int m = 0; m < 3; m++) {
         char dir[256];
-        snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", models[m]);
+        snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", models[m]);
         ms_config c;
         CHECK_MSG(ms_config_load(dir, &c, &e) == MS_OK, "%s: %s", dir, e.msg);
         size_t nw = 0;
@@ -66,7 +66,7 @@ TEST(configured_swiglu_matches_transformers) {
     }
     /* the unclamped default is ms_swiglu bit for bit; NaN stays NaN through the clamp */
     ms_config q;
-    CHECK(ms_config_load("tests/data/fixtures/models/qwen3_moe", &q, &e) == MS_OK);
+    CHECK(ms_config_load(MS_TEST_FIXTURES "qwen3_moe", &q, &e) == MS_OK);
     CHECK(q.act_limit == 0 && q.act_alpha == 1 && q.act_up_offset == 0);
     float *g = malloc(n * sizeof *g), *u = malloc(n * sizeof *u), *r = malloc(n * sizeof *r);
     memcpy(g, gate, n * sizeof *g);

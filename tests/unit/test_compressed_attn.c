@@ -78,15 +78,6 @@ TEST(compress_pool_rejects_bad_arguments) {
     CHECK(ms_compress_pool(NULL, a, NULL, NULL, a, a, 2, 2, 1, 1e-6f, o, &err) == MS_ERR_ARG);
 }
 
-static double max_abs(const float *a, const float *b, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= m)) m = d;
-    }
-    return m;
-}
-
 #define FIX "tests/data/fixtures/models/deepseek_v4"
 
 static void run(int max_batch, int threads, int piece) {
@@ -116,7 +107,7 @@ static void run(int max_batch, int threads, int piece) {
         int n_in = (int)in->nelem, n_gp = (int)gp->nelem, n_gen = (int)gi->nelem;
         float *buf = malloc(sizeof(float) * (size_t)n_in * V);
         CHECK(ms_engine_forward(e, in->data, n_in, buf, 1, &err) == MS_OK);
-        double e1 = max_abs(buf, lg->data, (int64_t)n_in * V);
+        double e1 = ms_test_max_abs(buf, lg->data, (int64_t)n_in * V);
         CHECK_MSG(e1 < 1e-4, "batch %d: prefill logits differ by %g", max_batch, e1);
         ms_engine_reset(e);
         const int32_t *pr = gp->data, *ids = gi->data;
@@ -127,7 +118,7 @@ static void run(int max_batch, int threads, int piece) {
         double e2 = 0;
         int match = 1;
         for (int i = 0; i < n_gen; i++) {
-            double d = max_abs(buf, (const float *)gl->data + (int64_t)i * V, V);
+            double d = ms_test_max_abs(buf, (const float *)gl->data + (int64_t)i * V, V);
             if (d > e2) e2 = d;
             int best = 0;
             for (int64_t v = 1; v < V; v++)

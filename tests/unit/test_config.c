@@ -9,7 +9,7 @@ TEST(fixture_configs) {
     const char *names[] = {"deepseek_v3", "deepseek_v3_fp8", "qwen3_moe", "glm4_moe", "minimax_m2"};
     for (int i = 0; i < 5; i++) {
         char dir[256];
-        snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", names[i]);
+        snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", names[i]);
         ms_config c;
         ms_err e = {0};
         int rc = ms_config_load(dir, &c, &e);
@@ -17,7 +17,7 @@ TEST(fixture_configs) {
     }
     ms_config c;
     ms_err e = {0};
-    CHECK(ms_config_load("tests/data/fixtures/models/deepseek_v3_fp8", &c, &e) == 0);
+    CHECK(ms_config_load(MS_TEST_FIXTURES "deepseek_v3_fp8", &c, &e) == 0);
     CHECK(c.fp8 && c.fp8_block[0] == 128 && c.fp8_block[1] == 128);
     CHECK(c.layer_mlp[0] == MS_MLP_DENSE && c.layer_mlp[1] == MS_MLP_MOE);
     CHECK(c.rope.layout == MS_ROPE_INTERLEAVED && c.rope.dim == 8);
@@ -54,9 +54,9 @@ TEST(missing_tensor_named) {
     /* a fixture whose config promises more layers than the checkpoint has */
     ms_model m;
     ms_err e = {0};
-    CHECK(ms_model_load("tests/data/fixtures/models/deepseek_v3", &m, &e) == 0);
+    CHECK(ms_model_load(MS_TEST_FIXTURES "deepseek_v3", &m, &e) == 0);
     ms_model_free(&m);
-    CHECK(ms_model_load("tests/data/fixtures/models/does_not_exist", &m, &e) != 0);
+    CHECK(ms_model_load(MS_TEST_FIXTURES "does_not_exist", &m, &e) != 0);
 }
 
 TEST_MAIN()

@@ -45,10 +45,10 @@ TEST(indexer_schedules) {
 TEST(fixture_configs) {
     ms_config c;
     ms_err e = {0};
-    CHECK(ms_config_load("tests/data/fixtures/models/deepseek_v32", &c, &e) == MS_OK);
+    CHECK(ms_config_load(MS_TEST_FIXTURES "deepseek_v32", &c, &e) == MS_OK);
     CHECK(c.dsa_heads == 4 && c.dsa_head_dim == 16 && c.dsa_topk == 8 && !c.dsa_rope_interleaved);
     CHECK(c.layer_dsa[0] == 1 && c.layer_dsa[2] == 1 && c.rope.layout == MS_ROPE_INTERLEAVED);
-    CHECK(ms_config_load("tests/data/fixtures/models/glm5_next", &c, &e) == MS_OK);
+    CHECK(ms_config_load(MS_TEST_FIXTURES "glm5_next", &c, &e) == MS_OK);
     CHECK_MSG(c.vocab == 512 && c.hidden == 64 && c.n_layers == 4, "%s", e.msg); /* from text_config */
     CHECK(c.hc_mult == 2 && c.hc_sinkhorn_iters == 5 && c.act_limit == 10.0 && c.dsa_kpool == 4 && c.dsa_kpool_tail);
     CHECK(c.layer_attn[0] == MS_ATTN_KDA && c.layer_attn[3] == MS_ATTN_MLA && c.layer_dsa[0] == 0 && c.layer_dsa[3] == 1);
@@ -56,7 +56,7 @@ TEST(fixture_configs) {
     /* GLM-5-Next: a shared layer must directly follow a full DSA layer; layer 3 follows a KDA layer */
     char *txt = NULL;
     size_t len = 0;
-    CHECK(ms_read_file("tests/data/fixtures/models/glm5_next/config.json", 1 << 20, &txt, &len, &e) == MS_OK);
+    CHECK(ms_read_file(MS_TEST_FIXTURES "glm5_next/config.json", 1 << 20, &txt, &len, &e) == MS_OK);
     char *it = txt ? strstr(txt, "\"indexer_types\"") : NULL;
     char *end = it ? strchr(it, ']') : NULL;
     CHECK(it && end);

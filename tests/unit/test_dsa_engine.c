@@ -8,15 +8,6 @@
 #include "model/model.h"
 #include "test.h"
 
-static double max_abs(const float *a, const float *b, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= m)) m = d;
-    }
-    return m;
-}
-
 static void run_fixture(const char *dir, int max_batch, int threads, int piece) {
     char path[512];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
@@ -46,7 +37,7 @@ static void run_fixture(const char *dir, int max_batch, int threads, int piece) 
     int n_in = (int)in->nelem, n_gp = (int)gp->nelem, n_gen = (int)gi->nelem;
     float *buf = malloc(sizeof(float) * (size_t)n_in * V);
     CHECK(ms_engine_forward(e, in->data, n_in, buf, 1, &err) == MS_OK);
-    double e1 = max_abs(buf, lg->data, (int64_t)n_in * V);
+    double e1 = ms_test_max_abs(buf, lg->data, (int64_t)n_in * V);
     CHECK_MSG(e1 < 1e-4, "%s (batch %d): prefill logits differ by %g", dir, max_batch, e1);
     /* the prompt in pieces of `piece` tokens, then one token at a time */
     ms_engine_reset(e);
@@ -58,7 +49,7 @@ static void run_fixture(const char *dir, int max_batch, int threads, int piece) 
     double e2 = 0;
     int match = 1;
     for (int i = 0; i < n_gen; i++) {
-        double d = max_abs(buf, (const float *)gl->data + (int64_t)i * V, V);
+        double d = ms_test_max_abs(buf, (const float *)gl->data + (int64_t)i * V, V);
         if (d > e2) e2 = d;
         int best = 0;
         for (int64_t v = 1; v < V; v++)
@@ -79,21 +70,21 @@ out:
 }
 
 TEST(deepseek_v32_chunked_prefill_and_decode) {
-    run_fixture("tests/data/fixtures/models/deepseek_v32", 7, 2, 20);
-    run_fixture("tests/data/fixtures/models/deepseek_v32", 256, 1, 3);
+    run_fixture(MS_TEST_FIXTURES "deepseek_v32", 7, 2, 20);
+    run_fixture(MS_TEST_FIXTURES "deepseek_v32", 256, 1, 3);
 }
 
 TEST(deepseek_v32_topk4_many_ties) { run_fixture("tests/fixtures/extra/deepseek_v32_topk4", 5, 2, 6); }
 
 TEST(glm_moe_dsa_shared_selection_chunked) {
     run_fixture("tests/fixtures/extra/glm_moe_dsa_topk4_shared", 3, 2, 20);
-    run_fixture("tests/data/fixtures/models/glm_moe_dsa", 16, 1, 1);
+    run_fixture(MS_TEST_FIXTURES "glm_moe_dsa", 16, 1, 1);
 }
 
 /* KDA + KPool DSA + mHC; glm5_next_s2 (hc_mult 3, kpool 3, a shared layer) has tied pool choices
  * that flip as the sequence grows: with recurrent KDA state the engine redoes the sequence */
 TEST(glm5_next_chunked_and_replayed) {
-    run_fixture("tests/data/fixtures/models/glm5_next", 6, 2, 7);
+    run_fixture(MS_TEST_FIXTURES "glm5_next", 6, 2, 7);
     run_fixture("tests/fixtures/extra/glm5_next_s2", 5, 2, 20);
     run_fixture("tests/fixtures/extra/glm5_next_s2", 256, 1, 3);
 }

@@ -345,7 +345,7 @@ TEST(fixtures_every_layout) {
                            "minimax_m2", "kimi_linear_fp8", "deepseek_v4"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char dir[256];
-        snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", names[i]);
+        snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", names[i]);
         ms_checkpoint ck;
         ms_err e = {0};
         if (ms_checkpoint_open(dir, &ck, &e)) { CHECK_MSG(0, "%s", e.msg); continue; }

@@ -291,9 +291,9 @@ TEST(eos_ids) {
     int32_t ids[8];
     int n;
     ms_err err = {0};
-    CHECK(ms_gen_eos_ids("tests/data/fixtures/models/qwen3_moe", 512, ids, 8, &n, &err) == 0);
+    CHECK(ms_gen_eos_ids(MS_TEST_FIXTURES "qwen3_moe", 512, ids, 8, &n, &err) == 0);
     CHECK(n == 1 && ids[0] == 2); /* config.json eos_token_id 2 */
-    CHECK(ms_gen_eos_ids("tests/data/fixtures/models/qwen3_moe", 2, ids, 8, &n, &err) == MS_ERR_FORMAT);
+    CHECK(ms_gen_eos_ids(MS_TEST_FIXTURES "qwen3_moe", 2, ids, 8, &n, &err) == MS_ERR_FORMAT);
 }
 
 typedef struct { const char *name; int can_truncate; } fixture;
@@ -335,7 +335,7 @@ static void max_err(const float *a, const float *b, int64_t V, double *mx) {
 
 static void check_fixture(const fixture *f, int with_hook) {
     char dir[256], refp[300];
-    snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", f->name);
+    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", f->name);
     snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
     ms_model m;
     ms_err err = {0};

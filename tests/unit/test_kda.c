@@ -18,12 +18,7 @@
 /* ---- random inputs ---- */
 
 static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
-static double urand(void) {
-    rng_s ^= rng_s << 13;
-    rng_s ^= rng_s >> 7;
-    rng_s ^= rng_s << 17;
-    return ((rng_s >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
+static double urand(void) { return ms_test_urand(&rng_s); }
 static double nrand(void) { return sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand()); }
 static float *randn(size_t n, double sd) {
     float *x = malloc(n * sizeof *x);

@@ -56,10 +56,10 @@ static void run_pieces(const char *dir, const int *pieces, int np, int max_batch
 
 TEST(kimi_linear_in_pieces) {
     int a[] = {17, 1, 1, 21}, b[] = {1, 1, 1, 1, 1, 35}, c[] = {40};
-    run_pieces("tests/data/fixtures/models/kimi_linear", a, 4, 256, 2);
-    run_pieces("tests/data/fixtures/models/kimi_linear", b, 6, 256, 1);
-    run_pieces("tests/data/fixtures/models/kimi_linear", c, 1, 7, 2); /* engine batches of 7 */
-    run_pieces("tests/data/fixtures/models/kimi_linear_fp8", a, 4, 256, 2);
+    run_pieces(MS_TEST_FIXTURES "kimi_linear", a, 4, 256, 2);
+    run_pieces(MS_TEST_FIXTURES "kimi_linear", b, 6, 256, 1);
+    run_pieces(MS_TEST_FIXTURES "kimi_linear", c, 1, 7, 2); /* engine batches of 7 */
+    run_pieces(MS_TEST_FIXTURES "kimi_linear_fp8", a, 4, 256, 2);
 }
 
 TEST(kimi_linear_config_errors) {

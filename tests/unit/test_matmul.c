@@ -11,8 +11,7 @@
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
+    return (uint32_t)(ms_test_xorshift(&g_rng) >> 16);
 }
 static float frand(void) { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
 

@@ -10,12 +10,7 @@
 #include "util/threadpool.h"
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static double urand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
-}
+static double urand(void) { return ms_test_urand(&rng_state); }
 static double nrand(void) { return sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand()); }
 
 static double sig(double x) { return 1 / (1 + exp(-x)); }

@@ -9,15 +9,6 @@
 #include "model/model.h"
 #include "test.h"
 
-static double max_abs(const float *a, const float *b, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= m)) m = d;
-    }
-    return m;
-}
-
 static double max_mag(const float *a, int64_t n) {
     double m = 0;
     for (int64_t i = 0; i < n; i++)
@@ -62,7 +53,7 @@ static void compare_forms(const char *dir, ms_pool *pool, int past, int n, uint6
               (unsigned long long)sa->mla_expanded);
     CHECK_MSG(sx->mla_expanded > 0, "%s: the expanded form never ran (%llu MLA chunks)", dir,
               (unsigned long long)sx->mla_chunks);
-    double d = max_abs(la, lx, (int64_t)n * V), mag = max_mag(la, (int64_t)n * V);
+    double d = ms_test_max_abs(la, lx, (int64_t)n * V), mag = max_mag(la, (int64_t)n * V);
     CHECK_MSG(d <= 1e-4 * (mag > 1 ? mag : 1), "%s past %d chunk %d: forms differ by %g (logits up to %g)", dir, past,
               n, d, mag);
 out:
@@ -101,7 +92,7 @@ static void against_reference(const char *dir, ms_pool *pool, int chunk) {
         for (int s = 0; s < n_in; s += chunk) {
             int k = n_in - s < chunk ? n_in - s : chunk;
             CHECK(ms_engine_forward(e, (const int32_t *)in->data + s, k, buf, 1, &err) == MS_OK);
-            double d = max_abs(buf, (const float *)lg->data + (int64_t)s * V, (int64_t)k * V);
+            double d = ms_test_max_abs(buf, (const float *)lg->data + (int64_t)s * V, (int64_t)k * V);
             if (d > worst) worst = d;
         }
         CHECK_MSG(worst < 1e-4, "%s chunks of %d: logits differ from the reference by %g", dir, chunk, worst);
@@ -114,9 +105,9 @@ static void against_reference(const char *dir, ms_pool *pool, int chunk) {
 }
 
 static const char *dirs[] = {
-    "tests/data/fixtures/models/deepseek_v3",  "tests/fixtures/extra/deepseek_v3_noqlora",
-    "tests/data/fixtures/models/deepseek_v32", "tests/data/fixtures/models/kimi_k3",
-    "tests/data/fixtures/models/glm5_next",
+    MS_TEST_FIXTURES "deepseek_v3",  "tests/fixtures/extra/deepseek_v3_noqlora",
+    MS_TEST_FIXTURES "deepseek_v32", MS_TEST_FIXTURES "kimi_k3",
+    MS_TEST_FIXTURES "glm5_next",
 };
 
 TEST(forms_agree_on_random_prompts) {

@@ -9,8 +9,7 @@
 
 static uint64_t g_rng = 12345;
 static float frand(void) {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) / 16777216.0 * 2.0 - 1.0);
+    return (float)((ms_test_xorshift(&g_rng) >> 40) / 16777216.0 * 2.0 - 1.0);
 }
 
 static const int k_sizes[] = {1, 7, 16, 33, 100, 1000, 7168};

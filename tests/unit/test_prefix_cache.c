@@ -12,15 +12,6 @@
 #include "model/model.h"
 #include "test.h"
 
-static double max_abs(const float *a, const float *b, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= m)) m = d;
-    }
-    return m;
-}
-
 typedef struct {
     const char *name;
     ms_model m;
@@ -34,7 +25,7 @@ static int open_fixture(fixture *f, const char *name) {
     char dir[256], path[300];
     memset(f, 0, sizeof *f);
     f->name = name;
-    snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", name);
+    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", name);
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     ms_err err = {0};
     if (ms_checkpoint_open(path, &f->ref, &err)) {
@@ -93,7 +84,7 @@ static void direct(const char *name) {
     CHECK(ms_engine_forward(e, other, 10, NULL, 0, &err) == MS_OK);
     CHECK(ms_prefix_cache_restore(pc, e, f.ids, 40, &r, &err) == MS_OK && r == 30 && ms_engine_n_past(e) == 30);
     CHECK(ms_engine_forward(e, f.ids + 30, 10, lg, 1, &err) == MS_OK);
-    double d = max_abs(lg, f.logits + 30 * V, 10 * V);
+    double d = ms_test_max_abs(lg, f.logits + 30 * V, 10 * V);
     CHECK_MSG(d < 1e-4, "%s: after the restored prefix: max error %g vs the reference", name, d);
     CHECK(ms_engine_forward(fresh, f.ids, 20, NULL, 0, &err) == MS_OK);
     CHECK(ms_engine_forward(fresh, f.ids + 20, 10, NULL, 0, &err) == MS_OK);
@@ -153,7 +144,7 @@ static void through_generator(const char *name) {
     CHECK(ms_generator_prefill(g, alt, 25, &cached, lg, &err) == MS_OK && cached == 20);
     CHECK(ms_generator_prefill(g, f.ids, 40, &cached, lg, &err) == MS_OK);
     CHECK_MSG(cached == 20, "%s: cached %d (the 20-token prefix should come from the cache)", name, cached);
-    double d = max_abs(lg, f.logits + 39 * V, V);
+    double d = ms_test_max_abs(lg, f.logits + 39 * V, V);
     CHECK_MSG(d < 1e-4, "%s: after reuse: max error %g vs the reference", name, d);
     CHECK(ms_engine_forward(fresh, f.ids, 20, NULL, 0, &err) == MS_OK);
     CHECK(ms_engine_forward(fresh, f.ids + 20, 20, lf, 0, &err) == MS_OK);

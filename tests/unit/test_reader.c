@@ -11,12 +11,7 @@
 #include "util/hash.h"
 
 static uint64_t rng = 88172645463325252ull;
-static uint64_t xs(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+static uint64_t xs(void) { return ms_test_xorshift(&rng); }
 
 static uint8_t *write_file(const char *path, size_t n) {
     uint8_t *b = malloc(n);

@@ -149,7 +149,7 @@ TEST(sharded_index) {
 TEST(fixture_loads) {
     ms_checkpoint ck;
     ms_err e = {0};
-    int rc = ms_checkpoint_open("tests/data/fixtures/models/deepseek_v3", &ck, &e);
+    int rc = ms_checkpoint_open(MS_TEST_FIXTURES "deepseek_v3", &ck, &e);
     CHECK_MSG(rc == 0, "%s", e.msg);
     if (!rc) {
         const ms_tensor *t = ms_checkpoint_find(&ck, "model.embed_tokens.weight");

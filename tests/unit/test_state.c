@@ -119,15 +119,6 @@ static int expect_truncatable(const char *name) {
     return 1;
 }
 
-static double max_abs(const float *a, const float *b, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= m)) m = d;
-    }
-    return m;
-}
-
 /* Snapshot/restore, state file save/load and truncation on one fixture. */
 static void check_fixture(const char *dir) {
     fixture f;
@@ -149,7 +140,7 @@ static void check_fixture(const char *dir) {
     /* A then B in one engine: the logits every other path must reproduce bit for bit; from the last
      * prompt token on they are the fixture's gen_logits */
     if (fwd(&f, e1, A, NA) || run_b(&f, e1, B, ref)) goto out;
-    double d = max_abs(ref + (int64_t)(PREFILL_B - 1) * f.V, f.gen_logits, (int64_t)(NB - PREFILL_B + 1) * f.V);
+    double d = ms_test_max_abs(ref + (int64_t)(PREFILL_B - 1) * f.V, f.gen_logits, (int64_t)(NB - PREFILL_B + 1) * f.V);
     CHECK_MSG(d < 1e-4, "%s: A then B differs from the reference by %g", f.name, d);
 
     /* in memory: A, snapshot, C, restore, B */
@@ -168,13 +159,13 @@ static void check_fixture(const char *dir) {
     CHECK(ms_engine_n_past(e2) == NA);
     if (!rc && !run_b(&f, e2, B, got))
         CHECK_MSG(!memcmp(got, ref, lb), "%s: snapshot/restore changed the logits (max diff %g)", f.name,
-                  max_abs(got, ref, (int64_t)NB * f.V));
+                  ms_test_max_abs(got, ref, (int64_t)NB * f.V));
     /* the snapshot again, into a fresh engine of another context and batch */
     rc = ms_engine_restore(e3, snap, &err);
     CHECK_MSG(rc == MS_OK, "%s: %s", f.name, err.msg);
     if (!rc && !run_b(&f, e3, B, got))
         CHECK_MSG(!memcmp(got, ref, lb), "%s: snapshot restored into a fresh engine changed the logits (max diff %g)",
-                  f.name, max_abs(got, ref, (int64_t)NB * f.V));
+                  f.name, ms_test_max_abs(got, ref, (int64_t)NB * f.V));
 
     /* state file: load A's state into a fresh engine (single-threaded: the state does not depend on the
      * thread count, nor do the kernels' results), then B */
@@ -191,7 +182,7 @@ static void check_fixture(const char *dir) {
     free(toks);
     if (!rc && !run_b(&f, e3, B, got))
         CHECK_MSG(!memcmp(got, ref, lb), "%s: a loaded state file changed the logits (max diff %g)", f.name,
-                  max_abs(got, ref, (int64_t)NB * f.V));
+                  ms_test_max_abs(got, ref, (int64_t)NB * f.V));
 
     /* truncation: A, C, back to |A|, B */
     ms_engine_reset(e2);
@@ -203,7 +194,7 @@ static void check_fixture(const char *dir) {
         CHECK(ms_engine_can_truncate(e2) && ms_engine_truncatable(e2, NULL) == MS_OK);
         if (!rc && !run_b(&f, e2, B, got))
             CHECK_MSG(!memcmp(got, ref, lb), "%s: truncate changed the logits (max diff %g)", f.name,
-                      max_abs(got, ref, (int64_t)NB * f.V));
+                      ms_test_max_abs(got, ref, (int64_t)NB * f.V));
         rc = ms_engine_truncate(e2, NA + NB + 1, &why);
         CHECK_MSG(rc == MS_ERR_ARG && strstr(why.msg, "truncate"), "%s: %s", f.name, why.msg);
     } else {
@@ -406,8 +397,8 @@ TEST(foreign_model_refused) {
     const char *pairs[][2] = {{"deepseek_v3", "deepseek_v3_fp8"}, {"qwen3_moe", "kimi_linear"}, {"gpt_oss", "gpt_oss_mxfp4"}};
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
         char d0[256], d1[256], path[256];
-        snprintf(d0, sizeof d0, "tests/data/fixtures/models/%s", pairs[i][0]);
-        snprintf(d1, sizeof d1, "tests/data/fixtures/models/%s", pairs[i][1]);
+        snprintf(d0, sizeof d0, MS_TEST_FIXTURES "%s", pairs[i][0]);
+        snprintf(d1, sizeof d1, MS_TEST_FIXTURES "%s", pairs[i][1]);
         tmp_path(path, sizeof path, "foreign");
         fixture f0, f1;
         int ok0 = !open_fixture(&f0, d0), ok1 = !open_fixture(&f1, d1);
@@ -473,7 +464,7 @@ TEST(cli_save_then_load_continues_the_reference) {
     const char *names[] = {"qwen3_moe", "deepseek_v32", "kimi_linear", "qwen3_next", "deepseek_v4", "glm5_next"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char dir[256], path[256], a1[256], a2[256], args[2048];
-        snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", names[i]);
+        snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", names[i]);
         fixture f;
         if (open_fixture(&f, dir)) {
             close_fixture(&f);

@@ -128,10 +128,10 @@ static void check_fixture(const char *dir) {
 }
 
 TEST(static_read_fixtures) {
-    check_fixture("tests/data/fixtures/models/deepseek_v3_fp8");
-    check_fixture("tests/data/fixtures/models/qwen3_moe");
-    check_fixture("tests/data/fixtures/models/kimi_k3_mxfp4");
-    check_fixture("tests/data/fixtures/models/glm5_next");
+    check_fixture(MS_TEST_FIXTURES "deepseek_v3_fp8");
+    check_fixture(MS_TEST_FIXTURES "qwen3_moe");
+    check_fixture(MS_TEST_FIXTURES "kimi_k3_mxfp4");
+    check_fixture(MS_TEST_FIXTURES "glm5_next");
 }
 
 TEST(static_load_parse) {

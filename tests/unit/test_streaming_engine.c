@@ -31,7 +31,7 @@ static float *run(ms_model *m, ms_expert_source *src, const int32_t *ids, int n,
 
 static void check_fixture(const char *name) {
     char dir[256], refp[300];
-    snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", name);
+    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", name);
     snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
     ms_model m;
     ms_err err = {0};
@@ -105,8 +105,8 @@ TEST(bit_identical_to_resident) {
 TEST(refuses_store_of_another_model) {
     ms_model a, b;
     ms_err err = {0};
-    CHECK(ms_model_load("tests/data/fixtures/models/deepseek_v3", &a, &err) == 0);
-    CHECK(ms_model_load("tests/data/fixtures/models/glm4_moe", &b, &err) == 0);
+    CHECK(ms_model_load(MS_TEST_FIXTURES "deepseek_v3", &a, &err) == 0);
+    CHECK(ms_model_load(MS_TEST_FIXTURES "glm4_moe", &b, &err) == 0);
     mkdir("build/tmp", 0755);
     CHECK(ms_streaming_pack(&a, "build/tmp/engine_store_other", NULL, 0, NULL, &err) == 0);
     ms_streaming_opts so = {.store_dir = "build/tmp/engine_store_other"};

@@ -17,7 +17,7 @@ TEST(synth_roundtrip) {
     CHECK(mkdtemp(d1) && mkdtemp(d2));
     ms_err e = {0};
     ms_synth_result r;
-    ms_synth_opts o = {.config_path = "tests/data/fixtures/models/deepseek_v3/config.json", .out_dir = d1, .seed = 7,
+    ms_synth_opts o = {.config_path = MS_TEST_FIXTURES "deepseek_v3/config.json", .out_dir = d1, .seed = 7,
                        .dtype = MS_DT_BF16, .expert_dtype = MS_DT_F8_E4M3};
     int rc = ms_synth(&o, &r, &e);
     CHECK_MSG(rc == 0, "%s", e.msg);

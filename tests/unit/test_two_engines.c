@@ -16,7 +16,7 @@
 #include "model/model.h"
 #include "test.h"
 
-#define FIXTURES "tests/data/fixtures/models/"
+#define FIXTURES MS_TEST_FIXTURES
 enum { PREFILL = 9, MAX_STEPS = 12 }; /* step 0: the first PREFILL tokens; then one token a step */
 
 /* A model and the token sequence it is fed (the fixture's reference input_ids). */
