@@ -3,7 +3,9 @@
  *   logits      [40, V]  one forward over input_ids (prefill path)
  *   gen_logits  [12, V]  logits choosing each gen_ids token, computed by a
  *                        full recompute; we decode incrementally with the cache. */
+#include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,22 @@ static const ms_tensor *ref_tensor(const ms_checkpoint *r, const char *name, ms_
         return NULL;
     }
     return t;
+}
+
+/* --dump-logits: n floats, little-endian, appended to f. 0 ok. */
+static int dump_f32(FILE *f, const float *v, int64_t n) {
+    if (!f) return 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        u = __builtin_bswap32(u);
+        if (fwrite(&u, 4, 1, f) != 1) return -1;
+    }
+    return 0;
+#else
+    return fwrite(v, sizeof *v, (size_t)n, f) == (size_t)n ? 0 : -1;
+#endif
 }
 
 static int argmax(const float *v, int64_t n) {
@@ -43,19 +61,23 @@ static double max_abs(const float *a, const float *b, int64_t n) {
 
 int cmd_verify(int argc, char **argv) {
     if (ms_arg_flag(argc, argv, "--help")) {
-        printf("usage: moonshine verify FIXTURE_DIR [--threads N]\n"
+        printf("usage: moonshine verify FIXTURE_DIR [--threads N] [--dump-logits FILE]\n"
                "Runs one forward over reference input_ids and a greedy incremental decode from\n"
                "gen_prompt, compares with the reference logits, prints one JSON line and exits 0\n"
                "only when both max errors are <= 1e-3 and the generated ids match.\n"
                "Expert streaming (bit-identical to resident): --expert-cache-mib N (0: top-k slots),\n"
-               "--io auto|uring|pread|mmap, --store DIR (moonshine pack), --cache-policy lfu-decay|lru.\n");
+               "--io auto|uring|pread|mmap, --store DIR (moonshine pack), --cache-policy lfu-decay|lru.\n"
+               "--dump-logits FILE writes the logits it computed, raw little-endian F32 without a header:\n"
+               "the [40, V] prefill logits, then the [12, V] greedy-step logits, in that order (for\n"
+               "bit-identity checks: tests/scripts/logits_identical.sh).\n");
         return 0;
     }
     int threads, ctx;
     if (ms_cli_engine_args(argc, argv, &threads, &ctx)) return 2;
+    const char *dump_path = ms_arg_str(argc, argv, "--dump-logits");
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || ms_args_unknown(argc, argv, "verify")) {
-        fprintf(stderr, "usage: moonshine verify FIXTURE_DIR [--threads N]\n");
+        fprintf(stderr, "usage: moonshine verify FIXTURE_DIR [--threads N] [--dump-logits FILE]\n");
         return 2;
     }
     char path[4096];
@@ -79,6 +101,7 @@ int cmd_verify(int argc, char **argv) {
     const ms_tensor *gl = ref_tensor(&ref, "gen_logits", MS_DT_F32, 2, path);
     int rc = 1;
     float *out = NULL;
+    FILE *dump = NULL;
     if (!in || !lg || !gp || !gi || !gl) goto done;
     if (lg->shape[0] != in->shape[0] || lg->shape[1] != V || gl->shape[0] != gi->shape[0] || gl->shape[1] != V) {
         fprintf(stderr, "moonshine verify: %s: reference shapes do not match the model (vocab %lld)\n", path, (long long)V);
@@ -87,12 +110,17 @@ int cmd_verify(int argc, char **argv) {
     int n_in = (int)in->shape[0], n_gp = (int)gp->shape[0], n_gen = (int)gi->shape[0];
     out = malloc((size_t)(n_in > 1 ? n_in : 1) * (size_t)V * sizeof *out);
     if (!out) goto done;
+    if (dump_path && !(dump = fopen(dump_path, "wb"))) {
+        fprintf(stderr, "moonshine verify: %s: cannot create: %s\n", dump_path, strerror(errno));
+        goto done;
+    }
     const float *ref_logits = lg->data;
     if (ms_engine_forward(x.engine, in->data, n_in, out, 1, &err)) {
         fprintf(stderr, "moonshine verify: %s\n", err.msg);
         goto done;
     }
     double e1 = max_abs(out, ref_logits, (int64_t)n_in * V);
+    if (dump_f32(dump, out, (int64_t)n_in * V)) goto dump_err;
     ms_engine_reset(x.engine);
     double e2 = 0;
     int ids_match = 1;
@@ -107,10 +135,16 @@ int cmd_verify(int argc, char **argv) {
         if (d > e2) e2 = d;
         int32_t tok = argmax(out, V);
         if (tok != gen_ref[i]) ids_match = 0;
+        if (dump_f32(dump, out, V)) goto dump_err;
         if (i + 1 < n_gen && ms_engine_forward(x.engine, &tok, 1, out, 0, &err)) {
             fprintf(stderr, "moonshine verify: %s\n", err.msg);
             goto done;
         }
+    }
+    if (dump) {
+        int cerr = fclose(dump);
+        dump = NULL;
+        if (cerr) goto dump_err;
     }
     const char *name = strrchr(dir, '/');
     name = name && name[1] ? name + 1 : dir;
@@ -119,7 +153,12 @@ int cmd_verify(int argc, char **argv) {
            "\"gen_ids_match\":%s,\"ok\":%s}\n",
            name, x.model.cfg.model_type, e1, e2, ids_match ? "true" : "false", ok ? "true" : "false");
     rc = ok ? 0 : 1;
+    goto done;
+dump_err:
+    fprintf(stderr, "moonshine verify: %s: write failed: %s\n", dump_path, strerror(errno));
+    rc = 1;
 done:
+    if (dump) fclose(dump);
     free(out);
     ms_cli_close(&x);
     ms_checkpoint_close(&ref);
