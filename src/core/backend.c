@@ -12,6 +12,8 @@ static int always(const ms_config *c) { return 1; }
 static int has_gqa(const ms_config *c) { return any_attn(c, MS_ATTN_GQA); }
 static int has_mla(const ms_config *c) { return any_attn(c, MS_ATTN_MLA); }
 static int has_moe(const ms_config *c) { return c->n_experts > 0; }
+static int has_kda(const ms_config *c) { return any_attn(c, MS_ATTN_KDA); }
+static int has_gdn(const ms_config *c) { return any_attn(c, MS_ATTN_GDN); }
 static int has_attn_res(const ms_config *c) { return c->attn_res_block > 0; }
 
 /* One op: its name (as the error says it), where it sits in the table, and
@@ -32,6 +34,7 @@ static const op_need k_needs[] = {
     OP(rope, always),         OP(glu, always),           OP(embed, always),        OP(attn_gqa, has_gqa),
     OP(attn_mla, has_mla),    OP(route, has_moe),        OP(gather_rows, has_moe), OP(scatter_add_rows, has_moe),
     OP(add_bias_any, has_moe), OP(split_gate_up, has_moe), OP(add_gated_rows, has_moe),
+    OP(kda_forward, has_kda),  OP(gdn_forward, has_gdn),
     OP(attn_res_mix, has_attn_res),
 };
 #undef OP

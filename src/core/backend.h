@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/gdn_block.h"
+#include "engine/kda_block.h"
 #include "model/config.h"
 #include "ops/ops.h"
 #include "util/err.h"
@@ -171,7 +173,18 @@ typedef struct ms_backend_ops {
     void (*add_gated_rows)(ms_backend *be, float *y, const float *x, const float *s, int64_t rows, int64_t d);
 
     /* ---- linear attention (KDA, gated DeltaNet) ---- */
-    /* (owner: engine/kda_layer.c) */
+    /* out [n, hidden] = the KDA token mixer (engine/kda_block.h: projections, short
+     * convolutions, decay gate, delta rule, gated RMSNorm, o_proj) over x [n, hidden],
+     * n >= 1 tokens following what st has seen; updates st (conv tails and recurrent
+     * state, backend memory of ms_kda_state_lens floats each, zero = a fresh sequence).
+     * Chunked delta rule for n > 1, the recurrence for n = 1. out may not alias x.
+     * Errors: MS_ERR_ARG / MS_ERR_SHAPE (config, weights, a state of another config),
+     * MS_ERR_NOMEM. */
+    int (*kda_forward)(ms_backend *be, const ms_kda_config *c, const ms_kda_weights *w, ms_kda_state *st,
+                       const float *x, int n, float *out, ms_err *err);
+    /* The same for a gated DeltaNet layer (engine/gdn_block.h; state: ms_gdn_state_lens). */
+    int (*gdn_forward)(ms_backend *be, const ms_gdn_config *c, const ms_gdn_weights *w, ms_kda_state *st,
+                       const float *x, int n, float *out, ms_err *err);
 
     /* ---- sparse and compressed attention (DSA indexer, DeepSeek V4) ---- */
     /* (owner: engine/dsa_layer.c, engine/compressed_attn.c) */

@@ -332,7 +332,8 @@ int ms_dsa_engine_parts(const ms_engine *e, ms_state_part *parts, int n, int cap
             NAME("L%d.dsa.ties", l);
         }
     }
-    PART(.kind = MS_PART_ROWS, .data = s->tokens, .row_bytes = 4, .per = 1, .cap_rows = e->max_ctx, .no_truncate = why);
+    PART(.kind = MS_PART_ROWS, .data = s->tokens, .host = 1, .row_bytes = 4, .per = 1, .cap_rows = e->max_ctx,
+         .no_truncate = why);
     NAME("%s", "dsa.tokens");
 #undef PART
 #undef NAME

@@ -1,11 +1,12 @@
 /* backend_cpu.c — the CPU backend's memory, planning and dense ops, and its ops
- * table (the attention, MoE and block ops are in be_cpu_*.c). Buffers are
- * host memory, so memory ops are memcpy/memset; every op runs now, on the
- * calling thread and the pool. */
+ * table (the attention, MoE and block ops are in be_cpu_*.c, the linear-attention
+ * mixers in kda_block.c and gdn_block.c). Buffers are host memory, so memory ops
+ * are memcpy/memset; every op runs now, on the calling thread and the pool. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/be_cpu.h"
+#include "backend/cpu/linear_attn.h"
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 
@@ -189,6 +190,17 @@ static void cpu_add_gated_rows(ms_backend *be, float *y, const float *x, const f
     }
 }
 
+/* ---- linear attention (kda_block.c, gdn_block.c) ---- */
+
+static int cpu_kda_forward(ms_backend *be, const ms_kda_config *c, const ms_kda_weights *w, ms_kda_state *st,
+                           const float *x, int n, float *out, ms_err *err) {
+    return ms_kda_forward(cpu_of(be)->pool, c, w, st, x, n, out, MS_KDA_AUTO, err);
+}
+static int cpu_gdn_forward(ms_backend *be, const ms_gdn_config *c, const ms_gdn_weights *w, ms_kda_state *st,
+                           const float *x, int n, float *out, ms_err *err) {
+    return ms_gdn_forward(cpu_of(be)->pool, c, w, st, x, n, out, MS_KDA_AUTO, err);
+}
+
 static const ms_backend_ops k_cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -221,6 +233,8 @@ static const ms_backend_ops k_cpu_ops = {
     .add_bias_any = cpu_add_bias_any,
     .split_gate_up = cpu_split_gate_up,
     .add_gated_rows = cpu_add_gated_rows,
+    .kda_forward = cpu_kda_forward,
+    .gdn_forward = cpu_gdn_forward,
     .attn_res_mix = ms_cpu_attn_res_mix,
 };
 
