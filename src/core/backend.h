@@ -29,6 +29,7 @@
 #include "engine/gdn_block.h"
 #include "engine/kda_block.h"
 #include "model/config.h"
+#include "ops/mhc.h"
 #include "ops/ops.h"
 #include "util/err.h"
 
@@ -190,7 +191,24 @@ typedef struct ms_backend_ops {
     /* (owner: engine/dsa_layer.c, engine/compressed_attn.c) */
 
     /* ---- residual-stream variants (mHC, Attention Residuals) ---- */
-    /* (owner: engine/mhc_layer.c) */
+    /* mHC (ops/mhc.h; the engine: engine/mhc_layer.c): streams [n, hc, dim] in backend
+     * memory, h's weights placed. pre: the collapse of one hyper-connection, collapsed
+     * [n, dim], post [n, hc], comb [n, hc, hc] out (comb[t][i][j]: old stream i in new
+     * stream j); errors MS_ERR_ARG (shapes), MS_ERR_NOMEM. post: out [n, hc, dim] =
+     * post[t][j] * y[t] + sum_i comb[t][i][j] * in[t][i] (in and out do not overlap).
+     * expand: out [n, hc, dim] = hc copies of x [n, dim]. head_mean: out [n, dim] = the
+     * streams' mean. head_weighted (DeepSeek V4): out [n, dim] = sum_i pre_i stream_i with
+     * pre = sigmoid(rms(x) (fn x) * scale[0] + base) + hc_eps; fn [hc, hc*dim], base [hc],
+     * scale [1]; errors as pre. */
+    int (*mhc_pre)(ms_backend *be, const ms_mhc *h, const float *streams, int n, float *collapsed, float *post,
+                   float *comb, ms_err *err);
+    void (*mhc_post)(ms_backend *be, const float *in, const float *y, const float *post, const float *comb, int n,
+                     int hc, int dim, float *out);
+    void (*mhc_expand)(ms_backend *be, const float *x, int n, int hc, int dim, float *out);
+    void (*mhc_head_mean)(ms_backend *be, const float *streams, int n, int hc, int dim, float *out);
+    int (*mhc_head_weighted)(ms_backend *be, const ms_qmat *fn, const float *base, const float *scale, int hc,
+                             int dim, float hc_eps, float norm_eps, const float *streams, int n, float *out,
+                             ms_err *err);
     /* Attention Residuals (Kimi K3): out[t] = the softmax-over-depth mixture of
      * blocks[0..nb)[t] (block i at blocks + i * block_stride, rows of d) and cur[t],
      * scored by sum(rmsnorm(v) * norm * proj), for t < n. norm, proj [d]. */

@@ -201,6 +201,28 @@ static int cpu_gdn_forward(ms_backend *be, const ms_gdn_config *c, const ms_gdn_
     return ms_gdn_forward(cpu_of(be)->pool, c, w, st, x, n, out, MS_KDA_AUTO, err);
 }
 
+/* ---- hyper-connections (ops/mhc.c) ---- */
+
+static int cpu_mhc_pre(ms_backend *be, const ms_mhc *h, const float *streams, int n, float *collapsed, float *post,
+                       float *comb, ms_err *err) {
+    return ms_mhc_pre(cpu_of(be)->pool, h, streams, n, collapsed, post, comb, err);
+}
+static void cpu_mhc_post(ms_backend *be, const float *in, const float *y, const float *post, const float *comb, int n,
+                         int hc, int dim, float *out) {
+    ms_mhc_post(in, y, post, comb, n, hc, dim, out);
+}
+static void cpu_mhc_expand(ms_backend *be, const float *x, int n, int hc, int dim, float *out) {
+    ms_mhc_expand(x, n, hc, dim, out);
+}
+static void cpu_mhc_head_mean(ms_backend *be, const float *streams, int n, int hc, int dim, float *out) {
+    ms_mhc_head_mean(streams, n, hc, dim, out);
+}
+static int cpu_mhc_head_weighted(ms_backend *be, const ms_qmat *fn, const float *base, const float *scale, int hc,
+                                 int dim, float hc_eps, float norm_eps, const float *streams, int n, float *out,
+                                 ms_err *err) {
+    return ms_mhc_head_weighted(cpu_of(be)->pool, fn, base, scale, hc, dim, hc_eps, norm_eps, streams, n, out, err);
+}
+
 static const ms_backend_ops k_cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -235,6 +257,11 @@ static const ms_backend_ops k_cpu_ops = {
     .add_gated_rows = cpu_add_gated_rows,
     .kda_forward = cpu_kda_forward,
     .gdn_forward = cpu_gdn_forward,
+    .mhc_pre = cpu_mhc_pre,
+    .mhc_post = cpu_mhc_post,
+    .mhc_expand = cpu_mhc_expand,
+    .mhc_head_mean = cpu_mhc_head_mean,
+    .mhc_head_weighted = cpu_mhc_head_weighted,
     .attn_res_mix = ms_cpu_attn_res_mix,
 };
 
