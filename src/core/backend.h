@@ -29,6 +29,7 @@
 #include "engine/gdn_block.h"
 #include "engine/kda_block.h"
 #include "model/config.h"
+#include "ops/dsa.h"
 #include "ops/mhc.h"
 #include "ops/ops.h"
 #include "util/err.h"
@@ -104,6 +105,35 @@ typedef struct ms_route_args {
     int *ids;
     float *w;
 } ms_route_args;
+
+/* DeepSeek Sparse Attention's lightning indexer for one layer and one chunk of n
+ * tokens at positions pos0.. (ops/dsa.h has the math and the tie rule). cache: the
+ * layer's index-key cache; its arrays (keys [cap, D], KPool gates [cap, D], pooled
+ * [cap / kpool + 1, D], ape [kpool, D]) are backend memory, len and cap host
+ * bookkeeping; it holds positions 0..pos0-1 and needs cap >= pos0 + n. In order:
+ *   k [n, D]    (wk x) becomes rope(LayerNorm(k; k_norm_w, k_norm_b)) in place
+ *   q [n, H*D]  (wq_b q_resid) gets the rope on each head's first rope_dims dims in place
+ *               (the prepared queries, which the engine keeps for tie re-checks)
+ *   the keys (and KPool gate logits g [n, D], else NULL) are appended: len = pos0 + n,
+ *   pools completed get their pooled key
+ *   the selection of each query against the cache with w [n, H] (weights_proj x, raw):
+ *   torch.topk's tie choices for a forward of fwd_len tokens (>= pos0 + n)
+ * RoPE angles are ms_rope_cos_sin(rope, pos) (no rotation when rope_dims is 0 or
+ * kpool > 1). idx [n, ms_dsa_row_width(cfg)], count [n], ambiguous [n] are HOST
+ * arrays (attn_mla's sel / sel_count). Errors: MS_ERR_ARG (config, shapes, a cache
+ * not at pos0), MS_ERR_LIMIT (no room), MS_ERR_NOMEM. */
+typedef struct ms_dsa_index_args {
+    const ms_dsa_cfg *cfg;
+    ms_dsa_cache *cache;
+    float *q, *k;
+    const float *g, *w;
+    const float *k_norm_w, *k_norm_b;
+    const ms_rope *rope;
+    int n;
+    int64_t pos0, fwd_len;
+    int32_t *idx, *count;
+    uint8_t *ambiguous;
+} ms_dsa_index_args;
 
 typedef struct ms_backend_ops {
     /* ---- memory ---- */
@@ -188,7 +218,15 @@ typedef struct ms_backend_ops {
                        const float *x, int n, float *out, ms_err *err);
 
     /* ---- sparse and compressed attention (DSA indexer, DeepSeek V4) ---- */
-    /* (owner: engine/dsa_layer.c, engine/compressed_attn.c) */
+    int (*dsa_index)(ms_backend *be, const ms_dsa_index_args *a, ms_err *err);
+    /* Re-derive the selection of one earlier query at pos (prepared q [H*D], raw w [H],
+     * backend memory) against the cache, for a forward of fwd_len tokens: idx
+     * [ms_dsa_row_width(cfg)] and *count HOST out; the cache is not changed. The same
+     * scores and tie choices as dsa_index gave a query with those inputs (the CPU
+     * backend: single-threaded). Errors: as dsa_index. */
+    int (*dsa_recheck)(ms_backend *be, const ms_dsa_cfg *cfg, const ms_dsa_cache *cache, const float *q,
+                       const float *w, int64_t pos, int64_t fwd_len, int32_t *idx, int32_t *count, ms_err *err);
+    /* (owner: engine/compressed_attn.c) */
 
     /* ---- residual-stream variants (mHC, Attention Residuals) ---- */
     /* mHC (ops/mhc.h; the engine: engine/mhc_layer.c): streams [n, hc, dim] in backend

@@ -33,6 +33,9 @@ size_t ms_cpu_th_stride(const ms_config *c, int64_t max_ctx, int64_t max_batch);
 /* Ops implemented in be_cpu_*.c, gathered into the ops table by backend_cpu.c. */
 int ms_cpu_attn_gqa(ms_backend *be, const ms_attn_gqa_args *a, ms_err *err);
 int ms_cpu_attn_mla(ms_backend *be, const ms_attn_mla_args *a, ms_err *err);
+int ms_cpu_dsa_index(ms_backend *be, const ms_dsa_index_args *a, ms_err *err);
+int ms_cpu_dsa_recheck(ms_backend *be, const ms_dsa_cfg *cfg, const ms_dsa_cache *cache, const float *q,
+                       const float *w, int64_t pos, int64_t fwd_len, int32_t *idx, int32_t *count, ms_err *err);
 void ms_cpu_route(ms_backend *be, const ms_route_args *a);
 void ms_cpu_attn_res_mix(ms_backend *be, float *out, const float *blocks, int nb, int64_t block_stride,
                          const float *cur, int n, int64_t d, const float *norm, const float *proj, float eps);
