@@ -135,6 +135,50 @@ typedef struct ms_dsa_index_args {
     uint8_t *ambiguous;
 } ms_dsa_index_args;
 
+/* DeepSeek V4 compressor (ops/compress.h) of one layer: the raw rows kv, g [n, cw]
+ * (cw = (overlap ? 2 : 1) * dim) of positions pos0.. go into the rings raw_kv, raw_g
+ * [2 * rate, cw] at slot p % (2 * rate); every window w that closes (p + 1 a multiple
+ * of rate) pools into entries + w * dim (ms_compress_pool with ape [rate, cw], norm
+ * [dim], eps; overlap: the previous window's rows too, none for w = 0), whose trailing
+ * rope->dim dims are then rotated at position w * rate. Rings and entries are backend
+ * memory; ape and norm placed vectors. Errors: MS_ERR_ARG (shapes). */
+typedef struct ms_compress_args {
+    float *raw_kv, *raw_g, *entries;
+    const float *kv, *g;
+    const float *ape, *norm;
+    const ms_rope *rope;
+    int rate, overlap, n;
+    int64_t dim, pos0;
+    float eps;
+} ms_compress_args;
+
+/* DeepSeek V4 compressed attention (CSA / HCA) of n query tokens at positions pos0..
+ * with one shared key = value per position:
+ *   out [n, H * hd]  per head h of token p: sum_i softmax_i(q . key_i * scale) key_i,
+ *                    sinks [H] (or NULL) a logit in the denominator only; the output's
+ *                    RoPE is not undone here (the engine's rope with sign -1 does it)
+ *   q   [n, H * hd]  queries (per-head normed, roped)
+ *   kv  [n, hd]      the chunk's keys; win [window, hd] a ring holding the key of each
+ *                    earlier position p (p >= pos0 - window + 1) at p % window
+ * Keys of p, in this order: positions max(0, p - window + 1)..p (from kv when >= pos0,
+ * else win), then (rate > 0) compressed entries comp [n_comp, hd], entry x visible when
+ * (x + 1) * rate <= p + 1: HCA (csa 0) every visible one in order; CSA the topk best
+ * visible by the indexer score sum_h relu(iq_h . icomp_x) / sqrt(idx_dim) * iw_h /
+ * sqrt(idx_heads) (iq [n, idx_heads * idx_dim], iw [n, idx_heads], icomp [n_comp,
+ * idx_dim]), chosen with torch.topk's tie rule over a row of max(fwd_len / rate, n_comp)
+ * entries (ops/dsa.h ms_dsa_topk), ascending. All arrays backend memory.
+ * Errors: MS_ERR_LIMIT (more keys than the backend reserved for). */
+typedef struct ms_cattn_args {
+    float *out;
+    const float *q, *kv, *win, *comp;
+    const float *iq, *iw, *icomp;
+    const float *sinks;
+    int n, csa;
+    int64_t pos0, H, hd, window, rate, n_comp;
+    int64_t idx_heads, idx_dim, topk, fwd_len;
+    float scale;
+} ms_cattn_args;
+
 typedef struct ms_backend_ops {
     /* ---- memory ---- */
     /* bytes of zeroed backend memory into *out (MS_ERR_NOMEM naming the size) */
@@ -226,7 +270,9 @@ typedef struct ms_backend_ops {
      * backend: single-threaded). Errors: as dsa_index. */
     int (*dsa_recheck)(ms_backend *be, const ms_dsa_cfg *cfg, const ms_dsa_cache *cache, const float *q,
                        const float *w, int64_t pos, int64_t fwd_len, int32_t *idx, int32_t *count, ms_err *err);
-    /* (owner: engine/compressed_attn.c) */
+    /* DeepSeek V4 (engine/compressed_attn.c): the compressors and the attention core */
+    int (*compress_append)(ms_backend *be, const ms_compress_args *a, ms_err *err);
+    int (*attn_compressed)(ms_backend *be, const ms_cattn_args *a, ms_err *err);
 
     /* ---- residual-stream variants (mHC, Attention Residuals) ---- */
     /* mHC (ops/mhc.h; the engine: engine/mhc_layer.c): streams [n, hc, dim] in backend

@@ -63,6 +63,13 @@ static cpu_scratch_dims dims_of(const ms_config *c) {
     d.row = MAX2(MAX2(c->kv_lora_rank, c->hidden), MAX2(qdim, vdim)) + 16;
     d.mla_block = c->kv_lora_rank > 0 ? c->kv_lora_rank + c->qk_nope_dim + c->v_head_dim : 0;
     d.small = MAX2(2 * c->n_experts + 64, c->hidden + ares_blocks + 64); /* router 2E floats, AttnRes */
+    d.ca_window = d.ca_rate = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
+        d.ca_window = MAX2(d.ca_window, MAX2(c->layer_window[l], 1));
+        int64_t r = c->layer_compress[l];
+        if (r && (!d.ca_rate || r < d.ca_rate)) d.ca_rate = r;
+    }
     return d;
 }
 
@@ -74,6 +81,10 @@ static size_t stride_of(const cpu_scratch_dims *d, int64_t T, int64_t B) {
         if (s < need) s = need;
     }
     if (s < (size_t)d->small) s = (size_t)d->small;
+    if (d->ca_window > 0) { /* compressed attention: key list, scores, indexer queue (ms_cpu_cattn_scratch) */
+        size_t need = ms_cpu_cattn_scratch(d->ca_window, d->ca_rate ? T / d->ca_rate + 1 : 0);
+        if (s < need) s = need;
+    }
     return s;
 }
 
@@ -95,6 +106,8 @@ static int cpu_reserve(ms_backend *be, const ms_config *c, int64_t max_ctx, int6
     cpu_scratch_dims d = dims_of(c), m = b->dims;
     m.lora = MAX2(m.lora, d.lora), m.row = MAX2(m.row, d.row), m.mla_block = MAX2(m.mla_block, d.mla_block);
     m.small = MAX2(m.small, d.small);
+    m.ca_window = MAX2(m.ca_window, d.ca_window);
+    if (d.ca_rate && (!m.ca_rate || d.ca_rate < m.ca_rate)) m.ca_rate = d.ca_rate;
     int64_t T = MAX2(b->max_ctx, max_ctx), B = MAX2(b->max_batch, max_batch);
     size_t stride = stride_of(&m, T, B);
     if (b->th_buf && stride <= b->th_stride && T == b->max_ctx && B == b->max_batch) return MS_OK;
@@ -259,6 +272,8 @@ static const ms_backend_ops k_cpu_ops = {
     .gdn_forward = cpu_gdn_forward,
     .dsa_index = ms_cpu_dsa_index,
     .dsa_recheck = ms_cpu_dsa_recheck,
+    .compress_append = ms_cpu_compress_append,
+    .attn_compressed = ms_cpu_attn_compressed,
     .mhc_pre = cpu_mhc_pre,
     .mhc_post = cpu_mhc_post,
     .mhc_expand = cpu_mhc_expand,
