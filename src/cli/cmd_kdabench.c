@@ -13,7 +13,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "engine/kda_block.h"
+#include "backend/cpu/linear_attn.h"
 #include "ops/kda.h"
 
 static double now_s(void) {

@@ -12,6 +12,22 @@ static int always(const ms_config *c) { return 1; }
 static int has_gqa(const ms_config *c) { return any_attn(c, MS_ATTN_GQA); }
 static int has_mla(const ms_config *c) { return any_attn(c, MS_ATTN_MLA); }
 static int has_moe(const ms_config *c) { return c->n_experts > 0; }
+static int has_kda(const ms_config *c) { return any_attn(c, MS_ATTN_KDA); }
+static int has_gdn(const ms_config *c) { return any_attn(c, MS_ATTN_GDN); }
+static int has_mhc(const ms_config *c) { return c->hc_mult > 1; }
+static int has_mhc_mean(const ms_config *c) { return c->hc_mult > 1 && !c->hc_head_weighted; }
+static int has_mhc_weighted(const ms_config *c) { return c->hc_mult > 1 && c->hc_head_weighted; }
+static int has_dsa(const ms_config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_dsa[l]) return 1;
+    return 0;
+}
+static int has_cattn(const ms_config *c) { return any_attn(c, MS_ATTN_COMPRESSED); }
+static int has_compressor(const ms_config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_attn[l] == MS_ATTN_COMPRESSED && c->layer_compress[l]) return 1;
+    return 0;
+}
 static int has_attn_res(const ms_config *c) { return c->attn_res_block > 0; }
 
 /* One op: its name (as the error says it), where it sits in the table, and
@@ -32,6 +48,11 @@ static const op_need k_needs[] = {
     OP(rope, always),         OP(glu, always),           OP(embed, always),        OP(attn_gqa, has_gqa),
     OP(attn_mla, has_mla),    OP(route, has_moe),        OP(gather_rows, has_moe), OP(scatter_add_rows, has_moe),
     OP(add_bias_any, has_moe), OP(split_gate_up, has_moe), OP(add_gated_rows, has_moe),
+    OP(kda_forward, has_kda),  OP(gdn_forward, has_gdn),
+    OP(dsa_index, has_dsa),    OP(dsa_recheck, has_dsa),
+    OP(compress_append, has_compressor), OP(attn_compressed, has_cattn),
+    OP(mhc_pre, has_mhc),      OP(mhc_post, has_mhc),      OP(mhc_expand, has_mhc),
+    OP(mhc_head_mean, has_mhc_mean), OP(mhc_head_weighted, has_mhc_weighted),
     OP(attn_res_mix, has_attn_res),
 };
 #undef OP

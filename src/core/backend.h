@@ -26,7 +26,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/gdn_block.h"
+#include "engine/kda_block.h"
 #include "model/config.h"
+#include "ops/dsa.h"
+#include "ops/mhc.h"
 #include "ops/ops.h"
 #include "util/err.h"
 
@@ -102,6 +106,79 @@ typedef struct ms_route_args {
     float *w;
 } ms_route_args;
 
+/* DeepSeek Sparse Attention's lightning indexer for one layer and one chunk of n
+ * tokens at positions pos0.. (ops/dsa.h has the math and the tie rule). cache: the
+ * layer's index-key cache; its arrays (keys [cap, D], KPool gates [cap, D], pooled
+ * [cap / kpool + 1, D], ape [kpool, D]) are backend memory, len and cap host
+ * bookkeeping; it holds positions 0..pos0-1 and needs cap >= pos0 + n. In order:
+ *   k [n, D]    (wk x) becomes rope(LayerNorm(k; k_norm_w, k_norm_b)) in place
+ *   q [n, H*D]  (wq_b q_resid) gets the rope on each head's first rope_dims dims in place
+ *               (the prepared queries, which the engine keeps for tie re-checks)
+ *   the keys (and KPool gate logits g [n, D], else NULL) are appended: len = pos0 + n,
+ *   pools completed get their pooled key
+ *   the selection of each query against the cache with w [n, H] (weights_proj x, raw):
+ *   torch.topk's tie choices for a forward of fwd_len tokens (>= pos0 + n)
+ * RoPE angles are ms_rope_cos_sin(rope, pos) (no rotation when rope_dims is 0 or
+ * kpool > 1). idx [n, ms_dsa_row_width(cfg)], count [n], ambiguous [n] are HOST
+ * arrays (attn_mla's sel / sel_count). Errors: MS_ERR_ARG (config, shapes, a cache
+ * not at pos0), MS_ERR_LIMIT (no room), MS_ERR_NOMEM. */
+typedef struct ms_dsa_index_args {
+    const ms_dsa_cfg *cfg;
+    ms_dsa_cache *cache;
+    float *q, *k;
+    const float *g, *w;
+    const float *k_norm_w, *k_norm_b;
+    const ms_rope *rope;
+    int n;
+    int64_t pos0, fwd_len;
+    int32_t *idx, *count;
+    uint8_t *ambiguous;
+} ms_dsa_index_args;
+
+/* DeepSeek V4 compressor (ops/compress.h) of one layer: the raw rows kv, g [n, cw]
+ * (cw = (overlap ? 2 : 1) * dim) of positions pos0.. go into the rings raw_kv, raw_g
+ * [2 * rate, cw] at slot p % (2 * rate); every window w that closes (p + 1 a multiple
+ * of rate) pools into entries + w * dim (ms_compress_pool with ape [rate, cw], norm
+ * [dim], eps; overlap: the previous window's rows too, none for w = 0), whose trailing
+ * rope->dim dims are then rotated at position w * rate. Rings and entries are backend
+ * memory; ape and norm placed vectors. Errors: MS_ERR_ARG (shapes). */
+typedef struct ms_compress_args {
+    float *raw_kv, *raw_g, *entries;
+    const float *kv, *g;
+    const float *ape, *norm;
+    const ms_rope *rope;
+    int rate, overlap, n;
+    int64_t dim, pos0;
+    float eps;
+} ms_compress_args;
+
+/* DeepSeek V4 compressed attention (CSA / HCA) of n query tokens at positions pos0..
+ * with one shared key = value per position:
+ *   out [n, H * hd]  per head h of token p: sum_i softmax_i(q . key_i * scale) key_i,
+ *                    sinks [H] (or NULL) a logit in the denominator only; the output's
+ *                    RoPE is not undone here (the engine's rope with sign -1 does it)
+ *   q   [n, H * hd]  queries (per-head normed, roped)
+ *   kv  [n, hd]      the chunk's keys; win [window, hd] a ring holding the key of each
+ *                    earlier position p (p >= pos0 - window + 1) at p % window
+ * Keys of p, in this order: positions max(0, p - window + 1)..p (from kv when >= pos0,
+ * else win), then (rate > 0) compressed entries comp [n_comp, hd], entry x visible when
+ * (x + 1) * rate <= p + 1: HCA (csa 0) every visible one in order; CSA the topk best
+ * visible by the indexer score sum_h relu(iq_h . icomp_x) / sqrt(idx_dim) * iw_h /
+ * sqrt(idx_heads) (iq [n, idx_heads * idx_dim], iw [n, idx_heads], icomp [n_comp,
+ * idx_dim]), chosen with torch.topk's tie rule over a row of max(fwd_len / rate, n_comp)
+ * entries (ops/dsa.h ms_dsa_topk), ascending. All arrays backend memory.
+ * Errors: MS_ERR_LIMIT (more keys than the backend reserved for). */
+typedef struct ms_cattn_args {
+    float *out;
+    const float *q, *kv, *win, *comp;
+    const float *iq, *iw, *icomp;
+    const float *sinks;
+    int n, csa;
+    int64_t pos0, H, hd, window, rate, n_comp;
+    int64_t idx_heads, idx_dim, topk, fwd_len;
+    float scale;
+} ms_cattn_args;
+
 typedef struct ms_backend_ops {
     /* ---- memory ---- */
     /* bytes of zeroed backend memory into *out (MS_ERR_NOMEM naming the size) */
@@ -171,13 +248,51 @@ typedef struct ms_backend_ops {
     void (*add_gated_rows)(ms_backend *be, float *y, const float *x, const float *s, int64_t rows, int64_t d);
 
     /* ---- linear attention (KDA, gated DeltaNet) ---- */
-    /* (owner: engine/kda_layer.c) */
+    /* out [n, hidden] = the KDA token mixer (engine/kda_block.h: projections, short
+     * convolutions, decay gate, delta rule, gated RMSNorm, o_proj) over x [n, hidden],
+     * n >= 1 tokens following what st has seen; updates st (conv tails and recurrent
+     * state, backend memory of ms_kda_state_lens floats each, zero = a fresh sequence).
+     * Chunked delta rule for n > 1, the recurrence for n = 1. out may not alias x.
+     * Errors: MS_ERR_ARG / MS_ERR_SHAPE (config, weights, a state of another config),
+     * MS_ERR_NOMEM. */
+    int (*kda_forward)(ms_backend *be, const ms_kda_config *c, const ms_kda_weights *w, ms_kda_state *st,
+                       const float *x, int n, float *out, ms_err *err);
+    /* The same for a gated DeltaNet layer (engine/gdn_block.h; state: ms_gdn_state_lens). */
+    int (*gdn_forward)(ms_backend *be, const ms_gdn_config *c, const ms_gdn_weights *w, ms_kda_state *st,
+                       const float *x, int n, float *out, ms_err *err);
 
     /* ---- sparse and compressed attention (DSA indexer, DeepSeek V4) ---- */
-    /* (owner: engine/dsa_layer.c, engine/compressed_attn.c) */
+    int (*dsa_index)(ms_backend *be, const ms_dsa_index_args *a, ms_err *err);
+    /* Re-derive the selection of one earlier query at pos (prepared q [H*D], raw w [H],
+     * backend memory) against the cache, for a forward of fwd_len tokens: idx
+     * [ms_dsa_row_width(cfg)] and *count HOST out; the cache is not changed. The same
+     * scores and tie choices as dsa_index gave a query with those inputs (the CPU
+     * backend: single-threaded). Errors: as dsa_index. */
+    int (*dsa_recheck)(ms_backend *be, const ms_dsa_cfg *cfg, const ms_dsa_cache *cache, const float *q,
+                       const float *w, int64_t pos, int64_t fwd_len, int32_t *idx, int32_t *count, ms_err *err);
+    /* DeepSeek V4 (engine/compressed_attn.c): the compressors and the attention core */
+    int (*compress_append)(ms_backend *be, const ms_compress_args *a, ms_err *err);
+    int (*attn_compressed)(ms_backend *be, const ms_cattn_args *a, ms_err *err);
 
     /* ---- residual-stream variants (mHC, Attention Residuals) ---- */
-    /* (owner: engine/mhc_layer.c) */
+    /* mHC (ops/mhc.h; the engine: engine/mhc_layer.c): streams [n, hc, dim] in backend
+     * memory, h's weights placed. pre: the collapse of one hyper-connection, collapsed
+     * [n, dim], post [n, hc], comb [n, hc, hc] out (comb[t][i][j]: old stream i in new
+     * stream j); errors MS_ERR_ARG (shapes), MS_ERR_NOMEM. post: out [n, hc, dim] =
+     * post[t][j] * y[t] + sum_i comb[t][i][j] * in[t][i] (in and out do not overlap).
+     * expand: out [n, hc, dim] = hc copies of x [n, dim]. head_mean: out [n, dim] = the
+     * streams' mean. head_weighted (DeepSeek V4): out [n, dim] = sum_i pre_i stream_i with
+     * pre = sigmoid(rms(x) (fn x) * scale[0] + base) + hc_eps; fn [hc, hc*dim], base [hc],
+     * scale [1]; errors as pre. */
+    int (*mhc_pre)(ms_backend *be, const ms_mhc *h, const float *streams, int n, float *collapsed, float *post,
+                   float *comb, ms_err *err);
+    void (*mhc_post)(ms_backend *be, const float *in, const float *y, const float *post, const float *comb, int n,
+                     int hc, int dim, float *out);
+    void (*mhc_expand)(ms_backend *be, const float *x, int n, int hc, int dim, float *out);
+    void (*mhc_head_mean)(ms_backend *be, const float *streams, int n, int hc, int dim, float *out);
+    int (*mhc_head_weighted)(ms_backend *be, const ms_qmat *fn, const float *base, const float *scale, int hc,
+                             int dim, float hc_eps, float norm_eps, const float *streams, int n, float *out,
+                             ms_err *err);
     /* Attention Residuals (Kimi K3): out[t] = the softmax-over-depth mixture of
      * blocks[0..nb)[t] (block i at blocks + i * block_stride, rows of d) and cur[t],
      * scored by sum(rmsnorm(v) * norm * proj), for t < n. norm, proj [d]. */

@@ -17,34 +17,34 @@
  * State per layer (decode is incremental and reproduces a full recompute):
  * the last `window` keys, the raw projections of the current and previous
  * window (2*rate rows), and every compressed entry (one per rate tokens, also
- * for the indexer). */
-#include <math.h>
+ * for the indexer), all in backend memory. The projections, norms and RoPE are
+ * backend ops, the compressors and the attention core the backend's
+ * compress_append / attn_compressed. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "engine/engine_internal.h"
-#include "ops/compress.h"
-#include "ops/dsa.h"
 
-typedef struct {
+typedef struct { /* [be] buffers unless said */
     float *win;               /* [W, hd] ring: key of position p at p % W */
     float *craw_kv, *craw_g;  /* [2*rate, cw] ring of raw compressor rows */
     float *comp;              /* [T/rate + 1, hd] entries */
     float *iraw_kv, *iraw_g;  /* [2*rate, 2*ihd] indexer rows */
     float *icomp;             /* [T/rate + 1, ihd] indexer entries */
-    int64_t n_comp;
+    int64_t n_comp;           /* [host] entries closed so far */
 } ca_layer;
 
 struct ms_cattn_state {
     ca_layer *L;
-    float *qr, *kvc, *pk, *pg, *iq, *iw, *att, *og, *gin, *go, *sc, *isc, *keyw;
-    int64_t max_entries;      /* room in isc / sel / work: max_ctx / min rate + 1 */
-    int32_t *sel;
-    ms_dsa_qel *work;
+    float *qr, *kvc, *pk, *pg, *iq, *iw, *att, *og, *gin, *go; /* [be] chunk scratch */
 };
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
+
+/* n floats of zeroed backend memory into *p (f: set on failure) */
+static void ca_alloc(ms_engine *e, float **p, size_t n, int *f) {
+    if (!*f && e->be->ops->alloc(e->be, n * 4, (void **)p, NULL)) *f = 1;
+}
 
 int ms_cattn_engine_init(ms_engine *e, ms_err *err) {
     const ms_config *c = &e->m->cfg;
@@ -57,34 +57,41 @@ int ms_cattn_engine_init(ms_engine *e, ms_err *err) {
     size_t T = (size_t)e->max_ctx, B = (size_t)e->max_batch, hd = (size_t)c->head_dim, H = (size_t)c->n_heads;
     size_t ihd = (size_t)MAX2(c->dsa_head_dim, 1), ih = (size_t)MAX2(c->dsa_heads, 1);
     int f = !(s->L = calloc((size_t)c->n_layers, sizeof *s->L));
-    size_t maxw = 1, maxe = 1, cw_max = 2 * MAX2(hd, ihd);
+    size_t cw_max = 2 * MAX2(hd, ihd);
     for (int l = 0; !f && l < c->n_layers; l++) {
         if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
         ca_layer *L = &s->L[l];
         size_t W = (size_t)MAX2(c->layer_window[l], 1), rate = c->layer_compress[l];
-        maxw = MAX2(maxw, W);
-        f |= !(L->win = calloc(W * hd, 4));
+        ca_alloc(e, &L->win, W * hd, &f);
         if (rate) {
             size_t cw = (c->layer_csa[l] ? 2 : 1) * hd, ne = T / rate + 1;
-            maxe = MAX2(maxe, ne);
-            f |= !(L->craw_kv = calloc(2 * rate * cw, 4)) || !(L->craw_g = calloc(2 * rate * cw, 4)) ||
-                 !(L->comp = calloc(ne * hd, 4));
-            if (c->layer_csa[l])
-                f |= !(L->iraw_kv = calloc(2 * rate * 2 * ihd, 4)) || !(L->iraw_g = calloc(2 * rate * 2 * ihd, 4)) ||
-                     !(L->icomp = calloc(ne * ihd, 4));
+            ca_alloc(e, &L->craw_kv, 2 * rate * cw, &f);
+            ca_alloc(e, &L->craw_g, 2 * rate * cw, &f);
+            ca_alloc(e, &L->comp, ne * hd, &f);
+            if (c->layer_csa[l]) {
+                ca_alloc(e, &L->iraw_kv, 2 * rate * 2 * ihd, &f);
+                ca_alloc(e, &L->iraw_g, 2 * rate * 2 * ihd, &f);
+                ca_alloc(e, &L->icomp, ne * ihd, &f);
+            }
         }
     }
     size_t G = (size_t)MAX2(c->o_groups, 1), R = (size_t)c->o_lora_rank;
-    f = f || !(s->qr = malloc(B * (size_t)c->q_lora_rank * 4)) || !(s->kvc = malloc(B * hd * 4)) ||
-        !(s->pk = malloc(B * cw_max * 4)) || !(s->pg = malloc(B * cw_max * 4)) ||
-        !(s->iq = malloc(B * ih * ihd * 4)) || !(s->iw = malloc(B * ih * 4)) || !(s->att = malloc(B * H * hd * 4)) ||
-        !(s->og = malloc(B * G * R * 4)) || !(s->gin = malloc(B * H * hd / G * 4 + 4)) ||
-        !(s->go = malloc(B * R * 4 + 4)) || !(s->sc = malloc((maxw + maxe + 2) * 4)) ||
-        !(s->isc = malloc((maxe + 2) * 4)) || !(s->keyw = malloc((maxw + maxe + 2) * sizeof(float *))) ||
-        !(s->sel = malloc((maxe + 2) * 4)) || !(s->work = malloc((maxe + 2) * sizeof *s->work));
+    ca_alloc(e, &s->qr, B * (size_t)c->q_lora_rank, &f);
+    ca_alloc(e, &s->kvc, B * hd, &f);
+    ca_alloc(e, &s->pk, B * cw_max, &f);
+    ca_alloc(e, &s->pg, B * cw_max, &f);
+    ca_alloc(e, &s->iq, B * ih * ihd, &f);
+    ca_alloc(e, &s->iw, B * ih, &f);
+    ca_alloc(e, &s->att, B * H * hd, &f);
+    ca_alloc(e, &s->og, B * G * R, &f);
+    ca_alloc(e, &s->gin, B * H * hd / G + 1, &f);
+    ca_alloc(e, &s->go, B * R + 1, &f);
     if (f) return ms_fail(err, MS_ERR_NOMEM, "out of memory for the compressed-attention state (context %zu)", T);
-    s->max_entries = (int64_t)maxe;
     return MS_OK;
+}
+
+static void ca_free(ms_engine *e, float *p) {
+    if (p) e->be->ops->free(e->be, p);
 }
 
 void ms_cattn_engine_free(ms_engine *e) {
@@ -92,11 +99,12 @@ void ms_cattn_engine_free(ms_engine *e) {
     if (!s) return;
     for (int l = 0; s->L && l < e->m->cfg.n_layers; l++) {
         ca_layer *L = &s->L[l];
-        free(L->win), free(L->craw_kv), free(L->craw_g), free(L->comp), free(L->iraw_kv), free(L->iraw_g),
-            free(L->icomp);
+        ca_free(e, L->win), ca_free(e, L->craw_kv), ca_free(e, L->craw_g), ca_free(e, L->comp);
+        ca_free(e, L->iraw_kv), ca_free(e, L->iraw_g), ca_free(e, L->icomp);
     }
-    free(s->L), free(s->qr), free(s->kvc), free(s->pk), free(s->pg), free(s->iq), free(s->iw), free(s->att);
-    free(s->og), free(s->gin), free(s->go), free(s->sc), free(s->isc), free(s->keyw), free(s->sel), free(s->work);
+    free(s->L);
+    ca_free(e, s->qr), ca_free(e, s->kvc), ca_free(e, s->pk), ca_free(e, s->pg), ca_free(e, s->iq);
+    ca_free(e, s->iw), ca_free(e, s->att), ca_free(e, s->og), ca_free(e, s->gin), ca_free(e, s->go);
     free(s);
     e->cattn = NULL;
 }
@@ -106,137 +114,78 @@ void ms_cattn_engine_reset(ms_engine *e) {
     for (int l = 0; s && l < e->m->cfg.n_layers; l++) s->L[l].n_comp = 0;
 }
 
-/* RoPE on the trailing r->dim dims of x [d]; sign -1 rotates back. */
-static void rope_tail(const ms_rope *r, float *x, int64_t d, int64_t pos, float sign) {
-    float cs[512], sn[512];
-    ms_rope_cos_sin(r, pos, cs, sn);
-    for (int i = 0; i < r->dim / 2; i++) sn[i] *= sign;
-    ms_rope_apply(r, x + d - r->dim, cs, sn);
-}
-
-/* Append the raw rows of positions pos0..pos0+n-1 and emit every entry whose window closes. */
-static int compress_rows(const ms_config *c, const ms_compressor_weights *w, float *raw_kv, float *raw_g,
-                         float *entries, const float *pk, const float *pg, int rate, int64_t dim, int overlap,
-                         int64_t pos0, int n, int64_t *n_comp, ms_err *err) {
-    int64_t cw = (overlap ? 2 : 1) * dim;
-    for (int t = 0; t < n; t++) {
-        int64_t p = pos0 + t, slot = p % (2 * rate);
-        memcpy(raw_kv + slot * cw, pk + (int64_t)t * cw, (size_t)cw * 4);
-        memcpy(raw_g + slot * cw, pg + (int64_t)t * cw, (size_t)cw * 4);
-        if ((p + 1) % rate) continue;
-        int64_t win = p / rate;
-        const float *ck = raw_kv + (win % 2) * rate * cw, *cg = raw_g + (win % 2) * rate * cw;
-        const float *pk0 = NULL, *pg0 = NULL;
-        if (overlap && win > 0) pk0 = raw_kv + ((win - 1) % 2) * rate * cw, pg0 = raw_g + ((win - 1) % 2) * rate * cw;
-        float *out = entries + win * dim;
-        int rc = ms_compress_pool(ck, cg, pk0, pg0, w->ape, w->norm, rate, (int)dim, overlap, (float)c->rms_eps, out,
-                                  err);
-        if (rc) return rc;
-        rope_tail(&c->rope, out, dim, win * rate, 1.0f);
-        *n_comp = win + 1;
-    }
+/* Append the raw rows of positions pos0..pos0+n-1 (backend compress_append) and count
+ * the entries whose window closes. */
+static int compress_rows(ms_engine *e, const ms_compressor_weights *w, float *raw_kv, float *raw_g, float *entries,
+                         const float *pk, const float *pg, int rate, int64_t dim, int overlap, int64_t pos0, int n,
+                         int64_t *n_comp, ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    ms_compress_args a = {.raw_kv = raw_kv, .raw_g = raw_g, .entries = entries, .kv = pk, .g = pg, .ape = w->ape,
+                          .norm = w->norm, .rope = &c->rope, .rate = rate, .overlap = overlap, .n = n, .dim = dim,
+                          .pos0 = pos0, .eps = (float)c->rms_eps};
+    int rc = e->be->ops->compress_append(e->be, &a, err);
+    if (rc) return rc;
+    for (int t = 0; t < n; t++)
+        if ((pos0 + t + 1) % rate == 0) *n_comp = (pos0 + t) / rate + 1;
     return MS_OK;
 }
 
 int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_config *c = &e->m->cfg;
-    const ms_layer *Lw = &e->m->layers[layer];
+    const ms_layer *Lw = &e->w->layers[layer];
     const ms_cattn_weights *w = &Lw->ca;
     struct ms_cattn_state *s = e->cattn;
+    ms_backend *be = e->be;
     if (!s) return ms_fail(err, MS_ERR_ARG, "layer %d: compressed attention without its state", layer);
     ca_layer *L = &s->L[layer];
     int64_t H = c->n_heads, hd = c->head_dim, W = MAX2(c->layer_window[layer], 1), pos0 = e->n_past;
     int rate = c->layer_compress[layer], csa = c->layer_csa[layer];
     const ms_rope *rope = c->layer_rope[layer] ? &c->rope_alt : &c->rope;
     float eps = (float)c->rms_eps;
-    /* queries */
-    ms_matmul(e->pool, s->qr, e->xn, n, &Lw->q_a);
-    ms_rmsnorm(s->qr, s->qr, Lw->q_a_norm, n, (int)c->q_lora_rank, eps);
-    ms_matmul(e->pool, e->q, s->qr, n, &Lw->q_b);
-    ms_rmsnorm(e->q, e->q, NULL, n * (int)H, (int)hd, eps);
-    for (int t = 0; t < n; t++)
-        for (int64_t h = 0; h < H; h++) rope_tail(rope, e->q + ((int64_t)t * H + h) * hd, hd, pos0 + t, 1.0f);
+    /* queries: RoPE on each head's trailing rope dims */
+    be->ops->matmul(be, s->qr, e->xn, n, &Lw->q_a, 0);
+    be->ops->rmsnorm(be, s->qr, s->qr, Lw->q_a_norm, n, c->q_lora_rank, eps);
+    be->ops->matmul(be, e->q, s->qr, n, &Lw->q_b, 0);
+    be->ops->rmsnorm(be, e->q, e->q, NULL, n * H, hd, eps);
+    be->ops->rope(be, rope, e->q, n, H * hd, H, hd, hd - rope->dim, pos0, 1.0f);
     /* the shared key = value */
-    ms_matmul(e->pool, s->kvc, e->xn, n, &w->wkv);
-    ms_rmsnorm(s->kvc, s->kvc, w->kv_norm, n, (int)hd, eps);
-    for (int t = 0; t < n; t++) rope_tail(rope, s->kvc + (int64_t)t * hd, hd, pos0 + t, 1.0f);
+    be->ops->matmul(be, s->kvc, e->xn, n, &w->wkv, 0);
+    be->ops->rmsnorm(be, s->kvc, s->kvc, w->kv_norm, n, hd, eps);
+    be->ops->rope(be, rope, s->kvc, n, hd, 1, hd, hd - rope->dim, pos0, 1.0f);
     /* compressed entries closing in this chunk */
     int rc;
     if (rate) {
-        ms_matmul(e->pool, s->pk, e->xn, n, &w->comp.wkv);
-        ms_matmul(e->pool, s->pg, e->xn, n, &w->comp.wgate);
+        be->ops->matmul(be, s->pk, e->xn, n, &w->comp.wkv, 0);
+        be->ops->matmul(be, s->pg, e->xn, n, &w->comp.wgate, 0);
         int64_t nc = L->n_comp;
-        if ((rc = compress_rows(c, &w->comp, L->craw_kv, L->craw_g, L->comp, s->pk, s->pg, rate, hd, csa, pos0, n, &nc,
+        if ((rc = compress_rows(e, &w->comp, L->craw_kv, L->craw_g, L->comp, s->pk, s->pg, rate, hd, csa, pos0, n, &nc,
                                 err)))
             return ms_wrap(err, "layer %d compressor", layer);
         if (csa) {
             int64_t ihd = c->dsa_head_dim, nci = L->n_comp;
-            ms_matmul(e->pool, s->pk, e->xn, n, &w->icomp.wkv);
-            ms_matmul(e->pool, s->pg, e->xn, n, &w->icomp.wgate);
-            if ((rc = compress_rows(c, &w->icomp, L->iraw_kv, L->iraw_g, L->icomp, s->pk, s->pg, rate, ihd, 1, pos0,
+            be->ops->matmul(be, s->pk, e->xn, n, &w->icomp.wkv, 0);
+            be->ops->matmul(be, s->pg, e->xn, n, &w->icomp.wgate, 0);
+            if ((rc = compress_rows(e, &w->icomp, L->iraw_kv, L->iraw_g, L->icomp, s->pk, s->pg, rate, ihd, 1, pos0,
                                     n, &nci, err)))
                 return ms_wrap(err, "layer %d indexer compressor", layer);
-            ms_matmul(e->pool, s->iq, s->qr, n, &w->iwq_b);
-            for (int t = 0; t < n; t++)
-                for (int64_t h = 0; h < c->dsa_heads; h++)
-                    rope_tail(&c->rope, s->iq + ((int64_t)t * c->dsa_heads + h) * ihd, ihd, pos0 + t, 1.0f);
-            ms_matmul(e->pool, s->iw, e->xn, n, &w->iweights);
+            be->ops->matmul(be, s->iq, s->qr, n, &w->iwq_b, 0);
+            be->ops->rope(be, &c->rope, s->iq, n, c->dsa_heads * ihd, c->dsa_heads, ihd, ihd - c->rope.dim, pos0,
+                          1.0f);
+            be->ops->matmul(be, s->iw, e->xn, n, &w->iweights, 0);
         }
         L->n_comp = nc;
     }
-    int64_t NC = rate ? L->n_comp : 0;
-    float scale = (float)c->attn_scale;
-    for (int t = 0; t < n; t++) {
-        int64_t p = pos0 + t, s0 = p - W + 1 > 0 ? p - W + 1 : 0;
-        int nk = 0;
-        for (int64_t j = s0; j <= p; j++)
-            ((const float **)s->keyw)[nk++] = j >= pos0 ? s->kvc + (j - pos0) * hd : L->win + (j % W) * hd;
-        if (rate) {
-            int64_t vis = (p + 1) / rate < NC ? (p + 1) / rate : NC;
-            if (!csa) {
-                for (int64_t x = 0; x < vis; x++) ((const float **)s->keyw)[nk++] = L->comp + x * hd;
-            } else if (NC > 0) {
-                int64_t IH = c->dsa_heads, ihd = c->dsa_head_dim;
-                float ws = 1.0f / sqrtf((float)IH), ss = 1.0f / sqrtf((float)ihd);
-                for (int64_t x = 0; x < vis; x++) {
-                    float acc = 0;
-                    for (int64_t h = 0; h < IH; h++) {
-                        float d = ms_dot(s->iq + ((int64_t)t * IH + h) * ihd, L->icomp + x * ihd, ihd);
-                        acc += (d > 0 ? d : 0) * ss * (s->iw[(int64_t)t * IH + h] * ws);
-                    }
-                    s->isc[x] = acc;
-                }
-                /* torch.topk's tie choices depend on the row length: that of the whole forward (fwd_len),
-                 * whose later entries are masked for this query anyway */
-                int64_t NT = e->fwd_len / rate > NC ? e->fwd_len / rate : NC;
-                if (NT > s->max_entries) NT = s->max_entries;
-                int64_t k = c->dsa_topk < NT ? c->dsa_topk : NT;
-                int64_t cnt = ms_dsa_topk(s->isc, vis, NT, k, s->work, s->sel, NULL);
-                for (int64_t i = 0; i < cnt; i++) ((const float **)s->keyw)[nk++] = L->comp + (int64_t)s->sel[i] * hd;
-            }
-        }
-        const float *const *keys = (const float *const *)s->keyw;
-        for (int64_t h = 0; h < H; h++) {
-            const float *qv = e->q + ((int64_t)t * H + h) * hd;
-            float mx = Lw->sinks ? Lw->sinks[h] : -INFINITY;
-            for (int i = 0; i < nk; i++) {
-                s->sc[i] = ms_dot(qv, keys[i], hd) * scale;
-                if (s->sc[i] > mx) mx = s->sc[i];
-            }
-            double den = Lw->sinks ? exp((double)Lw->sinks[h] - mx) : 0.0;
-            for (int i = 0; i < nk; i++) {
-                s->sc[i] = expf(s->sc[i] - mx);
-                den += s->sc[i];
-            }
-            float *o = s->att + ((int64_t)t * H + h) * hd;
-            memset(o, 0, (size_t)hd * 4);
-            for (int i = 0; i < nk; i++) ms_axpy(o, (float)(s->sc[i] / den), keys[i], hd);
-            rope_tail(rope, o, hd, p, -1.0f);
-        }
-    }
+    ms_cattn_args a = {.out = s->att, .q = e->q, .kv = s->kvc, .win = L->win, .comp = L->comp, .iq = s->iq,
+                       .iw = s->iw, .icomp = L->icomp, .sinks = Lw->sinks, .n = n, .csa = csa, .pos0 = pos0, .H = H,
+                       .hd = hd, .window = W, .rate = rate, .n_comp = rate ? L->n_comp : 0,
+                       .idx_heads = c->dsa_heads, .idx_dim = c->dsa_head_dim, .topk = c->dsa_topk,
+                       .fwd_len = e->fwd_len, .scale = (float)c->attn_scale};
+    if ((rc = be->ops->attn_compressed(be, &a, err))) return ms_wrap(err, "layer %d", layer);
+    /* the output's rope dims rotate back by -p */
+    be->ops->rope(be, rope, s->att, n, H * hd, H, hd, hd - rope->dim, pos0, -1.0f);
     /* keep the last W keys */
     for (int t = n - W > 0 ? (int)(n - W) : 0; t < n; t++)
-        memcpy(L->win + ((pos0 + t) % W) * hd, s->kvc + (int64_t)t * hd, (size_t)hd * 4);
+        be->ops->copy(be, L->win + ((pos0 + t) % W) * hd, s->kvc + (int64_t)t * hd, (size_t)hd * 4);
     /* grouped low-rank output projection */
     int64_t G = c->o_groups, R = c->o_lora_rank, ig = H * hd / G;
     for (int64_t g = 0; g < G; g++) {
@@ -244,11 +193,11 @@ int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err) 
         if (!ms_qmat_row_range(&w->wo_a, g * R, R, &wg))
             return ms_fail(err, MS_ERR_UNSUPPORTED, "layer %d: wo_a group %lld cannot be viewed in place", layer,
                            (long long)g);
-        for (int t = 0; t < n; t++) memcpy(s->gin + (int64_t)t * ig, s->att + (int64_t)t * H * hd + g * ig, (size_t)ig * 4);
-        ms_matmul(e->pool, s->go, s->gin, n, &wg);
-        for (int t = 0; t < n; t++) memcpy(s->og + (int64_t)t * G * R + g * R, s->go + (int64_t)t * R, (size_t)R * 4);
+        be->ops->copy_rows(be, s->gin, ig, s->att + g * ig, H * hd, n, ig);
+        be->ops->matmul(be, s->go, s->gin, n, &wg, 0);
+        be->ops->copy_rows(be, s->og + g * R, G * R, s->go, R, n, R);
     }
-    ms_matmul(e->pool, out, s->og, n, &w->wo_b);
+    be->ops->matmul(be, out, s->og, n, &w->wo_b, 0);
     return MS_OK;
 }
 

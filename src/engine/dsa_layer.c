@@ -1,6 +1,9 @@
 /* dsa_layer.c — DeepSeek Sparse Attention in the engine: the per-layer
- * index-key caches (decode state kept next to the MLA latent cache), and the
- * selection each MLA layer with an indexer attends to (ops/dsa.h). */
+ * index-key caches (decode state kept next to the MLA latent cache, in backend
+ * memory), and the selection each MLA layer with an indexer attends to
+ * (ops/dsa.h): the projections are backend matmuls, the indexer itself the
+ * backend's dsa_index op; the selection and the recorded tied rows are host
+ * arrays. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,12 +26,11 @@ typedef struct ms_dsa_state {
     amb_list *amb_rows;   /* [n_layers] */
     int32_t *tokens;      /* [max_ctx] the sequence so far, for replays */
     int replay_ok;        /* every layer's state can be rolled back to any position (no recurrent layers) */
-    ms_dsa_cache *cache;  /* [n_layers]: initialized for layers with their own indexer */
+    ms_dsa_cache *cache;  /* [n_layers]: set up for layers with their own indexer; arrays [be] */
     int width;            /* entries of a selection row */
     int32_t *idx, *cnt;   /* [max_batch, width], [max_batch]: the current chunk's selection */
     uint8_t *amb;         /* [max_batch] */
-    float *q, *w, *k, *g; /* indexer scratch [B, H*D], [B, H], [B, D], [B, D] */
-    float *cs, *sn;       /* [B, rope/2] */
+    float *q, *w, *k, *g; /* [be] indexer scratch [B, H*D], [B, H], [B, D], [B, D] */
 } ms_dsa_state;
 
 int ms_dsa_engine_init(ms_engine *e, ms_err *err) {
@@ -44,7 +46,6 @@ int ms_dsa_engine_init(ms_engine *e, ms_err *err) {
     if (rc) return rc;
     s->width = ms_dsa_row_width(&s->cfg);
     size_t B = (size_t)e->max_batch, H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim;
-    size_t half = (size_t)(s->cfg.rope_dims / 2) + 1;
     s->cache = calloc((size_t)c->n_layers, sizeof *s->cache);
     s->amb_rows = calloc((size_t)c->n_layers, sizeof *s->amb_rows);
     s->tokens = malloc(sizeof(int32_t) * (size_t)e->max_ctx);
@@ -53,26 +54,36 @@ int ms_dsa_engine_init(ms_engine *e, ms_err *err) {
     s->idx = malloc(sizeof(int32_t) * B * (size_t)s->width);
     s->cnt = malloc(sizeof(int32_t) * B);
     s->amb = malloc(B);
-    s->q = malloc(sizeof(float) * B * H * D);
-    s->w = malloc(sizeof(float) * B * H);
-    s->k = malloc(sizeof(float) * B * D);
-    s->g = malloc(sizeof(float) * B * D);
-    s->cs = malloc(sizeof(float) * B * half);
-    s->sn = malloc(sizeof(float) * B * half);
-    if (!s->cache || !s->amb_rows || !s->tokens || !s->idx || !s->cnt || !s->amb || !s->q || !s->w || !s->k || !s->g || !s->cs || !s->sn)
+    if (!s->cache || !s->amb_rows || !s->tokens || !s->idx || !s->cnt || !s->amb)
         return ms_fail(err, MS_ERR_NOMEM, "out of memory for the DSA scratch (batch %zu)", B);
+    ms_backend *be = e->be;
+    if ((rc = be->ops->alloc(be, sizeof(float) * B * H * D, (void **)&s->q, err)) ||
+        (rc = be->ops->alloc(be, sizeof(float) * B * H, (void **)&s->w, err)) ||
+        (rc = be->ops->alloc(be, sizeof(float) * B * D, (void **)&s->k, err)) ||
+        (rc = be->ops->alloc(be, sizeof(float) * B * D, (void **)&s->g, err)))
+        return ms_wrap(err, "the DSA scratch (batch %zu)", B);
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_dsa[l] != 1) continue;
-        const ms_qmat *ape = &e->m->layers[l].dsa.kpool_ape;
-        float *apef = NULL;
-        if (s->cfg.kpool > 1 && ape->data) {
-            apef = malloc(sizeof(float) * (size_t)s->cfg.kpool * D);
+        /* an empty cache with room for the whole context (ms_dsa_cache_init's layout, in backend memory) */
+        ms_dsa_cache *ch = &s->cache[l];
+        int64_t cap = e->max_ctx, kp = s->cfg.kpool > 1 ? s->cfg.kpool : 1;
+        *ch = (ms_dsa_cache){.head_dim = (int)D, .kpool = (int)kp, .cap = cap};
+        if ((rc = be->ops->alloc(be, sizeof(float) * (size_t)cap * D, (void **)&ch->keys, err)))
+            return ms_wrap(err, "layer %d index-key cache", l);
+        if (kp <= 1) continue;
+        if ((rc = be->ops->alloc(be, sizeof(float) * (size_t)cap * D, (void **)&ch->gates, err)) ||
+            (rc = be->ops->alloc(be, sizeof(float) * (size_t)(cap / kp + 1) * D, (void **)&ch->pooled, err)) ||
+            (rc = be->ops->alloc(be, sizeof(float) * (size_t)kp * D, (void **)&ch->ape, err)))
+            return ms_wrap(err, "layer %d index-key cache", l);
+        const ms_qmat *ape = &e->m->layers[l].dsa.kpool_ape; /* zeros when absent (the allocation is zeroed) */
+        if (ape->data) {
+            float *apef = malloc(sizeof(float) * (size_t)kp * D);
             if (!apef) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
-            ms_to_f32(apef, ape->data, ape->dtype, (int64_t)s->cfg.kpool * (int64_t)D);
+            ms_to_f32(apef, ape->data, ape->dtype, kp * (int64_t)D);
+            rc = be->ops->upload(be, ch->ape, apef, sizeof(float) * (size_t)kp * D, err);
+            free(apef);
+            if (rc) return ms_wrap(err, "layer %d", l);
         }
-        rc = ms_dsa_cache_init(&s->cache[l], &s->cfg, apef, e->max_ctx, err);
-        free(apef);
-        if (rc) return ms_wrap(err, "layer %d", l);
     }
     return MS_OK;
 }
@@ -80,7 +91,11 @@ int ms_dsa_engine_init(ms_engine *e, ms_err *err) {
 void ms_dsa_engine_free(ms_engine *e) {
     ms_dsa_state *s = e->dsa;
     if (!s) return;
-    for (int l = 0; s->cache && l < e->m->cfg.n_layers; l++) ms_dsa_cache_free(&s->cache[l]);
+    for (int l = 0; s->cache && l < e->m->cfg.n_layers; l++) {
+        float *bufs[] = {s->cache[l].keys, s->cache[l].gates, s->cache[l].pooled, s->cache[l].ape};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i]) e->be->ops->free(e->be, bufs[i]);
+    }
     for (int l = 0; s->amb_rows && l < e->m->cfg.n_layers; l++) {
         amb_list *a = &s->amb_rows[l];
         free(a->pos), free(a->q), free(a->w), free(a->sel), free(a->cnt);
@@ -88,8 +103,10 @@ void ms_dsa_engine_free(ms_engine *e) {
     free(s->amb_rows);
     free(s->tokens);
     free(s->cache);
-    free(s->idx), free(s->cnt), free(s->amb), free(s->q), free(s->w), free(s->k), free(s->g), free(s->cs),
-        free(s->sn);
+    free(s->idx), free(s->cnt), free(s->amb);
+    float *bufs[] = {s->q, s->w, s->k, s->g};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]) e->be->ops->free(e->be, bufs[i]);
     free(s);
     e->dsa = NULL;
 }
@@ -100,8 +117,9 @@ void ms_dsa_engine_reset(ms_engine *e) {
     ms_dsa_engine_rollback(e, 0);
 }
 
-static int amb_push(ms_dsa_state *s, amb_list *a, int64_t pos, const float *q, const float *w, const int32_t *sel,
-                    int32_t cnt) {
+/* One tied row: its prepared query q [H*D] and weights w [H] (backend memory), its selection (host). */
+static int amb_push(ms_engine *e, ms_dsa_state *s, amb_list *a, int64_t pos, const float *q, const float *w,
+                    const int32_t *sel, int32_t cnt, ms_err *err) {
     size_t H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim, W = (size_t)s->width;
     if (a->n == a->cap) {
         int64_t cap = a->cap ? 2 * a->cap : 16;
@@ -115,12 +133,14 @@ static int amb_push(ms_dsa_state *s, amb_list *a, int64_t pos, const float *q, c
         if (ns) a->sel = ns;
         int32_t *nc = realloc(a->cnt, sizeof *nc * (size_t)cap);
         if (nc) a->cnt = nc;
-        if (!np || !nq || !nw || !ns || !nc) return MS_ERR_NOMEM;
+        if (!np || !nq || !nw || !ns || !nc) return ms_fail(err, MS_ERR_NOMEM, "out of memory recording tied selections");
         a->cap = cap;
     }
     a->pos[a->n] = pos;
-    memcpy(a->q + (size_t)a->n * H * D, q, sizeof(float) * H * D);
-    memcpy(a->w + (size_t)a->n * H, w, sizeof(float) * H);
+    int rc;
+    if ((rc = e->be->ops->download(e->be, a->q + (size_t)a->n * H * D, q, sizeof(float) * H * D, err)) ||
+        (rc = e->be->ops->download(e->be, a->w + (size_t)a->n * H, w, sizeof(float) * H, err)))
+        return rc;
     memcpy(a->sel + (size_t)a->n * W, sel, sizeof(int32_t) * W);
     a->cnt[a->n] = cnt;
     a->n++;
@@ -131,7 +151,7 @@ void ms_dsa_engine_rollback(ms_engine *e, int64_t pos) {
     ms_dsa_state *s = e->dsa;
     if (!s) return;
     for (int l = 0; l < e->m->cfg.n_layers; l++) {
-        if (s->cache[l].head_dim && s->cache[l].len > pos) ms_dsa_cache_truncate(&s->cache[l], pos, NULL);
+        if (s->cache[l].head_dim && s->cache[l].len > pos) s->cache[l].len = pos; /* complete pools below keep their keys */
         amb_list *a = &s->amb_rows[l];
         int64_t k = 0;
         for (int64_t i = 0; i < a->n; i++) /* rows stay in position order: keep those below pos */
@@ -150,9 +170,13 @@ int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_e
         size_t H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim;
         for (int64_t i = 0; i < a->n; i++) {
             if (*from >= 0 && a->pos[i] >= *from) break;
-            int rc = ms_dsa_select(NULL, &s->cfg, &s->cache[l], a->q + (size_t)i * H * D, a->w + (size_t)i * H, 1,
-                                   a->pos[i], fwd_len, idx, &cnt, NULL, err);
-            if (rc) return ms_wrap(err, "layer %d: re-checking position %lld", l, (long long)a->pos[i]);
+            /* the recorded query and weights into the indexer scratch (free between forwards) */
+            ms_backend *be = e->be;
+            int rc;
+            if ((rc = be->ops->upload(be, s->q, a->q + (size_t)i * H * D, sizeof(float) * H * D, err)) ||
+                (rc = be->ops->upload(be, s->w, a->w + (size_t)i * H, sizeof(float) * H, err)) ||
+                (rc = be->ops->dsa_recheck(be, &s->cfg, &s->cache[l], s->q, s->w, a->pos[i], fwd_len, idx, &cnt, err)))
+                return ms_wrap(err, "layer %d: re-checking position %lld", l, (long long)a->pos[i]);
             if (cnt != a->cnt[i] || memcmp(idx, a->sel + (size_t)i * s->width, sizeof(int32_t) * (size_t)cnt)) {
                 *from = a->pos[i];
                 break;
@@ -174,32 +198,29 @@ int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, m
     const ms_config *c = &e->m->cfg;
     if (!s) return ms_fail(err, MS_ERR_ARG, "layer %d: DSA layer without DSA state", layer);
     if (c->layer_dsa[layer] == 2) return MS_OK; /* reuse the selection left by the layer it shares */
-    const ms_dsa_weights *W = &e->m->layers[layer].dsa;
+    const ms_dsa_weights *W = &e->w->layers[layer].dsa;
     ms_dsa_cache *cache = &s->cache[layer];
     int64_t p0 = e->n_past;
     if (cache->len != p0)
         return ms_fail(err, MS_ERR_ARG, "layer %d: index-key cache holds %lld keys, the sequence %lld", layer,
                        (long long)cache->len, (long long)p0);
-    ms_matmul(e->pool, s->q, q_resid, n, &W->wq_b);
-    ms_matmul(e->pool, s->k, e->xn, n, &W->wk);
-    ms_matmul(e->pool, s->w, e->xn, n, &W->weights_proj);
-    if (s->cfg.kpool > 1) ms_matmul(e->pool, s->g, e->xn, n, &W->kpool_gate);
-    const float *cs = NULL, *sn = NULL;
-    if (s->cfg.rope_dims > 0) {
-        int half = s->cfg.rope_dims / 2;
-        for (int t = 0; t < n; t++) ms_rope_cos_sin(&c->rope, p0 + t, s->cs + (size_t)t * half, s->sn + (size_t)t * half);
-        cs = s->cs, sn = s->sn;
-    }
-    int rc;
-    if ((rc = ms_dsa_prepare_keys(&s->cfg, s->k, n, W->k_norm_w, W->k_norm_b, cs, sn, err)) ||
-        (rc = ms_dsa_prepare_queries(&s->cfg, s->q, n, cs, sn, err)) ||
-        (rc = ms_dsa_cache_append(cache, s->k, s->cfg.kpool > 1 ? s->g : NULL, n, err)) ||
-        (rc = ms_dsa_select(e->pool, &s->cfg, cache, s->q, s->w, n, p0, e->fwd_len, s->idx, s->cnt, s->amb, err)))
-        return ms_wrap(err, "layer %d indexer", layer);
+    ms_backend *be = e->be;
+    be->ops->matmul(be, s->q, q_resid, n, &W->wq_b, 0);
+    be->ops->matmul(be, s->k, e->xn, n, &W->wk, 0);
+    be->ops->matmul(be, s->w, e->xn, n, &W->weights_proj, 0);
+    if (s->cfg.kpool > 1) be->ops->matmul(be, s->g, e->xn, n, &W->kpool_gate, 0);
+    ms_dsa_index_args a = {.cfg = &s->cfg, .cache = cache, .q = s->q, .k = s->k,
+                           .g = s->cfg.kpool > 1 ? s->g : NULL, .w = s->w, .k_norm_w = W->k_norm_w,
+                           .k_norm_b = W->k_norm_b, .rope = &c->rope, .n = n, .pos0 = p0, .fwd_len = e->fwd_len,
+                           .idx = s->idx, .count = s->cnt, .ambiguous = s->amb};
+    int rc = be->ops->dsa_index(be, &a, err);
+    if (rc) return ms_wrap(err, "layer %d indexer", layer);
     for (int t = 0; t < n; t++)
-        if (s->amb[t] && amb_push(s, &s->amb_rows[layer], p0 + t, s->q + (size_t)t * s->cfg.n_heads * s->cfg.head_dim,
-                                  s->w + (size_t)t * s->cfg.n_heads, s->idx + (size_t)t * s->width, s->cnt[t]))
-            return ms_fail(err, MS_ERR_NOMEM, "layer %d: out of memory recording tied selections", layer);
+        if (s->amb[t] && (rc = amb_push(e, s, &s->amb_rows[layer], p0 + t,
+                                        s->q + (size_t)t * s->cfg.n_heads * s->cfg.head_dim,
+                                        s->w + (size_t)t * s->cfg.n_heads, s->idx + (size_t)t * s->width, s->cnt[t],
+                                        err)))
+            return ms_wrap(err, "layer %d", layer);
     for (int t = 0; t < n; t++)
         if (s->cnt[t] < 1)
             return ms_fail(err, MS_ERR_UNSUPPORTED,
@@ -332,7 +353,8 @@ int ms_dsa_engine_parts(const ms_engine *e, ms_state_part *parts, int n, int cap
             NAME("L%d.dsa.ties", l);
         }
     }
-    PART(.kind = MS_PART_ROWS, .data = s->tokens, .row_bytes = 4, .per = 1, .cap_rows = e->max_ctx, .no_truncate = why);
+    PART(.kind = MS_PART_ROWS, .data = s->tokens, .host = 1, .row_bytes = 4, .per = 1, .cap_rows = e->max_ctx,
+         .no_truncate = why);
     NAME("%s", "dsa.tokens");
 #undef PART
 #undef NAME

@@ -220,17 +220,22 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         }
     }
     free(specs);
-    for (int l = 0; !f && l < c->n_layers; l++) {
-        if (c->layer_attn[l] != MS_ATTN_KDA) continue;
-        ms_kda_config kc;
-        ms_kda_config_of(c, &kc);
-        if (ms_kda_state_init(&e->kda[l], &kc, NULL)) f = 1;
-    }
-    for (int l = 0; !f && l < c->n_layers; l++) {
-        if (c->layer_attn[l] != MS_ATTN_GDN) continue;
-        ms_gdn_config gc;
-        ms_gdn_config_of(c, &gc);
-        if (ms_gdn_state_init(&e->kda[l], &gc, NULL)) f = 1;
+    for (int l = 0; !f && l < c->n_layers; l++) { /* KDA / gated DeltaNet: conv tails + recurrent state */
+        int64_t conv_len, S_len;
+        if (c->layer_attn[l] == MS_ATTN_KDA) {
+            ms_kda_config kc;
+            ms_kda_config_of(c, &kc);
+            ms_kda_state_lens(&kc, &conv_len, &S_len);
+        } else if (c->layer_attn[l] == MS_ATTN_GDN) {
+            ms_gdn_config gc;
+            ms_gdn_config_of(c, &gc);
+            ms_gdn_state_lens(&gc, &conv_len, &S_len);
+        } else {
+            continue;
+        }
+        e->kda[l].conv_len = conv_len, e->kda[l].S_len = S_len;
+        f = e->be->ops->alloc(e->be, (size_t)(conv_len + 1) * 4, (void **)&e->kda[l].conv, NULL) ||
+            e->be->ops->alloc(e->be, (size_t)S_len * 4, (void **)&e->kda[l].S, NULL);
     }
     if (!f && ((rc = ms_dsa_engine_init(e, err)) || (rc = ms_mhc_engine_init(e, err)) ||
                (rc = ms_cattn_engine_init(e, err)))) {
@@ -246,9 +251,22 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     return MS_OK;
 }
 
+/* The linear-attention layers' states (backend memory) back to a fresh sequence. */
+static void kda_states_reset(ms_engine *e) {
+    for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) {
+        ms_kda_state *st = &e->kda[l];
+        if (st->conv) e->be->ops->zero(e->be, st->conv, (size_t)st->conv_len * 4);
+        if (st->S) e->be->ops->zero(e->be, st->S, (size_t)st->S_len * 4);
+    }
+}
+
 void ms_engine_destroy(ms_engine *e) {
     if (!e) return;
-    for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_free(&e->kda[l]);
+    for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) {
+        if (e->kda[l].conv) e->be->ops->free(e->be, e->kda[l].conv);
+        if (e->kda[l].S) e->be->ops->free(e->be, e->kda[l].S);
+        e->kda[l].conv = e->kda[l].S = NULL;
+    }
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
@@ -278,7 +296,7 @@ void ms_engine_reset(ms_engine *e) {
     ms_dsa_engine_reset(e);
     ms_cattn_engine_reset(e);
     e->la_layer = -1;
-    for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_reset(&e->kda[l]);
+    kda_states_reset(e);
 }
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
 int ms_engine_max_ctx(const ms_engine *e) { return e->max_ctx; }
@@ -393,7 +411,7 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
         if (rc) return rc;
         if (from >= 0) {
             ms_dsa_engine_rollback(e, from);
-            for (int l = 0; from == 0 && e->kda && l < e->m->cfg.n_layers; l++) ms_kda_state_reset(&e->kda[l]);
+            if (from == 0) kda_states_reset(e);
             e->n_past = (int)from;
             for (int64_t s = from; s < end; s += e->max_batch) {
                 int k = end - s < e->max_batch ? (int)(end - s) : e->max_batch;

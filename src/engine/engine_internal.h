@@ -136,7 +136,9 @@ typedef enum {
 typedef struct ms_state_part {
     char name[48];          /* unique and stable: the section name in snapshots and state files */
     ms_part_kind kind;
-    void *data;             /* ROWS, FIXED: the engine memory */
+    void *data;             /* ROWS, FIXED: the engine memory: backend memory (state.c copies it with
+                             * download / upload), or host memory when host is set */
+    int host;               /* ROWS, FIXED: data is the engine's own host memory */
     uint64_t row_bytes;     /* ROWS: bytes per row; FIXED: bytes */
     int64_t per;            /* ROWS: positions per row (>= 1) */
     int64_t cap_rows;       /* ROWS: rows data has room for */

@@ -14,7 +14,9 @@
  *   out = out_proj(rmsnorm(o) * norm_w * silu(z))     (norm_w plain, not 1 + w)
  *
  * The input is the layer's normalised hidden rows; the output is what the
- * residual adds. Weights are ms_qmat views in their stored dtype. */
+ * residual adds. Weights are ms_qmat views in their stored dtype. This header
+ * is what the model sees (config, weights); the CPU implementation is
+ * backend/cpu/gdn_block.c. */
 #ifndef MS_GDN_BLOCK_H
 #define MS_GDN_BLOCK_H
 
@@ -37,18 +39,15 @@ typedef struct ms_gdn_config {
 int ms_gdn_check(const ms_gdn_config *cfg, const ms_gdn_weights *w, ms_err *err);
 
 /* The decode state is an ms_kda_state (conv: [C][K-1] with C = 2*Hk*dk +
- * Hv*dv; S: [Hv][dk][dv]); reset and free it with ms_kda_state_reset/free.
- * Allocates a zeroed state for cfg. Errors: MS_ERR_ARG, MS_ERR_NOMEM. */
-int ms_gdn_state_init(ms_kda_state *st, const ms_gdn_config *cfg, ms_err *err);
+ * Hv*dv; S: [Hv][dk][dv]), element counts: */
+static inline void ms_gdn_state_lens(const ms_gdn_config *c, int64_t *conv_len, int64_t *S_len) {
+    *conv_len = (2 * (int64_t)c->k_heads * c->k_dim + (int64_t)c->v_heads * c->v_dim) * (c->conv_kernel - 1);
+    *S_len = (int64_t)c->v_heads * c->k_dim * c->v_dim;
+}
 /* Bytes of that state (for memory plans). */
 uint64_t ms_gdn_state_bytes(const ms_gdn_config *cfg);
 
-/* out[n, hidden] = the mixer over x[n, hidden] (n >= 1 tokens following what
- * st has seen), updating st. Slices of at most 1024 tokens bound the scratch;
- * mode as for KDA (AUTO: chunked for n > 1, recurrent for n = 1). out may not
- * alias x. Errors: as ms_gdn_check, MS_ERR_ARG (state of another config),
- * MS_ERR_NOMEM. */
-int ms_gdn_forward(ms_pool *pool, const ms_gdn_config *cfg, const ms_gdn_weights *w, ms_kda_state *st, const float *x,
-                   int n, float *out, ms_kda_mode mode, ms_err *err);
+/* The forward is a backend op (core/backend.h gdn_forward; the CPU
+ * implementation: backend/cpu/gdn_block.c, declared in backend/cpu/linear_attn.h). */
 
 #endif

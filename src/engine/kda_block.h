@@ -1,6 +1,7 @@
-/* kda_block.h — one Kimi Delta Attention (KDA) token mixer: projections, short
- * convolutions, decay gate, delta rule, gated RMSNorm, o_proj, with the
- * decode state it carries (see ops/kda.h for the math).
+/* kda_block.h — one Kimi Delta Attention (KDA) token mixer as the model sees
+ * it: its config, weights and decode state (the math: ops/kda.h; the CPU
+ * implementation: backend/cpu/kda_block.c). Projections, short convolutions,
+ * decay gate, delta rule, gated RMSNorm, o_proj.
  *
  * The input is the layer's normalised hidden rows (after input_layernorm);
  * the output is what the residual adds. Weights are ms_qmat views in their
@@ -27,7 +28,9 @@ typedef struct ms_kda_config {
 } ms_kda_config;
 
 /* Decode state of one KDA layer: the last K-1 inputs of the three
- * convolutions and the F32 recurrent state. All zeros = a fresh sequence. */
+ * convolutions and the F32 recurrent state. All zeros = a fresh sequence.
+ * conv and S are backend memory (the engine allocates them through
+ * be->ops->alloc, resets them with zero); this struct only describes them. */
 typedef struct ms_kda_state {
     float *conv;  /* [3][H*d][K-1]: q, k, v */
     float *S;     /* [H][d][d] */
@@ -38,22 +41,13 @@ typedef struct ms_kda_state {
  * shape. Errors: MS_ERR_ARG (config), MS_ERR_SHAPE naming the weight. */
 int ms_kda_check(const ms_kda_config *cfg, const ms_kda_weights *w, ms_err *err);
 
-/* Allocate a zeroed state for cfg (free with ms_kda_state_free). MS_ERR_NOMEM. */
-int ms_kda_state_init(ms_kda_state *st, const ms_kda_config *cfg, ms_err *err);
-void ms_kda_state_reset(ms_kda_state *st);
-void ms_kda_state_free(ms_kda_state *st);
+/* Element counts of the state for cfg: conv 3 * H*d * (K-1), S H * d * d. */
+static inline void ms_kda_state_lens(const ms_kda_config *c, int64_t *conv_len, int64_t *S_len) {
+    *conv_len = 3 * (int64_t)c->heads * c->head_dim * (c->conv_kernel - 1);
+    *S_len = (int64_t)c->heads * c->head_dim * c->head_dim;
+}
 
-typedef enum ms_kda_mode {
-    MS_KDA_AUTO = 0,      /* chunked for n > 1, recurrent for n = 1 */
-    MS_KDA_CHUNKED = 1,   /* chunked form for every call */
-    MS_KDA_RECURRENT = 2, /* token-by-token recurrence for every call */
-} ms_kda_mode;
-
-/* out[n, hidden] = the KDA mixer over x[n, hidden] (n >= 1 new tokens that
- * follow whatever st has seen), updating st. Work is done in slices of at most
- * 1024 tokens so scratch stays bounded; out may not alias x.
- * Errors: as ms_kda_check, MS_ERR_NOMEM. */
-int ms_kda_forward(ms_pool *pool, const ms_kda_config *cfg, const ms_kda_weights *w, ms_kda_state *st,
-                   const float *x, int n, float *out, ms_kda_mode mode, ms_err *err);
+/* The forward itself is a backend op (core/backend.h kda_forward; the CPU
+ * implementation and its host-memory state helpers: backend/cpu/linear_attn.h). */
 
 #endif

@@ -1,6 +1,7 @@
 /* kda_layer.c — linear-attention token-mixer layers in the engine (KDA and the
  * gated DeltaNet): the model config's kda_* / gdn_* fields to a block config,
- * and the sublayer call over the layer's state. */
+ * and the sublayer call (the backend's kda_forward / gdn_forward) over the
+ * layer's state, which engine.c allocates through the backend. */
 #include "engine/engine_internal.h"
 
 void ms_kda_config_of(const ms_config *c, ms_kda_config *out) {
@@ -17,7 +18,7 @@ void ms_kda_config_of(const ms_config *c, ms_kda_config *out) {
 int ms_attn_kda(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     ms_kda_config kc;
     ms_kda_config_of(&e->m->cfg, &kc);
-    int rc = ms_kda_forward(e->pool, &kc, &e->m->layers[layer].kda, &e->kda[layer], e->xn, n, out, MS_KDA_AUTO, err);
+    int rc = e->be->ops->kda_forward(e->be, &kc, &e->w->layers[layer].kda, &e->kda[layer], e->xn, n, out, err);
     return rc ? ms_wrap(err, "layer %d", layer) : MS_OK;
 }
 
@@ -34,6 +35,6 @@ void ms_gdn_config_of(const ms_config *c, ms_gdn_config *out) {
 int ms_attn_gdn(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     ms_gdn_config gc;
     ms_gdn_config_of(&e->m->cfg, &gc);
-    int rc = ms_gdn_forward(e->pool, &gc, &e->m->layers[layer].gdn, &e->kda[layer], e->xn, n, out, MS_KDA_AUTO, err);
+    int rc = e->be->ops->gdn_forward(e->be, &gc, &e->w->layers[layer].gdn, &e->kda[layer], e->xn, n, out, err);
     return rc ? ms_wrap(err, "layer %d", layer) : MS_OK;
 }

@@ -2,19 +2,18 @@
  * loop (ops/mhc.h): with hc_mult > 1 the residual is hc_mult streams per
  * token; each sublayer reads their learned collapse (then its usual norm) and
  * its output is mixed back into every stream; the streams' mean is the final
- * hidden state (GLM-5-Next's hyper head). */
+ * hidden state (GLM-5-Next's hyper head). The streams are backend memory; the
+ * math is the backend's mhc_* ops. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "engine/engine_internal.h"
-#include "ops/mhc.h"
 
 typedef struct ms_mhc_state {
     int hc;
-    float *s, *s2;   /* [B, hc, hidden] the streams, and the next ones */
-    float *col;      /* [B, hidden] collapsed sublayer input */
-    float *post;     /* [B, hc] */
-    float *comb;     /* [B, hc, hc] */
+    float *s, *s2;   /* [be] [B, hc, hidden] the streams, and the next ones */
+    float *col;      /* [be] [B, hidden] collapsed sublayer input */
+    float *post;     /* [be] [B, hc] */
+    float *comb;     /* [be] [B, hc, hc] */
 } ms_mhc_state;
 
 int ms_mhc_engine_init(ms_engine *e, ms_err *err) {
@@ -25,37 +24,40 @@ int ms_mhc_engine_init(ms_engine *e, ms_err *err) {
     e->mhc = s;
     s->hc = (int)c->hc_mult;
     size_t B = (size_t)e->max_batch, D = (size_t)c->hidden, H = (size_t)s->hc;
-    s->s = malloc(sizeof(float) * B * H * D);
-    s->s2 = malloc(sizeof(float) * B * H * D);
-    s->col = malloc(sizeof(float) * B * D);
-    s->post = malloc(sizeof(float) * B * H);
-    s->comb = malloc(sizeof(float) * B * H * H);
-    if (!s->s || !s->s2 || !s->col || !s->post || !s->comb)
-        return ms_fail(err, MS_ERR_NOMEM, "out of memory for %zu x %zu hyper-connection streams", B, H);
+    ms_backend *be = e->be;
+    int rc;
+    if ((rc = be->ops->alloc(be, sizeof(float) * B * H * D, (void **)&s->s, err)) ||
+        (rc = be->ops->alloc(be, sizeof(float) * B * H * D, (void **)&s->s2, err)) ||
+        (rc = be->ops->alloc(be, sizeof(float) * B * D, (void **)&s->col, err)) ||
+        (rc = be->ops->alloc(be, sizeof(float) * B * H, (void **)&s->post, err)) ||
+        (rc = be->ops->alloc(be, sizeof(float) * B * H * H, (void **)&s->comb, err)))
+        return ms_wrap(err, "%zu x %zu hyper-connection streams", B, H);
     return MS_OK;
 }
 
 void ms_mhc_engine_free(ms_engine *e) {
     ms_mhc_state *s = e->mhc;
     if (!s) return;
-    free(s->s), free(s->s2), free(s->col), free(s->post), free(s->comb);
+    float *bufs[] = {s->s, s->s2, s->col, s->post, s->comb};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]) e->be->ops->free(e->be, bufs[i]);
     free(s);
     e->mhc = NULL;
 }
 
 void ms_mhc_engine_begin(ms_engine *e, int n) {
-    ms_mhc_expand(e->x, n, e->mhc->hc, (int)e->m->cfg.hidden, e->mhc->s);
+    e->be->ops->mhc_expand(e->be, e->x, n, e->mhc->hc, (int)e->m->cfg.hidden, e->mhc->s);
 }
 
 int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **collapsed, ms_err *err) {
     const ms_config *c = &e->m->cfg;
-    const ms_layer *L = &e->m->layers[layer];
+    const ms_layer *L = &e->w->layers[layer];
     ms_mhc_state *s = e->mhc;
     ms_mhc h = {.hc = s->hc, .dim = (int)c->hidden, .fn = ffn ? &L->hc_ffn_fn : &L->hc_attn_fn,
                 .base = ffn ? L->hc_ffn_base : L->hc_attn_base, .scale = ffn ? L->hc_ffn_scale : L->hc_attn_scale,
                 .sinkhorn_iters = (int)c->hc_sinkhorn_iters, .hc_eps = (float)c->hc_eps,
                 .norm_eps = (float)c->rms_eps};
-    int rc = ms_mhc_pre(e->pool, &h, s->s, n, s->col, s->post, s->comb, err);
+    int rc = e->be->ops->mhc_pre(e->be, &h, s->s, n, s->col, s->post, s->comb, err);
     if (rc) return ms_wrap(err, "layer %d %s hyper-connection", layer, ffn ? "feed-forward" : "attention");
     *collapsed = s->col;
     return MS_OK;
@@ -63,20 +65,21 @@ int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **col
 
 void ms_mhc_engine_post(ms_engine *e, int n, const float *y) {
     ms_mhc_state *s = e->mhc;
-    ms_mhc_post(s->s, y, s->post, s->comb, n, s->hc, (int)e->m->cfg.hidden, s->s2);
+    e->be->ops->mhc_post(e->be, s->s, y, s->post, s->comb, n, s->hc, (int)e->m->cfg.hidden, s->s2);
     float *t = s->s;
     s->s = s->s2;
     s->s2 = t;
 }
 
 int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err) {
-    const ms_model *m = e->m;
-    const ms_config *c = &m->cfg;
+    const ms_model *m = e->w;
+    const ms_config *c = &e->m->cfg;
     if (!c->hc_head_weighted) {
-        ms_mhc_head_mean(e->mhc->s, n, e->mhc->hc, (int)c->hidden, e->x);
+        e->be->ops->mhc_head_mean(e->be, e->mhc->s, n, e->mhc->hc, (int)c->hidden, e->x);
         return MS_OK;
     }
-    int rc = ms_mhc_head_weighted(e->pool, &m->hc_head_fn, m->hc_head_base, m->hc_head_scale, e->mhc->hc,
-                                  (int)c->hidden, (float)c->hc_eps, (float)c->rms_eps, e->mhc->s, n, e->x, err);
+    int rc = e->be->ops->mhc_head_weighted(e->be, &m->hc_head_fn, m->hc_head_base, m->hc_head_scale, e->mhc->hc,
+                                           (int)c->hidden, (float)c->hc_eps, (float)c->rms_eps, e->mhc->s, n, e->x,
+                                           err);
     return rc ? ms_wrap(err, "hyper head") : MS_OK;
 }

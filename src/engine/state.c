@@ -59,12 +59,19 @@ static uint64_t part_bytes(const ms_engine *e, const ms_state_part *p) {
     return p->size(e, p->layer);
 }
 
-static void part_get(const ms_engine *e, const ms_state_part *p, uint8_t *out) {
-    if (p->kind == MS_PART_CUSTOM) p->get(e, p->layer, out);
-    else {
-        uint64_t n = part_bytes(e, p);
-        if (n) memcpy(out, p->data, n);
+/* A part's bytes into out: backend memory through download, host memory directly. */
+static int part_get(const ms_engine *e, const ms_state_part *p, uint8_t *out, ms_err *err) {
+    if (p->kind == MS_PART_CUSTOM) {
+        p->get(e, p->layer, out);
+        return MS_OK;
     }
+    uint64_t n = part_bytes(e, p);
+    if (!n) return MS_OK;
+    if (p->host) {
+        memcpy(out, p->data, n);
+        return MS_OK;
+    }
+    return e->be->ops->download(e->be, out, p->data, n, err);
 }
 
 /* Check sections s[0..ns) for a state at n_past against e's parts (reserving
@@ -103,23 +110,30 @@ static int check_sections(ms_engine *e, int64_t n_past, const sec_in *s, int ns,
     return MS_OK;
 }
 
-/* Copy checked sections into the engine; cannot fail. */
-static void apply_sections(ms_engine *e, int64_t n_past, const sec_in *s, const ms_state_part *p, int np) {
+/* Copy checked sections into the engine (backend memory through upload); fails only
+ * where the backend's upload does. */
+static int apply_sections(ms_engine *e, int64_t n_past, const sec_in *s, const ms_state_part *p, int np,
+                          ms_err *err) {
     for (int i = 0; i < np; i++) {
         if (p[i].kind == MS_PART_CUSTOM) p[i].put(e, p[i].layer, s[i].data, s[i].size);
-        else if (s[i].size) memcpy(p[i].data, s[i].data, s[i].size);
+        else if (s[i].size && p[i].host) memcpy(p[i].data, s[i].data, s[i].size);
+        else if (s[i].size) {
+            int rc = e->be->ops->upload(e->be, p[i].data, s[i].data, s[i].size, err);
+            if (rc) return ms_wrap(err, "restoring \"%s\"", p[i].name);
+        }
     }
     e->n_past = (int)n_past;
     e->la_layer = -1;
     ms_dsa_engine_restored(e, n_past);
     ms_cattn_engine_restored(e, n_past);
+    return MS_OK;
 }
 
 static int restore_sections(ms_engine *e, int64_t n_past, const sec_in *s, int ns, const char *where, ms_err *err) {
     ms_state_part *p;
     int np, rc = get_parts(e, &p, &np, err);
     if (rc) return rc;
-    if (!(rc = check_sections(e, n_past, s, ns, p, np, where, err))) apply_sections(e, n_past, s, p, np);
+    if (!(rc = check_sections(e, n_past, s, ns, p, np, where, err))) rc = apply_sections(e, n_past, s, p, np, err);
     free(p);
     return rc;
 }
@@ -146,7 +160,12 @@ int ms_engine_snapshot(ms_engine *e, ms_snapshot **out, ms_err *err) {
         return ms_fail(err, MS_ERR_NOMEM, "out of memory for a snapshot of %llu bytes at %d positions",
                        (unsigned long long)total, e->n_past);
     }
-    for (int i = 0; i < np; i++) part_get(e, &p[i], s->blob + s->sec[i].offset);
+    for (int i = 0; i < np && !rc; i++) rc = part_get(e, &p[i], s->blob + s->sec[i].offset, err);
+    if (rc) {
+        free(p);
+        ms_engine_snapshot_free(s);
+        return ms_wrap(err, "snapshot");
+    }
     s->n = np;
     s->n_past = e->n_past;
     s->bytes = total;

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/gdn_block.h"
+#include "backend/cpu/linear_attn.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "test.h"

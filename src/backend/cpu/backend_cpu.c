@@ -1,11 +1,12 @@
 /* backend_cpu.c — the CPU backend's memory, planning and dense ops, and its ops
- * table (the attention, MoE and block ops are in be_cpu_*.c). Buffers are
- * host memory, so memory ops are memcpy/memset; every op runs now, on the
- * calling thread and the pool. */
+ * table (the attention, MoE and block ops are in be_cpu_*.c, the linear-attention
+ * mixers in kda_block.c and gdn_block.c). Buffers are host memory, so memory ops
+ * are memcpy/memset; every op runs now, on the calling thread and the pool. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/be_cpu.h"
+#include "backend/cpu/linear_attn.h"
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 
@@ -62,6 +63,13 @@ static cpu_scratch_dims dims_of(const ms_config *c) {
     d.row = MAX2(MAX2(c->kv_lora_rank, c->hidden), MAX2(qdim, vdim)) + 16;
     d.mla_block = c->kv_lora_rank > 0 ? c->kv_lora_rank + c->qk_nope_dim + c->v_head_dim : 0;
     d.small = MAX2(2 * c->n_experts + 64, c->hidden + ares_blocks + 64); /* router 2E floats, AttnRes */
+    d.ca_window = d.ca_rate = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
+        d.ca_window = MAX2(d.ca_window, MAX2(c->layer_window[l], 1));
+        int64_t r = c->layer_compress[l];
+        if (r && (!d.ca_rate || r < d.ca_rate)) d.ca_rate = r;
+    }
     return d;
 }
 
@@ -73,6 +81,10 @@ static size_t stride_of(const cpu_scratch_dims *d, int64_t T, int64_t B) {
         if (s < need) s = need;
     }
     if (s < (size_t)d->small) s = (size_t)d->small;
+    if (d->ca_window > 0) { /* compressed attention: key list, scores, indexer queue (ms_cpu_cattn_scratch) */
+        size_t need = ms_cpu_cattn_scratch(d->ca_window, d->ca_rate ? T / d->ca_rate + 1 : 0);
+        if (s < need) s = need;
+    }
     return s;
 }
 
@@ -94,6 +106,8 @@ static int cpu_reserve(ms_backend *be, const ms_config *c, int64_t max_ctx, int6
     cpu_scratch_dims d = dims_of(c), m = b->dims;
     m.lora = MAX2(m.lora, d.lora), m.row = MAX2(m.row, d.row), m.mla_block = MAX2(m.mla_block, d.mla_block);
     m.small = MAX2(m.small, d.small);
+    m.ca_window = MAX2(m.ca_window, d.ca_window);
+    if (d.ca_rate && (!m.ca_rate || d.ca_rate < m.ca_rate)) m.ca_rate = d.ca_rate;
     int64_t T = MAX2(b->max_ctx, max_ctx), B = MAX2(b->max_batch, max_batch);
     size_t stride = stride_of(&m, T, B);
     if (b->th_buf && stride <= b->th_stride && T == b->max_ctx && B == b->max_batch) return MS_OK;
@@ -189,6 +203,39 @@ static void cpu_add_gated_rows(ms_backend *be, float *y, const float *x, const f
     }
 }
 
+/* ---- linear attention (kda_block.c, gdn_block.c) ---- */
+
+static int cpu_kda_forward(ms_backend *be, const ms_kda_config *c, const ms_kda_weights *w, ms_kda_state *st,
+                           const float *x, int n, float *out, ms_err *err) {
+    return ms_kda_forward(cpu_of(be)->pool, c, w, st, x, n, out, MS_KDA_AUTO, err);
+}
+static int cpu_gdn_forward(ms_backend *be, const ms_gdn_config *c, const ms_gdn_weights *w, ms_kda_state *st,
+                           const float *x, int n, float *out, ms_err *err) {
+    return ms_gdn_forward(cpu_of(be)->pool, c, w, st, x, n, out, MS_KDA_AUTO, err);
+}
+
+/* ---- hyper-connections (ops/mhc.c) ---- */
+
+static int cpu_mhc_pre(ms_backend *be, const ms_mhc *h, const float *streams, int n, float *collapsed, float *post,
+                       float *comb, ms_err *err) {
+    return ms_mhc_pre(cpu_of(be)->pool, h, streams, n, collapsed, post, comb, err);
+}
+static void cpu_mhc_post(ms_backend *be, const float *in, const float *y, const float *post, const float *comb, int n,
+                         int hc, int dim, float *out) {
+    ms_mhc_post(in, y, post, comb, n, hc, dim, out);
+}
+static void cpu_mhc_expand(ms_backend *be, const float *x, int n, int hc, int dim, float *out) {
+    ms_mhc_expand(x, n, hc, dim, out);
+}
+static void cpu_mhc_head_mean(ms_backend *be, const float *streams, int n, int hc, int dim, float *out) {
+    ms_mhc_head_mean(streams, n, hc, dim, out);
+}
+static int cpu_mhc_head_weighted(ms_backend *be, const ms_qmat *fn, const float *base, const float *scale, int hc,
+                                 int dim, float hc_eps, float norm_eps, const float *streams, int n, float *out,
+                                 ms_err *err) {
+    return ms_mhc_head_weighted(cpu_of(be)->pool, fn, base, scale, hc, dim, hc_eps, norm_eps, streams, n, out, err);
+}
+
 static const ms_backend_ops k_cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -221,6 +268,17 @@ static const ms_backend_ops k_cpu_ops = {
     .add_bias_any = cpu_add_bias_any,
     .split_gate_up = cpu_split_gate_up,
     .add_gated_rows = cpu_add_gated_rows,
+    .kda_forward = cpu_kda_forward,
+    .gdn_forward = cpu_gdn_forward,
+    .dsa_index = ms_cpu_dsa_index,
+    .dsa_recheck = ms_cpu_dsa_recheck,
+    .compress_append = ms_cpu_compress_append,
+    .attn_compressed = ms_cpu_attn_compressed,
+    .mhc_pre = cpu_mhc_pre,
+    .mhc_post = cpu_mhc_post,
+    .mhc_expand = cpu_mhc_expand,
+    .mhc_head_mean = cpu_mhc_head_mean,
+    .mhc_head_weighted = cpu_mhc_head_weighted,
     .attn_res_mix = ms_cpu_attn_res_mix,
 };
 

@@ -1,5 +1,6 @@
-/* kda_block.c — the KDA token mixer of a layer (contract in kda_block.h). */
-#include "engine/kda_block.h"
+/* kda_block.c — the CPU implementation of the KDA token mixer (config and
+ * weights: engine/kda_block.h; contract: backend/cpu/linear_attn.h). */
+#include "backend/cpu/linear_attn.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -57,8 +58,7 @@ int ms_kda_check(const ms_kda_config *c, const ms_kda_weights *w, ms_err *err) {
 
 int ms_kda_state_init(ms_kda_state *st, const ms_kda_config *c, ms_err *err) {
     memset(st, 0, sizeof *st);
-    st->conv_len = 3 * (int64_t)c->heads * c->head_dim * (c->conv_kernel - 1);
-    st->S_len = (int64_t)c->heads * c->head_dim * c->head_dim;
+    ms_kda_state_lens(c, &st->conv_len, &st->S_len);
     st->conv = calloc((size_t)st->conv_len + 1, sizeof *st->conv);
     st->S = calloc((size_t)st->S_len, sizeof *st->S);
     if (!st->conv || !st->S) {

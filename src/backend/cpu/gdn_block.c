@@ -1,5 +1,6 @@
-/* gdn_block.c — the gated DeltaNet token mixer of a layer (contract in gdn_block.h). */
-#include "engine/gdn_block.h"
+/* gdn_block.c — the CPU implementation of the gated DeltaNet token mixer
+ * (config and weights: engine/gdn_block.h; contract: backend/cpu/linear_attn.h). */
+#include "backend/cpu/linear_attn.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -61,8 +62,7 @@ int ms_gdn_state_init(ms_kda_state *st, const ms_gdn_config *c, ms_err *err) {
     memset(st, 0, sizeof *st);
     if (!c || c->conv_kernel < 1 || c->v_heads < 1 || c->k_dim < 1 || c->v_dim < 1)
         return ms_fail(err, MS_ERR_ARG, "gated DeltaNet state: bad config");
-    st->conv_len = conv_channels(c) * (c->conv_kernel - 1);
-    st->S_len = (int64_t)c->v_heads * c->k_dim * c->v_dim;
+    ms_gdn_state_lens(c, &st->conv_len, &st->S_len);
     st->conv = calloc((size_t)st->conv_len + 1, sizeof *st->conv);
     st->S = calloc((size_t)st->S_len, sizeof *st->S);
     if (!st->conv || !st->S) {
