@@ -41,70 +41,68 @@ struct ms_cattn_state {
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 
-/* n floats of zeroed backend memory into *p (f: set on failure) */
-static void ca_alloc(ms_engine *e, float **p, size_t n, int *f) {
-    if (!*f && e->be->ops->alloc(e->be, n * 4, (void **)p, NULL)) *f = 1;
+static int any_compressed(const ms_config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_attn[l] == MS_ATTN_COMPRESSED) return 1;
+    return 0;
 }
 
 int ms_cattn_engine_init(ms_engine *e, ms_err *err) {
     const ms_config *c = &e->m->cfg;
-    int any = 0;
-    for (int l = 0; l < c->n_layers; l++) any |= c->layer_attn[l] == MS_ATTN_COMPRESSED;
-    if (!any) return MS_OK;
+    if (!any_compressed(c)) return MS_OK;
     struct ms_cattn_state *s = calloc(1, sizeof *s);
-    if (!s) return ms_fail(err, MS_ERR_NOMEM, "out of memory for the compressed-attention state");
-    e->cattn = s;
-    size_t T = (size_t)e->max_ctx, B = (size_t)e->max_batch, hd = (size_t)c->head_dim, H = (size_t)c->n_heads;
-    size_t ihd = (size_t)MAX2(c->dsa_head_dim, 1), ih = (size_t)MAX2(c->dsa_heads, 1);
-    int f = !(s->L = calloc((size_t)c->n_layers, sizeof *s->L));
-    size_t cw_max = 2 * MAX2(hd, ihd);
-    for (int l = 0; !f && l < c->n_layers; l++) {
-        if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
-        ca_layer *L = &s->L[l];
-        size_t W = (size_t)MAX2(c->layer_window[l], 1), rate = c->layer_compress[l];
-        ca_alloc(e, &L->win, W * hd, &f);
-        if (rate) {
-            size_t cw = (c->layer_csa[l] ? 2 : 1) * hd, ne = T / rate + 1;
-            ca_alloc(e, &L->craw_kv, 2 * rate * cw, &f);
-            ca_alloc(e, &L->craw_g, 2 * rate * cw, &f);
-            ca_alloc(e, &L->comp, ne * hd, &f);
-            if (c->layer_csa[l]) {
-                ca_alloc(e, &L->iraw_kv, 2 * rate * 2 * ihd, &f);
-                ca_alloc(e, &L->iraw_g, 2 * rate * 2 * ihd, &f);
-                ca_alloc(e, &L->icomp, ne * ihd, &f);
-            }
-        }
+    if (!s || !(s->L = calloc((size_t)c->n_layers, sizeof *s->L))) {
+        free(s);
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory for the compressed-attention state");
     }
-    size_t G = (size_t)MAX2(c->o_groups, 1), R = (size_t)c->o_lora_rank;
-    ca_alloc(e, &s->qr, B * (size_t)c->q_lora_rank, &f);
-    ca_alloc(e, &s->kvc, B * hd, &f);
-    ca_alloc(e, &s->pk, B * cw_max, &f);
-    ca_alloc(e, &s->pg, B * cw_max, &f);
-    ca_alloc(e, &s->iq, B * ih * ihd, &f);
-    ca_alloc(e, &s->iw, B * ih, &f);
-    ca_alloc(e, &s->att, B * H * hd, &f);
-    ca_alloc(e, &s->og, B * G * R, &f);
-    ca_alloc(e, &s->gin, B * H * hd / G + 1, &f);
-    ca_alloc(e, &s->go, B * R + 1, &f);
-    if (f) return ms_fail(err, MS_ERR_NOMEM, "out of memory for the compressed-attention state (context %zu)", T);
+    e->cattn = s;
     return MS_OK;
 }
 
-static void ca_free(ms_engine *e, float *p) {
-    if (p) e->be->ops->free(e->be, p);
+int ms_cattn_engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, ms_buf_spec *b, int n) {
+    if (!any_compressed(c)) return n;
+    struct ms_cattn_state *s = e ? e->cattn : NULL;
+    size_t hd = (size_t)c->head_dim, H = (size_t)c->n_heads;
+    size_t ihd = (size_t)MAX2(c->dsa_head_dim, 1), ih = (size_t)MAX2(c->dsa_heads, 1);
+    size_t cw_max = 2 * MAX2(hd, ihd);
+#define P(f) (s ? (void **)&(f) : NULL)
+#define STATE(f, floats) (n = ms_buf_add(b, n, P(f), (floats) * 4, 1, 0))
+#define SCRATCH(f, floats) (n = ms_buf_add(b, n, P(f), (floats) * 4, 0, 0))
+    for (int l = 0; l < c->n_layers; l++) { /* window keys, raw rows, entries */
+        if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
+        size_t W = (size_t)MAX2(c->layer_window[l], 1), rate = c->layer_compress[l];
+        STATE(s->L[l].win, W * hd);
+        if (!rate) continue;
+        size_t cw = (c->layer_csa[l] ? 2 : 1) * hd, ne = T / rate + 1;
+        STATE(s->L[l].craw_kv, 2 * rate * cw);
+        STATE(s->L[l].craw_g, 2 * rate * cw);
+        STATE(s->L[l].comp, ne * hd);
+        if (!c->layer_csa[l]) continue;
+        STATE(s->L[l].iraw_kv, 2 * rate * 2 * ihd);
+        STATE(s->L[l].iraw_g, 2 * rate * 2 * ihd);
+        STATE(s->L[l].icomp, ne * ihd);
+    }
+    size_t G = (size_t)MAX2(c->o_groups, 1), R = (size_t)c->o_lora_rank;
+    SCRATCH(s->qr, B * (size_t)c->q_lora_rank);
+    SCRATCH(s->kvc, B * hd);
+    SCRATCH(s->pk, B * cw_max);
+    SCRATCH(s->pg, B * cw_max);
+    SCRATCH(s->iq, B * ih * ihd);
+    SCRATCH(s->iw, B * ih);
+    SCRATCH(s->att, B * H * hd);
+    SCRATCH(s->og, B * G * R);
+    SCRATCH(s->gin, B * H * hd / G + 1);
+    SCRATCH(s->go, B * R + 1);
+#undef P
+#undef STATE
+#undef SCRATCH
+    return n;
 }
 
 void ms_cattn_engine_free(ms_engine *e) {
     struct ms_cattn_state *s = e->cattn;
     if (!s) return;
-    for (int l = 0; s->L && l < e->m->cfg.n_layers; l++) {
-        ca_layer *L = &s->L[l];
-        ca_free(e, L->win), ca_free(e, L->craw_kv), ca_free(e, L->craw_g), ca_free(e, L->comp);
-        ca_free(e, L->iraw_kv), ca_free(e, L->iraw_g), ca_free(e, L->icomp);
-    }
     free(s->L);
-    ca_free(e, s->qr), ca_free(e, s->kvc), ca_free(e, s->pk), ca_free(e, s->pg), ca_free(e, s->iq);
-    ca_free(e, s->iw), ca_free(e, s->att), ca_free(e, s->og), ca_free(e, s->gin), ca_free(e, s->go);
     free(s);
     e->cattn = NULL;
 }

@@ -33,11 +33,15 @@ typedef struct ms_dsa_state {
     float *q, *w, *k, *g; /* [be] indexer scratch [B, H*D], [B, H], [B, D], [B, D] */
 } ms_dsa_state;
 
+static int any_dsa(const ms_config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_dsa[l]) return 1;
+    return 0;
+}
+
 int ms_dsa_engine_init(ms_engine *e, ms_err *err) {
     const ms_config *c = &e->m->cfg;
-    int any = 0;
-    for (int l = 0; l < c->n_layers; l++) any |= c->layer_dsa[l] != 0;
-    if (!any) return MS_OK;
+    if (!any_dsa(c)) return MS_OK;
     ms_dsa_state *s = calloc(1, sizeof *s);
     if (!s) return ms_fail(err, MS_ERR_NOMEM, "out of memory for the DSA state");
     e->dsa = s;
@@ -45,45 +49,60 @@ int ms_dsa_engine_init(ms_engine *e, ms_err *err) {
     int rc = ms_dsa_cfg_check(&s->cfg, err);
     if (rc) return rc;
     s->width = ms_dsa_row_width(&s->cfg);
-    size_t B = (size_t)e->max_batch, H = (size_t)s->cfg.n_heads, D = (size_t)s->cfg.head_dim;
     s->cache = calloc((size_t)c->n_layers, sizeof *s->cache);
     s->amb_rows = calloc((size_t)c->n_layers, sizeof *s->amb_rows);
-    s->tokens = malloc(sizeof(int32_t) * (size_t)e->max_ctx);
+    if (!s->cache || !s->amb_rows) return ms_fail(err, MS_ERR_NOMEM, "out of memory for the DSA state");
     s->replay_ok = 1;
     for (int l = 0; l < c->n_layers; l++) s->replay_ok &= c->layer_attn[l] == MS_ATTN_MLA || c->layer_attn[l] == MS_ATTN_GQA;
-    s->idx = malloc(sizeof(int32_t) * B * (size_t)s->width);
-    s->cnt = malloc(sizeof(int32_t) * B);
-    s->amb = malloc(B);
-    if (!s->cache || !s->amb_rows || !s->tokens || !s->idx || !s->cnt || !s->amb)
-        return ms_fail(err, MS_ERR_NOMEM, "out of memory for the DSA scratch (batch %zu)", B);
-    ms_backend *be = e->be;
-    if ((rc = be->ops->alloc(be, sizeof(float) * B * H * D, (void **)&s->q, err)) ||
-        (rc = be->ops->alloc(be, sizeof(float) * B * H, (void **)&s->w, err)) ||
-        (rc = be->ops->alloc(be, sizeof(float) * B * D, (void **)&s->k, err)) ||
-        (rc = be->ops->alloc(be, sizeof(float) * B * D, (void **)&s->g, err)))
-        return ms_wrap(err, "the DSA scratch (batch %zu)", B);
-    for (int l = 0; l < c->n_layers; l++) {
+    int64_t kp = s->cfg.kpool > 1 ? s->cfg.kpool : 1;
+    for (int l = 0; l < c->n_layers; l++) /* empty caches with room for the whole context (ms_dsa_cache_init's layout) */
+        if (c->layer_dsa[l] == 1)
+            s->cache[l] = (ms_dsa_cache){.head_dim = s->cfg.head_dim, .kpool = (int)kp, .cap = e->max_ctx};
+    return MS_OK;
+}
+
+int ms_dsa_engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, ms_buf_spec *b, int n) {
+    if (!any_dsa(c)) return n;
+    ms_dsa_state *s = e ? e->dsa : NULL;
+    ms_dsa_cfg cfg;
+    ms_dsa_cfg_of(c, &cfg);
+    size_t H = (size_t)cfg.n_heads, D = (size_t)cfg.head_dim, W = (size_t)ms_dsa_row_width(&cfg);
+    size_t kp = cfg.kpool > 1 ? (size_t)cfg.kpool : 1;
+#define P(f) (s ? (void **)&(f) : NULL)
+    n = ms_buf_add(b, n, P(s->tokens), sizeof(int32_t) * T, 1, 1); /* the sequence so far, for tie replays */
+    n = ms_buf_add(b, n, P(s->idx), sizeof(int32_t) * B * W, 0, 1);
+    n = ms_buf_add(b, n, P(s->cnt), sizeof(int32_t) * B, 0, 1);
+    n = ms_buf_add(b, n, P(s->amb), B, 0, 1);
+    n = ms_buf_add(b, n, P(s->q), sizeof(float) * B * H * D, 0, 0);
+    n = ms_buf_add(b, n, P(s->w), sizeof(float) * B * H, 0, 0);
+    n = ms_buf_add(b, n, P(s->k), sizeof(float) * B * D, 0, 0);
+    n = ms_buf_add(b, n, P(s->g), sizeof(float) * B * D, 0, 0);
+    for (int l = 0; l < c->n_layers; l++) { /* index keys (KPool: + gate logits and pooled keys) */
         if (c->layer_dsa[l] != 1) continue;
-        /* an empty cache with room for the whole context (ms_dsa_cache_init's layout, in backend memory) */
-        ms_dsa_cache *ch = &s->cache[l];
-        int64_t cap = e->max_ctx, kp = s->cfg.kpool > 1 ? s->cfg.kpool : 1;
-        *ch = (ms_dsa_cache){.head_dim = (int)D, .kpool = (int)kp, .cap = cap};
-        if ((rc = be->ops->alloc(be, sizeof(float) * (size_t)cap * D, (void **)&ch->keys, err)))
-            return ms_wrap(err, "layer %d index-key cache", l);
+        n = ms_buf_add(b, n, P(s->cache[l].keys), sizeof(float) * T * D, 1, 0);
         if (kp <= 1) continue;
-        if ((rc = be->ops->alloc(be, sizeof(float) * (size_t)cap * D, (void **)&ch->gates, err)) ||
-            (rc = be->ops->alloc(be, sizeof(float) * (size_t)(cap / kp + 1) * D, (void **)&ch->pooled, err)) ||
-            (rc = be->ops->alloc(be, sizeof(float) * (size_t)kp * D, (void **)&ch->ape, err)))
-            return ms_wrap(err, "layer %d index-key cache", l);
+        n = ms_buf_add(b, n, P(s->cache[l].gates), sizeof(float) * T * D, 1, 0);
+        n = ms_buf_add(b, n, P(s->cache[l].pooled), sizeof(float) * (T / kp + 1) * D, 1, 0);
+        n = ms_buf_add(b, n, P(s->cache[l].ape), sizeof(float) * kp * D, 0, 0);
+    }
+#undef P
+    return n;
+}
+
+int ms_dsa_engine_ready(ms_engine *e, ms_err *err) {
+    ms_dsa_state *s = e->dsa;
+    if (!s || s->cfg.kpool <= 1) return MS_OK;
+    int64_t kp = s->cfg.kpool, D = s->cfg.head_dim;
+    for (int l = 0; l < e->m->cfg.n_layers; l++) {
+        if (e->m->cfg.layer_dsa[l] != 1) continue;
         const ms_qmat *ape = &e->m->layers[l].dsa.kpool_ape; /* zeros when absent (the allocation is zeroed) */
-        if (ape->data) {
-            float *apef = malloc(sizeof(float) * (size_t)kp * D);
-            if (!apef) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
-            ms_to_f32(apef, ape->data, ape->dtype, kp * (int64_t)D);
-            rc = be->ops->upload(be, ch->ape, apef, sizeof(float) * (size_t)kp * D, err);
-            free(apef);
-            if (rc) return ms_wrap(err, "layer %d", l);
-        }
+        if (!ape->data) continue;
+        float *apef = malloc(sizeof(float) * (size_t)(kp * D));
+        if (!apef) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+        ms_to_f32(apef, ape->data, ape->dtype, kp * D);
+        int rc = e->be->ops->upload(e->be, s->cache[l].ape, apef, sizeof(float) * (size_t)(kp * D), err);
+        free(apef);
+        if (rc) return ms_wrap(err, "layer %d", l);
     }
     return MS_OK;
 }
@@ -91,22 +110,12 @@ int ms_dsa_engine_init(ms_engine *e, ms_err *err) {
 void ms_dsa_engine_free(ms_engine *e) {
     ms_dsa_state *s = e->dsa;
     if (!s) return;
-    for (int l = 0; s->cache && l < e->m->cfg.n_layers; l++) {
-        float *bufs[] = {s->cache[l].keys, s->cache[l].gates, s->cache[l].pooled, s->cache[l].ape};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-            if (bufs[i]) e->be->ops->free(e->be, bufs[i]);
-    }
     for (int l = 0; s->amb_rows && l < e->m->cfg.n_layers; l++) {
         amb_list *a = &s->amb_rows[l];
         free(a->pos), free(a->q), free(a->w), free(a->sel), free(a->cnt);
     }
     free(s->amb_rows);
-    free(s->tokens);
     free(s->cache);
-    free(s->idx), free(s->cnt), free(s->amb);
-    float *bufs[] = {s->q, s->w, s->k, s->g};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-        if (bufs[i]) e->be->ops->free(e->be, bufs[i]);
     free(s);
     e->dsa = NULL;
 }

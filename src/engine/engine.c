@@ -9,61 +9,54 @@
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 
-uint64_t ms_engine_state_bytes_per_token(const ms_model *m) {
-    const ms_config *c = &m->cfg;
-    uint64_t b = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        if (c->layer_attn[l] == MS_ATTN_GQA) {
-            uint64_t kvh = (uint64_t)(c->layer_kv_heads[l] ? c->layer_kv_heads[l] : c->n_kv_heads);
-            b += kvh * (uint64_t)(c->head_dim + (c->v_head_dim ? c->v_head_dim : c->head_dim)) * 4;
-        }
-        else if (c->layer_attn[l] == MS_ATTN_MLA) b += (uint64_t)(c->kv_lora_rank + c->qk_rope_dim) * 4;
-        else if (c->layer_attn[l] == MS_ATTN_COMPRESSED && c->layer_compress[l]) /* one entry per rate tokens */
-            b += (uint64_t)(c->head_dim + (c->layer_csa[l] ? c->dsa_head_dim : 0)) * 4 / c->layer_compress[l];
+/* Element counts of layer l's linear-attention state (KDA or gated DeltaNet); 0 for other layers. */
+static void linear_state_lens(const ms_config *c, int l, int64_t *conv_len, int64_t *S_len) {
+    *conv_len = *S_len = 0;
+    if (c->layer_attn[l] == MS_ATTN_KDA) {
+        ms_kda_config kc;
+        ms_kda_config_of(c, &kc);
+        ms_kda_state_lens(&kc, conv_len, S_len);
+    } else if (c->layer_attn[l] == MS_ATTN_GDN) {
+        ms_gdn_config gc;
+        ms_gdn_config_of(c, &gc);
+        ms_gdn_state_lens(&gc, conv_len, S_len);
     }
-    return b;
 }
 
-/* One allocation of the engine: where its pointer goes, how big, and whether
- * it is causal state (grows with the context) or workspace. */
-typedef struct {
-    void **ptr;
-    size_t bytes;
-    int state;
-    int host;        /* engine memory (malloc), not backend memory */
-    const char *tag; /* causal state: the snapshot section name (with the layer) */
-    int layer;
-    size_t row;      /* causal state: bytes per position */
-} buf_spec;
-
-#define MAX_BUFS (3 * MS_MAX_LAYERS + 32)
-
-/* Every buffer the engine allocates, sized from the config, context T and
- * batch B. The single source of truth for allocation and for the memory plan
- * (the backend's own workspace is its workspace_bytes). Pointer arrays
- * (per-layer caches) must already exist when with_layers is set. Returns the
- * number of specs. */
-static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, int with_layers, buf_spec *b) {
+/* Every buffer the engine and its modules allocate, sized from the config,
+ * context T and batch B, appended into b (NULL: count only); returns the
+ * count. The single source of truth for allocation, destruction and the memory
+ * plan (the backend's own workspace is its workspace_bytes). e may be a zeroed
+ * engine (planning): entries whose owner does not exist yet have NULL ptr.
+ * with_layers 0 lists only the per-layer pointer arrays, which must exist
+ * before the rest is listed with pointers. */
+static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, int with_layers, ms_buf_spec *b) {
     int n = 0;
-    /* backend memory */
-#define BUF(p, sz, st) (b[n] = (buf_spec){(void **)(p), (size_t)(sz), (st), 0, NULL, -1, 0}, n++)
-    /* engine (host) memory */
-#define HBUF(p, sz) (b[n] = (buf_spec){(void **)(p), (size_t)(sz), 0, 1, NULL, -1, 0}, n++)
+    /* backend memory, engine (host) memory */
+#define BUF(p, sz, st) (n = ms_buf_add(b, n, (void **)(p), (size_t)(sz), (st), 0))
+#define HBUF(p, sz) (n = ms_buf_add(b, n, (void **)(p), (size_t)(sz), 0, 1))
     /* causal state: one row of `rw` bytes per position (engine/state.c snapshots it by tag) */
-#define SBUF(p, rw, tg, ly) (b[n] = (buf_spec){(void **)(p), T * (size_t)(rw), 1, 0, (tg), (ly), (size_t)(rw)}, n++)
+#define SBUF(p, rw, tg, ly)                                                                                            \
+    (b ? (b[n] = (ms_buf_spec){(void **)(p), T * (size_t)(rw), 1, 0, (tg), (ly), (size_t)(rw)}, 0) : 0, n++)
     size_t L = (size_t)c->n_layers;
     HBUF(&e->k_cache, L * sizeof(float *));
     HBUF(&e->v_cache, L * sizeof(float *));
     HBUF(&e->latent, L * sizeof(float *));
     HBUF(&e->kda, L * sizeof *e->kda);
-    for (size_t l = 0; with_layers && l < L; l++) {
+    if (!with_layers) return n;
+    for (size_t l = 0; l < L; l++) {
         if (c->layer_attn[l] == MS_ATTN_GQA) {
             size_t kvh = (size_t)(c->layer_kv_heads[l] ? c->layer_kv_heads[l] : c->n_kv_heads);
             size_t vd = (size_t)(c->v_head_dim ? c->v_head_dim : c->head_dim);
-            SBUF(&e->k_cache[l], kvh * (size_t)c->head_dim * 4, "k", l);
-            SBUF(&e->v_cache[l], kvh * vd * 4, "v", l);
+            SBUF(e->k_cache ? &e->k_cache[l] : NULL, kvh * (size_t)c->head_dim * 4, "k", l);
+            SBUF(e->v_cache ? &e->v_cache[l] : NULL, kvh * vd * 4, "v", l);
         } else if (c->layer_attn[l] == MS_ATTN_MLA) {
-            SBUF(&e->latent[l], (size_t)(c->kv_lora_rank + c->qk_rope_dim) * 4, "latent", l);
+            SBUF(e->latent ? &e->latent[l] : NULL, (size_t)(c->kv_lora_rank + c->qk_rope_dim) * 4, "latent", l);
+        } else if (c->layer_attn[l] == MS_ATTN_KDA || c->layer_attn[l] == MS_ATTN_GDN) {
+            int64_t conv_len, S_len; /* fixed-size conv tails + recurrent state */
+            linear_state_lens(c, (int)l, &conv_len, &S_len);
+            BUF(e->kda ? &e->kda[l].conv : NULL, (size_t)(conv_len + 1) * 4, 1);
+            BUF(e->kda ? &e->kda[l].S : NULL, (size_t)S_len * 4, 1);
         }
     }
     int64_t H = c->n_heads, qdim = MAX2(c->head_dim, c->qk_nope_dim + c->qk_rope_dim);
@@ -112,10 +105,38 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         HBUF(&e->ex_uniq, E * sizeof(int));
         HBUF(&e->ex_views, E * sizeof(ms_expert_view));
     }
+    n = ms_dsa_engine_buffers(e, c, T, B, b, n);
+    n = ms_cattn_engine_buffers(e, c, T, B, b, n);
+    n = ms_mhc_engine_buffers(e, c, T, B, b, n);
 #undef BUF
 #undef HBUF
 #undef SBUF
     return n;
+}
+
+/* The table of an engine (or a zeroed one, planning) into a new array (*out, free it); the count, or -1. */
+static int engine_table(ms_engine *e, const ms_config *c, size_t T, size_t B, int with_layers, ms_buf_spec **out) {
+    int n = engine_buffers(e, c, T, B, with_layers, NULL);
+    *out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out);
+    if (!*out) return -1;
+    return engine_buffers(e, c, T, B, with_layers, *out);
+}
+
+/* Causal-state bytes of the table at context T (batch 1). */
+static uint64_t state_bytes_at(const ms_model *m, size_t T) {
+    ms_engine tmp;
+    memset(&tmp, 0, sizeof tmp);
+    ms_buf_spec *specs;
+    int n = engine_table(&tmp, &m->cfg, T, 1, 1, &specs);
+    uint64_t b = 0;
+    for (int i = 0; i < n; i++) b += specs[i].state ? specs[i].bytes : 0;
+    free(specs);
+    return b;
+}
+
+uint64_t ms_engine_state_bytes_per_token(const ms_model *m) {
+    /* what 1024 more positions add (pooled and compressed rows grow by a fraction per token) */
+    return (state_bytes_at(m, 2048) - state_bytes_at(m, 1024)) / 1024;
 }
 
 static void engine_dims(const ms_model *m, const ms_engine_opts *opts, size_t *T, size_t *B) {
@@ -128,47 +149,17 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
                           uint64_t *workspace) {
     size_t T, B;
     engine_dims(m, opts, &T, &B);
-    ms_engine tmp;
+    ms_engine tmp; /* no engine: the table's sizes, without pointers */
     memset(&tmp, 0, sizeof tmp);
-    buf_spec specs[MAX_BUFS]; /* ~75 KiB; not static: two threads may plan at once */
-    /* layer caches: count them without pointer storage */
-    float *dummy[MS_MAX_LAYERS];
-    tmp.k_cache = tmp.v_cache = tmp.latent = dummy;
     tmp.be = opts ? opts->backend : NULL;
-    int n = engine_buffers(&tmp, &m->cfg, T, B, 1, specs);
+    ms_buf_spec *specs;
+    int n = engine_table(&tmp, &m->cfg, T, B, 1, &specs);
     *state = *workspace = 0;
     for (int i = 0; i < n; i++) *(specs[i].state ? state : workspace) += specs[i].bytes;
+    free(specs);
     /* the backend's own scratch (the CPU backend: per-thread attention and router scratch) */
     if (opts && opts->backend) *workspace += opts->backend->ops->workspace_bytes(opts->backend, &m->cfg, (int64_t)T, (int64_t)B);
     else *workspace += ms_backend_cpu_workspace_bytes(&m->cfg, (int64_t)T, (int64_t)B, threads > 0 ? threads : 1);
-    for (int l = 0; l < m->cfg.n_layers; l++) { /* KDA: fixed-size recurrent + conv state */
-        if (m->cfg.layer_attn[l] != MS_ATTN_KDA) continue;
-        ms_kda_config kc;
-        ms_kda_config_of(&m->cfg, &kc);
-        *state += (uint64_t)kc.heads * kc.head_dim * (3 * (kc.conv_kernel - 1) + kc.head_dim) * 4 + 4;
-    }
-    for (int l = 0; l < m->cfg.n_layers; l++) { /* gated DeltaNet: the same kind of fixed-size state */
-        if (m->cfg.layer_attn[l] != MS_ATTN_GDN) continue;
-        ms_gdn_config gc;
-        ms_gdn_config_of(&m->cfg, &gc);
-        *state += ms_gdn_state_bytes(&gc);
-    }
-    int any_dsa = 0;
-    for (int l = 0; l < m->cfg.n_layers; l++) { /* DSA index keys (KPool: + gate logits and pooled keys) */
-        any_dsa |= m->cfg.layer_dsa[l] != 0;
-        if (m->cfg.layer_dsa[l] != 1) continue;
-        uint64_t D4 = (uint64_t)m->cfg.dsa_head_dim * 4, kp = (uint64_t)m->cfg.dsa_kpool;
-        *state += (uint64_t)T * D4 * (kp > 1 ? 2 : 1) + (kp > 1 ? ((uint64_t)T / kp + 1) * D4 : 0);
-    }
-    if (any_dsa) *state += (uint64_t)T * 4; /* the token ids tie replays re-run */
-    for (int l = 0; l < m->cfg.n_layers; l++) { /* compressed attention: window keys, raw rows, entries */
-        const ms_config *c = &m->cfg;
-        if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
-        uint64_t rate = c->layer_compress[l], hd = (uint64_t)c->head_dim;
-        uint64_t ihd = c->layer_csa[l] ? (uint64_t)c->dsa_head_dim : 0;
-        *state += (uint64_t)(c->layer_window[l] > 0 ? c->layer_window[l] : 1) * hd * 4;
-        if (rate) *state += (T / rate + 1) * (hd + ihd) * 4 + 2 * rate * 2 * ((c->layer_csa[l] ? 2 : 1) * hd + 2 * ihd) * 4;
-    }
 }
 
 int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err) {
@@ -207,45 +198,41 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         }
         e->experts = e->own_experts;
     }
-    buf_spec *specs = malloc(MAX_BUFS * sizeof *specs);
-    int f = !specs;
-    ms_err aerr = {0};
-    /* first the per-layer pointer arrays, then everything else */
-    for (int pass = 0; pass < 2 && !f; pass++) {
-        int n = engine_buffers(e, c, T, B, pass, specs);
-        for (int i = 0; i < n && !f; i++) {
-            if (*specs[i].ptr) continue;
-            if (specs[i].host) f = !(*specs[i].ptr = calloc(specs[i].bytes ? specs[i].bytes : 1, 1));
-            else f = e->be->ops->alloc(e->be, specs[i].bytes, specs[i].ptr, &aerr) != MS_OK;
-        }
-    }
+    /* the per-layer pointer arrays, the modules' own structs, then every buffer of the table */
+    ms_buf_spec *specs = NULL;
+    int f = 0, n = engine_table(e, c, T, B, 0, &specs);
+    for (int i = 0; i < n && !f; i++) f = !(*specs[i].ptr = calloc(specs[i].bytes ? specs[i].bytes : 1, 1));
     free(specs);
-    for (int l = 0; !f && l < c->n_layers; l++) { /* KDA / gated DeltaNet: conv tails + recurrent state */
-        int64_t conv_len, S_len;
-        if (c->layer_attn[l] == MS_ATTN_KDA) {
-            ms_kda_config kc;
-            ms_kda_config_of(c, &kc);
-            ms_kda_state_lens(&kc, &conv_len, &S_len);
-        } else if (c->layer_attn[l] == MS_ATTN_GDN) {
-            ms_gdn_config gc;
-            ms_gdn_config_of(c, &gc);
-            ms_gdn_state_lens(&gc, &conv_len, &S_len);
-        } else {
-            continue;
-        }
-        e->kda[l].conv_len = conv_len, e->kda[l].S_len = S_len;
-        f = e->be->ops->alloc(e->be, (size_t)(conv_len + 1) * 4, (void **)&e->kda[l].conv, NULL) ||
-            e->be->ops->alloc(e->be, (size_t)S_len * 4, (void **)&e->kda[l].S, NULL);
+    if (n < 0 || f) {
+        ms_engine_destroy(e);
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     }
-    if (!f && ((rc = ms_dsa_engine_init(e, err)) || (rc = ms_mhc_engine_init(e, err)) ||
-               (rc = ms_cattn_engine_init(e, err)))) {
+    for (int l = 0; l < c->n_layers; l++) { /* KDA / gated DeltaNet state sizes (the ops read them) */
+        int64_t conv_len, S_len;
+        linear_state_lens(c, l, &conv_len, &S_len);
+        e->kda[l].conv_len = conv_len, e->kda[l].S_len = S_len;
+    }
+    if ((rc = ms_dsa_engine_init(e, err)) || (rc = ms_mhc_engine_init(e, err)) || (rc = ms_cattn_engine_init(e, err))) {
         ms_engine_destroy(e);
         return rc;
     }
+    n = engine_table(e, c, T, B, 1, &specs);
+    ms_err aerr = {0};
+    f = n < 0;
+    for (int i = 0; i < n && !f; i++) {
+        if (!specs[i].ptr || *specs[i].ptr) continue;
+        if (specs[i].host) f = !(*specs[i].ptr = calloc(specs[i].bytes ? specs[i].bytes : 1, 1));
+        else f = e->be->ops->alloc(e->be, specs[i].bytes, specs[i].ptr, &aerr) != MS_OK;
+    }
+    free(specs);
     if (f) {
         ms_engine_destroy(e);
         return ms_fail(err, MS_ERR_NOMEM, "out of memory allocating engine state (context %zu, batch %zu, %.1f MiB of cache)",
                        T, B, (double)T * (double)ms_engine_state_bytes_per_token(m) / 1048576.0);
+    }
+    if ((rc = ms_dsa_engine_ready(e, err))) {
+        ms_engine_destroy(e);
+        return rc;
     }
     *out = e;
     return MS_OK;
@@ -262,30 +249,23 @@ static void kda_states_reset(ms_engine *e) {
 
 void ms_engine_destroy(ms_engine *e) {
     if (!e) return;
-    for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) {
-        if (e->kda[l].conv) e->be->ops->free(e->be, e->kda[l].conv);
-        if (e->kda[l].S) e->be->ops->free(e->be, e->kda[l].S);
-        e->kda[l].conv = e->kda[l].S = NULL;
+    if (e->be) { /* every buffer of the table: backend memory through the backend, the rest with free */
+        size_t T, B;
+        ms_engine_opts o = {.max_ctx = e->max_ctx, .max_batch = e->max_batch};
+        engine_dims(e->m, &o, &T, &B);
+        ms_buf_spec *specs;
+        int n = engine_table(e, &e->m->cfg, T, B, e->k_cache && e->v_cache && e->latent && e->kda, &specs);
+        for (int i = n - 1; i >= 0; i--) { /* backwards: the per-layer buffers before their pointer arrays */
+            if (!specs[i].ptr || !*specs[i].ptr) continue;
+            if (specs[i].host) free(*specs[i].ptr);
+            else e->be->ops->free(e->be, *specs[i].ptr);
+            *specs[i].ptr = NULL;
+        }
+        free(specs);
     }
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
-    if (e->be) { /* every buffer of the table: backend memory through the backend, the rest with free */
-        buf_spec *specs = malloc(MAX_BUFS * sizeof *specs);
-        if (specs) {
-            size_t T, B;
-            ms_engine_opts o = {.max_ctx = e->max_ctx, .max_batch = e->max_batch};
-            engine_dims(e->m, &o, &T, &B);
-            int n = engine_buffers(e, &e->m->cfg, T, B, e->k_cache && e->v_cache && e->latent, specs);
-            for (int i = n - 1; i >= 0; i--) { /* backwards: the per-layer caches before their pointer arrays */
-                if (!*specs[i].ptr) continue;
-                if (specs[i].host) free(*specs[i].ptr);
-                else e->be->ops->free(e->be, *specs[i].ptr);
-                *specs[i].ptr = NULL;
-            }
-            free(specs);
-        }
-    }
     if (e->own_experts) e->own_experts->ops->destroy(e->own_experts);
     if (e->own_be) e->own_be->ops->destroy(e->own_be);
     free(e);
@@ -440,12 +420,12 @@ static int add_part(ms_state_part *parts, int n, int cap, ms_state_part p) {
 
 int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap) {
     const ms_config *c = &e->m->cfg;
-    buf_spec *specs = malloc(MAX_BUFS * sizeof *specs);
-    if (!specs) return MS_ERR_NOMEM;
     ms_engine view = *e; /* the table writes a few sizes into its engine: a copy; the per-layer arrays are e's */
-    int ns = engine_buffers(&view, c, (size_t)e->max_ctx, (size_t)e->max_batch, 1, specs), n = 0;
-    for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table */
-        if (!specs[i].state) continue;
+    ms_buf_spec *specs;
+    int ns = engine_table(&view, c, (size_t)e->max_ctx, (size_t)e->max_batch, 1, &specs), n = 0;
+    if (ns < 0) return MS_ERR_NOMEM;
+    for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table (the modules list their own parts) */
+        if (!specs[i].tag) continue;
         ms_state_part p = {.kind = MS_PART_ROWS, .data = *specs[i].ptr, .row_bytes = specs[i].row, .per = 1,
                            .cap_rows = e->max_ctx};
         snprintf(p.name, sizeof p.name, "L%d.%s", specs[i].layer, specs[i].tag);

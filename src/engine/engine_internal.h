@@ -68,6 +68,39 @@ struct ms_engine {
     int la_ids[MS_LOOKAHEAD_MAX_K];
 };
 
+/* One allocation of the engine: where its pointer goes (NULL when only
+ * counting, as the memory plan does), how big, whether it is causal state
+ * (grows with the context) or workspace, and whether it is engine (host)
+ * memory or backend memory. Every buffer of the engine and of its modules
+ * (DSA, compressed attention, mHC, the linear-attention states) is one entry of
+ * one table (engine.c engine_buffers): the allocator, the destructor and the
+ * memory plan all read it. */
+typedef struct ms_buf_spec {
+    void **ptr;
+    size_t bytes;
+    int state;       /* causal state (the plan's state line), else workspace */
+    int host;        /* engine memory (calloc), not backend memory */
+    const char *tag; /* per-position caches: the snapshot section name (with the layer) */
+    int layer;
+    size_t row;      /* causal state: bytes per position (0: fixed size) */
+} ms_buf_spec;
+
+/* Append one spec at b[n] (b NULL: count only); returns n + 1. */
+static inline int ms_buf_add(ms_buf_spec *b, int n, void **ptr, size_t bytes, int state, int host) {
+    if (b) b[n] = (ms_buf_spec){ptr, bytes, state, host, NULL, -1, 0};
+    return n + 1;
+}
+
+/* The modules' buffers for a model of config c at context T and batch B,
+ * appended at b[n..] (b NULL: count); return the new count. Their state
+ * structs (e->dsa, e->cattn, e->mhc) hold the pointers; with a NULL struct
+ * (planning, or before init) the entries have NULL ptr. */
+int ms_dsa_engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, ms_buf_spec *b, int n);
+int ms_cattn_engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, ms_buf_spec *b, int n);
+int ms_mhc_engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, ms_buf_spec *b, int n);
+/* After the table is allocated: what a module sets up in its buffers (DSA: the KPool ape upload). */
+int ms_dsa_engine_ready(ms_engine *e, ms_err *err);
+
 /* Sublayers: read e->xn [n, hidden], write the sublayer output into out [n, hidden]. */
 int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err);
 int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err);
@@ -76,8 +109,10 @@ int ms_attn_gdn(ms_engine *e, int layer, int n, float *out, ms_err *err);
 /* The gated DeltaNet block config of a model config (engine/kda_layer.c). */
 void ms_gdn_config_of(const ms_config *c, ms_gdn_config *out);
 int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err);
-/* Compressed attention state (engine/compressed_attn.c): init (a no-op for models
- * without MS_ATTN_COMPRESSED layers), free, reset to an empty sequence. */
+/* Compressed attention state (engine/compressed_attn.c): init (its host struct;
+ * a no-op for models without MS_ATTN_COMPRESSED layers; the buffers come from the
+ * engine's table), free (the struct; the table frees the buffers first), reset
+ * to an empty sequence. */
 int ms_cattn_engine_init(ms_engine *e, ms_err *err);
 void ms_cattn_engine_free(ms_engine *e);
 void ms_cattn_engine_reset(ms_engine *e);

@@ -23,25 +23,25 @@ int ms_mhc_engine_init(ms_engine *e, ms_err *err) {
     if (!s) return ms_fail(err, MS_ERR_NOMEM, "out of memory for the hyper-connection state");
     e->mhc = s;
     s->hc = (int)c->hc_mult;
-    size_t B = (size_t)e->max_batch, D = (size_t)c->hidden, H = (size_t)s->hc;
-    ms_backend *be = e->be;
-    int rc;
-    if ((rc = be->ops->alloc(be, sizeof(float) * B * H * D, (void **)&s->s, err)) ||
-        (rc = be->ops->alloc(be, sizeof(float) * B * H * D, (void **)&s->s2, err)) ||
-        (rc = be->ops->alloc(be, sizeof(float) * B * D, (void **)&s->col, err)) ||
-        (rc = be->ops->alloc(be, sizeof(float) * B * H, (void **)&s->post, err)) ||
-        (rc = be->ops->alloc(be, sizeof(float) * B * H * H, (void **)&s->comb, err)))
-        return ms_wrap(err, "%zu x %zu hyper-connection streams", B, H);
     return MS_OK;
 }
 
+int ms_mhc_engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, ms_buf_spec *b, int n) {
+    if (c->hc_mult <= 1) return n;
+    ms_mhc_state *s = e ? e->mhc : NULL;
+    size_t D = (size_t)c->hidden, H = (size_t)c->hc_mult;
+#define P(f) (s ? (void **)&(f) : NULL)
+    n = ms_buf_add(b, n, P(s->s), sizeof(float) * B * H * D, 0, 0);
+    n = ms_buf_add(b, n, P(s->s2), sizeof(float) * B * H * D, 0, 0);
+    n = ms_buf_add(b, n, P(s->col), sizeof(float) * B * D, 0, 0);
+    n = ms_buf_add(b, n, P(s->post), sizeof(float) * B * H, 0, 0);
+    n = ms_buf_add(b, n, P(s->comb), sizeof(float) * B * H * H, 0, 0);
+#undef P
+    return n;
+}
+
 void ms_mhc_engine_free(ms_engine *e) {
-    ms_mhc_state *s = e->mhc;
-    if (!s) return;
-    float *bufs[] = {s->s, s->s2, s->col, s->post, s->comb};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-        if (bufs[i]) e->be->ops->free(e->be, bufs[i]);
-    free(s);
+    free(e->mhc);
     e->mhc = NULL;
 }
 
