@@ -1,5 +1,5 @@
 /* test_gpu.c — every GPU op against its CPU twin on random inputs of real shapes.
- * Built by `make gpu` (needs nvcc or hipcc), run by `make gpu-test` on a machine
+ * Built by `make check` (compile only) and `make gpu`, run by `make gpu-check` on a machine
  * with a GPU. Twins: ms_matmul_ref / ms_rmsnorm_ref / ms_swiglu_ref (ops_ref.c),
  * ms_rope_parse + ms_rope_cos_sin (model/config.c) + ms_rope_apply (engine.c),
  * and transcriptions of the engine's static router / activation / attention
