@@ -63,7 +63,7 @@ static void part_get(const ms_engine *e, const ms_state_part *p, uint8_t *out) {
     if (p->kind == MS_PART_CUSTOM) p->get(e, p->layer, out);
     else {
         uint64_t n = part_bytes(e, p);
-        if (n) memcpy(out, p->data, n);
+        if (n) e->be->ops->download(e->be, out, p->data, n, NULL); /* causal state is backend memory */
     }
 }
 
@@ -107,7 +107,7 @@ static int check_sections(ms_engine *e, int64_t n_past, const sec_in *s, int ns,
 static void apply_sections(ms_engine *e, int64_t n_past, const sec_in *s, const ms_state_part *p, int np) {
     for (int i = 0; i < np; i++) {
         if (p[i].kind == MS_PART_CUSTOM) p[i].put(e, p[i].layer, s[i].data, s[i].size);
-        else if (s[i].size) memcpy(p[i].data, s[i].data, s[i].size);
+        else if (s[i].size) e->be->ops->upload(e->be, p[i].data, s[i].data, s[i].size, NULL);
     }
     e->n_past = (int)n_past;
     e->la_layer = -1;
