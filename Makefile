@@ -1,6 +1,6 @@
 # moonshine — build, test, fuzz.
-#   make            build/moonshine (with the GPU backend and --gpu when nvcc or hipcc is
-#                   found; GPU=0 for the CPU-only program)
+#   make            build/moonshine (with the GPU backend, --backend cuda|hip, when nvcc or
+#                   hipcc is found; GPU=0 for the CPU-only program)
 #   make check      install missing Debian packages, build (the GPU backend and its tests
 #                   with every GPU compiler found, compile and link only), unit tests,
 #                   fixture checks, unit tests under ASan+UBSan, bounded fuzzing
@@ -23,7 +23,7 @@ FUZZ_RUNS ?= 100000
 FUZZ_OPEN ?=
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backend/gpu/*' | sort)
-CLI_SRC  := $(shell find src/cli -name '*.c' -not -name gpu.c | sort)
+CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
 TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
@@ -173,16 +173,19 @@ GPU_LD_hip     := --offload-arch=$(HIP_ARCH)
 GPU_NAME_cuda  := nvcc (CUDA, $(GPU_ARCH))
 GPU_NAME_hip   := hipcc (ROCm, $(HIP_ARCH))
 GPU_SRC  := $(sort $(wildcard src/backend/gpu/*.cu))
-GPU_HDR  := $(wildcard src/backend/gpu/*.h) src/ops/ops.h src/util/dtype.h src/util/err.h
+GPU_HDR  := $(wildcard src/backend/gpu/*.h) src/ops/ops.h src/util/dtype.h src/util/err.h src/core/backend.h \
+            src/backend/cpu/backend_cpu.h src/model/config.h
 GPU_LIBS := $(filter-out -pthread,$(LDLIBS)) -lpthread
 GPU_TESTS_OBJ := build/obj/tests/gpu/test_gpu.o
 GPU_BENCH_OBJ := build/obj/tests/gpu/gpubench.o
 build/obj/tests/gpu/%.o: CFLAGS += -Itests/unit -Itests/gpu
-# the moonshine program of one toolchain: main.c with MS_WITH_GPU (--gpu, cli/gpu.c) and the .cu objects
-GPU_CLI_OBJ = $(filter-out build/obj/src/cli/main.o,$(OBJ_CLI)) build/gpu-$(1)/obj/src/cli/main.o \
-              build/gpu-$(1)/obj/src/cli/gpu.o $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o) build/libmoonshine.a
+# the moonshine program of one toolchain: main.c and common.c with MS_WITH_GPU (--backend cuda|hip,
+# backend/gpu/backend_gpu.h) and the .cu objects
+GPU_CLI_C   := build/obj/src/cli/main.o build/obj/src/cli/common.o
+GPU_CLI_OBJ = $(filter-out $(GPU_CLI_C),$(OBJ_CLI)) $(GPU_CLI_C:build/obj/%=build/gpu-$(1)/obj/%) \
+              $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o) build/libmoonshine.a
 
-# one toolchain's rules: objects, test_gpu, gpubench and moonshine (--gpu) in build/gpu-$(1)
+# one toolchain's rules: objects, test_gpu, gpubench and moonshine (--backend $(1)) in build/gpu-$(1)
 define GPU_RULES
 $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o): $(GPU_HDR)
 build/gpu-$(1)/obj/%.o: %.cu
@@ -190,7 +193,7 @@ build/gpu-$(1)/obj/%.o: %.cu
 	$$(GPU_CC_$(1)) $$(GPU_FLAGS_$(1)) -c -o $$@ $$<
 build/gpu-$(1)/obj/%.o: %.c
 	@mkdir -p $$(@D)
-	$$(CC) $$(CFLAGS) -DMS_WITH_GPU -c -o $$@ $$<
+	$$(CC) $$(CFLAGS) -DMS_WITH_GPU -DMS_GPU_KIND='"$(1)"' -c -o $$@ $$<
 build/gpu-$(1)/test_gpu: $(GPU_TESTS_OBJ) $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o) build/libmoonshine.a
 	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS)
 build/gpu-$(1)/gpubench: $(GPU_BENCH_OBJ) $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o) build/libmoonshine.a
@@ -233,7 +236,7 @@ check-build: all $(TESTS) build/asan/moonshine $(ASAN_TESTS) $(FUZZERS) $(GPU_BU
 gpu-report:
 	@$(if $(NVCC),echo "GPU stage: nvcc $(NVCC) -arch=$(GPU_ARCH) -> build/gpu-cuda",echo "GPU stage: no nvcc (not on PATH nor in /usr/local/cuda*/bin, or NVCC= empty): CUDA compile SKIPPED")
 	@$(if $(HIPCC),echo "GPU stage: hipcc $(HIPCC) --offload-arch=$(HIP_ARCH) -> build/gpu-hip",echo "GPU stage: no hipcc (not on PATH nor in /opt/rocm/bin, or HIPCC= empty): HIP compile SKIPPED")
-	@echo "build/moonshine: $(if $(GPU_KIND),with the GPU backend ($(GPU_NAME_$(GPU_KIND)); --gpu),CPU only)"
+	@echo "build/moonshine: $(if $(GPU_KIND),with the GPU backend ($(GPU_NAME_$(GPU_KIND)); --backend $(GPU_KIND)),CPU only)"
 
 # the GPU programs of the default toolchain
 gpu:

@@ -43,7 +43,7 @@ static double max_abs(const float *a, const float *b, int64_t n) {
 
 int cmd_verify(int argc, char **argv) {
     if (ms_arg_flag(argc, argv, "--help")) {
-        printf("usage: moonshine verify FIXTURE_DIR [--threads N]\n"
+        printf("usage: moonshine verify FIXTURE_DIR [--threads N] [--backend cpu|cuda|hip|auto]\n"
                "Runs one forward over reference input_ids and a greedy incremental decode from\n"
                "gen_prompt, compares with the reference logits, prints one JSON line and exits 0\n"
                "only when both max errors are <= 1e-3 and the generated ids match.\n"
@@ -55,7 +55,7 @@ int cmd_verify(int argc, char **argv) {
     if (ms_cli_engine_args(argc, argv, &threads, &ctx)) return 2;
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || ms_args_unknown(argc, argv, "verify")) {
-        fprintf(stderr, "usage: moonshine verify FIXTURE_DIR [--threads N]\n");
+        fprintf(stderr, "usage: moonshine verify FIXTURE_DIR [--threads N] [--backend cpu|cuda|hip|auto]\n");
         return 2;
     }
     char path[4096];

@@ -4,8 +4,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/cpu/backend_cpu.h"
 #include "cli/args.h"
 #include "engine/plan.h"
+#ifdef MS_WITH_GPU
+#include "backend/gpu/backend_gpu.h"
+#endif
 
 double ms_now(void) {
     struct timespec ts;
@@ -17,6 +21,7 @@ static int64_t g_memory_mib = -1;
 static ms_static_load g_static_load = MS_STATIC_MMAP;
 static ms_mla_form g_mla_form = MS_MLA_AUTO;
 static int g_static_defer;
+static const char *g_backend = "cpu"; /* --backend (ms_cli_engine_args makes "auto" the default) */
 
 void ms_cli_defer_static_load(void) { g_static_defer = 1; }
 
@@ -81,9 +86,42 @@ int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx) {
         return -1;
     }
     if (stream_args(argc, argv)) return -1;
+    const char *bk = ms_arg_str(argc, argv, "--backend");
+    g_backend = bk ? bk : "auto";
+    if (strcmp(g_backend, "auto") && strcmp(g_backend, "cpu") && strcmp(g_backend, "cuda") && strcmp(g_backend, "hip")) {
+        fprintf(stderr, "moonshine: --backend \"%s\": expected cpu, cuda, hip or auto\n", g_backend);
+        return -1;
+    }
     *threads = (int)t;
     *ctx = (int)c;
     return 0;
+}
+
+/* The backend --backend names, into x->backend (NULL: the engine's own CPU backend).
+ * auto: the GPU backend when this build has one and a device is present, else the CPU. */
+static int open_backend(const char *cmd, ms_cli_ctx *x) {
+    x->backend = NULL;
+    if (!strcmp(g_backend, "cpu")) return 0;
+#ifdef MS_WITH_GPU
+    int want = strcmp(g_backend, "auto") != 0;
+    if (want && strcmp(g_backend, MS_GPU_KIND)) {
+        fprintf(stderr, "moonshine %s: --backend %s: this build's GPU backend is %s\n", cmd, g_backend, MS_GPU_KIND);
+        return 1;
+    }
+    if (!want && ms_backend_gpu_count() < 1) return 0;
+    ms_err err = {0};
+    if (ms_backend_gpu_create(0, &x->backend, &err)) {
+        fprintf(stderr, "moonshine %s: --backend %s: %s\n", cmd, g_backend, err.msg);
+        return 1;
+    }
+    fprintf(stderr, "moonshine %s: backend %s\n", cmd, x->backend->name);
+    return 0;
+#else
+    if (!strcmp(g_backend, "auto")) return 0;
+    fprintf(stderr, "moonshine %s: --backend %s: this build has no GPU backend (built without nvcc/hipcc)\n", cmd,
+            g_backend);
+    return 1;
+#endif
 }
 
 int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_ctx *x) {
@@ -106,7 +144,14 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
     x->static_load = g_static_load;
     x->pool = ms_pool_create(threads);
     x->threads = ms_pool_size(x->pool);
-    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts, .mla_form = g_mla_form};
+    if (open_backend(cmd, x)) {
+        ms_pool_destroy(x->pool);
+        if (x->experts) x->experts->ops->destroy(x->experts);
+        ms_model_free(&x->model);
+        return 1;
+    }
+    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts, .mla_form = g_mla_form,
+                        .backend = x->backend};
     if (g_memory_mib > 0) { /* plan first; refuse what does not fit, before allocating */
         ms_plan p;
         int64_t cache = -1;
@@ -120,6 +165,7 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
         if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
         if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)g_memory_mib << 20, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+            if (x->backend) x->backend->ops->destroy(x->backend);
             ms_pool_destroy(x->pool);
             if (x->experts) x->experts->ops->destroy(x->experts);
             ms_model_free(&x->model);
@@ -127,6 +173,7 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
         }
     }
     if (!g_static_defer && ms_cli_static_load(cmd, x)) {
+        if (x->backend) x->backend->ops->destroy(x->backend);
         ms_pool_destroy(x->pool);
         if (x->experts) x->experts->ops->destroy(x->experts);
         ms_model_free(&x->model);
@@ -134,6 +181,8 @@ int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_c
     }
     if (ms_engine_create(&x->model, &o, &x->engine, &err)) {
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+        if (x->backend) x->backend->ops->destroy(x->backend);
+        x->backend = NULL;
         ms_pool_destroy(x->pool);
         if (x->experts) x->experts->ops->destroy(x->experts);
         ms_model_free(&x->model);
@@ -160,6 +209,7 @@ void ms_cli_print_stream_stats(const ms_cli_ctx *x) {
 void ms_cli_close(ms_cli_ctx *x) {
     if (x->engine) ms_cli_print_stream_stats(x);
     ms_engine_destroy(x->engine);
+    if (x->backend) x->backend->ops->destroy(x->backend);
     if (x->experts) x->experts->ops->destroy(x->experts);
     ms_pool_destroy(x->pool);
     ms_model_free(&x->model);

@@ -14,13 +14,16 @@ typedef struct ms_cli_ctx {
     double load_seconds;
     ms_expert_source *experts; /* the streaming source when --expert-cache-mib/--io/--store were given, else NULL */
     ms_static_load static_load; /* --static-load */
+    ms_backend *backend;        /* --backend: the GPU backend, or NULL (the engine's own CPU backend) */
 } ms_cli_ctx;
 
 /* Parse the engine options every command shares (--threads N, --ctx N) from argv, and the
  * expert streaming options (--expert-cache-mib N, --io uring|pread|mmap|auto, --store DIR,
  * --cache-policy lfu-decay|lru, --queue-depth N), which ms_cli_open then applies: any of
  * them streams routed experts through a bounded cache instead of the resident mapping.
- * Also --static-load mmap|read (below) and --mla-form auto|absorbed|expanded (ms_mla_form). */
+ * Also --static-load mmap|read (below), --mla-form auto|absorbed|expanded (ms_mla_form) and
+ * --backend cpu|cuda|hip|auto: where the forward runs (auto, the default: the GPU backend when
+ * this build has one (MS_WITH_GPU) and a device is present, else the CPU). */
 int ms_cli_engine_args(int argc, char **argv, int *threads, int *ctx);
 /* Load dir and create pool + engine; prints the error and returns nonzero on failure. */
 int ms_cli_open(const char *cmd, const char *dir, int threads, int ctx, ms_cli_ctx *x);

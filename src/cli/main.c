@@ -16,11 +16,12 @@ static void usage(FILE *f) {
         fprintf(f, "  %-12s %s\n", k_cmds[i].name, k_cmds[i].help);
     fprintf(f, "\n`moonshine COMMAND --help` describes each command.\n");
 #ifdef MS_WITH_GPU
-    fprintf(f, "Any command also takes --gpu [--gpu-budget-mib M]: decode matmuls on GPU 0.\n");
+    fprintf(f, "This build has the %s backend: verify, run, bench, chat and serve take --backend cpu|%s|auto.\n",
+            MS_GPU_KIND, MS_GPU_KIND);
 #endif
 }
 
-static int dispatch(int argc, char **argv) {
+int main(int argc, char **argv) {
     const char *base = argc > 0 && argv[0] ? strrchr(argv[0], '/') : NULL;
     if (argc > 0 && argv[0] && !strcmp(base ? base + 1 : argv[0], "moonshine-server")) return cmd_serve(argc, argv);
     if (argc > 0 && argv[0] && !strcmp(base ? base + 1 : argv[0], "moonshine-chat")) return cmd_chat(argc, argv);
@@ -33,18 +34,4 @@ static int dispatch(int argc, char **argv) {
     fprintf(stderr, "moonshine: unknown command \"%s\"\n", argv[1]);
     usage(stderr);
     return 2;
-}
-
-#ifdef MS_WITH_GPU
-/* cli/gpu.c (the GPU build only): strips --gpu [--gpu-budget-mib M] from argv, sets up the
- * GPU offload when asked, calls run(argc, argv) and returns its exit code. */
-int ms_cli_gpu_main(int argc, char **argv, int (*run)(int argc, char **argv));
-#endif
-
-int main(int argc, char **argv) {
-#ifdef MS_WITH_GPU
-    return ms_cli_gpu_main(argc, argv, dispatch);
-#else
-    return dispatch(argc, argv);
-#endif
 }
