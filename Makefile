@@ -1,12 +1,14 @@
 # moonshine — build, test, fuzz.
-#   make            build/moonshine
-#   make check      install missing Debian packages, build, unit tests, fixture
-#                   checks, unit tests under ASan+UBSan, bounded fuzzing
+#   make            build/moonshine (with the GPU backend, --backend cuda|hip, when nvcc or
+#                   hipcc is found; GPU=0 for the CPU-only program)
+#   make check      install missing Debian packages, build (the GPU backend and its tests
+#                   with every GPU compiler found, compile and link only), unit tests,
+#                   fixture checks, unit tests under ASan+UBSan, bounded fuzzing
 #   make test       unit tests + fixture checks (no installs, no sanitizers)
 #   make asan       unit tests under ASan+UBSan
 #   make fuzz       every fuzz target, fixed seed, FUZZ_RUNS inputs (at most FUZZ_SECONDS)
-#   make gpu        GPU backend tests and bench (needs nvcc or hipcc; never part of make/check)
-#   make gpu-test   build and run them on the machine's GPU 0
+#   make gpu        the GPU tests and bench of the default GPU toolchain (build/gpu-cuda or -hip)
+#   make gpu-check  build them and run the GPU tests on the machine's GPU 0 (needs a GPU)
 
 CC       ?= gcc
 CLANG    ?= clang
@@ -42,8 +44,7 @@ build/libmoonshine.a: $(OBJ_LIB)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-build/moonshine: $(OBJ_CLI) build/libmoonshine.a
-	$(CC) $(CFLAGS) -o $@ $(OBJ_CLI) build/libmoonshine.a $(LDLIBS)
+# build/moonshine: below, with the GPU backend
 
 # moonshine-server is the same program; main() dispatches on its name to `serve`
 build/moonshine-server: build/moonshine
@@ -120,11 +121,14 @@ deps:
 	@tools/install-deps.sh
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# the build stage runs in a sub-make, so that it sees compilers deps has just installed (hipcc)
 check: deps
-	$(MAKE) -j$(JOBS) all $(TESTS) build/asan/moonshine $(ASAN_TESTS) $(FUZZERS)
+	@$(MAKE) --no-print-directory gpu-report
+	$(MAKE) -j$(JOBS) check-build
 	$(MAKE) test
 	$(MAKE) asan
 	$(MAKE) fuzz
+	@$(MAKE) --no-print-directory gpu-report
 	@echo "make check: all stages passed"
 
 # quick start: a tiny DeepSeek-V3-shaped model (YaRN, group-limited routing,
@@ -137,48 +141,111 @@ demo: deps
 clean:
 	rm -rf build
 
-# --- GPU backend (src/backend/gpu, tests/gpu): only through `make gpu` ---
-# CUDA: nvcc, GPU_ARCH (default sm_90, Hopper). ROCm: hipcc when nvcc is absent
-# (or GPUCC=hipcc), HIP_ARCH (default gfx90a); the sources are the same.
+# --- GPU backend (src/backend/gpu, tests/gpu) ---
+# The same CUDA-syntax sources build with nvcc (CUDA; GPU_ARCH, default sm_90, Hopper) and
+# hipcc (ROCm; HIP_ARCH, default gfx90a), each into its own directory: build/gpu-cuda,
+# build/gpu-hip. NVCC / HIPCC name the compilers (found on PATH, else in /usr/local/cuda*/bin
+# or /opt/rocm/bin); an empty NVCC= / HIPCC= leaves that toolchain out.
+# GPU picks what the default build/moonshine links: auto (default: cuda when nvcc is found,
+# else hip when hipcc is, else none), cuda, hip, or 0 (the CPU-only program).
 GPU_ARCH ?= sm_90
 HIP_ARCH ?= gfx90a
-GPUCC    ?= $(shell command -v nvcc 2>/dev/null || command -v hipcc 2>/dev/null)
-ifneq ($(findstring hipcc,$(notdir $(GPUCC))),)
-GPU_FLAGS := -x hip -DMS_GPU_HIP --offload-arch=$(HIP_ARCH) -std=c++17 -O3 -Isrc -Wall
-GPU_LDFLAGS := --offload-arch=$(HIP_ARCH)
+NVCC     ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc) \
+                        $(lastword $(sort $(wildcard /usr/local/cuda-*/bin/nvcc))))
+HIPCC    ?= $(firstword $(shell command -v hipcc 2>/dev/null) $(wildcard /opt/rocm/bin/hipcc))
+GPU      ?= auto
+ifeq ($(GPU),auto)
+GPU_KIND := $(if $(NVCC),cuda,$(if $(HIPCC),hip))
+else ifeq ($(GPU),0)
+GPU_KIND :=
+else ifeq ($(filter cuda hip,$(GPU)),)
+$(error GPU=$(GPU): use auto, cuda, hip or 0)
 else
-GPU_FLAGS := -O3 -std=c++17 -arch=$(GPU_ARCH) -lineinfo -Isrc -Xcompiler -Wall
-GPU_LDFLAGS := -arch=$(GPU_ARCH)
+GPU_KIND := $(GPU)
 endif
+
+GPU_CC_cuda    := $(NVCC)
+GPU_CC_hip     := $(HIPCC)
+GPU_FLAGS_cuda := -O3 -std=c++17 -arch=$(GPU_ARCH) -lineinfo -Isrc -Xcompiler -Wall
+GPU_FLAGS_hip  := -x hip -DMS_GPU_HIP --offload-arch=$(HIP_ARCH) -std=c++17 -O3 -Isrc -Wall
+GPU_LD_cuda    := -arch=$(GPU_ARCH)
+GPU_LD_hip     := --offload-arch=$(HIP_ARCH)
+GPU_NAME_cuda  := nvcc (CUDA, $(GPU_ARCH))
+GPU_NAME_hip   := hipcc (ROCm, $(HIP_ARCH))
 GPU_SRC  := $(sort $(wildcard src/backend/gpu/*.cu))
-GPU_OBJ  := $(GPU_SRC:%.cu=build/gpu/obj/%.o)
+GPU_HDR  := $(wildcard src/backend/gpu/*.h) src/ops/ops.h src/util/dtype.h src/util/err.h src/core/backend.h \
+            src/backend/cpu/backend_cpu.h src/model/config.h
 GPU_LIBS := $(filter-out -pthread,$(LDLIBS)) -lpthread
+GPU_TESTS_OBJ := build/obj/tests/gpu/test_gpu.o
+GPU_BENCH_OBJ := build/obj/tests/gpu/gpubench.o
+build/obj/tests/gpu/%.o: CFLAGS += -Itests/unit -Itests/gpu
+# the moonshine program of one toolchain: main.c and common.c with MS_WITH_GPU (--backend cuda|hip,
+# backend/gpu/backend_gpu.h) and the .cu objects
+GPU_CLI_C   := build/obj/src/cli/main.o build/obj/src/cli/common.o
+GPU_CLI_OBJ = $(filter-out $(GPU_CLI_C),$(OBJ_CLI)) $(GPU_CLI_C:build/obj/%=build/gpu-$(1)/obj/%) \
+              $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o) build/libmoonshine.a
 
-.PHONY: gpu gpu-test
+# one toolchain's rules: objects, test_gpu, gpubench and moonshine (--backend $(1)) in build/gpu-$(1)
+define GPU_RULES
+$(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o): $(GPU_HDR)
+build/gpu-$(1)/obj/%.o: %.cu
+	@mkdir -p $$(@D)
+	$$(GPU_CC_$(1)) $$(GPU_FLAGS_$(1)) -c -o $$@ $$<
+build/gpu-$(1)/obj/%.o: %.c
+	@mkdir -p $$(@D)
+	$$(CC) $$(CFLAGS) -DMS_WITH_GPU -DMS_GPU_KIND='"$(1)"' -c -o $$@ $$<
+build/gpu-$(1)/test_gpu: $(GPU_TESTS_OBJ) $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o) build/libmoonshine.a
+	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS)
+build/gpu-$(1)/gpubench: $(GPU_BENCH_OBJ) $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o) build/libmoonshine.a
+	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS)
+build/gpu-$(1)/moonshine: $(call GPU_CLI_OBJ,$(1))
+	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS)
+endef
+$(foreach k,cuda hip,$(eval $(call GPU_RULES,$(k))))
+
+# build/moonshine: the GPU toolchain's program when there is one, else the CPU one. The mode
+# file relinks it when the choice changes (e.g. `make GPU=0` after `make`).
+MODE_LINE := $(if $(GPU_KIND),$(GPU_KIND) $(GPU_CC_$(GPU_KIND)) $(GPU_LD_$(GPU_KIND)),cpu)
+build/moonshine.mode: FORCE
+	@mkdir -p $(@D)
+	@echo '$(MODE_LINE)' | cmp -s - $@ || echo '$(MODE_LINE)' > $@
+.PHONY: FORCE
+FORCE:
+ifneq ($(GPU_KIND),)
+ifeq ($(GPU_CC_$(GPU_KIND)),)
+$(error GPU=$(GPU): no $(if $(filter cuda,$(GPU_KIND)),nvcc,hipcc) found (set $(if $(filter cuda,$(GPU_KIND)),NVCC,HIPCC)=/path/to/it, or GPU=0))
+endif
+build/moonshine: $(call GPU_CLI_OBJ,$(GPU_KIND)) build/moonshine.mode
+	$(GPU_CC_$(GPU_KIND)) $(GPU_LD_$(GPU_KIND)) -o $@ $(call GPU_CLI_OBJ,$(GPU_KIND)) $(GPU_LIBS)
+else
+build/moonshine: $(OBJ_CLI) build/libmoonshine.a build/moonshine.mode
+	$(CC) $(CFLAGS) -o $@ $(OBJ_CLI) build/libmoonshine.a $(LDLIBS)
+endif
+
+# make check's GPU stage: compile and link with every toolchain found (nothing runs; CI has
+# no GPU). A missing compiler is reported and its half skipped.
+GPU_FOUND := $(if $(NVCC),cuda) $(if $(HIPCC),hip)
+# (build/gpu-K/moonshine is the same program as build/moonshine for the default toolchain)
+GPU_BUILD := $(foreach k,$(GPU_FOUND),build/gpu-$(k)/test_gpu build/gpu-$(k)/gpubench \
+                                      $(if $(filter $(k),$(GPU_KIND)),,build/gpu-$(k)/moonshine))
+# make check's build stage (after GPU_BUILD, which its prerequisites need)
+.PHONY: check-build
+check-build: all $(TESTS) build/asan/moonshine $(ASAN_TESTS) $(FUZZERS) $(GPU_BUILD)
+
+.PHONY: gpu-report gpu gpu-check gpu-test
+gpu-report:
+	@$(if $(NVCC),echo "GPU stage: nvcc $(NVCC) -arch=$(GPU_ARCH) -> build/gpu-cuda",echo "GPU stage: no nvcc (not on PATH nor in /usr/local/cuda*/bin, or NVCC= empty): CUDA compile SKIPPED")
+	@$(if $(HIPCC),echo "GPU stage: hipcc $(HIPCC) --offload-arch=$(HIP_ARCH) -> build/gpu-hip",echo "GPU stage: no hipcc (not on PATH nor in /opt/rocm/bin, or HIPCC= empty): HIP compile SKIPPED")
+	@echo "build/moonshine: $(if $(GPU_KIND),with the GPU backend ($(GPU_NAME_$(GPU_KIND)); --backend $(GPU_KIND)),CPU only)"
+
+# the GPU programs of the default toolchain
 gpu:
-	@if [ -z "$(GPUCC)" ]; then echo "make gpu: neither nvcc (CUDA) nor hipcc (ROCm) is on PATH; the GPU backend needs one (or set GPUCC=/path/to/nvcc)" >&2; exit 1; fi
-	$(MAKE) build/gpu/test_gpu build/gpu/gpubench build/gpu/moonshine
+	@if [ -z "$(GPU_KIND)" ]; then echo "make gpu: no GPU compiler (nvcc for CUDA, hipcc for ROCm) found, or GPU=0; set NVCC=/path/to/nvcc or HIPCC=/path/to/hipcc" >&2; exit 1; fi
+	$(MAKE) build/gpu-$(GPU_KIND)/test_gpu build/gpu-$(GPU_KIND)/gpubench build/moonshine
 
-gpu-test: gpu
-	build/gpu/test_gpu
-
-$(GPU_OBJ): $(wildcard src/backend/gpu/*.h) src/ops/ops.h src/util/dtype.h src/util/err.h
-build/gpu/obj/%.o: %.cu
-	@mkdir -p $(@D)
-	$(GPUCC) $(GPU_FLAGS) -c -o $@ $<
-
-build/gpu/%.o: tests/gpu/%.c
-	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Itests/unit -Itests/gpu -c -o $@ $<
-
-build/gpu/test_gpu: build/gpu/test_gpu.o $(GPU_OBJ) build/libmoonshine.a
-	$(GPUCC) $(GPU_LDFLAGS) -o $@ $^ $(GPU_LIBS)
-
-build/gpu/gpubench: build/gpu/gpubench.o $(GPU_OBJ) build/libmoonshine.a
-	$(GPUCC) $(GPU_LDFLAGS) -o $@ $^ $(GPU_LIBS)
-
-# moonshine with --gpu (the CLI's objects with another main)
-build/gpu/moonshine: build/gpu/moonshine_gpu.o $(filter-out build/obj/src/cli/main.o,$(OBJ_CLI)) $(GPU_OBJ) build/libmoonshine.a
-	$(GPUCC) $(GPU_LDFLAGS) -o $@ $^ $(GPU_LIBS)
+# on a machine with a GPU: build and run the GPU tests (every op against its CPU twin) on GPU 0
+gpu-check: gpu
+	build/gpu-$(GPU_KIND)/test_gpu
+gpu-test: gpu-check
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -64,7 +64,7 @@ static void prefault(const ms_model *m, int skip_experts) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *usage = "usage: moonshine bench MODEL_DIR [--prompt-tokens P] [--gen-tokens G] [--threads T]\n";
+    const char *usage = "usage: moonshine bench MODEL_DIR [--prompt-tokens P] [--gen-tokens G] [--threads T] [--backend B]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sPrints one JSON line: load_s, prefill_tok_s (P tokens), decode_tok_s (G tokens after\n"
                "the prompt), weight_bytes_per_token (static tier + the experts each decoded token\n"

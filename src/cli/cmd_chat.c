@@ -25,7 +25,7 @@
 
 static const char k_usage[] =
     "usage: moonshine chat MODEL_DIR [--system TEXT] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
-    "                      [--seed N] [--max-tokens N] [--ctx N] [--threads N] [--prompt TEXT] [--json]\n"
+    "                      [--seed N] [--max-tokens N] [--ctx N] [--threads N] [--backend B] [--prompt TEXT] [--json]\n"
     "                      [--no-color] [--no-history] [--parser FORMAT] [--template-kwargs JSON] [engine flags]\n"
     "       moonshine-chat MODEL_DIR ...   (the same)\n";
 
@@ -537,7 +537,7 @@ int cmd_chat(int argc, char **argv) {
                "--max-tokens N (default: until the context is full). --parser names the output format\n"
                "(think|qwen3|deepseek_v3|deepseek_v31|kimi_k2|glm|harmony|xtml; default from config.json).\n"
                "--template-kwargs '{\"enable_thinking\": false}' is passed to the chat template.\n"
-               "Engine flags: --threads, --ctx, --memory-mib, --expert-cache-mib, --io, --store,\n"
+               "Engine flags: --threads, --ctx, --backend, --memory-mib, --expert-cache-mib, --io, --store,\n"
                "--cache-policy, --queue-depth, --no-prefetch, --expert-trace (see README).\n"
                "--logits-out FILE (tests) appends each turn's first-token logits (float32) to FILE.\n",
                k_usage, k_help_cmds);

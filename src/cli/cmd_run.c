@@ -52,7 +52,7 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
 }
 
 int cmd_run(int argc, char **argv) {
-    const char *usage = "usage: moonshine run MODEL_DIR --prompt-ids 1,2,3 --max-new-tokens N [--json] [--threads N] [--ctx N]\n"
+    const char *usage = "usage: moonshine run MODEL_DIR --prompt-ids 1,2,3 --max-new-tokens N [--json] [--threads N] [--ctx N] [--backend B]\n"
                         "       [--load-state FILE] [--save-state FILE]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sGenerates greedily (argmax) from the prompt ids; prints the new ids comma-separated,\n"

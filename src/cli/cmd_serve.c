@@ -21,7 +21,7 @@
 #include "util/json.h"
 
 static const char k_usage[] =
-    "usage: moonshine serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--model-name NAME] [--ctx N] [--threads N]\n"
+    "usage: moonshine serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--model-name NAME] [--ctx N] [--threads N] [--backend B]\n"
     "                       [--parser FORMAT] [--max-queue N] [--max-body-mib N]\n"
     "                       [--prefix-cache-entries N] [--prefix-cache-mib M] [engine flags]\n";
 

@@ -61,7 +61,7 @@ static double max_abs(const float *a, const float *b, int64_t n) {
 
 int cmd_verify(int argc, char **argv) {
     if (ms_arg_flag(argc, argv, "--help")) {
-        printf("usage: moonshine verify FIXTURE_DIR [--threads N] [--dump-logits FILE]\n"
+        printf("usage: moonshine verify FIXTURE_DIR [--threads N] [--backend cpu|cuda|hip|auto] [--dump-logits FILE]\n"
                "Runs one forward over reference input_ids and a greedy incremental decode from\n"
                "gen_prompt, compares with the reference logits, prints one JSON line and exits 0\n"
                "only when both max errors are <= 1e-3 and the generated ids match.\n"
@@ -77,7 +77,7 @@ int cmd_verify(int argc, char **argv) {
     const char *dump_path = ms_arg_str(argc, argv, "--dump-logits");
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || ms_args_unknown(argc, argv, "verify")) {
-        fprintf(stderr, "usage: moonshine verify FIXTURE_DIR [--threads N] [--dump-logits FILE]\n");
+        fprintf(stderr, "usage: moonshine verify FIXTURE_DIR [--threads N] [--backend cpu|cuda|hip|auto] [--dump-logits FILE]\n");
         return 2;
     }
     char path[4096];

@@ -6,6 +6,9 @@
 
 #include "cli/args.h"
 #include "engine/plan.h"
+#ifdef MS_WITH_GPU
+#include "backend/gpu/backend_gpu.h"
+#endif
 
 double ms_now(void) {
     struct timespec ts;
@@ -18,6 +21,7 @@ void ms_cli_opts_init(ms_cli_opts *o) {
     o->memory_mib = -1;
     o->static_load = MS_STATIC_MMAP;
     o->mla_form = MS_MLA_AUTO;
+    o->backend = "auto";
 }
 
 int ms_cli_static_load(const char *cmd, ms_cli_ctx *x) {
@@ -77,9 +81,42 @@ int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
         return -1;
     }
     if (stream_args(argc, argv, o)) return -1;
+    const char *bk = ms_arg_str(argc, argv, "--backend");
+    o->backend = bk ? bk : "auto";
+    if (strcmp(o->backend, "auto") && strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda") &&
+        strcmp(o->backend, "hip")) {
+        fprintf(stderr, "moonshine: --backend \"%s\": expected cpu, cuda, hip or auto\n", o->backend);
+        return -1;
+    }
     o->threads = (int)t;
     o->ctx = (int)c;
     return 0;
+}
+
+/* The backend `name` (--backend) names, into x->backend (NULL: the engine's own CPU backend).
+ * auto: the GPU backend when this build has one and a device is present, else the CPU. */
+static int open_backend(const char *cmd, const char *name, ms_cli_ctx *x) {
+    x->backend = NULL;
+    if (!name || !strcmp(name, "cpu")) return 0;
+#ifdef MS_WITH_GPU
+    int want = strcmp(name, "auto") != 0;
+    if (want && strcmp(name, MS_GPU_KIND)) {
+        fprintf(stderr, "moonshine %s: --backend %s: this build's GPU backend is %s\n", cmd, name, MS_GPU_KIND);
+        return 1;
+    }
+    if (!want && ms_backend_gpu_count() < 1) return 0;
+    ms_err err = {0};
+    if (ms_backend_gpu_create(0, &x->backend, &err)) {
+        fprintf(stderr, "moonshine %s: --backend %s: %s\n", cmd, name, err.msg);
+        return 1;
+    }
+    fprintf(stderr, "moonshine %s: backend %s\n", cmd, x->backend->name);
+    return 0;
+#else
+    if (!strcmp(name, "auto")) return 0;
+    fprintf(stderr, "moonshine %s: --backend %s: this build has no GPU backend (built without nvcc/hipcc)\n", cmd, name);
+    return 1;
+#endif
 }
 
 int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_ctx *x) {
@@ -103,7 +140,9 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     x->static_load = eo->static_load;
     x->pool = ms_pool_create(eo->threads);
     x->threads = ms_pool_size(x->pool);
-    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts, .mla_form = eo->mla_form};
+    if (open_backend(cmd, eo->backend, x)) goto fail;
+    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts, .mla_form = eo->mla_form,
+                        .backend = x->backend};
     if (eo->memory_mib > 0) { /* plan first; refuse what does not fit, before allocating */
         ms_plan p;
         int64_t cache = -1;
@@ -117,27 +156,23 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
         if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
         if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)eo->memory_mib << 20, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
-            ms_pool_destroy(x->pool);
-            if (x->experts) x->experts->ops->destroy(x->experts);
-            ms_model_free(&x->model);
-            return 1;
+            goto fail;
         }
     }
-    if (!eo->defer_static_load && ms_cli_static_load(cmd, x)) {
-        ms_pool_destroy(x->pool);
-        if (x->experts) x->experts->ops->destroy(x->experts);
-        ms_model_free(&x->model);
-        return 1;
-    }
+    if (!eo->defer_static_load && ms_cli_static_load(cmd, x)) goto fail;
     if (ms_engine_create(&x->model, &o, &x->engine, &err)) {
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
-        ms_pool_destroy(x->pool);
-        if (x->experts) x->experts->ops->destroy(x->experts);
-        ms_model_free(&x->model);
-        return 1;
+        goto fail;
     }
     x->load_seconds = ms_now() - t0;
     return 0;
+fail:
+    if (x->backend) x->backend->ops->destroy(x->backend);
+    x->backend = NULL;
+    ms_pool_destroy(x->pool);
+    if (x->experts) x->experts->ops->destroy(x->experts);
+    ms_model_free(&x->model);
+    return 1;
 }
 
 void ms_cli_print_stream_stats(const ms_cli_ctx *x) {
@@ -157,6 +192,7 @@ void ms_cli_print_stream_stats(const ms_cli_ctx *x) {
 void ms_cli_close(ms_cli_ctx *x) {
     if (x->engine) ms_cli_print_stream_stats(x);
     ms_engine_destroy(x->engine);
+    if (x->backend) x->backend->ops->destroy(x->backend);
     if (x->experts) x->experts->ops->destroy(x->experts);
     ms_pool_destroy(x->pool);
     ms_model_free(&x->model);

@@ -14,6 +14,7 @@ typedef struct ms_cli_ctx {
     double load_seconds;
     ms_expert_source *experts; /* the streaming source when --expert-cache-mib/--io/--store were given, else NULL */
     ms_static_load static_load; /* --static-load */
+    ms_backend *backend;        /* --backend: the GPU backend, or NULL (the engine's own CPU backend) */
 } ms_cli_ctx;
 
 /* The engine options of one invocation: parsed by ms_cli_engine_args, applied by ms_cli_open. */
@@ -24,6 +25,7 @@ typedef struct ms_cli_opts {
     ms_static_load static_load;   /* --static-load (below) */
     ms_mla_form mla_form;         /* --mla-form */
     int defer_static_load;        /* 1: ms_cli_open leaves --static-load read to the caller (below) */
+    const char *backend;          /* --backend cpu|cuda|hip|auto (default auto) */
     int stream;                   /* 1: one of the streaming options was given */
     ms_streaming_opts stream_opts;
 } ms_cli_opts;
@@ -35,7 +37,9 @@ void ms_cli_opts_init(ms_cli_opts *o);
  * uring|pread|mmap|auto, --store DIR, --cache-policy lfu-decay|lru, --queue-depth N,
  * --expert-trace FILE, --no-prefetch), which ms_cli_open then applies: any of them streams
  * routed experts through a bounded cache instead of the resident mapping. Also
- * --static-load mmap|read (below) and --mla-form auto|absorbed|expanded (ms_mla_form).
+ * --static-load mmap|read (below), --mla-form auto|absorbed|expanded (ms_mla_form) and
+ * --backend cpu|cuda|hip|auto: where the forward runs (auto, the default: the GPU backend
+ * when this build has one (MS_WITH_GPU) and a device is present, else the CPU).
  * Prints the error and returns nonzero on a bad flag. */
 int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o);
 /* Load dir and create pool + engine as *o says; prints the error and returns nonzero on failure. */

@@ -15,6 +15,10 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
         fprintf(f, "  %-12s %s\n", k_cmds[i].name, k_cmds[i].help);
     fprintf(f, "\n`moonshine COMMAND --help` describes each command.\n");
+#ifdef MS_WITH_GPU
+    fprintf(f, "This build has the %s backend: verify, run, bench, chat and serve take --backend cpu|%s|auto.\n",
+            MS_GPU_KIND, MS_GPU_KIND);
+#endif
 }
 
 int main(int argc, char **argv) {

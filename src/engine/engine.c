@@ -162,6 +162,35 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
     else *workspace += ms_backend_cpu_workspace_bytes(&m->cfg, (int64_t)T, (int64_t)B, threads > 0 ? threads : 1);
 }
 
+/* What a backend without host memory cannot run yet, beyond its ops table: the
+ * layer kinds whose compute is still host code (KDA, gated DeltaNet, the DSA
+ * indexer, compressed attention, mHC), and streamed experts (their cache slots
+ * are host memory). MS_ERR_UNSUPPORTED naming it. */
+static int device_supported(const ms_backend *be, const ms_config *c, const ms_expert_source *experts, ms_err *err) {
+    if (be->host_memory) return MS_OK;
+    if (experts)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "the %s backend does not stream experts yet (--expert-cache-mib, --store, --io): use "
+                       "resident experts or --backend cpu",
+                       be->name);
+    for (int l = 0; l < c->n_layers; l++) {
+        const char *what = c->layer_attn[l] == MS_ATTN_KDA          ? "KDA"
+                           : c->layer_attn[l] == MS_ATTN_GDN        ? "gated DeltaNet"
+                           : c->layer_attn[l] == MS_ATTN_COMPRESSED ? "compressed attention"
+                           : c->layer_dsa[l]                        ? "the DSA indexer"
+                                                                    : NULL;
+        if (what)
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "%s weights are not placed on a device backend yet (model/place.c; layer %d, %s backend)",
+                           what, l, be->name);
+    }
+    if (c->hc_mult > 1)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "mHC weights are not placed on a device backend yet (model/place.c; hc_mult %lld, %s backend)",
+                       (long long)c->hc_mult, be->name);
+    return MS_OK;
+}
+
 int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err) {
     const ms_config *c = &m->cfg;
     ms_engine *e = calloc(1, sizeof *e);
@@ -186,13 +215,21 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         }
         e->be = e->own_be;
     }
-    if ((rc = ms_backend_require(e->be, c, err)) ||
+    if ((rc = ms_backend_require(e->be, c, err)) || (rc = device_supported(e->be, c, e->experts, err)) ||
         (rc = e->be->ops->reserve(e->be, c, (int64_t)T, (int64_t)B, err))) {
         ms_engine_destroy(e);
         return rc;
     }
+    if (!e->be->host_memory) { /* the weights move into the backend's memory */
+        if ((rc = ms_model_place(m, e->be, &e->placed, err))) {
+            ms_wrap(err, "placing the weights on the %s backend", e->be->name);
+            ms_engine_destroy(e);
+            return rc;
+        }
+        e->w = e->placed;
+    }
     if (!e->experts) {
-        if ((rc = ms_resident_experts_create(m, &e->own_experts, err))) {
+        if ((rc = ms_resident_experts_create(e->placed ? e->placed : m, &e->own_experts, err))) {
             ms_engine_destroy(e);
             return rc;
         }
@@ -267,6 +304,7 @@ void ms_engine_destroy(ms_engine *e) {
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
     if (e->own_experts) e->own_experts->ops->destroy(e->own_experts);
+    ms_model_placed_free(e->placed);
     if (e->own_be) e->own_be->ops->destroy(e->own_be);
     free(e);
 }

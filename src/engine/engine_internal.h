@@ -21,6 +21,7 @@ struct ms_engine {
     ms_pool *pool;
     ms_expert_source *experts;
     ms_expert_source *own_experts; /* created here when none was given */
+    ms_model *placed;    /* a backend without host memory: m's weights placed on it (e->w); else NULL */
     int max_ctx, max_batch, n_threads;
     int n_past;
     ms_mla_form mla_form;

@@ -48,6 +48,7 @@ typedef struct ms_binder {
     uint64_t bound_bytes;      /* load mode: bytes of every tensor bound so far */
     uint8_t *bound;            /* load mode, optional: [ck->n_tensors], set to 1 for every tensor bound */
     void **allocs;             /* load mode: every buffer ms_bind_vec allocated (handed to the model) */
+    size_t *alloc_bytes;       /* their sizes */
     int n_allocs, cap_allocs;
 } ms_binder;
 

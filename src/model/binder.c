@@ -173,6 +173,12 @@ void *ms_bind_alloc(ms_binder *b, size_t bytes) {
             return NULL;
         }
         b->allocs = na;
+        size_t *nb = realloc(b->alloc_bytes, (size_t)nc * sizeof *nb);
+        if (!nb) {
+            b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+            return NULL;
+        }
+        b->alloc_bytes = nb;
         b->cap_allocs = nc;
     }
     void *p = malloc(bytes ? bytes : 1);
@@ -180,6 +186,7 @@ void *ms_bind_alloc(ms_binder *b, size_t bytes) {
         b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
         return NULL;
     }
+    b->alloc_bytes[b->n_allocs] = bytes;
     b->allocs[b->n_allocs++] = p;
     return p;
 }

@@ -38,6 +38,7 @@ int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
     ms_binder b = {.ck = &m->ck, .cfg = &m->cfg, .err = err, .bound = m->tensor_bound};
     rc = m->cfg.arch->bind(&b, m);
     m->allocs = b.allocs; /* the model owns every vector the binder copied */
+    m->alloc_bytes = b.alloc_bytes;
     m->n_allocs = b.n_allocs;
     if (rc) goto fail;
     account(m, b.bound_bytes);
@@ -59,6 +60,7 @@ void ms_model_free(ms_model *m) {
     }
     for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
     free(m->allocs);
+    free(m->alloc_bytes);
     free(m->tensor_bound);
     ms_checkpoint_close(&m->ck);
     memset(m, 0, sizeof *m);

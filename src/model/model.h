@@ -13,6 +13,7 @@
 #include "model/blocks.h"
 #include "model/config.h"
 #include "ops/dsa.h"
+#include "core/backend.h"
 
 /* Per expert: gate.weight, gate.scale, up.weight, up.scale, down.weight, down.scale. */
 #define MS_EXPERT_TENSORS 6
@@ -78,6 +79,7 @@ typedef struct ms_model {
     ms_layer *layers;                            /* [n_layers] */
     uint64_t static_bytes, expert_bytes;         /* weight bytes by tier */
     void **allocs;                               /* F32 vector copies made while binding (freed with the model) */
+    size_t *alloc_bytes;                         /* [n_allocs] their sizes (ms_model_place finds a vector's length here) */
     uint8_t *tensor_bound;                       /* [ck.n_tensors] 1 for every tensor the architecture bound */
     uint64_t static_copied;                      /* bytes of the static tier moved into anonymous memory (ms_model_static_read) */
     int n_allocs;
@@ -121,5 +123,18 @@ uint64_t ms_model_static_read_bytes(const ms_model *m);
  * they hold the same bytes). Call before any other thread reads the model.
  * Sets m->static_copied; calling it again is a no-op. */
 int ms_model_static_read(ms_model *m, ms_err *err);
+
+/* The model's weights placed on backend be (core/backend.h place_qmat / place_vec):
+ * *placed is a shallow copy of m (config, checkpoint, host tables) whose matrices,
+ * F32 vectors and routed experts' views (layers[l].experts, biases included) are
+ * be's placed versions, so an expert source built over it hands out views in be's
+ * memory. A tied lm_head is placed once; a vector used twice likewise. The weights
+ * belong to be (until be is destroyed); free the copy with ms_model_placed_free
+ * (never ms_model_free), before m. Not placed (host views): the KDA, gated
+ * DeltaNet, DSA, compressed-attention and mHC weights (no device backend runs
+ * those ops yet). Errors: the backend's (MS_ERR_NOMEM, MS_ERR_UNSUPPORTED for a
+ * dtype it cannot hold), wrapped with the tensor's name and layer. */
+int ms_model_place(const ms_model *m, ms_backend *be, ms_model **placed, ms_err *err);
+void ms_model_placed_free(ms_model *placed);
 
 #endif

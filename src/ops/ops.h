@@ -30,12 +30,6 @@ typedef struct ms_matmul_job {
     int acc;
 } ms_matmul_job;
 void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count);
-/* Optional offload (a GPU backend, backend/gpu/gpu.h): when installed, ms_matmul, ms_matmul_acc
- * and ms_matmul_many first offer each product to fn, which returns 1 when it computed y
- * (same contract) and 0 to leave it to the CPU. NULL (the default) uninstalls. Not
- * thread-safe against matmuls running at the same time: install between computations. */
-typedef int (*ms_matmul_offload_fn)(void *ctx, float *y, const float *x, int n, const ms_qmat *w, int acc);
-void ms_matmul_set_offload(ms_matmul_offload_fn fn, void *ctx);
 /* Scalar reference (single-threaded, no SIMD): the twin every fast kernel is tested against. */
 void ms_matmul_ref(float *y, const float *x, int n, const ms_qmat *w);
 

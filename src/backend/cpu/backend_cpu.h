@@ -17,4 +17,9 @@ int ms_backend_cpu_create(ms_pool *pool, ms_backend **out, ms_err *err);
  * threads (the memory plan's workspace line; what reserve allocates). */
 uint64_t ms_backend_cpu_workspace_bytes(const ms_config *c, int64_t max_ctx, int64_t max_batch, int threads);
 
+/* The router op on host memory (every pointer of a is a host address): the CPU
+ * backend's route, for backends that route on the host (kinds their device
+ * kernel lacks). scratch: 2 * n_experts floats. */
+void ms_route_host(const ms_route_args *a, float *scratch);
+
 #endif

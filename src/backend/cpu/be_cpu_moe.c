@@ -91,11 +91,14 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
     for (int i = 0; i < K; i++) w[i] *= (float)c->routed_scale;
 }
 
-void ms_cpu_route(ms_backend *be, const ms_route_args *a) {
+void ms_route_host(const ms_route_args *a, float *scratch) {
     const ms_config *c = a->c;
     int64_t E = c->n_experts, K = c->top_k;
-    float *scratch = cpu_thread_buf(cpu_of(be), 0); /* 2E floats */
     for (int t = 0; t < a->n; t++)
         route_one(c, a->logits + t * E, a->bias, a->fixed ? a->fixed + t * K : NULL, scratch, a->ids + t * K,
                   a->w + t * K);
+}
+
+void ms_cpu_route(ms_backend *be, const ms_route_args *a) {
+    ms_route_host(a, cpu_thread_buf(cpu_of(be), 0)); /* 2E floats */
 }

@@ -206,16 +206,8 @@ static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w
     if (xs != xs_stack) free(xs);
 }
 
-static ms_matmul_offload_fn g_offload;
-static void *g_offload_ctx;
-void ms_matmul_set_offload(ms_matmul_offload_fn fn, void *ctx) { g_offload = fn, g_offload_ctx = ctx; }
-
-void ms_matmul(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w) {
-    if (!g_offload || !g_offload(g_offload_ctx, y, x, n, w, 0)) run(pool, y, x, n, w, 0);
-}
-void ms_matmul_acc(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w) {
-    if (!g_offload || !g_offload(g_offload_ctx, y, x, n, w, 1)) run(pool, y, x, n, w, 1);
-}
+void ms_matmul(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w) { run(pool, y, x, n, w, 0); }
+void ms_matmul_acc(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w) { run(pool, y, x, n, w, 1); }
 
 /* ---- several matmuls in one pool run ---- */
 
@@ -239,12 +231,6 @@ static void many_task(void *ctx, int task, int tid) {
 }
 
 void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count) {
-    if (g_offload) { /* one product at a time through the offload (or the CPU when it declines) */
-        for (int i = 0; i < count; i++)
-            if (!g_offload(g_offload_ctx, jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].acc))
-                run(pool, jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].acc);
-        return;
-    }
     const mm_kernels *k = ms_cpu_kernels_of(pool);
     int nth = ms_pool_size(pool);
     many_ctx m;

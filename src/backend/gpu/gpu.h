@@ -178,20 +178,6 @@ int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, const ms_gpu
                       const float *weights, ms_gpu_act act, float limit, float alpha, float *scratch, int acc,
                       ms_err *err);
 
-/* Engine hookup, first step: install a matmul offload (ops.h ms_matmul_set_offload)
- * that runs every ms_matmul / ms_matmul_acc / ms_matmul_many product of at most 8
- * tokens on g: a weight is uploaded on first use (stored dtype) and stays resident
- * while the total stays within budget_bytes (others stay on the CPU); x and y
- * cross PCIe per product. Weights are recognized by their host pointers, so the
- * views must stay valid and unchanged while enabled: not for streamed experts,
- * whose cache slots are reused. Products the GPU cannot take (dtype, budget, a
- * failed copy) fall back to the CPU. Thread-safe (one lock). */
-int ms_gpu_offload_enable(ms_gpu *g, size_t budget_bytes, ms_err *err);
-/* Uninstall the offload and free its device copies. */
-void ms_gpu_offload_disable(void);
-/* Products run on the GPU, products declined (fell back to the CPU), bytes of weights resident. */
-void ms_gpu_offload_stats(uint64_t *matmuls, uint64_t *declined, uint64_t *resident_bytes);
-
 /* Timing with device events on the context's stream (for benches): ms_gpu_timer_start
  * records a start event; ms_gpu_timer_stop records the end, waits, and gives the
  * milliseconds between them. */

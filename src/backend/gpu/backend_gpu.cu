@@ -1,0 +1,860 @@
+/* backend_gpu.cu — the device-resident GPU backend (contract in backend_gpu.h
+ * and core/backend.h): memory, weight placement and the ops of GQA, MLA and
+ * MoE models on one device and one stream. The matmul, RMSNorm, router and GQA
+ * attention kernels are gpu.h's; the rest are here. Every name of the runtime
+ * goes through gpu_port.h, so hipcc compiles this file too. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/gpu/gpu_internal.h"
+extern "C" {
+#include "backend/cpu/backend_cpu.h" /* ms_route_host: the router kinds the device kernel lacks */
+}
+#include "backend/gpu/backend_gpu.h"
+
+#define ARENA_CHUNK ((size_t)256 << 20) /* placed weights: one device allocation per 256 MiB */
+#define ROW_BATCH 256                   /* host rows / weights / token ids per launch (kernel arguments) */
+#define ATT_TOK 16                      /* query tokens per attention launch (bounds the split scratch) */
+#define MLA_MAXL 1024                   /* latent width the MLA kernels hold per warp */
+#define MLA_WARPS 4
+#define ROPE_SLOTS 4 /* RoPE tables kept on the device (layer_rope alternates two) */
+
+typedef struct {
+    uint8_t *base;
+    size_t size, used;
+} arena_chunk;
+
+typedef struct gpu_backend {
+    ms_backend base;
+    ms_backend_ops ops;
+    ms_gpu *g;
+    arena_chunk *chunks;
+    int n_chunks, cap_chunks;
+    float *attn_scr; /* split-K partials of ATT_TOK tokens */
+    size_t attn_cap; /* floats */
+    float *work;     /* MLA and in-place temporaries */
+    size_t work_cap; /* floats */
+    void *idx;       /* host index arrays copied up (MLA selections) */
+    size_t idx_cap;
+    float *rope_inv; /* [ROPE_SLOTS][512] device copies of the RoPE tables seen last */
+    float rope_host[ROPE_SLOTS][512];
+    int rope_half[ROPE_SLOTS], rope_next;
+    float *host;     /* host scratch (routing on the host) */
+    size_t host_cap; /* floats */
+    int failed;      /* an earlier op failed: reported by the next sync / download */
+    ms_err fail;
+} gpu_backend;
+
+static gpu_backend *gb(ms_backend *be) { return (gpu_backend *)be->impl; }
+
+/* Remember the first failure of a void op. */
+static void note(gpu_backend *b, int rc, const ms_err *e) {
+    if (rc && !b->failed) {
+        b->failed = 1;
+        b->fail = *e;
+    }
+}
+static void launched(gpu_backend *b, const char *what) {
+    ms_err e = {0};
+    note(b, ms_gpu_launched(&e, what), &e);
+}
+static int report(gpu_backend *b, ms_err *err) {
+    if (!b->failed) return MS_OK;
+    if (err) *err = b->fail;
+    return b->fail.code ? b->fail.code : MS_ERR_UNSUPPORTED;
+}
+
+static unsigned blocks_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+/* Device scratch of at least `floats` (grown; the old contents are not kept). */
+static int grow(gpu_backend *b, float **p, size_t *cap, size_t floats, ms_err *err) {
+    if (*cap >= floats) return MS_OK;
+    if (*p) ms_gpu_free(b->g, *p);
+    *p = NULL;
+    *cap = 0;
+    void *q;
+    int rc = ms_gpu_alloc(b->g, floats * 4, &q, err);
+    if (rc) return rc;
+    *p = (float *)q;
+    *cap = floats;
+    return MS_OK;
+}
+
+/* ------------------------------------------------------------ memory */
+
+static int g_alloc(ms_backend *be, size_t bytes, void **out, ms_err *err) {
+    gpu_backend *b = gb(be);
+    int rc = ms_gpu_alloc(b->g, bytes ? bytes : 16, out, err);
+    if (!rc) rc = ms_gpu_zero(b->g, *out, bytes ? bytes : 16, err);
+    return rc;
+}
+static void g_free(ms_backend *be, void *p) {
+    if (p) ms_gpu_free(gb(be)->g, p);
+}
+static int g_upload(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err) {
+    return ms_gpu_upload(gb(be)->g, dst, src, bytes, err);
+}
+static int g_download(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err) {
+    gpu_backend *b = gb(be);
+    int rc = ms_gpu_download(b->g, dst, src, bytes, err);
+    return rc ? rc : report(b, err);
+}
+static void g_copy(ms_backend *be, void *dst, const void *src, size_t bytes) {
+    ms_err e = {0};
+    if (bytes && dst != src) note(gb(be), ms_gpu_copy(gb(be)->g, dst, src, bytes, &e), &e);
+}
+static void g_zero(ms_backend *be, void *dst, size_t bytes) {
+    ms_err e = {0};
+    note(gb(be), ms_gpu_zero(gb(be)->g, dst, bytes, &e), &e);
+}
+
+__global__ void k_copy_rows(float *dst, int64_t ds, const float *src, int64_t ss, int64_t rows, int64_t width) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+        for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[r * ds + i] = src[r * ss + i];
+}
+static void g_copy_rows(ms_backend *be, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                        int64_t rows, int64_t width) {
+    gpu_backend *b = gb(be);
+    if (rows < 1 || width < 1) return;
+    /* the rows overlap each other (compaction in place): through a temporary, as the CPU's row-by-row memmove */
+    const float *s_lo = src, *s_hi = src + (rows - 1) * src_stride + width;
+    const float *d_lo = dst, *d_hi = dst + (rows - 1) * dst_stride + width;
+    if (s_lo < d_hi && d_lo < s_hi && !(dst == src && dst_stride == src_stride)) {
+        ms_err e = {0};
+        int rc = grow(b, &b->work, &b->work_cap, (size_t)(rows * width), &e);
+        if (rc) return note(b, rc, &e);
+        k_copy_rows<<<blocks_for(rows, 1), 128, 0, b->g->stream>>>(b->work, width, src, src_stride, rows, width);
+        k_copy_rows<<<blocks_for(rows, 1), 128, 0, b->g->stream>>>(dst, dst_stride, b->work, width, rows, width);
+    } else if (dst != src) {
+        k_copy_rows<<<blocks_for(rows, 1), 128, 0, b->g->stream>>>(dst, dst_stride, src, src_stride, rows, width);
+    }
+    launched(b, "copy_rows");
+}
+
+static int g_sync(ms_backend *be, ms_err *err) {
+    gpu_backend *b = gb(be);
+    int rc = ms_gpu_sync(b->g, err);
+    return rc ? rc : report(b, err);
+}
+
+/* Placed weights: bump allocation in chunks (never freed one by one). */
+static int arena_get(gpu_backend *b, size_t bytes, void **out, ms_err *err) {
+    bytes = (bytes + 255) & ~(size_t)255;
+    arena_chunk *c = b->n_chunks ? &b->chunks[b->n_chunks - 1] : NULL;
+    if (!c || c->used + bytes > c->size) {
+        if (b->n_chunks == b->cap_chunks) {
+            int nc = b->cap_chunks ? 2 * b->cap_chunks : 64;
+            arena_chunk *na = (arena_chunk *)realloc(b->chunks, (size_t)nc * sizeof *na);
+            if (!na) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+            b->chunks = na;
+            b->cap_chunks = nc;
+        }
+        size_t sz = bytes > ARENA_CHUNK ? bytes : ARENA_CHUNK;
+        void *p = NULL;
+        int rc = ms_gpu_alloc(b->g, sz, &p, err);
+        if (rc) return ms_wrap(err, "placing weights (%.1f MiB placed so far)", (double)(b->n_chunks * ARENA_CHUNK) / 1048576.0);
+        c = &b->chunks[b->n_chunks++];
+        c->base = (uint8_t *)p, c->size = sz, c->used = 0;
+    }
+    *out = c->base + c->used;
+    c->used += bytes;
+    return MS_OK;
+}
+
+static size_t qmat_data_bytes(const ms_qmat *w) {
+    return (size_t)((uint64_t)w->rows * (uint64_t)w->cols * (uint64_t)ms_gpu_dtype_bits(w->dtype) / 8);
+}
+static size_t qmat_scale_bytes(const ms_qmat *w) {
+    if (!w->scale) return 0;
+    int64_t sr = (w->rows + w->brow - 1) / w->brow, sc = (w->cols + w->bcol - 1) / w->bcol;
+    return (size_t)(sr * sc * (ms_gpu_dtype_bits(w->scale_dtype) / 8));
+}
+
+static int g_place_qmat(ms_backend *be, const ms_qmat *host, ms_qmat *out, ms_err *err) {
+    gpu_backend *b = gb(be);
+    int rc = ms_gpu_qmat_check(host, "placing a weight", err);
+    if (rc) return rc;
+    size_t db = qmat_data_bytes(host), sb = qmat_scale_bytes(host);
+    void *d = NULL, *s = NULL;
+    if ((rc = arena_get(b, db + 16, &d, err)) || (sb && (rc = arena_get(b, sb + 16, &s, err)))) return rc;
+    if ((rc = ms_gpu_upload(b->g, d, host->data, db, err)) || (sb && (rc = ms_gpu_upload(b->g, s, host->scale, sb, err))))
+        return rc;
+    *out = *host;
+    out->data = d;
+    out->scale = sb ? s : NULL;
+    return MS_OK;
+}
+static int g_place_vec(ms_backend *be, const float *host, int64_t n, const float **out, ms_err *err) {
+    gpu_backend *b = gb(be);
+    void *d = NULL;
+    int rc = arena_get(b, (size_t)(n > 0 ? n : 1) * 4, &d, err);
+    if (!rc) rc = ms_gpu_upload(b->g, d, host, (size_t)n * 4, err);
+    if (!rc) *out = (const float *)d;
+    return rc;
+}
+
+static void g_destroy(ms_backend *be) {
+    if (!be) return;
+    gpu_backend *b = gb(be);
+    if (b->g) {
+        ms_err e = {0};
+        (void)ms_gpu_sync(b->g, &e);
+        for (int i = 0; i < b->n_chunks; i++) ms_gpu_free(b->g, b->chunks[i].base);
+        ms_gpu_free(b->g, b->attn_scr);
+        ms_gpu_free(b->g, b->work);
+        ms_gpu_free(b->g, b->idx);
+        ms_gpu_free(b->g, b->rope_inv);
+        ms_gpu_close(b->g);
+    }
+    free(b->chunks);
+    free(b->host);
+    free(b);
+}
+
+/* ---------------------------------------------------------- planning */
+
+static size_t attn_floats(const ms_config *c) {
+    int64_t vd = c->head_dim > c->v_head_dim ? c->head_dim : c->v_head_dim;
+    ms_gpu_attn_cfg a = {(int)(c->n_heads > 0 ? c->n_heads : 1), 1, 4, (int)(vd > 0 ? vd : 1), 0, 1.0f};
+    return ms_gpu_attn_scratch_floats(ATT_TOK, &a);
+}
+static uint64_t g_workspace_bytes(const ms_backend *be, const ms_config *c, int64_t max_ctx, int64_t max_batch) {
+    return (uint64_t)attn_floats(c) * 4;
+}
+static int g_reserve(ms_backend *be, const ms_config *c, int64_t max_ctx, int64_t max_batch, ms_err *err) {
+    gpu_backend *b = gb(be);
+    return grow(b, &b->attn_scr, &b->attn_cap, attn_floats(c), err);
+}
+
+/* ---------------------------------------------------------- dense math */
+
+static void g_matmul(ms_backend *be, float *y, const float *x, int n, const ms_qmat *w, int acc) {
+    ms_err e = {0};
+    note(gb(be), ms_gpu_matmul(gb(be)->g, y, x, n, w, acc, &e), &e);
+}
+static void g_matmul_many(ms_backend *be, const ms_matmul_job *jobs, int count) {
+    for (int i = 0; i < count; i++) g_matmul(be, jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].acc);
+}
+static void g_rmsnorm(ms_backend *be, float *y, const float *x, const float *w, int64_t rows, int64_t d, float eps) {
+    ms_err e = {0};
+    if (rows > 0) note(gb(be), ms_gpu_rmsnorm(gb(be)->g, y, x, w, (int)rows, (int)d, eps, &e), &e);
+}
+
+__global__ void k_add_bias(float *x, const float *bias, int64_t rows, int64_t d) {
+    int64_t n = rows * d;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += bias[i % d];
+}
+__global__ void k_add(float *y, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+__global__ void k_scale(float *x, float s, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+__global__ void k_mul_sigmoid(float *x, const float *g, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= 1.0f / (1.0f + expf(-g[i]));
+}
+static void g_add_bias(ms_backend *be, float *x, const float *bias, int64_t rows, int64_t d) {
+    if (rows * d < 1) return;
+    k_add_bias<<<blocks_for(rows * d, 256), 256, 0, gb(be)->g->stream>>>(x, bias, rows, d);
+    launched(gb(be), "add_bias");
+}
+static void g_add(ms_backend *be, float *y, const float *x, int64_t n) {
+    if (n < 1) return;
+    k_add<<<blocks_for(n, 256), 256, 0, gb(be)->g->stream>>>(y, x, n);
+    launched(gb(be), "add");
+}
+static void g_scale(ms_backend *be, float *x, float s, int64_t n) {
+    if (n < 1) return;
+    k_scale<<<blocks_for(n, 256), 256, 0, gb(be)->g->stream>>>(x, s, n);
+    launched(gb(be), "scale");
+}
+static void g_mul_sigmoid(ms_backend *be, float *x, const float *g, int64_t n) {
+    if (n < 1) return;
+    k_mul_sigmoid<<<blocks_for(n, 256), 256, 0, gb(be)->g->stream>>>(x, g, n);
+    launched(gb(be), "mul_sigmoid");
+}
+
+/* RoPE as the CPU: angle (float)pos * (float)inv_freq[i], cos/sin in double times the
+ * attention factor, rounded to float, sin times sign; then the pair rotation. */
+__global__ void k_rope(float *x, int n, int64_t tok_stride, int64_t heads, int64_t head_stride, int64_t offset,
+                       int half, int interleaved, const float *inv, double attn_factor, int64_t pos0, float sign) {
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, total = (int64_t)n * heads * half;
+    if (idx >= total) return;
+    int i = (int)(idx % half);
+    int64_t th = idx / half, h = th % heads, t = th / heads;
+    float ang = (float)(pos0 + t) * inv[i];
+    float c = (float)(cos((double)ang) * attn_factor), s = (float)(sin((double)ang) * attn_factor);
+    s = __fmul_rn(s, sign);
+    float *v = x + t * tok_stride + h * head_stride + offset;
+    int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    float a = v[ia], bb = v[ib];
+    v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
+    v[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
+}
+static void g_rope(ms_backend *be, const ms_rope *r, float *x, int n, int64_t tok_stride, int64_t heads,
+                   int64_t head_stride, int64_t offset, int64_t pos0, float sign) {
+    gpu_backend *b = gb(be);
+    int half = r->dim / 2;
+    if (n < 1 || heads < 1 || half < 1) return;
+    if (half > 512) {
+        ms_err e = {0};
+        return note(b, ms_fail(&e, MS_ERR_UNSUPPORTED, "rope: %d rotary dims (at most 1024)", r->dim), &e);
+    }
+    float inv[512];
+    for (int i = 0; i < half; i++) inv[i] = (float)r->inv_freq[i];
+    int slot = -1;
+    for (int i = 0; i < ROPE_SLOTS && slot < 0; i++)
+        if (b->rope_half[i] == half && !memcmp(inv, b->rope_host[i], (size_t)half * 4)) slot = i;
+    if (slot < 0) { /* a new table: into the next slot (the stream orders it after the kernels reading the old one) */
+        slot = b->rope_next;
+        b->rope_next = (b->rope_next + 1) % ROPE_SLOTS;
+        ms_err e = {0};
+        int rc = ms_gpu_upload(b->g, b->rope_inv + slot * 512, inv, (size_t)half * 4, &e);
+        if (!rc) rc = ms_gpu_sync(b->g, &e); /* the host table is a local */
+        if (rc) return note(b, rc, &e);
+        memcpy(b->rope_host[slot], inv, (size_t)half * 4);
+        b->rope_half[slot] = half;
+    }
+    int64_t total = (int64_t)n * heads * half;
+    k_rope<<<(unsigned)((total + 255) / 256), 256, 0, b->g->stream>>>(x, n, tok_stride, heads, head_stride, offset, half,
+                                                                     r->layout == MS_ROPE_INTERLEAVED, b->rope_inv + slot * 512,
+                                                                     r->attn_factor, pos0, sign);
+    launched(b, "rope");
+}
+
+__global__ void k_glu(float *g, float *u, int64_t n, int situ, float limit, float alpha, float up_offset, float beta,
+                      float linear_beta) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float x = g[i], y = u[i];
+        if (situ) {
+            float a = beta * tanhf(x / beta) * (1.0f / (1.0f + expf(-x)));
+            if (linear_beta > 0) y = linear_beta * tanhf(y / linear_beta);
+            g[i] = a * y;
+            continue;
+        }
+        if (limit > 0) {
+            if (x > limit) x = limit; /* NaN stays NaN, as torch.clamp */
+            y = y > limit ? limit : y < -limit ? -limit : y;
+            u[i] = y;
+        }
+        if (alpha == 1.0f && up_offset == 0.0f) g[i] = x / (1.0f + expf(-x)) * y;
+        else g[i] = (y + up_offset) * x * (1.0f / (1.0f + expf(-(alpha * x))));
+    }
+}
+static void g_glu(ms_backend *be, const ms_glu *a, float *gate, float *up, int64_t n) {
+    if (n < 1) return;
+    k_glu<<<blocks_for(n, 256), 256, 0, gb(be)->g->stream>>>(gate, up, n, a->kind == MS_ACT_SITU, a->limit, a->alpha,
+                                                              a->up_offset, a->beta, a->linear_beta);
+    launched(gb(be), "glu");
+}
+
+/* A weight element of any stored dtype, scale applied (the embedding, MLA's kv_b). */
+typedef struct {
+    const uint8_t *w, *s;
+    int64_t cols, scols;
+    int dt, sdt, brow, bcol;
+} qview;
+enum { QD_F32, QD_F16, QD_BF16, QD_FP8, QD_F4 };
+enum { QS_NONE, QS_F32, QS_BF16, QS_E8M0 };
+
+static int qview_of(const ms_qmat *w, qview *q, ms_err *err) {
+    int rc = ms_gpu_qmat_check(w, "weight", err);
+    if (rc) return rc;
+    q->w = (const uint8_t *)w->data, q->s = (const uint8_t *)w->scale, q->cols = w->cols;
+    q->dt = w->dtype == MS_DT_F32 ? QD_F32 : w->dtype == MS_DT_F16 ? QD_F16 : w->dtype == MS_DT_BF16 ? QD_BF16
+            : w->dtype == MS_DT_F8_E4M3 ? QD_FP8 : QD_F4;
+    q->sdt = !w->scale ? QS_NONE : w->scale_dtype == MS_DT_F32 ? QS_F32 : w->scale_dtype == MS_DT_BF16 ? QS_BF16 : QS_E8M0;
+    q->brow = w->scale ? w->brow : 1, q->bcol = w->scale ? w->bcol : 1;
+    q->scols = w->scale ? (w->cols + w->bcol - 1) / w->bcol : 0;
+    return MS_OK;
+}
+static __device__ __forceinline__ float qv_at(const qview &q, int64_t r, int64_t c) {
+    int64_t i = r * q.cols + c;
+    float v;
+    switch (q.dt) {
+    case QD_F32: return ((const float *)q.w)[i];
+    case QD_F16: return ms_f16_to_f32_dev(((const uint16_t *)q.w)[i]);
+    case QD_BF16: return ms_bf16_to_f32_dev(((const uint16_t *)q.w)[i]);
+    case QD_FP8: v = ms_fp8_e4m3_to_f32_dev(q.w[i]); break;
+    default: v = ms_e2m1_to_f32((q.w[i >> 1] >> ((i & 1) * 4)) & 15u); break;
+    }
+    if (q.sdt != QS_NONE) {
+        int64_t si = (r / q.brow) * q.scols + c / q.bcol;
+        float s = q.sdt == QS_F32    ? ((const float *)q.s)[si]
+                  : q.sdt == QS_BF16 ? ms_bf16_to_f32_dev(((const uint16_t *)q.s)[si])
+                                     : ms_e8m0_to_f32_dev(q.s[si]);
+        v *= s;
+    }
+    return v;
+}
+
+typedef struct {
+    int32_t id[ROW_BATCH];
+} ids_arg;
+__global__ void k_embed(float *x, qview q, ids_arg a) {
+    int t = blockIdx.x;
+    for (int64_t c = threadIdx.x; c < q.cols; c += blockDim.x) x[(int64_t)t * q.cols + c] = qv_at(q, a.id[t], c);
+}
+static void g_embed(ms_backend *be, float *x, const ms_qmat *table, const int32_t *tokens, int n) {
+    gpu_backend *b = gb(be);
+    qview q;
+    ms_err e = {0};
+    int rc = qview_of(table, &q, &e);
+    if (rc) return note(b, rc, &e);
+    for (int t0 = 0; t0 < n; t0 += ROW_BATCH) {
+        int k = n - t0 < ROW_BATCH ? n - t0 : ROW_BATCH;
+        ids_arg a;
+        memcpy(a.id, tokens + t0, (size_t)k * 4);
+        k_embed<<<k, 256, 0, b->g->stream>>>(x + (int64_t)t0 * table->cols, q, a);
+    }
+    launched(b, "embed");
+}
+
+/* ---------------------------------------------------------- attention */
+
+static int g_attn_gqa(ms_backend *be, const ms_attn_gqa_args *a, ms_err *err) {
+    gpu_backend *b = gb(be);
+    int rc = report(b, err);
+    if (rc) return rc;
+    ms_gpu_attn_cfg c = {(int)a->H, (int)a->KV, (int)a->hd, (int)a->vd, (int)a->window, a->scale};
+    if ((rc = grow(b, &b->attn_scr, &b->attn_cap, ms_gpu_attn_scratch_floats(ATT_TOK, &c), err))) return rc;
+    for (int t0 = 0; t0 < a->n; t0 += ATT_TOK) {
+        int k = a->n - t0 < ATT_TOK ? a->n - t0 : ATT_TOK;
+        rc = ms_gpu_attn_gqa(b->g, a->out + (int64_t)t0 * a->H * a->vd, a->q + (int64_t)t0 * a->H * a->hd, a->k, a->v,
+                             a->sinks, k, a->n_past + t0, &c, b->attn_scr, err);
+        if (rc) return rc;
+    }
+    return MS_OK;
+}
+
+/* MLA, absorbed: q_lat = W_UK^T q_nope per head, then the latent attention, then W_UV o_lat. */
+__global__ void k_mla_qlat(float *qlat, const float *q, qview W, int64_t H, int64_t nope, int64_t qk, int64_t lora,
+                           int64_t dkv) {
+    extern __shared__ float qn[];
+    int64_t h = blockIdx.x, t = blockIdx.y;
+    for (int64_t r = threadIdx.x; r < nope; r += blockDim.x) qn[r] = q[(t * H + h) * qk + r];
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < lora; c += blockDim.x) {
+        float acc = 0;
+        for (int64_t r = 0; r < nope; r++) acc = fmaf(qn[r], qv_at(W, h * dkv + r, c), acc);
+        qlat[(t * H + h) * lora + c] = acc;
+    }
+}
+
+typedef struct {
+    float *olat;
+    const float *qlat, *q, *latent;
+    const int32_t *sel, *sel_count;
+    int64_t sel_width, n_past, t0, H, lora, rope, nope, qk;
+    float scale;
+} mla_attn_args;
+
+/* One (head, token) per block: warps take keys in turn with a running softmax each,
+ * then merge. Lane j holds latent columns j, j + W, ... of its warp's sum. */
+__global__ void __launch_bounds__(MLA_WARPS *MS_WARP) k_mla_attn(const mla_attn_args a) {
+    extern __shared__ float sh[];
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    int64_t h = blockIdx.x, tl = blockIdx.y, t = a.t0 + tl, lw = a.lora + a.rope;
+    float *qs = sh, *wm = qs + lw, *wl = wm + MLA_WARPS, *wacc = wl + MLA_WARPS;
+    for (int64_t i = threadIdx.x; i < a.lora; i += blockDim.x) qs[i] = a.qlat[(tl * a.H + h) * a.lora + i];
+    for (int64_t i = threadIdx.x; i < a.rope; i += blockDim.x) qs[a.lora + i] = a.q[(t * a.H + h) * a.qk + a.nope + i];
+    __syncthreads();
+    int64_t p = a.n_past + t, cnt = a.sel ? a.sel_count[t] : p + 1;
+    const int32_t *sel = a.sel ? a.sel + t * a.sel_width : NULL;
+    float m = -INFINITY, l = 0, o[MLA_MAXL / MS_WARP];
+#pragma unroll
+    for (int j = 0; j < MLA_MAXL / MS_WARP; j++) o[j] = 0;
+    for (int64_t si = warp; si < cnt; si += MLA_WARPS) {
+        const float *row = a.latent + (sel ? (int64_t)sel[si] : si) * lw;
+        float part = 0;
+        for (int64_t c = lane; c < lw; c += MS_WARP) part = fmaf(qs[c], row[c], part);
+        float sc = ms_warp_sum(part) * a.scale;
+        float mn = sc > m ? sc : m, f = m == -INFINITY ? 0.0f : expf(m - mn), pw = expf(sc - mn);
+        l = l * f + pw;
+#pragma unroll
+        for (int j = 0; j < MLA_MAXL / MS_WARP; j++) {
+            int64_t c = lane + (int64_t)j * MS_WARP;
+            if (c < a.lora) o[j] = o[j] * f + pw * row[c];
+        }
+        m = mn;
+    }
+    if (lane == 0) wm[warp] = m, wl[warp] = l;
+#pragma unroll
+    for (int j = 0; j < MLA_MAXL / MS_WARP; j++) {
+        int64_t c = lane + (int64_t)j * MS_WARP;
+        if (c < a.lora) wacc[warp * a.lora + c] = o[j];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < MLA_WARPS; w++) M = wm[w] > M ? wm[w] : M;
+    float den = 0, fw[MLA_WARPS];
+    for (int w = 0; w < MLA_WARPS; w++) {
+        fw[w] = wm[w] == -INFINITY ? 0.0f : expf(wm[w] - M);
+        den += fw[w] * wl[w];
+    }
+    float inv = den > 0 ? 1.0f / den : 0.0f;
+    for (int64_t c = threadIdx.x; c < a.lora; c += blockDim.x) {
+        float s = 0;
+        for (int w = 0; w < MLA_WARPS; w++) s += fw[w] * wacc[w * a.lora + c];
+        a.olat[(tl * a.H + h) * a.lora + c] = s * inv;
+    }
+}
+
+__global__ void k_mla_out(float *out, const float *olat, qview W, int64_t t0, int64_t H, int64_t nope, int64_t vd,
+                          int64_t lora, int64_t dkv) {
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    int64_t h = blockIdx.x, tl = blockIdx.y;
+    const float *ol = olat + (tl * H + h) * lora;
+    for (int64_t i = warp; i < vd; i += nw) {
+        float part = 0;
+        for (int64_t c = lane; c < lora; c += MS_WARP) part = fmaf(qv_at(W, h * dkv + nope + i, c), ol[c], part);
+        part = ms_warp_sum(part);
+        if (lane == 0) out[((t0 + tl) * H + h) * vd + i] = part;
+    }
+}
+
+/* MLA, expanded: per cached position, K = [W_UK c, k_pe] and V = W_UV c for every head. */
+__global__ void k_mla_assemble(float *K, float *V, const float *kvf, const float *latent, int64_t H, int64_t nope,
+                               int64_t rope, int64_t vd, int64_t lora) {
+    int64_t s = blockIdx.x, dkv = nope + vd, qk = nope + rope, lw = lora + rope;
+    for (int64_t i = threadIdx.x; i < H * qk; i += blockDim.x) {
+        int64_t h = i / qk, j = i % qk;
+        K[s * H * qk + i] = j < nope ? kvf[s * H * dkv + h * dkv + j] : latent[s * lw + lora + (j - nope)];
+    }
+    for (int64_t i = threadIdx.x; i < H * vd; i += blockDim.x) {
+        int64_t h = i / vd, j = i % vd;
+        V[s * H * vd + i] = kvf[s * H * dkv + h * dkv + nope + j];
+    }
+}
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static int mla_expanded(gpu_backend *b, const ms_attn_mla_args *a, ms_err *err) {
+    int64_t H = a->H, lora = a->lora, rope = a->rope, nope = a->nope, vd = a->vd, qk = nope + rope, dkv = nope + vd;
+    int64_t T = a->n_past + a->n, lw = lora + rope;
+    size_t oxl = 0, okv = up64((size_t)(T * lora)), oK = okv + up64((size_t)(T * H * dkv)),
+           oV = oK + up64((size_t)(T * H * qk)), total = oV + up64((size_t)(T * H * vd));
+    int rc = grow(b, &b->work, &b->work_cap, total, err);
+    if (rc) return rc;
+    float *xl = b->work + oxl, *kvf = b->work + okv, *K = b->work + oK, *V = b->work + oV;
+    k_copy_rows<<<blocks_for(T, 1), 128, 0, b->g->stream>>>(xl, lora, a->latent, lw, T, lora);
+    if ((rc = ms_gpu_launched(err, "MLA latent rows"))) return rc;
+    if ((rc = ms_gpu_matmul(b->g, kvf, xl, (int)T, a->kv_b, 0, err))) return rc;
+    k_mla_assemble<<<(unsigned)T, 256, 0, b->g->stream>>>(K, V, kvf, a->latent, H, nope, rope, vd, lora);
+    if ((rc = ms_gpu_launched(err, "MLA expanded keys"))) return rc;
+    ms_gpu_attn_cfg c = {(int)H, (int)H, (int)qk, (int)vd, 0, a->scale};
+    if ((rc = grow(b, &b->attn_scr, &b->attn_cap, ms_gpu_attn_scratch_floats(ATT_TOK, &c), err))) return rc;
+    for (int t0 = 0; t0 < a->n; t0 += ATT_TOK) {
+        int k = a->n - t0 < ATT_TOK ? a->n - t0 : ATT_TOK;
+        if ((rc = ms_gpu_attn_gqa(b->g, a->out + (int64_t)t0 * H * vd, a->q + (int64_t)t0 * H * qk, K, V, NULL, k,
+                                  a->n_past + t0, &c, b->attn_scr, err)))
+            return rc;
+    }
+    return MS_OK;
+}
+
+static int g_attn_mla(ms_backend *be, const ms_attn_mla_args *a, ms_err *err) {
+    gpu_backend *b = gb(be);
+    int rc = report(b, err);
+    if (rc) return rc;
+    int64_t H = a->H, lora = a->lora, rope = a->rope, nope = a->nope, vd = a->vd, qk = nope + rope, dkv = nope + vd;
+    if (lora < 1 || lora > MLA_MAXL)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "MLA attention: latent width %lld (the %s backend holds up to %d)",
+                       (long long)lora, b->base.name, MLA_MAXL);
+    /* the expanded form through the GQA kernel (one KV head per query head) where its limits allow */
+    if (a->expanded && !a->sel && qk % 4 == 0 && qk <= 512 && vd <= 512) return mla_expanded(b, a, err);
+    qview W;
+    if ((rc = qview_of(a->kv_b, &W, err))) return rc;
+    const int32_t *dsel = NULL, *dcnt = NULL;
+    if (a->sel) { /* host selection arrays (the indexer's output): up to the device */
+        size_t sb = (size_t)a->n * (size_t)a->sel_width * 4, cb = (size_t)a->n * 4;
+        if (b->idx_cap < sb + cb + 256) {
+            ms_gpu_free(b->g, b->idx);
+            b->idx = NULL, b->idx_cap = 0;
+            if ((rc = ms_gpu_alloc(b->g, sb + cb + 256, &b->idx, err))) return rc;
+            b->idx_cap = sb + cb + 256;
+        }
+        dsel = (const int32_t *)b->idx;
+        dcnt = (const int32_t *)((uint8_t *)b->idx + ((sb + 255) & ~(size_t)255));
+        if ((rc = ms_gpu_upload(b->g, (void *)dsel, a->sel, sb, err)) ||
+            (rc = ms_gpu_upload(b->g, (void *)dcnt, a->sel_count, cb, err)))
+            return rc;
+    }
+    size_t per = (size_t)(ATT_TOK * H * lora);
+    if ((rc = grow(b, &b->work, &b->work_cap, 2 * per, err))) return rc;
+    float *qlat = b->work, *olat = b->work + per;
+    size_t shm = (size_t)(lora + rope + 2 * MLA_WARPS + MLA_WARPS * lora) * 4;
+    for (int t0 = 0; t0 < a->n; t0 += ATT_TOK) {
+        int k = a->n - t0 < ATT_TOK ? a->n - t0 : ATT_TOK;
+        dim3 grid((unsigned)H, (unsigned)k);
+        k_mla_qlat<<<grid, 256, (size_t)nope * 4, b->g->stream>>>(qlat, a->q + (int64_t)t0 * H * qk, W, H, nope, qk,
+                                                                  lora, dkv);
+        mla_attn_args m = {olat, qlat, a->q, a->latent, dsel, dcnt, a->sel_width, a->n_past, t0, H, lora, rope, nope,
+                           qk, a->scale};
+        k_mla_attn<<<grid, MLA_WARPS * MS_WARP, shm, b->g->stream>>>(m);
+        k_mla_out<<<grid, 256, 0, b->g->stream>>>(a->out, olat, W, t0, H, nope, vd, lora, dkv);
+        if ((rc = ms_gpu_launched(err, "MLA attention"))) return rc;
+    }
+    return MS_OK;
+}
+
+/* ---------------------------------------------------------- mixture of experts */
+
+static void g_route(ms_backend *be, const ms_route_args *a) {
+    gpu_backend *b = gb(be);
+    const ms_config *c = a->c;
+    int E = (int)c->n_experts, K = (int)c->top_k, G = (int)(c->n_group > 1 ? c->n_group : 1);
+    int TG = (int)(c->topk_group > 0 ? c->topk_group : G);
+    ms_err e = {0};
+    int rc;
+    if (a->n < 1) return;
+    int device = !a->fixed && c->router >= MS_ROUTER_SOFTMAX && c->router <= MS_ROUTER_TOPK_SOFTMAX && E <= 1024 &&
+                 K <= 32 && K <= E && (c->router != MS_ROUTER_SIGMOID || (E % G == 0 && TG <= G && G <= 256));
+    if (device) {
+        ms_gpu_route_cfg rc_ = {(ms_gpu_router)c->router, E, K, c->router == MS_ROUTER_SIGMOID ? G : 1,
+                                c->router == MS_ROUTER_SIGMOID ? TG : 1, c->norm_topk_prob ? 1 : 0,
+                                (float)c->routed_scale};
+        rc = ms_gpu_route(b->g, (int32_t *)a->ids, a->w, a->logits, a->bias, a->n, &rc_, &e);
+        return note(b, rc, &e);
+    }
+    /* on the host: the kinds the kernel lacks (sqrt-softplus, hash-routed ids) */
+    size_t need = (size_t)a->n * E + (size_t)E + 2 * (size_t)E + 2 * (size_t)a->n * K;
+    if (b->host_cap < need) {
+        float *p = (float *)realloc(b->host, need * 4);
+        if (!p) return note(b, ms_fail(&e, MS_ERR_NOMEM, "out of host memory routing"), &e);
+        b->host = p, b->host_cap = need;
+    }
+    float *lg = b->host, *bias = lg + (size_t)a->n * E, *scr = bias + E, *w = scr + 2 * E;
+    int *ids = (int *)(w + (size_t)a->n * K);
+    if ((rc = ms_gpu_download(b->g, lg, a->logits, (size_t)a->n * E * 4, &e)) ||
+        (a->bias && (rc = ms_gpu_download(b->g, bias, a->bias, (size_t)E * 4, &e))))
+        return note(b, rc, &e);
+    ms_route_args h = *a;
+    h.logits = lg, h.bias = a->bias ? bias : NULL, h.ids = ids, h.w = w;
+    ms_route_host(&h, scr);
+    if ((rc = ms_gpu_upload(b->g, a->ids, ids, (size_t)a->n * K * 4, &e)) ||
+        (rc = ms_gpu_upload(b->g, a->w, w, (size_t)a->n * K * 4, &e)))
+        return note(b, rc, &e);
+    note(b, ms_gpu_sync(b->g, &e), &e); /* the host buffers are reused by the next call */
+}
+
+typedef struct {
+    int32_t row[ROW_BATCH];
+    float w[ROW_BATCH];
+    int m;
+} rows_arg;
+__global__ void k_gather(float *dst, const float *src, rows_arg a, int64_t d) {
+    int i = blockIdx.x;
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) dst[(int64_t)i * d + k] = src[(int64_t)a.row[i] * d + k];
+}
+/* in order over i for each column, as the CPU (a row may repeat) */
+__global__ void k_scatter_add(float *dst, const float *src, rows_arg a, int64_t d) {
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < d; k += (int64_t)gridDim.x * blockDim.x)
+        for (int i = 0; i < a.m; i++) dst[(int64_t)a.row[i] * d + k] += a.w[i] * src[(int64_t)i * d + k];
+}
+static void g_gather_rows(ms_backend *be, float *dst, const float *src, const int *rows, int m, int64_t d) {
+    gpu_backend *b = gb(be);
+    for (int i0 = 0; i0 < m; i0 += ROW_BATCH) {
+        rows_arg a;
+        a.m = m - i0 < ROW_BATCH ? m - i0 : ROW_BATCH;
+        memcpy(a.row, rows + i0, (size_t)a.m * 4);
+        k_gather<<<a.m, 256, 0, b->g->stream>>>(dst + (int64_t)i0 * d, src, a, d);
+    }
+    launched(b, "gather_rows");
+}
+static void g_scatter_add_rows(ms_backend *be, float *dst, const float *src, const int *rows, const float *w, int m,
+                               int64_t d) {
+    gpu_backend *b = gb(be);
+    for (int i0 = 0; i0 < m; i0 += ROW_BATCH) {
+        rows_arg a;
+        a.m = m - i0 < ROW_BATCH ? m - i0 : ROW_BATCH;
+        memcpy(a.row, rows + i0, (size_t)a.m * 4);
+        memcpy(a.w, w + i0, (size_t)a.m * 4);
+        k_scatter_add<<<blocks_for(d, 256), 256, 0, b->g->stream>>>(dst, src + (int64_t)i0 * d, a, d);
+    }
+    launched(b, "scatter_add_rows");
+}
+
+__global__ void k_add_bias_any(float *x, const void *bias, int dt, int64_t m, int64_t d) {
+    int64_t n = m * d;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t k = i % d;
+        float v = dt == QD_F32 ? ((const float *)bias)[k]
+                  : dt == QD_BF16 ? ms_bf16_to_f32_dev(((const uint16_t *)bias)[k])
+                                  : ms_f16_to_f32_dev(((const uint16_t *)bias)[k]);
+        x[i] += v;
+    }
+}
+static void g_add_bias_any(ms_backend *be, float *x, const void *bias, ms_dtype dt, int64_t m, int64_t d) {
+    gpu_backend *b = gb(be);
+    if (dt != MS_DT_F32 && dt != MS_DT_BF16 && dt != MS_DT_F16) {
+        ms_err e = {0};
+        return note(b, ms_fail(&e, MS_ERR_UNSUPPORTED, "add_bias_any: bias dtype %s", ms_dtype_name(dt)), &e);
+    }
+    if (m * d < 1) return;
+    int k = dt == MS_DT_F32 ? QD_F32 : dt == MS_DT_BF16 ? QD_BF16 : QD_F16;
+    k_add_bias_any<<<blocks_for(m * d, 256), 256, 0, b->g->stream>>>(x, bias, k, m, d);
+    launched(b, "add_bias_any");
+}
+
+__global__ void k_split(float *g, float *u, const float *tmp, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        g[i] = tmp[2 * i];
+        u[i] = tmp[2 * i + 1];
+    }
+}
+static void g_split_gate_up(ms_backend *be, float *g, float *u, int64_t m, int64_t I) {
+    gpu_backend *b = gb(be);
+    ms_err e = {0};
+    int64_t n = m * I;
+    if (n < 1) return;
+    int rc = grow(b, &b->work, &b->work_cap, (size_t)(2 * n), &e);
+    if (!rc) rc = ms_gpu_copy(b->g, b->work, u, (size_t)(2 * n) * 4, &e); /* in place in u: through a copy */
+    if (rc) return note(b, rc, &e);
+    k_split<<<blocks_for(n, 256), 256, 0, b->g->stream>>>(g, u, b->work, n);
+    launched(b, "split_gate_up");
+}
+
+__global__ void k_add_gated_rows(float *y, const float *x, const float *s, int64_t rows, int64_t d) {
+    int64_t n = rows * d;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += (1.0f / (1.0f + expf(-s[i / d]))) * x[i];
+}
+static void g_add_gated_rows(ms_backend *be, float *y, const float *x, const float *s, int64_t rows, int64_t d) {
+    if (rows * d < 1) return;
+    k_add_gated_rows<<<blocks_for(rows * d, 256), 256, 0, gb(be)->g->stream>>>(y, x, s, rows, d);
+    launched(gb(be), "add_gated_rows");
+}
+
+/* ---------------------------------------------------------- Attention Residuals */
+
+static __device__ double block_sum_d(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double r = sh[0];
+    __syncthreads();
+    return r;
+}
+/* one token per block (256 threads); scores in double as the CPU, softmax in float */
+__global__ void k_attn_res(float *out, const float *blocks, int nb, int64_t bs, const float *cur, int64_t d,
+                           const float *norm, const float *proj, float eps) {
+    __shared__ double red[256];
+    extern __shared__ float sc[];
+    int64_t t = blockIdx.x;
+    const float *ct = cur + t * d;
+    for (int i = 0; i <= nb; i++) {
+        const float *v = i < nb ? blocks + (int64_t)i * bs + t * d : ct;
+        double ss = 0;
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) ss += (double)v[k] * v[k];
+        ss = block_sum_d(ss, red);
+        float inv = (float)(1.0 / sqrt(ss / (double)d + eps));
+        double dot = 0;
+        for (int64_t k = threadIdx.x; k < d; k += blockDim.x) dot += (double)(v[k] * inv) * (double)(norm[k] * proj[k]);
+        dot = block_sum_d(dot, red);
+        if (threadIdx.x == 0) sc[i] = (float)dot;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float mx = sc[0], sum = 0;
+        for (int i = 1; i <= nb; i++) mx = sc[i] > mx ? sc[i] : mx;
+        for (int i = 0; i <= nb; i++) sum += (sc[i] = expf(sc[i] - mx));
+        for (int i = 0; i <= nb; i++) sc[i] /= sum;
+    }
+    __syncthreads();
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
+        float acc = sc[nb] * ct[k];
+        for (int i = 0; i < nb; i++) acc += sc[i] * blocks[(int64_t)i * bs + t * d + k];
+        out[t * d + k] = acc;
+    }
+}
+static void g_attn_res_mix(ms_backend *be, float *out, const float *blocks, int nb, int64_t block_stride,
+                           const float *cur, int n, int64_t d, const float *norm, const float *proj, float eps) {
+    if (n < 1) return;
+    k_attn_res<<<n, 256, (size_t)(nb + 1) * 4, gb(be)->g->stream>>>(out, blocks, nb, block_stride, cur, d, norm, proj,
+                                                                    eps);
+    launched(gb(be), "attn_res_mix");
+}
+
+/* ---------------------------------------------------------- the table */
+
+/* the table, filled by name (fields are added to core/backend.h as ops land; unset ones stay NULL) */
+static void fill_ops(ms_backend_ops *o) {
+    memset(o, 0, sizeof *o);
+    o->alloc = g_alloc;
+    o->free = g_free;
+    o->upload = g_upload;
+    o->download = g_download;
+    o->copy = g_copy;
+    o->zero = g_zero;
+    o->copy_rows = g_copy_rows;
+    o->sync = g_sync;
+    o->place_qmat = g_place_qmat;
+    o->place_vec = g_place_vec;
+    o->destroy = g_destroy;
+    o->workspace_bytes = g_workspace_bytes;
+    o->reserve = g_reserve;
+    o->matmul = g_matmul;
+    o->matmul_many = g_matmul_many;
+    o->rmsnorm = g_rmsnorm;
+    o->add_bias = g_add_bias;
+    o->add = g_add;
+    o->scale = g_scale;
+    o->mul_sigmoid = g_mul_sigmoid;
+    o->rope = g_rope;
+    o->glu = g_glu;
+    o->embed = g_embed;
+    o->attn_gqa = g_attn_gqa;
+    o->attn_mla = g_attn_mla;
+    o->route = g_route;
+    o->gather_rows = g_gather_rows;
+    o->scatter_add_rows = g_scatter_add_rows;
+    o->add_bias_any = g_add_bias_any;
+    o->split_gate_up = g_split_gate_up;
+    o->add_gated_rows = g_add_gated_rows;
+    o->attn_res_mix = g_attn_res_mix;
+}
+
+
+extern "C" int ms_backend_gpu_count(void) {
+    int n = 0;
+    if (gpuGetDeviceCount(&n) != gpuSuccess) {
+        (void)gpuGetLastError(); /* clear the sticky "no driver" */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int ms_backend_gpu_create(int device, ms_backend **out, ms_err *err) {
+    *out = NULL;
+    gpu_backend *b = (gpu_backend *)calloc(1, sizeof *b);
+    if (!b) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    fill_ops(&b->ops);
+    b->base.impl = b;
+    int rc = ms_gpu_open(device, &b->g, err);
+    if (!rc) {
+        void *p = NULL;
+        rc = ms_gpu_alloc(b->g, ROPE_SLOTS * 512 * 4, &p, err);
+        b->rope_inv = (float *)p;
+    }
+    if (rc) {
+        g_destroy(&b->base);
+        return rc;
+    }
+    b->base.ops = &b->ops;
+    b->base.name = MS_GPU_BACKEND_NAME;
+    b->base.host_memory = 0;
+    *out = &b->base;
+    return MS_OK;
+}

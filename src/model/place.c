@@ -1,0 +1,148 @@
+/* place.c — a model's weights placed on a backend (ms_model_place): a shallow
+ * copy of the model whose matrices and F32 vectors are the backend's placed
+ * views. The CPU backend places a view as itself; a device backend copies the
+ * bytes into its memory in their stored dtype. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+/* The binder's F32 vector copies by address: a vector's length, and its placed
+ * copy once made (a vector used twice is placed once). */
+typedef struct {
+    const void *host;
+    size_t bytes;
+    const float *placed;
+} vec_entry;
+
+typedef struct {
+    ms_backend *be;
+    vec_entry *vecs;
+    int n_vecs;
+    ms_err *err;
+    int rc;
+} placer;
+
+static int vec_cmp(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t)((const vec_entry *)a)->host, y = (uintptr_t)((const vec_entry *)b)->host;
+    return x < y ? -1 : x > y;
+}
+
+static void place_qmat(placer *p, ms_qmat *w, const char *what, int layer) {
+    if (p->rc || !w->data) return;
+    ms_qmat out;
+    if ((p->rc = p->be->ops->place_qmat(p->be, w, &out, p->err))) {
+        if (layer >= 0) ms_wrap(p->err, "placing layer %d %s", layer, what);
+        else ms_wrap(p->err, "placing %s", what);
+        return;
+    }
+    *w = out;
+}
+
+/* An F32 vector: its length is the binder's allocation size. */
+static void place_vec(placer *p, float **v, const char *what, int layer) {
+    if (p->rc || !*v) return;
+    vec_entry key = {.host = *v}, *e = bsearch(&key, p->vecs, (size_t)p->n_vecs, sizeof key, vec_cmp);
+    if (!e) {
+        p->rc = ms_fail(p->err, MS_ERR_UNSUPPORTED,
+                        "placing %s (layer %d): the vector is not one of the model's bound copies (its length is unknown)",
+                        what, layer);
+        return;
+    }
+    if (!e->placed && (p->rc = p->be->ops->place_vec(p->be, (const float *)e->host, (int64_t)(e->bytes / 4),
+                                                     &e->placed, p->err))) {
+        ms_wrap(p->err, "placing %s (layer %d)", what, layer);
+        return;
+    }
+    *v = (float *)e->placed;
+}
+
+/* A stored vector of n elements in dtype dt (expert biases): placed as a [1, n] matrix. */
+static void place_raw(placer *p, const void **v, ms_dtype dt, int64_t n, const char *what, int layer) {
+    if (p->rc || !*v) return;
+    ms_qmat w = {.dtype = dt, .rows = 1, .cols = n, .data = *v};
+    place_qmat(p, &w, what, layer);
+    if (!p->rc) *v = w.data;
+}
+
+static void place_expert(placer *p, ms_expert_view *x, int layer) {
+    int64_t gate_rows = x->gate.rows, up_rows = x->up.rows, down_rows = x->down.rows;
+    place_qmat(p, &x->gate, "expert gate", layer);
+    place_qmat(p, &x->up, "expert up", layer);
+    place_qmat(p, &x->down, "expert down", layer);
+    place_raw(p, &x->gate_bias, x->bias_dtype, gate_rows, "expert gate bias", layer);
+    place_raw(p, &x->up_bias, x->bias_dtype, up_rows, "expert up bias", layer);
+    place_raw(p, &x->down_bias, x->bias_dtype, down_rows, "expert down bias", layer);
+}
+
+static void place_layer(placer *p, const ms_config *c, ms_layer *L, int l) {
+#define Q(f) place_qmat(p, &L->f, #f, l)
+#define V(f) place_vec(p, &L->f, #f, l)
+    Q(wq), Q(wk), Q(wv), Q(wo), Q(q_a), Q(q_b), Q(kv_a), Q(kv_b), Q(mla_gate);
+    Q(gate), Q(up), Q(down), Q(router), Q(shared_gate), Q(lat_down), Q(lat_up);
+    V(attn_norm), V(ffn_norm), V(bq), V(bk), V(bv), V(q_norm), V(k_norm), V(bo), V(sinks);
+    V(q_a_norm), V(kv_a_norm), V(attn_res.norm), V(attn_res.proj), V(mlp_res.norm), V(mlp_res.proj);
+    V(router_bias), V(router_lbias), V(lat_norm);
+#undef Q
+#undef V
+    /* KDA / gated DeltaNet / DSA / compressed attention / mHC weights stay host views:
+     * no device backend has their ops yet, and the engine refuses those models there.
+     * hash_ids, owned and expert_tensors stay host memory (the engine reads them). */
+    if (L->experts && !p->rc) {
+        ms_expert_view *x = malloc((size_t)c->n_experts * sizeof *x);
+        if (!x) {
+            p->rc = ms_fail(p->err, MS_ERR_NOMEM, "out of memory placing the experts of layer %d", l);
+            L->experts = NULL;
+            return;
+        }
+        memcpy(x, L->experts, (size_t)c->n_experts * sizeof *x);
+        L->experts = x;
+        for (int64_t i = 0; i < c->n_experts && !p->rc; i++) place_expert(p, &x[i], l);
+    } else {
+        L->experts = NULL;
+    }
+}
+
+int ms_model_place(const ms_model *m, ms_backend *be, ms_model **placed, ms_err *err) {
+    *placed = NULL;
+    ms_model *w = malloc(sizeof *w);
+    if (!w) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    *w = *m;
+    w->allocs = NULL, w->alloc_bytes = NULL, w->n_allocs = 0, w->tensor_bound = NULL;
+    w->layers = calloc((size_t)(m->cfg.n_layers > 0 ? m->cfg.n_layers : 1), sizeof *w->layers);
+    placer p = {.be = be, .n_vecs = m->n_allocs, .err = err};
+    p.vecs = calloc((size_t)m->n_allocs + 1, sizeof *p.vecs);
+    if (!w->layers || !p.vecs) {
+        free(w->layers), free(w), free(p.vecs);
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < m->n_allocs; i++) p.vecs[i] = (vec_entry){m->allocs[i], m->alloc_bytes ? m->alloc_bytes[i] : 0, NULL};
+    qsort(p.vecs, (size_t)p.n_vecs, sizeof *p.vecs, vec_cmp);
+    int l = 0;
+    for (; l < m->cfg.n_layers && !p.rc; l++) {
+        w->layers[l] = m->layers[l];
+        place_layer(&p, &m->cfg, &w->layers[l], l);
+    }
+    int tied = m->lm_head.data == m->embed.data && m->lm_head.rows == m->embed.rows && m->lm_head.cols == m->embed.cols;
+    place_qmat(&p, &w->embed, "the embedding", -1);
+    if (tied && !p.rc) w->lm_head = w->embed;
+    else place_qmat(&p, &w->lm_head, "lm_head", -1);
+    place_vec(&p, &w->final_norm, "the final norm", -1);
+    place_vec(&p, &w->out_res.norm, "the output AttnRes norm", -1);
+    place_vec(&p, &w->out_res.proj, "the output AttnRes projection", -1);
+    free(p.vecs);
+    if (p.rc) {
+        for (int i = l; i < m->cfg.n_layers; i++) w->layers[i].experts = NULL; /* never copied */
+        ms_model_placed_free(w);
+        return p.rc;
+    }
+    *placed = w;
+    return MS_OK;
+}
+
+void ms_model_placed_free(ms_model *w) {
+    if (!w) return;
+    for (int l = 0; w->layers && l < w->cfg.n_layers; l++) free(w->layers[l].experts);
+    free(w->layers);
+    free(w);
+}
