@@ -2,7 +2,7 @@
  *
  * Callable from C. Every function returns MS_OK or a negative MS_ERR_* and
  * fills an ms_err naming what is wrong (the runtime's own message included);
- * nothing prints or exits. Built only by `make gpu` (nvcc or hipcc).
+ * nothing prints or exits. Built by `make` (with nvcc, else hipcc) and by `make check` (both).
  *
  * Model: one ms_gpu context = one device + one stream. Buffers are device
  * pointers from ms_gpu_alloc. Ops are enqueued on the context's stream and
