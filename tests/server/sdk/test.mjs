@@ -192,7 +192,7 @@ await test('raw HTTP: invalid JSON 400, 404, 405, 413, health', async () => {
   r = await fetch(`${BASE}/chat/completions`);
   assert.equal(r.status, 405);
   assert.equal(r.headers.get('allow'), 'POST');
-  r = await fetch(`${BASE}/chat/completions`, { method: 'POST', body: 'x'.repeat(2 * 1024 * 1024 + 10) });
+  r = await fetch(`${BASE}/chat/completions`, { method: 'POST', body: 'x'.repeat(2 * 1024 * 1024 + 10), headers: { 'content-type': 'application/json' } });
   assert.equal(r.status, 413);
   assert.match((await r.json()).error.message, /exceeds the limit/);
   r = await fetch(`${root}/health`);
