@@ -119,6 +119,7 @@ typedef struct conn {
     size_t len, cap;
     int ep;
     int answered;       /* a response was queued before the body was read */
+    int too_large;      /* the body passed the limit: dropped, 413 at its end */
     int cors_ok;        /* the request's Origin is the allowed one */
     char origin[256];
     job *j;
@@ -1025,8 +1026,13 @@ static int precheck(ms_server *s, struct MHD_Connection *c, const char *url, con
             *rc = send_error(s, c, cn, &e);
             return 1;
         }
+        /* a body past the limit is read and dropped, then 413 (answering before the client has sent it
+         * makes many clients see a reset instead of the answer); past limit + 64 MiB it is answered at
+         * once and the connection closed */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > s->o.max_body) {
+        unsigned long long clv = cl ? strtoull(cl, NULL, 10) : 0;
+        if (clv > s->o.max_body) cn->too_large = 1;
+        if (clv > (unsigned long long)s->o.max_body + (64u << 20)) {
             ms_api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
                         "the request body exceeds the limit of %zu bytes (Content-Length %.30s)", s->o.max_body, cl);
             *rc = send_error(s, c, cn, &e);
@@ -1060,13 +1066,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (cn->len + n > s->o.max_body) { /* chunked, or a Content-Length that lied */
-            ms_api_error e;
-            ms_api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
-                        "the request body exceeds the limit of %zu bytes", s->o.max_body);
-            cn->answered = 1;
-            sock_stage(s, c, 2);
-            return send_error(s, c, cn, &e);
+        if (cn->too_large || cn->len + n > s->o.max_body) {
+            /* chunked: libmicrohttpd cannot answer in the middle of a body, so the rest is read and dropped
+             * (for at most the body deadline) and 413 follows */
+            cn->too_large = 1;
+            free(cn->body);
+            cn->body = NULL;
+            cn->len = cn->cap = 0;
+            return MHD_YES;
         }
         if (cn->len + n + 1 > cn->cap) {
             size_t cap = cn->cap ? cn->cap : 4096;
@@ -1083,6 +1090,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (cn->j) return answer_job(s, c, cn); /* resumed */
     sock_stage(s, c, 2);
+    if (cn->too_large) {
+        ms_api_error e;
+        ms_api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                    "the request body exceeds the limit of %zu bytes", s->o.max_body);
+        return send_error(s, c, cn, &e);
+    }
     return route(s, c, url, method, cn);
 }
 
