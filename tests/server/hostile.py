@@ -356,28 +356,29 @@ def _():
 
 @case("disconnect mid-prefill stops the prefill")
 def _():
-    # a 4000-token prompt (another first token each time: no prefix reuse); prefill alone first, timed
-    def prompt(first):
-        return [first] + [(i * 7919) % 150000 + 100 for i in range(3999)]
+    # a 4000-token prompt (another first token each time: no prefix reuse); its prefill time is estimated
+    # from a timed 1000-token one (ASan builds are ~25x slower)
+    def prompt(first, n=4000):
+        return [first] + [(i * 7919) % 150000 + 100 for i in range(n - 1)]
     t0 = time.time()
-    st, data, _ = req("POST", "/v1/completions", {"prompt": prompt(11), "max_tokens": 1}, JSON, timeout=60)
+    st, data, _ = req("POST", "/v1/completions", {"prompt": prompt(11, 1000), "max_tokens": 1}, JSON, timeout=60)
     assert st == 200, data[:200]
-    full = time.time() - t0
+    full = (time.time() - t0) * 4  # a lower bound: attention grows faster than linearly
     gen0 = metric("moonshine_generation_tokens_total")
     body = json.dumps({"prompt": prompt(12), "max_tokens": 50}).encode()
     s = socket.create_connection(("127.0.0.1", PORT), timeout=10)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAuthorization: Bearer "
               + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    time.sleep(min(0.1, full / 5))
+    time.sleep(min(0.2, full / 5))
     assert health_ms()[1]["queued"] == 1, "the request is not running"
     s.close()
     t1 = time.time()
     assert wait_idle(full + 5)
     left = time.time() - t1
     assert metric("moonshine_generation_tokens_total") - gen0 <= 1, "tokens were generated for a client that left"
-    if full > 0.5:
-        assert left < 0.7 * full, f"the prefill ran on after the hang-up ({left:.2f} s of a {full:.2f} s prefill)"
-    return f"full prefill {full:.2f} s, after the hang-up {left:.2f} s"
+    if full > 0.2:
+        assert left < 0.5 * full, f"the prefill ran on after the hang-up ({left:.2f} s of a {full:.2f} s prefill)"
+    return f"full prefill ~{full:.2f} s (4 x 1000 tokens), done {left:.2f} s after the hang-up"
 
 
 @case("tokenize / detokenize round trip; /metrics is Prometheus text")
