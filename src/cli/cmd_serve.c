@@ -1,6 +1,7 @@
 /* cmd_serve.c — `moonshine serve MODEL_DIR` (also `moonshine-server MODEL_DIR`):
  * the OpenAI-compatible HTTP server (src/server/server.h). */
 #include <libgen.h>
+#include <sys/resource.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,7 +23,8 @@
 
 static const char k_usage[] =
     "usage: moonshine serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--model-name NAME] [--ctx N] [--threads N] [--backend B]\n"
-    "                       [--parser FORMAT] [--max-queue N] [--max-body-mib N]\n"
+    "                       [--api-key KEY] [--cors-origin ORIGIN] [--parser FORMAT] [--max-queue N]\n"
+    "                       [--max-body-mib N] [--max-connections N] [--header-timeout-s S] [--body-timeout-s S]\n"
     "                       [--prefix-cache-entries N] [--prefix-cache-mib M] [engine flags]\n";
 
 /* The output format from config.json's model_type (or --parser). */
@@ -65,12 +67,49 @@ static int load_forced(const ms_tokenizer *t, const char *path, ms_tok_ids *ids)
     return rc ? -1 : 0;
 }
 
+typedef struct serve_stats {
+    ms_engine *engine;
+    ms_expert_source *experts;
+    ms_prefix_cache *pc;
+} serve_stats;
+
+/* /metrics' engine side (called by the server's worker, the engine's only user). */
+static void engine_stats(void *user, ms_server_engine_stats *o) {
+    serve_stats *x = user;
+    const ms_engine_stats *es = ms_engine_get_stats(x->engine);
+    if (es) {
+        o->tokens_forwarded = es->tokens;
+        o->experts_acquired = es->experts_acquired;
+    }
+    if (x->experts && ms_is_streaming_source(x->experts)) {
+        ms_stream_stats ss;
+        ms_streaming_stats(x->experts, &ss);
+        o->streaming = 1;
+        o->expert_acquires = ss.acquires;
+        o->expert_hits = ss.hits;
+        o->expert_misses = ss.misses;
+        o->bytes_read = ss.bytes_read;
+        o->expert_reads = ss.reads;
+        o->read_wait_s = ss.wait_s;
+    }
+    if (x->pc) {
+        o->prefix_cache = 1;
+        o->prefix_cache_entries = ms_prefix_cache_entries(x->pc);
+        o->prefix_cache_bytes = ms_prefix_cache_bytes(x->pc);
+    }
+}
+
 int cmd_serve(int argc, char **argv) {
     if (ms_arg_flag(argc, argv, "--help")) {
-        printf("%s\nServes the OpenAI API (GET /health, GET /v1/models, POST /v1/chat/completions,\n"
-               "POST /v1/completions) for the model in MODEL_DIR, which needs a tokenizer and, for chat,\n"
-               "a chat template. Requests run one at a time in arrival order (see docs/server.md).\n"
-               "--port 0 picks a free port; the listening address is printed to stderr.\n"
+        printf("%s\nServes the OpenAI API (GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
+               "POST /v1/completions, POST /tokenize, POST /detokenize) for the model in MODEL_DIR, which needs\n"
+               "a tokenizer and, for chat, a chat template. Requests run one at a time in arrival order\n"
+               "(see docs/server.md). --port 0 picks a free port; the listening address is printed to stderr.\n"
+               "--api-key KEY (or MOONSHINE_API_KEY): clients must send 'Authorization: Bearer KEY' (all but\n"
+               "/health); a --host other than loopback is refused without one. --cors-origin ORIGIN lets a\n"
+               "web page at ORIGIN call the server (\"*\": any); without it cross-origin requests get 403.\n"
+               "Limits: --max-body-mib (8), --max-connections (1024; more get 503), --header-timeout-s (10:\n"
+               "request line + headers, and keep-alive idle), --body-timeout-s (30), --max-queue (64).\n"
                "--parser think|qwen3|deepseek_v3|deepseek_v31|kimi_k2|glm|harmony|xtml overrides the\n"
                "reasoning/tool-call format chosen from config.json's model_type.\n"
                "Models that cannot roll back their state (KDA, DeltaNet, DSA, compressed attention) keep\n"
@@ -81,13 +120,19 @@ int cmd_serve(int argc, char **argv) {
         return 0;
     }
     ms_cli_opts eo;
-    int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 8, pc_mib = 2048;
+    int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 8, pc_mib = 2048, max_conn = 1024, hto = 10, bto = 30;
     if (ms_cli_engine_args(argc, argv, &eo) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
         ms_arg_int(argc, argv, "--max-queue", 1, 1 << 20, &max_queue) ||
         ms_arg_int(argc, argv, "--max-body-mib", 1, 1024, &max_body) ||
         ms_arg_int(argc, argv, "--prefix-cache-entries", 0, 4096, &pc_entries) ||
-        ms_arg_int(argc, argv, "--prefix-cache-mib", 0, INT64_C(1) << 30, &pc_mib))
+        ms_arg_int(argc, argv, "--prefix-cache-mib", 0, INT64_C(1) << 30, &pc_mib) ||
+        ms_arg_int(argc, argv, "--max-connections", 1, 1 << 20, &max_conn) ||
+        ms_arg_int(argc, argv, "--header-timeout-s", 1, 3600, &hto) ||
+        ms_arg_int(argc, argv, "--body-timeout-s", 1, 3600, &bto))
         return 2;
+    const char *key = ms_arg_str(argc, argv, "--api-key"), *cors = ms_arg_str(argc, argv, "--cors-origin");
+    if (!key) key = getenv("MOONSHINE_API_KEY");
+    if (key && !key[0]) key = NULL;
     const char *host = ms_arg_str(argc, argv, "--host"), *name = ms_arg_str(argc, argv, "--model-name");
     const char *parser = ms_arg_str(argc, argv, "--parser"), *forced = ms_arg_str(argc, argv, "--test-forced-output");
     const char *dir = ms_arg_pos(argc, argv, 0);
@@ -120,6 +165,25 @@ int cmd_serve(int argc, char **argv) {
         ms_tok_free(tok);
         return 1;
     }
+    if (eo.ctx > 0 && (int64_t)eo.ctx > x.model.cfg.max_pos) {
+        fprintf(stderr,
+                "moonshine serve: --ctx %d is larger than the model's max_position_embeddings (%lld): positions past it "
+                "were never trained. Use --ctx %lld or less.\n",
+                eo.ctx, (long long)x.model.cfg.max_pos, (long long)x.model.cfg.max_pos);
+        ms_cli_close(&x);
+        ms_tok_free(tok);
+        return 2;
+    }
+    /* every connection is a file descriptor: make room for --max-connections of them */
+    struct rlimit rl;
+    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)max_conn + 256) {
+        rlim_t want = (rlim_t)max_conn + 256;
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        if (rl.rlim_cur < (rlim_t)max_conn + 16)
+            fprintf(stderr, "moonshine serve: warning: the open-file limit (%llu) is below --max-connections %lld\n",
+                    (unsigned long long)rl.rlim_cur, (long long)max_conn);
+    }
     int rc = 1;
     int64_t V = x.model.cfg.vocab;
     int32_t eos[64];
@@ -147,14 +211,26 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (ms_generator_new(x.engine, tok, V, pc ? &snaps : NULL, &gen, &err)) goto fail;
+    serve_stats es = {0};
     ms_server_opts so = {.host = host, .port = (int)port, .model_name = name, .model_dir = dir, .gen = gen, .tok = tok,
                          .vocab = V, .eos_ids = eos, .n_eos = n_eos, .fmt = fmt, .max_body = (size_t)max_body << 20,
-                         .max_queue = (int)max_queue, .forced_ids = forced ? fids.ids : NULL, .n_forced = (int)fids.n};
+                         .max_queue = (int)max_queue, .forced_ids = forced ? fids.ids : NULL, .n_forced = (int)fids.n,
+                         .api_key = key, .cors_origin = cors, .max_connections = (int)max_conn,
+                         .header_timeout_s = (int)hto, .body_timeout_s = (int)bto,
+                         /* cancellable prefill in the engine's own chunks (ms_cli_open keeps the default
+                          * max_batch, 256: same logits as one piece); models that cannot roll back prefill
+                          * in one go (a snapshot would be saved per piece) */
+                         .prefill_chunk = ms_engine_can_truncate(x.engine) ? 256 : 0, .stats = engine_stats, .stats_user = &es};
+    es.engine = x.engine;
+    es.experts = x.experts;
+    es.pc = pc;
     if (ms_server_start(&so, &srv, &err)) goto fail;
+    if (key) fprintf(stderr, "moonshine serve: API key required (Authorization: Bearer ...) on every endpoint but /health\n");
     fprintf(stderr,
-            "moonshine serve: listening on http://%s:%d (model \"%s\", %d threads, context %d, parser %s, prefix reuse "
+            "moonshine serve: listening on http://%s%s%s:%d (model \"%s\", %d threads, context %d, parser %s, prefix reuse "
             "%s)\n",
-            host ? host : "127.0.0.1", ms_server_port(srv), name, x.threads, ms_generator_max_ctx(gen),
+            host && strchr(host, ':') ? "[" : "", host ? host : "127.0.0.1", host && strchr(host, ':') ? "]" : "",
+            ms_server_port(srv), name, x.threads, ms_generator_max_ctx(gen),
             ms_outfmt_name(fmt), reuse);
     fflush(stderr);
     int sig = 0;

@@ -255,6 +255,15 @@ static int parse_messages(const cJSON *root, cJSON *render, ms_api_error *e) {
             snprintf(param, sizeof param, "messages[%d].content", i);
             return BAD(param, "'%s' is required for role '%s'", param, rs);
         }
+        if (!c || cJSON_IsNull(c)) {
+            /* a tool-only assistant turn ("content": null or missing, as OpenAI returns it): templates test
+             * the content as a string ("'</think>' in message.content"), so it is rendered as "" (what
+             * transformers' pipelines and vLLM feed them) */
+            cJSON *empty = cJSON_CreateString("");
+            if (!empty) return NOMEM();
+            if (c) cJSON_ReplaceItemInObjectCaseSensitive(m, "content", empty);
+            else cJSON_AddItemToObject(m, "content", empty);
+        }
         if (is_asst && (rc = check_tool_calls(m, i, e))) return rc;
         if (!strcmp(rs, "tool")) {
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
@@ -383,14 +392,54 @@ static int parse_completion(const cJSON *root, int64_t vocab, ms_api_request *r,
     return MS_OK;
 }
 
+/* UTF-8 (RFC 3629: no overlongs, surrogates or code points past U+10FFFF) and nesting depth,
+ * before cJSON sees the body: its own limit is 1000 levels and its error says only "invalid". */
+int ms_api_check_json(const char *body, size_t len, ms_api_error *e) {
+    const unsigned char *b = (const unsigned char *)body;
+    for (size_t i = 0; i < len;) {
+        unsigned c = b[i];
+        size_t n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+        int ok = n && i + n <= len && !(n == 2 && c < 0xc2) && !(n == 4 && c > 0xf4);
+        for (size_t k = 1; ok && k < n; k++) ok = (b[i + k] & 0xc0) == 0x80;
+        if (ok && n == 3) ok = !(c == 0xe0 && b[i + 1] < 0xa0) && !(c == 0xed && b[i + 1] >= 0xa0);
+        if (ok && n == 4) ok = !(c == 0xf0 && b[i + 1] < 0x90) && !(c == 0xf4 && b[i + 1] >= 0x90);
+        if (!ok || c == 0) return BAD(NULL, c ? "the request body is not valid UTF-8 (byte %zu)" : "the request body has a NUL byte (byte %zu)", i);
+        i += n;
+    }
+    int depth = 0, in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = 0;
+        } else if (c == '"') {
+            in_str = 1;
+        } else if (c == '[' || c == '{') {
+            if (++depth > MS_API_MAX_DEPTH)
+                return BAD(NULL, "the request body is nested too deeply (limit %d)", MS_API_MAX_DEPTH);
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return MS_OK;
+}
+
 int ms_api_parse_request(ms_api_kind kind, const char *body, size_t len, int64_t vocab, ms_api_request *r,
                          ms_api_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
     if (!body || !len) return BAD(NULL, "the request body is empty: expected a JSON object");
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!root) return BAD(NULL, "the request body is not valid JSON (near byte %td)", cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - body : (ptrdiff_t)0);
-    int rc;
+    int rc = ms_api_check_json(body, len, e);
+    if (rc) return rc;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) return BAD(NULL, "the request body is not valid JSON (near byte %td)", end ? end - body : (ptrdiff_t)0);
+    size_t at = end ? (size_t)(end - body) : len;
+    while (at < len && (body[at] == ' ' || body[at] == '\t' || body[at] == '\n' || body[at] == '\r')) at++;
+    if (at < len) {
+        cJSON_Delete(root);
+        return BAD(NULL, "the request body has %zu trailing bytes after the JSON value (from byte %zu)", len - at, at);
+    }
     if (!cJSON_IsObject(root)) rc = BAD(NULL, "the request body must be a JSON object, got %s", type_name(root));
     else {
         rc = parse_common(root, r, e);
@@ -676,4 +725,30 @@ int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user
     int rc = sink(user, buf, (size_t)n);
     free(buf);
     return rc;
+}
+
+void ms_api_scrub_paths(char *msg, const char *dir) {
+    /* the model directory (as given, without trailing slashes) becomes "<model>" */
+    size_t dl = dir ? strlen(dir) : 0;
+    while (dl > 1 && dir[dl - 1] == '/') dl--;
+    if (dl) {
+        char *p;
+        while ((p = strstr(msg, dir)) && (p[dl] == 0 || p[dl] == '/' || p[dl] == ':' || p[dl] == ' ' || p[dl] == '\'' || p[dl] == '"')) {
+            static const char rep[] = "<model>";
+            size_t rl = sizeof rep - 1, tail = strlen(p + dl);
+            if (rl > dl) break; /* never grows: the message buffer is fixed */
+            memcpy(p, rep, rl);
+            memmove(p + rl, p + dl, tail + 1);
+        }
+    }
+    /* any other absolute path keeps only its last component */
+    for (char *p = msg; *p; p++) {
+        if (*p != '/' || (p > msg && p[-1] != ' ' && p[-1] != '\'' && p[-1] != '"' && p[-1] != '(')) continue;
+        char *q = p, *last = NULL;
+        while (*q && *q != ' ' && *q != ':' && *q != '\'' && *q != '"' && *q != ')' && *q != ',') {
+            if (*q == '/') last = q;
+            q++;
+        }
+        if (last && last > p) memmove(p, last + 1, strlen(last + 1) + 1);
+    }
 }

@@ -40,6 +40,15 @@ int ms_api_fail(ms_api_error *e, int status, const char *type, const char *param
 char *ms_api_error_json(const ms_api_error *e);
 
 #define MS_API_MAX_BODY (8u << 20) /* default request body limit (bytes) */
+#define MS_API_MAX_DEPTH 64        /* JSON nesting limit of request bodies */
+
+/* The body is UTF-8 without NUL bytes and nests at most MS_API_MAX_DEPTH arrays/objects
+ * (else 400: "not valid UTF-8 (byte N)", "nested too deeply (limit 64)"). Done by
+ * ms_api_parse_request; exposed for the server's other JSON endpoints. */
+int ms_api_check_json(const char *body, size_t len, ms_api_error *e);
+/* Remove server paths from an error message in place: the model directory becomes
+ * "<model>", any other absolute path keeps its last component. */
+void ms_api_scrub_paths(char *msg, const char *model_dir);
 
 typedef struct ms_api_request {
     ms_api_kind kind;
@@ -60,8 +69,9 @@ typedef struct ms_api_request {
     int n_prompt_ids;
 } ms_api_request;
 
-/* Parse and validate a request body of len bytes. vocab bounds token-id
- * prompts. On failure e says why (status 400) and req holds nothing.
+/* Parse and validate a request body of len bytes (one JSON object; trailing
+ * bytes other than whitespace are refused). vocab bounds token-id prompts.
+ * An assistant message without content (null or missing) gets "content": "".  On failure e says why (status 400) and req holds nothing.
  * Returns MS_OK or MS_ERR_ARG (also for out of memory: e is then a 500). */
 int ms_api_parse_request(ms_api_kind kind, const char *body, size_t len, int64_t vocab, ms_api_request *req,
                          ms_api_error *e);

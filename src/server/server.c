@@ -1,15 +1,20 @@
-/* server.c — libmicrohttpd glue: routing, the request queue, the worker. */
+/* server.c — libmicrohttpd glue: exposure checks, routing, limits, the request
+ * queue, the worker, the watchdog, metrics. */
 #include "server/server.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -17,45 +22,117 @@
 #include "server/api.h"
 #include "text/chat_template.h"
 
-/* One queued request and its output channel (shared by the connection and the worker). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* One queued request and its output channel (shared by the connection, the worker and the watchdog). */
 typedef struct job {
     ms_api_request req;
     int32_t *prompt;
     int n_prompt, max_tokens;
     int start_in_reasoning;
-    int fd;                 /* the client's socket, to notice a hang-up while waiting */
+    int fd;                        /* the client's socket, to notice a hang-up; -1 once the connection ended */
+    struct MHD_Connection *conn;   /* NULL once the connection ended */
+    int suspended;                 /* conn is suspended, waiting for news from the worker */
+    double t_arrive;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     char *buf;              /* body bytes produced and not yet sent */
     size_t len, off, cap;
     int nomem;
     int done, cancelled, running;
     int status;             /* non-stream: HTTP status of the body */
-    int refs;               /* connection + worker (+ queue) */
+    int refs;               /* connection + worker/queue + stream response */
     struct job *next;
 } job;
 
+/* Per-socket state (MHD_OPTION_NOTIFY_CONNECTION): the watchdog's deadlines. */
+typedef struct sock {
+    int fd;
+    int stage;      /* 0 reading a request's headers (or idle keep-alive), 1 its body, 2 being answered */
+    int over;       /* opened past max_connections */
+    int killed;     /* the watchdog shut it down */
+    double t0;      /* when the stage began */
+    struct sock *prev, *next;
+} sock;
+
+enum { EP_HEALTH, EP_METRICS, EP_MODELS, EP_CHAT, EP_COMPLETIONS, EP_TOKENIZE, EP_DETOKENIZE, EP_OTHER, EP_N };
+static const char *const k_ep_name[EP_N] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions",
+                                            "/v1/completions", "/tokenize", "/detokenize", "other"};
+static const int k_statuses[] = {200, 204, 400, 401, 403, 404, 405, 413, 415, 500, 503};
+#define N_STATUS ((int)(sizeof k_statuses / sizeof *k_statuses))
+static const double k_ttft_b[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+static const double k_itl_b[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+#define N_TTFT ((int)(sizeof k_ttft_b / sizeof *k_ttft_b))
+#define N_ITL ((int)(sizeof k_itl_b / sizeof *k_itl_b))
+
+typedef struct hist {
+    uint64_t n, b[16];
+    double sum;
+} hist;
+
+static void hist_add(hist *h, const double *bounds, int nb, double v) {
+    h->n++;
+    h->sum += v;
+    for (int i = 0; i < nb; i++)
+        if (v <= bounds[i]) h->b[i]++;
+}
+
+typedef struct metrics {
+    uint64_t requests[EP_N][N_STATUS + 1]; /* last column: other statuses */
+    uint64_t prompt_tokens, completion_tokens, cached_tokens, prefix_hits, generations, cancelled, failed;
+    uint64_t timeouts, refused_connections;
+    hist ttft, itl;
+    ms_server_engine_stats eng;
+} metrics;
+
 struct ms_server {
     ms_server_opts o;
-    char *model_name, *model_dir;
+    char *model_name, *model_dir, *cors, *host_str;
+    unsigned char key_hash[32];
+    int has_key, loopback;
     int32_t *eos, *forced;
     struct MHD_Daemon *d;
     int port;
-    pthread_t worker;
+    double t_start;
+    pthread_t worker, watch;
+    int have_watch;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     job *head, *tail, *cur; /* queue; the job the worker runs */
-    int queued; /* queued + running */
+    int queued;             /* queued + running */
     int stopping;
+    pthread_mutex_t smu;    /* socks, n_socks */
+    sock *socks;
+    int n_socks;
+    pthread_mutex_t wmu;    /* the watchdog's sleep */
+    pthread_cond_t wcv;
+    pthread_mutex_t mmu;    /* metrics */
+    metrics m;
 };
 
-/* Per-connection state: the request body. */
+/* Per-request state. */
 typedef struct conn {
     char *body;
     size_t len, cap;
-    int too_large;
+    int ep;
+    int answered;       /* a response was queued before the body was read */
+    int too_large;      /* the body passed the limit: dropped, 413 at its end */
+    int cors_ok;        /* the request's Origin is the allowed one */
+    char origin[256];
     job *j;
 } conn;
+
+static void count_request(ms_server *s, int ep, int status) {
+    int k = N_STATUS;
+    for (int i = 0; i < N_STATUS; i++)
+        if (k_statuses[i] == status) k = i;
+    pthread_mutex_lock(&s->mmu);
+    s->m.requests[ep][k]++;
+    pthread_mutex_unlock(&s->mmu);
+}
 
 static void job_unref(job *j) {
     pthread_mutex_lock(&j->mu);
@@ -66,8 +143,26 @@ static void job_unref(job *j) {
     free(j->prompt);
     free(j->buf);
     pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
     free(j);
+}
+
+/* With j->mu held: let a suspended connection see the news (bytes, done, cancelled). */
+static void job_wake(job *j) {
+    if (j->suspended && j->conn) {
+        j->suspended = 0;
+        MHD_resume_connection(j->conn);
+    }
+}
+
+/* 1 when the peer closed its end of the socket (a half-close counts: see docs/server.md). */
+static int peer_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return 1;
+    char c;
+    if (p.revents & POLLIN) return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+    return 0;
 }
 
 /* Worker -> connection: append body bytes. Returns nonzero when the client is gone. */
@@ -90,55 +185,52 @@ static int job_sink(void *user, const char *data, size_t len) {
             memcpy(j->buf + j->len, data, len);
             j->len += len;
         }
-        pthread_cond_broadcast(&j->cv);
+        if (j->req.stream) job_wake(j);
     }
     pthread_mutex_unlock(&j->mu);
     return gone || j->nomem;
 }
 
-/* 1 when the peer closed its end of the socket. */
-static int peer_gone(int fd) {
-    if (fd < 0) return 0;
-    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return 1;
-    char c;
-    if (p.revents & POLLIN) {
-        ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        return r == 0;
+/* The worker's view of a hang-up: checked before each token and between prefill pieces. */
+static int job_check_cancel(job *j) {
+    pthread_mutex_lock(&j->mu);
+    if (!j->cancelled && !j->done && peer_gone(j->fd)) {
+        j->cancelled = 1;
+        job_wake(j);
     }
-    return 0;
-}
-
-/* Wait (with j->mu held) up to 100 ms for news; marks the job cancelled when the client left. */
-static void job_wait(job *j) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 100 * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-    if (!j->done && !j->cancelled && peer_gone(j->fd)) j->cancelled = 1;
+    int c = j->cancelled;
+    pthread_mutex_unlock(&j->mu);
+    return c;
 }
 
 /* ---------------- the worker ---------------- */
 typedef struct gen_ctx {
+    ms_server *s;
     job *j;
     ms_api_resp *resp;
     ms_err err;
     int rc;
+    double t_last;
+    int n_tok;
 } gen_ctx;
 
 static int on_token(void *user, int32_t id, const char *text, size_t len) {
     gen_ctx *g = user;
+    if (id >= 0) {
+        double t = now_s();
+        pthread_mutex_lock(&g->s->mmu);
+        if (!g->n_tok) hist_add(&g->s->m.ttft, k_ttft_b, N_TTFT, t - g->j->t_arrive);
+        else hist_add(&g->s->m.itl, k_itl_b, N_ITL, t - g->t_last);
+        pthread_mutex_unlock(&g->s->mmu);
+        g->t_last = t;
+        g->n_tok++;
+    }
     int rc = ms_api_resp_text(g->resp, text, len, job_sink, g->j, &g->err);
     if (rc) {
         g->rc = rc;
         return 1;
     }
-    pthread_mutex_lock(&g->j->mu);
-    int stop = g->j->cancelled;
-    pthread_mutex_unlock(&g->j->mu);
-    return stop;
+    return job_check_cancel(g->j);
 }
 
 static void random_hex(char *out, int n) {
@@ -147,6 +239,26 @@ static void random_hex(char *out, int n) {
         for (size_t i = 0; i < sizeof b; i++) b[i] = (uint8_t)(rand() ^ (int)time(NULL));
     for (int i = 0; i < n; i++) out[i] = "0123456789abcdef"[(b[i / 2] >> (i % 2 ? 0 : 4)) & 15];
     out[n] = 0;
+}
+
+/* Prefill all but the last piece in prefill_chunk steps, stopping when the client left.
+ * Returns MS_OK (and *cached: tokens reused) or an error; *gone when cancelled. */
+static int chunked_prefill(ms_server *s, job *j, int *cached, int *gone, ms_err *err) {
+    int nh;
+    const int32_t *h = ms_generator_history(s->o.gen, &nh);
+    int common = 0;
+    while (common < nh && common < j->n_prompt && h[common] == j->prompt[common]) common++;
+    if (common >= j->n_prompt) common = j->n_prompt - 1;
+    *cached = common;
+    int C = s->o.prefill_chunk;
+    for (int b = common + C; b < j->n_prompt; b += C) {
+        if ((*gone = job_check_cancel(j))) return MS_OK;
+        int c;
+        int rc = ms_generator_prefill(s->o.gen, j->prompt, b, &c, NULL, err);
+        if (rc) return rc;
+    }
+    *gone = job_check_cancel(j);
+    return MS_OK;
 }
 
 static void run_job(ms_server *s, job *j) {
@@ -162,14 +274,17 @@ static void run_job(ms_server *s, job *j) {
     if (getrandom(&po.id_seed, sizeof po.id_seed, 0) != (ssize_t)sizeof po.id_seed) po.id_seed = j->req.sampling.seed ^ 0x5eedULL;
     ms_api_resp_opts ro = {.kind = j->req.kind, .id = id, .model = s->model_name, .created = (int64_t)time(NULL),
                            .stream = j->req.stream, .include_usage = j->req.include_usage, .fmt = s->o.fmt, .parse = &po};
-    gen_ctx g = {.j = j};
+    gen_ctx g = {.s = s, .j = j};
     ms_gen_params gp = {.sampling = j->req.sampling, .max_tokens = j->max_tokens,
                         .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .eos_ids = s->eos,
                         .n_eos = s->o.n_eos, .forced_ids = s->forced, .n_forced = s->o.n_forced};
-    ms_gen_result res;
+    ms_gen_result res = {0};
+    int cached = -1, gone = 0;
     int rc = ms_api_resp_new(&ro, &g.resp, &g.err);
-    if (!rc) rc = ms_generate(s->o.gen, j->prompt, j->n_prompt, &gp, on_token, &g, &res, &g.err);
+    if (!rc && s->o.prefill_chunk > 0) rc = chunked_prefill(s, j, &cached, &gone, &g.err);
+    if (!rc && !gone) rc = ms_generate(s->o.gen, j->prompt, j->n_prompt, &gp, on_token, &g, &res, &g.err);
     if (!rc && g.rc) rc = g.rc;
+    if (cached >= 0) res.cached_tokens = cached;
     pthread_mutex_lock(&j->mu);
     int cancelled = j->cancelled;
     pthread_mutex_unlock(&j->mu);
@@ -179,9 +294,19 @@ static void run_job(ms_server *s, job *j) {
     pthread_mutex_lock(&j->mu);
     cancelled = j->cancelled;
     pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&s->mmu);
+    s->m.generations++;
+    s->m.prompt_tokens += (uint64_t)res.prompt_tokens;
+    s->m.completion_tokens += (uint64_t)res.completion_tokens;
+    s->m.cached_tokens += (uint64_t)(res.cached_tokens > 0 ? res.cached_tokens : 0);
+    s->m.prefix_hits += res.cached_tokens > 0;
+    s->m.cancelled += cancelled;
+    s->m.failed += rc && !cancelled;
+    pthread_mutex_unlock(&s->mmu);
     if (rc && !cancelled) {
         ms_api_error e;
         ms_api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", g.err.msg[0] ? g.err.msg : ms_status_name(rc));
+        ms_api_scrub_paths(e.message, s->model_dir);
         pthread_mutex_lock(&j->mu);
         j->len = j->off = 0; /* non-stream: replace a partial body */
         j->status = 500;
@@ -196,8 +321,18 @@ static void run_job(ms_server *s, job *j) {
     ms_api_resp_free(g.resp);
 }
 
+static void sample_engine_stats(ms_server *s) {
+    if (!s->o.stats) return;
+    ms_server_engine_stats st = {0};
+    s->o.stats(s->o.stats_user, &st);
+    pthread_mutex_lock(&s->mmu);
+    s->m.eng = st;
+    pthread_mutex_unlock(&s->mmu);
+}
+
 static void *worker_main(void *arg) {
     ms_server *s = arg;
+    sample_engine_stats(s);
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->head && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
@@ -211,10 +346,13 @@ static void *worker_main(void *arg) {
         int skip = j->cancelled || s->stopping;
         j->running = 1;
         pthread_mutex_unlock(&j->mu);
-        if (!skip) run_job(s, j);
+        if (!skip) {
+            run_job(s, j);
+            sample_engine_stats(s);
+        }
         pthread_mutex_lock(&j->mu);
         j->done = 1;
-        pthread_cond_broadcast(&j->cv);
+        job_wake(j);
         pthread_mutex_unlock(&j->mu);
         pthread_mutex_lock(&s->mu);
         s->queued--;
@@ -225,30 +363,144 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* ---------------- the watchdog ---------------- */
+static void *watch_main(void *arg) {
+    ms_server *s = arg;
+    double hto = s->o.header_timeout_s, bto = s->o.body_timeout_s;
+    for (;;) {
+        pthread_mutex_lock(&s->wmu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&s->wcv, &s->wmu, &ts);
+        pthread_mutex_unlock(&s->wmu);
+        pthread_mutex_lock(&s->mu);
+        int stop = s->stopping;
+        /* queued and running requests whose client hung up */
+        for (job *j = s->cur ? s->cur : s->head; j; j = j == s->cur ? s->head : j->next) {
+            pthread_mutex_lock(&j->mu);
+            if (!j->done && !j->cancelled && peer_gone(j->fd)) {
+                j->cancelled = 1;
+                job_wake(j);
+            }
+            pthread_mutex_unlock(&j->mu);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        /* header and body deadlines: shut the socket down, libmicrohttpd then closes it */
+        double t = now_s();
+        int killed = 0;
+        pthread_mutex_lock(&s->smu);
+        for (sock *k = s->socks; k; k = k->next) {
+            if (k->killed || k->stage == 2) continue;
+            if (t - k->t0 > (k->stage == 0 ? hto : bto)) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->killed = 1;
+                killed++;
+            }
+        }
+        pthread_mutex_unlock(&s->smu);
+        if (killed) {
+            pthread_mutex_lock(&s->mmu);
+            s->m.timeouts += (uint64_t)killed;
+            pthread_mutex_unlock(&s->mmu);
+        }
+    }
+    return NULL;
+}
+
+static void on_socket(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    ms_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        sock *k = calloc(1, sizeof *k);
+        *socket_context = k;
+        if (!k) return;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k->fd = ci ? ci->connect_fd : -1;
+        k->t0 = now_s();
+        pthread_mutex_lock(&s->smu);
+        k->over = s->n_socks >= s->o.max_connections;
+        s->n_socks++;
+        k->next = s->socks;
+        if (s->socks) s->socks->prev = k;
+        s->socks = k;
+        pthread_mutex_unlock(&s->smu);
+        if (k->over) {
+            pthread_mutex_lock(&s->mmu);
+            s->m.refused_connections++;
+            pthread_mutex_unlock(&s->mmu);
+        }
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        sock *k = *socket_context;
+        if (!k) return;
+        pthread_mutex_lock(&s->smu);
+        if (k->prev) k->prev->next = k->next;
+        else s->socks = k->next;
+        if (k->next) k->next->prev = k->prev;
+        s->n_socks--;
+        pthread_mutex_unlock(&s->smu);
+        free(k);
+        *socket_context = NULL;
+    }
+}
+
+static sock *sock_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void sock_stage(ms_server *s, struct MHD_Connection *c, int stage) {
+    sock *k = sock_of(c);
+    if (!k) return;
+    pthread_mutex_lock(&s->smu);
+    k->stage = stage;
+    k->t0 = now_s();
+    pthread_mutex_unlock(&s->smu);
+}
+
 /* ---------------- HTTP ---------------- */
-static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *body, size_t len, const char *allow) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+/* Queue r with the CORS header when the origin is allowed; counts the status. */
+static enum MHD_Result respond(ms_server *s, struct MHD_Connection *c, conn *cn, int status, struct MHD_Response *r) {
     if (!r) return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", "application/json");
-    if (allow) MHD_add_response_header(r, "Allow", allow);
+    if (cn && cn->cors_ok) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", cn->origin);
+        MHD_add_response_header(r, "Vary", "Origin");
+    }
+    count_request(s, cn ? cn->ep : EP_OTHER, status);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return rc;
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *c, const ms_api_error *e, const char *allow) {
+/* hdrs: NULL-terminated name/value pairs (may be NULL). */
+static enum MHD_Result send_body(ms_server *s, struct MHD_Connection *c, conn *cn, int status, const char *body,
+                                 size_t len, const char *ctype, const char *const *hdrs) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype ? ctype : "application/json");
+    for (int i = 0; hdrs && hdrs[i]; i += 2) MHD_add_response_header(r, hdrs[i], hdrs[i + 1]);
+    return respond(s, c, cn, status, r);
+}
+
+static enum MHD_Result send_error_h(ms_server *s, struct MHD_Connection *c, conn *cn, const ms_api_error *e,
+                                    const char *const *hdrs) {
     char *b = ms_api_error_json(e);
     if (!b) return MHD_NO;
-    enum MHD_Result rc = send_body(c, e->status, b, strlen(b), allow);
+    enum MHD_Result rc = send_body(s, c, cn, e->status, b, strlen(b), NULL, hdrs);
     free(b);
     return rc;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *j) {
+static enum MHD_Result send_error(ms_server *s, struct MHD_Connection *c, conn *cn, const ms_api_error *e) {
+    return send_error_h(s, c, cn, e, NULL);
+}
+
+static enum MHD_Result send_json(ms_server *s, struct MHD_Connection *c, conn *cn, int status, cJSON *j) {
     char *b = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!b) return MHD_NO;
-    enum MHD_Result rc = send_body(c, status, b, strlen(b), NULL);
+    enum MHD_Result rc = send_body(s, c, cn, status, b, strlen(b), NULL, NULL);
     free(b);
     return rc;
 }
@@ -263,11 +515,10 @@ static cJSON *model_json(const ms_server *s) {
     return m;
 }
 
-/* Streaming body: pull what the worker produced. */
+/* Streaming body: what the worker produced; with nothing yet the connection is suspended. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     job *j = cls;
     pthread_mutex_lock(&j->mu);
-    while (j->len == j->off && !j->done && !j->cancelled) job_wait(j);
     ssize_t n;
     if (j->len > j->off) {
         size_t k = j->len - j->off < max ? j->len - j->off : max;
@@ -275,8 +526,16 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         j->off += k;
         if (j->off == j->len) j->off = j->len = 0;
         n = (ssize_t)k;
+    } else if (j->cancelled) {
+        n = MHD_CONTENT_READER_END_WITH_ERROR;
+    } else if (j->done) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
     } else {
-        n = j->cancelled ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+        if (j->conn && !j->suspended) {
+            MHD_suspend_connection(j->conn);
+            j->suspended = 1;
+        }
+        n = 0;
     }
     pthread_mutex_unlock(&j->mu);
     return n;
@@ -290,17 +549,19 @@ static void stream_free(void *cls) {
     job_unref(j);
 }
 
-/* Validate, render and tokenize; on success *out is a job with its prompt. */
-static int prepare(ms_server *s, ms_api_kind kind, const conn *cn, job **out, ms_api_error *e) {
+/* Validate, render and tokenize; on success *out is a job with its prompt. check_ctx: the
+ * prompt (+ max_tokens) must fit the context. */
+static int prepare(ms_server *s, ms_api_kind kind, const char *body, size_t blen, int check_ctx, job **out,
+                   ms_api_error *e) {
     *out = NULL;
     job *j = calloc(1, sizeof *j);
     if (!j) return ms_api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
     j->status = 200;
     j->fd = -1;
-    int rc = ms_api_parse_request(kind, cn->body, cn->len, s->o.vocab, &j->req, e);
+    j->t_arrive = now_s();
+    int rc = ms_api_parse_request(kind, body, blen, s->o.vocab, &j->req, e);
     if (rc) goto fail;
     if (j->req.model && strcmp(j->req.model, s->model_name)) {
         rc = ms_api_fail(e, 404, "invalid_request_error", "model", "model_not_found",
@@ -315,6 +576,7 @@ static int prepare(ms_server *s, ms_api_kind kind, const conn *cn, job **out, ms
         rc = ms_chat_render(s->model_dir, j->req.render_json, strlen(j->req.render_json), &prompt, &plen, &err);
         if (rc) {
             int client = rc == MS_ERR_FORMAT;
+            ms_api_scrub_paths(err.msg, s->model_dir);
             rc = ms_api_fail(e, client ? 400 : 500, client ? "invalid_request_error" : "server_error", client ? "messages" : NULL,
                              NULL, "chat template: %s", err.msg);
             goto fail;
@@ -336,6 +598,7 @@ static int prepare(ms_server *s, ms_api_kind kind, const conn *cn, job **out, ms
     }
     if (rc) {
         ms_tok_ids_free(&ids);
+        ms_api_scrub_paths(err.msg, s->model_dir);
         rc = ms_api_fail(e, 400, "invalid_request_error", kind == MS_API_CHAT ? "messages" : "prompt", NULL,
                          "tokenizing the prompt: %s", err.msg);
         goto fail;
@@ -343,12 +606,12 @@ static int prepare(ms_server *s, ms_api_kind kind, const conn *cn, job **out, ms
     j->prompt = ids.ids;
     j->n_prompt = (int)ids.n;
     int ctx = ms_generator_max_ctx(s->o.gen);
-    if (j->n_prompt < 1) {
+    if (j->n_prompt < 1 && check_ctx) {
         rc = ms_api_fail(e, 400, "invalid_request_error", "prompt", NULL, "the prompt is empty after tokenization");
         goto fail;
     }
     int room = ctx - j->n_prompt;
-    if (room < 1 || (j->req.max_tokens && j->req.max_tokens > room)) {
+    if (check_ctx && (room < 1 || (j->req.max_tokens && j->req.max_tokens > room))) {
         rc = ms_api_fail(e, 400, "invalid_request_error", room < 1 ? (kind == MS_API_CHAT ? "messages" : "prompt") : "max_tokens",
                          "context_length_exceeded",
                          "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in "
@@ -384,104 +647,432 @@ static int enqueue(ms_server *s, job *j, ms_api_error *e) {
     return MS_OK;
 }
 
-static enum MHD_Result handle_generate(ms_server *s, struct MHD_Connection *c, ms_api_kind kind, conn *cn) {
-    ms_api_error e;
-    job *j;
-    if (prepare(s, kind, cn, &j, &e)) return send_error(c, &e, NULL);
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    j->fd = ci ? ci->connect_fd : -1;
-    if (enqueue(s, j, &e)) {
-        job_unref(j);
-        return send_error(c, &e, NULL);
-    }
-    if (j->req.stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
-        if (!r) {
-            stream_free(j);
-            return MHD_NO;
-        }
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        enum MHD_Result rc = MHD_queue_response(c, MHD_HTTP_OK, r);
-        MHD_destroy_response(r);
-        return rc;
-    }
+/* The finished non-stream job's body (or MHD_NO when the client left). */
+static enum MHD_Result answer_job(ms_server *s, struct MHD_Connection *c, conn *cn) {
+    job *j = cn->j;
     pthread_mutex_lock(&j->mu);
-    while (!j->done && !j->cancelled) job_wait(j);
+    if (!j->done && !j->cancelled) { /* woken early: wait on */
+        MHD_suspend_connection(c);
+        j->suspended = 1;
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
     int ok = j->done && !j->cancelled && !j->nomem;
-    int status = j->status;
-    char *body = ok ? j->buf : NULL;
-    size_t len = j->len;
     if (!j->done) j->cancelled = 1;
+    int status = j->status;
+    char *body = j->buf;
+    size_t len = j->len;
+    j->buf = NULL;
+    j->len = j->cap = 0;
     pthread_mutex_unlock(&j->mu);
     enum MHD_Result rc = MHD_NO; /* client gone: close the connection */
-    if (ok) rc = send_body(c, status, body ? body : "", len, NULL);
-    job_unref(j);
+    if (ok) rc = send_body(s, c, cn, status, body ? body : "", len, NULL, NULL);
+    free(body);
     return rc;
 }
 
+static const char *const k_retry[] = {"Retry-After", "1", NULL};
+
+static enum MHD_Result handle_generate(ms_server *s, struct MHD_Connection *c, ms_api_kind kind, conn *cn) {
+    ms_api_error e;
+    job *j;
+    if (prepare(s, kind, cn->body, cn->len, 1, &j, &e)) return send_error(s, c, cn, &e);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    j->conn = c;
+    if (enqueue(s, j, &e)) {
+        job_unref(j);
+        return send_error_h(s, c, cn, &e, k_retry);
+    }
+    cn->j = j; /* the connection's reference */
+    if (j->req.stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
+        if (!r) return MHD_NO;
+        pthread_mutex_lock(&j->mu);
+        j->refs++; /* the response's */
+        pthread_mutex_unlock(&j->mu);
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        return respond(s, c, cn, MHD_HTTP_OK, r);
+    }
+    pthread_mutex_lock(&j->mu);
+    int done = j->done;
+    if (!done) {
+        MHD_suspend_connection(c);
+        j->suspended = 1;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return done ? answer_job(s, c, cn) : MHD_YES;
+}
+
+/* POST /tokenize: {"prompt": text or ids} or {"messages": [...], "tools"?} -> {"tokens","count","max_model_len"}. */
+static enum MHD_Result handle_tokenize(ms_server *s, struct MHD_Connection *c, conn *cn) {
+    ms_api_error e;
+    if (ms_api_check_json(cn->body, cn->len, &e)) return send_error(s, c, cn, &e);
+    cJSON *root = cJSON_ParseWithLength(cn->body, cn->len);
+    int chat = cJSON_IsObject(root) && cJSON_GetObjectItemCaseSensitive(root, "messages");
+    cJSON_Delete(root);
+    job *j;
+    if (prepare(s, chat ? MS_API_CHAT : MS_API_COMPLETION, cn->body, cn->len, 0, &j, &e)) return send_error(s, c, cn, &e);
+    cJSON *o = cJSON_CreateObject(), *t = cJSON_AddArrayToObject(o, "tokens");
+    for (int i = 0; i < j->n_prompt; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(j->prompt[i]));
+    cJSON_AddNumberToObject(o, "count", j->n_prompt);
+    cJSON_AddNumberToObject(o, "max_model_len", ms_generator_max_ctx(s->o.gen));
+    job_unref(j);
+    return send_json(s, c, cn, 200, o);
+}
+
+/* POST /detokenize: {"tokens": [ids]} -> {"prompt": text} (special tokens kept). */
+static enum MHD_Result handle_detokenize(ms_server *s, struct MHD_Connection *c, conn *cn) {
+    ms_api_error e;
+    if (!cn->len) {
+        ms_api_fail(&e, 400, "invalid_request_error", NULL, NULL, "the request body is empty: expected a JSON object");
+        return send_error(s, c, cn, &e);
+    }
+    if (ms_api_check_json(cn->body, cn->len, &e)) return send_error(s, c, cn, &e);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(cn->body, cn->len, &end, 0);
+    size_t at = end ? (size_t)(end - cn->body) : cn->len;
+    while (root && at < cn->len && strchr(" \t\r\n", cn->body[at])) at++;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    if (!root || at < cn->len || !cJSON_IsObject(root)) {
+        ms_api_fail(&e, 400, "invalid_request_error", NULL, NULL, "the request body must be one JSON object");
+    } else if (!cJSON_IsArray(t)) {
+        ms_api_fail(&e, 400, "invalid_request_error", "tokens", NULL, "'tokens' must be an array of token ids");
+    } else {
+        int n = cJSON_GetArraySize(t), i = 0, bad = -1;
+        int32_t *ids = malloc(sizeof *ids * (size_t)(n + 1));
+        const cJSON *x;
+        int64_t tv = (int64_t)ms_tok_vocab_size(s->o.tok);
+        cJSON_ArrayForEach(x, t) {
+            if (!cJSON_IsNumber(x) || x->valuedouble != (double)(int64_t)x->valuedouble || x->valuedouble < 0 ||
+                x->valuedouble >= (double)tv) {
+                bad = i;
+                break;
+            }
+            if (ids) ids[i] = (int32_t)x->valuedouble;
+            i++;
+        }
+        char *text = NULL;
+        size_t tl = 0;
+        ms_err err = {0};
+        if (!ids) ms_api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+        else if (bad >= 0) ms_api_fail(&e, 400, "invalid_request_error", "tokens", NULL, "'tokens[%d]' must be a token id in [0, %lld)", bad, (long long)tv);
+        else if (ms_tok_decode(s->o.tok, ids, (size_t)n, 0, &text, &tl, &err)) ms_api_fail(&e, 400, "invalid_request_error", "tokens", NULL, "%s", err.msg);
+        else {
+            free(ids);
+            cJSON_Delete(root);
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "prompt", text);
+            free(text);
+            return send_json(s, c, cn, 200, o);
+        }
+        free(ids);
+    }
+    cJSON_Delete(root);
+    return send_error(s, c, cn, &e);
+}
+
+static void prom_hist(FILE *f, const char *name, const char *help, const hist *h, const double *b, int nb) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < nb; i++) fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, b[i], (unsigned long long)h->b[i]);
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)h->n, name, h->sum,
+            name, (unsigned long long)h->n);
+}
+
+#define PROM(f, type, name, help, fmt, v) fprintf(f, "# HELP " name " " help "\n# TYPE " name " " type "\n" name " " fmt "\n", v)
+
+static enum MHD_Result handle_metrics(ms_server *s, struct MHD_Connection *c, conn *cn) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return MHD_NO;
+    pthread_mutex_lock(&s->mu);
+    int queued = s->queued, running = s->cur != NULL;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->smu);
+    int nconn = s->n_socks;
+    pthread_mutex_unlock(&s->smu);
+    pthread_mutex_lock(&s->mmu);
+    metrics m = s->m;
+    pthread_mutex_unlock(&s->mmu);
+    typedef unsigned long long ull;
+    fprintf(f, "# HELP moonshine_requests_total HTTP requests answered, by endpoint and status\n"
+               "# TYPE moonshine_requests_total counter\n");
+    for (int e = 0; e < EP_N; e++)
+        for (int k = 0; k <= N_STATUS; k++)
+            if (m.requests[e][k]) {
+                if (k < N_STATUS) fprintf(f, "moonshine_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", k_ep_name[e], k_statuses[k], (ull)m.requests[e][k]);
+                else fprintf(f, "moonshine_requests_total{endpoint=\"%s\",status=\"other\"} %llu\n", k_ep_name[e], (ull)m.requests[e][k]);
+            }
+    PROM(f, "counter", "moonshine_generations_total", "generations run by the worker", "%llu", (ull)m.generations);
+    PROM(f, "counter", "moonshine_generations_cancelled_total", "generations stopped because the client left", "%llu", (ull)m.cancelled);
+    PROM(f, "counter", "moonshine_generations_failed_total", "generations that failed (500)", "%llu", (ull)m.failed);
+    PROM(f, "counter", "moonshine_prompt_tokens_total", "prompt tokens of generations", "%llu", (ull)m.prompt_tokens);
+    PROM(f, "counter", "moonshine_generation_tokens_total", "tokens generated", "%llu", (ull)m.completion_tokens);
+    PROM(f, "counter", "moonshine_prefix_cache_hits_total", "generations that reused a cached prefix", "%llu", (ull)m.prefix_hits);
+    PROM(f, "counter", "moonshine_prefix_cached_tokens_total", "prompt tokens reused from a cached prefix", "%llu", (ull)m.cached_tokens);
+    prom_hist(f, "moonshine_time_to_first_token_seconds", "arrival to the first generated token", &m.ttft, k_ttft_b, N_TTFT);
+    prom_hist(f, "moonshine_inter_token_latency_seconds", "time between generated tokens", &m.itl, k_itl_b, N_ITL);
+    PROM(f, "gauge", "moonshine_queue_length", "requests waiting for the worker", "%d", queued - running);
+    PROM(f, "gauge", "moonshine_requests_running", "requests the worker is generating", "%d", running);
+    PROM(f, "gauge", "moonshine_open_connections", "open client connections", "%d", nconn);
+    PROM(f, "counter", "moonshine_connections_refused_total", "connections opened past --max-connections", "%llu", (ull)m.refused_connections);
+    PROM(f, "counter", "moonshine_connection_timeouts_total", "connections closed by the header/body deadlines", "%llu", (ull)m.timeouts);
+    PROM(f, "counter", "moonshine_engine_tokens_total", "tokens forwarded by the engine (prefill + decode)", "%llu", (ull)m.eng.tokens_forwarded);
+    PROM(f, "counter", "moonshine_engine_experts_acquired_total", "unique experts acquired, summed over layers and steps", "%llu", (ull)m.eng.experts_acquired);
+    if (m.eng.streaming) {
+        PROM(f, "counter", "moonshine_expert_cache_requests_total", "streamed expert requests", "%llu", (ull)m.eng.expert_acquires);
+        PROM(f, "counter", "moonshine_expert_cache_hits_total", "streamed expert requests served from the cache", "%llu", (ull)m.eng.expert_hits);
+        PROM(f, "counter", "moonshine_expert_cache_misses_total", "streamed expert requests that read", "%llu", (ull)m.eng.expert_misses);
+        PROM(f, "gauge", "moonshine_expert_cache_hit_rate", "hits / requests", "%.6f",
+             m.eng.expert_acquires ? (double)m.eng.expert_hits / (double)m.eng.expert_acquires : 0.0);
+        PROM(f, "counter", "moonshine_expert_read_bytes_total", "bytes read from disk for experts", "%llu", (ull)m.eng.bytes_read);
+        PROM(f, "counter", "moonshine_expert_reads_total", "experts loaded", "%llu", (ull)m.eng.expert_reads);
+        PROM(f, "counter", "moonshine_expert_read_wait_seconds_total", "time the engine waited on expert reads", "%.6f", m.eng.read_wait_s);
+    }
+    if (m.eng.prefix_cache) {
+        PROM(f, "gauge", "moonshine_prefix_cache_entries", "state snapshots held", "%d", m.eng.prefix_cache_entries);
+        PROM(f, "gauge", "moonshine_prefix_cache_bytes", "bytes of state snapshots held", "%llu", (ull)m.eng.prefix_cache_bytes);
+    }
+    PROM(f, "gauge", "moonshine_uptime_seconds", "seconds since the server started", "%.3f", now_s() - s->t_start);
+    fclose(f);
+    enum MHD_Result rc = send_body(s, c, cn, 200, buf ? buf : "", len, "text/plain; version=0.0.4; charset=utf-8", NULL);
+    free(buf);
+    return rc;
+}
+
+static enum MHD_Result method_not_allowed(ms_server *s, struct MHD_Connection *c, conn *cn, const char *method,
+                                          const char *url, const char *allow) {
+    ms_api_error e;
+    ms_api_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s %.200s: use %s", method, url,
+                strcmp(allow, "POST") ? "GET" : "POST");
+    const char *h[] = {"Allow", allow, NULL};
+    return send_error_h(s, c, cn, &e, h);
+}
+
+static int endpoint_of(const char *url) {
+    if (!strcmp(url, "/health")) return EP_HEALTH;
+    if (!strcmp(url, "/metrics")) return EP_METRICS;
+    if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11)) return EP_MODELS;
+    if (!strcmp(url, "/v1/chat/completions")) return EP_CHAT;
+    if (!strcmp(url, "/v1/completions")) return EP_COMPLETIONS;
+    if (!strcmp(url, "/tokenize")) return EP_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return EP_DETOKENIZE;
+    return EP_OTHER;
+}
+
+static int is_post_ep(int ep) { return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_TOKENIZE || ep == EP_DETOKENIZE; }
+
+/* The full request is here: answer it. */
 static enum MHD_Result route(ms_server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
     ms_api_error e;
-    int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    if (cn->too_large) {
-        ms_api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
-                    "the request body exceeds the limit of %zu bytes", s->o.max_body);
-        return send_error(c, &e, NULL);
-    }
-    if (!strcmp(url, "/health")) {
-        if (!get) goto not_allowed_get;
+    switch (cn->ep) {
+    case EP_HEALTH: {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "status", "ok");
         pthread_mutex_lock(&s->mu);
         cJSON_AddNumberToObject(j, "queued", s->queued);
         pthread_mutex_unlock(&s->mu);
-        return send_json(c, 200, j);
+        return send_json(s, c, cn, 200, j);
     }
-    if (!strcmp(url, "/v1/models")) {
-        if (!get) goto not_allowed_get;
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "object", "list");
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "data"), model_json(s));
-        return send_json(c, 200, j);
-    }
-    if (!strncmp(url, "/v1/models/", 11)) {
-        if (!get) goto not_allowed_get;
+    case EP_METRICS: return handle_metrics(s, c, cn);
+    case EP_MODELS:
+        if (!strcmp(url, "/v1/models")) {
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddStringToObject(j, "object", "list");
+            cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "data"), model_json(s));
+            return send_json(s, c, cn, 200, j);
+        }
         if (strcmp(url + 11, s->model_name)) {
             ms_api_fail(&e, 404, "invalid_request_error", "model", "model_not_found", "The model '%.200s' does not exist",
                         url + 11);
-            return send_error(c, &e, NULL);
+            return send_error(s, c, cn, &e);
         }
-        return send_json(c, 200, model_json(s));
-    }
-    int chat = !strcmp(url, "/v1/chat/completions"), compl = !strcmp(url, "/v1/completions");
-    if (chat || compl) {
-        if (!post) {
-            ms_api_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s %s: use POST", method, url);
-            return send_error(c, &e, "POST");
-        }
-        return handle_generate(s, c, chat ? MS_API_CHAT : MS_API_COMPLETION, cn);
+        return send_json(s, c, cn, 200, model_json(s));
+    case EP_CHAT: return handle_generate(s, c, MS_API_CHAT, cn);
+    case EP_COMPLETIONS: return handle_generate(s, c, MS_API_COMPLETION, cn);
+    case EP_TOKENIZE: return handle_tokenize(s, c, cn);
+    case EP_DETOKENIZE: return handle_detokenize(s, c, cn);
+    default: break;
     }
     ms_api_fail(&e, 404, "invalid_request_error", NULL, "not_found", "no endpoint %s %.200s", method, url);
-    return send_error(c, &e, NULL);
-not_allowed_get:
-    ms_api_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s %s: use GET", method, url);
-    return send_error(c, &e, "GET, HEAD");
+    return send_error(s, c, cn, &e);
+}
+
+/* A loopback name or the bound address (DNS rebinding: a page on evil.example that resolves to 127.0.0.1
+ * still sends "Host: evil.example"). */
+static int host_ok(const ms_server *s, const char *h) {
+    if (!s->loopback || !h) return 1;
+    char name[256];
+    size_t n = strlen(h);
+    if (n >= sizeof name) return 0;
+    if (h[0] == '[') {
+        const char *e = strchr(h, ']');
+        if (!e || (e[1] && e[1] != ':')) return 0;
+        n = (size_t)(e - h - 1);
+        memcpy(name, h + 1, n);
+    } else {
+        const char *colon = strchr(h, ':');
+        if (colon && strchr(colon + 1, ':')) return 0; /* bare IPv6 is not a Host */
+        n = colon ? (size_t)(colon - h) : n;
+        memcpy(name, h, n);
+    }
+    name[n] = 0;
+    for (size_t i = 0; i < n; i++) name[i] = (char)tolower((unsigned char)name[i]);
+    if (n && name[n - 1] == '.') name[--n] = 0;
+    if (!strcmp(name, "localhost") || (n > 10 && !strcmp(name + n - 10, ".localhost"))) return 1;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, name, &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127 || !strcmp(name, s->host_str);
+    if (inet_pton(AF_INET6, name, &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6) || !strcmp(name, s->host_str);
+    return 0;
+}
+
+static int json_ctype(const char *ct) {
+    if (!ct) return 0;
+    while (*ct == ' ' || *ct == '\t') ct++;
+    if (strncasecmp(ct, "application/json", 16)) return 0;
+    char e = ct[16];
+    return e == 0 || e == ';' || e == ' ' || e == '\t';
+}
+
+static int key_ok(const ms_server *s, const char *auth) {
+    if (!auth || strncasecmp(auth, "Bearer ", 7)) return 0;
+    const char *k = auth + 7;
+    while (*k == ' ') k++;
+    unsigned char h[32];
+    unsigned int hl = 0;
+    if (!EVP_Digest(k, strlen(k), h, &hl, EVP_sha256(), NULL) || hl != 32) return 0;
+    return CRYPTO_memcmp(h, s->key_hash, 32) == 0; /* constant time, and the key's length does not show */
+}
+
+/* Checks on the headers, before any body is read: exposure (Host, Origin/CORS, key), the connection cap,
+ * method, Content-Type and Content-Length. Returns 1 when it answered. */
+static int precheck(ms_server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn,
+                    enum MHD_Result *rc) {
+    ms_api_error e;
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if (!host_ok(s, host)) {
+        ms_api_fail(&e, 403, "invalid_request_error", NULL, "host_not_allowed",
+                    "the Host header '%.100s' is not this server's loopback address (a DNS-rebinding guard); "
+                    "use localhost, 127.0.0.1 or [::1]", host);
+        *rc = send_error(s, c, cn, &e);
+        return 1;
+    }
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    int preflight = !strcmp(method, "OPTIONS");
+    if (origin) {
+        if (s->cors && (!strcmp(s->cors, "*") || !strcmp(s->cors, origin)) && strlen(origin) < sizeof cn->origin) {
+            cn->cors_ok = 1;
+            snprintf(cn->origin, sizeof cn->origin, "%s", origin);
+        } else {
+            ms_api_fail(&e, 403, "invalid_request_error", NULL, "cors_refused",
+                        s->cors ? "cross-origin requests from '%.100s' are refused (this server allows only --cors-origin)"
+                                : "cross-origin requests from '%.100s' are refused: CORS is off (start the server "
+                                  "with --cors-origin ORIGIN to allow a web page at ORIGIN)",
+                        origin);
+            *rc = send_error(s, c, cn, &e);
+            return 1;
+        }
+    }
+    if (preflight) {
+        if (!cn->cors_ok) {
+            ms_api_fail(&e, 403, "invalid_request_error", NULL, "cors_refused",
+                        "CORS preflight refused: %s", s->cors ? "the request has no allowed Origin" : "CORS is off (see --cors-origin)");
+            *rc = send_error(s, c, cn, &e);
+            return 1;
+        }
+        const char *h[] = {"Access-Control-Allow-Methods", "GET, POST, OPTIONS", "Access-Control-Allow-Headers",
+                           "Authorization, Content-Type", "Access-Control-Max-Age", "600", NULL};
+        *rc = send_body(s, c, cn, 204, "", 0, "text/plain", h);
+        return 1;
+    }
+    sock *k = sock_of(c);
+    if (k && k->over && cn->ep != EP_HEALTH) {
+        ms_api_fail(&e, 503, "server_error", NULL, "too_many_connections",
+                    "the server has too many open connections (--max-connections %d); retry later", s->o.max_connections);
+        const char *h[] = {"Retry-After", "1", "Connection", "close", NULL};
+        *rc = send_error_h(s, c, cn, &e, h);
+        return 1;
+    }
+    if (s->has_key && cn->ep != EP_HEALTH && !key_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
+        int given = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization") != NULL;
+        ms_api_fail(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                    given ? "Incorrect API key provided" : "You didn't provide an API key: send 'Authorization: Bearer KEY'");
+        const char *h[] = {"WWW-Authenticate", "Bearer", NULL};
+        *rc = send_error_h(s, c, cn, &e, h);
+        return 1;
+    }
+    int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (cn->ep == EP_OTHER) {
+        ms_api_fail(&e, 404, "invalid_request_error", NULL, "not_found", "no endpoint %s %.200s", method, url);
+        *rc = send_error(s, c, cn, &e);
+        return 1;
+    }
+    if (is_post_ep(cn->ep) && !post) {
+        *rc = method_not_allowed(s, c, cn, method, url, "POST");
+        return 1;
+    }
+    if (!is_post_ep(cn->ep) && !get) {
+        *rc = method_not_allowed(s, c, cn, method, url, "GET, HEAD");
+        return 1;
+    }
+    if (post) {
+        const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+        if (!json_ctype(ct)) {
+            ms_api_fail(&e, 415, "invalid_request_error", NULL, "unsupported_media_type",
+                        "Content-Type must be application/json, got %s%.100s%s", ct ? "'" : "", ct ? ct : "none", ct ? "'" : "");
+            *rc = send_error(s, c, cn, &e);
+            return 1;
+        }
+        /* a body past the limit is read and dropped, then 413 (answering before the client has sent it
+         * makes many clients see a reset instead of the answer); past limit + 64 MiB it is answered at
+         * once and the connection closed */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        unsigned long long clv = cl ? strtoull(cl, NULL, 10) : 0;
+        if (clv > s->o.max_body) cn->too_large = 1;
+        if (clv > (unsigned long long)s->o.max_body + (64u << 20)) {
+            ms_api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                        "the request body exceeds the limit of %zu bytes (Content-Length %.30s)", s->o.max_body, cl);
+            *rc = send_error(s, c, cn, &e);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     ms_server *s = cls;
     conn *cn = *con_cls;
-    if (!cn) {
+    if (!cn) { /* the headers are in */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
+        cn->ep = endpoint_of(url);
+        sock_stage(s, c, 1);
+        enum MHD_Result rc;
+        if (precheck(s, c, url, method, cn, &rc)) {
+            cn->answered = 1;
+            sock_stage(s, c, 2);
+            return rc;
+        }
+        return MHD_YES;
+    }
+    if (cn->answered) { /* answered early: drop the rest */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
         if (cn->too_large || cn->len + n > s->o.max_body) {
-            cn->too_large = 1; /* keep reading (and dropping) the body, then answer 413 */
+            /* chunked: libmicrohttpd cannot answer in the middle of a body, so the rest is read and dropped
+             * (for at most the body deadline) and 413 follows */
+            cn->too_large = 1;
+            free(cn->body);
+            cn->body = NULL;
+            cn->len = cn->cap = 0;
             return MHD_YES;
         }
         if (cn->len + n + 1 > cn->cap) {
@@ -497,15 +1088,50 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cn->body[cn->len] = 0;
         return MHD_YES;
     }
+    if (cn->j) return answer_job(s, c, cn); /* resumed */
+    sock_stage(s, c, 2);
+    if (cn->too_large) {
+        ms_api_error e;
+        ms_api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                    "the request body exceeds the limit of %zu bytes", s->o.max_body);
+        return send_error(s, c, cn, &e);
+    }
     return route(s, c, url, method, cn);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    ms_server *s = cls;
     conn *cn = *con_cls;
+    sock_stage(s, c, 0); /* next: another request's headers, or idle */
     if (!cn) return;
+    if (cn->j) {
+        job *j = cn->j;
+        pthread_mutex_lock(&j->mu);
+        if (!j->done) j->cancelled = 1;
+        j->conn = NULL;
+        j->fd = -1;
+        j->suspended = 0;
+        pthread_mutex_unlock(&j->mu);
+        job_unref(j);
+    }
     free(cn->body);
     free(cn);
     *con_cls = NULL;
+}
+
+static int is_loopback(int fam, const void *a) {
+    if (fam == AF_INET) return (ntohl(((const struct in_addr *)a)->s_addr) >> 24) == 127;
+    return IN6_IS_ADDR_LOOPBACK((const struct in6_addr *)a);
+}
+
+static void server_free(ms_server *s) {
+    free(s->model_name);
+    free(s->model_dir);
+    free(s->cors);
+    free(s->host_str);
+    free(s->eos);
+    free(s->forced);
+    free(s);
 }
 
 int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
@@ -514,46 +1140,82 @@ int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
         return ms_fail(err, MS_ERR_ARG, "server: needs a generator, a tokenizer, a model name and a model directory");
     if (o->port < 0 || o->port > 65535) return ms_fail(err, MS_ERR_ARG, "server: port %d is out of range", o->port);
     if (o->n_eos < 0 || o->n_eos > 64 || o->n_forced < 0) return ms_fail(err, MS_ERR_ARG, "server: bad eos/forced id lists");
+    if (o->header_timeout_s < 0 || o->body_timeout_s < 0 || o->max_connections < 0 || o->prefill_chunk < 0)
+        return ms_fail(err, MS_ERR_ARG, "server: negative timeout, connection limit or prefill chunk");
     const char *host = o->host ? o->host : "127.0.0.1";
     if (!strcmp(host, "localhost")) host = "127.0.0.1";
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-        return ms_fail(err, MS_ERR_ARG, "server: --host \"%s\" is not an IPv4 address", host);
+    struct sockaddr_in6 sa6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)o->port)};
+    int v6 = 0;
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        if (inet_pton(AF_INET6, host, &sa6.sin6_addr) != 1)
+            return ms_fail(err, MS_ERR_ARG, "server: --host \"%s\" is not an IPv4 or IPv6 address", host);
+        v6 = 1;
+    }
+    int loop = v6 ? is_loopback(AF_INET6, &sa6.sin6_addr) : is_loopback(AF_INET, &sa.sin_addr);
+    int has_key = o->api_key && o->api_key[0];
+    if (!loop && !has_key)
+        return ms_fail(err, MS_ERR_ARG,
+                       "server: refusing to listen on %s without an API key: anyone who can reach it could run the "
+                       "model. Pass --api-key KEY or set MOONSHINE_API_KEY (clients send 'Authorization: Bearer KEY'), "
+                       "or bind to 127.0.0.1",
+                       host);
     ms_server *s = calloc(1, sizeof *s);
     if (!s) return ms_fail(err, MS_ERR_NOMEM, "server: out of memory");
     s->o = *o;
     if (!s->o.max_body) s->o.max_body = MS_API_MAX_BODY;
+    if (!s->o.max_connections) s->o.max_connections = 1024;
+    if (!s->o.header_timeout_s) s->o.header_timeout_s = 10;
+    if (!s->o.body_timeout_s) s->o.body_timeout_s = 30;
+    s->loopback = loop;
+    s->has_key = has_key;
+    s->t_start = now_s();
+    unsigned int hl = 0;
+    if (has_key && (!EVP_Digest(o->api_key, strlen(o->api_key), s->key_hash, &hl, EVP_sha256(), NULL) || hl != 32)) {
+        free(s);
+        return ms_fail(err, MS_ERR_NOMEM, "server: cannot hash the API key");
+    }
+    s->o.api_key = NULL; /* only the hash is kept */
     s->model_name = strdup(o->model_name);
     s->model_dir = strdup(o->model_dir);
+    s->host_str = strdup(host);
+    s->cors = o->cors_origin ? strdup(o->cors_origin) : NULL;
     s->eos = malloc(sizeof(int32_t) * (size_t)(o->n_eos + 1));
     s->forced = o->forced_ids ? malloc(sizeof(int32_t) * (size_t)(o->n_forced + 1)) : NULL;
-    if (!s->model_name || !s->model_dir || !s->eos || (o->forced_ids && !s->forced)) {
-        free(s->model_name);
-        free(s->model_dir);
-        free(s->eos);
-        free(s->forced);
-        free(s);
+    if (!s->model_name || !s->model_dir || !s->host_str || !s->eos || (o->forced_ids && !s->forced) ||
+        (o->cors_origin && !s->cors)) {
+        server_free(s);
         return ms_fail(err, MS_ERR_NOMEM, "server: out of memory");
     }
     if (o->n_eos) memcpy(s->eos, o->eos_ids, sizeof(int32_t) * (size_t)o->n_eos);
     if (s->forced && o->n_forced) memcpy(s->forced, o->forced_ids, sizeof(int32_t) * (size_t)o->n_forced);
     s->o.model_name = s->model_name;
     s->o.model_dir = s->model_dir;
+    s->o.cors_origin = s->cors;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->smu, NULL);
+    pthread_mutex_init(&s->wmu, NULL);
+    pthread_cond_init(&s->wcv, NULL);
+    pthread_mutex_init(&s->mmu, NULL);
     if (pthread_create(&s->worker, NULL, worker_main, s)) {
-        free(s->model_name);
-        free(s->model_dir);
-        free(s->eos);
-        free(s->forced);
-        free(s);
+        server_free(s);
         return ms_fail(err, MS_ERR_NOMEM, "server: cannot start the worker thread");
     }
-    unsigned maxc = o->max_connections > 0 ? (unsigned)o->max_connections : 128;
-    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, (uint16_t)o->port, NULL,
-                            NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT, maxc,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+    if (pthread_create(&s->watch, NULL, watch_main, s)) {
+        ms_server_stop(s);
+        return ms_fail(err, MS_ERR_NOMEM, "server: cannot start the watchdog thread");
+    }
+    s->have_watch = 1;
+    /* epoll threads (no thread per connection: idle and slow sockets cost a few KiB, not a thread);
+     * libmicrohttpd's own cap is a backstop above ours, whose refusal is a 503 */
+    unsigned maxc = (unsigned)s->o.max_connections + 64;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | (v6 ? MHD_USE_IPv6 : 0);
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+                            v6 ? (struct sockaddr *)&sa6 : (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_socket, s, MHD_OPTION_CONNECTION_LIMIT,
+                            maxc, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.header_timeout_s,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)2, MHD_OPTION_END);
     if (!s->d) {
         int e = errno;
         ms_server_stop(s);
@@ -574,18 +1236,24 @@ void ms_server_stop(ms_server *s) {
     for (job *j = s->cur ? s->cur : s->head; j; j = j == s->cur ? s->head : j->next) {
         pthread_mutex_lock(&j->mu);
         j->cancelled = 1;
-        pthread_cond_broadcast(&j->cv);
+        job_wake(j);
         pthread_mutex_unlock(&j->mu);
     }
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->worker, NULL);
+    if (s->have_watch) {
+        pthread_mutex_lock(&s->wmu);
+        pthread_cond_broadcast(&s->wcv);
+        pthread_mutex_unlock(&s->wmu);
+        pthread_join(s->watch, NULL);
+    }
     if (s->d) MHD_stop_daemon(s->d);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    free(s->model_name);
-    free(s->model_dir);
-    free(s->eos);
-    free(s->forced);
-    free(s);
+    pthread_mutex_destroy(&s->smu);
+    pthread_mutex_destroy(&s->wmu);
+    pthread_cond_destroy(&s->wcv);
+    pthread_mutex_destroy(&s->mmu);
+    server_free(s);
 }

@@ -1,13 +1,16 @@
 /* server.h — the OpenAI-compatible HTTP server over one generator.
  *
- * Endpoints: GET /health, GET /v1/models, GET /v1/models/{id},
- * POST /v1/chat/completions, POST /v1/completions (see docs/server.md).
- * libmicrohttpd runs one thread per connection (at most max_connections);
- * requests are validated, rendered and tokenized on their connection's thread,
- * then queued; one worker thread owns the generator and serves the queue in
- * arrival order, one request at a time. A client that disconnects stops its
- * generation (or leaves the queue). The server never prints; start/stop return
- * statuses. */
+ * Endpoints: GET /health, GET /metrics, GET /v1/models, GET /v1/models/{id},
+ * POST /v1/chat/completions, POST /v1/completions, POST /tokenize,
+ * POST /detokenize (see docs/server.md). libmicrohttpd runs a small pool of
+ * epoll threads; no connection ever blocks one: a request that waits for the
+ * worker is suspended and resumed when its bytes are ready. Requests are
+ * validated, rendered and tokenized on their connection's thread, then queued;
+ * one worker thread owns the generator and serves the queue in arrival order,
+ * one request at a time. A watchdog thread enforces the header and body
+ * deadlines and notices clients that hang up while queued or running (their
+ * work stops, during prefill too when prefill_chunk is set). The server never
+ * prints; start/stop return statuses. */
 #ifndef MS_SERVER_H
 #define MS_SERVER_H
 
@@ -18,8 +21,19 @@
 #include "text/outparse.h"
 #include "text/tokenizer.h"
 
+/* What the engine side reports to /metrics (zeros where it has nothing). */
+typedef struct ms_server_engine_stats {
+    uint64_t tokens_forwarded, experts_acquired;
+    int streaming;                          /* experts are streamed: the next fields mean something */
+    uint64_t expert_acquires, expert_hits, expert_misses, bytes_read, expert_reads;
+    double read_wait_s;
+    int prefix_cache;                       /* a snapshot prefix cache is in use */
+    int prefix_cache_entries;
+    uint64_t prefix_cache_bytes;
+} ms_server_engine_stats;
+
 typedef struct ms_server_opts {
-    const char *host;          /* IPv4 address to bind ("127.0.0.1" if NULL; "localhost" accepted) */
+    const char *host;          /* IPv4 or IPv6 address to bind ("127.0.0.1" if NULL; "localhost" = 127.0.0.1) */
     int port;                  /* 0: any free port (ms_server_port tells which) */
     const char *model_name;    /* the id /v1/models reports and requests may name */
     const char *model_dir;     /* chat templates are read from here */
@@ -31,14 +45,28 @@ typedef struct ms_server_opts {
     ms_outfmt fmt;             /* output format of the model family (reasoning / tool calls) */
     size_t max_body;           /* request body limit in bytes (0: MS_API_MAX_BODY) */
     int max_queue;             /* queued + running requests before 503 (0: 64) */
-    int max_connections;       /* 0: 128 */
+    int max_connections;       /* open connections before new ones get 503 (0: 1024; /health is still answered) */
+    const char *api_key;       /* bearer key required on every endpoint but /health (NULL/"": none; copied);
+                                  ms_server_start refuses a non-loopback host without one */
+    const char *cors_origin;   /* the one Origin allowed cross-origin access ("*": any); NULL: CORS off,
+                                  requests carrying another Origin are refused (copied) */
+    int header_timeout_s;      /* request line + headers must arrive within this (also the keep-alive idle
+                                  time); 0: 10 */
+    int body_timeout_s;        /* the body must arrive within this after the headers; 0: 30 */
+    int prefill_chunk;         /* >0: prefill in pieces of this many tokens (a multiple of the engine's
+                                  chunk keeps the logits bit-identical), checking for a hang-up between
+                                  them; 0: one piece */
+    /* Engine-side counters for /metrics, sampled by the worker after each request (may be NULL). */
+    void (*stats)(void *user, struct ms_server_engine_stats *out);
+    void *stats_user;
     const int32_t *forced_ids; /* test hook (ms_gen_params.forced_ids), copied; NULL normally */
     int n_forced;
 } ms_server_opts;
 
 typedef struct ms_server ms_server;
 
-/* Bind and start serving. Errors: MS_ERR_ARG (bad options, named),
+/* Bind and start serving. Errors: MS_ERR_ARG (bad options, named; a non-loopback
+ * host without an api_key, saying how to give one),
  * MS_ERR_IO (the address cannot be bound), MS_ERR_NOMEM. */
 int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err);
 /* The bound port. */

@@ -4,7 +4,7 @@
  * text". A body is either refused with a well-formed OpenAI error (HTTP status
  * 4xx/5xx, a message) or accepted with every field in range; an accepted
  * request's response is then built from the text, streamed and whole, and both
- * must be valid JSON / SSE. */
+ * must be valid JSON / SSE. Error messages also go through ms_api_scrub_paths. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -74,6 +74,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ms_api_error e;
     if (ms_api_parse_request(kind, body, blen, 1000, &r, &e)) {
         if (e.status < 400 || e.status > 599 || !e.message[0] || !e.type) abort();
+        /* path scrubbing keeps a message a message: shorter or equal, terminated */
+        size_t ml = strnlen(e.message, sizeof e.message);
+        ms_api_scrub_paths(e.message, "models/x");
+        if (ml == sizeof e.message || strnlen(e.message, sizeof e.message) > ml) abort();
         char *j = ms_api_error_json(&e);
         if (!j) abort();
         cJSON *p = cJSON_Parse(j);

@@ -75,6 +75,16 @@ TEST(request_refusals) {
         {MS_API_COMPLETION, "{\"prompt\":[1,1000]}", "prompt", "'prompt[1]'", 400},
         {MS_API_COMPLETION, "{\"prompt\":\"a\",\"echo\":true}", "echo", "not supported", 400},
         {MS_API_COMPLETION, "{}", "prompt", "required", 400},
+        {MS_API_COMPLETION, "{\"prompt\":\"a\"} x", "", "1 trailing bytes after the JSON value (from byte 15)", 400},
+        {MS_API_COMPLETION, "{\"prompt\":\"a\"}{}", "", "trailing bytes", 400},
+        {MS_API_COMPLETION, "{\"prompt\":\"a\"", "", "not valid JSON", 400},
+        {MS_API_COMPLETION, "{\"prompt\":\"\xff\"}", "", "not valid UTF-8 (byte 11)", 400},
+        {MS_API_COMPLETION, "{\"prompt\":\"\xed\xa0\x80\"}", "", "not valid UTF-8", 400},
+        {MS_API_COMPLETION, "{\"prompt\":\"\xc0\xaf\"}", "", "not valid UTF-8", 400},
+        {MS_API_COMPLETION, "{\"prompt\":\"\\ud800\"}", "", "not valid JSON", 400},
+        {MS_API_COMPLETION, "{\"prompt\":1e999}", "prompt", "must be a string", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1e300}", "max_tokens", "must be in", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"seed\":1e30}", "seed", "must be in", 400},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ms_api_request r;
@@ -91,6 +101,56 @@ TEST(request_refusals) {
         cJSON_Delete(p);
         free(j);
     }
+}
+
+TEST(request_json_limits) {
+    ms_api_request r;
+    ms_api_error e;
+    char deep[512], *w = deep;
+    w += sprintf(w, "{\"prompt\":\"a\",\"x\":");
+    for (int i = 0; i < MS_API_MAX_DEPTH; i++) *w++ = '[';
+    for (int i = 0; i < MS_API_MAX_DEPTH; i++) *w++ = ']';
+    strcpy(w, "}");
+    CHECK_MSG(parse(MS_API_COMPLETION, deep, &r, &e) == MS_ERR_ARG && strstr(e.message, "nested too deeply (limit 64)"), "%s", e.message);
+    /* 63 levels inside the object: accepted; brackets inside strings do not count */
+    w = deep + sprintf(deep, "{\"prompt\":\"[[[[{{{{\\\"[[\",\"x\":");
+    for (int i = 0; i < MS_API_MAX_DEPTH - 1; i++) *w++ = '[';
+    for (int i = 0; i < MS_API_MAX_DEPTH - 1; i++) *w++ = ']';
+    strcpy(w, "} \r\n");
+    CHECK_MSG(parse(MS_API_COMPLETION, deep, &r, &e) == 0, "%s", e.message);
+    ms_api_request_free(&r);
+    /* a NUL inside the body */
+    CHECK(ms_api_parse_request(MS_API_COMPLETION, "{\"prompt\":\"a\"}\0x", 16, 1000, &r, &e) == MS_ERR_ARG &&
+          strstr(e.message, "NUL byte"));
+}
+
+TEST(assistant_null_content) {
+    ms_api_request r;
+    ms_api_error e;
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null,"
+                       "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                       "{\"role\":\"assistant\",\"tool_calls\":[]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"1\"}]}";
+    CHECK_MSG(parse(MS_API_CHAT, body, &r, &e) == 0, "%s", e.message);
+    cJSON *rj = cJSON_Parse(r.render_json), *m = cJSON_GetObjectItem(rj, "messages");
+    for (int i = 1; i <= 2; i++) {
+        cJSON *c = cJSON_GetObjectItem(cJSON_GetArrayItem(m, i), "content");
+        CHECK(cJSON_IsString(c) && !c->valuestring[0]);
+    }
+    cJSON_Delete(rj);
+    ms_api_request_free(&r);
+}
+
+TEST(scrub_paths) {
+    char m[256];
+    snprintf(m, sizeof m, "chat template: /srv/models/qwen/chat_template.jinja:3: argument of type 'NoneType'");
+    ms_api_scrub_paths(m, "/srv/models/qwen/");
+    CHECK_MSG(!strcmp(m, "chat template: <model>/chat_template.jinja:3: argument of type 'NoneType'"), "%s", m);
+    snprintf(m, sizeof m, "reading '/etc/secret/x.json': no such file; </think> stays, a/b stays");
+    ms_api_scrub_paths(m, "models/q");
+    CHECK_MSG(!strcmp(m, "reading 'x.json': no such file; </think> stays, a/b stays"), "%s", m);
+    snprintf(m, sizeof m, "models/q/tokenizer_config.json: bad");
+    ms_api_scrub_paths(m, "models/q");
+    CHECK_MSG(!strcmp(m, "<model>/tokenizer_config.json: bad"), "%s", m);
 }
 
 typedef struct { char *buf; size_t len; } sbuf;

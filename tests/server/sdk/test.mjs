@@ -192,7 +192,7 @@ await test('raw HTTP: invalid JSON 400, 404, 405, 413, health', async () => {
   r = await fetch(`${BASE}/chat/completions`);
   assert.equal(r.status, 405);
   assert.equal(r.headers.get('allow'), 'POST');
-  r = await fetch(`${BASE}/chat/completions`, { method: 'POST', body: 'x'.repeat(2 * 1024 * 1024 + 10) });
+  r = await fetch(`${BASE}/chat/completions`, { method: 'POST', body: 'x'.repeat(2 * 1024 * 1024 + 10), headers: { 'content-type': 'application/json' } });
   assert.equal(r.status, 413);
   assert.match((await r.json()).error.message, /exceeds the limit/);
   r = await fetch(`${root}/health`);
@@ -255,6 +255,41 @@ await test('tool calls and reasoning_content (stream)', async () => {
   });
   assert.ok(r.usage.completion_tokens > 20);
 });
+
+// ---- the SDK's multi-step tool loop: call -> tool results -> answer, streamed and not ----
+async function toolLoop(stream) {
+  const messages = [...weatherQ];
+  let msg;
+  if (stream) {
+    const r = await collect(await forced.chat.completions.create({ model, messages, tools, stream: true }));
+    assert.equal(r.finish, 'tool_calls');
+    msg = { role: 'assistant', content: r.content || null,
+            tool_calls: r.calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } })) };
+  } else {
+    const r = await forced.chat.completions.create({ model, messages, tools });
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    msg = r.choices[0].message;
+  }
+  messages.push(msg);
+  for (const c of msg.tool_calls) messages.push({ role: 'tool', tool_call_id: c.id, content: JSON.stringify({ city: JSON.parse(c.function.arguments).city, temp: 21 }) });
+  // the answer turn, on the sampling server (the forced one would call the tools again)
+  const ask = (m) => stream ? client.chat.completions.create({ model, messages: m, tools, max_tokens: 3, temperature: 0, stream: true,
+                                                               stream_options: { include_usage: true } }).then(collect)
+                            : client.chat.completions.create({ model, messages: m, tools, max_tokens: 3, temperature: 0 });
+  const usage = (r) => (stream ? r.usage : r.usage).prompt_tokens;
+  const a = await ask(messages);
+  assert.equal(usage(a), promptTokens({ messages, tools }));
+  // the tool-only assistant turn as OpenAI returns it: content null, or no content at all
+  const asNull = messages.map((m) => (m === msg ? { ...m, content: null } : m));
+  const { content: _drop, ...noContent } = msg;
+  const asMissing = messages.map((m) => (m === msg ? noContent : m));
+  const asEmpty = messages.map((m) => (m === msg ? { ...m, content: '' } : m));
+  const want = promptTokens({ messages: asEmpty, tools });
+  assert.equal(usage(await ask(asNull)), want);
+  assert.equal(usage(await ask(asMissing)), want);
+}
+await test('SDK tool loop: call -> tool result -> answer (non-stream, content null/missing)', () => toolLoop(false));
+await test('SDK tool loop: call -> tool result -> answer (stream, content null/missing)', () => toolLoop(true));
 
 // ---- a KDA model (no rollback): the next turn of a conversation restores the previous prompt's snapshot ----
 await test('prefix reuse through state snapshots (KDA model)', async () => {
