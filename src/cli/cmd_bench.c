@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/device_experts.h"
 #include "engine/streaming.h"
 #include "io/reader.h"
 
@@ -74,6 +75,8 @@ int cmd_bench(int argc, char **argv) {
                "tier is faulted in; the drive's sequential O_DIRECT bandwidth is measured first and decode\n"
                "reports expert bytes read per token, hit rate, prefetch issued/used, lookahead accuracy,\n"
                "read GB/s vs the drive, and time waiting for reads vs the floor (bytes read / drive GB/s).\n"
+               "On a device backend the host cache feeds a device slot arena (--device-expert-mib N):\n"
+               "device_hit_rate, uploads and their bytes per token, time in host acquires and uploads.\n"
                "--static-load read copies the static tier into huge-page memory at load (default mmap: served from\n"
                "the page-cache mapping); static_copied_bytes and anon_huge_bytes say what it holds. decode_cpu_s is the\n"
                "process CPU time of the decode loop, prefill_cpu_s of the prefill (with --threads 1: the work without\n"
@@ -143,6 +146,8 @@ int cmd_bench(int argc, char **argv) {
     ms_stream_stats ss0 = {0}, ss1 = {0};
     ms_engine_stats es0 = *ms_engine_get_stats(x.engine);
     if (x.experts) ms_streaming_stats(x.experts, &ss0);
+    ms_device_experts_stats ds0 = {0}, ds1 = {0};
+    if (x.dev_experts) ms_device_experts_stats_get(x.dev_experts, &ds0);
     double c2 = cpu_seconds(); /* = end of the prefill */
     for (int64_t i = 0; i < G; i++) {
         int32_t best = 0;
@@ -152,6 +157,7 @@ int cmd_bench(int argc, char **argv) {
     }
     double t3 = ms_now(), c3 = cpu_seconds();
     if (x.experts) ms_streaming_stats(x.experts, &ss1);
+    if (x.dev_experts) ms_device_experts_stats_get(x.dev_experts, &ds1);
     const ms_engine_stats *es1 = ms_engine_get_stats(x.engine);
     uint64_t acq = ms_engine_get_stats(x.engine)->experts_acquired - acq0;
     /* static tier read per token + experts actually used (per-expert bytes from layer tensors) */
@@ -168,7 +174,7 @@ int cmd_bench(int argc, char **argv) {
     double bytes_tok = (double)per_tok_static + (double)acq * (double)expert_each / (double)G;
     double dec = (double)G / (t3 - t2), pre = (double)P / (t2 - t1);
     double gbs = bytes_tok * dec / 1e9;
-    char sj[1024] = "";
+    char sj[2048] = "";
     if (x.experts) { /* decode-only deltas */
         uint64_t acq_d = ss1.acquires - ss0.acquires, hit_d = ss1.hits - ss0.hits, rd = ss1.bytes_read - ss0.bytes_read;
         uint64_t pi = ss1.prefetch_issued - ss0.prefetch_issued, pu = ss1.prefetch_used - ss0.prefetch_used;
@@ -187,6 +193,17 @@ int cmd_bench(int argc, char **argv) {
                  busy > 0 && drive_bw > 0 ? rd / busy / drive_bw : 0.0, wait, floor_s,
                  floor_s > 0 ? wait / floor_s : 0.0, acq_d ? (double)hit_d / (double)acq_d : 0.0,
                  (double)rd / (double)G, wait);
+    }
+    if (x.dev_experts) { /* the device slot arena the host cache feeds (decode-only deltas) */
+        size_t k = strlen(sj);
+        uint64_t rq = ds1.requests - ds0.requests, h = ds1.hits - ds0.hits, up = ds1.uploads - ds0.uploads;
+        snprintf(sj + k, sizeof sj - k,
+                 ",\"device_slots\":%d,\"device_slot_bytes\":%llu,\"device_hit_rate\":%.4f,"
+                 "\"device_uploads_per_token\":%.2f,\"device_upload_bytes_per_token\":%.0f,"
+                 "\"device_host_acquire_s\":%.3f,\"device_upload_s\":%.3f,\"device_pinned\":%d",
+                 ds1.n_slots, (unsigned long long)ds1.slot_bytes, rq ? (double)h / (double)rq : 0.0,
+                 (double)up / (double)G, (double)(ds1.upload_bytes - ds0.upload_bytes) / (double)G,
+                 ds1.inner_s - ds0.inner_s, ds1.upload_s - ds0.upload_s, ds1.pinned);
     }
     printf("{\"model\":\"%s\",\"arch\":\"%s\",\"threads\":%d,\"load_s\":%.3f,\"prompt_tokens\":%lld,\"prefill_tok_s\":%.2f,"
            "\"gen_tokens\":%lld,\"decode_tok_s\":%.3f,\"weight_bytes_per_token\":%.0f,\"achieved_gb_s\":%.2f,"

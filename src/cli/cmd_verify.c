@@ -66,7 +66,9 @@ int cmd_verify(int argc, char **argv) {
                "gen_prompt, compares with the reference logits, prints one JSON line and exits 0\n"
                "only when both max errors are <= 1e-3 and the generated ids match.\n"
                "Expert streaming (bit-identical to resident): --expert-cache-mib N (0: top-k slots),\n"
-               "--io auto|uring|pread|mmap, --store DIR (moonshine pack), --cache-policy lfu-decay|lru.\n"
+               "--io auto|uring|pread|mmap, --store DIR (moonshine pack), --cache-policy lfu-decay|lru;\n"
+               "with --backend cuda|hip, --device-expert-mib N sizes the device slot arena the host cache\n"
+               "feeds (default: what the device has free after the weights, state and workspace).\n"
                "--dump-logits FILE writes the logits it computed, raw little-endian F32 without a header:\n"
                "the [40, V] prefill logits, then the [12, V] greedy-step logits, in that order (for\n"
                "bit-identity checks: tests/scripts/logits_identical.sh).\n");

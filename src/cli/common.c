@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "cli/args.h"
+#include "engine/device_experts.h"
 #include "engine/plan.h"
 #ifdef MS_WITH_GPU
 #include "backend/gpu/backend_gpu.h"
@@ -22,6 +23,7 @@ void ms_cli_opts_init(ms_cli_opts *o) {
     o->static_load = MS_STATIC_MMAP;
     o->mla_form = MS_MLA_AUTO;
     o->backend = "auto";
+    o->device_expert_mib = -1;
 }
 
 int ms_cli_static_load(const char *cmd, ms_cli_ctx *x) {
@@ -35,13 +37,15 @@ int ms_cli_static_load(const char *cmd, ms_cli_ctx *x) {
 }
 
 static int stream_args(int argc, char **argv, ms_cli_opts *o) {
-    int64_t mib = -1, qd = 0;
+    int64_t mib = -1, qd = 0, dmib = -1;
     const char *io = ms_arg_str(argc, argv, "--io"), *store = ms_arg_str(argc, argv, "--store");
     const char *pol = ms_arg_str(argc, argv, "--cache-policy"), *trace = ms_arg_str(argc, argv, "--expert-trace");
     int no_pf = ms_arg_flag(argc, argv, "--no-prefetch");
     if (ms_arg_int(argc, argv, "--expert-cache-mib", 0, INT64_C(1) << 32, &mib) ||
-        ms_arg_int(argc, argv, "--queue-depth", 0, 256, &qd))
+        ms_arg_int(argc, argv, "--queue-depth", 0, 256, &qd) ||
+        ms_arg_int(argc, argv, "--device-expert-mib", 0, INT64_C(1) << 32, &dmib))
         return -1;
+    o->device_expert_mib = dmib;
     memset(&o->stream_opts, 0, sizeof o->stream_opts);
     ms_streaming_opts *so = &o->stream_opts;
     ms_err err = {0};
@@ -49,7 +53,7 @@ static int stream_args(int argc, char **argv, ms_cli_opts *o) {
         fprintf(stderr, "moonshine: %s\n", err.msg);
         return -1;
     }
-    o->stream = mib >= 0 || io || store || pol || trace || no_pf;
+    o->stream = mib >= 0 || io || store || pol || trace || no_pf || dmib >= 0;
     so->trace_path = trace;
     so->no_prefetch = no_pf;
     so->cache_mib = mib > 0 ? mib : 0;
@@ -141,8 +145,26 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     x->pool = ms_pool_create(eo->threads);
     x->threads = ms_pool_size(x->pool);
     if (open_backend(cmd, eo->backend, x)) goto fail;
-    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->experts, .mla_form = eo->mla_form,
-                        .backend = x->backend};
+    if (x->experts && x->backend && !x->backend->host_memory) { /* the host cache feeds a device slot arena */
+        char why[1024];
+        /* --device-expert-mib N; 0: the smallest arena (top-k slots); not given: what the device has free */
+        uint64_t budget = eo->device_expert_mib > 0 ? (uint64_t)eo->device_expert_mib << 20 : 0;
+        if (eo->device_expert_mib < 0 && ms_device_experts_default_budget(&x->model, x->backend, ctx, &budget, &err)) {
+            fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+            goto fail;
+        }
+        ms_device_experts_opts dopt = {.budget_bytes = budget, .policy = eo->stream_opts.policy};
+        if (ms_device_experts_create(&x->model, x->backend, x->experts, &dopt, &x->dev_experts, why, sizeof why,
+                                     &err)) {
+            fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+            goto fail;
+        }
+        fprintf(stderr, "moonshine %s: %s%s\n", cmd, why, eo->device_expert_mib >= 0 ? "" : " (default budget)");
+    } else if (eo->device_expert_mib >= 0) {
+        fprintf(stderr, "moonshine %s: --device-expert-mib ignored: the experts are used in host memory\n", cmd);
+    }
+    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->dev_experts ? x->dev_experts : x->experts,
+                        .mla_form = eo->mla_form, .backend = x->backend};
     if (eo->memory_mib > 0) { /* plan first; refuse what does not fit, before allocating */
         ms_plan p;
         int64_t cache = -1;
@@ -167,6 +189,8 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     x->load_seconds = ms_now() - t0;
     return 0;
 fail:
+    if (x->dev_experts) x->dev_experts->ops->destroy(x->dev_experts);
+    x->dev_experts = NULL;
     if (x->backend) x->backend->ops->destroy(x->backend);
     x->backend = NULL;
     ms_pool_destroy(x->pool);
@@ -187,11 +211,22 @@ void ms_cli_print_stream_stats(const ms_cli_ctx *x) {
             s.bytes_read / 1048576.0, s.busy_s > 0 ? s.bytes_read / s.busy_s / 1e9 : 0.0, s.wait_s,
             (unsigned long long)s.prefetch_issued, (unsigned long long)s.prefetch_used,
             (unsigned long long)es->lookahead_correct, (unsigned long long)es->lookahead_predicted);
+    if (x->dev_experts) {
+        ms_device_experts_stats d;
+        ms_device_experts_stats_get(x->dev_experts, &d);
+        fprintf(stderr,
+                "device experts: %d slots, %llu requests, hit rate %.3f, %llu uploads (%.1f MiB), %.3f s in host "
+                "acquires, %.3f s uploading%s\n",
+                d.n_slots, (unsigned long long)d.requests, d.requests ? (double)d.hits / (double)d.requests : 0.0,
+                (unsigned long long)d.uploads, d.upload_bytes / 1048576.0, d.inner_s, d.upload_s,
+                d.pinned ? " (pinned staging)" : "");
+    }
 }
 
 void ms_cli_close(ms_cli_ctx *x) {
     if (x->engine) ms_cli_print_stream_stats(x);
     ms_engine_destroy(x->engine);
+    if (x->dev_experts) x->dev_experts->ops->destroy(x->dev_experts);
     if (x->backend) x->backend->ops->destroy(x->backend);
     if (x->experts) x->experts->ops->destroy(x->experts);
     ms_pool_destroy(x->pool);

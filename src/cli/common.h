@@ -15,6 +15,7 @@ typedef struct ms_cli_ctx {
     ms_expert_source *experts; /* the streaming source when --expert-cache-mib/--io/--store were given, else NULL */
     ms_static_load static_load; /* --static-load */
     ms_backend *backend;        /* --backend: the GPU backend, or NULL (the engine's own CPU backend) */
+    ms_expert_source *dev_experts; /* streaming on a device backend: the device expert source over experts */
 } ms_cli_ctx;
 
 /* The engine options of one invocation: parsed by ms_cli_engine_args, applied by ms_cli_open. */
@@ -28,6 +29,8 @@ typedef struct ms_cli_opts {
     const char *backend;          /* --backend cpu|cuda|hip|auto (default auto) */
     int stream;                   /* 1: one of the streaming options was given */
     ms_streaming_opts stream_opts;
+    int64_t device_expert_mib;    /* --device-expert-mib (a streaming option; 0: top-k slots), -1 when not given:
+                                   * the default budget (ms_device_experts_default_budget) */
 } ms_cli_opts;
 
 /* The defaults (what ms_cli_engine_args gives for an argv without engine flags). */
@@ -35,8 +38,11 @@ void ms_cli_opts_init(ms_cli_opts *o);
 /* Parse the engine options every command shares (--threads N, --ctx N, --memory-mib N) from
  * argv into *o, and the expert streaming options (--expert-cache-mib N, --io
  * uring|pread|mmap|auto, --store DIR, --cache-policy lfu-decay|lru, --queue-depth N,
- * --expert-trace FILE, --no-prefetch), which ms_cli_open then applies: any of them streams
- * routed experts through a bounded cache instead of the resident mapping. Also
+ * --expert-trace FILE, --no-prefetch, --device-expert-mib N), which ms_cli_open then applies:
+ * any of them streams routed experts through a bounded cache instead of the resident mapping;
+ * on a device backend (--backend cuda|hip) the host cache feeds a device slot arena of
+ * --device-expert-mib MiB (engine/device_experts.h; 0: top-k slots; default: what the device
+ * has free after the static tier, state and workspace). Also
  * --static-load mmap|read (below), --mla-form auto|absorbed|expanded (ms_mla_form) and
  * --backend cpu|cuda|hip|auto: where the forward runs (auto, the default: the GPU backend
  * when this build has one (MS_WITH_GPU) and a device is present, else the CPU).

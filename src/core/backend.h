@@ -298,6 +298,17 @@ typedef struct ms_backend_ops {
      * scored by sum(rmsnorm(v) * norm * proj), for t < n. norm, proj [d]. */
     void (*attn_res_mix)(ms_backend *be, float *out, const float *blocks, int nb, int64_t block_stride,
                          const float *cur, int n, int64_t d, const float *norm, const float *proj, float eps);
+
+    /* ---- optional: host staging and capacity (NULL where the backend has none; the CPU backend) ---- */
+    /* Page-lock the host range [p, p + bytes) so upload copies from it by DMA (cudaHostRegister):
+     * the device expert source registers the streaming source's host cache, which the io_uring
+     * reader fills, so that cache is the pinned staging with no extra copy. An upload from
+     * registered memory may still be in flight when it returns: the caller syncs before it
+     * writes that memory again. unregister undoes it (before the memory is unmapped). */
+    int (*host_register)(ms_backend *be, void *p, size_t bytes, ms_err *err);
+    void (*host_unregister)(ms_backend *be, void *p);
+    /* Free and total bytes of the backend's memory now (the device expert source's default budget). */
+    int (*mem_info)(ms_backend *be, uint64_t *free_bytes, uint64_t *total_bytes, ms_err *err);
 } ms_backend_ops;
 
 struct ms_backend {

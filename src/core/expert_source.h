@@ -51,6 +51,10 @@ struct ms_expert_source {
     /* Most experts one acquire may ask for (a bounded cache); 0 = no limit. The MoE
      * block acquires a layer's experts in groups of at most this many. */
     int max_acquire;
+    /* The backend whose memory the views' data, scales and biases live in; NULL: host memory
+     * (the resident mapping, a host cache). A backend without host memory runs only a source
+     * whose views are its own (engine/device_experts.h). */
+    struct ms_backend *views_on;
 };
 
 static inline int ms_experts_acquire(ms_expert_source *s, int layer, int n, const int *ids, ms_expert_view *v,

@@ -164,15 +164,20 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
 
 /* What a backend without host memory cannot run yet, beyond its ops table: the
  * layer kinds whose compute is still host code (KDA, gated DeltaNet, the DSA
- * indexer, compressed attention, mHC), and streamed experts (their cache slots
- * are host memory). MS_ERR_UNSUPPORTED naming it. */
+ * indexer, compressed attention, mHC), and an expert source whose views are not
+ * in its memory (a host cache: wrap it in the device expert source,
+ * engine/device_experts.h). MS_ERR_UNSUPPORTED naming it. */
 static int device_supported(const ms_backend *be, const ms_config *c, const ms_expert_source *experts, ms_err *err) {
+    if (experts && experts->views_on && experts->views_on != be)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "the expert source's views are in the memory of another backend (%s, "
+                       "not %s)", experts->views_on->name, be->name);
     if (be->host_memory) return MS_OK;
-    if (experts)
+    if (experts && experts->views_on != be)
         return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "the %s backend does not stream experts yet (--expert-cache-mib, --store, --io): use "
-                       "resident experts or --backend cpu",
-                       be->name);
+                       "the %s backend needs expert views in its own memory: streamed experts go through the device "
+                       "expert source (engine/device_experts.h; the CLI builds it for --backend %s with a streaming "
+                       "option)",
+                       be->name, be->name);
     for (int l = 0; l < c->n_layers; l++) {
         const char *what = c->layer_attn[l] == MS_ATTN_KDA          ? "KDA"
                            : c->layer_attn[l] == MS_ATTN_GDN        ? "gated DeltaNet"
@@ -221,7 +226,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         return rc;
     }
     if (!e->be->host_memory) { /* the weights move into the backend's memory */
-        if ((rc = ms_model_place(m, e->be, &e->placed, err))) {
+        if ((rc = ms_model_place(m, e->be, e->experts != NULL, &e->placed, err))) {
             ms_wrap(err, "placing the weights on the %s backend", e->be->name);
             ms_engine_destroy(e);
             return rc;

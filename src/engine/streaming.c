@@ -114,6 +114,10 @@ static const ms_expert_source_ops k_wrap_ops = {w_acquire, w_release, w_prefetch
 
 int ms_is_streaming_source(const ms_expert_source *s) { return s && s->ops == &k_wrap_ops; }
 
+void ms_streaming_host_cache(const ms_expert_source *s, void **p, uint64_t *bytes) {
+    ms_stream_source_arena(((const wrap_src *)s)->inner, p, bytes);
+}
+
 void ms_streaming_stats(const ms_expert_source *s, ms_stream_stats *out) {
     ms_stream_source_stats(((const wrap_src *)s)->inner, out);
 }

@@ -33,6 +33,8 @@ int ms_streaming_experts_create(ms_model *m, const ms_streaming_opts *o, ms_expe
                                 size_t why_cap, ms_err *err);
 /* Cache/read statistics of a source from ms_streaming_experts_create. */
 void ms_streaming_stats(const ms_expert_source *s, ms_stream_stats *out);
+/* The host cache's memory (the io_uring reader's targets), to page-lock as staging. */
+void ms_streaming_host_cache(const ms_expert_source *s, void **p, uint64_t *bytes);
 /* 1 when s came from ms_streaming_experts_create. */
 int ms_is_streaming_source(const ms_expert_source *s);
 

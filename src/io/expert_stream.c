@@ -364,6 +364,12 @@ void ms_stream_source_stats(const ms_expert_source *s, ms_stream_stats *out) {
 
 int ms_stream_source_slots(const ms_expert_source *s) { return ((const stream_src *)s)->n_slots; }
 
+void ms_stream_source_arena(const ms_expert_source *s, void **p, uint64_t *bytes) {
+    const stream_src *S = (const stream_src *)s;
+    *p = S->arena;
+    *bytes = S->arena_bytes;
+}
+
 int ms_stream_source_create(const ms_expert_store *st, const ms_stream_opts *opts, ms_expert_source **out, char *why,
                             size_t why_cap, ms_err *err) {
     *out = NULL;

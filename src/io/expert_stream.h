@@ -81,5 +81,7 @@ int ms_stream_source_create(const ms_expert_store *st, const ms_stream_opts *opt
 void ms_stream_source_stats(const ms_expert_source *s, ms_stream_stats *out);
 /* Experts the cache holds at once. */
 int ms_stream_source_slots(const ms_expert_source *s);
+/* The host memory the cache's slots live in (the reader's read targets): *p, *bytes. */
+void ms_stream_source_arena(const ms_expert_source *s, void **p, uint64_t *bytes);
 
 #endif

@@ -133,8 +133,10 @@ int ms_model_static_read(ms_model *m, ms_err *err);
  * (never ms_model_free), before m. Not placed (host views): the KDA, gated
  * DeltaNet, DSA, compressed-attention and mHC weights (no device backend runs
  * those ops yet). Errors: the backend's (MS_ERR_NOMEM, MS_ERR_UNSUPPORTED for a
- * dtype it cannot hold), wrapped with the tensor's name and layer. */
-int ms_model_place(const ms_model *m, ms_backend *be, ms_model **placed, ms_err *err);
+ * dtype it cannot hold), wrapped with the tensor's name and layer. skip_experts: the
+ * routed experts are not placed (layers[l].experts NULL): an expert source brings them
+ * (engine/device_experts.h streams them into a device slot arena). */
+int ms_model_place(const ms_model *m, ms_backend *be, int skip_experts, ms_model **placed, ms_err *err);
 void ms_model_placed_free(ms_model *placed);
 
 #endif

@@ -75,7 +75,7 @@ static void place_expert(placer *p, ms_expert_view *x, int layer) {
     place_raw(p, &x->down_bias, x->bias_dtype, down_rows, "expert down bias", layer);
 }
 
-static void place_layer(placer *p, const ms_config *c, ms_layer *L, int l) {
+static void place_layer(placer *p, const ms_config *c, ms_layer *L, int l, int skip_experts) {
 #define Q(f) place_qmat(p, &L->f, #f, l)
 #define V(f) place_vec(p, &L->f, #f, l)
     Q(wq), Q(wk), Q(wv), Q(wo), Q(q_a), Q(q_b), Q(kv_a), Q(kv_b), Q(mla_gate);
@@ -88,7 +88,7 @@ static void place_layer(placer *p, const ms_config *c, ms_layer *L, int l) {
     /* KDA / gated DeltaNet / DSA / compressed attention / mHC weights stay host views:
      * no device backend has their ops yet, and the engine refuses those models there.
      * hash_ids, owned and expert_tensors stay host memory (the engine reads them). */
-    if (L->experts && !p->rc) {
+    if (L->experts && !p->rc && !skip_experts) {
         ms_expert_view *x = malloc((size_t)c->n_experts * sizeof *x);
         if (!x) {
             p->rc = ms_fail(p->err, MS_ERR_NOMEM, "out of memory placing the experts of layer %d", l);
@@ -103,7 +103,7 @@ static void place_layer(placer *p, const ms_config *c, ms_layer *L, int l) {
     }
 }
 
-int ms_model_place(const ms_model *m, ms_backend *be, ms_model **placed, ms_err *err) {
+int ms_model_place(const ms_model *m, ms_backend *be, int skip_experts, ms_model **placed, ms_err *err) {
     *placed = NULL;
     ms_model *w = malloc(sizeof *w);
     if (!w) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
@@ -121,7 +121,7 @@ int ms_model_place(const ms_model *m, ms_backend *be, ms_model **placed, ms_err 
     int l = 0;
     for (; l < m->cfg.n_layers && !p.rc; l++) {
         w->layers[l] = m->layers[l];
-        place_layer(&p, &m->cfg, &w->layers[l], l);
+        place_layer(&p, &m->cfg, &w->layers[l], l, skip_experts);
     }
     int tied = m->lm_head.data == m->embed.data && m->lm_head.rows == m->embed.rows && m->lm_head.cols == m->embed.cols;
     place_qmat(&p, &w->embed, "the embedding", -1);

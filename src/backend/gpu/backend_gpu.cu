@@ -141,6 +141,29 @@ static int g_sync(ms_backend *be, ms_err *err) {
     return rc ? rc : report(b, err);
 }
 
+/* Optional ops: page-locked host staging (the streaming source's host cache) and free memory. */
+static int g_host_register(ms_backend *be, void *p, size_t bytes, ms_err *err) {
+    (void)be;
+    if (!p || !bytes) return MS_OK;
+    gpuError_t e = gpuHostRegister(p, bytes, gpuHostRegisterDefault);
+    if (e != gpuSuccess) {
+        (void)gpuGetLastError();
+        return ms_fail(err, MS_ERR_NOMEM, "gpu (%s): page-locking %.1f MiB of host staging: %s", MS_GPU_BACKEND_NAME,
+                       bytes / 1048576.0, gpuGetErrorString(e));
+    }
+    return MS_OK;
+}
+static void g_host_unregister(ms_backend *be, void *p) {
+    (void)be;
+    if (p && gpuHostUnregister(p) != gpuSuccess) (void)gpuGetLastError();
+}
+static int g_mem_info(ms_backend *be, uint64_t *free_bytes, uint64_t *total_bytes, ms_err *err) {
+    size_t f = 0, t = 0;
+    int rc = ms_gpu_check(gpuMemGetInfo(&f, &t), err, "reading free memory");
+    if (!rc) *free_bytes = f, *total_bytes = t;
+    return rc;
+}
+
 /* Placed weights: bump allocation in chunks (never freed one by one). */
 static int arena_get(gpu_backend *b, size_t bytes, void **out, ms_err *err) {
     bytes = (bytes + 255) & ~(size_t)255;
@@ -824,6 +847,9 @@ static void fill_ops(ms_backend_ops *o) {
     o->split_gate_up = g_split_gate_up;
     o->add_gated_rows = g_add_gated_rows;
     o->attn_res_mix = g_attn_res_mix;
+    o->host_register = g_host_register;
+    o->host_unregister = g_host_unregister;
+    o->mem_info = g_mem_info;
 }
 
 

@@ -40,6 +40,9 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuFree hipFree
 #define gpuMallocHost hipHostMalloc
 #define gpuFreeHost hipHostFree
+#define gpuHostRegister hipHostRegister
+#define gpuHostUnregister hipHostUnregister
+#define gpuHostRegisterDefault hipHostRegisterDefault
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemsetAsync hipMemsetAsync
 #define gpuMemcpyHostToDevice hipMemcpyHostToDevice
@@ -105,6 +108,9 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuFree cudaFree
 #define gpuMallocHost cudaMallocHost
 #define gpuFreeHost cudaFreeHost
+#define gpuHostRegister cudaHostRegister
+#define gpuHostUnregister cudaHostUnregister
+#define gpuHostRegisterDefault cudaHostRegisterDefault
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemsetAsync cudaMemsetAsync
 #define gpuMemcpyHostToDevice cudaMemcpyHostToDevice

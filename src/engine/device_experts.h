@@ -1,0 +1,72 @@
+/* device_experts.h — routed experts streamed into device memory: an expert
+ * source whose views live in a backend's memory (a slot arena allocated with
+ * be->ops->alloc), filled from a host expert source (the streaming source of
+ * engine/streaming.h: io_uring reads into its bounded host cache).
+ *
+ * Written against the backend interface only (core/backend.h): alloc, upload,
+ * sync and the optional host_register / mem_info; no device code. A (layer,
+ * expert) -> slot map with the CPU cache's policy code (io/expert_cache.h:
+ * lfu-decay or lru, the same functions) decides hits and victims:
+ *   acquire   hits return the slot's device view; misses acquire host views from
+ *             the inner source (in groups of its max_acquire), upload every role
+ *             (weights, block scales, biases) into the victim slot, sync (the host
+ *             slots may be rewritten once released) and release the inner layer.
+ *             Views stay valid (the slots pinned) until release(layer).
+ *   prefetch  forwarded to the inner source for the experts not on the device, so
+ *             lookahead reads of the host cache overlap the compute as on the CPU.
+ * max_acquire is the slot count. The device views have the layout model/place.c
+ * gives placed experts (the stored dtype and block scales, each role 256-byte
+ * aligned), so the backend's MoE ops run them unchanged, and logits are those of
+ * the resident placed model bit for bit. When the backend can page-lock host
+ * memory (host_register), the inner streaming source's host cache is registered:
+ * the reader's io_uring targets are the pinned staging, no extra copy.
+ *
+ * Not thread-safe: one engine thread calls acquire/release/prefetch. */
+#ifndef MS_DEVICE_EXPERTS_H
+#define MS_DEVICE_EXPERTS_H
+
+#include "core/backend.h"
+#include "core/expert_source.h"
+#include "io/expert_cache.h"
+#include "model/model.h"
+
+typedef struct ms_device_experts_opts {
+    uint64_t budget_bytes;  /* the device slot arena; 0 = the smallest (top-k slots). The CLI's default
+                             * is ms_device_experts_default_budget */
+    ms_cache_policy policy; /* MS_CACHE_LFU_DECAY by default (the same as the host cache) */
+    double half_life;       /* LFU-decay half-life in tokens (0 = 64) */
+    int no_pin;             /* 1: do not page-lock the host cache (uploads from pageable memory) */
+} ms_device_experts_opts;
+
+typedef struct ms_device_experts_stats {
+    uint64_t requests, hits, misses; /* per requested expert (the device slot map) */
+    uint64_t evictions;
+    uint64_t uploads, upload_bytes;  /* experts (and their bytes) copied host -> device */
+    double inner_s;  /* time in the inner source's acquire (host cache hits, reads, read waits) */
+    double upload_s; /* time issuing uploads and the fence after them */
+    int n_slots;
+    uint64_t slot_bytes;
+    int pinned;      /* 1: the inner source's host cache is page-locked */
+} ms_device_experts_stats;
+
+/* A device expert source for model m (the host model, whose layers[l].experts give the
+ * shapes) on backend be over inner (both borrowed: they outlive the source). Refuses
+ * (MS_ERR_NOMEM with the numbers) a budget below one layer's top-k slots. why[why_cap]
+ * receives one line for the log (slots, slot size, policy, pinned or not). */
+int ms_device_experts_create(ms_model *m, ms_backend *be, ms_expert_source *inner, const ms_device_experts_opts *o,
+                             ms_expert_source **out, char *why, size_t why_cap, ms_err *err);
+/* 1 when s came from ms_device_experts_create. */
+int ms_is_device_experts(const ms_expert_source *s);
+void ms_device_experts_stats_get(const ms_expert_source *s, ms_device_experts_stats *out);
+/* The inner (host) source of s. */
+ms_expert_source *ms_device_experts_inner(const ms_expert_source *s);
+
+/* Device bytes of one expert slot of m (every role of the largest expert, 256-aligned). */
+uint64_t ms_device_expert_slot_bytes(const ms_model *m);
+/* The default budget: the device's free memory (mem_info) less what an engine of opts will
+ * place and allocate there (the static tier, causal state, activations, the backend's
+ * workspace) and a reserve (1/32 of the device, at least 256 MiB), capped at all of m's
+ * routed experts. MS_ERR_UNSUPPORTED when be has no mem_info. */
+int ms_device_experts_default_budget(const ms_model *m, ms_backend *be, int max_ctx, uint64_t *budget, ms_err *err);
+
+#endif

@@ -1,0 +1,335 @@
+/* The device expert source over a fake device: a backend that runs the CPU
+ * backend's ops but reports host_memory = 0, so the engine places the weights
+ * (copies in the fake's own memory) and moves data only through upload and
+ * download, as on a GPU. Experts streamed through the host cache (the smallest
+ * one) into a device slot arena (the smallest one, and one that holds every
+ * expert) give logits memcmp-identical to the CPU resident run on every MoE
+ * fixture; the views lie in the fake's memory; hits + misses = requests, each
+ * miss is one upload, no step uploads more experts than it acquires, and a warm
+ * cache that holds everything uploads nothing. */
+#include <stdint.h>
+
+#include "backend/cpu/be_cpu.h"
+#include "engine/device_experts.h"
+#include "engine/engine.h"
+#include "engine/streaming.h"
+#include "test.h"
+
+#define N_DECODE 6
+
+/* ---------------- the fake device ---------------- */
+
+typedef struct fake_be {
+    cpu_backend cb; /* first: the CPU ops take the backend as their cpu_backend */
+    ms_backend_ops ops;
+    void **blocks;
+    size_t *sizes;
+    int n_blocks, cap_blocks;
+    const uint8_t *reg;
+    size_t reg_bytes;
+    uint64_t uploads, upload_bytes, upload_from_reg, downloads, syncs;
+} fake_be;
+
+static fake_be *fk(ms_backend *be) { return (fake_be *)be; }
+
+static int f_alloc(ms_backend *be, size_t bytes, void **out, ms_err *err) {
+    fake_be *f = fk(be);
+    if (f->n_blocks == f->cap_blocks) {
+        f->cap_blocks = f->cap_blocks ? 2 * f->cap_blocks : 1024;
+        f->blocks = realloc(f->blocks, (size_t)f->cap_blocks * sizeof *f->blocks);
+        f->sizes = realloc(f->sizes, (size_t)f->cap_blocks * sizeof *f->sizes);
+    }
+    *out = calloc(bytes + 16, 1);
+    if (!*out) return ms_fail(err, MS_ERR_NOMEM, "fake device: out of memory");
+    f->blocks[f->n_blocks] = *out;
+    f->sizes[f->n_blocks++] = bytes;
+    return MS_OK;
+}
+static void f_free(ms_backend *be, void *p) {
+    fake_be *f = fk(be);
+    for (int i = 0; p && i < f->n_blocks; i++)
+        if (f->blocks[i] == p) {
+            free(p);
+            f->blocks[i] = f->blocks[--f->n_blocks];
+            f->sizes[i] = f->sizes[f->n_blocks];
+            return;
+        }
+}
+/* 1 when [p, p + n) lies in one block of the fake's memory */
+static int is_dev(ms_backend *be, const void *p, size_t n) {
+    fake_be *f = fk(be);
+    const uint8_t *q = p;
+    for (int i = 0; i < f->n_blocks; i++) {
+        const uint8_t *b = f->blocks[i];
+        if (q >= b && q + n <= b + f->sizes[i]) return 1;
+    }
+    return 0;
+}
+static int f_upload(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err) {
+    fake_be *f = fk(be);
+    f->uploads++;
+    f->upload_bytes += bytes;
+    const uint8_t *s = src;
+    if (f->reg && s >= f->reg && s + bytes <= f->reg + f->reg_bytes) f->upload_from_reg++;
+    memcpy(dst, src, bytes);
+    return MS_OK;
+}
+static int f_download(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err) {
+    fk(be)->downloads++;
+    memcpy(dst, src, bytes);
+    return MS_OK;
+}
+static int f_sync(ms_backend *be, ms_err *err) {
+    fk(be)->syncs++;
+    return MS_OK;
+}
+static int f_place_qmat(ms_backend *be, const ms_qmat *host, ms_qmat *out, ms_err *err) {
+    *out = *host;
+    size_t db = (size_t)ms_qmat_bytes(host), sb = 0;
+    if (host->scale) {
+        int64_t sr = (host->rows + host->brow - 1) / host->brow, sc = (host->cols + host->bcol - 1) / host->bcol;
+        sb = (size_t)(sr * sc * ms_dtype_bits(host->scale_dtype) / 8);
+        db = (size_t)((host->rows * host->cols * ms_dtype_bits(host->dtype) + 7) / 8);
+    }
+    void *d, *s = NULL;
+    if (f_alloc(be, db, &d, err) || (sb && f_alloc(be, sb, &s, err))) return MS_ERR_NOMEM;
+    memcpy(d, host->data, db);
+    if (sb) memcpy(s, host->scale, sb);
+    out->data = d;
+    out->scale = s;
+    return MS_OK;
+}
+static int f_place_vec(ms_backend *be, const float *host, int64_t n, const float **out, ms_err *err) {
+    void *d;
+    if (f_alloc(be, (size_t)n * 4, &d, err)) return MS_ERR_NOMEM;
+    memcpy(d, host, (size_t)n * 4);
+    *out = d;
+    return MS_OK;
+}
+static int f_host_register(ms_backend *be, void *p, size_t bytes, ms_err *err) {
+    fk(be)->reg = p;
+    fk(be)->reg_bytes = bytes;
+    return MS_OK;
+}
+static void f_host_unregister(ms_backend *be, void *p) {
+    if (fk(be)->reg == p) fk(be)->reg = NULL, fk(be)->reg_bytes = 0;
+}
+static int f_mem_info(ms_backend *be, uint64_t *fr, uint64_t *tot, ms_err *err) {
+    *fr = 3ull << 30, *tot = 4ull << 30;
+    return MS_OK;
+}
+static void f_destroy(ms_backend *be) {
+    fake_be *f = fk(be);
+    for (int i = 0; i < f->n_blocks; i++) free(f->blocks[i]);
+    free(f->blocks), free(f->sizes), free(f->cb.th_buf);
+    free(f);
+}
+
+static ms_backend *fake_create(void) {
+    ms_backend *cpu;
+    ms_err err = {0};
+    if (ms_backend_cpu_create(NULL, &cpu, &err)) return NULL;
+    fake_be *f = calloc(1, sizeof *f);
+    f->cb = *(cpu_backend *)cpu;
+    free(cpu); /* never reserved: no scratch to free */
+    f->ops = *f->cb.base.ops;
+    f->ops.alloc = f_alloc, f->ops.free = f_free, f->ops.upload = f_upload, f->ops.download = f_download;
+    f->ops.sync = f_sync, f->ops.place_qmat = f_place_qmat, f->ops.place_vec = f_place_vec;
+    f->ops.destroy = f_destroy, f->ops.host_register = f_host_register;
+    f->ops.host_unregister = f_host_unregister, f->ops.mem_info = f_mem_info;
+    f->cb.base.ops = &f->ops;
+    f->cb.base.name = "fake-device";
+    f->cb.base.host_memory = 0;
+    f->cb.base.impl = f;
+    return &f->cb.base;
+}
+
+/* ---------------- runs ---------------- */
+
+typedef struct step_acct {
+    int bad_steps;        /* steps that uploaded more experts than they acquired */
+    uint64_t uploads;     /* device uploads during the run */
+} step_acct;
+
+/* Prefill input_ids (all logits), then N_DECODE greedy decode steps (last logits each). */
+static float *run(ms_model *m, ms_backend *be, ms_expert_source *src, const int32_t *ids, int n, step_acct *acct,
+                  ms_err *err) {
+    int64_t V = m->cfg.vocab;
+    ms_engine *e;
+    ms_engine_opts o = {.max_ctx = 128, .experts = src, .backend = be};
+    if (ms_engine_create(m, &o, &e, err)) return NULL;
+    float *out = malloc(sizeof(float) * (size_t)V * (n + N_DECODE));
+    int dev = src && ms_is_device_experts(src);
+    ms_device_experts_stats s0 = {0}, s1 = {0}, sa = {0};
+    uint64_t a0 = ms_engine_get_stats(e)->experts_acquired;
+    if (dev) ms_device_experts_stats_get(src, &s0);
+    sa = s0;
+    int rc = ms_engine_forward(e, ids, n, out, 1, err);
+    for (int i = 0; i <= N_DECODE && !rc; i++) {
+        if (dev) { /* this step: uploads <= distinct (layer, expert) pairs acquired */
+            ms_device_experts_stats_get(src, &s1);
+            uint64_t a1 = ms_engine_get_stats(e)->experts_acquired;
+            if (s1.uploads - s0.uploads > a1 - a0) acct->bad_steps++;
+            s0 = s1, a0 = a1;
+        }
+        if (i == N_DECODE) break;
+        const float *last = out + (size_t)V * (n - 1 + i);
+        int32_t tok = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (last[v] > last[tok]) tok = (int32_t)v;
+        rc = ms_engine_forward(e, &tok, 1, out + (size_t)V * (n + i), 0, err);
+    }
+    if (dev) acct->uploads += s1.uploads - sa.uploads;
+    ms_engine_destroy(e);
+    if (rc) { free(out); return NULL; }
+    return out;
+}
+
+static void check_fixture(const char *name) {
+    char dir[256], refp[300];
+    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", name);
+    snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
+    ms_model m;
+    ms_err err = {0};
+    if (ms_model_load(dir, &m, &err)) { CHECK_MSG(0, "%s: %s", name, err.msg); return; }
+    ms_checkpoint ref;
+    CHECK(ms_checkpoint_open(refp, &ref, &err) == 0);
+    const ms_tensor *in = ms_checkpoint_find(&ref, "input_ids");
+    int n = (int)in->shape[0];
+    size_t total = (size_t)m.cfg.vocab * (n + N_DECODE);
+    step_acct acct = {0};
+    float *base = run(&m, NULL, NULL, in->data, n, &acct, &err);
+    CHECK_MSG(base != NULL, "%s resident: %s", name, err.msg);
+    ms_backend *be = fake_create();
+    /* the fake device with resident (placed) experts: only copies, so the same logits */
+    float *placed = base ? run(&m, be, NULL, in->data, n, &acct, &err) : NULL;
+    CHECK_MSG(placed && !memcmp(placed, base, total * 4), "%s placed on the fake device: %s", name,
+              placed ? "logits differ" : err.msg);
+    free(placed);
+    /* a host streaming source is refused there: its views are host memory */
+    ms_streaming_opts so = {.cache_mib = 0};
+    ms_expert_source *host = NULL, *dev = NULL;
+    char why[1200];
+    CHECK_MSG(ms_streaming_experts_create(&m, &so, &host, why, sizeof why, &err) == 0, "%s: %s", name, err.msg);
+    if (host) {
+        ms_engine *e = NULL;
+        ms_engine_opts o = {.max_ctx = 64, .experts = host, .backend = be};
+        CHECK(ms_engine_create(&m, &o, &e, &err) == MS_ERR_UNSUPPORTED && !e);
+    }
+    uint64_t slot = ms_device_expert_slot_bytes(&m), all = 0;
+    for (int l = 0; l < m.cfg.n_layers; l++) all += m.layers[l].experts ? (uint64_t)m.cfg.n_experts : 0;
+    /* a budget below top-k slots is refused, naming the need */
+    ms_device_experts_opts dz = {.budget_bytes = slot * (uint64_t)(m.cfg.top_k - 1) + 1};
+    CHECK(host && ms_device_experts_create(&m, be, host, &dz, &dev, why, sizeof why, &err) == MS_ERR_NOMEM && !dev);
+    struct { uint64_t slots; ms_cache_policy pol; int no_pin; } cfgs[] = {
+        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0}, /* the smallest device cache: groups of top-k */
+        {(uint64_t)m.cfg.top_k + 3, MS_CACHE_LRU, 1},
+        {all, MS_CACHE_LFU_DECAY, 0},                    /* every expert fits */
+    };
+    for (size_t k = 0; host && base && k < sizeof cfgs / sizeof *cfgs; k++) {
+        ms_device_experts_opts dopt = {.budget_bytes = slot * cfgs[k].slots, .policy = cfgs[k].pol,
+                                       .no_pin = cfgs[k].no_pin};
+        if (ms_device_experts_create(&m, be, host, &dopt, &dev, why, sizeof why, &err)) {
+            CHECK_MSG(0, "%s cfg %zu: %s", name, k, err.msg);
+            continue;
+        }
+        CHECK(ms_is_device_experts(dev) && dev->views_on == be && dev->max_acquire == (int)cfgs[k].slots);
+        CHECK((fk(be)->reg != NULL) == !cfgs[k].no_pin);
+        /* a view: in the fake's memory (not the mapping, not the host cache), over the same bytes */
+        for (int l = 0; l < m.cfg.n_layers; l++) {
+            if (!m.layers[l].experts) continue;
+            int id = (int)m.cfg.n_experts - 1;
+            ms_expert_view v;
+            CHECK_MSG(ms_experts_acquire(dev, l, 1, &id, &v, &err) == 0, "%s", err.msg);
+            const ms_expert_view *r = &m.layers[l].experts[id];
+            size_t db = (size_t)((r->down.rows * r->down.cols * ms_dtype_bits(r->down.dtype) + 7) / 8);
+            CHECK(is_dev(be, v.down.data, db) && is_dev(be, v.gate.data, 1));
+            CHECK(!r->down.scale || is_dev(be, v.down.scale, 1));
+            CHECK(!r->gate_bias || is_dev(be, v.gate_bias, 1));
+            uint8_t *tmp = malloc(db);
+            be->ops->download(be, tmp, v.down.data, db, &err);
+            CHECK(!memcmp(tmp, r->down.data, db));
+            free(tmp);
+            CHECK(v.down.rows == r->down.rows && v.down.dtype == r->down.dtype && v.down.brow == r->down.brow);
+            ms_experts_release(dev, l);
+            /* more than max_acquire at once is refused */
+            int many[1024];
+            int cnt = dev->max_acquire + 1 <= m.cfg.n_experts && dev->max_acquire + 1 <= 1024 ? dev->max_acquire + 1 : 0;
+            for (int i = 0; i < cnt; i++) many[i] = i;
+            ms_expert_view *vv = malloc(sizeof *vv * (cnt + 1));
+            if (cnt) CHECK(ms_experts_acquire(dev, l, cnt, many, vv, &err) == MS_ERR_NOMEM);
+            free(vv);
+            break;
+        }
+        uint64_t up0 = fk(be)->uploads, reg0 = fk(be)->upload_from_reg;
+        step_acct a = {0};
+        float *got = run(&m, be, dev, in->data, n, &a, &err);
+        CHECK_MSG(got != NULL, "%s cfg %zu: %s", name, k, err.msg);
+        if (got) CHECK_MSG(!memcmp(got, base, total * 4), "%s cfg %zu: logits differ from the CPU resident run", name, k);
+        free(got);
+        CHECK_MSG(a.bad_steps == 0, "%s cfg %zu: %d steps uploaded more experts than they acquired", name, k, a.bad_steps);
+        ms_device_experts_stats st;
+        ms_device_experts_stats_get(dev, &st);
+        CHECK(st.hits + st.misses == st.requests && st.uploads == st.misses && st.misses > 0);
+        CHECK(fk(be)->uploads > up0);
+        /* pinned: the uploads read the host cache (the registered staging) */
+        if (!cfgs[k].no_pin) CHECK(fk(be)->upload_from_reg > reg0);
+        if (cfgs[k].slots == all) { /* warm and complete: a second run uploads nothing, hits all */
+            CHECK(st.evictions == 0);
+            step_acct a2 = {0};
+            float *again = run(&m, be, dev, in->data, n, &a2, &err);
+            CHECK(again && !memcmp(again, base, total * 4));
+            free(again);
+            ms_device_experts_stats s2;
+            ms_device_experts_stats_get(dev, &s2);
+            CHECK_MSG(a2.uploads == 0 && s2.misses == st.misses && s2.hits > st.hits, "%s: %llu uploads warm", name,
+                      (unsigned long long)a2.uploads);
+        } else {
+            CHECK(st.evictions > 0 || st.misses <= cfgs[k].slots);
+        }
+        dev->ops->destroy(dev);
+        dev = NULL;
+        CHECK(fk(be)->reg == NULL);
+    }
+    if (host) host->ops->destroy(host);
+    be->ops->destroy(be);
+    free(base);
+    ms_checkpoint_close(&ref);
+    ms_model_free(&m);
+}
+
+TEST(qwen3_moe) { check_fixture("qwen3_moe"); }
+TEST(deepseek_v3) { check_fixture("deepseek_v3"); }
+TEST(deepseek_v3_fp8) { check_fixture("deepseek_v3_fp8"); }
+TEST(glm4_moe) { check_fixture("glm4_moe"); }
+TEST(minimax_m2) { check_fixture("minimax_m2"); }
+TEST(gpt_oss) { check_fixture("gpt_oss"); }
+TEST(gpt_oss_mxfp4) { check_fixture("gpt_oss_mxfp4"); }
+TEST(mimo_v2_flash) { check_fixture("mimo_v2_flash"); }
+
+TEST(default_budget) {
+    ms_model m;
+    ms_err err = {0};
+    if (ms_model_load(MS_TEST_FIXTURES "qwen3_moe", &m, &err)) { CHECK_MSG(0, "%s", err.msg); return; }
+    ms_backend *be = fake_create();
+    uint64_t b = 0, slot = ms_device_expert_slot_bytes(&m), all = 0;
+    for (int l = 0; l < m.cfg.n_layers; l++) all += m.layers[l].experts ? slot * (uint64_t)m.cfg.n_experts : 0;
+    CHECK(ms_device_experts_default_budget(&m, be, 0, &b, &err) == 0 && b == all); /* 3 GiB free: all fit */
+    ms_streaming_opts so = {.cache_mib = 0};
+    ms_expert_source *host = NULL, *dev = NULL;
+    char why[1200];
+    CHECK(ms_streaming_experts_create(&m, &so, &host, why, sizeof why, &err) == 0);
+    ms_device_experts_opts d0 = {.budget_bytes = 0}; /* 0: the smallest arena, top-k slots */
+    CHECK(host && ms_device_experts_create(&m, be, host, &d0, &dev, why, sizeof why, &err) == 0 &&
+          dev->max_acquire == m.cfg.top_k);
+    if (dev) dev->ops->destroy(dev);
+    if (host) host->ops->destroy(host);
+    ms_backend *cpu;
+    CHECK(ms_backend_cpu_create(NULL, &cpu, &err) == 0);
+    CHECK(ms_device_experts_default_budget(&m, cpu, 0, &b, &err) == MS_ERR_UNSUPPORTED); /* no mem_info */
+    cpu->ops->destroy(cpu);
+    be->ops->destroy(be);
+    ms_model_free(&m);
+}
+
+TEST_MAIN()
