@@ -7,18 +7,20 @@
 #include "engine/plan.h"
 
 int cmd_plan(int argc, char **argv) {
-    const char *usage = "usage: moonshine plan MODEL_DIR --memory-mib M [--context N] [--expert-cache-mib C] [--threads T] [--static-load mmap|read] [--json]\n";
+    const char *usage = "usage: moonshine plan MODEL_DIR --memory-mib M [--context N] [--expert-cache-mib C] [--threads T] [--slots S] [--static-load mmap|read] [--json]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sPrints the memory ledger (static tier, expert cache, causal state, workspace, staging)\n"
                "for serving MODEL_DIR with N tokens of context (default 4096) and exits 1 when it does\n"
-               "not fit in M MiB. Without --expert-cache-mib every routed expert is resident.\n", usage);
+               "not fit in M MiB. Without --expert-cache-mib every routed expert is resident.\n"
+               "--slots S counts S sequences served at once (each its own causal state and workspace) and\n"
+               "prints max_slots, the most that fit.\n", usage);
         return 0;
     }
-    int64_t mem = -1, ctx = 4096, cache = -1, threads = 1;
+    int64_t mem = -1, ctx = 4096, cache = -1, threads = 1, slots = 1;
     if (ms_arg_int(argc, argv, "--memory-mib", 1, INT64_C(1) << 40, &mem) ||
         ms_arg_int(argc, argv, "--context", 1, 1 << 28, &ctx) ||
         ms_arg_int(argc, argv, "--expert-cache-mib", 0, INT64_C(1) << 40, &cache) ||
-        ms_arg_int(argc, argv, "--threads", 1, 1024, &threads))
+        ms_arg_int(argc, argv, "--threads", 1, 1024, &threads) || ms_arg_int(argc, argv, "--slots", 1, 4096, &slots))
         return 2;
     int json = ms_arg_flag(argc, argv, "--json");
     const char *sl = ms_arg_str(argc, argv, "--static-load");
@@ -41,7 +43,7 @@ int cmd_plan(int argc, char **argv) {
     }
     ms_plan_opts o = {.context = (int)ctx, .threads = (int)threads,
                       .expert_cache_bytes = cache < 0 ? -1 : cache << 20, .staging_bytes = 0,
-                      .static_load = sload};
+                      .static_load = sload, .slots = (int)slots};
     ms_plan p;
     int rc = ms_plan_make(&m, &o, &p, &err);
     if (rc) {
@@ -53,11 +55,13 @@ int cmd_plan(int argc, char **argv) {
     char buf[1200];
     if (json) {
         ms_plan_json(&p, buf, sizeof buf);
-        printf("{\"model\":\"%s\",\"memory_bytes\":%llu,\"fits\":%s,\"plan\":%s}\n", dir,
-               (unsigned long long)mem << 20, fits ? "true" : "false", buf);
+        printf("{\"model\":\"%s\",\"memory_bytes\":%llu,\"fits\":%s,\"max_slots\":%d,\"plan\":%s}\n", dir,
+               (unsigned long long)mem << 20, fits ? "true" : "false", ms_plan_max_slots(&m, &o, (uint64_t)mem << 20),
+               buf);
     } else {
         ms_plan_format(&p, buf, sizeof buf);
-        printf("%sbudget            %10.1f MiB  -> %s\n", buf, (double)mem, fits ? "fits" : "DOES NOT FIT");
+        printf("%sbudget            %10.1f MiB  -> %s (at most %d slots fit)\n", buf, (double)mem,
+               fits ? "fits" : "DOES NOT FIT", ms_plan_max_slots(&m, &o, (uint64_t)mem << 20));
     }
     ms_model_free(&m);
     return fits ? 0 : 1;

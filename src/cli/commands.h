@@ -5,7 +5,7 @@
 
 typedef int (*ms_cmd_fn)(int argc, char **argv);
 
-/* name, function, one-line help */
+/* name (an underscore is typed as '-': bench_batch is `moonshine bench-batch`), function, one-line help */
 #define MS_COMMAND_LIST(X) \
     X(inspect, "list a checkpoint's tensors (name, dtype, shape, file)") \
     X(verify, "check the engine against a fixture's reference logits") \
@@ -13,6 +13,7 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
     X(synth, "write a random-weight checkpoint from a config") \
     X(plan, "memory ledger for a model, context and budget") \
     X(bench, "measure load, prefill and decode speed and bandwidth use (JSON)") \
+    X(bench_batch, "aggregate decode speed of K sequences stepped together, K = 1, 2, 4, 8 (JSON)") \
     X(kbench, "CPU kernel microbenchmark: bandwidth, decode GB/s, prefill GFLOP/s") \
     X(kdabench, "time the chunked KDA delta rule against token-by-token stepping (JSON)") \
     X(pack, "rewrite routed experts into a packed, checksummed expert store") \

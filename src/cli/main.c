@@ -10,10 +10,19 @@ static const struct { const char *name; ms_cmd_fn fn; const char *help; } k_cmds
 #undef MS_ENTRY
 };
 
+/* A command's name as typed: its identifier with '_' written '-'. */
+static const char *typed_name(const char *name, char *buf, size_t cap) {
+    size_t i = 0;
+    for (; name[i] && i + 1 < cap; i++) buf[i] = name[i] == '_' ? '-' : name[i];
+    buf[i] = 0;
+    return buf;
+}
+
 static void usage(FILE *f) {
+    char nb[64];
     fprintf(f, "usage: moonshine COMMAND [ARGS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
-        fprintf(f, "  %-12s %s\n", k_cmds[i].name, k_cmds[i].help);
+        fprintf(f, "  %-12s %s\n", typed_name(k_cmds[i].name, nb, sizeof nb), k_cmds[i].help);
     fprintf(f, "\n`moonshine COMMAND --help` describes each command.\n");
 #ifdef MS_WITH_GPU
     fprintf(f, "This build has the %s backend: verify, run, bench, chat and serve take --backend cpu|%s|auto.\n",
@@ -29,8 +38,9 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    char nb[64];
     for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
-        if (!strcmp(argv[1], k_cmds[i].name)) return k_cmds[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], typed_name(k_cmds[i].name, nb, sizeof nb))) return k_cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "moonshine: unknown command \"%s\"\n", argv[1]);
     usage(stderr);
     return 2;

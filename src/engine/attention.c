@@ -38,15 +38,22 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         be->ops->rmsnorm(be, k, k, L->k_norm, n, kd, eps);
     }
     if (c->v_scale != 0 && c->v_scale != 1) be->ops->scale(be, v, (float)c->v_scale, n * vtot);
-    be->ops->rope(be, rope, q, n, qd, H, hd, 0, e->n_past, 1.0f);
-    be->ops->rope(be, rope, k, n, kd, KV, hd, 0, e->n_past, 1.0f);
-    be->ops->copy(be, e->k_cache[layer] + (int64_t)e->n_past * kd, k, (size_t)(n * kd) * 4);
-    be->ops->copy(be, e->v_cache[layer] + (int64_t)e->n_past * vtot, v, (size_t)(n * vtot) * 4);
-    ms_attn_gqa_args a = {.out = e->att, .q = q, .k = e->k_cache[layer], .v = e->v_cache[layer], .n = n,
-                          .n_past = e->n_past, .H = H, .KV = KV, .hd = hd, .vd = vd, .window = c->layer_window[layer],
-                          .sinks = L->sinks, .scale = (float)c->attn_scale};
-    int rc = be->ops->attn_gqa(be, &a, err);
-    if (rc) return ms_wrap(err, "layer %d", layer);
+    for (int i = 0; i < e->n_seqs; i++) { /* per sequence: RoPE at its positions, its cache, its attention */
+        const ms_fwd_seq *sq = &e->seqs[i];
+        ms_engine *se = sq->e;
+        int sn = sq->n;
+        float *qs = q + (int64_t)sq->row * qd, *ks = k + (int64_t)sq->row * kd, *vs = v + (int64_t)sq->row * vtot;
+        be->ops->rope(be, rope, qs, sn, qd, H, hd, 0, se->n_past, 1.0f);
+        be->ops->rope(be, rope, ks, sn, kd, KV, hd, 0, se->n_past, 1.0f);
+        be->ops->copy(be, se->k_cache[layer] + (int64_t)se->n_past * kd, ks, (size_t)(sn * kd) * 4);
+        be->ops->copy(be, se->v_cache[layer] + (int64_t)se->n_past * vtot, vs, (size_t)(sn * vtot) * 4);
+        ms_attn_gqa_args a = {.out = e->att + (int64_t)sq->row * H * vd, .q = qs, .k = se->k_cache[layer],
+                              .v = se->v_cache[layer], .n = sn, .n_past = se->n_past, .H = H, .KV = KV, .hd = hd,
+                              .vd = vd, .window = c->layer_window[layer], .sinks = L->sinks,
+                              .scale = (float)c->attn_scale};
+        int rc = be->ops->attn_gqa(be, &a, err);
+        if (rc) return ms_wrap(err, "layer %d", layer);
+    }
     if (c->attn_out_gate) be->ops->mul_sigmoid(be, e->att, e->gate_buf, n * H * vd); /* gated attention (Qwen3-Next) */
     be->ops->matmul(be, out, e->att, n, &L->wo, 0);
     if (L->bo) be->ops->add_bias(be, out, L->bo, n, c->hidden);
@@ -93,33 +100,44 @@ int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
     int64_t lora = c->kv_lora_rank, rope = c->qk_rope_dim, nope = c->qk_nope_dim, H = c->n_heads;
-    int64_t qk = nope + rope, lw = lora + rope;
+    int64_t qk = nope + rope, lw = lora + rope, D = c->hidden, vd = c->v_head_dim;
     float eps = (float)(c->mla_norm_eps > 0 ? c->mla_norm_eps : c->rms_eps);
     if (c->q_lora_rank > 0) {
         be->ops->matmul(be, e->kv, e->xn, n, &L->q_a, 0);
         be->ops->rmsnorm(be, e->kv, e->kv, L->q_a_norm, n, c->q_lora_rank, eps);
         be->ops->matmul(be, e->q, e->kv, n, &L->q_b, 0);
-        int rc = c->layer_dsa[layer] ? ms_dsa_engine_select(e, layer, n, e->kv, err) : MS_OK;
-        if (rc) return rc;
+        for (int i = 0; c->layer_dsa[layer] && i < e->n_seqs; i++) { /* each sequence's indexer */
+            const ms_fwd_seq *sq = &e->seqs[i];
+            int rc = ms_dsa_engine_select(sq->e, layer, sq->n, e->kv + (int64_t)sq->row * c->q_lora_rank,
+                                          e->xn + (int64_t)sq->row * D, err);
+            if (rc) return rc;
+        }
     } else {
         be->ops->matmul(be, e->q, e->xn, n, &L->wq, 0);
     }
     be->ops->matmul(be, e->kv, e->xn, n, &L->kv_a, 0);
-    /* the cache rows of positions n_past..: the normalized latent, then the roped k_pe */
-    float *dst = e->latent[layer] + (int64_t)e->n_past * lw;
-    for (int t = 0; t < n; t++) be->ops->rmsnorm(be, dst + t * lw, e->kv + t * lw, L->kv_a_norm, 1, lora, eps);
-    be->ops->copy_rows(be, dst + lora, lw, e->kv + lora, lw, n, rope);
-    be->ops->rope(be, &c->rope, dst, n, lw, 1, 0, lora, e->n_past, 1.0f);
-    be->ops->rope(be, &c->rope, e->q, n, H * qk, H, qk, nope, e->n_past, 1.0f);
-    int expanded = mla_choose_expanded(e, layer, n);
-    e->stats.mla_chunks++;
-    e->stats.mla_expanded += (uint64_t)expanded;
-    ms_attn_mla_args a = {.out = e->att, .q = e->q, .latent = e->latent[layer], .kv_b = &L->kv_b, .n = n,
-                          .n_past = e->n_past, .H = H, .lora = lora, .rope = rope, .nope = nope, .vd = c->v_head_dim,
-                          .scale = (float)c->attn_scale, .expanded = expanded};
-    if (c->layer_dsa[layer]) ms_dsa_engine_selection(e, &a.sel, &a.sel_count, &a.sel_width);
-    int rc = be->ops->attn_mla(be, &a, err);
-    if (rc) return ms_wrap(err, "layer %d", layer);
+    for (int i = 0; i < e->n_seqs; i++) { /* per sequence: its latent cache rows, RoPE at its positions, attention */
+        const ms_fwd_seq *sq = &e->seqs[i];
+        ms_engine *se = sq->e;
+        int sn = sq->n;
+        const float *kvs = e->kv + (int64_t)sq->row * lw;
+        float *qs = e->q + (int64_t)sq->row * H * qk;
+        /* the cache rows of positions n_past..: the normalized latent, then the roped k_pe */
+        float *dst = se->latent[layer] + (int64_t)se->n_past * lw;
+        for (int t = 0; t < sn; t++) be->ops->rmsnorm(be, dst + t * lw, kvs + t * lw, L->kv_a_norm, 1, lora, eps);
+        be->ops->copy_rows(be, dst + lora, lw, kvs + lora, lw, sn, rope);
+        be->ops->rope(be, &c->rope, dst, sn, lw, 1, 0, lora, se->n_past, 1.0f);
+        be->ops->rope(be, &c->rope, qs, sn, H * qk, H, qk, nope, se->n_past, 1.0f);
+        int expanded = mla_choose_expanded(se, layer, sn);
+        se->stats.mla_chunks++;
+        se->stats.mla_expanded += (uint64_t)expanded;
+        ms_attn_mla_args a = {.out = e->att + (int64_t)sq->row * H * vd, .q = qs, .latent = se->latent[layer],
+                              .kv_b = &L->kv_b, .n = sn, .n_past = se->n_past, .H = H, .lora = lora, .rope = rope,
+                              .nope = nope, .vd = vd, .scale = (float)c->attn_scale, .expanded = expanded};
+        if (c->layer_dsa[layer]) ms_dsa_engine_selection(se, &a.sel, &a.sel_count, &a.sel_width);
+        int rc = be->ops->attn_mla(be, &a, err);
+        if (rc) return ms_wrap(err, "layer %d", layer);
+    }
     if (c->mla_out_gate) { /* gated MLA (Kimi K3): att *= sigmoid(g_proj x) */
         be->ops->matmul(be, e->gate_buf, e->xn, n, &L->mla_gate, 0);
         be->ops->mul_sigmoid(be, e->att, e->gate_buf, n * H * c->v_head_dim);

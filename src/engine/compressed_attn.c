@@ -128,7 +128,9 @@ static int compress_rows(ms_engine *e, const ms_compressor_weights *w, float *ra
     return MS_OK;
 }
 
-int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err) {
+/* One sequence's rows: xn [n, hidden] at the sequence engine e's positions, into out [n, hidden];
+ * q [n, H * hd] scratch (the lead's query rows); the rest is e's own state and scratch. */
+static int compressed_seq(ms_engine *e, int layer, int n, const float *xn, float *q, float *out, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     const ms_layer *Lw = &e->w->layers[layer];
     const ms_cattn_weights *w = &Lw->ca;
@@ -141,39 +143,39 @@ int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err) 
     const ms_rope *rope = c->layer_rope[layer] ? &c->rope_alt : &c->rope;
     float eps = (float)c->rms_eps;
     /* queries: RoPE on each head's trailing rope dims */
-    be->ops->matmul(be, s->qr, e->xn, n, &Lw->q_a, 0);
+    be->ops->matmul(be, s->qr, xn, n, &Lw->q_a, 0);
     be->ops->rmsnorm(be, s->qr, s->qr, Lw->q_a_norm, n, c->q_lora_rank, eps);
-    be->ops->matmul(be, e->q, s->qr, n, &Lw->q_b, 0);
-    be->ops->rmsnorm(be, e->q, e->q, NULL, n * H, hd, eps);
-    be->ops->rope(be, rope, e->q, n, H * hd, H, hd, hd - rope->dim, pos0, 1.0f);
+    be->ops->matmul(be, q, s->qr, n, &Lw->q_b, 0);
+    be->ops->rmsnorm(be, q, q, NULL, n * H, hd, eps);
+    be->ops->rope(be, rope, q, n, H * hd, H, hd, hd - rope->dim, pos0, 1.0f);
     /* the shared key = value */
-    be->ops->matmul(be, s->kvc, e->xn, n, &w->wkv, 0);
+    be->ops->matmul(be, s->kvc, xn, n, &w->wkv, 0);
     be->ops->rmsnorm(be, s->kvc, s->kvc, w->kv_norm, n, hd, eps);
     be->ops->rope(be, rope, s->kvc, n, hd, 1, hd, hd - rope->dim, pos0, 1.0f);
     /* compressed entries closing in this chunk */
     int rc;
     if (rate) {
-        be->ops->matmul(be, s->pk, e->xn, n, &w->comp.wkv, 0);
-        be->ops->matmul(be, s->pg, e->xn, n, &w->comp.wgate, 0);
+        be->ops->matmul(be, s->pk, xn, n, &w->comp.wkv, 0);
+        be->ops->matmul(be, s->pg, xn, n, &w->comp.wgate, 0);
         int64_t nc = L->n_comp;
         if ((rc = compress_rows(e, &w->comp, L->craw_kv, L->craw_g, L->comp, s->pk, s->pg, rate, hd, csa, pos0, n, &nc,
                                 err)))
             return ms_wrap(err, "layer %d compressor", layer);
         if (csa) {
             int64_t ihd = c->dsa_head_dim, nci = L->n_comp;
-            be->ops->matmul(be, s->pk, e->xn, n, &w->icomp.wkv, 0);
-            be->ops->matmul(be, s->pg, e->xn, n, &w->icomp.wgate, 0);
+            be->ops->matmul(be, s->pk, xn, n, &w->icomp.wkv, 0);
+            be->ops->matmul(be, s->pg, xn, n, &w->icomp.wgate, 0);
             if ((rc = compress_rows(e, &w->icomp, L->iraw_kv, L->iraw_g, L->icomp, s->pk, s->pg, rate, ihd, 1, pos0,
                                     n, &nci, err)))
                 return ms_wrap(err, "layer %d indexer compressor", layer);
             be->ops->matmul(be, s->iq, s->qr, n, &w->iwq_b, 0);
             be->ops->rope(be, &c->rope, s->iq, n, c->dsa_heads * ihd, c->dsa_heads, ihd, ihd - c->rope.dim, pos0,
                           1.0f);
-            be->ops->matmul(be, s->iw, e->xn, n, &w->iweights, 0);
+            be->ops->matmul(be, s->iw, xn, n, &w->iweights, 0);
         }
         L->n_comp = nc;
     }
-    ms_cattn_args a = {.out = s->att, .q = e->q, .kv = s->kvc, .win = L->win, .comp = L->comp, .iq = s->iq,
+    ms_cattn_args a = {.out = s->att, .q = q, .kv = s->kvc, .win = L->win, .comp = L->comp, .iq = s->iq,
                        .iw = s->iw, .icomp = L->icomp, .sinks = Lw->sinks, .n = n, .csa = csa, .pos0 = pos0, .H = H,
                        .hd = hd, .window = W, .rate = rate, .n_comp = rate ? L->n_comp : 0,
                        .idx_heads = c->dsa_heads, .idx_dim = c->dsa_head_dim, .topk = c->dsa_topk,
@@ -196,6 +198,19 @@ int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err) 
         be->ops->copy_rows(be, s->og + g * R, G * R, s->go, R, n, R);
     }
     be->ops->matmul(be, out, s->og, n, &w->wo_b, 0);
+    return MS_OK;
+}
+
+/* The whole sublayer per sequence (its window, rings and entries are per-sequence state). */
+int ms_attn_compressed(ms_engine *e, int layer, int n, float *out, ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    for (int i = 0; i < e->n_seqs; i++) {
+        const ms_fwd_seq *sq = &e->seqs[i];
+        int rc = compressed_seq(sq->e, layer, sq->n, e->xn + (int64_t)sq->row * c->hidden,
+                                e->q + (int64_t)sq->row * c->n_heads * c->head_dim, out + (int64_t)sq->row * c->hidden,
+                                err);
+        if (rc) return rc;
+    }
     return MS_OK;
 }
 

@@ -202,7 +202,7 @@ void ms_dsa_engine_note_tokens(ms_engine *e, const int32_t *tokens, int n) {
 
 const int32_t *ms_dsa_engine_tokens(const ms_engine *e) { return e->dsa->tokens; }
 
-int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, ms_err *err) {
+int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, const float *xn, ms_err *err) {
     ms_dsa_state *s = e->dsa;
     const ms_config *c = &e->m->cfg;
     if (!s) return ms_fail(err, MS_ERR_ARG, "layer %d: DSA layer without DSA state", layer);
@@ -215,9 +215,9 @@ int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, m
                        (long long)cache->len, (long long)p0);
     ms_backend *be = e->be;
     be->ops->matmul(be, s->q, q_resid, n, &W->wq_b, 0);
-    be->ops->matmul(be, s->k, e->xn, n, &W->wk, 0);
-    be->ops->matmul(be, s->w, e->xn, n, &W->weights_proj, 0);
-    if (s->cfg.kpool > 1) be->ops->matmul(be, s->g, e->xn, n, &W->kpool_gate, 0);
+    be->ops->matmul(be, s->k, xn, n, &W->wk, 0);
+    be->ops->matmul(be, s->w, xn, n, &W->weights_proj, 0);
+    if (s->cfg.kpool > 1) be->ops->matmul(be, s->g, xn, n, &W->kpool_gate, 0);
     ms_dsa_index_args a = {.cfg = &s->cfg, .cache = cache, .q = s->q, .k = s->k,
                            .g = s->cfg.kpool > 1 ? s->g : NULL, .w = s->w, .k_norm_w = W->k_norm_w,
                            .k_norm_b = W->k_norm_b, .rope = &c->rope, .n = n, .pos0 = p0, .fwd_len = e->fwd_len,

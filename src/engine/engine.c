@@ -332,8 +332,12 @@ static void residual_add(ms_engine *e, int n, const float *y) {
     else e->be->ops->add(e->be, e->x, y, (int64_t)n * e->m->cfg.hidden);
 }
 
-/* One chunk of n <= max_batch tokens. */
-static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
+/* One chunk of n <= max_batch rows through the model on the lead engine e's
+ * activations: the rows of seqs[0..nseq) (each on its own engine's causal state,
+ * at its own position; together n rows, in row order). logits: all rows
+ * (all_logits) or the last. */
+static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const int32_t *tokens, int n, float *logits,
+                        int all_logits, ms_err *err) {
     const ms_model *m = e->w;
     const ms_config *c = &m->cfg;
     ms_backend *be = e->be;
@@ -344,6 +348,8 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
     be->ops->embed(be, e->x, &m->embed, tokens, n);
     int rc = MS_OK;
     e->chunk_tokens = tokens;
+    e->seqs = seqs;
+    e->n_seqs = nseq;
     float eps = (float)c->rms_eps;
     const float *in = e->x; /* a sublayer's input before its norm: the residual, or the streams' collapse (mHC) */
     if (e->mhc) ms_mhc_engine_begin(e, n);
@@ -388,10 +394,14 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
         if (rc) break;
         residual_add(e, n, e->tmp);
     }
+    e->seqs = NULL;
+    e->n_seqs = 0;
     if (rc) return rc;
     if (e->mhc && (rc = ms_mhc_engine_end(e, n, err))) return rc;
-    e->n_past += n;
-    e->stats.tokens += (uint64_t)n;
+    for (int i = 0; i < nseq; i++) {
+        seqs[i].e->n_past += seqs[i].n;
+        seqs[i].e->stats.tokens += (uint64_t)seqs[i].n;
+    }
     if (!logits) return MS_OK;
     int t0 = all_logits ? 0 : n - 1, nt = n - t0;
     const float *h = e->x + (int64_t)t0 * D;
@@ -415,11 +425,18 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
     return MS_OK;
 }
 
-int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
+/* A chunk of one sequence: e is its own lead. */
+static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
+    ms_fwd_seq one = {e, 0, n};
+    return forward_rows(e, &one, 1, tokens, n, logits, all_logits, err);
+}
+
+/* What every forward of n tokens onto e checks and prepares before its chunks: the
+ * context, image placeholders, the forward's length, and DSA's tie replays. */
+static int forward_begin(ms_engine *e, const int32_t *tokens, int n, ms_err *err) {
     if (n <= 0) return ms_fail(err, MS_ERR_ARG, "forward needs at least one token");
     if ((int64_t)e->n_past + n > e->max_ctx)
         return ms_fail(err, MS_ERR_LIMIT, "context full: %d + %d tokens exceed the allocated %d", e->n_past, n, e->max_ctx);
-    int64_t V = e->m->cfg.vocab;
     if (e->m->cfg.media_token >= 0)
         for (int i = 0; i < n; i++)
             if (tokens[i] == e->m->cfg.media_token)
@@ -443,16 +460,54 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
         }
         ms_dsa_engine_note_tokens(e, tokens, n);
     }
+    return MS_OK;
+}
+
+int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
+    int rc = forward_begin(e, tokens, n, err);
+    if (rc) return rc;
+    int64_t V = e->m->cfg.vocab;
     for (int s = 0; s < n; s += e->max_batch) {
         int k = n - s < e->max_batch ? n - s : e->max_batch;
         int last = s + k == n;
         float *lg = NULL;
         if (logits && all_logits) lg = logits + (int64_t)s * V;
         else if (logits && last) lg = logits;
-        int rc = forward_chunk(e, tokens + s, k, lg, all_logits, err);
-        if (rc) return rc;
+        if ((rc = forward_chunk(e, tokens + s, k, lg, all_logits, err))) return rc;
     }
     return MS_OK;
+}
+
+int ms_engine_decode_batch(ms_engine *const *es, int k, const int32_t *tokens, float *logits, ms_err *err) {
+    if (k < 1 || !es || !tokens) return ms_fail(err, MS_ERR_ARG, "decode batch: needs at least one engine and token");
+    ms_engine *lead = es[0];
+    if (k > lead->max_batch)
+        return ms_fail(err, MS_ERR_LIMIT, "decode batch: %d sequences exceed the lead engine's batch of %d", k,
+                       lead->max_batch);
+    for (int i = 0; i < k; i++) {
+        /* one model; one backend, or host-memory backends (each CPU engine owns one by default) */
+        if (!es[i] || es[i]->m != lead->m || es[i]->w != lead->w ||
+            (es[i]->be != lead->be && !(es[i]->be->host_memory && lead->be->host_memory)))
+            return ms_fail(err, MS_ERR_ARG, "decode batch: engine %d does not share the lead's model and backend", i);
+        for (int j = 0; j < i; j++)
+            if (es[j] == es[i]) return ms_fail(err, MS_ERR_ARG, "decode batch: engine %d appears twice (also %d)", i, j);
+    }
+    for (int i = 0; i < k; i++)
+        if (tokens[i] < 0 || tokens[i] >= lead->m->cfg.vocab)
+            return ms_fail(err, MS_ERR_ARG, "decode batch: token id %d of sequence %d is out of range [0, %lld)",
+                           tokens[i], i, (long long)lead->m->cfg.vocab);
+    if (k == 1) return ms_engine_forward(lead, tokens, 1, logits, 0, err);
+    ms_fwd_seq stack_seqs[16], *seqs = k <= 16 ? stack_seqs : malloc((size_t)k * sizeof *seqs);
+    if (!seqs) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    int rc = MS_OK;
+    for (int i = 0; i < k && !rc; i++) {
+        rc = forward_begin(es[i], tokens + i, 1, err);
+        if (rc) ms_wrap(err, "decode batch: sequence %d", i);
+        seqs[i] = (ms_fwd_seq){es[i], i, 1};
+    }
+    if (!rc) rc = forward_rows(lead, seqs, k, tokens, k, logits, 1, err);
+    if (seqs != stack_seqs) free(seqs);
+    return rc;
 }
 
 /* One part, if there is room. */

@@ -64,6 +64,22 @@ uint64_t ms_engine_state_bytes_per_token(const ms_model *m);
  * Fails when the context would exceed max_ctx or a token id is out of range. */
 int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err);
 
+/* One decode step of k sequences together: token tokens[i] is appended to
+ * es[i] at its position n_past. The engines share the model and the backend
+ * (or all have host-memory backends, as CPU engines created without one do);
+ * es[0] leads: its activations hold the k rows (k <= its max_batch) and its
+ * expert source serves the MoE layers. What is per token (embedding, norms,
+ * projections, router, experts — the union of the k rows' experts acquired once
+ * per layer —, dense MLPs, the head) runs once over the k rows; what is per
+ * sequence (RoPE, the cache append, the attention op, KDA / gated DeltaNet /
+ * DSA / compressed-attention state) on each engine. logits [k, vocab] receives
+ * row i for es[i] (as ms_engine_forward(es[i], tokens + i, 1, ...) would, up to
+ * F32 reduction order). Fails as ms_engine_forward would for any engine, or
+ * MS_ERR_ARG (engines not sharing model and backend, an engine twice), MS_ERR_LIMIT
+ * (k > max_batch); after a failure inside the step the engines' states are
+ * undefined (reset them). */
+int ms_engine_decode_batch(ms_engine *const *es, int k, const int32_t *tokens, float *logits, ms_err *err);
+
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e);
 
 /* The resident expert source: views onto the mapped checkpoint. */

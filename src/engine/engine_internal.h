@@ -10,6 +10,15 @@
 /* lookahead prefetch is skipped for routers choosing more experts than this */
 #define MS_LOOKAHEAD_MAX_K 64
 
+/* One sequence of the forward in flight: its engine (causal state, position,
+ * the per-sequence module state) and its rows [row, row + n) of the chunk held
+ * in the lead engine's activations. A single-sequence forward is one entry
+ * {e, 0, n}; a batched decode step (ms_engine_decode_batch) one per engine. */
+typedef struct ms_fwd_seq {
+    ms_engine *e;
+    int row, n;
+} ms_fwd_seq;
+
 /* Memory: pointers marked [be] are backend memory (activations, causal state):
  * the engine passes them to ops and never dereferences them; [host] ones are
  * the engine's own (routing lists, pointer tables). */
@@ -62,6 +71,13 @@ struct ms_engine {
     struct ms_mhc_state *mhc; /* hyper-connection streams (engine/mhc_layer.c), NULL for hc_mult <= 1 */
     struct ms_cattn_state *cattn; /* compressed-attention caches (engine/compressed_attn.c), NULL without */
     const int32_t *chunk_tokens;  /* token ids of the chunk in flight (hash-routed MoE layers) */
+    /* the sequences of the chunk in flight (this engine is their lead: its activations hold
+     * every row). Per-token work (projections, norms, router, experts, the head) runs once
+     * over all rows; per-sequence work (RoPE at the row's position, cache appends, the
+     * attention op, linear-attention / DSA / compressed-attention state) per entry, on the
+     * entry's engine. */
+    const ms_fwd_seq *seqs;
+    int n_seqs;
     int64_t fwd_len;     /* length of the forward whose top-k tie choices are reproduced */
     /* decode lookahead: the experts layer la_layer was predicted to pick (-1: none pending) */
     int la_layer;
@@ -102,7 +118,8 @@ int ms_mhc_engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
 /* After the table is allocated: what a module sets up in its buffers (DSA: the KPool ape upload). */
 int ms_dsa_engine_ready(ms_engine *e, ms_err *err);
 
-/* Sublayers: read e->xn [n, hidden], write the sublayer output into out [n, hidden]. */
+/* Sublayers: read e->xn [n, hidden], write the sublayer output into out [n, hidden];
+ * e is the lead of the forward in flight (e->seqs: which rows belong to which sequence). */
 int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err);
 int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err);
 int ms_attn_kda(ms_engine *e, int layer, int n, float *out, ms_err *err);
@@ -125,13 +142,13 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err);
 
 /* DSA: state for the model's indexers (a no-op for models without), its
  * reset, and the selection of a chunk for an MLA layer with layer_dsa != 0:
- * runs the layer's indexer on q_resid [n, q_lora_rank] and e->xn (layer_dsa 1)
+ * runs the layer's indexer on q_resid [n, q_lora_rank] and xn [n, hidden] (layer_dsa 1)
  * or keeps the selection of the layer it shares (2). The selection of token t
  * of the chunk: ms_dsa_engine_row. */
 int ms_dsa_engine_init(ms_engine *e, ms_err *err);
 void ms_dsa_engine_free(ms_engine *e);
 void ms_dsa_engine_reset(ms_engine *e);
-int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, ms_err *err);
+int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, const float *xn, ms_err *err);
 const int32_t *ms_dsa_engine_row(const ms_engine *e, int t, int *count);
 /* The whole selection of the chunk: rows of width positions, count[t] valid in row t (host arrays). */
 void ms_dsa_engine_selection(const ms_engine *e, const int32_t **sel, const int32_t **count, int64_t *width);

@@ -18,8 +18,14 @@ void ms_kda_config_of(const ms_config *c, ms_kda_config *out) {
 int ms_attn_kda(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     ms_kda_config kc;
     ms_kda_config_of(&e->m->cfg, &kc);
-    int rc = e->be->ops->kda_forward(e->be, &kc, &e->w->layers[layer].kda, &e->kda[layer], e->xn, n, out, err);
-    return rc ? ms_wrap(err, "layer %d", layer) : MS_OK;
+    int64_t D = e->m->cfg.hidden;
+    for (int i = 0; i < e->n_seqs; i++) { /* the whole block per sequence, over its own state */
+        const ms_fwd_seq *sq = &e->seqs[i];
+        int rc = e->be->ops->kda_forward(e->be, &kc, &e->w->layers[layer].kda, &sq->e->kda[layer],
+                                         e->xn + (int64_t)sq->row * D, sq->n, out + (int64_t)sq->row * D, err);
+        if (rc) return ms_wrap(err, "layer %d", layer);
+    }
+    return MS_OK;
 }
 
 void ms_gdn_config_of(const ms_config *c, ms_gdn_config *out) {
@@ -35,6 +41,12 @@ void ms_gdn_config_of(const ms_config *c, ms_gdn_config *out) {
 int ms_attn_gdn(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     ms_gdn_config gc;
     ms_gdn_config_of(&e->m->cfg, &gc);
-    int rc = e->be->ops->gdn_forward(e->be, &gc, &e->w->layers[layer].gdn, &e->kda[layer], e->xn, n, out, err);
-    return rc ? ms_wrap(err, "layer %d", layer) : MS_OK;
+    int64_t D = e->m->cfg.hidden;
+    for (int i = 0; i < e->n_seqs; i++) {
+        const ms_fwd_seq *sq = &e->seqs[i];
+        int rc = e->be->ops->gdn_forward(e->be, &gc, &e->w->layers[layer].gdn, &sq->e->kda[layer],
+                                         e->xn + (int64_t)sq->row * D, sq->n, out + (int64_t)sq->row * D, err);
+        if (rc) return ms_wrap(err, "layer %d", layer);
+    }
+    return MS_OK;
 }

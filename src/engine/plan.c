@@ -15,6 +15,9 @@ int ms_plan_make(const ms_model *m, const ms_plan_opts *o, ms_plan *p, ms_err *e
     p->expert_bytes = p->resident ? m->expert_bytes : (uint64_t)o->expert_cache_bytes;
     ms_engine_opts eo = {.max_ctx = o->context, .max_batch = o->max_batch};
     ms_engine_plan_bytes(m, &eo, o->threads, &p->state_bytes, &p->workspace_bytes);
+    p->slots = o->slots > 1 ? o->slots : 1;
+    p->state_bytes *= (uint64_t)p->slots;
+    p->workspace_bytes *= (uint64_t)p->slots;
     p->state_per_token = ms_engine_state_bytes_per_token(m);
     p->staging_bytes = p->resident ? 0 : o->staging_bytes;
     p->overhead_bytes = MS_PLAN_OVERHEAD;
@@ -24,19 +27,31 @@ int ms_plan_make(const ms_model *m, const ms_plan_opts *o, ms_plan *p, ms_err *e
     return MS_OK;
 }
 
+int ms_plan_max_slots(const ms_model *m, const ms_plan_opts *o, uint64_t budget) {
+    ms_plan_opts q = *o;
+    ms_plan p;
+    ms_err err = {0};
+    q.slots = 1;
+    if (ms_plan_make(m, &q, &p, &err) || p.total > budget) return 0;
+    uint64_t per = p.state_bytes + p.workspace_bytes, fixed = p.total - per;
+    uint64_t n = per ? (budget - fixed) / per : 4096;
+    return n > 4096 ? 4096 : (int)n;
+}
+
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 void ms_plan_format(const ms_plan *p, char *buf, size_t cap) {
     snprintf(buf, cap,
              "static tier       %10.1f MiB  (attention, norms, routers, shared experts, embeddings, head)\n"
              "expert cache      %10.1f MiB  (%s; routed experts total %.1f MiB)\n"
-             "causal state      %10.1f MiB  (%d tokens x %.1f KiB)\n"
+             "causal state      %10.1f MiB  (%d tokens x %.1f KiB x %d slot%s)\n"
              "workspace         %10.1f MiB  (activations and scratch)\n"
              "staging           %10.1f MiB  (expert reads)\n"
              "overhead          %10.1f MiB  (runtime allowance)\n"
              "total             %10.1f MiB\n",
              mib(p->static_bytes), mib(p->expert_bytes), p->resident ? "all resident" : "bounded cache",
-             mib(p->experts_total), mib(p->state_bytes), p->context, (double)p->state_per_token / 1024.0,
+             mib(p->experts_total), mib(p->state_bytes), p->context, (double)p->state_per_token / 1024.0, p->slots,
+             p->slots == 1 ? "" : "s",
              mib(p->workspace_bytes), mib(p->staging_bytes), mib(p->overhead_bytes), mib(p->total));
 }
 
@@ -44,12 +59,12 @@ void ms_plan_json(const ms_plan *p, char *buf, size_t cap) {
     snprintf(buf, cap,
              "{\"static_bytes\":%llu,\"expert_cache_bytes\":%llu,\"experts_total_bytes\":%llu,\"experts_resident\":%s,"
              "\"state_bytes\":%llu,\"state_bytes_per_token\":%llu,\"context\":%d,\"workspace_bytes\":%llu,"
-             "\"staging_bytes\":%llu,\"overhead_bytes\":%llu,\"total_bytes\":%llu}",
+             "\"staging_bytes\":%llu,\"overhead_bytes\":%llu,\"total_bytes\":%llu,\"slots\":%d}",
              (unsigned long long)p->static_bytes, (unsigned long long)p->expert_bytes,
              (unsigned long long)p->experts_total, p->resident ? "true" : "false", (unsigned long long)p->state_bytes,
              (unsigned long long)p->state_per_token, p->context, (unsigned long long)p->workspace_bytes,
              (unsigned long long)p->staging_bytes, (unsigned long long)p->overhead_bytes,
-             (unsigned long long)p->total);
+             (unsigned long long)p->total, p->slots);
 }
 
 int ms_plan_check(const ms_plan *p, uint64_t budget, ms_err *err) {

@@ -15,19 +15,22 @@ typedef struct ms_plan_opts {
     int64_t expert_cache_bytes; /* < 0: every routed expert resident (mapped) */
     uint64_t staging_bytes;     /* I/O staging buffers of a streaming expert source */
     ms_static_load static_load; /* READ: the static line is the page-rounded copy (ms_model_static_read_bytes) */
+    int slots;                  /* engines serving requests at once (session/slots.h), each with its own causal
+                                 * state and workspace; 0 counts as 1 */
 } ms_plan_opts;
 
 typedef struct ms_plan {
     uint64_t static_bytes;      /* attention, norms, routers, shared experts, embeddings, head */
     uint64_t expert_bytes;      /* routed experts held: all (resident) or the cache budget */
     uint64_t experts_total;     /* all routed experts in the checkpoint */
-    uint64_t state_bytes;       /* causal state for `context` tokens */
+    uint64_t state_bytes;       /* causal state for `context` tokens, times slots */
     uint64_t state_per_token;
-    uint64_t workspace_bytes;   /* activations and scratch */
+    uint64_t workspace_bytes;   /* activations and scratch, times slots */
     uint64_t staging_bytes;
     uint64_t overhead_bytes;    /* runtime, allocator, tables: fixed allowance */
     uint64_t total;
     int context, resident;
+    int slots;
 } ms_plan;
 
 /* Fixed allowance for what the ledger does not itemize (code, libc, tables). */
@@ -36,6 +39,9 @@ typedef struct ms_plan {
 int ms_plan_make(const ms_model *m, const ms_plan_opts *o, ms_plan *p, ms_err *err);
 /* MS_OK when p->total <= budget_bytes, else MS_ERR_NOMEM with the ledger in the message. */
 int ms_plan_check(const ms_plan *p, uint64_t budget_bytes, ms_err *err);
+/* The most slots (o->slots ignored) whose plan fits budget_bytes: 0 when not even one does
+ * (or o is refused by ms_plan_make). */
+int ms_plan_max_slots(const ms_model *m, const ms_plan_opts *o, uint64_t budget_bytes);
 /* The ledger as text lines ("static tier   1234.5 MiB ..."). */
 void ms_plan_format(const ms_plan *p, char *buf, size_t cap);
 /* The ledger as one JSON object. */

@@ -523,7 +523,7 @@ static int feed(ms_generator *g, const int32_t *ids, int n, ms_err *err) {
     return MS_OK;
 }
 
-int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cached, float *logits, ms_err *err) {
+int ms_generator_prefill_begin(ms_generator *g, const int32_t *prompt, int n, int *cached, ms_err *err) {
     *cached = 0;
     if (n < 1) return ms_fail(err, MS_ERR_ARG, "prompt is empty");
     if (n > ms_engine_max_ctx(g->e))
@@ -559,9 +559,39 @@ int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cac
         common = restored;
     }
     *cached = common;
-    if ((rc = feed(g, prompt + common, n - common, err))) return rc;
-    if (g->snaps.save && (rc = g->snaps.save(g->snaps.user, g->e, g->hist, g->n_hist, err))) return rc;
+    return MS_OK;
+}
+
+int ms_generator_prefill_continue(ms_generator *g, const int32_t *prompt, int n, int max_feed, int *left, ms_err *err) {
+    *left = 0;
+    if (g->n_hist >= n || max_feed < 1)
+        return ms_fail(err, MS_ERR_ARG, "prefill continue: %d of %d prompt tokens fed (chunk %d)", g->n_hist, n, max_feed);
+    int k = n - g->n_hist < max_feed ? n - g->n_hist : max_feed, rc;
+    if ((rc = feed(g, prompt + g->n_hist, k, err))) return rc;
+    *left = n - g->n_hist;
+    if (!*left && g->snaps.save && (rc = g->snaps.save(g->snaps.user, g->e, g->hist, g->n_hist, err))) return rc;
+    return MS_OK;
+}
+
+int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cached, float *logits, ms_err *err) {
+    int left, rc = ms_generator_prefill_begin(g, prompt, n, cached, err);
+    if (!rc) rc = ms_generator_prefill_continue(g, prompt, n, n, &left, err);
+    if (rc) return rc;
     if (logits) memcpy(logits, g->logits, (size_t)g->vocab * sizeof *logits);
+    return MS_OK;
+}
+
+ms_engine *ms_generator_engine(const ms_generator *g) { return g->e; }
+
+int ms_generator_accept(ms_generator *g, int32_t id, const float *logits, ms_err *err) {
+    if (g->n_hist >= g->cap || ms_engine_n_past(g->e) != g->n_hist + 1) {
+        int np = ms_engine_n_past(g->e);
+        ms_generator_reset(g);
+        return ms_fail(err, MS_ERR_ARG, "accept: the engine holds %d tokens, the history %d (context %d)", np,
+                       g->n_hist, g->cap);
+    }
+    g->hist[g->n_hist++] = id;
+    memcpy(g->logits, logits, (size_t)g->vocab * sizeof *logits);
     return MS_OK;
 }
 
@@ -576,9 +606,25 @@ static int emit(ms_stopper *st, int32_t id, const char *text, size_t len, ms_gen
     return MS_OK;
 }
 
-int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
-                void *user, ms_gen_result *res, ms_err *err) {
-    memset(res, 0, sizeof *res);
+/* One request in flight on a generator (ms_gen_run_*): the sampler, stop matcher and
+ * streaming detokenizer, and where the loop of ms_generate stands. */
+struct ms_gen_run {
+    ms_generator *g;
+    const int32_t *prompt;
+    int n;
+    ms_gen_params p;
+    ms_gen_token_fn fn;
+    void *user;
+    ms_sampler *sp;
+    ms_stopper *st;
+    ms_tok_stream ts;
+    ms_gen_result res;
+    int begun, prefilled, hit, abort_, done;
+};
+
+int ms_gen_run_new(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
+                   void *user, ms_gen_run **out, ms_err *err) {
+    *out = NULL;
     if (p->max_tokens < 1) return ms_fail(err, MS_ERR_ARG, "max_tokens must be >= 1, got %d", p->max_tokens);
     if (p->n_eos < 0 || (p->n_eos && !p->eos_ids)) return ms_fail(err, MS_ERR_ARG, "bad eos id list");
     for (int i = 0; i < n; i++)
@@ -586,69 +632,135 @@ int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_para
             return ms_fail(err, MS_ERR_ARG, "prompt token %d at %d is outside the vocabulary [0, %lld)", prompt[i], i,
                            (long long)g->vocab);
     if (!g->t && p->n_stop) return ms_fail(err, MS_ERR_ARG, "stop strings need a tokenizer (the generator has none)");
-    ms_sampler *sp = NULL;
-    ms_stopper *st = NULL;
-    ms_tok_stream ts;
-    ms_tok_stream_init(&ts, g->t, p->decode_flags);
+    ms_gen_run *r = calloc(1, sizeof *r);
+    if (!r) return ms_fail(err, MS_ERR_NOMEM, "generate: out of memory");
+    r->g = g, r->prompt = prompt, r->n = n, r->p = *p, r->fn = fn, r->user = user;
+    ms_tok_stream_init(&r->ts, g->t, p->decode_flags);
     /* models pad their vocabulary past the tokenizer's (Qwen3: 151936 logits, 151669 tokens):
      * ids without text are never sampled */
     int64_t sv = g->vocab;
     if (g->t && (int64_t)ms_tok_vocab_size(g->t) < sv) sv = ms_tok_vocab_size(g->t);
-    int rc = ms_sampler_new(&p->sampling, sv, &sp, err);
-    if (!rc) rc = ms_stopper_new(p->stop, p->n_stop, &st, err);
-    if (!rc) rc = ms_generator_prefill(g, prompt, n, &res->cached_tokens, NULL, err);
-    if (rc) goto done;
-    res->prompt_tokens = n;
-    ms_sampler_add_prompt(sp, prompt, n);
-    int hit = 0, abort_ = 0;
-    for (;;) {
-        int32_t id;
-        if (p->forced_ids) {
-            if (res->completion_tokens >= p->n_forced) { res->finish = MS_FINISH_STOP; break; }
-            id = p->forced_ids[res->completion_tokens];
-            if (id < 0 || id >= g->vocab) { rc = ms_fail(err, MS_ERR_ARG, "forced id %d is outside the vocabulary", id); goto done; }
-        } else if ((rc = ms_sampler_sample(sp, g->logits, &id, err))) {
-            goto done;
-        }
-        res->completion_tokens++;
-        ms_sampler_add_output(sp, id);
-        int is_eos = 0;
-        for (int i = 0; i < p->n_eos; i++) is_eos |= p->eos_ids[i] == id;
-        if (is_eos) {
-            res->finish = MS_FINISH_STOP;
-            if (fn && fn(user, id, "", 0)) res->finish = MS_FINISH_ABORT;
-            break;
-        }
-        const char *txt = "";
-        size_t tl = 0;
-        if (g->t && (rc = ms_tok_stream_feed(&ts, id, &txt, &tl, err))) goto done;
-        if ((rc = emit(st, id, txt, tl, fn, user, &hit, &abort_, err))) goto done;
-        if (hit) { res->finish = MS_FINISH_STOP; break; }
-        if (abort_) { res->finish = MS_FINISH_ABORT; break; }
-        if (res->completion_tokens >= p->max_tokens || g->n_hist >= ms_engine_max_ctx(g->e)) {
-            res->finish = MS_FINISH_LENGTH;
-            break;
-        }
-        if ((rc = feed(g, &id, 1, err))) goto done;
+    int rc = ms_sampler_new(&p->sampling, sv, &r->sp, err);
+    if (!rc) rc = ms_stopper_new(p->stop, p->n_stop, &r->st, err);
+    if (rc) {
+        ms_gen_run_free(r);
+        return rc;
     }
-    if (res->finish != MS_FINISH_ABORT && !hit) {
+    *out = r;
+    return MS_OK;
+}
+
+void ms_gen_run_free(ms_gen_run *r) {
+    if (!r) return;
+    ms_tok_stream_free(&r->ts);
+    ms_sampler_free(r->sp);
+    ms_stopper_free(r->st);
+    free(r);
+}
+
+int ms_gen_run_prefill(ms_gen_run *r, int max_feed, int *left, ms_err *err) {
+    int rc;
+    *left = 0;
+    if (r->prefilled) return MS_OK;
+    if (!r->begun) {
+        if ((rc = ms_generator_prefill_begin(r->g, r->prompt, r->n, &r->res.cached_tokens, err))) return rc;
+        r->begun = 1;
+    }
+    if ((rc = ms_generator_prefill_continue(r->g, r->prompt, r->n, max_feed, left, err))) return rc;
+    if (!*left) {
+        r->prefilled = 1;
+        r->res.prompt_tokens = r->n;
+        ms_sampler_add_prompt(r->sp, r->prompt, r->n);
+    }
+    return MS_OK;
+}
+
+int ms_gen_run_next(ms_gen_run *r, int32_t *feed_id, int *done, ms_err *err) {
+    ms_generator *g = r->g;
+    const ms_gen_params *p = &r->p;
+    ms_gen_result *res = &r->res;
+    int rc;
+    *done = 1;
+    if (r->done) return MS_OK;
+    if (!r->prefilled) return ms_fail(err, MS_ERR_ARG, "generate: the prompt is not prefilled yet");
+    int32_t id;
+    if (p->forced_ids) {
+        if (res->completion_tokens >= p->n_forced) { res->finish = MS_FINISH_STOP; goto end; }
+        id = p->forced_ids[res->completion_tokens];
+        if (id < 0 || id >= g->vocab) return ms_fail(err, MS_ERR_ARG, "forced id %d is outside the vocabulary", id);
+    } else if ((rc = ms_sampler_sample(r->sp, g->logits, &id, err))) {
+        return rc;
+    }
+    res->completion_tokens++;
+    ms_sampler_add_output(r->sp, id);
+    int is_eos = 0;
+    for (int i = 0; i < p->n_eos; i++) is_eos |= p->eos_ids[i] == id;
+    if (is_eos) {
+        res->finish = MS_FINISH_STOP;
+        if (r->fn && r->fn(r->user, id, "", 0)) res->finish = MS_FINISH_ABORT;
+        goto end;
+    }
+    const char *txt = "";
+    size_t tl = 0;
+    if (g->t && (rc = ms_tok_stream_feed(&r->ts, id, &txt, &tl, err))) return rc;
+    if ((rc = emit(r->st, id, txt, tl, r->fn, r->user, &r->hit, &r->abort_, err))) return rc;
+    if (r->hit) { res->finish = MS_FINISH_STOP; goto end; }
+    if (r->abort_) { res->finish = MS_FINISH_ABORT; goto end; }
+    if (res->completion_tokens >= p->max_tokens || g->n_hist >= ms_engine_max_ctx(g->e)) {
+        res->finish = MS_FINISH_LENGTH;
+        goto end;
+    }
+    *feed_id = id;
+    *done = 0;
+    return MS_OK;
+end:
+    r->done = 1;
+    return MS_OK;
+}
+
+int ms_gen_run_finish(ms_gen_run *r, ms_gen_result *res, ms_err *err) {
+    int rc = MS_OK;
+    if (r->done && r->res.finish != MS_FINISH_ABORT && !r->hit) {
         /* release what the detokenizer and the stop matcher held back */
         const char *txt = "", *o;
         size_t tl = 0, ol;
-        if (g->t && (rc = ms_tok_stream_flush(&ts, &txt, &tl, err))) goto done;
-        if (tl && !hit) {
-            if ((rc = ms_stopper_feed(st, txt, tl, &o, &ol, &hit, err))) goto done;
-            if (ol && fn) fn(user, -1, o, ol);
-            if (hit) res->finish = MS_FINISH_STOP;
+        if (r->g->t && (rc = ms_tok_stream_flush(&r->ts, &txt, &tl, err))) goto out;
+        if (tl && !r->hit) {
+            if ((rc = ms_stopper_feed(r->st, txt, tl, &o, &ol, &r->hit, err))) goto out;
+            if (ol && r->fn) r->fn(r->user, -1, o, ol);
+            if (r->hit) r->res.finish = MS_FINISH_STOP;
         }
-        if (!hit) {
-            ms_stopper_flush(st, &o, &ol);
-            if (ol && fn) fn(user, -1, o, ol);
+        if (!r->hit) {
+            ms_stopper_flush(r->st, &o, &ol);
+            if (ol && r->fn) r->fn(r->user, -1, o, ol);
         }
     }
-done:
-    ms_tok_stream_free(&ts);
-    ms_sampler_free(sp);
-    ms_stopper_free(st);
+out:
+    if (res) *res = r->res;
+    return rc;
+}
+
+const ms_gen_result *ms_gen_run_result(const ms_gen_run *r) { return &r->res; }
+ms_generator *ms_gen_run_generator(const ms_gen_run *r) { return r->g; }
+
+int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
+                void *user, ms_gen_result *res, ms_err *err) {
+    memset(res, 0, sizeof *res);
+    ms_gen_run *r;
+    int rc = ms_gen_run_new(g, prompt, n, p, fn, user, &r, err), left, done = 0;
+    if (rc) return rc;
+    if ((rc = ms_gen_run_prefill(r, n, &left, err))) goto fail;
+    for (;;) {
+        int32_t id;
+        if ((rc = ms_gen_run_next(r, &id, &done, err))) goto fail;
+        if (done) break;
+        if ((rc = feed(g, &id, 1, err))) goto fail;
+    }
+    rc = ms_gen_run_finish(r, res, err);
+    ms_gen_run_free(r);
+    return rc;
+fail: /* as before: the counts so far, no flush */
+    *res = r->res;
+    ms_gen_run_free(r);
     return rc;
 }

@@ -163,6 +163,22 @@ void ms_generator_reset(ms_generator *g);
  * Errors: MS_ERR_ARG (n < 1), those of ms_engine_forward (the history is then
  * forgotten and the engine reset). */
 int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cached, float *logits, ms_err *err);
+/* Prefill in pieces (what ms_generator_prefill does in one call): begin applies the
+ * prefix reuse above (*cached = the tokens kept; errors as ms_generator_prefill
+ * before feeding), then each continue feeds the next at most max_feed prompt tokens
+ * (*left = how many remain; at 0 the logits of the last prompt token are the
+ * generator's and the snapshot hook has saved the state). Errors: MS_ERR_ARG
+ * (nothing left to feed), those of ms_engine_forward (the history is then forgotten). */
+int ms_generator_prefill_begin(ms_generator *g, const int32_t *prompt, int n, int *cached, ms_err *err);
+int ms_generator_prefill_continue(ms_generator *g, const int32_t *prompt, int n, int max_feed, int *left, ms_err *err);
+/* The engine (borrowed). */
+ms_engine *ms_generator_engine(const ms_generator *g);
+/* The caller forwarded id on the generator's engine itself (a batched decode step,
+ * ms_engine_decode_batch): record it in the history, with logits [vocab] its
+ * output row. Errors: MS_ERR_ARG (the engine does not hold exactly one token more
+ * than the history; the history is then forgotten and the engine reset). */
+int ms_generator_accept(ms_generator *g, int32_t id, const float *logits, ms_err *err);
+
 /* Run one request: prefill the prompt, then sample (only ids below the
  * tokenizer's vocabulary size when it is smaller than the model's) until an EOS id, a stop
  * string, max_tokens, the context end (finish length) or the callback asks to
@@ -172,6 +188,29 @@ int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cac
  * context), the engine's and tokenizer's errors. */
 int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
                 void *user, ms_gen_result *res, ms_err *err);
+/* ms_generate one step at a time, for a caller that forwards the tokens itself (the
+ * slot scheduler, session/slots.h, batches the decode steps of several runs):
+ *   new      checks p as ms_generate does and sets up the sampler, stop matcher and
+ *            detokenizer (prompt and p's arrays are borrowed until free)
+ *   prefill  the prompt in pieces of at most max_feed tokens (*left: still to feed);
+ *            the first call applies the prefix reuse (ms_generator_prefill_begin)
+ *   next     after the prompt, or after the previous *feed_id was forwarded (and
+ *            recorded: ms_generator_accept): sample from the generator's logits, pass
+ *            the text to the callback, and either end (*done = 1, finish set) or give
+ *            the id to forward next (*done = 0)
+ *   finish   release the text held back (as ms_generate does at the end) and give the result
+ * ms_generate is new, prefill (whole), next / forward until done, finish, free. */
+typedef struct ms_gen_run ms_gen_run;
+int ms_gen_run_new(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
+                   void *user, ms_gen_run **out, ms_err *err);
+int ms_gen_run_prefill(ms_gen_run *r, int max_feed, int *left, ms_err *err);
+int ms_gen_run_next(ms_gen_run *r, int32_t *feed_id, int *done, ms_err *err);
+int ms_gen_run_finish(ms_gen_run *r, ms_gen_result *res, ms_err *err);
+void ms_gen_run_free(ms_gen_run *r);
+/* The result so far (counts, finish), and the run's generator. */
+const ms_gen_result *ms_gen_run_result(const ms_gen_run *r);
+ms_generator *ms_gen_run_generator(const ms_gen_run *r);
+
 /* Tokens the engine currently holds (the history), and its length. */
 const int32_t *ms_generator_history(const ms_generator *g, int *n);
 /* The engine's context size. */
