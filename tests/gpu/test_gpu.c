@@ -1135,15 +1135,16 @@ TEST(backend_dsa) {
  * keys (keys u), as attn_gqa's bound. */
 TEST(backend_compressed) {
     SKIP_UNLESS_SELECTED("backend_compressed");
-    ms_backend *C = cpu(), *G = gbe();
+    ms_backend *C = NULL, *G = gbe();
     ms_err err = {0};
     const int rate = 4, Wn = 8, H = 4, hd = 64, IH = 2, ihd = 32, topk = 3;
-    {
+    { /* a CPU backend of its own, reserved for a compressed layer (its key window and entries) */
         ms_config c;
         memset(&c, 0, sizeof c);
         c.n_layers = 1, c.layer_attn[0] = MS_ATTN_COMPRESSED, c.layer_window[0] = Wn, c.layer_compress[0] = rate;
         c.hidden = 64, c.head_dim = hd, c.n_heads = H;
-        CHECK(C->ops->reserve(C, &c, 9000, 32, &err) == MS_OK);
+        CHECK(ms_backend_cpu_create(NULL, &C, &err) == MS_OK);
+        CHECK_MSG(C->ops->reserve(C, &c, 9000, 32, &err) == MS_OK, "%s", err.msg);
     }
     ms_rope rope;
     memset(&rope, 0, sizeof rope);
@@ -1205,6 +1206,7 @@ TEST(backend_compressed) {
         gfree((void *)b.iq), gfree((void *)b.iw), gfree((void *)b.icomp), gfree((void *)b.sinks);
         free(q), free(kv), free(win), free(comp), free(iq), free(iw), free(icomp), free(sinks), free(ref);
     }
+    C->ops->destroy(C);
 }
 
 /* mHC: pre (fn through the matmul's bound, the sigmoid / Sinkhorn roundings), post, expand,
