@@ -162,11 +162,9 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
     else *workspace += ms_backend_cpu_workspace_bytes(&m->cfg, (int64_t)T, (int64_t)B, threads > 0 ? threads : 1);
 }
 
-/* What a backend without host memory cannot run yet, beyond its ops table: the
- * layer kinds whose compute is still host code (KDA, gated DeltaNet, the DSA
- * indexer, compressed attention, mHC), and an expert source whose views are not
- * in its memory (a host cache: wrap it in the device expert source,
- * engine/device_experts.h). MS_ERR_UNSUPPORTED naming it. */
+/* What a backend without host memory cannot run yet, beyond its ops table: an
+ * expert source whose views are not in its memory (a host cache: wrap it in the
+ * device expert source, engine/device_experts.h). MS_ERR_UNSUPPORTED naming it. */
 static int device_supported(const ms_backend *be, const ms_config *c, const ms_expert_source *experts, ms_err *err) {
     if (experts && experts->views_on && experts->views_on != be)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "the expert source's views are in the memory of another backend (%s, "
@@ -178,21 +176,6 @@ static int device_supported(const ms_backend *be, const ms_config *c, const ms_e
                        "expert source (engine/device_experts.h; the CLI builds it for --backend %s with a streaming "
                        "option)",
                        be->name, be->name);
-    for (int l = 0; l < c->n_layers; l++) {
-        const char *what = c->layer_attn[l] == MS_ATTN_KDA          ? "KDA"
-                           : c->layer_attn[l] == MS_ATTN_GDN        ? "gated DeltaNet"
-                           : c->layer_attn[l] == MS_ATTN_COMPRESSED ? "compressed attention"
-                           : c->layer_dsa[l]                        ? "the DSA indexer"
-                                                                    : NULL;
-        if (what)
-            return ms_fail(err, MS_ERR_UNSUPPORTED,
-                           "%s weights are not placed on a device backend yet (model/place.c; layer %d, %s backend)",
-                           what, l, be->name);
-    }
-    if (c->hc_mult > 1)
-        return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "mHC weights are not placed on a device backend yet (model/place.c; hc_mult %lld, %s backend)",
-                       (long long)c->hc_mult, be->name);
     return MS_OK;
 }
 

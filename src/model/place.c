@@ -83,11 +83,21 @@ static void place_layer(placer *p, const ms_config *c, ms_layer *L, int l, int s
     V(attn_norm), V(ffn_norm), V(bq), V(bk), V(bv), V(q_norm), V(k_norm), V(bo), V(sinks);
     V(q_a_norm), V(kv_a_norm), V(attn_res.norm), V(attn_res.proj), V(mlp_res.norm), V(mlp_res.proj);
     V(router_bias), V(router_lbias), V(lat_norm);
+    /* KDA and gated DeltaNet: matrices, convolution weights and parameter vectors are qmats */
+    Q(kda.q_proj), Q(kda.k_proj), Q(kda.v_proj), Q(kda.q_conv), Q(kda.k_conv), Q(kda.v_conv), Q(kda.f_a), Q(kda.f_b);
+    Q(kda.A_log), Q(kda.dt_bias), Q(kda.b_proj), Q(kda.g_a), Q(kda.g_b), Q(kda.g_proj), Q(kda.o_norm), Q(kda.o_proj);
+    Q(gdn.in_qkvz), Q(gdn.in_ba), Q(gdn.conv), Q(gdn.A_log), Q(gdn.dt_bias), Q(gdn.norm), Q(gdn.out_proj);
+    /* the DSA indexer (kpool_ape stays a host view: the engine reads it from the host model) */
+    Q(dsa.wq_b), Q(dsa.wk), Q(dsa.weights_proj), Q(dsa.kpool_gate), V(dsa.k_norm_w), V(dsa.k_norm_b);
+    /* DeepSeek V4 compressed attention, its compressors and CSA indexer */
+    Q(ca.wkv), Q(ca.wo_a), Q(ca.wo_b), V(ca.kv_norm);
+    Q(ca.comp.wkv), Q(ca.comp.wgate), V(ca.comp.ape), V(ca.comp.norm);
+    Q(ca.icomp.wkv), Q(ca.icomp.wgate), V(ca.icomp.ape), V(ca.icomp.norm), Q(ca.iwq_b), Q(ca.iweights);
+    /* mHC */
+    Q(hc_attn_fn), Q(hc_ffn_fn), V(hc_attn_base), V(hc_attn_scale), V(hc_ffn_base), V(hc_ffn_scale);
 #undef Q
 #undef V
-    /* KDA / gated DeltaNet / DSA / compressed attention / mHC weights stay host views:
-     * no device backend has their ops yet, and the engine refuses those models there.
-     * hash_ids, owned and expert_tensors stay host memory (the engine reads them). */
+    /* hash_ids, owned and expert_tensors stay host memory (the engine reads them). */
     if (L->experts && !p->rc && !skip_experts) {
         ms_expert_view *x = malloc((size_t)c->n_experts * sizeof *x);
         if (!x) {
@@ -130,6 +140,9 @@ int ms_model_place(const ms_model *m, ms_backend *be, int skip_experts, ms_model
     place_vec(&p, &w->final_norm, "the final norm", -1);
     place_vec(&p, &w->out_res.norm, "the output AttnRes norm", -1);
     place_vec(&p, &w->out_res.proj, "the output AttnRes projection", -1);
+    place_qmat(&p, &w->hc_head_fn, "the hyper head fn", -1);
+    place_vec(&p, &w->hc_head_base, "the hyper head base", -1);
+    place_vec(&p, &w->hc_head_scale, "the hyper head scale", -1);
     free(p.vecs);
     if (p.rc) {
         for (int i = l; i < m->cfg.n_layers; i++) w->layers[i].experts = NULL; /* never copied */

@@ -30,6 +30,7 @@
 #include "ops/ops.h"
 #include "backend/cpu/backend_cpu.h"
 #include "backend/gpu/backend_gpu.h"
+#include "backend/cpu/linear_attn.h"
 #include "test.h"
 
 #define U32 (1.0 / 16777216.0)
@@ -942,6 +943,319 @@ TEST(backend_attention) {
         cmpv("attn_res_mix, 3 blocks", got, ref, n * d, 0, ((nb + 8) * 4 * U32 + 4e-6) * (nb + 1) * vm);
         gfree(dbk), gfree(dc), gfree(dn), gfree(dp), gfree(dout), free(blocks), free(cur), free(nm), free(pj), free(ref), free(got);
     }
+}
+
+/* ------------------------------ linear attention, DSA, compressed attention, mHC */
+
+/* an F32 weight from host values (owned by the caller) */
+static ms_qmat qm(float *v, int64_t rows, int64_t cols) {
+    ms_qmat w = {.dtype = MS_DT_F32, .rows = rows, .cols = cols, .data = v};
+    return w;
+}
+static ms_qmat placed(const ms_qmat *w) {
+    ms_qmat d = *w;
+    ms_err err = {0};
+    if (w->data) CHECK_MSG(gbe()->ops->place_qmat(gbe(), w, &d, &err) == MS_OK, "place: %s", err.msg);
+    return d;
+}
+static float *onesv(int64_t n, float s) { /* 1 + s * gauss: norm weights */
+    float *v = randv(n, s);
+    for (int64_t i = 0; i < n; i++) v[i] += 1.0f;
+    return v;
+}
+
+/* KDA (both decay gates, both output gates) and the gated DeltaNet: a 20-token prefill (the
+ * CPU's chunked form, the GPU's recurrence) then two decode steps (both recurrent), outputs and
+ * the final state. First-order bound: each output is a chain of F32 sums (the input projection
+ * D terms, the recurrence 2 dk terms per token seen, carried with factors <= 1, the norm dk and
+ * the output projection C terms), relative error (D + 2 T dk + dk + C) u per side at O(1)
+ * gates; x 8 for the chain's condition (the L2 norms, the gated norm's 1 / rms, the chunked
+ * form's triangular solve). */
+TEST(backend_linear) {
+    SKIP_UNLESS_SELECTED("backend_linear");
+    ms_backend *C = cpu(), *G = gbe();
+    ms_err err = {0};
+    for (int variant = 0; variant < 3; variant++) {
+        const int D = 256, T1 = 20, T = T1 + 2;
+        int64_t conv_len, S_len, out_n = (int64_t)T * D;
+        float *x = randv(out_n, 1.0f), *ref = calloc((size_t)out_n, 4), *dx = bup(x, out_n), *dout = bup(ref, out_n);
+        float *bufs[32];
+        int nb = 0;
+#define HV(n, s) (bufs[nb++] = randv((n), (s)))
+        const char *what;
+        int dk, Cw;
+        ms_kda_config kc = {0};
+        ms_gdn_config gc = {0};
+        ms_kda_weights kw = {0}, dkw;
+        ms_gdn_weights gw = {0}, dgw;
+        if (variant < 2) {
+            const int H = 4, d = 32, K = 4, Cc = H * d;
+            kc = (ms_kda_config){D, H, d, K, variant ? MS_DECAY_LOWER_BOUND : MS_DECAY_SOFTPLUS, -5.0f, variant, 1e-6f};
+            kw.q_proj = qm(HV(Cc * D, 0.06f), Cc, D), kw.k_proj = qm(HV(Cc * D, 0.06f), Cc, D);
+            kw.v_proj = qm(HV(Cc * D, 0.06f), Cc, D);
+            kw.q_conv = qm(HV(Cc * K, 0.5f), Cc, K), kw.k_conv = qm(HV(Cc * K, 0.5f), Cc, K);
+            kw.v_conv = qm(HV(Cc * K, 0.5f), Cc, K);
+            kw.f_a = qm(HV(d * D, 0.06f), d, D), kw.f_b = qm(HV(Cc * d, 0.2f), Cc, d);
+            kw.A_log = qm(HV(H, 0.5f), 1, H), kw.dt_bias = qm(HV(Cc, 0.5f), 1, Cc);
+            kw.b_proj = qm(HV(H * D, 0.06f), H, D);
+            if (variant) kw.g_proj = qm(HV(Cc * D, 0.06f), Cc, D);
+            else kw.g_a = qm(HV(d * D, 0.06f), d, D), kw.g_b = qm(HV(Cc * d, 0.2f), Cc, d);
+            kw.o_norm = qm(bufs[nb++] = onesv(d, 0.1f), 1, d), kw.o_proj = qm(HV(D * Cc, 0.06f), D, Cc);
+            dkw = kw;
+            ms_qmat *src = &kw.q_proj, *dst = &dkw.q_proj;
+            for (size_t i = 0; i < sizeof kw / sizeof kw.q_proj; i++) dst[i] = placed(&src[i]);
+            ms_kda_state_lens(&kc, &conv_len, &S_len);
+            what = variant ? "kda_forward (lower-bound gate, full-rank gate)" : "kda_forward (softplus, low-rank gate)";
+            dk = d, Cw = Cc;
+        } else {
+            const int Hk = 2, Hv = 4, k = 32, v = 24, K = 4;
+            const int64_t Kd = Hk * k, Vd = Hv * v, Cc = 2 * Kd + Vd, P = 2 * Kd + 2 * Vd;
+            gc = (ms_gdn_config){D, Hk, Hv, k, v, K, 1e-6f};
+            gw.in_qkvz = qm(HV(P * D, 0.06f), P, D), gw.in_ba = qm(HV(2 * Hv * D, 0.06f), 2 * Hv, D);
+            gw.conv = qm(HV(Cc * K, 0.5f), Cc, K), gw.A_log = qm(HV(Hv, 0.5f), 1, Hv);
+            gw.dt_bias = qm(HV(Hv, 0.5f), 1, Hv), gw.norm = qm(bufs[nb++] = onesv(v, 0.1f), 1, v);
+            gw.out_proj = qm(HV(D * Vd, 0.06f), D, Vd);
+            dgw = gw;
+            ms_qmat *src = &gw.in_qkvz, *dst = &dgw.in_qkvz;
+            for (size_t i = 0; i < sizeof gw / sizeof gw.in_qkvz; i++) dst[i] = placed(&src[i]);
+            ms_gdn_state_lens(&gc, &conv_len, &S_len);
+            what = "gdn_forward (2 key heads, 4 value heads)";
+            dk = k, Cw = (int)Vd;
+        }
+#undef HV
+        ms_kda_state hs = {calloc((size_t)conv_len + 1, 4), calloc((size_t)S_len, 4), conv_len, S_len};
+        float *z = calloc((size_t)(conv_len + S_len + 1), 4);
+        ms_kda_state ds = {bup(z, conv_len + 1), bup(z, S_len), conv_len, S_len};
+        int steps[3] = {T1, 1, 1}, t0 = 0;
+        for (int s = 0; s < 3; s++) {
+            int n = steps[s], rc1, rc2;
+            if (variant < 2) {
+                rc1 = C->ops->kda_forward(C, &kc, &kw, &hs, x + (int64_t)t0 * D, n, ref + (int64_t)t0 * D, &err);
+                rc2 = G->ops->kda_forward(G, &kc, &dkw, &ds, dx + (int64_t)t0 * D, n, dout + (int64_t)t0 * D, &err);
+            } else {
+                rc1 = C->ops->gdn_forward(C, &gc, &gw, &hs, x + (int64_t)t0 * D, n, ref + (int64_t)t0 * D, &err);
+                rc2 = G->ops->gdn_forward(G, &gc, &dgw, &ds, dx + (int64_t)t0 * D, n, dout + (int64_t)t0 * D, &err);
+            }
+            CHECK_MSG(rc1 == MS_OK && rc2 == MS_OK, "%s: %s", what, err.msg);
+            t0 += n;
+        }
+        double rel = 8 * (D + 2.0 * T * dk + dk + Cw) * U32;
+        float *got = bget(dout, out_n);
+        char name[160];
+        snprintf(name, sizeof name, "%s, out", what);
+        cmpv(name, got, ref, out_n, 0, rel * maxabs(ref, out_n));
+        float *gS = bget(ds.S, S_len);
+        snprintf(name, sizeof name, "%s, state", what);
+        cmpv(name, gS, hs.S, S_len, 0, rel * maxabs(hs.S, S_len));
+        free(got), free(gS), free(z), free(hs.conv), free(hs.S), gfree(ds.conv), gfree(ds.S);
+        gfree(dx), gfree(dout), free(x), free(ref);
+        for (int i = 0; i < nb; i++) free(bufs[i]);
+    }
+}
+
+/* The DSA indexer (per-token keys with both RoPE layouts, KPool with its tail): a 20-token
+ * chunk and a decode step, then a re-check of an earlier query in a longer forward. The
+ * prepared keys and queries within the LayerNorm / RoPE roundings (D u); the selections
+ * identical (the GPU's scores, within (H D + H) u of the CPU's, pass through the CPU's own
+ * torch.topk emulation; exact ties, the relu's zeros, are exact on both). */
+TEST(backend_dsa) {
+    SKIP_UNLESS_SELECTED("backend_dsa");
+    ms_backend *C = cpu(), *G = gbe();
+    ms_err err = {0};
+    for (int variant = 0; variant < 3; variant++) {
+        ms_dsa_cfg cfg = {.n_heads = 4, .head_dim = 32, .rope_dims = variant == 2 ? 0 : 16,
+                          .rope_layout = variant == 1 ? MS_DSA_ROPE_INTERLEAVED : MS_DSA_ROPE_HALF, .topk = 8,
+                          .kpool = variant == 2 ? 4 : 1, .kpool_tail = 1, .ln_eps = 1e-6f};
+        const int H = cfg.n_heads, D = cfg.head_dim, W = ms_dsa_row_width(&cfg), cap = 64, kp = variant == 2 ? 4 : 1;
+        ms_rope rope;
+        memset(&rope, 0, sizeof rope);
+        rope.dim = 16, rope.layout = MS_ROPE_HALF, rope.attn_factor = 1.0;
+        for (int i = 0; i < 8; i++) rope.inv_freq[i] = pow(10000.0, -2.0 * i / 16);
+        float *ape = randv(kp * D, 0.5f), *lnw = onesv(D, 0.1f), *lnb = randv(D, 0.1f);
+        ms_dsa_cache hc;
+        CHECK(ms_dsa_cache_init(&hc, &cfg, ape, cap, &err) == MS_OK);
+        float *zero = calloc((size_t)cap * D, 4);
+        ms_dsa_cache dc = {.head_dim = D, .kpool = kp, .len = 0, .cap = cap, .keys = bup(zero, cap * D),
+                           .gates = bup(zero, cap * D), .pooled = bup(zero, cap * D), .ape = bup(ape, kp * D)};
+        float *dlnw = bup(lnw, D), *dlnb = bup(lnb, D);
+        int steps[2] = {20, 1};
+        int64_t pos0 = 0;
+        int bad = 0;
+        double qerr = 0;
+        for (int s = 0; s < 2; s++) {
+            int n = steps[s];
+            float *q = randv((int64_t)n * H * D, 1.0f), *k = randv((int64_t)n * D, 1.0f), *g = randv((int64_t)n * D, 1.0f);
+            float *w = randv((int64_t)n * H, 1.0f);
+            for (int i = 0; i < n * H; i += 3) w[i] = -fabsf(w[i]); /* negative weights: scores of both signs */
+            float *dq = bup(q, (int64_t)n * H * D), *dk = bup(k, (int64_t)n * D), *dg = bup(g, (int64_t)n * D);
+            float *dw = bup(w, (int64_t)n * H);
+            int32_t *i1 = malloc((size_t)n * W * 4), *i2 = malloc((size_t)n * W * 4), c1[32], c2[32];
+            uint8_t a1[32], a2[32];
+            ms_dsa_index_args a = {.cfg = &cfg, .cache = &hc, .q = q, .k = k, .g = kp > 1 ? g : NULL, .w = w,
+                                   .k_norm_w = lnw, .k_norm_b = lnb, .rope = &rope, .n = n, .pos0 = pos0,
+                                   .fwd_len = pos0 + n, .idx = i1, .count = c1, .ambiguous = a1};
+            CHECK_MSG(C->ops->dsa_index(C, &a, &err) == MS_OK, "cpu dsa_index: %s", err.msg);
+            ms_dsa_index_args b = a;
+            b.cache = &dc, b.q = dq, b.k = dk, b.g = kp > 1 ? dg : NULL, b.w = dw, b.k_norm_w = dlnw, b.k_norm_b = dlnb;
+            b.idx = i2, b.count = c2, b.ambiguous = a2;
+            CHECK_MSG(G->ops->dsa_index(G, &b, &err) == MS_OK, "gpu dsa_index: %s", err.msg);
+            float *gq = bget(dq, (int64_t)n * H * D);
+            for (int64_t i = 0; i < (int64_t)n * H * D; i++) qerr = fmax(qerr, fabs(gq[i] - q[i]));
+            for (int t = 0; t < n; t++) {
+                bad += c1[t] != c2[t] || memcmp(i1 + t * W, i2 + t * W, (size_t)W * 4) || a1[t] != a2[t];
+            }
+            if (s == 1) { /* re-check position 5 (prepared queries of the first chunk are gone: use this one at 5) */
+                int32_t r1[32], r2[32], n1 = 0, n2 = 0;
+                CHECK(C->ops->dsa_recheck(C, &cfg, &hc, q, w, 5, 40, r1, &n1, &err) == MS_OK);
+                CHECK_MSG(G->ops->dsa_recheck(G, &cfg, &dc, dq, dw, 5, 40, r2, &n2, &err) == MS_OK, "%s", err.msg);
+                bad += n1 != n2 || memcmp(r1, r2, (size_t)n1 * 4);
+            }
+            free(gq), gfree(dq), gfree(dk), gfree(dg), gfree(dw), free(q), free(k), free(g), free(w), free(i1), free(i2);
+            pos0 += n;
+        }
+        CHECK(dc.len == hc.len);
+        float *gk = bget(kp > 1 ? dc.pooled : dc.keys, (hc.len / kp) * D);
+        const char *what = variant == 0 ? "dsa_index half rope" : variant == 1 ? "dsa_index interleaved rope" : "dsa_index kpool 4, tail";
+        char name[128];
+        snprintf(name, sizeof name, "%s: %s", what, kp > 1 ? "pooled keys" : "cache keys");
+        cmpv(name, gk, kp > 1 ? hc.pooled : hc.keys, (hc.len / kp) * D, 0, 4 * (D + 8) * U32 * 8);
+        printf("  backend %-52s selections %s, queries max err %.2e\n", what, bad ? "DIFFER" : "identical", qerr);
+        CHECK_MSG(bad == 0, "%s: %d selections differ", what, bad);
+        CHECK(qerr <= 4 * 8 * U32 * 8);
+        ms_dsa_cache_free(&hc);
+        gfree(dc.keys), gfree(dc.gates), gfree(dc.pooled), gfree(dc.ape), gfree(dlnw), gfree(dlnb);
+        free(ape), free(lnw), free(lnb), free(zero);
+    }
+}
+
+/* DeepSeek V4: the compressors (plain and overlapping, a chunk that closes two windows then
+ * one that closes a third across the call boundary) and the attention core (HCA, CSA with the
+ * indexer's choice). Entries: softmax weights in double on both, the RMSNorm over dim terms
+ * and the RoPE (dim u). Attention: scores hd terms, the exp / sum roundings, the mix over the
+ * keys (keys u), as attn_gqa's bound. */
+TEST(backend_compressed) {
+    SKIP_UNLESS_SELECTED("backend_compressed");
+    ms_backend *C = NULL, *G = gbe();
+    ms_err err = {0};
+    const int rate = 4, Wn = 8, H = 4, hd = 64, IH = 2, ihd = 32, topk = 3;
+    { /* a CPU backend of its own, reserved for a compressed layer (its key window and entries) */
+        ms_config c;
+        memset(&c, 0, sizeof c);
+        c.n_layers = 1, c.layer_attn[0] = MS_ATTN_COMPRESSED, c.layer_window[0] = Wn, c.layer_compress[0] = rate;
+        c.hidden = 64, c.head_dim = hd, c.n_heads = H;
+        CHECK(ms_backend_cpu_create(NULL, &C, &err) == MS_OK);
+        CHECK_MSG(C->ops->reserve(C, &c, 9000, 32, &err) == MS_OK, "%s", err.msg);
+    }
+    ms_rope rope;
+    memset(&rope, 0, sizeof rope);
+    rope.dim = 16, rope.layout = MS_ROPE_INTERLEAVED, rope.attn_factor = 1.0;
+    for (int i = 0; i < 8; i++) rope.inv_freq[i] = pow(10000.0, -2.0 * i / 16);
+    for (int overlap = 0; overlap < 2; overlap++) {
+        const int64_t dim = hd, cw = (overlap ? 2 : 1) * dim, ne = 8;
+        float *ape = randv(rate * cw, 0.5f), *nrm = onesv(dim, 0.1f), *dape = bup(ape, rate * cw), *dn = bup(nrm, dim);
+        float *z = calloc((size_t)(2 * rate * cw + ne * dim), 4);
+        float *hk = calloc((size_t)(2 * rate * cw), 4), *hg = calloc((size_t)(2 * rate * cw), 4), *he = calloc((size_t)(ne * dim), 4);
+        float *dk = bup(z, 2 * rate * cw), *dg = bup(z, 2 * rate * cw), *de = bup(z, ne * dim);
+        int steps[2] = {10, 3};
+        int64_t pos0 = 0;
+        for (int s = 0; s < 2; s++) {
+            int n = steps[s];
+            float *kv = randv(n * cw, 1.0f), *g = randv(n * cw, 1.0f), *dkv = bup(kv, n * cw), *dgg = bup(g, n * cw);
+            ms_compress_args a = {.raw_kv = hk, .raw_g = hg, .entries = he, .kv = kv, .g = g, .ape = ape, .norm = nrm,
+                                  .rope = &rope, .rate = rate, .overlap = overlap, .n = n, .dim = dim, .pos0 = pos0,
+                                  .eps = 1e-6f};
+            CHECK(C->ops->compress_append(C, &a, &err) == MS_OK);
+            ms_compress_args b = a;
+            b.raw_kv = dk, b.raw_g = dg, b.entries = de, b.kv = dkv, b.g = dgg, b.ape = dape, b.norm = dn;
+            CHECK_MSG(G->ops->compress_append(G, &b, &err) == MS_OK, "%s", err.msg);
+            gfree(dkv), gfree(dgg), free(kv), free(g);
+            pos0 += n;
+        }
+        float *got = bget(de, 3 * dim);
+        cmpv(overlap ? "compress_append overlapping, 3 windows" : "compress_append plain, 3 windows", got, he, 3 * dim, 0,
+             (dim + 2 * rate + 16) * 4 * U32 * maxabs(he, 3 * dim));
+        free(got);
+        got = bget(dk, 2 * rate * cw);
+        cmpv("compress_append rings", got, hk, 2 * rate * cw, 0, 0);
+        free(got), gfree(dape), gfree(dn), gfree(dk), gfree(dg), gfree(de), free(ape), free(nrm), free(z), free(hk), free(hg), free(he);
+    }
+    for (int csa = 0; csa < 2; csa++) {
+        const int n = csa ? 6 : 1;
+        const int64_t pos0 = 30, NC = (pos0 + n) / rate;
+        float *q = randv((int64_t)n * H * hd, 0.3f), *kv = randv((int64_t)n * hd, 1.0f), *win = randv(Wn * hd, 1.0f);
+        float *comp = randv(NC * hd, 1.0f), *iq = randv((int64_t)n * IH * ihd, 1.0f), *iw = randv((int64_t)n * IH, 1.0f);
+        float *icomp = randv(NC * ihd, 1.0f), *sinks = randv(H, 1.0f), *ref = calloc((size_t)n * H * hd, 4);
+        ms_cattn_args a = {.out = ref, .q = q, .kv = kv, .win = win, .comp = comp, .iq = iq, .iw = iw, .icomp = icomp,
+                           .sinks = sinks, .n = n, .csa = csa, .pos0 = pos0, .H = H, .hd = hd, .window = Wn,
+                           .rate = rate, .n_comp = NC, .idx_heads = IH, .idx_dim = ihd, .topk = topk,
+                           .fwd_len = pos0 + n, .scale = 1.0f / sqrtf((float)hd)};
+        CHECK_MSG(C->ops->attn_compressed(C, &a, &err) == MS_OK, "cpu: %s", err.msg);
+        ms_cattn_args b = a;
+        b.out = bup(ref, (int64_t)n * H * hd), b.q = bup(q, (int64_t)n * H * hd), b.kv = bup(kv, (int64_t)n * hd);
+        b.win = bup(win, Wn * hd), b.comp = bup(comp, NC * hd), b.iq = bup(iq, (int64_t)n * IH * ihd);
+        b.iw = bup(iw, (int64_t)n * IH), b.icomp = bup(icomp, NC * ihd), b.sinks = bup(sinks, H);
+        CHECK_MSG(G->ops->attn_compressed(G, &b, &err) == MS_OK, "gpu: %s", err.msg);
+        float *got = bget(b.out, (int64_t)n * H * hd);
+        double km = fmax(fmax(maxabs(kv, n * hd), maxabs(win, Wn * hd)), maxabs(comp, NC * hd));
+        double dsc = (hd + 3) * U32 * hd * maxabs(q, (int64_t)n * H * hd) * km * b.scale;
+        double tol = (2 * dsc + (Wn + NC + 16) * U32 + 8 * U32) * km * 2;
+        cmpv(csa ? "attn_compressed CSA 6 tokens, top-3 entries" : "attn_compressed HCA decode", got, ref,
+             (int64_t)n * H * hd, 0, tol);
+        free(got);
+        gfree(b.out), gfree((void *)b.q), gfree((void *)b.kv), gfree((void *)b.win), gfree((void *)b.comp);
+        gfree((void *)b.iq), gfree((void *)b.iw), gfree((void *)b.icomp), gfree((void *)b.sinks);
+        free(q), free(kv), free(win), free(comp), free(iq), free(iw), free(icomp), free(sinks), free(ref);
+    }
+    C->ops->destroy(C);
+}
+
+/* mHC: pre (fn through the matmul's bound, the sigmoid / Sinkhorn roundings), post, expand,
+ * the two hyper heads. */
+TEST(backend_mhc) {
+    SKIP_UNLESS_SELECTED("backend_mhc");
+    ms_backend *C = cpu(), *G = gbe();
+    ms_err err = {0};
+    const int hc = 4, dim = 512, n = 5, mix = (2 + hc) * hc;
+    float *fnv = randv((int64_t)mix * hc * dim, 0.02f), *base = randv(mix, 0.5f), *scale = randv(3, 0.5f);
+    float *st = randv((int64_t)n * hc * dim, 1.0f);
+    ms_qmat fn = qm(fnv, mix, hc * dim), dfn = placed(&fn);
+    float *dbase = bup(base, mix), *dscale = bup(scale, 3), *dst = bup(st, (int64_t)n * hc * dim);
+    ms_mhc h = {.hc = hc, .dim = dim, .fn = &fn, .base = base, .scale = scale, .sinkhorn_iters = 20, .hc_eps = 1e-6f,
+                .norm_eps = 1e-6f};
+    float *col = malloc((size_t)n * dim * 4), *post = malloc((size_t)n * hc * 4), *comb = malloc((size_t)n * hc * hc * 4);
+    CHECK(C->ops->mhc_pre(C, &h, st, n, col, post, comb, &err) == MS_OK);
+    ms_mhc hd_ = h;
+    hd_.fn = &dfn, hd_.base = dbase, hd_.scale = dscale;
+    float *dcol = bup(col, (int64_t)n * dim), *dpost = bup(post, n * hc), *dcomb = bup(comb, n * hc * hc);
+    CHECK_MSG(G->ops->mhc_pre(G, &hd_, dst, n, dcol, dpost, dcomb, &err) == MS_OK, "%s", err.msg);
+    /* m = r fn x: hc*dim terms (dot_bound); sigmoid / softmax / 20 Sinkhorn sweeps: O(iters hc) roundings */
+    double dm = (dot_bound(hc * dim) + 4 * U32) * 0.02 * 4 * sqrt((double)hc * dim) * fmax(fabs(scale[0]), fmax(fabs(scale[1]), fabs(scale[2])));
+    float *g1 = bget(dcol, (int64_t)n * dim), *g2 = bget(dpost, n * hc), *g3 = bget(dcomb, n * hc * hc);
+    cmpv("mhc_pre collapsed", g1, col, (int64_t)n * dim, 0, (dm + 16 * U32) * hc * maxabs(st, (int64_t)n * hc * dim) * 2);
+    cmpv("mhc_pre post", g2, post, n * hc, 0, (dm + 16 * U32) * 2 * 2);
+    cmpv("mhc_pre comb (Sinkhorn, 20 sweeps)", g3, comb, n * hc * hc, 0, (8 * dm + 40 * 2 * hc * U32) * 4);
+    free(g1), free(g2), free(g3);
+    /* post / expand / mean: single roundings or hc-term sums from equal inputs */
+    same(dpost, post, n * hc), same(dcomb, comb, n * hc * hc);
+    float *y = randv((int64_t)n * dim, 1.0f), *dy = bup(y, (int64_t)n * dim), *out = malloc((size_t)n * hc * dim * 4);
+    float *dout = bup(st, (int64_t)n * hc * dim);
+    C->ops->mhc_post(C, st, y, post, comb, n, hc, dim, out), G->ops->mhc_post(G, dst, dy, dpost, dcomb, n, hc, dim, dout);
+    float *g4 = bget(dout, (int64_t)n * hc * dim);
+    cmpv("mhc_post", g4, out, (int64_t)n * hc * dim, 0, (hc + 2) * 2 * U32 * 4 * maxabs(st, (int64_t)n * hc * dim)), free(g4);
+    C->ops->mhc_expand(C, y, n, hc, dim, out), G->ops->mhc_expand(G, dy, n, hc, dim, dout);
+    g4 = bget(dout, (int64_t)n * hc * dim), cmpv("mhc_expand", g4, out, (int64_t)n * hc * dim, 0, 0), free(g4);
+    C->ops->mhc_head_mean(C, st, n, hc, dim, col), G->ops->mhc_head_mean(G, dst, n, hc, dim, dcol);
+    g4 = bget(dcol, (int64_t)n * dim), cmpv("mhc_head_mean", g4, col, (int64_t)n * dim, 0, 0), free(g4);
+    ms_qmat hfn = qm(randv((int64_t)hc * hc * dim, 0.02f), hc, hc * dim), dhfn = placed(&hfn);
+    CHECK(C->ops->mhc_head_weighted(C, &hfn, base, scale, hc, dim, 1e-6f, 1e-6f, st, n, col, &err) == MS_OK);
+    CHECK_MSG(G->ops->mhc_head_weighted(G, &dhfn, dbase, dscale, hc, dim, 1e-6f, 1e-6f, dst, n, dcol, &err) == MS_OK, "%s",
+              err.msg);
+    g4 = bget(dcol, (int64_t)n * dim);
+    cmpv("mhc_head_weighted", g4, col, (int64_t)n * dim, 0, (dm + 16 * U32) * hc * maxabs(st, (int64_t)n * hc * dim) * 2);
+    free(g4);
+    CHECK(G->ops->sync(G, &err) == MS_OK);
+    gfree(dbase), gfree(dscale), gfree(dst), gfree(dcol), gfree(dpost), gfree(dcomb), gfree(dy), gfree(dout);
+    free(fnv), free(base), free(scale), free(st), free(col), free(post), free(comb), free(y), free(out), free((void *)hfn.data);
 }
 
 TEST_MAIN()

@@ -110,7 +110,10 @@ static int cpu_reserve(ms_backend *be, const ms_config *c, int64_t max_ctx, int6
     if (d.ca_rate && (!m.ca_rate || d.ca_rate < m.ca_rate)) m.ca_rate = d.ca_rate;
     int64_t T = MAX2(b->max_ctx, max_ctx), B = MAX2(b->max_batch, max_batch);
     size_t stride = stride_of(&m, T, B);
-    if (b->th_buf && stride <= b->th_stride && T == b->max_ctx && B == b->max_batch) return MS_OK;
+    if (b->th_buf && stride <= b->th_stride && T == b->max_ctx && B == b->max_batch) {
+        b->dims = m; /* the scratch is big enough: record the merged sizes the ops check against */
+        return MS_OK;
+    }
     float *p = calloc((size_t)b->n_threads * stride, 4);
     if (!p)
         return ms_fail(err, MS_ERR_NOMEM, "out of memory for %d x %.1f MiB of CPU scratch", b->n_threads,

@@ -12,6 +12,7 @@ extern "C" {
 #include "backend/cpu/backend_cpu.h" /* ms_route_host: the router kinds the device kernel lacks */
 }
 #include "backend/gpu/backend_gpu.h"
+#include "backend/gpu/backend_gpu_blocks.h" /* the linear / sparse / compressed attention and mHC ops */
 
 #define ARENA_CHUNK ((size_t)256 << 20) /* placed weights: one device allocation per 256 MiB */
 #define ROW_BATCH 256                   /* host rows / weights / token ids per launch (kernel arguments) */
@@ -44,6 +45,7 @@ typedef struct gpu_backend {
     size_t host_cap; /* floats */
     int failed;      /* an earlier op failed: reported by the next sync / download */
     ms_err fail;
+    void *blocks;    /* backend_gpu_blocks.cu's state */
 } gpu_backend;
 
 static gpu_backend *gb(ms_backend *be) { return (gpu_backend *)be->impl; }
@@ -64,6 +66,12 @@ static int report(gpu_backend *b, ms_err *err) {
     if (err) *err = b->fail;
     return b->fail.code ? b->fail.code : MS_ERR_UNSUPPORTED;
 }
+
+/* for backend_gpu_blocks.cu (backend_gpu_blocks.h) */
+ms_gpu *ms_gpu_be_dev(ms_backend *be) { return gb(be)->g; }
+void ms_gpu_be_note(ms_backend *be, int rc, const ms_err *e) { note(gb(be), rc, e); }
+int ms_gpu_be_report(ms_backend *be, ms_err *err) { return report(gb(be), err); }
+void **ms_gpu_be_blocks(ms_backend *be) { return &gb(be)->blocks; }
 
 static unsigned blocks_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
@@ -226,6 +234,7 @@ static void g_destroy(ms_backend *be) {
     if (b->g) {
         ms_err e = {0};
         (void)ms_gpu_sync(b->g, &e);
+        ms_gpu_blocks_free(be);
         for (int i = 0; i < b->n_chunks; i++) ms_gpu_free(b->g, b->chunks[i].base);
         ms_gpu_free(b->g, b->attn_scr);
         ms_gpu_free(b->g, b->work);
@@ -850,6 +859,7 @@ static void fill_ops(ms_backend_ops *o) {
     o->host_register = g_host_register;
     o->host_unregister = g_host_unregister;
     o->mem_info = g_mem_info;
+    ms_gpu_blocks_fill(o);
 }
 
 

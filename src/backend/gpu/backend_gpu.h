@@ -9,8 +9,10 @@
  * Index arrays the contract gives as host arrays (gather/scatter rows, token
  * ids, MLA selections) travel in kernel arguments or a small device buffer.
  *
- * The ops of GQA, MLA and MoE models with Attention Residuals are present; the
- * KDA, DSA, compressed-attention and mHC ops are not (engine creation says so).
+ * Every op of core/backend.h is present: those of GQA, MLA and MoE models with
+ * Attention Residuals in backend_gpu.cu, the KDA, gated DeltaNet, DSA indexer,
+ * compressed-attention and mHC ops in backend_gpu_blocks.cu (the DSA and CSA
+ * selections: device scores, the CPU's torch.topk emulation on the host).
  * Each op is checked against the CPU backend's own (tests/gpu/test_gpu.c). */
 #ifndef MS_BACKEND_GPU_H
 #define MS_BACKEND_GPU_H
