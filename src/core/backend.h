@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/expert_source.h"
 #include "engine/gdn_block.h"
 #include "engine/kda_block.h"
 #include "model/config.h"
@@ -179,6 +180,48 @@ typedef struct ms_cattn_args {
     float scale;
 } ms_cattn_args;
 
+/* The routed experts of one MoE layer in expert-major form (engine/moe.c builds the
+ * lists): expert views[u] (u < nu, acquired) takes the (token, weight) pairs
+ * off[u]..off[u+1) of tok / w (host arrays: rows of in, routing weights) and
+ *   acc[tok] += w * down(act(gate x) * (up x))   (x = in[tok]; biases added, fused
+ *                                                 gate_up rows split as the view says)
+ * experts in order, pairs in order, in blocks of at most max_batch rows through the
+ * scratch rows xs, ys [max_batch, D] and g, u [max_batch, 2 * inter] (backend memory).
+ * ms_moe_experts_composed is exactly this through the backend's own ops (gather_rows,
+ * matmul, add_bias_any, split_gate_up, glu, scatter_add_rows): the CPU backend's. */
+typedef struct ms_moe_args {
+    const float *in;
+    float *acc;
+    int64_t D;
+    const ms_glu *act;
+    int nu;
+    const ms_expert_view *views;
+    const int *off, *tok;
+    const float *w;
+    int max_batch;
+    float *xs, *g, *u, *ys;
+} ms_moe_args;
+void ms_moe_experts_composed(ms_backend *be, const ms_moe_args *a);
+
+/* One decode token's routed experts straight from the router's output, with no host
+ * round trip, when every expert of the layer is resident:
+ *   acc [D] = sum_j w[j] * expert_{ids[j]}(in),  j < K (in ascending expert id)
+ * ids, w [K]: backend memory (route's output, distinct ids); all [E]: the layer's
+ * experts' placed views, a host array that stays unchanged while the backend lives
+ * (the backend may keep a device copy of it keyed by its address). Optional (NULL:
+ * the engine downloads the ids and calls moe_experts); MS_ERR_UNSUPPORTED (nothing
+ * done) for layers the backend does not take this way, the engine then does the same. */
+typedef struct ms_moe_routed_args {
+    const float *in;
+    float *acc;
+    int64_t D;
+    const ms_glu *act;
+    const int *ids;
+    const float *w;
+    int K, E;
+    const ms_expert_view *all;
+} ms_moe_routed_args;
+
 typedef struct ms_backend_ops {
     /* ---- memory ---- */
     /* bytes of zeroed backend memory into *out (MS_ERR_NOMEM naming the size) */
@@ -246,6 +289,9 @@ typedef struct ms_backend_ops {
     void (*split_gate_up)(ms_backend *be, float *g, float *u, int64_t m, int64_t I);
     /* y[t] += sigmoid(s[t]) * x[t] for rows of d (shared-expert gate) */
     void (*add_gated_rows)(ms_backend *be, float *y, const float *x, const float *s, int64_t rows, int64_t d);
+    /* the routed experts of a layer (ms_moe_args), and the device-routed decode form (optional) */
+    void (*moe_experts)(ms_backend *be, const ms_moe_args *a);
+    int (*moe_experts_routed)(ms_backend *be, const ms_moe_routed_args *a, ms_err *err);
 
     /* ---- linear attention (KDA, gated DeltaNet) ---- */
     /* out [n, hidden] = the KDA token mixer (engine/kda_block.h: projections, short

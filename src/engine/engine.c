@@ -103,6 +103,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         HBUF(&e->ex_w, BK * 4);
         HBUF(&e->ex_pos, E * sizeof(int));
         HBUF(&e->ex_uniq, E * sizeof(int));
+        HBUF(&e->ex_off, (E + 1) * sizeof(int));
         HBUF(&e->ex_views, E * sizeof(ms_expert_view));
     }
     n = ms_dsa_engine_buffers(e, c, T, B, b, n);

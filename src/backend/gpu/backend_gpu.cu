@@ -4,8 +4,11 @@
  * attention kernels are gpu.h's; the rest are here. Every name of the runtime
  * goes through gpu_port.h, so hipcc compiles this file too. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "backend/gpu/gpu_internal.h"
 extern "C" {
@@ -44,6 +47,18 @@ typedef struct gpu_backend {
     size_t host_cap; /* floats */
     int failed;      /* an earlier op failed: reported by the next sync / download */
     ms_err fail;
+    /* moe_experts_routed: device tables of the layers' resident experts, keyed by the host array */
+    struct rx_table *rx;
+    int n_rx, cap_rx;
+    float *rx_scr;
+    size_t rx_cap;
+    /* per-op profile (ms_backend_gpu_profile): the ops as filled, events around each outermost op */
+    ms_backend_ops orig;
+    int prof, prof_depth, prof_n;
+    gpuEvent_t *prof_ev, prof_start;
+    int *prof_cls;
+    struct prof_class *prof_classes;
+    int prof_nc;
 } gpu_backend;
 
 static gpu_backend *gb(ms_backend *be) { return (gpu_backend *)be->impl; }
@@ -82,6 +97,106 @@ static int grow(gpu_backend *b, float **p, size_t *cap, size_t floats, ms_err *e
     *p = (float *)q;
     *cap = floats;
     return MS_OK;
+}
+
+/* ------------------------------------------------------------ profile */
+
+/* With profiling on (ms_backend_gpu_profile), every outermost op of the table is
+ * bracketed by two events on the stream; elapsed times are summed per op at the
+ * next harvest (a full event pool, or ms_backend_gpu_profile_json). Ops that an op
+ * calls through the table (moe_experts composed of matmuls) count as the outer op. */
+#define PROF_PAIRS 8192
+#define PROF_CLASSES 64
+typedef struct prof_class {
+    const char *name;
+    double ms;
+    uint64_t calls;
+} prof_class;
+static const char *g_op_names[sizeof(ms_backend_ops) / sizeof(void *)];
+
+static void prof_harvest(gpu_backend *b) {
+    if (!b->prof_n) return;
+    (void)gpuEventSynchronize(b->prof_ev[2 * b->prof_n - 1]);
+    for (int i = 0; i < b->prof_n; i++) {
+        float ms = 0;
+        if (gpuEventElapsedTime(&ms, b->prof_ev[2 * i], b->prof_ev[2 * i + 1]) != gpuSuccess) {
+            (void)gpuGetLastError();
+            continue;
+        }
+        prof_class *c = &b->prof_classes[b->prof_cls[i]];
+        c->ms += ms;
+        c->calls++;
+    }
+    b->prof_n = 0;
+}
+static int prof_begin(gpu_backend *b, size_t off) {
+    if (b->prof_depth++ || !b->prof) return -1;
+    const char *name = g_op_names[off / sizeof(void *)];
+    int c = 0;
+    while (c < b->prof_nc && b->prof_classes[c].name != name) c++;
+    if (c == b->prof_nc) {
+        if (c == PROF_CLASSES) return -1;
+        b->prof_classes[b->prof_nc++] = (prof_class){name, 0, 0};
+    }
+    if (b->prof_n == PROF_PAIRS) prof_harvest(b);
+    int i = b->prof_n++;
+    b->prof_cls[i] = c;
+    (void)gpuEventRecord(b->prof_ev[2 * i], b->g->stream);
+    return i;
+}
+static void prof_end(gpu_backend *b, int i) {
+    b->prof_depth--;
+    if (i >= 0) (void)gpuEventRecord(b->prof_ev[2 * i + 1], b->g->stream);
+}
+static void prof_free(gpu_backend *b) {
+    if (b->prof_ev)
+        for (int i = 0; i < 2 * PROF_PAIRS; i++) (void)gpuEventDestroy(b->prof_ev[i]);
+    if (b->prof_start) (void)gpuEventDestroy(b->prof_start);
+    free(b->prof_ev);
+    free(b->prof_cls);
+    free(b->prof_classes);
+    b->prof_ev = NULL;
+}
+
+/* The wrapper of the op at offset OFF of the table: the op as filled (b->orig), timed. */
+template <size_t OFF, typename F> struct prof_wrap;
+template <size_t OFF, typename R, typename... A> struct prof_wrap<OFF, R (*)(ms_backend *, A...)> {
+    typedef R (*fn_t)(ms_backend *, A...);
+    static R call(ms_backend *be, A... args) {
+        gpu_backend *b = (gpu_backend *)be->impl;
+        fn_t f = *(const fn_t *)((const char *)&b->orig + OFF);
+        int i = prof_begin(b, OFF);
+        if constexpr (std::is_void<R>::value) {
+            f(be, args...);
+            prof_end(b, i);
+        } else {
+            R r = f(be, args...);
+            prof_end(b, i);
+            return r;
+        }
+    }
+};
+#define PROF_WRAP(field)                                                                                            \
+    do {                                                                                                           \
+        if (o->field) {                                                                                            \
+            g_op_names[offsetof(ms_backend_ops, field) / sizeof(void *)] = #field;                                 \
+            o->field = prof_wrap<offsetof(ms_backend_ops, field), decltype(o->field)>::call;                        \
+        }                                                                                                          \
+    } while (0)
+
+/* Every op that enqueues device work, wrapped (b->orig keeps the table as filled). */
+static void prof_wrap_ops(gpu_backend *b) {
+    ms_backend_ops *o = &b->ops;
+    b->orig = *o;
+    PROF_WRAP(upload); PROF_WRAP(download); PROF_WRAP(copy); PROF_WRAP(zero); PROF_WRAP(copy_rows);
+    PROF_WRAP(matmul); PROF_WRAP(matmul_many); PROF_WRAP(rmsnorm); PROF_WRAP(add_bias); PROF_WRAP(add);
+    PROF_WRAP(scale); PROF_WRAP(mul_sigmoid); PROF_WRAP(rope); PROF_WRAP(glu); PROF_WRAP(embed);
+    PROF_WRAP(attn_gqa); PROF_WRAP(attn_mla); PROF_WRAP(route); PROF_WRAP(gather_rows);
+    PROF_WRAP(scatter_add_rows); PROF_WRAP(add_bias_any); PROF_WRAP(split_gate_up); PROF_WRAP(add_gated_rows);
+    PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
+    PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
+    PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
+    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -208,8 +323,11 @@ static void g_destroy(ms_backend *be) {
         ms_gpu_free(b->g, b->work);
         ms_gpu_free(b->g, b->idx);
         ms_gpu_free(b->g, b->rope_inv);
+        ms_gpu_free(b->g, b->rx_scr);
+        prof_free(b);
         ms_gpu_close(b->g);
     }
+    free(b->rx);
     free(b->chunks);
     free(b->host);
     free(b);
@@ -734,6 +852,92 @@ static void g_add_gated_rows(ms_backend *be, float *y, const float *x, const flo
     launched(gb(be), "add_gated_rows");
 }
 
+/* One decode token's routed experts from the router's device output (no host round trip):
+ * a device table of the layer's resident experts (built at the first call for that layer's
+ * host array), then matmul.cu's four launches. */
+typedef struct rx_table {
+    const ms_expert_view *key;
+    int E, ok, fused, bias_dt;
+    ms_qmat gate, down;
+    ms_gpu_ex_ptrs *dev;
+} rx_table;
+
+static int qmat_same_layout(const ms_qmat *a, const ms_qmat *b) {
+    return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols && !a->scale == !b->scale &&
+           (!a->scale || (a->scale_dtype == b->scale_dtype && a->brow == b->brow && a->bcol == b->bcol));
+}
+
+static int rx_build(gpu_backend *b, rx_table *t, const ms_expert_view *all, int E, ms_err *err) {
+    memset(t, 0, sizeof *t);
+    t->key = all, t->E = E;
+    const ms_expert_view *v0 = &all[0];
+    t->fused = v0->up.data == NULL;
+    t->gate = v0->gate, t->down = v0->down;
+    int any_bias = 0, ok = 1;
+    for (int x = 0; x < E && ok; x++) {
+        const ms_expert_view *v = &all[x];
+        ok = v->gate.data && v->down.data && (v->up.data == NULL) == t->fused && qmat_same_layout(&v->gate, &v0->gate) &&
+             qmat_same_layout(&v->down, &v0->down) && (t->fused || qmat_same_layout(&v->up, &v0->gate));
+        if (v->gate_bias || v->up_bias || v->down_bias) {
+            any_bias = 1;
+            ok = ok && v->bias_dtype == v0->bias_dtype;
+        }
+    }
+    if (any_bias && v0->bias_dtype != MS_DT_F32 && v0->bias_dtype != MS_DT_BF16 && v0->bias_dtype != MS_DT_F16) ok = 0;
+    t->bias_dt = v0->bias_dtype == MS_DT_BF16 ? 1 : v0->bias_dtype == MS_DT_F16 ? 2 : 0;
+    int64_t I = v0->down.cols;
+    if (t->gate.rows != (t->fused ? 2 : 1) * I || t->gate.cols != v0->down.rows) ok = 0;
+    t->ok = ok;
+    if (!ok) return MS_OK;
+    ms_gpu_ex_ptrs *h = (ms_gpu_ex_ptrs *)calloc((size_t)E, sizeof *h);
+    if (!h) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+    for (int x = 0; x < E; x++) {
+        const ms_expert_view *v = &all[x];
+        h[x].w[0] = v->gate.data, h[x].s[0] = v->gate.scale;
+        h[x].w[1] = v->up.data, h[x].s[1] = v->up.scale;
+        h[x].w[2] = v->down.data, h[x].s[2] = v->down.scale;
+        h[x].bias[0] = v->gate_bias, h[x].bias[1] = v->up_bias, h[x].bias[2] = v->down_bias;
+    }
+    void *d = NULL;
+    int rc = arena_get(b, (size_t)E * sizeof *h, &d, err);
+    if (!rc) rc = ms_gpu_upload(b->g, d, h, (size_t)E * sizeof *h, err);
+    free(h);
+    t->dev = (ms_gpu_ex_ptrs *)d;
+    return rc;
+}
+
+static int g_moe_experts_routed(ms_backend *be, const ms_moe_routed_args *a, ms_err *err) {
+    gpu_backend *b = gb(be);
+    int rc = report(b, err);
+    if (rc) return rc;
+    if (a->K < 1 || a->K > 32 || a->E < 1)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "moe_experts_routed: %d of %d experts", a->K, a->E);
+    rx_table *t = NULL;
+    for (int i = 0; i < b->n_rx && !t; i++)
+        if (b->rx[i].key == a->all && b->rx[i].E == a->E) t = &b->rx[i];
+    if (!t) {
+        if (b->n_rx == b->cap_rx) {
+            int nc = b->cap_rx ? 2 * b->cap_rx : 64;
+            rx_table *nt = (rx_table *)realloc(b->rx, (size_t)nc * sizeof *nt);
+            if (!nt) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+            b->rx = nt, b->cap_rx = nc;
+        }
+        t = &b->rx[b->n_rx];
+        if ((rc = rx_build(b, t, a->all, a->E, err))) return rc;
+        b->n_rx++;
+    }
+    if (!t->ok)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "moe_experts_routed: the layer's experts differ in layout or bias dtype");
+    int64_t I = t->down.cols, D = t->down.rows;
+    if (D != a->D) return ms_fail(err, MS_ERR_SHAPE, "moe_experts_routed: experts of width %lld, rows of %lld",
+                                  (long long)D, (long long)a->D);
+    if ((rc = grow(b, &b->rx_scr, &b->rx_cap, ms_gpu_moe_routed_scratch_floats(a->K, I, D), err))) return rc;
+    ms_gpu_glu_params p = {a->act->kind == MS_ACT_SITU, a->act->limit, a->act->alpha, a->act->up_offset,
+                           a->act->beta, a->act->linear_beta};
+    return ms_gpu_moe_routed(b->g, a->acc, a->in, a->K, (const int32_t *)a->ids, a->w, t->dev, &t->gate, &t->down,
+                             t->fused, t->bias_dt, &p, b->rx_scr, err);
+}
+
 /* ---------------------------------------------------------- Attention Residuals */
 
 static __device__ double block_sum_d(double v, double *sh) {
@@ -823,6 +1027,8 @@ static void fill_ops(ms_backend_ops *o) {
     o->add_bias_any = g_add_bias_any;
     o->split_gate_up = g_split_gate_up;
     o->add_gated_rows = g_add_gated_rows;
+    o->moe_experts = ms_moe_experts_composed;
+    o->moe_experts_routed = g_moe_experts_routed;
     o->attn_res_mix = g_attn_res_mix;
 }
 
@@ -852,9 +1058,90 @@ extern "C" int ms_backend_gpu_create(int device, ms_backend **out, ms_err *err) 
         g_destroy(&b->base);
         return rc;
     }
+    prof_wrap_ops(b);
     b->base.ops = &b->ops;
     b->base.name = MS_GPU_BACKEND_NAME;
     b->base.host_memory = 0;
     *out = &b->base;
     return MS_OK;
+}
+
+extern "C" int ms_backend_gpu_profile(ms_backend *be, int on, ms_err *err) {
+    gpu_backend *b = gb(be);
+    if (on && !b->prof_ev) {
+        b->prof_ev = (gpuEvent_t *)calloc(2 * PROF_PAIRS, sizeof *b->prof_ev);
+        b->prof_cls = (int *)calloc(PROF_PAIRS, sizeof *b->prof_cls);
+        b->prof_classes = (prof_class *)calloc(PROF_CLASSES, sizeof *b->prof_classes);
+        if (!b->prof_ev || !b->prof_cls || !b->prof_classes) {
+            prof_free(b);
+            return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+        }
+        int rc = ms_gpu_check(gpuEventCreate(&b->prof_start), err, "creating an event");
+        for (int i = 0; i < 2 * PROF_PAIRS && !rc; i++)
+            rc = ms_gpu_check(gpuEventCreate(&b->prof_ev[i]), err, "creating an event");
+        if (rc) return rc;
+    }
+    if (on) {
+        int rc = ms_gpu_sync(b->g, err);
+        if (rc) return rc;
+        b->prof_n = 0, b->prof_nc = 0;
+        (void)gpuEventRecord(b->prof_start, b->g->stream);
+    }
+    b->prof = on;
+    return MS_OK;
+}
+
+extern "C" int ms_backend_gpu_profile_json(ms_backend *be, int per, char *buf, size_t cap) {
+    gpu_backend *b = gb(be);
+    size_t n = 0;
+    if (cap) buf[0] = 0;
+    if (!b->prof_ev) return 0;
+    ms_err e = {0};
+    float span = 0;
+    if (!b->prof_n) (void)gpuEventRecord(b->prof_ev[0], b->g->stream);
+    gpuEvent_t last = b->prof_n ? b->prof_ev[2 * b->prof_n - 1] : b->prof_ev[0];
+    (void)ms_gpu_sync(b->g, &e);
+    (void)gpuEventElapsedTime(&span, b->prof_start, last);
+    prof_harvest(b);
+    if (per < 1) per = 1;
+    double sum = 0;
+    for (int i = 0; i < b->prof_nc; i++) sum += b->prof_classes[i].ms;
+    int order[PROF_CLASSES];
+    for (int i = 0; i < b->prof_nc; i++) order[i] = i;
+    for (int i = 1; i < b->prof_nc; i++) /* by time, largest first */
+        for (int k = i; k > 0 && b->prof_classes[order[k]].ms > b->prof_classes[order[k - 1]].ms; k--) {
+            int t = order[k];
+            order[k] = order[k - 1], order[k - 1] = t;
+        }
+    n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0,
+                          "{\"tokens\":%d,\"span_us_per_token\":%.1f,\"ops_us_per_token\":%.1f,\"ops\":{", per,
+                          1e3 * span / per, 1e3 * sum / per);
+    for (int k = 0; k < b->prof_nc; k++) {
+        const prof_class *c = &b->prof_classes[order[k]];
+        n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s\"%s\":{\"us_per_token\":%.2f,\"calls_per_token\":%.1f}",
+                              k ? "," : "", c->name, 1e3 * c->ms / per, (double)c->calls / per);
+    }
+    n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "}}");
+    return (int)n;
+}
+
+extern "C" int ms_backend_gpu_copy_bandwidth(ms_backend *be, double *bytes_per_s, ms_err *err) {
+    gpu_backend *b = gb(be);
+    *bytes_per_s = 0;
+    size_t bytes = (size_t)1 << 30;
+    void *s = NULL, *d = NULL;
+    int rc = ms_gpu_alloc(b->g, bytes, &s, err);
+    if (!rc && (rc = ms_gpu_alloc(b->g, bytes, &d, err))) ms_gpu_free(b->g, s);
+    if (rc) return rc;
+    float ms = 0;
+    const int reps = 10;
+    rc = ms_gpu_zero(b->g, s, bytes, err);
+    if (!rc) rc = ms_gpu_copy(b->g, d, s, bytes, err); /* warm-up */
+    if (!rc) rc = ms_gpu_timer_start(b->g, err);
+    for (int i = 0; i < reps && !rc; i++) rc = ms_gpu_copy(b->g, i & 1 ? s : d, i & 1 ? d : s, bytes, err);
+    if (!rc) rc = ms_gpu_timer_stop(b->g, &ms, err);
+    ms_gpu_free(b->g, s);
+    ms_gpu_free(b->g, d);
+    if (!rc && ms > 0) *bytes_per_s = 2.0 * (double)bytes * reps / (ms * 1e-3); /* read + write */
+    return rc;
 }

@@ -178,6 +178,26 @@ int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, const ms_gpu
                       const float *weights, ms_gpu_act act, float limit, float alpha, float *scratch, int acc,
                       ms_err *err);
 
+/* Routed experts of one decode token straight from the router's device output (no
+ * host round trip): tab [E] (device) holds every expert's matrices (w/s: data and
+ * scale of gate, up, down; up NULL when gate is the fused interleaved gate_up) and
+ * biases (bias_dt: 0 F32, 1 BF16, 2 F16; NULL when absent); every expert has the
+ * layout of gate / down (the host views given). ids, w: device [K] (K <= 32).
+ *   acc [D] = sum_j w[j] (down_j act(gate_j x + b, up_j x + b) + b), slots in ascending id
+ * act: the gated activation's parameters (ms_gpu_glu_params). scratch: device F32 of
+ * ms_gpu_moe_routed_scratch_floats(K, I, D). Four launches, no sync. */
+typedef struct ms_gpu_ex_ptrs {
+    const void *w[3], *s[3], *bias[3];
+} ms_gpu_ex_ptrs;
+typedef struct ms_gpu_glu_params {
+    int situ;
+    float limit, alpha, up_offset, beta, linear_beta;
+} ms_gpu_glu_params;
+size_t ms_gpu_moe_routed_scratch_floats(int K, int64_t inter, int64_t hidden);
+int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, const int32_t *ids, const float *w,
+                      const ms_gpu_ex_ptrs *tab, const ms_qmat *gate, const ms_qmat *down, int fused, int bias_dt,
+                      const ms_gpu_glu_params *act, float *scratch, ms_err *err);
+
 /* Timing with device events on the context's stream (for benches): ms_gpu_timer_start
  * records a start event; ms_gpu_timer_stop records the end, waits, and gives the
  * milliseconds between them. */
