@@ -256,6 +256,10 @@ typedef struct ms_backend_ops {
     void (*matmul_many)(ms_backend *be, const ms_matmul_job *jobs, int count);
     /* y = x / sqrt(mean(x^2) + eps) * (w ? w : 1), rows of d; y may equal x */
     void (*rmsnorm)(ms_backend *be, float *y, const float *x, const float *w, int64_t rows, int64_t d, float eps);
+    /* Optional (NULL: the engine runs add, then rmsnorm): x[i] += y[i] for i < rows * d, then
+     * xn = rmsnorm(x) * w as rmsnorm does (the residual add and the next sublayer's norm) */
+    void (*add_rmsnorm)(ms_backend *be, float *x, const float *y, float *xn, const float *w, int64_t rows, int64_t d,
+                        float eps);
     /* x[r * d + i] += b[i] for rows r; b F32 [d] */
     void (*add_bias)(ms_backend *be, float *x, const float *b, int64_t rows, int64_t d);
     /* y[i] += x[i]; x[i] *= s; x[i] *= sigmoid(g[i]) for i < n */

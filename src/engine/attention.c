@@ -18,10 +18,10 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     int64_t hd = c->head_dim, vd = c->v_head_dim ? c->v_head_dim : c->head_dim;
     int64_t kd = KV * hd, vtot = KV * vd, qd = H * hd;
     const ms_rope *rope = c->layer_rope[layer] ? &c->rope_alt : &c->rope;
-    float *q = e->q, *k = e->kv, *v = e->kv + (int64_t)n * kd;
-    be->ops->matmul(be, q, e->xn, n, &L->wq, 0);
-    be->ops->matmul(be, k, e->xn, n, &L->wk, 0);
-    be->ops->matmul(be, v, e->xn, n, &L->wv, 0);
+    /* keys and values are computed in their cache rows (positions n_past..) */
+    float *q = e->q, *k = e->k_cache[layer] + (int64_t)e->n_past * kd, *v = e->v_cache[layer] + (int64_t)e->n_past * vtot;
+    ms_matmul_job qkv[3] = {{q, e->xn, n, &L->wq, 0}, {k, e->xn, n, &L->wk, 0}, {v, e->xn, n, &L->wv, 0}};
+    be->ops->matmul_many(be, qkv, 3);
     if (L->bq) be->ops->add_bias(be, q, L->bq, n, c->attn_out_gate ? 2 * qd : qd);
     if (L->bk) be->ops->add_bias(be, k, L->bk, n, kd);
     if (L->bv) be->ops->add_bias(be, v, L->bv, n, vtot);
@@ -40,8 +40,6 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     if (c->v_scale != 0 && c->v_scale != 1) be->ops->scale(be, v, (float)c->v_scale, n * vtot);
     be->ops->rope(be, rope, q, n, qd, H, hd, 0, e->n_past, 1.0f);
     be->ops->rope(be, rope, k, n, kd, KV, hd, 0, e->n_past, 1.0f);
-    be->ops->copy(be, e->k_cache[layer] + (int64_t)e->n_past * kd, k, (size_t)(n * kd) * 4);
-    be->ops->copy(be, e->v_cache[layer] + (int64_t)e->n_past * vtot, v, (size_t)(n * vtot) * 4);
     ms_attn_gqa_args a = {.out = e->att, .q = q, .k = e->k_cache[layer], .v = e->v_cache[layer], .n = n,
                           .n_past = e->n_past, .H = H, .KV = KV, .hd = hd, .vd = vd, .window = c->layer_window[layer],
                           .sinks = L->sinks, .scale = (float)c->attn_scale};

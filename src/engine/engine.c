@@ -328,6 +328,13 @@ static void residual_add(ms_engine *e, int n, const float *y) {
     else e->be->ops->add(e->be, e->x, y, (int64_t)n * e->m->cfg.hidden);
 }
 
+/* The residual add of a sublayer's output y and the norm of the next sublayer's input,
+ * xn = rmsnorm(x) * w, in one op where the backend has it (not with mHC streams or
+ * Attention Residuals, whose next input is not the residual itself). */
+static int fused_add_norm(const ms_engine *e) {
+    return e->be->ops->add_rmsnorm && !e->mhc && !e->m->cfg.attn_res_block;
+}
+
 /* One chunk of n <= max_batch tokens. */
 static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
     const ms_model *m = e->w;
@@ -347,6 +354,7 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
      * block's partial sum, e->ares the completed block states; each sublayer reads their mixture. */
     int nb = 0;
     const int64_t BS = (int64_t)e->max_batch * D;
+    int fuse = fused_add_norm(e), normed = 0; /* normed: e->xn already holds this layer's attention input */
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const ms_layer *L = &m->layers[l];
         if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 0, n, &in, err))) break;
@@ -363,26 +371,37 @@ static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logi
                 be->ops->zero(be, e->x, (size_t)(n * D) * 4);
             }
         }
-        be->ops->rmsnorm(be, e->xn, h, L->attn_norm, n, D, eps);
+        if (!normed) be->ops->rmsnorm(be, e->xn, h, L->attn_norm, n, D, eps);
+        normed = 0;
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_GDN) rc = ms_attn_gdn(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_COMPRESSED) rc = ms_attn_compressed(e, l, n, e->tmp, err);
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
-        residual_add(e, n, e->tmp);
-        if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 1, n, &in, err))) break;
-        h = in;
-        if (c->attn_res_block) {
-            be->ops->attn_res_mix(be, e->xn, e->ares, nb, BS, e->x, n, D, L->mlp_res.norm, L->mlp_res.proj, eps);
-            h = e->xn;
+        if (fuse) {
+            be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, L->ffn_norm, n, D, eps);
+            h = e->x;
+        } else {
+            residual_add(e, n, e->tmp);
+            if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 1, n, &in, err))) break;
+            h = in;
+            if (c->attn_res_block) {
+                be->ops->attn_res_mix(be, e->xn, e->ares, nb, BS, e->x, n, D, L->mlp_res.norm, L->mlp_res.proj, eps);
+                h = e->xn;
+            }
+            be->ops->rmsnorm(be, e->xn, h, L->ffn_norm, n, D, eps);
         }
-        be->ops->rmsnorm(be, e->xn, h, L->ffn_norm, n, D, eps);
         e->ffn_in = h;
         if (c->layer_mlp[l] == MS_MLP_MOE) rc = ms_ffn_moe(e, l, n, e->tmp, err);
         else rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
         if (rc) break;
-        residual_add(e, n, e->tmp);
+        if (fuse && l + 1 < c->n_layers) { /* with the next layer's attention norm */
+            be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, m->layers[l + 1].attn_norm, n, D, eps);
+            normed = 1;
+        } else {
+            residual_add(e, n, e->tmp);
+        }
     }
     if (rc) return rc;
     if (e->mhc && (rc = ms_mhc_engine_end(e, n, err))) return rc;

@@ -193,7 +193,7 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(scale); PROF_WRAP(mul_sigmoid); PROF_WRAP(rope); PROF_WRAP(glu); PROF_WRAP(embed);
     PROF_WRAP(attn_gqa); PROF_WRAP(attn_mla); PROF_WRAP(route); PROF_WRAP(gather_rows);
     PROF_WRAP(scatter_add_rows); PROF_WRAP(add_bias_any); PROF_WRAP(split_gate_up); PROF_WRAP(add_gated_rows);
-    PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
+    PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
     PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
     PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix);
@@ -355,13 +355,40 @@ static void g_matmul(ms_backend *be, float *y, const float *x, int n, const ms_q
     note(gb(be), ms_gpu_matmul(gb(be)->g, y, x, n, w, acc, &e), &e);
 }
 static void g_matmul_many(ms_backend *be, const ms_matmul_job *jobs, int count) {
-    for (int i = 0; i < count; i++) g_matmul(be, jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].acc);
+    ms_err e = {0};
+    note(gb(be), ms_gpu_matmul_many(gb(be)->g, jobs, count, &e), &e);
 }
 static void g_rmsnorm(ms_backend *be, float *y, const float *x, const float *w, int64_t rows, int64_t d, float eps) {
     ms_err e = {0};
     if (rows > 0) note(gb(be), ms_gpu_rmsnorm(gb(be)->g, y, x, w, (int)rows, (int)d, eps, &e), &e);
 }
 
+/* x += y, then xn = rmsnorm(x) * w (as ops.cu's rmsnorm kernel); one block of 256 threads per row */
+__global__ void k_add_rmsnorm(float *x, const float *y, float *xn, const float *w, int64_t d, float eps) {
+    __shared__ float sh[256 / MS_WARP];
+    float *xr = x + (int64_t)blockIdx.x * d, *nr = xn + (int64_t)blockIdx.x * d;
+    const float *yr = y + (int64_t)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = ms_warp_sum(ss);
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    if (lane == 0) sh[warp] = ss;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    float inv = 1.0f / sqrtf(t / (float)d + eps);
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) nr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+}
+static void g_add_rmsnorm(ms_backend *be, float *x, const float *y, float *xn, const float *w, int64_t rows, int64_t d,
+                          float eps) {
+    if (rows < 1 || d < 1) return;
+    k_add_rmsnorm<<<(unsigned)rows, 256, 0, gb(be)->g->stream>>>(x, y, xn, w, d, eps);
+    launched(gb(be), "add_rmsnorm");
+}
 __global__ void k_add_bias(float *x, const float *bias, int64_t rows, int64_t d) {
     int64_t n = rows * d;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -1029,6 +1056,7 @@ static void fill_ops(ms_backend_ops *o) {
     o->add_gated_rows = g_add_gated_rows;
     o->moe_experts = ms_moe_experts_composed;
     o->moe_experts_routed = g_moe_experts_routed;
+    o->add_rmsnorm = g_add_rmsnorm;
     o->attn_res_mix = g_attn_res_mix;
 }
 

@@ -94,6 +94,11 @@ int ms_gpu_matmul(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, 
  * lane per step, any layout): the path odd shapes take; tests compare both. */
 int ms_gpu_matmul_generic(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc, ms_err *err);
 
+/* Several products (ops.h ms_matmul_job, device pointers; no job's y overlaps another's x
+ * or y): runs of consecutive jobs with the same dtype, columns, scale layout, n and acc
+ * share one launch (rows may differ). */
+int ms_gpu_matmul_many(ms_gpu *g, const ms_matmul_job *jobs, int count, ms_err *err);
+
 /* y[t, i] = x[t, i] / sqrt(mean_i(x[t]^2) + eps) * (w ? w[i] : 1), n rows of d.
  * w: F32 [d] or NULL. y may equal x. */
 int ms_gpu_rmsnorm(ms_gpu *g, float *y, const float *x, const float *w, int n, int d, float eps, ms_err *err);

@@ -37,6 +37,7 @@ typedef struct mm_job {
     const uint8_t *w, *scale;
     const float *x;
     float *y;
+    int64_t rows; /* this job's rows (0: the launch's, a.rows; the launch covers the largest) */
 } mm_job;
 
 typedef struct mm_args {
@@ -62,6 +63,7 @@ static __device__ __forceinline__ mm_job job_of(const mm_args &a) {
     jb.scale = (const uint8_t *)p.s[m];
     jb.x = a.xb + (int64_t)j * a.xjs;
     jb.y = a.yb + (int64_t)j * a.yjs + (int64_t)k * a.ywh;
+    jb.rows = 0;
     return jb;
 }
 
@@ -134,7 +136,9 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
     const int VEC = T::VEC, SUB = T::SUB, NSUB = VEC / SUB;
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
     const mm_job jb = job_of(a);
+    const int64_t rows = jb.rows ? jb.rows : a.rows;
     const int64_t row0 = (int64_t)blockIdx.x * MM_R;
+    if (row0 >= rows) return; /* a shorter job of the launch */
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const int n = a.n;
     const int STEP = MM_WARPS * MS_WARP;
@@ -150,7 +154,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
     for (int t = 0; t < NT; t++) xrow[t] = jb.x + (int64_t)(t < n ? t : 0) * a.cols;
 #pragma unroll
     for (int r = 0; r < MM_R; r++) {
-        int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1; /* clamp: duplicate reads, result dropped */
+        int64_t row = row0 + r < rows ? row0 + r : rows - 1; /* clamp: duplicate reads, result dropped */
         wr[r] = (const uint4 *)(jb.w + row * rowbytes);
         srow[r] = (row / a.brow) * a.scols;
     }
@@ -220,11 +224,11 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
     if (threadIdx.x < MM_R * NT) {
         int r = threadIdx.x / NT, t = threadIdx.x % NT;
         int64_t row = row0 + r;
-        if (t < n && row < a.rows) {
+        if (t < n && row < rows) {
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < MM_WARPS; w++) v += red[w][r][t];
-            float *yp = jb.y + (int64_t)t * a.rows + row;
+            float *yp = jb.y + (int64_t)t * rows + row;
             *yp = a.acc ? *yp + v : v;
         }
     }
@@ -249,8 +253,9 @@ static __device__ __forceinline__ float elem(const mm_args &a, const mm_job &jb,
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_generic_kernel(const mm_args a, int dt) {
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
     const mm_job jb = job_of(a);
+    const int64_t rows = jb.rows ? jb.rows : a.rows;
     const int64_t row = (int64_t)blockIdx.x * MM_WARPS + warp;
-    if (row >= a.rows) return;
+    if (row >= rows) return;
     float acc[MM_MAXNT];
 #pragma unroll
     for (int t = 0; t < MM_MAXNT; t++) acc[t] = 0.0f;
@@ -264,7 +269,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_generic_kernel(const mm_
     for (int t = 0; t < MM_MAXNT; t++) {
         float v = ms_warp_sum(acc[t]);
         if (lane == 0 && t < a.n) {
-            float *yp = jb.y + (int64_t)t * a.rows + row;
+            float *yp = jb.y + (int64_t)t * rows + row;
             *yp = a.acc ? *yp + v : v;
         }
     }
@@ -363,6 +368,44 @@ extern "C" int ms_gpu_matmul(ms_gpu *g, float *y, const float *x, int n, const m
 extern "C" int ms_gpu_matmul_generic(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc,
                                      ms_err *err) {
     return matmul_impl(g, y, x, n, w, acc, 1, err);
+}
+
+/* Whether b can share a launch with a: the same dtype, columns and scale layout (rows may differ). */
+static int mm_compatible(const ms_qmat *a, const ms_qmat *b) {
+    return a->dtype == b->dtype && a->cols == b->cols && !a->scale == !b->scale &&
+           (!a->scale || (a->scale_dtype == b->scale_dtype && a->brow == b->brow && a->bcol == b->bcol));
+}
+
+extern "C" int ms_gpu_matmul_many(ms_gpu *g, const ms_matmul_job *jobs, int count, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    int rc;
+    for (int i = 0; i < count; i++) {
+        if ((rc = ms_gpu_qmat_check(jobs[i].w, "ms_gpu_matmul_many", err))) return rc;
+        if (!jobs[i].y || !jobs[i].x || jobs[i].n < 1)
+            return ms_fail(err, MS_ERR_ARG, "ms_gpu_matmul_many: job %d needs x, y and n >= 1", i);
+    }
+    for (int i0 = 0; i0 < count;) { /* runs of compatible jobs with the same n and acc: one launch per 8 tokens */
+        int i1 = i0 + 1;
+        while (i1 < count && i1 - i0 < MM_MAXJ && jobs[i1].n == jobs[i0].n && jobs[i1].acc == jobs[i0].acc &&
+               mm_compatible(jobs[i0].w, jobs[i1].w))
+            i1++;
+        const ms_qmat *w0 = jobs[i0].w; /* the launch's layout: the job of the most rows */
+        for (int i = i0; i < i1; i++)
+            if (jobs[i].w->rows > w0->rows) w0 = jobs[i].w;
+        int n = jobs[i0].n;
+        for (int t0 = 0; t0 < n; t0 += MM_MAXNT) {
+            int nt = n - t0 < MM_MAXNT ? n - t0 : MM_MAXNT;
+            mm_job mj[MM_MAXJ];
+            for (int i = i0; i < i1; i++) {
+                const ms_qmat *w = jobs[i].w;
+                mj[i - i0] = (mm_job){(const uint8_t *)w->data, (const uint8_t *)w->scale,
+                                      jobs[i].x + (int64_t)t0 * w->cols, jobs[i].y + (int64_t)t0 * w->rows, w->rows};
+            }
+            if ((rc = mm_launch(g, w0, mj, i1 - i0, nt, jobs[i0].acc, 0, err))) return rc;
+        }
+        i0 = i1;
+    }
+    return MS_OK;
 }
 
 /* ------------------------------------------------------------ expert FFN */
