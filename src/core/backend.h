@@ -271,6 +271,12 @@ typedef struct ms_backend_ops {
      * (r->layout pairs). sign -1 rotates backwards (inverse RoPE). */
     void (*rope)(ms_backend *be, const ms_rope *r, float *x, int n, int64_t tok_stride, int64_t heads,
                  int64_t head_stride, int64_t offset, int64_t pos0, float sign);
+    /* Optional (NULL: rmsnorm of each head, then rope, as the engine composes them): the
+     * per-head query/key norm and RoPE of n tokens at positions pos0..: q [n, qh * hd] heads
+     * normed with wq [hd], k [n, kh * hd] with wk [hd] (eps), then r rotates the first r->dim
+     * dims of every head of both */
+    void (*qk_norm_rope)(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k,
+                         int64_t kh, const float *wk, int n, int64_t hd, float eps, int64_t pos0);
     /* gate [n] = act(gate) * up elementwise (ms_glu); up may be modified (clamped) */
     void (*glu)(ms_backend *be, const ms_glu *a, float *gate, float *up, int64_t n);
     /* x [n, d] rows of the embedding table (any stored dtype) for host token ids */

@@ -30,16 +30,20 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         be->ops->copy_rows(be, q, hd, q, 2 * hd, n * H, hd);
     }
     float eps = (float)c->rms_eps;
-    if (c->qk_norm == MS_QKNORM_HEAD) {
-        be->ops->rmsnorm(be, q, q, L->q_norm, n * H, hd, eps);
-        be->ops->rmsnorm(be, k, k, L->k_norm, n * KV, hd, eps);
-    } else if (c->qk_norm == MS_QKNORM_FULL) {
-        be->ops->rmsnorm(be, q, q, L->q_norm, n, qd, eps);
-        be->ops->rmsnorm(be, k, k, L->k_norm, n, kd, eps);
-    }
     if (c->v_scale != 0 && c->v_scale != 1) be->ops->scale(be, v, (float)c->v_scale, n * vtot);
-    be->ops->rope(be, rope, q, n, qd, H, hd, 0, e->n_past, 1.0f);
-    be->ops->rope(be, rope, k, n, kd, KV, hd, 0, e->n_past, 1.0f);
+    if (c->qk_norm == MS_QKNORM_HEAD && be->ops->qk_norm_rope) { /* one op where the backend has it */
+        be->ops->qk_norm_rope(be, rope, q, H, L->q_norm, k, KV, L->k_norm, n, hd, eps, e->n_past);
+    } else {
+        if (c->qk_norm == MS_QKNORM_HEAD) {
+            be->ops->rmsnorm(be, q, q, L->q_norm, n * H, hd, eps);
+            be->ops->rmsnorm(be, k, k, L->k_norm, n * KV, hd, eps);
+        } else if (c->qk_norm == MS_QKNORM_FULL) {
+            be->ops->rmsnorm(be, q, q, L->q_norm, n, qd, eps);
+            be->ops->rmsnorm(be, k, k, L->k_norm, n, kd, eps);
+        }
+        be->ops->rope(be, rope, q, n, qd, H, hd, 0, e->n_past, 1.0f);
+        be->ops->rope(be, rope, k, n, kd, KV, hd, 0, e->n_past, 1.0f);
+    }
     ms_attn_gqa_args a = {.out = e->att, .q = q, .k = e->k_cache[layer], .v = e->v_cache[layer], .n = n,
                           .n_past = e->n_past, .H = H, .KV = KV, .hd = hd, .vd = vd, .window = c->layer_window[layer],
                           .sinks = L->sinks, .scale = (float)c->attn_scale};

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <type_traits>
 
@@ -52,9 +53,12 @@ typedef struct gpu_backend {
     int n_rx, cap_rx;
     float *rx_scr;
     size_t rx_cap;
+    void *pin; /* page-locked download staging (PIN_BYTES) */
+    int pin_failed;
     /* per-op profile (ms_backend_gpu_profile): the ops as filled, events around each outermost op */
     ms_backend_ops orig;
     int prof, prof_depth, prof_n;
+    double prof_t0;
     gpuEvent_t *prof_ev, prof_start;
     int *prof_cls;
     struct prof_class *prof_classes;
@@ -109,9 +113,14 @@ static int grow(gpu_backend *b, float **p, size_t *cap, size_t floats, ms_err *e
 #define PROF_CLASSES 64
 typedef struct prof_class {
     const char *name;
-    double ms;
+    double ms, host_s; /* device time between the op's events; host time inside the op's call */
     uint64_t calls;
 } prof_class;
+static double prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 static const char *g_op_names[sizeof(ms_backend_ops) / sizeof(void *)];
 
 static void prof_harvest(gpu_backend *b) {
@@ -136,17 +145,20 @@ static int prof_begin(gpu_backend *b, size_t off) {
     while (c < b->prof_nc && b->prof_classes[c].name != name) c++;
     if (c == b->prof_nc) {
         if (c == PROF_CLASSES) return -1;
-        b->prof_classes[b->prof_nc++] = (prof_class){name, 0, 0};
+        b->prof_classes[b->prof_nc++] = (prof_class){name, 0, 0, 0};
     }
     if (b->prof_n == PROF_PAIRS) prof_harvest(b);
     int i = b->prof_n++;
     b->prof_cls[i] = c;
+    b->prof_t0 = prof_now();
     (void)gpuEventRecord(b->prof_ev[2 * i], b->g->stream);
     return i;
 }
 static void prof_end(gpu_backend *b, int i) {
     b->prof_depth--;
-    if (i >= 0) (void)gpuEventRecord(b->prof_ev[2 * i + 1], b->g->stream);
+    if (i < 0) return;
+    (void)gpuEventRecord(b->prof_ev[2 * i + 1], b->g->stream);
+    b->prof_classes[b->prof_cls[i]].host_s += prof_now() - b->prof_t0;
 }
 static void prof_free(gpu_backend *b) {
     if (b->prof_ev)
@@ -193,7 +205,7 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(scale); PROF_WRAP(mul_sigmoid); PROF_WRAP(rope); PROF_WRAP(glu); PROF_WRAP(embed);
     PROF_WRAP(attn_gqa); PROF_WRAP(attn_mla); PROF_WRAP(route); PROF_WRAP(gather_rows);
     PROF_WRAP(scatter_add_rows); PROF_WRAP(add_bias_any); PROF_WRAP(split_gate_up); PROF_WRAP(add_gated_rows);
-    PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
+    PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
     PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
     PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix);
@@ -213,8 +225,19 @@ static void g_free(ms_backend *be, void *p) {
 static int g_upload(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err) {
     return ms_gpu_upload(gb(be)->g, dst, src, bytes, err);
 }
+#define PIN_BYTES ((size_t)8 << 20) /* page-locked staging of downloads up to this size (the logits) */
 static int g_download(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err) {
     gpu_backend *b = gb(be);
+    if (bytes && bytes <= PIN_BYTES && !b->pin_failed) { /* through page-locked memory: the DMA at full speed */
+        ms_err e = {0};
+        if (!b->pin && ms_gpu_alloc_host(b->g, PIN_BYTES, &b->pin, &e)) b->pin = NULL, b->pin_failed = 1;
+        if (b->pin) {
+            int rc = ms_gpu_download(b->g, b->pin, src, bytes, err);
+            if (rc) return rc;
+            memcpy(dst, b->pin, bytes);
+            return report(b, err);
+        }
+    }
     int rc = ms_gpu_download(b->g, dst, src, bytes, err);
     return rc ? rc : report(b, err);
 }
@@ -324,6 +347,7 @@ static void g_destroy(ms_backend *be) {
         ms_gpu_free(b->g, b->idx);
         ms_gpu_free(b->g, b->rope_inv);
         ms_gpu_free(b->g, b->rx_scr);
+        if (b->pin) ms_gpu_free_host(b->g, b->pin);
         prof_free(b);
         ms_gpu_close(b->g);
     }
@@ -444,6 +468,89 @@ __global__ void k_rope(float *x, int n, int64_t tok_stride, int64_t heads, int64
     v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
     v[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
 }
+/* The device copy of r's inverse frequencies (one of ROPE_SLOTS), NULL after noting a failure. */
+static const float *rope_table(gpu_backend *b, const ms_rope *r) {
+    int half = r->dim / 2;
+    if (half > 512) {
+        ms_err e = {0};
+        note(b, ms_fail(&e, MS_ERR_UNSUPPORTED, "rope: %d rotary dims (at most 1024)", r->dim), &e);
+        return NULL;
+    }
+    float inv[512];
+    for (int i = 0; i < half; i++) inv[i] = (float)r->inv_freq[i];
+    int slot = -1;
+    for (int i = 0; i < ROPE_SLOTS && slot < 0; i++)
+        if (b->rope_half[i] == half && !memcmp(inv, b->rope_host[i], (size_t)half * 4)) slot = i;
+    if (slot < 0) { /* a new table: into the next slot (the stream orders it after the kernels reading the old one) */
+        slot = b->rope_next;
+        b->rope_next = (b->rope_next + 1) % ROPE_SLOTS;
+        ms_err e = {0};
+        int rc = ms_gpu_upload(b->g, b->rope_inv + slot * 512, inv, (size_t)half * 4, &e);
+        if (!rc) rc = ms_gpu_sync(b->g, &e); /* the host table is a local */
+        if (rc) {
+            note(b, rc, &e);
+            return NULL;
+        }
+        memcpy(b->rope_host[slot], inv, (size_t)half * 4);
+        b->rope_half[slot] = half;
+    }
+    return b->rope_inv + slot * 512;
+}
+
+/* Per-head RMSNorm then RoPE of q's qh and k's kh heads (block (head, token), 128 threads):
+ * the norm as the rmsnorm kernel, the rotation as k_rope. */
+__global__ void k_qk_norm_rope(float *q, int64_t qh, const float *wq, float *k, int64_t kh, const float *wk, int hd,
+                               float eps, int half, int interleaved, const float *inv, double attn_factor, int64_t pos0) {
+    extern __shared__ float hv[];
+    __shared__ float sh[32];
+    int64_t h = blockIdx.x, t = blockIdx.y;
+    int isq = h < qh;
+    float *v = isq ? q + (t * qh + h) * hd : k + (t * kh + (h - qh)) * hd;
+    const float *w = isq ? wq : wk;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float x = v[i];
+        hv[i] = x;
+        ss = fmaf(x, x, ss);
+    }
+    ss = ms_warp_sum(ss);
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    if (lane == 0) sh[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < nw; i++) tot += sh[i];
+    float r = 1.0f / sqrtf(tot / (float)hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = hv[i] * r * (w ? w[i] : 1.0f);
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) { /* dims past the rotary ones */
+        int rot = interleaved ? i < 2 * half : (i < half || (i >= half && i < 2 * half));
+        if (!rot) v[i] = hv[i];
+    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float ang = (float)(pos0 + t) * inv[i];
+        float c = (float)(cos((double)ang) * attn_factor), s = (float)(sin((double)ang) * attn_factor);
+        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+        float a = hv[ia], bb = hv[ib];
+        v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
+        v[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
+    }
+}
+static void g_qk_norm_rope(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k,
+                           int64_t kh, const float *wk, int n, int64_t hd, float eps, int64_t pos0) {
+    gpu_backend *b = gb(be);
+    if (n < 1 || qh + kh < 1 || hd < 1) return;
+    int half = r->dim / 2;
+    if (2 * half > hd) {
+        ms_err e = {0};
+        return note(b, ms_fail(&e, MS_ERR_ARG, "qk_norm_rope: %d rotary dims in heads of %lld", r->dim, (long long)hd), &e);
+    }
+    const float *inv = half > 0 ? rope_table(b, r) : b->rope_inv;
+    if (!inv) return;
+    k_qk_norm_rope<<<dim3((unsigned)(qh + kh), (unsigned)n), 128, (size_t)hd * 4, b->g->stream>>>(
+        q, qh, wq, k, kh, wk, (int)hd, eps, half, r->layout == MS_ROPE_INTERLEAVED, inv, r->attn_factor, pos0);
+    launched(b, "qk_norm_rope");
+}
+
 static void g_rope(ms_backend *be, const ms_rope *r, float *x, int n, int64_t tok_stride, int64_t heads,
                    int64_t head_stride, int64_t offset, int64_t pos0, float sign) {
     gpu_backend *b = gb(be);
@@ -1057,6 +1164,7 @@ static void fill_ops(ms_backend_ops *o) {
     o->moe_experts = ms_moe_experts_composed;
     o->moe_experts_routed = g_moe_experts_routed;
     o->add_rmsnorm = g_add_rmsnorm;
+    o->qk_norm_rope = g_qk_norm_rope;
     o->attn_res_mix = g_attn_res_mix;
 }
 
@@ -1132,8 +1240,8 @@ extern "C" int ms_backend_gpu_profile_json(ms_backend *be, int per, char *buf, s
     (void)gpuEventElapsedTime(&span, b->prof_start, last);
     prof_harvest(b);
     if (per < 1) per = 1;
-    double sum = 0;
-    for (int i = 0; i < b->prof_nc; i++) sum += b->prof_classes[i].ms;
+    double sum = 0, hsum = 0;
+    for (int i = 0; i < b->prof_nc; i++) sum += b->prof_classes[i].ms, hsum += b->prof_classes[i].host_s;
     int order[PROF_CLASSES];
     for (int i = 0; i < b->prof_nc; i++) order[i] = i;
     for (int i = 1; i < b->prof_nc; i++) /* by time, largest first */
@@ -1142,12 +1250,13 @@ extern "C" int ms_backend_gpu_profile_json(ms_backend *be, int per, char *buf, s
             order[k] = order[k - 1], order[k - 1] = t;
         }
     n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0,
-                          "{\"tokens\":%d,\"span_us_per_token\":%.1f,\"ops_us_per_token\":%.1f,\"ops\":{", per,
-                          1e3 * span / per, 1e3 * sum / per);
+                          "{\"tokens\":%d,\"span_us_per_token\":%.1f,\"ops_us_per_token\":%.1f,"
+                          "\"ops_host_us_per_token\":%.1f,\"ops\":{",
+                          per, 1e3 * span / per, 1e3 * sum / per, 1e6 * hsum / per);
     for (int k = 0; k < b->prof_nc; k++) {
         const prof_class *c = &b->prof_classes[order[k]];
-        n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s\"%s\":{\"us_per_token\":%.2f,\"calls_per_token\":%.1f}",
-                              k ? "," : "", c->name, 1e3 * c->ms / per, (double)c->calls / per);
+        n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s\"%s\":{\"us_per_token\":%.2f,\"host_us_per_token\":%.2f,\"calls_per_token\":%.1f}",
+                              k ? "," : "", c->name, 1e3 * c->ms / per, 1e6 * c->host_s / per, (double)c->calls / per);
     }
     n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "}}");
     return (int)n;
