@@ -65,7 +65,8 @@ static void prefault(const ms_model *m, int skip_experts) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *usage = "usage: moonshine bench MODEL_DIR [--prompt-tokens P] [--gen-tokens G] [--threads T] [--backend B]\n";
+    const char *usage = "usage: moonshine bench MODEL_DIR [--prompt-tokens P] [--gen-tokens G] [--threads T] [--backend B]\n"
+                        "                      [--profile]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sPrints one JSON line: load_s, prefill_tok_s (P tokens), decode_tok_s (G tokens after\n"
                "the prompt), weight_bytes_per_token (static tier + the experts each decoded token\n"
@@ -83,7 +84,11 @@ int cmd_bench(int argc, char **argv) {
                "time-sharing waits).\n"
                "--drop-cache evicts the model's files from the page cache first. decode_expert_hit_rate,\n"
                "decode_disk_bytes_per_token and decode_read_wait_s repeat hit_rate, expert_bytes_read_per_token\n"
-               "and read_wait_s under their earlier names.\n", usage);
+               "and read_wait_s under their earlier names.\n"
+               "On a device backend (--backend cuda|hip) mem_bw_gb_s is the device's copy bandwidth (1 GiB\n"
+               "device-to-device copies, read + write; bw_source says which) and --profile decodes G more tokens\n"
+               "with every op timed by device events: \"profile\" holds microseconds and calls per token by op,\n"
+               "their sum, and the device time span (gaps between ops included).\n", usage);
         return 0;
     }
     ms_cli_opts eo;
@@ -92,6 +97,7 @@ int cmd_bench(int argc, char **argv) {
         ms_arg_int(argc, argv, "--gen-tokens", 1, 1 << 20, &G))
         return 2;
     int drop_cache = ms_arg_flag(argc, argv, "--drop-cache");
+    int profile = ms_arg_flag(argc, argv, "--profile");
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || ms_args_unknown(argc, argv, "bench")) {
         fputs(usage, stderr);
@@ -100,7 +106,7 @@ int cmd_bench(int argc, char **argv) {
     ms_cli_ctx x;
     double t0 = ms_now();
     eo.defer_static_load = 1; /* after the page-cache drop below */
-    if (!eo.ctx) eo.ctx = (int)(P + G + 1);
+    if (!eo.ctx) eo.ctx = (int)(P + (profile ? 2 : 1) * G + 1);
     if (ms_cli_open("bench", dir, &eo, &x)) return 1;
     double drive_bw = 0;
     if (x.experts) { /* streaming: the static tier in memory, the experts on the drive */
@@ -138,7 +144,8 @@ int cmd_bench(int argc, char **argv) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((s >> 33) % (uint64_t)c->vocab);
     }
-    double bw = ms_measure_read_bandwidth(x.pool, 0);
+    int device = x.backend != NULL;
+    double bw = device ? ms_cli_device_copy_bw(&x) / 1e9 : ms_measure_read_bandwidth(x.pool, 0);
     double t1 = ms_now(), c1 = cpu_seconds();
     if (ms_engine_forward(x.engine, toks, (int)P, logits, 0, &err)) goto fail;
     double t2 = ms_now();
@@ -205,15 +212,29 @@ int cmd_bench(int argc, char **argv) {
                  (double)up / (double)G, (double)(ds1.upload_bytes - ds0.upload_bytes) / (double)G,
                  ds1.inner_s - ds0.inner_s, ds1.upload_s - ds0.upload_s, ds1.pinned);
     }
+    char pj[4096] = "";
+    if (profile && device) { /* G more tokens, each op timed (after the timed run: events cost time) */
+        if (ms_cli_profile(&x, 1)) goto done;
+        for (int64_t i = 0; i < G; i++) {
+            int32_t best = 0;
+            for (int64_t v = 1; v < c->vocab; v++)
+                if (logits[v] > logits[best]) best = (int32_t)v;
+            if (ms_engine_forward(x.engine, &best, 1, logits, 0, &err)) goto fail;
+        }
+        memcpy(pj, ",\"profile\":", 11);
+        if (ms_cli_profile_json(&x, (int)G, pj + 11, sizeof pj - 12) <= 0) pj[0] = 0;
+        ms_cli_profile(&x, 0);
+    }
     printf("{\"model\":\"%s\",\"arch\":\"%s\",\"threads\":%d,\"load_s\":%.3f,\"prompt_tokens\":%lld,\"prefill_tok_s\":%.2f,"
            "\"gen_tokens\":%lld,\"decode_tok_s\":%.3f,\"weight_bytes_per_token\":%.0f,\"achieved_gb_s\":%.2f,"
            "\"mem_bw_gb_s\":%.2f,\"bw_fraction\":%.3f,\"static_bytes\":%llu,\"expert_bytes\":%llu,"
            "\"static_load\":\"%s\",\"static_copied_bytes\":%llu,\"anon_huge_bytes\":%llu,\"decode_cpu_s\":%.3f,"
-           "\"decode_tok_per_cpu_s\":%.3f,\"prefill_cpu_s\":%.3f%s}\n",
+           "\"decode_tok_per_cpu_s\":%.3f,\"prefill_cpu_s\":%.3f,\"backend\":\"%s\",\"bw_source\":\"%s\"%s%s}\n",
            dir, c->model_type, x.threads, load_s, (long long)P, pre, (long long)G, dec, bytes_tok, gbs, bw,
            bw > 0 ? gbs / bw : 0.0, (unsigned long long)x.model.static_bytes, (unsigned long long)x.model.expert_bytes,
            x.static_load == MS_STATIC_READ ? "read" : "mmap", (unsigned long long)x.model.static_copied,
-           (unsigned long long)anon_huge_bytes(), c3 - c2, c3 > c2 ? (double)G / (c3 - c2) : 0.0, c2 - c1, sj);
+           (unsigned long long)anon_huge_bytes(), c3 - c2, c3 > c2 ? (double)G / (c3 - c2) : 0.0, c2 - c1,
+           device ? x.backend->name : "cpu", device ? "device_copy" : "host_read", sj, pj);
     rc = 0;
     goto done;
 fail:

@@ -123,6 +123,44 @@ static int open_backend(const char *cmd, const char *name, ms_cli_ctx *x) {
 #endif
 }
 
+double ms_cli_device_copy_bw(ms_cli_ctx *x) {
+#ifdef MS_WITH_GPU
+    double bw = 0;
+    ms_err err = {0};
+    if (x->backend && ms_backend_gpu_copy_bandwidth(x->backend, &bw, &err)) {
+        fprintf(stderr, "moonshine: device copy bandwidth: %s\n", err.msg);
+        return 0;
+    }
+    return bw;
+#else
+    (void)x;
+    return 0;
+#endif
+}
+
+int ms_cli_profile(ms_cli_ctx *x, int on) {
+#ifdef MS_WITH_GPU
+    ms_err err = {0};
+    if (x->backend && ms_backend_gpu_profile(x->backend, on, &err)) {
+        fprintf(stderr, "moonshine: profile: %s\n", err.msg);
+        return 1;
+    }
+#else
+    (void)x, (void)on;
+#endif
+    return 0;
+}
+
+int ms_cli_profile_json(ms_cli_ctx *x, int per, char *buf, size_t cap) {
+    if (cap) buf[0] = 0;
+#ifdef MS_WITH_GPU
+    if (x->backend) return ms_backend_gpu_profile_json(x->backend, per, buf, cap);
+#else
+    (void)x, (void)per;
+#endif
+    return 0;
+}
+
 int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_ctx *x) {
     memset(x, 0, sizeof *x);
     const int ctx = eo->ctx;

@@ -59,5 +59,12 @@ int ms_cli_static_load(const char *cmd, ms_cli_ctx *x);
 /* Print the streaming source's statistics as one line to stderr (nothing when not streaming). */
 void ms_cli_print_stream_stats(const ms_cli_ctx *x);
 double ms_now(void);
+/* Device backends (x->backend set): the device-to-device copy bandwidth, bytes read +
+ * written per second (0 on the CPU or on failure); the per-op profile (backend_gpu.h:
+ * on 1 starts, 0 stops; the JSON object per `per` tokens into buf, its length, 0 when
+ * there is none). */
+double ms_cli_device_copy_bw(ms_cli_ctx *x);
+int ms_cli_profile(ms_cli_ctx *x, int on);
+int ms_cli_profile_json(ms_cli_ctx *x, int per, char *buf, size_t cap);
 
 #endif

@@ -1,4 +1,5 @@
-/* backend.c — which ops a model needs (ms_backend_require). */
+/* backend.c — which ops a model needs (ms_backend_require), and the ops composed
+ * of other ops (ms_moe_experts_composed). */
 #include <stddef.h>
 
 #include "core/backend.h"
@@ -47,7 +48,7 @@ static const op_need k_needs[] = {
     OP(add_bias, always),     OP(add, always),           OP(scale, always),        OP(mul_sigmoid, always),
     OP(rope, always),         OP(glu, always),           OP(embed, always),        OP(attn_gqa, has_gqa),
     OP(attn_mla, has_mla),    OP(route, has_moe),        OP(gather_rows, has_moe), OP(scatter_add_rows, has_moe),
-    OP(add_bias_any, has_moe), OP(split_gate_up, has_moe), OP(add_gated_rows, has_moe),
+    OP(add_bias_any, has_moe), OP(split_gate_up, has_moe), OP(add_gated_rows, has_moe), OP(moe_experts, has_moe),
     OP(kda_forward, has_kda),  OP(gdn_forward, has_gdn),
     OP(dsa_index, has_dsa),    OP(dsa_recheck, has_dsa),
     OP(compress_append, has_compressor), OP(attn_compressed, has_cattn),
@@ -67,4 +68,33 @@ int ms_backend_require(const ms_backend *be, const ms_config *c, ms_err *err) {
                            k_needs[i].name);
     }
     return MS_OK;
+}
+
+/* One routed expert over the m gathered rows a->xs -> a->ys. */
+static void expert_ffn(ms_backend *be, const ms_moe_args *a, const ms_expert_view *v, int m) {
+    int64_t I = v->down.cols, D = v->down.rows; /* hidden, or the latent width */
+    if (!v->up.data) { /* fused, interleaved gate/up rows */
+        be->ops->matmul(be, a->u, a->xs, m, &v->gate, 0);
+        if (v->gate_bias) be->ops->add_bias_any(be, a->u, v->gate_bias, v->bias_dtype, m, 2 * I);
+        be->ops->split_gate_up(be, a->g, a->u, m, I);
+    } else {
+        be->ops->matmul(be, a->g, a->xs, m, &v->gate, 0);
+        be->ops->matmul(be, a->u, a->xs, m, &v->up, 0);
+        if (v->gate_bias) be->ops->add_bias_any(be, a->g, v->gate_bias, v->bias_dtype, m, I);
+        if (v->up_bias) be->ops->add_bias_any(be, a->u, v->up_bias, v->bias_dtype, m, I);
+    }
+    be->ops->glu(be, a->act, a->g, a->u, (int64_t)m * I);
+    be->ops->matmul(be, a->ys, a->g, m, &v->down, 0);
+    if (v->down_bias) be->ops->add_bias_any(be, a->ys, v->down_bias, v->bias_dtype, m, D);
+}
+
+void ms_moe_experts_composed(ms_backend *be, const ms_moe_args *a) {
+    for (int u = 0; u < a->nu; u++)
+        /* rows in blocks of max_batch: a hash-routed token can pick one expert in several slots */
+        for (int b = a->off[u]; b < a->off[u + 1]; b += a->max_batch) {
+            int m = a->off[u + 1] - b < a->max_batch ? a->off[u + 1] - b : a->max_batch;
+            be->ops->gather_rows(be, a->xs, a->in, a->tok + b, m, a->D);
+            expert_ffn(be, a, &a->views[u], m);
+            be->ops->scatter_add_rows(be, a->acc, a->ys, a->tok + b, a->w + b, m, a->D);
+        }
 }

@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/expert_source.h"
 #include "engine/gdn_block.h"
 #include "engine/kda_block.h"
 #include "model/config.h"
@@ -179,6 +180,48 @@ typedef struct ms_cattn_args {
     float scale;
 } ms_cattn_args;
 
+/* The routed experts of one MoE layer in expert-major form (engine/moe.c builds the
+ * lists): expert views[u] (u < nu, acquired) takes the (token, weight) pairs
+ * off[u]..off[u+1) of tok / w (host arrays: rows of in, routing weights) and
+ *   acc[tok] += w * down(act(gate x) * (up x))   (x = in[tok]; biases added, fused
+ *                                                 gate_up rows split as the view says)
+ * experts in order, pairs in order, in blocks of at most max_batch rows through the
+ * scratch rows xs, ys [max_batch, D] and g, u [max_batch, 2 * inter] (backend memory).
+ * ms_moe_experts_composed is exactly this through the backend's own ops (gather_rows,
+ * matmul, add_bias_any, split_gate_up, glu, scatter_add_rows): the CPU backend's. */
+typedef struct ms_moe_args {
+    const float *in;
+    float *acc;
+    int64_t D;
+    const ms_glu *act;
+    int nu;
+    const ms_expert_view *views;
+    const int *off, *tok;
+    const float *w;
+    int max_batch;
+    float *xs, *g, *u, *ys;
+} ms_moe_args;
+void ms_moe_experts_composed(ms_backend *be, const ms_moe_args *a);
+
+/* One decode token's routed experts straight from the router's output, with no host
+ * round trip, when every expert of the layer is resident:
+ *   acc [D] = sum_j w[j] * expert_{ids[j]}(in),  j < K (in ascending expert id)
+ * ids, w [K]: backend memory (route's output, distinct ids); all [E]: the layer's
+ * experts' placed views, a host array that stays unchanged while the backend lives
+ * (the backend may keep a device copy of it keyed by its address). Optional (NULL:
+ * the engine downloads the ids and calls moe_experts); MS_ERR_UNSUPPORTED (nothing
+ * done) for layers the backend does not take this way, the engine then does the same. */
+typedef struct ms_moe_routed_args {
+    const float *in;
+    float *acc;
+    int64_t D;
+    const ms_glu *act;
+    const int *ids;
+    const float *w;
+    int K, E;
+    const ms_expert_view *all;
+} ms_moe_routed_args;
+
 typedef struct ms_backend_ops {
     /* ---- memory ---- */
     /* bytes of zeroed backend memory into *out (MS_ERR_NOMEM naming the size) */
@@ -213,6 +256,10 @@ typedef struct ms_backend_ops {
     void (*matmul_many)(ms_backend *be, const ms_matmul_job *jobs, int count);
     /* y = x / sqrt(mean(x^2) + eps) * (w ? w : 1), rows of d; y may equal x */
     void (*rmsnorm)(ms_backend *be, float *y, const float *x, const float *w, int64_t rows, int64_t d, float eps);
+    /* Optional (NULL: the engine runs add, then rmsnorm): x[i] += y[i] for i < rows * d, then
+     * xn = rmsnorm(x) * w as rmsnorm does (the residual add and the next sublayer's norm) */
+    void (*add_rmsnorm)(ms_backend *be, float *x, const float *y, float *xn, const float *w, int64_t rows, int64_t d,
+                        float eps);
     /* x[r * d + i] += b[i] for rows r; b F32 [d] */
     void (*add_bias)(ms_backend *be, float *x, const float *b, int64_t rows, int64_t d);
     /* y[i] += x[i]; x[i] *= s; x[i] *= sigmoid(g[i]) for i < n */
@@ -224,6 +271,12 @@ typedef struct ms_backend_ops {
      * (r->layout pairs). sign -1 rotates backwards (inverse RoPE). */
     void (*rope)(ms_backend *be, const ms_rope *r, float *x, int n, int64_t tok_stride, int64_t heads,
                  int64_t head_stride, int64_t offset, int64_t pos0, float sign);
+    /* Optional (NULL: rmsnorm of each head, then rope, as the engine composes them): the
+     * per-head query/key norm and RoPE of n tokens at positions pos0..: q [n, qh * hd] heads
+     * normed with wq [hd], k [n, kh * hd] with wk [hd] (eps), then r rotates the first r->dim
+     * dims of every head of both */
+    void (*qk_norm_rope)(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k,
+                         int64_t kh, const float *wk, int n, int64_t hd, float eps, int64_t pos0);
     /* gate [n] = act(gate) * up elementwise (ms_glu); up may be modified (clamped) */
     void (*glu)(ms_backend *be, const ms_glu *a, float *gate, float *up, int64_t n);
     /* x [n, d] rows of the embedding table (any stored dtype) for host token ids */
@@ -246,6 +299,9 @@ typedef struct ms_backend_ops {
     void (*split_gate_up)(ms_backend *be, float *g, float *u, int64_t m, int64_t I);
     /* y[t] += sigmoid(s[t]) * x[t] for rows of d (shared-expert gate) */
     void (*add_gated_rows)(ms_backend *be, float *y, const float *x, const float *s, int64_t rows, int64_t d);
+    /* the routed experts of a layer (ms_moe_args), and the device-routed decode form (optional) */
+    void (*moe_experts)(ms_backend *be, const ms_moe_args *a);
+    int (*moe_experts_routed)(ms_backend *be, const ms_moe_routed_args *a, ms_err *err);
 
     /* ---- linear attention (KDA, gated DeltaNet) ---- */
     /* out [n, hidden] = the KDA token mixer (engine/kda_block.h: projections, short

@@ -18,10 +18,15 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     int64_t hd = c->head_dim, vd = c->v_head_dim ? c->v_head_dim : c->head_dim;
     int64_t kd = KV * hd, vtot = KV * vd, qd = H * hd;
     const ms_rope *rope = c->layer_rope[layer] ? &c->rope_alt : &c->rope;
-    float *q = e->q, *k = e->kv, *v = e->kv + (int64_t)n * kd;
-    be->ops->matmul(be, q, e->xn, n, &L->wq, 0);
-    be->ops->matmul(be, k, e->xn, n, &L->wk, 0);
-    be->ops->matmul(be, v, e->xn, n, &L->wv, 0);
+    /* one sequence: keys and values are computed in its cache rows (positions n_past..); several
+     * (a batched decode step): in scratch, then copied into each sequence's cache */
+    int direct = e->n_seqs == 1;
+    ms_engine *s0 = e->seqs[0].e;
+    float *q = e->q;
+    float *k = direct ? s0->k_cache[layer] + (int64_t)s0->n_past * kd : e->kv;
+    float *v = direct ? s0->v_cache[layer] + (int64_t)s0->n_past * vtot : e->kv + (int64_t)n * kd;
+    ms_matmul_job qkv[3] = {{q, e->xn, n, &L->wq, 0}, {k, e->xn, n, &L->wk, 0}, {v, e->xn, n, &L->wv, 0}};
+    be->ops->matmul_many(be, qkv, 3);
     if (L->bq) be->ops->add_bias(be, q, L->bq, n, c->attn_out_gate ? 2 * qd : qd);
     if (L->bk) be->ops->add_bias(be, k, L->bk, n, kd);
     if (L->bv) be->ops->add_bias(be, v, L->bv, n, vtot);
@@ -30,23 +35,30 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         be->ops->copy_rows(be, q, hd, q, 2 * hd, n * H, hd);
     }
     float eps = (float)c->rms_eps;
-    if (c->qk_norm == MS_QKNORM_HEAD) {
+    if (c->v_scale != 0 && c->v_scale != 1) be->ops->scale(be, v, (float)c->v_scale, n * vtot);
+    int fused = c->qk_norm == MS_QKNORM_HEAD && be->ops->qk_norm_rope; /* one op where the backend has it */
+    if (!fused && c->qk_norm == MS_QKNORM_HEAD) {
         be->ops->rmsnorm(be, q, q, L->q_norm, n * H, hd, eps);
         be->ops->rmsnorm(be, k, k, L->k_norm, n * KV, hd, eps);
-    } else if (c->qk_norm == MS_QKNORM_FULL) {
+    } else if (!fused && c->qk_norm == MS_QKNORM_FULL) {
         be->ops->rmsnorm(be, q, q, L->q_norm, n, qd, eps);
         be->ops->rmsnorm(be, k, k, L->k_norm, n, kd, eps);
     }
-    if (c->v_scale != 0 && c->v_scale != 1) be->ops->scale(be, v, (float)c->v_scale, n * vtot);
     for (int i = 0; i < e->n_seqs; i++) { /* per sequence: RoPE at its positions, its cache, its attention */
         const ms_fwd_seq *sq = &e->seqs[i];
         ms_engine *se = sq->e;
         int sn = sq->n;
         float *qs = q + (int64_t)sq->row * qd, *ks = k + (int64_t)sq->row * kd, *vs = v + (int64_t)sq->row * vtot;
-        be->ops->rope(be, rope, qs, sn, qd, H, hd, 0, se->n_past, 1.0f);
-        be->ops->rope(be, rope, ks, sn, kd, KV, hd, 0, se->n_past, 1.0f);
-        be->ops->copy(be, se->k_cache[layer] + (int64_t)se->n_past * kd, ks, (size_t)(sn * kd) * 4);
-        be->ops->copy(be, se->v_cache[layer] + (int64_t)se->n_past * vtot, vs, (size_t)(sn * vtot) * 4);
+        if (fused) {
+            be->ops->qk_norm_rope(be, rope, qs, H, L->q_norm, ks, KV, L->k_norm, sn, hd, eps, se->n_past);
+        } else {
+            be->ops->rope(be, rope, qs, sn, qd, H, hd, 0, se->n_past, 1.0f);
+            be->ops->rope(be, rope, ks, sn, kd, KV, hd, 0, se->n_past, 1.0f);
+        }
+        if (!direct) {
+            be->ops->copy(be, se->k_cache[layer] + (int64_t)se->n_past * kd, ks, (size_t)(sn * kd) * 4);
+            be->ops->copy(be, se->v_cache[layer] + (int64_t)se->n_past * vtot, vs, (size_t)(sn * vtot) * 4);
+        }
         ms_attn_gqa_args a = {.out = e->att + (int64_t)sq->row * H * vd, .q = qs, .k = se->k_cache[layer],
                               .v = se->v_cache[layer], .n = sn, .n_past = se->n_past, .H = H, .KV = KV, .hd = hd,
                               .vd = vd, .window = c->layer_window[layer], .sinks = L->sinks,

@@ -103,6 +103,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         HBUF(&e->ex_w, BK * 4);
         HBUF(&e->ex_pos, E * sizeof(int));
         HBUF(&e->ex_uniq, E * sizeof(int));
+        HBUF(&e->ex_off, (E + 1) * sizeof(int));
         HBUF(&e->ex_views, E * sizeof(ms_expert_view));
     }
     n = ms_dsa_engine_buffers(e, c, T, B, b, n);
@@ -315,6 +316,13 @@ static void residual_add(ms_engine *e, int n, const float *y) {
     else e->be->ops->add(e->be, e->x, y, (int64_t)n * e->m->cfg.hidden);
 }
 
+/* The residual add of a sublayer's output y and the norm of the next sublayer's input,
+ * xn = rmsnorm(x) * w, in one op where the backend has it (not with mHC streams or
+ * Attention Residuals, whose next input is not the residual itself). */
+static int fused_add_norm(const ms_engine *e) {
+    return e->be->ops->add_rmsnorm && !e->mhc && !e->m->cfg.attn_res_block;
+}
+
 /* One chunk of n <= max_batch rows through the model on the lead engine e's
  * activations: the rows of seqs[0..nseq) (each on its own engine's causal state,
  * at its own position; together n rows, in row order). logits: all rows
@@ -340,6 +348,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
      * block's partial sum, e->ares the completed block states; each sublayer reads their mixture. */
     int nb = 0;
     const int64_t BS = (int64_t)e->max_batch * D;
+    int fuse = fused_add_norm(e), normed = 0; /* normed: e->xn already holds this layer's attention input */
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const ms_layer *L = &m->layers[l];
         if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 0, n, &in, err))) break;
@@ -356,26 +365,37 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
                 be->ops->zero(be, e->x, (size_t)(n * D) * 4);
             }
         }
-        be->ops->rmsnorm(be, e->xn, h, L->attn_norm, n, D, eps);
+        if (!normed) be->ops->rmsnorm(be, e->xn, h, L->attn_norm, n, D, eps);
+        normed = 0;
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_GDN) rc = ms_attn_gdn(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_COMPRESSED) rc = ms_attn_compressed(e, l, n, e->tmp, err);
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
-        residual_add(e, n, e->tmp);
-        if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 1, n, &in, err))) break;
-        h = in;
-        if (c->attn_res_block) {
-            be->ops->attn_res_mix(be, e->xn, e->ares, nb, BS, e->x, n, D, L->mlp_res.norm, L->mlp_res.proj, eps);
-            h = e->xn;
+        if (fuse) {
+            be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, L->ffn_norm, n, D, eps);
+            h = e->x;
+        } else {
+            residual_add(e, n, e->tmp);
+            if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 1, n, &in, err))) break;
+            h = in;
+            if (c->attn_res_block) {
+                be->ops->attn_res_mix(be, e->xn, e->ares, nb, BS, e->x, n, D, L->mlp_res.norm, L->mlp_res.proj, eps);
+                h = e->xn;
+            }
+            be->ops->rmsnorm(be, e->xn, h, L->ffn_norm, n, D, eps);
         }
-        be->ops->rmsnorm(be, e->xn, h, L->ffn_norm, n, D, eps);
         e->ffn_in = h;
         if (c->layer_mlp[l] == MS_MLP_MOE) rc = ms_ffn_moe(e, l, n, e->tmp, err);
         else rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
         if (rc) break;
-        residual_add(e, n, e->tmp);
+        if (fuse && l + 1 < c->n_layers) { /* with the next layer's attention norm */
+            be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, m->layers[l + 1].attn_norm, n, D, eps);
+            normed = 1;
+        } else {
+            residual_add(e, n, e->tmp);
+        }
     }
     e->seqs = NULL;
     e->n_seqs = 0;

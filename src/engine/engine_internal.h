@@ -59,6 +59,8 @@ struct ms_engine {
     int32_t *h_fixed;         /* [B, top_k] */
     int *ex_count, *ex_tokens; float *ex_w; /* [E + 1], [B * top_k], [B * top_k] */
     int *ex_pos, *ex_uniq;    /* [E] */
+    int *ex_off;              /* [E + 1]: an acquired group's pair offsets (ms_moe_args.off) */
+    int no_routed;            /* the backend refused moe_experts_routed: the lists from then on */
     ms_expert_view *ex_views; /* [E] */
     /* Kimi K3 options */
     float *ares;   /* [n_blocks][B, hidden] Attention Residuals block states of the chunk's tokens */

@@ -29,27 +29,6 @@ int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_
     return MS_OK;
 }
 
-/* One routed expert over the m gathered rows e->xs → e->ys. */
-static void expert_ffn(ms_engine *e, const ms_expert_view *v, int m) {
-    const ms_config *c = &e->m->cfg;
-    ms_backend *be = e->be;
-    int64_t I = v->down.cols, D = v->down.rows; /* hidden, or the latent width */
-    if (!v->up.data) { /* fused, interleaved gate/up rows */
-        be->ops->matmul(be, e->u, e->xs, m, &v->gate, 0);
-        if (v->gate_bias) be->ops->add_bias_any(be, e->u, v->gate_bias, v->bias_dtype, m, 2 * I);
-        be->ops->split_gate_up(be, e->g, e->u, m, I);
-    } else {
-        be->ops->matmul(be, e->g, e->xs, m, &v->gate, 0);
-        be->ops->matmul(be, e->u, e->xs, m, &v->up, 0);
-        if (v->gate_bias) be->ops->add_bias_any(be, e->g, v->gate_bias, v->bias_dtype, m, I);
-        if (v->up_bias) be->ops->add_bias_any(be, e->u, v->up_bias, v->bias_dtype, m, I);
-    }
-    ms_glu act = glu_of(c, c->expert_act);
-    be->ops->glu(be, &act, e->g, e->u, (int64_t)m * I);
-    be->ops->matmul(be, e->ys, e->g, m, &v->down, 0);
-    if (v->down_bias) be->ops->add_bias_any(be, e->ys, v->down_bias, v->bias_dtype, m, D);
-}
-
 /* Router logits [n, E] of layer L's router over x, its Linear bias added, routed
  * into ids/w [n, K] (backend memory) and downloaded into e->h_ids / e->h_w.
  * tokens: the chunk's ids (hash-routed layers look their experts up by token). */
@@ -101,21 +80,15 @@ static int lookahead_prefetch(ms_engine *e, int layer, int n, ms_err *err) {
     return MS_OK;
 }
 
-int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
+/* The routed experts of layer over n tokens through host lists: the router's ids
+ * downloaded, expert-major lists (counting sort of (token, slot) pairs by expert),
+ * acquired in groups from the expert source, run by the backend's moe_experts. */
+static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc, int64_t D, const ms_glu *act,
+                     ms_err *err) {
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
     int E = (int)c->n_experts, K = (int)c->top_k;
-    /* experts read `in` and sum into `acc`, rows of D: the hidden stream, or the
-     * latent width between routed_expert_down_proj and up_proj (Kimi K3) */
-    int64_t D = c->latent_moe ? c->expert_hidden : c->hidden;
-    const float *in = e->xn;
-    float *acc = out;
-    if (c->latent_moe) {
-        be->ops->matmul(be, e->lat_in, e->xn, n, &L->lat_down, 0);
-        in = e->lat_in;
-        acc = e->lat_out;
-    }
     int rc = route_layer(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return ms_wrap(err, "layer %d router", layer);
     /* expert-major lists: counting sort of (token, slot) pairs by expert */
@@ -151,18 +124,57 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         int gn = nu - g0 < group ? nu - g0 : group;
         if ((rc = ms_experts_acquire(e->experts, layer, gn, uniq + g0, views, err))) return rc;
         if (g0 == 0 && (rc = lookahead_prefetch(e, layer, n, err))) return rc;
-        for (int u = 0; u < gn; u++) {
-            /* rows in blocks of max_batch: a hash-routed token can pick one expert in several slots */
-            int x = uniq[g0 + u];
-            for (int b = cnt[x]; b < cnt[x + 1]; b += e->max_batch) {
-                int m = cnt[x + 1] - b < e->max_batch ? cnt[x + 1] - b : e->max_batch;
-                be->ops->gather_rows(be, e->xs, in, e->ex_tokens + b, m, D);
-                expert_ffn(e, &views[u], m);
-                be->ops->scatter_add_rows(be, acc, e->ys, e->ex_tokens + b, e->ex_w + b, m, D);
-            }
-        }
+        /* the group's pairs: expert uniq[g0 + u] holds pairs cnt[x]..cnt[x + 1) */
+        for (int u = 0; u < gn; u++) e->ex_off[u] = cnt[uniq[g0 + u]];
+        e->ex_off[gn] = cnt[uniq[g0 + gn - 1] + 1];
+        ms_moe_args ma = {.in = in, .acc = acc, .D = D, .act = act, .nu = gn, .views = views, .off = e->ex_off,
+                          .tok = e->ex_tokens, .w = e->ex_w, .max_batch = e->max_batch, .xs = e->xs, .g = e->g,
+                          .u = e->u, .ys = e->ys};
+        be->ops->moe_experts(be, &ma);
         ms_experts_release(e->experts, layer);
     }
+    return MS_OK;
+}
+
+int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    const ms_layer *L = &e->w->layers[layer];
+    ms_backend *be = e->be;
+    int E = (int)c->n_experts, K = (int)c->top_k;
+    /* experts read `in` and sum into `acc`, rows of D: the hidden stream, or the
+     * latent width between routed_expert_down_proj and up_proj (Kimi K3) */
+    int64_t D = c->latent_moe ? c->expert_hidden : c->hidden;
+    const float *in = e->xn;
+    float *acc = out;
+    if (c->latent_moe) {
+        be->ops->matmul(be, e->lat_in, e->xn, n, &L->lat_down, 0);
+        in = e->lat_in;
+        acc = e->lat_out;
+    }
+    ms_glu act = glu_of(c, c->expert_act);
+    int rc, routed = 0;
+    /* decode with resident experts on a backend that routes on the device: no host round trip */
+    if (n == 1 && be->ops->moe_experts_routed && e->experts == e->own_experts && !L->hash_ids && L->experts &&
+        !e->no_routed) {
+        ms_route_args ra = {.c = c, .logits = e->rlog, .bias = L->router_bias, .n = 1, .ids = e->topk_ids,
+                            .w = e->topk_w};
+        be->ops->matmul(be, e->rlog, e->xn, 1, &L->router, 0);
+        if (L->router_lbias) be->ops->add_bias(be, e->rlog, L->router_lbias, 1, E);
+        be->ops->route(be, &ra);
+        ms_moe_routed_args ma = {.in = in, .acc = acc, .D = D, .act = &act, .ids = e->topk_ids, .w = e->topk_w,
+                                 .K = K, .E = E, .all = L->experts};
+        int rrc = be->ops->moe_experts_routed(be, &ma, err);
+        if (rrc && rrc != MS_ERR_UNSUPPORTED) return ms_wrap(err, "layer %d experts", layer);
+        if (!rrc) {
+            e->stats.experts_acquired += (uint64_t)K;
+            e->stats.expert_activations += (uint64_t)K;
+            e->la_layer = -1;
+            routed = 1;
+        } else {
+            e->no_routed = 1; /* this backend takes the lists: from now on without asking */
+        }
+    }
+    if (!routed && (rc = moe_lists(e, layer, n, in, acc, D, &act, err))) return rc;
     if (c->latent_moe) {
         if (c->latent_moe_norm) be->ops->rmsnorm(be, acc, acc, L->lat_norm, n, D, (float)c->rms_eps);
         be->ops->matmul(be, out, acc, n, &L->lat_up, 0);

@@ -856,6 +856,95 @@ TEST(backend_route) {
     }
 }
 
+/* the decode fusions against the CPU's composition: add_rmsnorm (add, then rmsnorm), qk_norm_rope
+ * (rmsnorm of each head, then rope), matmul_many over matrices of different rows in one launch,
+ * moe_experts_routed (the routed experts from device ids) against ms_moe_experts_composed */
+TEST(backend_fused) {
+    SKIP_UNLESS_SELECTED("backend_fused");
+    ms_backend *C = cpu(), *G = gbe();
+    ms_err err = {0};
+    int64_t rows = 3, d = 2048, n = rows * d;
+    float *x = randv(n, 1.0f), *y = randv(n, 1.0f), *w = randv(d, 1.0f), *xn = malloc((size_t)n * 4);
+    float *dx = bup(x, n), *dy = bup(y, n), *dw = bup(w, d), *dxn = bup(x, n);
+    C->ops->add(C, x, y, n), C->ops->rmsnorm(C, xn, x, w, rows, d, 1e-6f);
+    G->ops->add_rmsnorm(G, dx, dy, dxn, dw, rows, d, 1e-6f);
+    float *got = bget(dx, n);
+    cmpv("add_rmsnorm (sum)", got, x, n, 0, 0), free(got);
+    got = bget(dxn, n), cmpv("add_rmsnorm (norm)", got, xn, n, (d / 2.0 + 8) * U32 + 2e-6, 1e-30), free(got);
+    gfree(dx), gfree(dy), gfree(dw), gfree(dxn), free(x), free(y), free(w), free(xn);
+    /* q 32 heads, k 4 heads of 128, 2 tokens at 700.., rope half-split on all 128 dims */
+    int64_t H = 32, KV = 4, hd = 128;
+    int nt = 2;
+    ms_rope r;
+    memset(&r, 0, sizeof r);
+    r.dim = 128, r.layout = MS_ROPE_HALF, r.attn_factor = 1.0;
+    for (int i = 0; i < 64; i++) r.inv_freq[i] = pow(1e6, -2.0 * i / 128);
+    float *q = randv(nt * H * hd, 1.0f), *k = randv(nt * KV * hd, 1.0f), *wq = randv(hd, 1.0f), *wk = randv(hd, 1.0f);
+    float *dq = bup(q, nt * H * hd), *dk = bup(k, nt * KV * hd), *dwq = bup(wq, hd), *dwk = bup(wk, hd);
+    C->ops->rmsnorm(C, q, q, wq, nt * H, hd, 1e-6f), C->ops->rmsnorm(C, k, k, wk, nt * KV, hd, 1e-6f);
+    C->ops->rope(C, &r, q, nt, H * hd, H, hd, 0, 700, 1.0f), C->ops->rope(C, &r, k, nt, KV * hd, KV, hd, 0, 700, 1.0f);
+    G->ops->qk_norm_rope(G, &r, dq, H, dwq, dk, KV, dwk, nt, hd, 1e-6f, 700);
+    got = bget(dq, nt * H * hd), cmpv("qk_norm_rope (q)", got, q, nt * H * hd, 200 * U32 + 2e-6, 1e-6), free(got);
+    got = bget(dk, nt * KV * hd), cmpv("qk_norm_rope (k)", got, k, nt * KV * hd, 200 * U32 + 2e-6, 1e-6), free(got);
+    gfree(dq), gfree(dk), gfree(dwq), gfree(dwk), free(q), free(k), free(wq), free(wk);
+    /* matmul_many: 3 BF16 jobs of 520, 64 and 64 rows over one x, one launch */
+    {
+        int64_t cols = 1024, rr[3] = {520, 64, 64};
+        ms_qmat wm[3], dm[3];
+        float *xx = randv(cols, 1.0f), *dxx = bup(xx, cols), *ref[3], *dyy[3];
+        ms_matmul_job jc[3], jg[3];
+        for (int i = 0; i < 3; i++) {
+            wm[i] = make_w(&K_BF16, rr[i], cols);
+            CHECK(G->ops->place_qmat(G, &wm[i], &dm[i], &err) == MS_OK);
+            ref[i] = malloc((size_t)rr[i] * 4);
+            void *p = NULL;
+            CHECK(G->ops->alloc(G, (size_t)rr[i] * 4, &p, &err) == MS_OK);
+            dyy[i] = p;
+            jc[i] = (ms_matmul_job){ref[i], xx, 1, &wm[i], 0}, jg[i] = (ms_matmul_job){dyy[i], dxx, 1, &dm[i], 0};
+        }
+        C->ops->matmul_many(C, jc, 3), G->ops->matmul_many(G, jg, 3);
+        for (int i = 0; i < 3; i++) {
+            got = bget(dyy[i], rr[i]);
+            cmpv(i ? "matmul_many (64-row job)" : "matmul_many (520-row job)", got, ref[i], rr[i], 1e-5, 1e-4);
+            free(got), free(ref[i]), gfree(dyy[i]), free_w(&wm[i]);
+        }
+        gfree(dxx), free(xx);
+    }
+    /* moe_experts_routed: 16 BF16 experts of D 512, I 256, 4 chosen, SwiGLU limit 7 */
+    {
+        int E = 16, K = 4;
+        int64_t D = 512, I = 256;
+        ms_expert_view hv[16], gv[16];
+        for (int e = 0; e < E; e++) {
+            memset(&hv[e], 0, sizeof hv[e]), memset(&gv[e], 0, sizeof gv[e]);
+            hv[e].gate = make_w(&K_BF16, I, D), hv[e].up = make_w(&K_BF16, I, D), hv[e].down = make_w(&K_BF16, D, I);
+            CHECK(G->ops->place_qmat(G, &hv[e].gate, &gv[e].gate, &err) == MS_OK);
+            CHECK(G->ops->place_qmat(G, &hv[e].up, &gv[e].up, &err) == MS_OK);
+            CHECK(G->ops->place_qmat(G, &hv[e].down, &gv[e].down, &err) == MS_OK);
+        }
+        int ids[4] = {11, 2, 7, 3}, sorted[4] = {2, 3, 7, 11}, tok[4] = {0, 0, 0, 0}, off[5] = {0, 1, 2, 3, 4};
+        float wts[4] = {0.4f, 0.3f, 0.2f, 0.1f}, sw[4] = {0.3f, 0.1f, 0.2f, 0.4f};
+        ms_expert_view sv[4];
+        for (int i = 0; i < K; i++) sv[i] = hv[sorted[i]];
+        ms_glu act = {.kind = MS_ACT_SILU, .limit = 7.0f, .alpha = 1.0f};
+        float *in = randv(D, 1.0f), *acc = calloc((size_t)D, 4), *xs = malloc((size_t)D * 4), *ys = malloc((size_t)D * 4);
+        float *g = malloc((size_t)2 * I * 4), *u = malloc((size_t)2 * I * 4);
+        ms_moe_args ma = {.in = in, .acc = acc, .D = D, .act = &act, .nu = K, .views = sv, .off = off, .tok = tok,
+                          .w = sw, .max_batch = 1, .xs = xs, .g = g, .u = u, .ys = ys};
+        C->ops->moe_experts(C, &ma);
+        float *din = bup(in, D), *dacc = bup(in, D), *dwt = bup(wts, K);
+        void *did = NULL;
+        CHECK(G->ops->alloc(G, 16, &did, &err) == MS_OK && G->ops->upload(G, did, ids, 16, &err) == MS_OK);
+        ms_moe_routed_args ra = {.in = din, .acc = dacc, .D = D, .act = &act, .ids = did, .w = dwt, .K = K, .E = E, .all = gv};
+        CHECK_MSG(G->ops->moe_experts_routed(G, &ra, &err) == MS_OK, "moe_experts_routed: %s", err.msg);
+        got = bget(dacc, D), cmpv("moe_experts_routed (4 of 16 bf16 experts)", got, acc, D, 1e-4, 1e-4 * maxabs(acc, D)), free(got);
+        gfree(din), gfree(dacc), gfree(dwt), gfree(did);
+        for (int e = 0; e < E; e++) free_w(&hv[e].gate), free_w(&hv[e].up), free_w(&hv[e].down);
+        free(in), free(acc), free(xs), free(ys), free(g), free(u);
+    }
+    CHECK(G->ops->sync(G, &err) == MS_OK);
+}
+
 TEST(backend_attention) {
     SKIP_UNLESS_SELECTED("backend_attention");
     ms_backend *C = cpu(), *G = gbe();

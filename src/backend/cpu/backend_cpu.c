@@ -271,6 +271,7 @@ static const ms_backend_ops k_cpu_ops = {
     .add_bias_any = cpu_add_bias_any,
     .split_gate_up = cpu_split_gate_up,
     .add_gated_rows = cpu_add_gated_rows,
+    .moe_experts = ms_moe_experts_composed,
     .kda_forward = cpu_kda_forward,
     .gdn_forward = cpu_gdn_forward,
     .dsa_index = ms_cpu_dsa_index,

@@ -4,8 +4,12 @@
  * attention kernels are gpu.h's; the rest are here. Every name of the runtime
  * goes through gpu_port.h, so hipcc compiles this file too. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <type_traits>
 
 #include "backend/gpu/gpu_internal.h"
 extern "C" {
@@ -46,6 +50,21 @@ typedef struct gpu_backend {
     int failed;      /* an earlier op failed: reported by the next sync / download */
     ms_err fail;
     void *blocks;    /* backend_gpu_blocks.cu's state */
+    /* moe_experts_routed: device tables of the layers' resident experts, keyed by the host array */
+    struct rx_table *rx;
+    int n_rx, cap_rx;
+    float *rx_scr;
+    size_t rx_cap;
+    void *pin; /* page-locked download staging (PIN_BYTES) */
+    int pin_failed;
+    /* per-op profile (ms_backend_gpu_profile): the ops as filled, events around each outermost op */
+    ms_backend_ops orig;
+    int prof, prof_depth, prof_n;
+    double prof_t0;
+    gpuEvent_t *prof_ev, prof_start;
+    int *prof_cls;
+    struct prof_class *prof_classes;
+    int prof_nc;
 } gpu_backend;
 
 static gpu_backend *gb(ms_backend *be) { return (gpu_backend *)be->impl; }
@@ -92,6 +111,114 @@ static int grow(gpu_backend *b, float **p, size_t *cap, size_t floats, ms_err *e
     return MS_OK;
 }
 
+/* ------------------------------------------------------------ profile */
+
+/* With profiling on (ms_backend_gpu_profile), every outermost op of the table is
+ * bracketed by two events on the stream; elapsed times are summed per op at the
+ * next harvest (a full event pool, or ms_backend_gpu_profile_json). Ops that an op
+ * calls through the table (moe_experts composed of matmuls) count as the outer op. */
+#define PROF_PAIRS 8192
+#define PROF_CLASSES 64
+typedef struct prof_class {
+    const char *name;
+    double ms, host_s; /* device time between the op's events; host time inside the op's call */
+    uint64_t calls;
+} prof_class;
+static double prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static const char *g_op_names[sizeof(ms_backend_ops) / sizeof(void *)];
+
+static void prof_harvest(gpu_backend *b) {
+    if (!b->prof_n) return;
+    (void)gpuEventSynchronize(b->prof_ev[2 * b->prof_n - 1]);
+    for (int i = 0; i < b->prof_n; i++) {
+        float ms = 0;
+        if (gpuEventElapsedTime(&ms, b->prof_ev[2 * i], b->prof_ev[2 * i + 1]) != gpuSuccess) {
+            (void)gpuGetLastError();
+            continue;
+        }
+        prof_class *c = &b->prof_classes[b->prof_cls[i]];
+        c->ms += ms;
+        c->calls++;
+    }
+    b->prof_n = 0;
+}
+static int prof_begin(gpu_backend *b, size_t off) {
+    if (b->prof_depth++ || !b->prof) return -1;
+    const char *name = g_op_names[off / sizeof(void *)];
+    int c = 0;
+    while (c < b->prof_nc && b->prof_classes[c].name != name) c++;
+    if (c == b->prof_nc) {
+        if (c == PROF_CLASSES) return -1;
+        b->prof_classes[b->prof_nc++] = (prof_class){name, 0, 0, 0};
+    }
+    if (b->prof_n == PROF_PAIRS) prof_harvest(b);
+    int i = b->prof_n++;
+    b->prof_cls[i] = c;
+    b->prof_t0 = prof_now();
+    (void)gpuEventRecord(b->prof_ev[2 * i], b->g->stream);
+    return i;
+}
+static void prof_end(gpu_backend *b, int i) {
+    b->prof_depth--;
+    if (i < 0) return;
+    (void)gpuEventRecord(b->prof_ev[2 * i + 1], b->g->stream);
+    b->prof_classes[b->prof_cls[i]].host_s += prof_now() - b->prof_t0;
+}
+static void prof_free(gpu_backend *b) {
+    if (b->prof_ev)
+        for (int i = 0; i < 2 * PROF_PAIRS; i++) (void)gpuEventDestroy(b->prof_ev[i]);
+    if (b->prof_start) (void)gpuEventDestroy(b->prof_start);
+    free(b->prof_ev);
+    free(b->prof_cls);
+    free(b->prof_classes);
+    b->prof_ev = NULL;
+}
+
+/* The wrapper of the op at offset OFF of the table: the op as filled (b->orig), timed. */
+template <size_t OFF, typename F> struct prof_wrap;
+template <size_t OFF, typename R, typename... A> struct prof_wrap<OFF, R (*)(ms_backend *, A...)> {
+    typedef R (*fn_t)(ms_backend *, A...);
+    static R call(ms_backend *be, A... args) {
+        gpu_backend *b = (gpu_backend *)be->impl;
+        fn_t f = *(const fn_t *)((const char *)&b->orig + OFF);
+        int i = prof_begin(b, OFF);
+        if constexpr (std::is_void<R>::value) {
+            f(be, args...);
+            prof_end(b, i);
+        } else {
+            R r = f(be, args...);
+            prof_end(b, i);
+            return r;
+        }
+    }
+};
+#define PROF_WRAP(field)                                                                                            \
+    do {                                                                                                           \
+        if (o->field) {                                                                                            \
+            g_op_names[offsetof(ms_backend_ops, field) / sizeof(void *)] = #field;                                 \
+            o->field = prof_wrap<offsetof(ms_backend_ops, field), decltype(o->field)>::call;                        \
+        }                                                                                                          \
+    } while (0)
+
+/* Every op that enqueues device work, wrapped (b->orig keeps the table as filled). */
+static void prof_wrap_ops(gpu_backend *b) {
+    ms_backend_ops *o = &b->ops;
+    b->orig = *o;
+    PROF_WRAP(upload); PROF_WRAP(download); PROF_WRAP(copy); PROF_WRAP(zero); PROF_WRAP(copy_rows);
+    PROF_WRAP(matmul); PROF_WRAP(matmul_many); PROF_WRAP(rmsnorm); PROF_WRAP(add_bias); PROF_WRAP(add);
+    PROF_WRAP(scale); PROF_WRAP(mul_sigmoid); PROF_WRAP(rope); PROF_WRAP(glu); PROF_WRAP(embed);
+    PROF_WRAP(attn_gqa); PROF_WRAP(attn_mla); PROF_WRAP(route); PROF_WRAP(gather_rows);
+    PROF_WRAP(scatter_add_rows); PROF_WRAP(add_bias_any); PROF_WRAP(split_gate_up); PROF_WRAP(add_gated_rows);
+    PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
+    PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
+    PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
+    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix);
+}
+
 /* ------------------------------------------------------------ memory */
 
 static int g_alloc(ms_backend *be, size_t bytes, void **out, ms_err *err) {
@@ -106,8 +233,19 @@ static void g_free(ms_backend *be, void *p) {
 static int g_upload(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err) {
     return ms_gpu_upload(gb(be)->g, dst, src, bytes, err);
 }
+#define PIN_BYTES ((size_t)8 << 20) /* page-locked staging of downloads up to this size (the logits) */
 static int g_download(ms_backend *be, void *dst, const void *src, size_t bytes, ms_err *err) {
     gpu_backend *b = gb(be);
+    if (bytes && bytes <= PIN_BYTES && !b->pin_failed) { /* through page-locked memory: the DMA at full speed */
+        ms_err e = {0};
+        if (!b->pin && ms_gpu_alloc_host(b->g, PIN_BYTES, &b->pin, &e)) b->pin = NULL, b->pin_failed = 1;
+        if (b->pin) {
+            int rc = ms_gpu_download(b->g, b->pin, src, bytes, err);
+            if (rc) return rc;
+            memcpy(dst, b->pin, bytes);
+            return report(b, err);
+        }
+    }
     int rc = ms_gpu_download(b->g, dst, src, bytes, err);
     return rc ? rc : report(b, err);
 }
@@ -240,8 +378,12 @@ static void g_destroy(ms_backend *be) {
         ms_gpu_free(b->g, b->work);
         ms_gpu_free(b->g, b->idx);
         ms_gpu_free(b->g, b->rope_inv);
+        ms_gpu_free(b->g, b->rx_scr);
+        if (b->pin) ms_gpu_free_host(b->g, b->pin);
+        prof_free(b);
         ms_gpu_close(b->g);
     }
+    free(b->rx);
     free(b->chunks);
     free(b->host);
     free(b);
@@ -269,13 +411,40 @@ static void g_matmul(ms_backend *be, float *y, const float *x, int n, const ms_q
     note(gb(be), ms_gpu_matmul(gb(be)->g, y, x, n, w, acc, &e), &e);
 }
 static void g_matmul_many(ms_backend *be, const ms_matmul_job *jobs, int count) {
-    for (int i = 0; i < count; i++) g_matmul(be, jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].acc);
+    ms_err e = {0};
+    note(gb(be), ms_gpu_matmul_many(gb(be)->g, jobs, count, &e), &e);
 }
 static void g_rmsnorm(ms_backend *be, float *y, const float *x, const float *w, int64_t rows, int64_t d, float eps) {
     ms_err e = {0};
     if (rows > 0) note(gb(be), ms_gpu_rmsnorm(gb(be)->g, y, x, w, (int)rows, (int)d, eps, &e), &e);
 }
 
+/* x += y, then xn = rmsnorm(x) * w (as ops.cu's rmsnorm kernel); one block of 256 threads per row */
+__global__ void k_add_rmsnorm(float *x, const float *y, float *xn, const float *w, int64_t d, float eps) {
+    __shared__ float sh[256 / MS_WARP];
+    float *xr = x + (int64_t)blockIdx.x * d, *nr = xn + (int64_t)blockIdx.x * d;
+    const float *yr = y + (int64_t)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = ms_warp_sum(ss);
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    if (lane == 0) sh[warp] = ss;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    float inv = 1.0f / sqrtf(t / (float)d + eps);
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) nr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+}
+static void g_add_rmsnorm(ms_backend *be, float *x, const float *y, float *xn, const float *w, int64_t rows, int64_t d,
+                          float eps) {
+    if (rows < 1 || d < 1) return;
+    k_add_rmsnorm<<<(unsigned)rows, 256, 0, gb(be)->g->stream>>>(x, y, xn, w, d, eps);
+    launched(gb(be), "add_rmsnorm");
+}
 __global__ void k_add_bias(float *x, const float *bias, int64_t rows, int64_t d) {
     int64_t n = rows * d;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -331,6 +500,89 @@ __global__ void k_rope(float *x, int n, int64_t tok_stride, int64_t heads, int64
     v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
     v[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
 }
+/* The device copy of r's inverse frequencies (one of ROPE_SLOTS), NULL after noting a failure. */
+static const float *rope_table(gpu_backend *b, const ms_rope *r) {
+    int half = r->dim / 2;
+    if (half > 512) {
+        ms_err e = {0};
+        note(b, ms_fail(&e, MS_ERR_UNSUPPORTED, "rope: %d rotary dims (at most 1024)", r->dim), &e);
+        return NULL;
+    }
+    float inv[512];
+    for (int i = 0; i < half; i++) inv[i] = (float)r->inv_freq[i];
+    int slot = -1;
+    for (int i = 0; i < ROPE_SLOTS && slot < 0; i++)
+        if (b->rope_half[i] == half && !memcmp(inv, b->rope_host[i], (size_t)half * 4)) slot = i;
+    if (slot < 0) { /* a new table: into the next slot (the stream orders it after the kernels reading the old one) */
+        slot = b->rope_next;
+        b->rope_next = (b->rope_next + 1) % ROPE_SLOTS;
+        ms_err e = {0};
+        int rc = ms_gpu_upload(b->g, b->rope_inv + slot * 512, inv, (size_t)half * 4, &e);
+        if (!rc) rc = ms_gpu_sync(b->g, &e); /* the host table is a local */
+        if (rc) {
+            note(b, rc, &e);
+            return NULL;
+        }
+        memcpy(b->rope_host[slot], inv, (size_t)half * 4);
+        b->rope_half[slot] = half;
+    }
+    return b->rope_inv + slot * 512;
+}
+
+/* Per-head RMSNorm then RoPE of q's qh and k's kh heads (block (head, token), 128 threads):
+ * the norm as the rmsnorm kernel, the rotation as k_rope. */
+__global__ void k_qk_norm_rope(float *q, int64_t qh, const float *wq, float *k, int64_t kh, const float *wk, int hd,
+                               float eps, int half, int interleaved, const float *inv, double attn_factor, int64_t pos0) {
+    extern __shared__ float hv[];
+    __shared__ float sh[32];
+    int64_t h = blockIdx.x, t = blockIdx.y;
+    int isq = h < qh;
+    float *v = isq ? q + (t * qh + h) * hd : k + (t * kh + (h - qh)) * hd;
+    const float *w = isq ? wq : wk;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float x = v[i];
+        hv[i] = x;
+        ss = fmaf(x, x, ss);
+    }
+    ss = ms_warp_sum(ss);
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    if (lane == 0) sh[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < nw; i++) tot += sh[i];
+    float r = 1.0f / sqrtf(tot / (float)hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = hv[i] * r * (w ? w[i] : 1.0f);
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) { /* dims past the rotary ones */
+        int rot = interleaved ? i < 2 * half : (i < half || (i >= half && i < 2 * half));
+        if (!rot) v[i] = hv[i];
+    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float ang = (float)(pos0 + t) * inv[i];
+        float c = (float)(cos((double)ang) * attn_factor), s = (float)(sin((double)ang) * attn_factor);
+        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+        float a = hv[ia], bb = hv[ib];
+        v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
+        v[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
+    }
+}
+static void g_qk_norm_rope(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k,
+                           int64_t kh, const float *wk, int n, int64_t hd, float eps, int64_t pos0) {
+    gpu_backend *b = gb(be);
+    if (n < 1 || qh + kh < 1 || hd < 1) return;
+    int half = r->dim / 2;
+    if (2 * half > hd) {
+        ms_err e = {0};
+        return note(b, ms_fail(&e, MS_ERR_ARG, "qk_norm_rope: %d rotary dims in heads of %lld", r->dim, (long long)hd), &e);
+    }
+    const float *inv = half > 0 ? rope_table(b, r) : b->rope_inv;
+    if (!inv) return;
+    k_qk_norm_rope<<<dim3((unsigned)(qh + kh), (unsigned)n), 128, (size_t)hd * 4, b->g->stream>>>(
+        q, qh, wq, k, kh, wk, (int)hd, eps, half, r->layout == MS_ROPE_INTERLEAVED, inv, r->attn_factor, pos0);
+    launched(b, "qk_norm_rope");
+}
+
 static void g_rope(ms_backend *be, const ms_rope *r, float *x, int n, int64_t tok_stride, int64_t heads,
                    int64_t head_stride, int64_t offset, int64_t pos0, float sign) {
     gpu_backend *b = gb(be);
@@ -766,6 +1018,92 @@ static void g_add_gated_rows(ms_backend *be, float *y, const float *x, const flo
     launched(gb(be), "add_gated_rows");
 }
 
+/* One decode token's routed experts from the router's device output (no host round trip):
+ * a device table of the layer's resident experts (built at the first call for that layer's
+ * host array), then matmul.cu's four launches. */
+typedef struct rx_table {
+    const ms_expert_view *key;
+    int E, ok, fused, bias_dt;
+    ms_qmat gate, down;
+    ms_gpu_ex_ptrs *dev;
+} rx_table;
+
+static int qmat_same_layout(const ms_qmat *a, const ms_qmat *b) {
+    return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols && !a->scale == !b->scale &&
+           (!a->scale || (a->scale_dtype == b->scale_dtype && a->brow == b->brow && a->bcol == b->bcol));
+}
+
+static int rx_build(gpu_backend *b, rx_table *t, const ms_expert_view *all, int E, ms_err *err) {
+    memset(t, 0, sizeof *t);
+    t->key = all, t->E = E;
+    const ms_expert_view *v0 = &all[0];
+    t->fused = v0->up.data == NULL;
+    t->gate = v0->gate, t->down = v0->down;
+    int any_bias = 0, ok = 1;
+    for (int x = 0; x < E && ok; x++) {
+        const ms_expert_view *v = &all[x];
+        ok = v->gate.data && v->down.data && (v->up.data == NULL) == t->fused && qmat_same_layout(&v->gate, &v0->gate) &&
+             qmat_same_layout(&v->down, &v0->down) && (t->fused || qmat_same_layout(&v->up, &v0->gate));
+        if (v->gate_bias || v->up_bias || v->down_bias) {
+            any_bias = 1;
+            ok = ok && v->bias_dtype == v0->bias_dtype;
+        }
+    }
+    if (any_bias && v0->bias_dtype != MS_DT_F32 && v0->bias_dtype != MS_DT_BF16 && v0->bias_dtype != MS_DT_F16) ok = 0;
+    t->bias_dt = v0->bias_dtype == MS_DT_BF16 ? 1 : v0->bias_dtype == MS_DT_F16 ? 2 : 0;
+    int64_t I = v0->down.cols;
+    if (t->gate.rows != (t->fused ? 2 : 1) * I || t->gate.cols != v0->down.rows) ok = 0;
+    t->ok = ok;
+    if (!ok) return MS_OK;
+    ms_gpu_ex_ptrs *h = (ms_gpu_ex_ptrs *)calloc((size_t)E, sizeof *h);
+    if (!h) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+    for (int x = 0; x < E; x++) {
+        const ms_expert_view *v = &all[x];
+        h[x].w[0] = v->gate.data, h[x].s[0] = v->gate.scale;
+        h[x].w[1] = v->up.data, h[x].s[1] = v->up.scale;
+        h[x].w[2] = v->down.data, h[x].s[2] = v->down.scale;
+        h[x].bias[0] = v->gate_bias, h[x].bias[1] = v->up_bias, h[x].bias[2] = v->down_bias;
+    }
+    void *d = NULL;
+    int rc = arena_get(b, (size_t)E * sizeof *h, &d, err);
+    if (!rc) rc = ms_gpu_upload(b->g, d, h, (size_t)E * sizeof *h, err);
+    free(h);
+    t->dev = (ms_gpu_ex_ptrs *)d;
+    return rc;
+}
+
+static int g_moe_experts_routed(ms_backend *be, const ms_moe_routed_args *a, ms_err *err) {
+    gpu_backend *b = gb(be);
+    int rc = report(b, err);
+    if (rc) return rc;
+    if (a->K < 1 || a->K > 32 || a->E < 1)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "moe_experts_routed: %d of %d experts", a->K, a->E);
+    rx_table *t = NULL;
+    for (int i = 0; i < b->n_rx && !t; i++)
+        if (b->rx[i].key == a->all && b->rx[i].E == a->E) t = &b->rx[i];
+    if (!t) {
+        if (b->n_rx == b->cap_rx) {
+            int nc = b->cap_rx ? 2 * b->cap_rx : 64;
+            rx_table *nt = (rx_table *)realloc(b->rx, (size_t)nc * sizeof *nt);
+            if (!nt) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+            b->rx = nt, b->cap_rx = nc;
+        }
+        t = &b->rx[b->n_rx];
+        if ((rc = rx_build(b, t, a->all, a->E, err))) return rc;
+        b->n_rx++;
+    }
+    if (!t->ok)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "moe_experts_routed: the layer's experts differ in layout or bias dtype");
+    int64_t I = t->down.cols, D = t->down.rows;
+    if (D != a->D) return ms_fail(err, MS_ERR_SHAPE, "moe_experts_routed: experts of width %lld, rows of %lld",
+                                  (long long)D, (long long)a->D);
+    if ((rc = grow(b, &b->rx_scr, &b->rx_cap, ms_gpu_moe_routed_scratch_floats(a->K, I, D), err))) return rc;
+    ms_gpu_glu_params p = {a->act->kind == MS_ACT_SITU, a->act->limit, a->act->alpha, a->act->up_offset,
+                           a->act->beta, a->act->linear_beta};
+    return ms_gpu_moe_routed(b->g, a->acc, a->in, a->K, (const int32_t *)a->ids, a->w, t->dev, &t->gate, &t->down,
+                             t->fused, t->bias_dt, &p, b->rx_scr, err);
+}
+
 /* ---------------------------------------------------------- Attention Residuals */
 
 static __device__ double block_sum_d(double v, double *sh) {
@@ -855,6 +1193,10 @@ static void fill_ops(ms_backend_ops *o) {
     o->add_bias_any = g_add_bias_any;
     o->split_gate_up = g_split_gate_up;
     o->add_gated_rows = g_add_gated_rows;
+    o->moe_experts = ms_moe_experts_composed;
+    o->moe_experts_routed = g_moe_experts_routed;
+    o->add_rmsnorm = g_add_rmsnorm;
+    o->qk_norm_rope = g_qk_norm_rope;
     o->attn_res_mix = g_attn_res_mix;
     o->host_register = g_host_register;
     o->host_unregister = g_host_unregister;
@@ -888,9 +1230,91 @@ extern "C" int ms_backend_gpu_create(int device, ms_backend **out, ms_err *err) 
         g_destroy(&b->base);
         return rc;
     }
+    prof_wrap_ops(b);
     b->base.ops = &b->ops;
     b->base.name = MS_GPU_BACKEND_NAME;
     b->base.host_memory = 0;
     *out = &b->base;
     return MS_OK;
+}
+
+extern "C" int ms_backend_gpu_profile(ms_backend *be, int on, ms_err *err) {
+    gpu_backend *b = gb(be);
+    if (on && !b->prof_ev) {
+        b->prof_ev = (gpuEvent_t *)calloc(2 * PROF_PAIRS, sizeof *b->prof_ev);
+        b->prof_cls = (int *)calloc(PROF_PAIRS, sizeof *b->prof_cls);
+        b->prof_classes = (prof_class *)calloc(PROF_CLASSES, sizeof *b->prof_classes);
+        if (!b->prof_ev || !b->prof_cls || !b->prof_classes) {
+            prof_free(b);
+            return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+        }
+        int rc = ms_gpu_check(gpuEventCreate(&b->prof_start), err, "creating an event");
+        for (int i = 0; i < 2 * PROF_PAIRS && !rc; i++)
+            rc = ms_gpu_check(gpuEventCreate(&b->prof_ev[i]), err, "creating an event");
+        if (rc) return rc;
+    }
+    if (on) {
+        int rc = ms_gpu_sync(b->g, err);
+        if (rc) return rc;
+        b->prof_n = 0, b->prof_nc = 0;
+        (void)gpuEventRecord(b->prof_start, b->g->stream);
+    }
+    b->prof = on;
+    return MS_OK;
+}
+
+extern "C" int ms_backend_gpu_profile_json(ms_backend *be, int per, char *buf, size_t cap) {
+    gpu_backend *b = gb(be);
+    size_t n = 0;
+    if (cap) buf[0] = 0;
+    if (!b->prof_ev) return 0;
+    ms_err e = {0};
+    float span = 0;
+    if (!b->prof_n) (void)gpuEventRecord(b->prof_ev[0], b->g->stream);
+    gpuEvent_t last = b->prof_n ? b->prof_ev[2 * b->prof_n - 1] : b->prof_ev[0];
+    (void)ms_gpu_sync(b->g, &e);
+    (void)gpuEventElapsedTime(&span, b->prof_start, last);
+    prof_harvest(b);
+    if (per < 1) per = 1;
+    double sum = 0, hsum = 0;
+    for (int i = 0; i < b->prof_nc; i++) sum += b->prof_classes[i].ms, hsum += b->prof_classes[i].host_s;
+    int order[PROF_CLASSES];
+    for (int i = 0; i < b->prof_nc; i++) order[i] = i;
+    for (int i = 1; i < b->prof_nc; i++) /* by time, largest first */
+        for (int k = i; k > 0 && b->prof_classes[order[k]].ms > b->prof_classes[order[k - 1]].ms; k--) {
+            int t = order[k];
+            order[k] = order[k - 1], order[k - 1] = t;
+        }
+    n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0,
+                          "{\"tokens\":%d,\"span_us_per_token\":%.1f,\"ops_us_per_token\":%.1f,"
+                          "\"ops_host_us_per_token\":%.1f,\"ops\":{",
+                          per, 1e3 * span / per, 1e3 * sum / per, 1e6 * hsum / per);
+    for (int k = 0; k < b->prof_nc; k++) {
+        const prof_class *c = &b->prof_classes[order[k]];
+        n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s\"%s\":{\"us_per_token\":%.2f,\"host_us_per_token\":%.2f,\"calls_per_token\":%.1f}",
+                              k ? "," : "", c->name, 1e3 * c->ms / per, 1e6 * c->host_s / per, (double)c->calls / per);
+    }
+    n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "}}");
+    return (int)n;
+}
+
+extern "C" int ms_backend_gpu_copy_bandwidth(ms_backend *be, double *bytes_per_s, ms_err *err) {
+    gpu_backend *b = gb(be);
+    *bytes_per_s = 0;
+    size_t bytes = (size_t)1 << 30;
+    void *s = NULL, *d = NULL;
+    int rc = ms_gpu_alloc(b->g, bytes, &s, err);
+    if (!rc && (rc = ms_gpu_alloc(b->g, bytes, &d, err))) ms_gpu_free(b->g, s);
+    if (rc) return rc;
+    float ms = 0;
+    const int reps = 10;
+    rc = ms_gpu_zero(b->g, s, bytes, err);
+    if (!rc) rc = ms_gpu_copy(b->g, d, s, bytes, err); /* warm-up */
+    if (!rc) rc = ms_gpu_timer_start(b->g, err);
+    for (int i = 0; i < reps && !rc; i++) rc = ms_gpu_copy(b->g, i & 1 ? s : d, i & 1 ? d : s, bytes, err);
+    if (!rc) rc = ms_gpu_timer_stop(b->g, &ms, err);
+    ms_gpu_free(b->g, s);
+    ms_gpu_free(b->g, d);
+    if (!rc && ms > 0) *bytes_per_s = 2.0 * (double)bytes * reps / (ms * 1e-3); /* read + write */
+    return rc;
 }

@@ -31,6 +31,19 @@ int ms_backend_gpu_create(int device, ms_backend **out, ms_err *err);
 /* Devices the runtime sees (0 when there is no driver). */
 int ms_backend_gpu_count(void);
 
+/* Per-op profile: on 1 waits for queued work and starts recording (every outermost op of
+ * the table between two events on the stream; the totals reset), 0 stops.
+ * ms_backend_gpu_profile_json writes {"tokens", "span_us_per_token" (the device time since
+ * the start, gaps included), "ops_us_per_token" (the ops' sum), "ops": {op: {us_per_token,
+ * calls_per_token}}} into buf, largest first, per = the tokens decoded meanwhile;
+ * returns the length (0 when never started). */
+int ms_backend_gpu_profile(ms_backend *be, int on, ms_err *err);
+int ms_backend_gpu_profile_json(ms_backend *be, int per, char *buf, size_t cap);
+
+/* The device's copy bandwidth: ten 1 GiB device-to-device copies timed with events,
+ * bytes read + written per second into *bytes_per_s. */
+int ms_backend_gpu_copy_bandwidth(ms_backend *be, double *bytes_per_s, ms_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -94,6 +94,11 @@ int ms_gpu_matmul(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, 
  * lane per step, any layout): the path odd shapes take; tests compare both. */
 int ms_gpu_matmul_generic(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc, ms_err *err);
 
+/* Several products (ops.h ms_matmul_job, device pointers; no job's y overlaps another's x
+ * or y): runs of consecutive jobs with the same dtype, columns, scale layout, n and acc
+ * share one launch (rows may differ). */
+int ms_gpu_matmul_many(ms_gpu *g, const ms_matmul_job *jobs, int count, ms_err *err);
+
 /* y[t, i] = x[t, i] / sqrt(mean_i(x[t]^2) + eps) * (w ? w[i] : 1), n rows of d.
  * w: F32 [d] or NULL. y may equal x. */
 int ms_gpu_rmsnorm(ms_gpu *g, float *y, const float *x, const float *w, int n, int d, float eps, ms_err *err);
@@ -177,6 +182,26 @@ size_t ms_gpu_expert_scratch_floats(int k, int64_t inter, int64_t hidden);
 int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, const ms_gpu_expert *experts,
                       const float *weights, ms_gpu_act act, float limit, float alpha, float *scratch, int acc,
                       ms_err *err);
+
+/* Routed experts of one decode token straight from the router's device output (no
+ * host round trip): tab [E] (device) holds every expert's matrices (w/s: data and
+ * scale of gate, up, down; up NULL when gate is the fused interleaved gate_up) and
+ * biases (bias_dt: 0 F32, 1 BF16, 2 F16; NULL when absent); every expert has the
+ * layout of gate / down (the host views given). ids, w: device [K] (K <= 32).
+ *   acc [D] = sum_j w[j] (down_j act(gate_j x + b, up_j x + b) + b), slots in ascending id
+ * act: the gated activation's parameters (ms_gpu_glu_params). scratch: device F32 of
+ * ms_gpu_moe_routed_scratch_floats(K, I, D). Four launches, no sync. */
+typedef struct ms_gpu_ex_ptrs {
+    const void *w[3], *s[3], *bias[3];
+} ms_gpu_ex_ptrs;
+typedef struct ms_gpu_glu_params {
+    int situ;
+    float limit, alpha, up_offset, beta, linear_beta;
+} ms_gpu_glu_params;
+size_t ms_gpu_moe_routed_scratch_floats(int K, int64_t inter, int64_t hidden);
+int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, const int32_t *ids, const float *w,
+                      const ms_gpu_ex_ptrs *tab, const ms_qmat *gate, const ms_qmat *down, int fused, int bias_dt,
+                      const ms_gpu_glu_params *act, float *scratch, ms_err *err);
 
 /* Timing with device events on the context's stream (for benches): ms_gpu_timer_start
  * records a start event; ms_gpu_timer_stop records the end, waits, and gives the

@@ -14,6 +14,28 @@ extern "C" {
 }
 #include "backend/gpu/gpu.h"
 
+/* A bias element (dt 0 F32, 1 BF16, 2 F16); 0 when b is NULL. */
+static __device__ __forceinline__ float ms_bias_at(const void *b, int dt, int64_t i) {
+    if (!b) return 0.0f;
+    return dt == 0   ? ((const float *)b)[i]
+           : dt == 1 ? ms_bf16_to_f32_dev(((const uint16_t *)b)[i])
+                     : ms_f16_to_f32_dev(((const uint16_t *)b)[i]);
+}
+/* The gated activation act(x, y) of the backend's glu op (core/backend.h ms_glu), the same arithmetic. */
+static __device__ __forceinline__ float ms_glu_apply(float x, float y, const ms_gpu_glu_params &p) {
+    if (p.situ) {
+        float a = p.beta * tanhf(x / p.beta) * (1.0f / (1.0f + expf(-x)));
+        if (p.linear_beta > 0) y = p.linear_beta * tanhf(y / p.linear_beta);
+        return a * y;
+    }
+    if (p.limit > 0) {
+        if (x > p.limit) x = p.limit; /* NaN stays NaN, as torch.clamp */
+        y = y > p.limit ? p.limit : y < -p.limit ? -p.limit : y;
+    }
+    if (p.alpha == 1.0f && p.up_offset == 0.0f) return x / (1.0f + expf(-x)) * y;
+    return (y + p.up_offset) * x * (1.0f / (1.0f + expf(-(p.alpha * x))));
+}
+
 struct ms_gpu {
     int device;
     gpuStream_t stream;

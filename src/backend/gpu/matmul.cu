@@ -37,13 +37,35 @@ typedef struct mm_job {
     const uint8_t *w, *scale;
     const float *x;
     float *y;
+    int64_t rows; /* this job's rows (0: the launch's, a.rows; the launch covers the largest) */
 } mm_job;
 
 typedef struct mm_args {
     mm_job job[MM_MAXJ];
     int64_t rows, cols, scols; /* scols: scale columns per scale row */
     int brow, bcol, bshift, scale_dt, n, acc; /* bshift: log2(bcol) (vector kernel: bcol a power of 2) */
+    /* indirect jobs (routed experts, tab non-NULL): job y is matrix sel0 + y % per of expert
+     * ids[y / per] in tab, x = xb + (y / per) * xjs, y = yb + (y / per) * yjs + (y % per) * ywh */
+    const ms_gpu_ex_ptrs *tab;
+    const int32_t *ids;
+    int per, sel0;
+    const float *xb;
+    float *yb;
+    int64_t xjs, yjs, ywh;
 } mm_args;
+
+static __device__ __forceinline__ mm_job job_of(const mm_args &a) {
+    if (!a.tab) return a.job[blockIdx.y];
+    int y = blockIdx.y, j = y / a.per, k = y % a.per, m = a.sel0 + k;
+    const ms_gpu_ex_ptrs &p = a.tab[a.ids[j]];
+    mm_job jb;
+    jb.w = (const uint8_t *)p.w[m];
+    jb.scale = (const uint8_t *)p.s[m];
+    jb.x = a.xb + (int64_t)j * a.xjs;
+    jb.y = a.yb + (int64_t)j * a.yjs + (int64_t)k * a.ywh;
+    jb.rows = 0;
+    return jb;
+}
 
 static __device__ __forceinline__ float load_scale(const uint8_t *s, int dt, int64_t i) {
     if (dt == SC_F32) return ((const float *)s)[i];
@@ -113,8 +135,10 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
     typedef mm_traits<DT> T;
     const int VEC = T::VEC, SUB = T::SUB, NSUB = VEC / SUB;
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
-    const mm_job jb = a.job[blockIdx.y];
+    const mm_job jb = job_of(a);
+    const int64_t rows = jb.rows ? jb.rows : a.rows;
     const int64_t row0 = (int64_t)blockIdx.x * MM_R;
+    if (row0 >= rows) return; /* a shorter job of the launch */
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const int n = a.n;
     const int STEP = MM_WARPS * MS_WARP;
@@ -130,7 +154,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
     for (int t = 0; t < NT; t++) xrow[t] = jb.x + (int64_t)(t < n ? t : 0) * a.cols;
 #pragma unroll
     for (int r = 0; r < MM_R; r++) {
-        int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1; /* clamp: duplicate reads, result dropped */
+        int64_t row = row0 + r < rows ? row0 + r : rows - 1; /* clamp: duplicate reads, result dropped */
         wr[r] = (const uint4 *)(jb.w + row * rowbytes);
         srow[r] = (row / a.brow) * a.scols;
     }
@@ -200,11 +224,11 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
     if (threadIdx.x < MM_R * NT) {
         int r = threadIdx.x / NT, t = threadIdx.x % NT;
         int64_t row = row0 + r;
-        if (t < n && row < a.rows) {
+        if (t < n && row < rows) {
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < MM_WARPS; w++) v += red[w][r][t];
-            float *yp = jb.y + (int64_t)t * a.rows + row;
+            float *yp = jb.y + (int64_t)t * rows + row;
             *yp = a.acc ? *yp + v : v;
         }
     }
@@ -228,9 +252,10 @@ static __device__ __forceinline__ float elem(const mm_args &a, const mm_job &jb,
 /* The generic kernel: one warp per row, one column per lane per step. */
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_generic_kernel(const mm_args a, int dt) {
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
-    const mm_job jb = a.job[blockIdx.y];
+    const mm_job jb = job_of(a);
+    const int64_t rows = jb.rows ? jb.rows : a.rows;
     const int64_t row = (int64_t)blockIdx.x * MM_WARPS + warp;
-    if (row >= a.rows) return;
+    if (row >= rows) return;
     float acc[MM_MAXNT];
 #pragma unroll
     for (int t = 0; t < MM_MAXNT; t++) acc[t] = 0.0f;
@@ -244,7 +269,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_generic_kernel(const mm_
     for (int t = 0; t < MM_MAXNT; t++) {
         float v = ms_warp_sum(acc[t]);
         if (lane == 0 && t < a.n) {
-            float *yp = jb.y + (int64_t)t * a.rows + row;
+            float *yp = jb.y + (int64_t)t * rows + row;
             *yp = a.acc ? *yp + v : v;
         }
     }
@@ -271,25 +296,23 @@ static void launch_vec(const mm_args &a, int nj, gpuStream_t st) {
     else mm_vec_kernel<DT, 8, 1><<<grid, block, 0, st>>>(a);
 }
 
-/* Run nj jobs of one weight layout (w describes dtype/shape/scales; job pointers
- * carry the per-job data), n tokens each (n <= MM_MAXNT). */
-static int mm_launch(ms_gpu *g, const ms_qmat *w, mm_job *jobs, int nj, int n, int acc, int force_generic,
-                     ms_err *err) {
-    mm_args a;
-    memset(&a, 0, sizeof a);
-    memcpy(a.job, jobs, (size_t)nj * sizeof *jobs);
+/* Fill the layout fields of a from w. */
+static void mm_layout(mm_args &a, const ms_qmat *w, int n, int acc) {
     a.rows = w->rows, a.cols = w->cols, a.n = n, a.acc = acc;
     a.brow = w->scale ? w->brow : 1, a.bcol = w->scale ? w->bcol : 1;
     a.scols = w->scale ? (w->cols + w->bcol - 1) / w->bcol : 0;
     a.scale_dt = !w->scale ? SC_NONE : w->scale_dtype == MS_DT_F32 ? SC_F32 : w->scale_dtype == MS_DT_BF16 ? SC_BF16 : SC_E8M0;
+    a.bshift = 0;
+    while ((1 << a.bshift) < a.bcol) a.bshift++;
+}
+
+/* Launch nj jobs of a (layout of w); aligned: every job's w and x 16-byte aligned. */
+static int mm_run(ms_gpu *g, const ms_qmat *w, const mm_args &a, int nj, int aligned, int force_generic, ms_err *err) {
     int dt = kernel_dtype(w->dtype);
     int bits = ms_gpu_dtype_bits(w->dtype), vec = 128 / bits;
-    int vec_ok = !force_generic && w->cols % vec == 0 && w->cols < (INT64_C(1) << 30);
+    int vec_ok = !force_generic && aligned && w->cols % vec == 0 && w->cols < (INT64_C(1) << 30);
     if (dt == DT_FP8 && w->scale && w->bcol % 16) vec_ok = 0;
     if (a.bcol & (a.bcol - 1)) vec_ok = 0; /* the vector kernel shifts by log2(bcol) */
-    while ((1 << a.bshift) < a.bcol) a.bshift++;
-    for (int j = 0; j < nj && vec_ok; j++)
-        if ((uintptr_t)jobs[j].w % 16 || (uintptr_t)jobs[j].x % 16) vec_ok = 0;
     if (vec_ok) {
         switch (dt) {
         case DT_F32: launch_vec<DT_F32>(a, nj, g->stream); break;
@@ -306,6 +329,20 @@ static int mm_launch(ms_gpu *g, const ms_qmat *w, mm_job *jobs, int nj, int n, i
         mm_generic_kernel<<<grid, MM_WARPS * MS_WARP, 0, g->stream>>>(a, dt);
     }
     return ms_gpu_launched(err, vec_ok ? "matmul (vector kernel)" : "matmul (generic kernel)");
+}
+
+/* Run nj jobs of one weight layout (w describes dtype/shape/scales; job pointers
+ * carry the per-job data), n tokens each (n <= MM_MAXNT). */
+static int mm_launch(ms_gpu *g, const ms_qmat *w, mm_job *jobs, int nj, int n, int acc, int force_generic,
+                     ms_err *err) {
+    mm_args a;
+    memset(&a, 0, sizeof a);
+    memcpy(a.job, jobs, (size_t)nj * sizeof *jobs);
+    mm_layout(a, w, n, acc);
+    int aligned = 1;
+    for (int j = 0; j < nj && aligned; j++)
+        if ((uintptr_t)jobs[j].w % 16 || (uintptr_t)jobs[j].x % 16) aligned = 0;
+    return mm_run(g, w, a, nj, aligned, force_generic, err);
 }
 
 static int matmul_impl(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc, int force_generic,
@@ -331,6 +368,44 @@ extern "C" int ms_gpu_matmul(ms_gpu *g, float *y, const float *x, int n, const m
 extern "C" int ms_gpu_matmul_generic(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc,
                                      ms_err *err) {
     return matmul_impl(g, y, x, n, w, acc, 1, err);
+}
+
+/* Whether b can share a launch with a: the same dtype, columns and scale layout (rows may differ). */
+static int mm_compatible(const ms_qmat *a, const ms_qmat *b) {
+    return a->dtype == b->dtype && a->cols == b->cols && !a->scale == !b->scale &&
+           (!a->scale || (a->scale_dtype == b->scale_dtype && a->brow == b->brow && a->bcol == b->bcol));
+}
+
+extern "C" int ms_gpu_matmul_many(ms_gpu *g, const ms_matmul_job *jobs, int count, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    int rc;
+    for (int i = 0; i < count; i++) {
+        if ((rc = ms_gpu_qmat_check(jobs[i].w, "ms_gpu_matmul_many", err))) return rc;
+        if (!jobs[i].y || !jobs[i].x || jobs[i].n < 1)
+            return ms_fail(err, MS_ERR_ARG, "ms_gpu_matmul_many: job %d needs x, y and n >= 1", i);
+    }
+    for (int i0 = 0; i0 < count;) { /* runs of compatible jobs with the same n and acc: one launch per 8 tokens */
+        int i1 = i0 + 1;
+        while (i1 < count && i1 - i0 < MM_MAXJ && jobs[i1].n == jobs[i0].n && jobs[i1].acc == jobs[i0].acc &&
+               mm_compatible(jobs[i0].w, jobs[i1].w))
+            i1++;
+        const ms_qmat *w0 = jobs[i0].w; /* the launch's layout: the job of the most rows */
+        for (int i = i0; i < i1; i++)
+            if (jobs[i].w->rows > w0->rows) w0 = jobs[i].w;
+        int n = jobs[i0].n;
+        for (int t0 = 0; t0 < n; t0 += MM_MAXNT) {
+            int nt = n - t0 < MM_MAXNT ? n - t0 : MM_MAXNT;
+            mm_job mj[MM_MAXJ];
+            for (int i = i0; i < i1; i++) {
+                const ms_qmat *w = jobs[i].w;
+                mj[i - i0] = (mm_job){(const uint8_t *)w->data, (const uint8_t *)w->scale,
+                                      jobs[i].x + (int64_t)t0 * w->cols, jobs[i].y + (int64_t)t0 * w->rows, w->rows};
+            }
+            if ((rc = mm_launch(g, w0, mj, i1 - i0, nt, jobs[i0].acc, 0, err))) return rc;
+        }
+        i0 = i1;
+    }
+    return MS_OK;
 }
 
 /* ------------------------------------------------------------ expert FFN */
@@ -472,4 +547,80 @@ extern "C" int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, c
     for (int e = 0; e < k; e++) sa.dbias[e] = ex[e].down_bias;
     ex_sum_kernel<<<(unsigned)((D + 255) / 256), 256, 0, g->stream>>>(sa, Y, weights, out);
     return ms_gpu_launched(err, "expert weighted sum");
+}
+
+/* ------------------------------------------------------------ routed experts (decode) */
+
+/* G [K, 2I] (gate | up rows per slot, or the fused interleaved rows) -> H [K, I]:
+ * biases of tab[ids[j]] added, then the gated activation as the backend's glu op. */
+__global__ void rx_act_kernel(const ms_gpu_ex_ptrs *tab, const int32_t *ids, const float *G, float *H, int64_t I,
+                              int fused, int bias_dt, ms_gpu_glu_params p) {
+    int j = blockIdx.y;
+    const ms_gpu_ex_ptrs &e = tab[ids[j]];
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < I; i += (int64_t)gridDim.x * blockDim.x) {
+        float x, y;
+        if (fused) {
+            x = G[j * 2 * I + 2 * i] + ms_bias_at(e.bias[0], bias_dt, 2 * i);
+            y = G[j * 2 * I + 2 * i + 1] + ms_bias_at(e.bias[0], bias_dt, 2 * i + 1);
+        } else {
+            x = G[j * 2 * I + i] + ms_bias_at(e.bias[0], bias_dt, i);
+            y = G[j * 2 * I + I + i] + ms_bias_at(e.bias[1], bias_dt, i);
+        }
+        H[j * I + i] = ms_glu_apply(x, y, p);
+    }
+}
+
+/* acc[d] = sum_j w[j] (Y[j, d] + bias_j[d]) over the K slots in ascending expert id. */
+__global__ void rx_sum_kernel(const ms_gpu_ex_ptrs *tab, const int32_t *ids, const float *w, const float *Y,
+                              float *acc, int K, int64_t D, int bias_dt) {
+    __shared__ int ord[32];
+    if (threadIdx.x == 0) {
+        for (int j = 0; j < K; j++) ord[j] = j;
+        for (int j = 1; j < K; j++) /* insertion sort by id (K <= 32) */
+            for (int k = j; k > 0 && ids[ord[k]] < ids[ord[k - 1]]; k--) {
+                int t = ord[k];
+                ord[k] = ord[k - 1], ord[k - 1] = t;
+            }
+    }
+    __syncthreads();
+    for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D; d += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) {
+            int j = ord[k];
+            const void *b = tab[ids[j]].bias[2];
+            s += w[j] * (b ? Y[j * D + d] + ms_bias_at(b, bias_dt, d) : Y[j * D + d]);
+        }
+        acc[d] = s;
+    }
+}
+
+extern "C" size_t ms_gpu_moe_routed_scratch_floats(int K, int64_t inter, int64_t hidden) {
+    return (size_t)K * (size_t)(3 * inter + hidden) + 64;
+}
+
+extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, const int32_t *ids, const float *w,
+                                 const ms_gpu_ex_ptrs *tab, const ms_qmat *gate, const ms_qmat *down, int fused,
+                                 int bias_dt, const ms_gpu_glu_params *p, float *scratch, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    if (K < 1 || K > 32) return ms_fail(err, MS_ERR_LIMIT, "ms_gpu_moe_routed: %d experts per token (1..32)", K);
+    int64_t I = down->cols, D = down->rows;
+    float *G = scratch, *H = G + (int64_t)K * 2 * I, *Y = H + (int64_t)K * I;
+    int rc;
+    mm_args a;
+    memset(&a, 0, sizeof a);
+    mm_layout(a, gate, 1, 0);
+    a.tab = tab, a.ids = ids, a.per = fused ? 1 : 2, a.sel0 = 0;
+    a.xb = x, a.xjs = 0, a.yb = G, a.yjs = 2 * I, a.ywh = I;
+    int aligned = (uintptr_t)x % 16 == 0; /* placed weights are 256-byte aligned */
+    if ((rc = mm_run(g, gate, a, K * a.per, aligned, 0, err))) return rc;
+    dim3 ga((unsigned)((I + 255) / 256), (unsigned)K);
+    rx_act_kernel<<<ga, 256, 0, g->stream>>>(tab, ids, G, H, I, fused, bias_dt, *p);
+    if ((rc = ms_gpu_launched(err, "routed experts' activation"))) return rc;
+    memset(&a, 0, sizeof a);
+    mm_layout(a, down, 1, 0);
+    a.tab = tab, a.ids = ids, a.per = 1, a.sel0 = 2;
+    a.xb = H, a.xjs = I, a.yb = Y, a.yjs = D, a.ywh = 0;
+    if ((rc = mm_run(g, down, a, K, (I * 4) % 16 == 0, 0, err))) return rc;
+    rx_sum_kernel<<<(unsigned)((D + 255) / 256), 256, 0, g->stream>>>(tab, ids, w, Y, acc, K, D, bias_dt);
+    return ms_gpu_launched(err, "routed experts' weighted sum");
 }

@@ -425,12 +425,14 @@ extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const floa
     pv = pv <= 2 ? 2 : pv <= 4 ? 4 : pv <= 8 ? 8 : 16;
     int gb = 1;
     while (gb * 2 <= 8 && G % (gb * 2) == 0 && gb * 2 * pv <= 32 && gb * 2 * c->head_dim <= AT_MAXD * 4) gb *= 2;
-    /* splits: enough blocks for the device, at least 128 keys each */
+    /* few query tokens (decode): fewer heads per block, down to 2, so that the blocks fill the device */
+    while (gb > 2 && (int64_t)(c->n_heads / gb) * n < g->prop.multiProcessorCount) gb /= 2;
+    /* splits: enough blocks for the device, at least 64 keys each */
     int64_t keys = pos0 + n;
     if (c->window > 0 && keys > c->window) keys = c->window;
     int64_t blocks = (int64_t)(c->n_heads / gb) * n;
     int64_t want = (2 * (int64_t)g->prop.multiProcessorCount + blocks - 1) / blocks;
-    int64_t cap = (keys + 127) / 128;
+    int64_t cap = (keys + 63) / 64;
     int splits = (int)(want < cap ? want : cap);
     if (splits < 1) splits = 1;
     if (splits > AT_MAXS) splits = AT_MAXS;
