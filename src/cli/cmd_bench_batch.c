@@ -133,7 +133,8 @@ int cmd_bench_batch(int argc, char **argv) {
     /* the sequences' engines: the same model, pool, backend and expert source; es[0] (the lead) holds kmax rows */
     for (int i = 0; i < kmax; i++) {
         ms_engine_opts o = {.max_ctx = eo.ctx, .max_batch = kmax > 16 ? kmax : 16, .pool = x.pool,
-                            .experts = x.experts, .mla_form = eo.mla_form, .backend = x.backend};
+                            .experts = x.experts, .mla_form = eo.mla_form, .backend = x.backend,
+                            .weights_from = i ? es[0] : NULL}; /* one placement of the weights on a device */
         if (ms_engine_create(&x.model, &o, &es[i], &err)) goto fail;
     }
     char load0[64] = "";
@@ -196,7 +197,7 @@ fail:
     fprintf(stderr, "moonshine bench-batch: %s\n", err.msg);
     rc = 1;
 done:
-    for (int i = 0; i < kmax; i++) ms_engine_destroy(es[i]);
+    for (int i = kmax - 1; i >= 0; i--) ms_engine_destroy(es[i]); /* es[0] holds the shared weights */
     free(logits);
     ms_cli_close(&x);
     return rc;

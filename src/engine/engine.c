@@ -209,7 +209,15 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         ms_engine_destroy(e);
         return rc;
     }
-    if (!e->be->host_memory) { /* the weights move into the backend's memory */
+    const ms_engine *share = opts ? opts->weights_from : NULL;
+    if (share && (share->m != m || (!e->be->host_memory && (share->be != e->be || (share->experts != share->own_experts) !=
+                                                                                  (e->experts != NULL))))) {
+        ms_engine_destroy(e);
+        return ms_fail(err, MS_ERR_ARG, "weights_from: that engine has another model, backend or expert source kind");
+    }
+    if (!e->be->host_memory && share) { /* the weights as the other engine placed them */
+        e->w = share->w;
+    } else if (!e->be->host_memory) { /* the weights move into the backend's memory */
         if ((rc = ms_model_place(m, e->be, e->experts != NULL, &e->placed, err))) {
             ms_wrap(err, "placing the weights on the %s backend", e->be->name);
             ms_engine_destroy(e);
@@ -218,7 +226,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         e->w = e->placed;
     }
     if (!e->experts) {
-        if ((rc = ms_resident_experts_create(e->placed ? e->placed : m, &e->own_experts, err))) {
+        if ((rc = ms_resident_experts_create((ms_model *)e->w, &e->own_experts, err))) {
             ms_engine_destroy(e);
             return rc;
         }

@@ -28,6 +28,11 @@ typedef struct ms_engine_opts {
     ms_expert_source *experts; /* borrowed; NULL: resident views of the mapped checkpoint */
     ms_mla_form mla_form;   /* MLA prefill form (default MS_MLA_AUTO) */
     ms_backend *backend;    /* borrowed; NULL: a CPU backend over pool (core/backend.h) */
+    /* borrowed, must outlive this engine; NULL: none. An engine of the same model (and, on a
+     * backend without host memory, the same backend and kind of expert source) whose weights
+     * this one uses as they are placed instead of placing its own copy: the engines of one
+     * batch (ms_engine_decode_batch) on a device backend share one placement. */
+    const struct ms_engine *weights_from;
 } ms_engine_opts;
 
 typedef struct ms_engine_stats {

@@ -52,6 +52,7 @@ int ms_sched_new(ms_model *m, const ms_sched_opts *o, ms_sched **out, ms_err *er
     if (eo.max_batch < need) eo.max_batch = need;
     for (int i = 0; i < s->n; i++) {
         slot *sl = &s->s[i];
+        eo.weights_from = i ? s->s[0].e : NULL; /* one placement of the weights for every slot */
         int rc = ms_engine_create(m, &eo, &sl->e, err);
         if (!rc) rc = ms_generator_new(sl->e, o->tok, s->vocab, o->snaps, &sl->g, err);
         if (!rc && !(sl->prompt = malloc(sizeof(int32_t) * (size_t)ms_engine_max_ctx(sl->e))))
@@ -96,6 +97,8 @@ void ms_sched_free(ms_sched *s) {
             s->s[i].cancelled = 1;
             slot_end(s, i);
         }
+    }
+    for (int i = s->s ? s->n - 1 : -1; i >= 0; i--) { /* backwards: slot 0's engine holds the shared weights */
         ms_generator_free(s->s[i].g);
         ms_engine_destroy(s->s[i].e);
         free(s->s[i].prompt);
