@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "server/api.h"
+#include "server/web.h"
 #include "text/chat_template.h"
 
 static double now_s(void) {
@@ -1026,6 +1027,7 @@ static int endpoint_of(const char *url) {
     if (!strcmp(url, "/v1/messages")) return EP_MESSAGES;
     if (!strcmp(url, "/v1/messages/count_tokens")) return EP_COUNT_TOKENS;
     if (!strcmp(url, "/v1/responses")) return EP_RESPONSES;
+    if (!strcmp(url, "/") || !strcmp(url, "/index.html")) return EP_ROOT;
     return EP_OTHER;
 }
 
@@ -1047,6 +1049,15 @@ static enum MHD_Result route(ms_server *s, struct MHD_Connection *c, const char 
         return send_json(s, c, cn, 200, j);
     }
     case EP_METRICS: return handle_metrics(s, c, cn);
+    case EP_ROOT: { /* the chat page: no key needed to load it (it asks for one when the API answers 401) */
+        size_t n;
+        const char *page = ms_web_chat_page(&n);
+        const char *h[] = {"Content-Security-Policy",
+                           "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                           "X-Content-Type-Options", "nosniff", "X-Frame-Options", "DENY", "Cache-Control", "no-cache", NULL};
+        return send_body(s, c, cn, 200, page, n, "text/html; charset=utf-8", h);
+    }
     case EP_MODELS:
         if (!strcmp(url, "/v1/models")) {
             cJSON *j = cJSON_CreateObject();
@@ -1136,6 +1147,10 @@ static int precheck(ms_server *s, struct MHD_Connection *c, const char *url, con
     }
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     int preflight = !strcmp(method, "OPTIONS");
+    if (origin && host && !preflight) { /* the built-in page's own requests: Origin is this server (Host) */
+        const char *o = !strncmp(origin, "http://", 7) ? origin + 7 : NULL;
+        if (o && !strcmp(o, host)) origin = NULL;
+    }
     if (origin) {
         if (s->cors && (!strcmp(s->cors, "*") || !strcmp(s->cors, origin)) && strlen(origin) < sizeof cn->origin) {
             cn->cors_ok = 1;
