@@ -15,7 +15,7 @@ CLANG    ?= clang
 OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g -D_FORTIFY_SOURCE=2
 CFLAGS   += -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare \
-            -Wshadow=local -pthread -Isrc -MMD -MP
+            -Wshadow=local -pthread -Isrc -Ibuild/gen -MMD -MP
 LDLIBS   := -lcjson -luring -lpcre2-8 -lcrypto -lmicrohttpd -ledit -lm -pthread
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS ?= 100000
@@ -54,6 +54,13 @@ build/moonshine-server: build/moonshine
 build/moonshine-chat: build/moonshine
 	ln -f $< $@
 
+# the web chat page, embedded in the binary (GET /): a C array made by xxd -i
+build/gen/chat_page.h: src/server/web/chat.html
+	@mkdir -p $(@D)
+	cd src/server/web && xxd -i chat.html > $(CURDIR)/$@.tmp
+	mv $@.tmp $@
+build/obj/src/server/web.o build/asan/src/server/web.o build/fuzz/src/server/web.o: build/gen/chat_page.h
+
 build/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c -o $@ $<
@@ -78,7 +85,7 @@ build/asan/tests/%: tests/unit/%.c build/asan/libmoonshine.a tests/unit/test.h
 	$(CC) $(CFLAGS) $(SAN_FLAGS) -O1 -Itests/unit -o $@ $< build/asan/libmoonshine.a $(LDLIBS)
 
 # --- libFuzzer (clang) ---
-FUZZ_CFLAGS := -std=gnu11 -D_GNU_SOURCE -O1 -g -Isrc -pthread -fsanitize=fuzzer-no-link,address,undefined \
+FUZZ_CFLAGS := -std=gnu11 -D_GNU_SOURCE -O1 -g -Isrc -Ibuild/gen -pthread -fsanitize=fuzzer-no-link,address,undefined \
                -fno-sanitize-recover=all -MMD -MP
 build/fuzz/%.o: %.c
 	@mkdir -p $(@D)

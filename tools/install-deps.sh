@@ -1,9 +1,11 @@
 #!/bin/sh
 # Install the Debian 12 packages moonshine builds and tests with, only those missing.
 set -eu
-PKGS="gcc make libc6-dev liburing-dev libcjson-dev libpcre2-dev clang libclang-rt-14-dev llvm python3 python3-jinja2 libssl-dev unicode-data bzip2 python3-regex python3-crcmod libmicrohttpd-dev libedit-dev"
+PKGS="gcc make libc6-dev liburing-dev libcjson-dev libpcre2-dev clang libclang-rt-14-dev llvm python3 python3-jinja2 libssl-dev unicode-data bzip2 python3-regex python3-crcmod libmicrohttpd-dev libedit-dev xxd"
 # the server tests run the OpenAI Node SDK: Debian's nodejs/npm unless a node is already installed
 command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
+# the web chat page test (tests/server/web.mjs) drives a headless Chromium through puppeteer-core
+command -v chromium >/dev/null 2>&1 || PKGS="$PKGS chromium"
 # make check compiles the GPU backend with every GPU compiler it finds (nothing runs). Debian
 # has hipcc (ROCm 5.2), optional: without it that stage is skipped. CUDA's nvcc is not in
 # Debian; the CUDA half runs where NVIDIA's toolkit is installed (/usr/local/cuda*).
@@ -19,9 +21,9 @@ if ! command -v hipcc >/dev/null 2>&1 && [ ! -x /opt/rocm/bin/hipcc ]; then
         installed "$p" || gpu_missing="$gpu_missing $p"
     done
 fi
-sdk_deps() { # the pinned OpenAI SDK (tests/server/sdk/package-lock.json)
+sdk_deps() { # the pinned OpenAI and Anthropic SDKs, puppeteer-core (tests/server/sdk/package-lock.json)
     d=$(dirname "$0")/../tests/server/sdk
-    [ -f "$d/node_modules/openai/package.json" ] || (cd "$d" && npm ci --no-audit --no-fund --loglevel=error)
+    [ -f "$d/node_modules/openai/package.json" ] && [ -f "$d/node_modules/@anthropic-ai/sdk/package.json" ] || (cd "$d" && npm ci --no-audit --no-fund --loglevel=error)
 }
 [ -z "$missing$gpu_missing" ] && { sdk_deps; exit 0; }
 if [ "$(id -u)" != 0 ]; then

@@ -1,5 +1,5 @@
 /* api.c — OpenAI request validation and response building. */
-#include "server/api.h"
+#include "server/api_int.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -38,11 +38,8 @@ char *ms_api_error_json(const ms_api_error *e) {
 }
 
 /* ---------------- requests ---------------- */
-#define BAD(param, ...) ms_api_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
-#define UNSUPPORTED(param, ...) ms_api_fail(e, 400, "invalid_request_error", param, "unsupported_parameter", __VA_ARGS__)
-#define NOMEM() ms_api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 
-static const char *type_name(const cJSON *v) {
+const char *ms_api_type_name(const cJSON *v) {
     if (cJSON_IsString(v)) return "a string";
     if (cJSON_IsNumber(v)) return "a number";
     if (cJSON_IsBool(v)) return "a boolean";
@@ -51,12 +48,12 @@ static const char *type_name(const cJSON *v) {
     return "null";
 }
 
-static int get_number(const cJSON *root, const char *key, double lo, double hi, double *out, int *present,
+int ms_api_get_number(const cJSON *root, const char *key, double lo, double hi, double *out, int *present,
                       ms_api_error *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     if (present) *present = 0;
     if (!v || cJSON_IsNull(v)) return MS_OK;
-    if (!cJSON_IsNumber(v)) return BAD(key, "'%s' must be a number, got %s", key, type_name(v));
+    if (!cJSON_IsNumber(v)) return BAD(key, "'%s' must be a number, got %s", key, ms_api_type_name(v));
     if (!(v->valuedouble >= lo && v->valuedouble <= hi))
         return BAD(key, "'%s' must be in [%g, %g], got %g", key, lo, hi, v->valuedouble);
     *out = v->valuedouble;
@@ -64,13 +61,13 @@ static int get_number(const cJSON *root, const char *key, double lo, double hi, 
     return MS_OK;
 }
 
-static int get_int(const cJSON *root, const char *key, int64_t lo, int64_t hi, int64_t *out, int *present,
+int ms_api_get_int(const cJSON *root, const char *key, int64_t lo, int64_t hi, int64_t *out, int *present,
                    ms_api_error *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     if (present) *present = 0;
     if (!v || cJSON_IsNull(v)) return MS_OK;
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
-        return BAD(key, "'%s' must be an integer, got %s", key, cJSON_IsNumber(v) ? "a fraction" : type_name(v));
+        return BAD(key, "'%s' must be an integer, got %s", key, cJSON_IsNumber(v) ? "a fraction" : ms_api_type_name(v));
     if (!(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi))
         return BAD(key, "'%s' must be in [%lld, %lld], got %.17g", key, (long long)lo, (long long)hi, v->valuedouble);
     *out = (int64_t)v->valuedouble;
@@ -78,10 +75,10 @@ static int get_int(const cJSON *root, const char *key, int64_t lo, int64_t hi, i
     return MS_OK;
 }
 
-static int get_bool(const cJSON *root, const char *key, int *out, ms_api_error *e) {
+int ms_api_get_bool(const cJSON *root, const char *key, int *out, ms_api_error *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     if (!v || cJSON_IsNull(v)) return MS_OK;
-    if (!cJSON_IsBool(v)) return BAD(key, "'%s' must be a boolean, got %s", key, type_name(v));
+    if (!cJSON_IsBool(v)) return BAD(key, "'%s' must be a boolean, got %s", key, ms_api_type_name(v));
     *out = cJSON_IsTrue(v);
     return MS_OK;
 }
@@ -92,11 +89,11 @@ static int parse_stop(const cJSON *root, ms_api_request *r, ms_api_error *e) {
     const cJSON *one[1] = {v};
     int n = 1;
     if (cJSON_IsArray(v)) n = cJSON_GetArraySize(v);
-    else if (!cJSON_IsString(v)) return BAD("stop", "'stop' must be a string or an array of strings, got %s", type_name(v));
+    else if (!cJSON_IsString(v)) return BAD("stop", "'stop' must be a string or an array of strings, got %s", ms_api_type_name(v));
     if (n > MS_STOP_MAX) return BAD("stop", "'stop' has %d strings; at most %d are supported", n, MS_STOP_MAX);
     const cJSON *it = cJSON_IsArray(v) ? v->child : one[0];
     for (int i = 0; i < n; i++, it = it->next) {
-        if (!cJSON_IsString(it)) return BAD("stop", "'stop[%d]' must be a string, got %s", i, type_name(it));
+        if (!cJSON_IsString(it)) return BAD("stop", "'stop[%d]' must be a string, got %s", i, ms_api_type_name(it));
         size_t l = strlen(it->valuestring);
         if (l == 0 || l > MS_STOP_MAX_LEN)
             return BAD("stop", "'stop[%d]' must have 1 to %d bytes, got %zu", i, MS_STOP_MAX_LEN, l);
@@ -106,49 +103,49 @@ static int parse_stop(const cJSON *root, ms_api_request *r, ms_api_error *e) {
 }
 
 /* Fields common to both endpoints: model, stream, sampling, stop, limits, and refusals. */
-static int parse_common(const cJSON *root, ms_api_request *r, ms_api_error *e) {
+int ms_api_parse_common(const cJSON *root, ms_api_request *r, ms_api_error *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (v && !cJSON_IsNull(v)) {
-        if (!cJSON_IsString(v)) return BAD("model", "'model' must be a string, got %s", type_name(v));
+        if (!cJSON_IsString(v)) return BAD("model", "'model' must be a string, got %s", ms_api_type_name(v));
         if (!(r->model = strdup(v->valuestring))) return NOMEM();
     }
     int rc;
-    if ((rc = get_bool(root, "stream", &r->stream, e))) return rc;
+    if ((rc = ms_api_get_bool(root, "stream", &r->stream, e))) return rc;
     v = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (v && !cJSON_IsNull(v)) {
-        if (!cJSON_IsObject(v)) return BAD("stream_options", "'stream_options' must be an object, got %s", type_name(v));
+        if (!cJSON_IsObject(v)) return BAD("stream_options", "'stream_options' must be an object, got %s", ms_api_type_name(v));
         if (!r->stream) return BAD("stream_options", "'stream_options' is only allowed when 'stream' is true");
-        if ((rc = get_bool(v, "include_usage", &r->include_usage, e))) return rc;
+        if ((rc = ms_api_get_bool(v, "include_usage", &r->include_usage, e))) return rc;
     }
     ms_sampler_params *s = &r->sampling;
     ms_sampler_defaults(s);
     double d;
     int has;
-    if ((rc = get_number(root, "temperature", 0, 2, &s->temperature, NULL, e))) return rc;
-    if ((rc = get_number(root, "top_p", 0, 1, &d, &has, e))) return rc;
+    if ((rc = ms_api_get_number(root, "temperature", 0, 2, &s->temperature, NULL, e))) return rc;
+    if ((rc = ms_api_get_number(root, "top_p", 0, 1, &d, &has, e))) return rc;
     if (has) {
         if (d == 0) s->top_k = 1; /* the smallest set with mass >= 0: the most likely token */
         else s->top_p = d;
     }
-    if ((rc = get_number(root, "min_p", 0, 1, &s->min_p, NULL, e))) return rc;
-    if ((rc = get_number(root, "presence_penalty", -2, 2, &s->presence_penalty, NULL, e))) return rc;
-    if ((rc = get_number(root, "frequency_penalty", -2, 2, &s->frequency_penalty, NULL, e))) return rc;
-    if ((rc = get_number(root, "repetition_penalty", 1e-3, 100, &s->repetition_penalty, NULL, e))) return rc;
+    if ((rc = ms_api_get_number(root, "min_p", 0, 1, &s->min_p, NULL, e))) return rc;
+    if ((rc = ms_api_get_number(root, "presence_penalty", -2, 2, &s->presence_penalty, NULL, e))) return rc;
+    if ((rc = ms_api_get_number(root, "frequency_penalty", -2, 2, &s->frequency_penalty, NULL, e))) return rc;
+    if ((rc = ms_api_get_number(root, "repetition_penalty", 1e-3, 100, &s->repetition_penalty, NULL, e))) return rc;
     int64_t k;
-    if ((rc = get_int(root, "top_k", -1, INT32_MAX, &k, &has, e))) return rc;
+    if ((rc = ms_api_get_int(root, "top_k", -1, INT32_MAX, &k, &has, e))) return rc;
     if (has && k > 0 && !(s->top_k == 1)) s->top_k = (int)k; /* -1 and 0: off (vLLM's convention) */
     int64_t seed;
-    if ((rc = get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, &r->has_seed, e))) return rc;
+    if ((rc = ms_api_get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, &r->has_seed, e))) return rc;
     if (r->has_seed) s->seed = (uint64_t)seed;
     int64_t mt = 0, mct = 0;
     int has_mt, has_mct;
-    if ((rc = get_int(root, "max_tokens", 1, INT32_MAX, &mt, &has_mt, e))) return rc;
-    if ((rc = get_int(root, "max_completion_tokens", 1, INT32_MAX, &mct, &has_mct, e))) return rc;
+    if ((rc = ms_api_get_int(root, "max_tokens", 1, INT32_MAX, &mt, &has_mt, e))) return rc;
+    if ((rc = ms_api_get_int(root, "max_completion_tokens", 1, INT32_MAX, &mct, &has_mct, e))) return rc;
     r->max_tokens = (int)(has_mct ? mct : has_mt ? mt : 0);
     int64_t n = 1;
-    if ((rc = get_int(root, "n", 1, 128, &n, NULL, e))) return rc;
+    if ((rc = ms_api_get_int(root, "n", 1, 128, &n, NULL, e))) return rc;
     if (n != 1) return UNSUPPORTED("n", "'n' must be 1: this server generates one choice per request");
-    if ((rc = get_int(root, "best_of", 1, 128, &n, &has, e))) return rc;
+    if ((rc = ms_api_get_int(root, "best_of", 1, 128, &n, &has, e))) return rc;
     if (has && n != 1) return UNSUPPORTED("best_of", "'best_of' must be 1");
     v = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
     if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v))
@@ -158,6 +155,13 @@ static int parse_common(const cJSON *root, ms_api_request *r, ms_api_error *e) {
     v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsObject(v) && !v->child))
         return UNSUPPORTED("logit_bias", "'logit_bias' is not supported by this server");
+    if ((rc = ms_api_get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e))) return rc;
+    v = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v)) return BAD("reasoning_effort", "'reasoning_effort' must be a string, got %s", ms_api_type_name(v));
+        if (!(r->reasoning_effort = strdup(v->valuestring))) return NOMEM();
+        r->effort_param = "reasoning_effort";
+    }
     return parse_stop(root, r, e);
 }
 
@@ -167,7 +171,7 @@ static int normalize_content(cJSON *msg, int i, ms_api_error *e) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", i);
     if (!c || cJSON_IsNull(c) || cJSON_IsString(c)) return MS_OK;
-    if (!cJSON_IsArray(c)) return BAD(param, "'%s' must be a string, an array of content parts or null, got %s", param, type_name(c));
+    if (!cJSON_IsArray(c)) return BAD(param, "'%s' must be a string, an array of content parts or null, got %s", param, ms_api_type_name(c));
     size_t len = 0;
     const cJSON *p;
     int j = 0;
@@ -204,7 +208,7 @@ static int check_tool_calls(const cJSON *msg, int i, ms_api_error *e) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].tool_calls", i);
     if (!tc || cJSON_IsNull(tc)) return MS_OK;
-    if (!cJSON_IsArray(tc)) return BAD(param, "'%s' must be an array, got %s", param, type_name(tc));
+    if (!cJSON_IsArray(tc)) return BAD(param, "'%s' must be an array, got %s", param, ms_api_type_name(tc));
     const cJSON *c;
     int j = 0;
     cJSON_ArrayForEach(c, tc) {
@@ -224,7 +228,7 @@ static int check_tool_calls(const cJSON *msg, int i, ms_api_error *e) {
 static int parse_messages(const cJSON *root, cJSON *render, ms_api_error *e) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!msgs) return BAD("messages", "'messages' is required");
-    if (!cJSON_IsArray(msgs)) return BAD("messages", "'messages' must be an array, got %s", type_name(msgs));
+    if (!cJSON_IsArray(msgs)) return BAD("messages", "'messages' must be an array, got %s", ms_api_type_name(msgs));
     if (!msgs->child) return BAD("messages", "'messages' must not be empty");
     cJSON *copy = cJSON_Duplicate(msgs, 1);
     if (!copy) return NOMEM();
@@ -234,7 +238,7 @@ static int parse_messages(const cJSON *root, cJSON *render, ms_api_error *e) {
     cJSON_ArrayForEach(m, copy) {
         char param[64];
         snprintf(param, sizeof param, "messages[%d]", i);
-        if (!cJSON_IsObject(m)) return BAD(param, "'%s' must be an object, got %s", param, type_name(m));
+        if (!cJSON_IsObject(m)) return BAD(param, "'%s' must be an object, got %s", param, ms_api_type_name(m));
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         snprintf(param, sizeof param, "messages[%d].role", i);
         if (!cJSON_IsString(role)) return BAD(param, "'%s' must be a string", param);
@@ -290,11 +294,15 @@ static int parse_tools(const cJSON *root, cJSON *render, ms_api_request *r, ms_a
         } else if (cJSON_IsObject(choice)) {
             return UNSUPPORTED("tool_choice", "'tool_choice' naming a function is not supported (no constrained decoding); use \"auto\"");
         } else {
-            return BAD("tool_choice", "'tool_choice' must be a string or an object, got %s", type_name(choice));
+            return BAD("tool_choice", "'tool_choice' must be a string or an object, got %s", ms_api_type_name(choice));
         }
     }
+    return ms_api_set_tools(tools, use_tools, render, r, e);
+}
+
+int ms_api_set_tools(const cJSON *tools, int use_tools, cJSON *render, ms_api_request *r, ms_api_error *e) {
     if (!tools || cJSON_IsNull(tools)) return MS_OK;
-    if (!cJSON_IsArray(tools)) return BAD("tools", "'tools' must be an array, got %s", type_name(tools));
+    if (!cJSON_IsArray(tools)) return BAD("tools", "'tools' must be an array, got %s", ms_api_type_name(tools));
     const cJSON *t;
     int i = 0;
     cJSON_ArrayForEach(t, tools) {
@@ -317,6 +325,12 @@ static int parse_tools(const cJSON *root, cJSON *render, ms_api_request *r, ms_a
     if (!copy) return NOMEM();
     cJSON_AddItemToObject(render, "tools", copy);
     if (!(r->tools_json = cJSON_PrintUnformatted(tools))) return NOMEM();
+    return MS_OK;
+}
+
+int ms_api_finish_render(cJSON *render, ms_api_request *r, ms_api_error *e) {
+    cJSON_AddBoolToObject(render, "add_generation_prompt", 1);
+    if (!(r->render_json = cJSON_PrintUnformatted(render))) return NOMEM();
     return MS_OK;
 }
 
@@ -345,10 +359,7 @@ static int parse_chat(const cJSON *root, ms_api_request *r, ms_api_error *e) {
             }
         }
     }
-    if (!rc) {
-        cJSON_AddBoolToObject(render, "add_generation_prompt", 1);
-        if (!(r->render_json = cJSON_PrintUnformatted(render))) rc = NOMEM();
-    }
+    if (!rc) rc = ms_api_finish_render(render, r, e);
     cJSON_Delete(render);
     return rc;
 }
@@ -382,10 +393,10 @@ static int parse_completion(const cJSON *root, int64_t vocab, ms_api_request *r,
         int rc = parse_ids(p, vocab, r, e);
         if (rc) return rc;
     } else {
-        return BAD("prompt", "'prompt' must be a string or an array of token ids, got %s", type_name(p));
+        return BAD("prompt", "'prompt' must be a string or an array of token ids, got %s", ms_api_type_name(p));
     }
     int echo = 0, rc;
-    if ((rc = get_bool(root, "echo", &echo, e))) return rc;
+    if ((rc = ms_api_get_bool(root, "echo", &echo, e))) return rc;
     if (echo) return UNSUPPORTED("echo", "'echo' is not supported by this server");
     const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(root, "suffix");
     if (sfx && !cJSON_IsNull(sfx)) return UNSUPPORTED("suffix", "'suffix' is not supported by this server");
@@ -428,6 +439,9 @@ int ms_api_parse_request(ms_api_kind kind, const char *body, size_t len, int64_t
                          ms_api_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
+    r->thinking = -1;
+    r->parallel_tool_calls = 1;
+    r->store = 1;
     if (!body || !len) return BAD(NULL, "the request body is empty: expected a JSON object");
     int rc = ms_api_check_json(body, len, e);
     if (rc) return rc;
@@ -440,10 +454,15 @@ int ms_api_parse_request(ms_api_kind kind, const char *body, size_t len, int64_t
         cJSON_Delete(root);
         return BAD(NULL, "the request body has %zu trailing bytes after the JSON value (from byte %zu)", len - at, at);
     }
-    if (!cJSON_IsObject(root)) rc = BAD(NULL, "the request body must be a JSON object, got %s", type_name(root));
+    if (!cJSON_IsObject(root)) rc = BAD(NULL, "the request body must be a JSON object, got %s", ms_api_type_name(root));
     else {
-        rc = parse_common(root, r, e);
-        if (!rc) rc = kind == MS_API_CHAT ? parse_chat(root, r, e) : parse_completion(root, vocab, r, e);
+        rc = ms_api_parse_common(root, r, e);
+        if (rc) {
+        } else if (kind == MS_API_CHAT) rc = parse_chat(root, r, e);
+        else if (kind == MS_API_COMPLETION) rc = parse_completion(root, vocab, r, e);
+        else if (kind == MS_API_MESSAGES || kind == MS_API_COUNT_TOKENS) rc = ms_api_parse_messages(root, r, e);
+        else if (kind == MS_API_RESPONSES) rc = ms_api_parse_responses(root, r, e);
+        else rc = BAD(NULL, "unknown request kind");
     }
     cJSON_Delete(root);
     if (rc) ms_api_request_free(r);
@@ -457,23 +476,14 @@ void ms_api_request_free(ms_api_request *r) {
     free(r->tools_json);
     free(r->prompt_text);
     free(r->prompt_ids);
+    free(r->reasoning_effort);
+    free(r->previous_response_id);
+    free(r->input_json);
+    free(r->echo_json);
     memset(r, 0, sizeof *r);
 }
 
 /* ---------------- responses ---------------- */
-struct ms_api_resp {
-    ms_api_resp_opts o;
-    char *id, *model;
-    ms_outparse *parser;  /* chat */
-    ms_outmsg *msg;       /* chat, non-stream */
-    char *text;           /* completion, non-stream */
-    size_t text_len, text_cap;
-    int sent_role, n_tool_calls;
-    ms_api_sink sink;     /* during a call */
-    void *user;
-    int sink_rc;
-};
-
 int ms_api_resp_new(const ms_api_resp_opts *o, ms_api_resp **out, ms_err *err) {
     *out = NULL;
     ms_api_resp *r = calloc(1, sizeof *r);
@@ -483,9 +493,22 @@ int ms_api_resp_new(const ms_api_resp_opts *o, ms_api_resp **out, ms_err *err) {
     r->model = strdup(o->model ? o->model : "");
     r->o.parse = NULL;
     int rc = (!r->id || !r->model) ? ms_fail(err, MS_ERR_NOMEM, "response: out of memory") : MS_OK;
-    if (!rc && o->kind == MS_API_CHAT) {
+    if (!rc && MS_API_IS_CHATLIKE(o->kind)) {
         rc = ms_outparse_new(o->fmt, o->parse, &r->parser, err);
-        if (!rc && !o->stream && !(r->msg = ms_outmsg_new())) rc = ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
+        if (!rc && !(r->msg = ms_outmsg_new())) rc = ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
+    }
+    r->o.echo_json = NULL;
+    r->o.previous_response_id = NULL;
+    if (!rc && (o->kind == MS_API_MESSAGES || o->kind == MS_API_RESPONSES)) {
+        if (!(r->a.items = cJSON_CreateArray())) rc = ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
+        if (!rc && o->kind == MS_API_RESPONSES) {
+            cJSON *echo = o->echo_json ? cJSON_Parse(o->echo_json) : cJSON_CreateObject();
+            if (echo && o->previous_response_id) cJSON_AddStringToObject(echo, "previous_response_id", o->previous_response_id);
+            char *es = echo ? cJSON_PrintUnformatted(echo) : NULL;
+            cJSON_Delete(echo);
+            if (!es) rc = ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
+            r->a.echo = es;
+        }
     }
     if (rc) {
         ms_api_resp_free(r);
@@ -502,7 +525,14 @@ void ms_api_resp_free(ms_api_resp *r) {
     ms_outparse_free(r->parser);
     ms_outmsg_free(r->msg);
     free(r->text);
+    ms_api_agent_free(r);
     free(r);
+}
+
+int ms_api_send_raw(ms_api_resp *r, const char *s, size_t len) {
+    int rc = r->sink(r->user, s, len);
+    if (rc) r->sink_rc = rc;
+    return rc;
 }
 
 /* Send `data: JSON\n\n` and free obj. */
@@ -555,7 +585,7 @@ static int chat_delta(ms_api_resp *r, cJSON *delta, const char *finish) {
     return send_event(r, c);
 }
 
-static cJSON *string_n(const char *s, size_t n) {
+cJSON *ms_api_string_n(const char *s, size_t n) {
     char *t = malloc(n + 1);
     if (!t) return NULL;
     memcpy(t, s, n);
@@ -574,7 +604,7 @@ static int on_event(void *user, const ms_outev *ev) {
     case MS_OUTEV_CONTENT:
     case MS_OUTEV_REASONING:
         if (!ev->len) { cJSON_Delete(d); return 0; }
-        cJSON_AddItemToObject(d, ev->type == MS_OUTEV_CONTENT ? "content" : "reasoning_content", string_n(ev->text, ev->len));
+        cJSON_AddItemToObject(d, ev->type == MS_OUTEV_CONTENT ? "content" : "reasoning_content", ms_api_string_n(ev->text, ev->len));
         break;
     case MS_OUTEV_TOOL_START: {
         r->n_tool_calls++;
@@ -592,7 +622,7 @@ static int on_event(void *user, const ms_outev *ev) {
         if (!ev->len) { cJSON_Delete(d); return 0; }
         cJSON *arr = cJSON_AddArrayToObject(d, "tool_calls"), *tc = cJSON_CreateObject(), *f = cJSON_CreateObject();
         cJSON_AddNumberToObject(tc, "index", ev->tool_index);
-        cJSON_AddItemToObject(f, "arguments", string_n(ev->text, ev->len));
+        cJSON_AddItemToObject(f, "arguments", ms_api_string_n(ev->text, ev->len));
         cJSON_AddItemToObject(tc, "function", f);
         cJSON_AddItemToArray(arr, tc);
         break;
@@ -604,26 +634,37 @@ static int on_event(void *user, const ms_outev *ev) {
     return chat_delta(r, d, NULL);
 }
 
-/* Parser events -> collected message (non-stream), counting tool calls. */
+/* Parser events -> collected message, counting tool calls; streamed as chunks (chat) or
+ * Anthropic / Responses events. parallel_tool_calls false: calls after the first are dropped. */
 static int on_collect(void *user, const ms_outev *ev) {
     ms_api_resp *r = user;
+    if (r->o.single_tool_call && (ev->type == MS_OUTEV_TOOL_START || ev->type == MS_OUTEV_TOOL_ARGS ||
+                                      ev->type == MS_OUTEV_TOOL_END) && ev->tool_index > 0)
+        return 0;
     if (ev->type == MS_OUTEV_TOOL_START) r->n_tool_calls++;
-    return ms_outmsg_collect(r->msg, ev);
+    int rc = ms_outmsg_collect(r->msg, ev);
+    if (rc) return rc;
+    if (r->o.kind == MS_API_MESSAGES || r->o.kind == MS_API_RESPONSES) return ms_api_agent_event(r, ev);
+    if (r->o.stream) {
+        if (ev->type == MS_OUTEV_TOOL_START) r->n_tool_calls--; /* on_event counts it */
+        return on_event(r, ev);
+    }
+    return 0;
 }
 
 int ms_api_resp_text(ms_api_resp *r, const char *text, size_t len, ms_api_sink sink, void *user, ms_err *err) {
     r->sink = sink;
     r->user = user;
     r->sink_rc = 0;
-    if (r->o.kind == MS_API_CHAT) {
-        int rc = ms_outparse_feed(r->parser, text, len, r->o.stream ? on_event : on_collect, r, err);
+    if (MS_API_IS_CHATLIKE(r->o.kind)) {
+        int rc = ms_outparse_feed(r->parser, text, len, on_collect, r, err);
         if (r->sink_rc) return r->sink_rc;
         return rc;
     }
     if (!len) return MS_OK;
     if (r->o.stream) {
         cJSON *choice, *c = chunk(r, &choice);
-        cJSON_AddItemToObject(choice, "text", string_n(text, len));
+        cJSON_AddItemToObject(choice, "text", ms_api_string_n(text, len));
         cJSON_AddNullToObject(choice, "logprobs");
         cJSON_AddNullToObject(choice, "finish_reason");
         return send_event(r, c);
@@ -659,9 +700,14 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
     r->sink_rc = 0;
     int rc;
     if (r->parser) {
-        rc = ms_outparse_finish(r->parser, r->o.stream ? on_event : on_collect, r, err);
+        rc = ms_outparse_finish(r->parser, on_collect, r, err);
         if (r->sink_rc) return r->sink_rc;
         if (rc) return rc;
+    }
+    if (r->o.kind == MS_API_MESSAGES || r->o.kind == MS_API_RESPONSES) {
+        rc = ms_api_agent_finish(r, finish, prompt_tokens, completion_tokens, cached_tokens);
+        if (r->sink_rc) return r->sink_rc;
+        return rc ? ms_fail(err, rc, "response: out of memory") : MS_OK;
     }
     const char *fin = finish == MS_FINISH_LENGTH ? "length" : "stop";
     if (r->n_tool_calls && finish == MS_FINISH_STOP) fin = "tool_calls";
@@ -711,6 +757,73 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
     if (!s) return ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
     rc = sink(user, s, strlen(s));
     free(s);
+    return rc;
+}
+
+int ms_api_resp_set_stop_sequence(ms_api_resp *r, const char *stop) {
+    free(r->a.stop_sequence);
+    r->a.stop_sequence = stop ? strdup(stop) : NULL;
+    return stop && !r->a.stop_sequence ? MS_ERR_NOMEM : MS_OK;
+}
+
+char *ms_api_resp_message_json(ms_api_resp *r) {
+    char *s = NULL;
+    ms_err err;
+    if (!r->msg || ms_outmsg_json(r->msg, &s, &err)) return NULL;
+    return s;
+}
+
+const char *ms_api_resp_id(const ms_api_resp *r) { return r->id; }
+
+const char *ms_api_anthropic_error_type(int status) {
+    switch (status) {
+    case 400: case 415: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: case 405: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: return "overloaded_error";
+    default: return "api_error";
+    }
+}
+
+char *ms_api_anthropic_error_json(const ms_api_error *e) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "type", "error");
+    cJSON *o = cJSON_AddObjectToObject(root, "error");
+    if (!o) { cJSON_Delete(root); return NULL; }
+    cJSON_AddStringToObject(o, "type", ms_api_anthropic_error_type(e->status));
+    cJSON_AddStringToObject(o, "message", e->message);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+int ms_api_resp_stream_error_kind(ms_api_kind kind, const ms_api_error *e, ms_api_sink sink, void *user) {
+    if (kind != MS_API_MESSAGES && kind != MS_API_RESPONSES) return ms_api_resp_stream_error(e, sink, user);
+    char *j;
+    if (kind == MS_API_MESSAGES) j = ms_api_anthropic_error_json(e);
+    else {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "type", "error");
+        if (e->code[0]) cJSON_AddStringToObject(o, "code", e->code);
+        else cJSON_AddNullToObject(o, "code");
+        cJSON_AddStringToObject(o, "message", e->message);
+        if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+        else cJSON_AddNullToObject(o, "param");
+        cJSON_AddNumberToObject(o, "sequence_number", 0);
+        j = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+    }
+    if (!j) return MS_ERR_NOMEM;
+    size_t l = strlen(j);
+    char *buf = malloc(l + 32);
+    if (!buf) { free(j); return MS_ERR_NOMEM; }
+    int n = snprintf(buf, l + 32, "event: error\ndata: %s\n\n", j);
+    free(j);
+    int rc = sink(user, buf, (size_t)n);
+    free(buf);
     return rc;
 }
 

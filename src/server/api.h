@@ -22,7 +22,14 @@
 #include "session/generate.h"
 #include "text/outparse.h"
 
-typedef enum { MS_API_CHAT, MS_API_COMPLETION } ms_api_kind;
+/* CHAT: POST /v1/chat/completions; COMPLETION: /v1/completions; MESSAGES: Anthropic's
+ * POST /v1/messages; COUNT_TOKENS: its /v1/messages/count_tokens (a MESSAGES body without
+ * max_tokens, never generated); RESPONSES: OpenAI's POST /v1/responses. Every kind but
+ * COMPLETION is rendered with the chat template from an internal OpenAI-style message list. */
+typedef enum { MS_API_CHAT, MS_API_COMPLETION, MS_API_MESSAGES, MS_API_COUNT_TOKENS, MS_API_RESPONSES } ms_api_kind;
+#define MS_API_KIND_COUNT 5
+/* Whether a kind renders messages with the chat template (all but COMPLETION). */
+#define MS_API_IS_CHATLIKE(k) ((k) != MS_API_COMPLETION)
 
 /* An OpenAI error object plus its HTTP status. */
 typedef struct ms_api_error {
@@ -32,6 +39,13 @@ typedef struct ms_api_error {
     char code[64];     /* machine code ("" = null) */
     char message[1024];
 } ms_api_error;
+
+/* Anthropic's error type for an HTTP status (400 invalid_request_error, 401 authentication_error,
+ * 403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
+ * 503 overloaded_error, else api_error). */
+const char *ms_api_anthropic_error_type(int status);
+/* The error in Anthropic's shape: {"type":"error","error":{"type","message"}} (malloc'd). */
+char *ms_api_anthropic_error_json(const ms_api_error *e);
 
 /* Fill e (status, type, param, code may be NULL) with a printf message; returns MS_ERR_ARG. */
 int ms_api_fail(ms_api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
@@ -67,7 +81,38 @@ typedef struct ms_api_request {
     char *prompt_text;         /* owned */
     int32_t *prompt_ids;       /* owned */
     int n_prompt_ids;
+    /* reasoning switches (applied to render_json by ms_api_apply_reasoning) */
+    char *reasoning_effort;    /* "none", "minimal", "low", "medium", "high", "max" as given (owned) or NULL */
+    const char *effort_param;  /* the field it came from ("reasoning_effort", "reasoning.effort"; static) */
+    int thinking;              /* -1 unset; 0 off, 1 on (Anthropic's "thinking": {"type": "disabled"/"enabled"}) */
+    int parallel_tool_calls;   /* 1 (default): any number of calls; 0: only the first call is returned */
+    /* Anthropic / Responses */
+    int stream_usage;          /* always report usage (both APIs do) */
+    char *previous_response_id;/* Responses: continue that stored response (owned) or NULL */
+    int store;                 /* Responses: keep this response for previous_response_id (default 1) */
+    char *input_json;          /* Responses: the input as internal messages, without instructions (owned) */
+    int n_instructions;        /* Responses: leading messages of render_json that come from "instructions" (0/1) */
+    char *echo_json;           /* Responses: {"instructions","tools","tool_choice",...} echoed in the response (owned) */
 } ms_api_request;
+
+/* How a model family turns reasoning on/off or sets its effort (chosen once per model). */
+typedef enum {
+    MS_REASONING_NO_SWITCH,      /* the template has none: valid values are accepted and change nothing */
+    MS_REASONING_ENABLE_THINKING,/* chat_template_kwargs.enable_thinking (Qwen3, GLM, ...) */
+    MS_REASONING_THINKING,       /* chat_template_kwargs.thinking (DeepSeek V3.1) */
+    MS_REASONING_HARMONY,        /* chat_template_kwargs.reasoning_effort low/medium/high (gpt-oss) */
+    MS_REASONING_XTML,           /* chat_template_kwargs.thinking + thinking_effort low/high/max (Kimi K3) */
+} ms_api_reasoning;
+/* The switch of a model: from its output format and chat template source (may be NULL). */
+ms_api_reasoning ms_api_reasoning_for(ms_outfmt fmt, const char *template_text);
+/* Apply r->reasoning_effort and r->thinking to r->render_json's chat_template_kwargs (a kwarg the
+ * request set itself is kept). Mapping (docs/server.md): none/minimal turn thinking off (harmony:
+ * low), low/medium/high/max turn it on with that effort where the family has efforts (XTML:
+ * medium -> high; harmony: max -> high). Errors: 400 naming the accepted values. */
+int ms_api_apply_reasoning(ms_api_request *r, ms_api_reasoning sw, ms_api_error *e);
+/* Responses previous_response_id: put the stored conversation (a JSON array of internal messages)
+ * before r's input in render_json (after the instructions). Errors: 400 (malformed), 500 (memory). */
+int ms_api_prepend_messages(ms_api_request *r, const char *messages_json, ms_api_error *e);
 
 /* Parse and validate a request body of len bytes (one JSON object; trailing
  * bytes other than whitespace are refused). vocab bounds token-id prompts.
@@ -89,6 +134,10 @@ typedef struct ms_api_resp_opts {
     int64_t created;         /* unix seconds */
     int stream, include_usage;
     ms_outfmt fmt;           /* chat: output format of the model family */
+    int prompt_tokens;       /* MESSAGES (message_start's usage) */
+    const char *echo_json;   /* RESPONSES: fields echoed in the response object (ms_api_request.echo_json) */
+    const char *previous_response_id; /* RESPONSES */
+    int single_tool_call;    /* 1 (parallel_tool_calls false): only the first tool call is reported */
     const ms_outparse_opts *parse; /* chat: parser options (start_in_reasoning, tools_json, id_seed); may be NULL */
 } ms_api_resp_opts;
 
@@ -106,7 +155,17 @@ int ms_api_resp_text(ms_api_resp *r, const char *text, size_t len, ms_api_sink s
  * (include_usage) and `data: [DONE]`; otherwise the whole JSON body. */
 int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int completion_tokens, int cached_tokens,
                        ms_api_sink sink, void *user, ms_err *err);
+/* MESSAGES: the stop string that ended the generation (stop_reason "stop_sequence"). Copied. */
+int ms_api_resp_set_stop_sequence(ms_api_resp *r, const char *stop);
+/* The assistant message produced (internal shape, as ms_outmsg_json: {"role":"assistant","content",
+ * "reasoning_content"?,"tool_calls"?}; malloc'd) once finished; NULL for COMPLETION and a chat stream. */
+char *ms_api_resp_message_json(ms_api_resp *r);
+/* RESPONSES: the response id ("resp_..." from opts.id). */
+const char *ms_api_resp_id(const ms_api_resp *r);
 /* A streamed error after the stream started: `data: {"error":...}` and `data: [DONE]`. */
 int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user);
+/* The same for a kind: MESSAGES `event: error` (Anthropic's shape), RESPONSES `event: error`
+ * ({"type":"error","code","message","param","sequence_number"}), else as above. */
+int ms_api_resp_stream_error_kind(ms_api_kind kind, const ms_api_error *e, ms_api_sink sink, void *user);
 
 #endif

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "server/api.h"
+#include "server/web.h"
 #include "text/chat_template.h"
 
 static double now_s(void) {
@@ -58,9 +59,11 @@ typedef struct sock {
     struct sock *prev, *next;
 } sock;
 
-enum { EP_HEALTH, EP_METRICS, EP_MODELS, EP_CHAT, EP_COMPLETIONS, EP_TOKENIZE, EP_DETOKENIZE, EP_OTHER, EP_N };
+enum { EP_HEALTH, EP_METRICS, EP_MODELS, EP_CHAT, EP_COMPLETIONS, EP_TOKENIZE, EP_DETOKENIZE, EP_MESSAGES,
+       EP_COUNT_TOKENS, EP_RESPONSES, EP_ROOT, EP_OTHER, EP_N };
 static const char *const k_ep_name[EP_N] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions",
-                                            "/v1/completions", "/tokenize", "/detokenize", "other"};
+                                            "/v1/completions", "/tokenize", "/detokenize", "/v1/messages",
+                                            "/v1/messages/count_tokens", "/v1/responses", "/", "other"};
 static const int k_statuses[] = {200, 204, 400, 401, 403, 404, 405, 413, 415, 500, 503};
 #define N_STATUS ((int)(sizeof k_statuses / sizeof *k_statuses))
 static const double k_ttft_b[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
@@ -111,7 +114,22 @@ struct ms_server {
     pthread_cond_t wcv;
     pthread_mutex_t mmu;    /* metrics */
     metrics m;
+    ms_api_reasoning reasoning; /* how this model's template switches reasoning */
+    pthread_mutex_t rmu;    /* the response store */
+    struct stored *store;   /* recent Responses (newest first), for previous_response_id */
+    int n_store;
+    size_t store_bytes;
 };
+
+/* A finished Responses response: its conversation (internal messages: the input chain + the output). */
+typedef struct stored {
+    char id[64];
+    char *messages_json;
+    size_t bytes;
+    struct stored *next;
+} stored;
+#define STORE_MAX 256                 /* responses kept for previous_response_id */
+#define STORE_MAX_BYTES ((size_t)64 << 20)
 
 /* Per-request state. */
 typedef struct conn {
@@ -212,7 +230,108 @@ typedef struct gen_ctx {
     int rc;
     double t_last;
     int n_tok;
+    int32_t last_id;   /* the last sampled id */
+    int32_t *ids;      /* sampled ids, kept when a stop string must be identified (MESSAGES with stop sequences) */
+    int n_ids, cap_ids;
 } gen_ctx;
+
+/* ---------------- the response store (Responses' previous_response_id) ---------------- */
+/* Keep id -> messages (newest first); the oldest go past STORE_MAX entries or STORE_MAX_BYTES. */
+static void store_put(ms_server *s, const char *id, char *messages_json) {
+    stored *n = calloc(1, sizeof *n);
+    if (!n) { free(messages_json); return; }
+    snprintf(n->id, sizeof n->id, "%s", id);
+    n->messages_json = messages_json;
+    n->bytes = strlen(messages_json) + sizeof *n;
+    pthread_mutex_lock(&s->rmu);
+    n->next = s->store;
+    s->store = n;
+    s->n_store++;
+    s->store_bytes += n->bytes;
+    while (s->n_store > STORE_MAX || (s->store_bytes > STORE_MAX_BYTES && s->n_store > 1)) {
+        stored **pp = &s->store;
+        while ((*pp)->next) pp = &(*pp)->next;
+        stored *old = *pp;
+        *pp = NULL;
+        s->n_store--;
+        s->store_bytes -= old->bytes;
+        free(old->messages_json);
+        free(old);
+    }
+    pthread_mutex_unlock(&s->rmu);
+}
+
+/* A copy of a stored response's messages (malloc'd) or NULL. */
+static char *store_get(ms_server *s, const char *id) {
+    char *out = NULL;
+    pthread_mutex_lock(&s->rmu);
+    for (stored *n = s->store; n; n = n->next)
+        if (!strcmp(n->id, id)) { out = strdup(n->messages_json); break; }
+    pthread_mutex_unlock(&s->rmu);
+    return out;
+}
+
+static void store_free(ms_server *s) {
+    for (stored *n = s->store, *nx; n; n = nx) {
+        nx = n->next;
+        free(n->messages_json);
+        free(n);
+    }
+    s->store = NULL;
+}
+
+/* The input chain + the produced assistant message, stored under the response's id. */
+static void store_response(ms_server *s, job *j, ms_api_resp *resp) {
+    char *m = ms_api_resp_message_json(resp);
+    cJSON *in = j->req.input_json ? cJSON_Parse(j->req.input_json) : NULL, *msg = m ? cJSON_Parse(m) : NULL;
+    free(m);
+    if (cJSON_IsArray(in) && msg) {
+        /* as the client saw it: text trimmed as in the output items (api_agent.c), content a string */
+        const char *keys[2] = {"content", "reasoning_content"};
+        for (int k = 0; k < 2; k++) {
+            cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, keys[k]);
+            if (!cJSON_IsString(c)) {
+                if (!k) cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", cJSON_CreateString(""));
+                continue;
+            }
+            const char *t = c->valuestring;
+            while (*t && strchr(" \t\r\n", *t)) t++;
+            size_t n = strlen(t);
+            while (n && strchr(" \t\r\n", t[n - 1])) n--;
+            char *tr = strndup(t, n);
+            if (tr) cJSON_ReplaceItemInObjectCaseSensitive(msg, keys[k], cJSON_CreateString(tr));
+            free(tr);
+        }
+        cJSON_AddItemToArray(in, msg);
+        msg = NULL;
+        char *t = cJSON_PrintUnformatted(in);
+        if (t) store_put(s, ms_api_resp_id(resp), t);
+    }
+    cJSON_Delete(in);
+    cJSON_Delete(msg);
+}
+
+/* The stop string that ended a generation: the earliest match in the decoded output (as the stop
+ * matcher chose it), or NULL. */
+static const char *which_stop(ms_server *s, job *j, const gen_ctx *g) {
+    if (!j->req.n_stop || !g->n_ids) return NULL;
+    for (int i = 0; i < s->o.n_eos; i++)
+        if (s->eos[i] == g->last_id) return NULL; /* ended by EOS */
+    char *text = NULL;
+    size_t tl = 0;
+    ms_err err = {0};
+    if (ms_tok_decode(s->o.tok, g->ids, (size_t)g->n_ids, 0, &text, &tl, &err)) return NULL;
+    const char *best = NULL;
+    size_t first = SIZE_MAX;
+    for (int i = 0; i < j->req.n_stop; i++) {
+        const char *m = memmem(text, tl, j->req.stop[i], strlen(j->req.stop[i]));
+        if (m && (size_t)(m - text) < first) { first = (size_t)(m - text); best = j->req.stop[i]; }
+    }
+    free(text);
+    return best;
+}
+
+static int j_keeps_ids(const gen_ctx *g) { return g->j->req.kind == MS_API_MESSAGES && g->j->req.n_stop > 0; }
 
 static int on_token(void *user, int32_t id, const char *text, size_t len) {
     gen_ctx *g = user;
@@ -224,6 +343,15 @@ static int on_token(void *user, int32_t id, const char *text, size_t len) {
         pthread_mutex_unlock(&g->s->mmu);
         g->t_last = t;
         g->n_tok++;
+        g->last_id = id;
+        if (j_keeps_ids(g)) {
+            if (g->n_ids == g->cap_ids) {
+                int cap = g->cap_ids ? g->cap_ids * 2 : 256;
+                int32_t *n = realloc(g->ids, sizeof *n * (size_t)cap);
+                if (n) { g->ids = n; g->cap_ids = cap; }
+            }
+            if (g->n_ids < g->cap_ids) g->ids[g->n_ids++] = id;
+        }
     }
     int rc = ms_api_resp_text(g->resp, text, len, job_sink, g->j, &g->err);
     if (rc) {
@@ -264,7 +392,9 @@ static int chunked_prefill(ms_server *s, job *j, int *cached, int *gone, ms_err 
 static void run_job(ms_server *s, job *j) {
     char hex[32], id[48];
     random_hex(hex, 24);
-    snprintf(id, sizeof id, "%s-%s", j->req.kind == MS_API_CHAT ? "chatcmpl" : "cmpl", hex);
+    ms_api_kind kind = j->req.kind;
+    snprintf(id, sizeof id, "%s%s", kind == MS_API_CHAT ? "chatcmpl-" : kind == MS_API_MESSAGES ? "msg_" :
+                                    kind == MS_API_RESPONSES ? "resp_" : "cmpl-", hex);
     if (!j->req.has_seed) {
         uint64_t seed;
         if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)time(NULL);
@@ -273,7 +403,10 @@ static void run_job(ms_server *s, job *j) {
     ms_outparse_opts po = {.start_in_reasoning = j->start_in_reasoning, .tools_json = j->req.tools_json};
     if (getrandom(&po.id_seed, sizeof po.id_seed, 0) != (ssize_t)sizeof po.id_seed) po.id_seed = j->req.sampling.seed ^ 0x5eedULL;
     ms_api_resp_opts ro = {.kind = j->req.kind, .id = id, .model = s->model_name, .created = (int64_t)time(NULL),
-                           .stream = j->req.stream, .include_usage = j->req.include_usage, .fmt = s->o.fmt, .parse = &po};
+                           .stream = j->req.stream, .include_usage = j->req.include_usage, .fmt = s->o.fmt, .parse = &po,
+                           .prompt_tokens = j->n_prompt, .echo_json = j->req.echo_json,
+                           .previous_response_id = j->req.previous_response_id,
+                           .single_tool_call = !j->req.parallel_tool_calls};
     gen_ctx g = {.s = s, .j = j};
     ms_gen_params gp = {.sampling = j->req.sampling, .max_tokens = j->max_tokens,
                         .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .eos_ids = s->eos,
@@ -288,12 +421,17 @@ static void run_job(ms_server *s, job *j) {
     pthread_mutex_lock(&j->mu);
     int cancelled = j->cancelled;
     pthread_mutex_unlock(&j->mu);
+    if (!rc && !cancelled && res.finish == MS_FINISH_STOP && kind == MS_API_MESSAGES)
+        rc = ms_api_resp_set_stop_sequence(g.resp, which_stop(s, j, &g));
     if (!rc && !cancelled && res.finish != MS_FINISH_ABORT)
         rc = ms_api_resp_finish(g.resp, res.finish, res.prompt_tokens, res.completion_tokens, res.cached_tokens,
                                 job_sink, j, &g.err);
     pthread_mutex_lock(&j->mu);
     cancelled = j->cancelled;
     pthread_mutex_unlock(&j->mu);
+    if (!rc && !cancelled && kind == MS_API_RESPONSES && j->req.store && res.finish != MS_FINISH_ABORT)
+        store_response(s, j, g.resp);
+    free(g.ids);
     pthread_mutex_lock(&s->mmu);
     s->m.generations++;
     s->m.prompt_tokens += (uint64_t)res.prompt_tokens;
@@ -311,9 +449,9 @@ static void run_job(ms_server *s, job *j) {
         j->len = j->off = 0; /* non-stream: replace a partial body */
         j->status = 500;
         pthread_mutex_unlock(&j->mu);
-        if (j->req.stream) ms_api_resp_stream_error(&e, job_sink, j);
+        if (j->req.stream) ms_api_resp_stream_error_kind(kind, &e, job_sink, j);
         else {
-            char *b = ms_api_error_json(&e);
+            char *b = kind == MS_API_MESSAGES ? ms_api_anthropic_error_json(&e) : ms_api_error_json(&e);
             if (b) job_sink(j, b, strlen(b));
             free(b);
         }
@@ -483,9 +621,11 @@ static enum MHD_Result send_body(ms_server *s, struct MHD_Connection *c, conn *c
     return respond(s, c, cn, status, r);
 }
 
+static int anthropic_ep(int ep) { return ep == EP_MESSAGES || ep == EP_COUNT_TOKENS; }
+
 static enum MHD_Result send_error_h(ms_server *s, struct MHD_Connection *c, conn *cn, const ms_api_error *e,
                                     const char *const *hdrs) {
-    char *b = ms_api_error_json(e);
+    char *b = cn && anthropic_ep(cn->ep) ? ms_api_anthropic_error_json(e) : ms_api_error_json(e);
     if (!b) return MHD_NO;
     enum MHD_Result rc = send_body(s, c, cn, e->status, b, strlen(b), NULL, hdrs);
     free(b);
@@ -568,9 +708,23 @@ static int prepare(ms_server *s, ms_api_kind kind, const char *body, size_t blen
                          "The model '%.200s' does not exist; this server serves '%.200s'", j->req.model, s->model_name);
         goto fail;
     }
+    if (MS_API_IS_CHATLIKE(kind) && (rc = ms_api_apply_reasoning(&j->req, s->reasoning, e))) goto fail;
+    if (j->req.previous_response_id) {
+        char *prev = store_get(s, j->req.previous_response_id);
+        if (!prev) {
+            rc = ms_api_fail(e, 400, "invalid_request_error", "previous_response_id", "previous_response_not_found",
+                             "Previous response with id '%.100s' not found: this server keeps the last %d stored responses "
+                             "(in memory, until it restarts); send the whole conversation as 'input' instead",
+                             j->req.previous_response_id, STORE_MAX);
+            goto fail;
+        }
+        rc = ms_api_prepend_messages(&j->req, prev, e);
+        free(prev);
+        if (rc) goto fail;
+    }
     ms_err err = {0};
     ms_tok_ids ids = {0};
-    if (kind == MS_API_CHAT) {
+    if (MS_API_IS_CHATLIKE(kind)) {
         char *prompt = NULL;
         size_t plen = 0;
         rc = ms_chat_render(s->model_dir, j->req.render_json, strlen(j->req.render_json), &prompt, &plen, &err);
@@ -599,7 +753,7 @@ static int prepare(ms_server *s, ms_api_kind kind, const char *body, size_t blen
     if (rc) {
         ms_tok_ids_free(&ids);
         ms_api_scrub_paths(err.msg, s->model_dir);
-        rc = ms_api_fail(e, 400, "invalid_request_error", kind == MS_API_CHAT ? "messages" : "prompt", NULL,
+        rc = ms_api_fail(e, 400, "invalid_request_error", MS_API_IS_CHATLIKE(kind) ? "messages" : "prompt", NULL,
                          "tokenizing the prompt: %s", err.msg);
         goto fail;
     }
@@ -612,7 +766,7 @@ static int prepare(ms_server *s, ms_api_kind kind, const char *body, size_t blen
     }
     int room = ctx - j->n_prompt;
     if (check_ctx && (room < 1 || (j->req.max_tokens && j->req.max_tokens > room))) {
-        rc = ms_api_fail(e, 400, "invalid_request_error", room < 1 ? (kind == MS_API_CHAT ? "messages" : "prompt") : "max_tokens",
+        rc = ms_api_fail(e, 400, "invalid_request_error", room < 1 ? (MS_API_IS_CHATLIKE(kind) ? "messages" : "prompt") : "max_tokens",
                          "context_length_exceeded",
                          "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in "
                          "the prompt, %d for the completion).",
@@ -718,6 +872,17 @@ static enum MHD_Result handle_tokenize(ms_server *s, struct MHD_Connection *c, c
     for (int i = 0; i < j->n_prompt; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(j->prompt[i]));
     cJSON_AddNumberToObject(o, "count", j->n_prompt);
     cJSON_AddNumberToObject(o, "max_model_len", ms_generator_max_ctx(s->o.gen));
+    job_unref(j);
+    return send_json(s, c, cn, 200, o);
+}
+
+/* POST /v1/messages/count_tokens: an Anthropic Messages body -> {"input_tokens": N}. */
+static enum MHD_Result handle_count_tokens(ms_server *s, struct MHD_Connection *c, conn *cn) {
+    ms_api_error e;
+    job *j;
+    if (prepare(s, MS_API_COUNT_TOKENS, cn->body, cn->len, 0, &j, &e)) return send_error(s, c, cn, &e);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "input_tokens", j->n_prompt);
     job_unref(j);
     return send_json(s, c, cn, 200, o);
 }
@@ -859,10 +1024,17 @@ static int endpoint_of(const char *url) {
     if (!strcmp(url, "/v1/completions")) return EP_COMPLETIONS;
     if (!strcmp(url, "/tokenize")) return EP_TOKENIZE;
     if (!strcmp(url, "/detokenize")) return EP_DETOKENIZE;
+    if (!strcmp(url, "/v1/messages")) return EP_MESSAGES;
+    if (!strcmp(url, "/v1/messages/count_tokens")) return EP_COUNT_TOKENS;
+    if (!strcmp(url, "/v1/responses")) return EP_RESPONSES;
+    if (!strcmp(url, "/") || !strcmp(url, "/index.html")) return EP_ROOT;
     return EP_OTHER;
 }
 
-static int is_post_ep(int ep) { return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_TOKENIZE || ep == EP_DETOKENIZE; }
+static int is_post_ep(int ep) {
+    return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_TOKENIZE || ep == EP_DETOKENIZE || ep == EP_MESSAGES ||
+           ep == EP_COUNT_TOKENS || ep == EP_RESPONSES;
+}
 
 /* The full request is here: answer it. */
 static enum MHD_Result route(ms_server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
@@ -877,6 +1049,15 @@ static enum MHD_Result route(ms_server *s, struct MHD_Connection *c, const char 
         return send_json(s, c, cn, 200, j);
     }
     case EP_METRICS: return handle_metrics(s, c, cn);
+    case EP_ROOT: { /* the chat page: no key needed to load it (it asks for one when the API answers 401) */
+        size_t n;
+        const char *page = ms_web_chat_page(&n);
+        const char *h[] = {"Content-Security-Policy",
+                           "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                           "X-Content-Type-Options", "nosniff", "X-Frame-Options", "DENY", "Cache-Control", "no-cache", NULL};
+        return send_body(s, c, cn, 200, page, n, "text/html; charset=utf-8", h);
+    }
     case EP_MODELS:
         if (!strcmp(url, "/v1/models")) {
             cJSON *j = cJSON_CreateObject();
@@ -894,6 +1075,9 @@ static enum MHD_Result route(ms_server *s, struct MHD_Connection *c, const char 
     case EP_COMPLETIONS: return handle_generate(s, c, MS_API_COMPLETION, cn);
     case EP_TOKENIZE: return handle_tokenize(s, c, cn);
     case EP_DETOKENIZE: return handle_detokenize(s, c, cn);
+    case EP_MESSAGES: return handle_generate(s, c, MS_API_MESSAGES, cn);
+    case EP_COUNT_TOKENS: return handle_count_tokens(s, c, cn);
+    case EP_RESPONSES: return handle_generate(s, c, MS_API_RESPONSES, cn);
     default: break;
     }
     ms_api_fail(&e, 404, "invalid_request_error", NULL, "not_found", "no endpoint %s %.200s", method, url);
@@ -937,9 +1121,10 @@ static int json_ctype(const char *ct) {
     return e == 0 || e == ';' || e == ' ' || e == '\t';
 }
 
-static int key_ok(const ms_server *s, const char *auth) {
-    if (!auth || strncasecmp(auth, "Bearer ", 7)) return 0;
-    const char *k = auth + 7;
+/* auth: the Authorization header ("Bearer KEY") or, when xkey, the x-api-key header (Anthropic's). */
+static int key_ok(const ms_server *s, const char *auth, int xkey) {
+    if (!auth || (!xkey && strncasecmp(auth, "Bearer ", 7))) return 0;
+    const char *k = xkey ? auth : auth + 7;
     while (*k == ' ') k++;
     unsigned char h[32];
     unsigned int hl = 0;
@@ -962,6 +1147,10 @@ static int precheck(ms_server *s, struct MHD_Connection *c, const char *url, con
     }
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     int preflight = !strcmp(method, "OPTIONS");
+    if (origin && host && !preflight) { /* the built-in page's own requests: Origin is this server (Host) */
+        const char *o = !strncmp(origin, "http://", 7) ? origin + 7 : NULL;
+        if (o && !strcmp(o, host)) origin = NULL;
+    }
     if (origin) {
         if (s->cors && (!strcmp(s->cors, "*") || !strcmp(s->cors, origin)) && strlen(origin) < sizeof cn->origin) {
             cn->cors_ok = 1;
@@ -984,7 +1173,7 @@ static int precheck(ms_server *s, struct MHD_Connection *c, const char *url, con
             return 1;
         }
         const char *h[] = {"Access-Control-Allow-Methods", "GET, POST, OPTIONS", "Access-Control-Allow-Headers",
-                           "Authorization, Content-Type", "Access-Control-Max-Age", "600", NULL};
+                           "Authorization, Content-Type, x-api-key, anthropic-version", "Access-Control-Max-Age", "600", NULL};
         *rc = send_body(s, c, cn, 204, "", 0, "text/plain", h);
         return 1;
     }
@@ -996,10 +1185,13 @@ static int precheck(ms_server *s, struct MHD_Connection *c, const char *url, con
         *rc = send_error_h(s, c, cn, &e, h);
         return 1;
     }
-    if (s->has_key && cn->ep != EP_HEALTH && !key_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
-        int given = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization") != NULL;
+    const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (s->has_key && cn->ep != EP_HEALTH && cn->ep != EP_ROOT &&
+        !key_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), 0) && !key_ok(s, xk, 1)) {
+        int given = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization") != NULL || xk;
         ms_api_fail(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
-                    given ? "Incorrect API key provided" : "You didn't provide an API key: send 'Authorization: Bearer KEY'");
+                    given ? "Incorrect API key provided"
+                          : "You didn't provide an API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')");
         const char *h[] = {"WWW-Authenticate", "Bearer", NULL};
         *rc = send_error_h(s, c, cn, &e, h);
         return 1;
@@ -1198,6 +1390,14 @@ int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
     pthread_mutex_init(&s->wmu, NULL);
     pthread_cond_init(&s->wcv, NULL);
     pthread_mutex_init(&s->mmu, NULL);
+    pthread_mutex_init(&s->rmu, NULL);
+    {
+        ms_chat_source src = {0};
+        ms_err perr = {0};
+        int has_src = !ms_chat_pick(s->model_dir, 0, &src, &perr);
+        s->reasoning = ms_api_reasoning_for(o->fmt, has_src ? src.template_text : NULL);
+        if (has_src) ms_chat_source_free(&src);
+    }
     if (pthread_create(&s->worker, NULL, worker_main, s)) {
         server_free(s);
         return ms_fail(err, MS_ERR_NOMEM, "server: cannot start the worker thread");
@@ -1255,5 +1455,7 @@ void ms_server_stop(ms_server *s) {
     pthread_mutex_destroy(&s->wmu);
     pthread_cond_destroy(&s->wcv);
     pthread_mutex_destroy(&s->mmu);
+    store_free(s);
+    pthread_mutex_destroy(&s->rmu);
     server_free(s);
 }

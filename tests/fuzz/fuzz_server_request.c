@@ -1,5 +1,6 @@
 /* libFuzzer target: the server's request parser and response builder. The
- * first byte picks the endpoint (chat / completions) and the output format;
+ * first byte picks the endpoint (chat, completions, Anthropic messages and
+ * count_tokens, Responses: byte % 5) and the output format (byte / 5);
  * the rest up to a NUL is the request body, what follows it is "generated
  * text". A body is either refused with a well-formed OpenAI error (HTTP status
  * 4xx/5xx, a message) or accepted with every field in range; an accepted
@@ -29,8 +30,10 @@ static int sink(void *user, const char *data, size_t len) {
 
 static void build(const ms_api_request *r, ms_outfmt fmt, int stream, const char *text, size_t n) {
     ms_outparse_opts po = {.tools_json = r->tools_json, .id_seed = 1};
-    ms_api_resp_opts o = {.kind = r->kind, .id = "x", .model = "m", .created = 1, .stream = stream,
-                          .include_usage = r->include_usage, .fmt = fmt, .parse = &po};
+    ms_api_resp_opts o = {.kind = r->kind, .id = "x_1", .model = "m", .created = 1, .stream = stream,
+                          .include_usage = r->include_usage, .fmt = fmt, .parse = &po, .prompt_tokens = 3,
+                          .echo_json = r->echo_json, .previous_response_id = r->previous_response_id,
+                          .single_tool_call = !r->parallel_tool_calls};
     ms_api_resp *resp;
     ms_err err;
     if (ms_api_resp_new(&o, &resp, &err)) return; /* tools_json a parser refuses */
@@ -38,10 +41,30 @@ static void build(const ms_api_request *r, ms_outfmt fmt, int stream, const char
     for (size_t i = 0; i < n; i += 5)
         if (ms_api_resp_text(resp, text + i, n - i < 5 ? n - i : 5, sink, &b, &err)) abort();
     if (ms_api_resp_finish(resp, MS_FINISH_STOP, 3, 4, 1, sink, &b, &err)) abort();
+    int agent = r->kind == MS_API_MESSAGES || r->kind == MS_API_RESPONSES;
     if (!stream) {
         cJSON *j = cJSON_ParseWithLength(b.buf, b.len);
-        if (!j || !cJSON_GetObjectItem(j, "choices")) abort();
+        if (!j || !cJSON_GetObjectItem(j, agent ? (r->kind == MS_API_MESSAGES ? "content" : "output") : "choices")) abort();
         cJSON_Delete(j);
+    } else if (agent) {
+        /* every event is `event: NAME\ndata: JSON\n\n` with data.type == NAME; the last is message_stop /
+         * response.completed */
+        char *p = b.buf, *last = NULL;
+        while (p && p < b.buf + b.len) {
+            if (strncmp(p, "event: ", 7)) abort();
+            char *nl = strstr(p, "\ndata: "), *end = nl ? strstr(nl, "\n\n") : NULL;
+            if (!end) abort();
+            cJSON *j = cJSON_ParseWithLength(nl + 7, (size_t)(end - nl - 7));
+            cJSON *t = cJSON_GetObjectItem(j, "type");
+            if (!cJSON_IsString(t) || strncmp(p + 7, t->valuestring, strlen(t->valuestring)) || p[7 + strlen(t->valuestring)] != '\n')
+                abort();
+            cJSON_Delete(j);
+            last = p + 7;
+            p = end + 2;
+        }
+        if (!last || strncmp(last, r->kind == MS_API_MESSAGES ? "message_stop\n" : "response.completed\n",
+                             r->kind == MS_API_MESSAGES ? 13 : 19))
+            abort();
     } else {
         /* every event is `data: JSON\n\n`, the last `data: [DONE]\n\n` */
         char *p = b.buf;
@@ -62,8 +85,8 @@ static void build(const ms_api_request *r, ms_outfmt fmt, int stream, const char
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    ms_api_kind kind = data[0] & 1 ? MS_API_COMPLETION : MS_API_CHAT;
-    ms_outfmt fmt = (ms_outfmt)((data[0] >> 1) % MS_OUTFMT_COUNT);
+    ms_api_kind kind = (ms_api_kind)(data[0] % MS_API_KIND_COUNT);
+    ms_outfmt fmt = (ms_outfmt)((data[0] / MS_API_KIND_COUNT) % MS_OUTFMT_COUNT);
     const char *body = (const char *)data + 1;
     size_t n = size - 1;
     const char *nul = memchr(body, 0, n);
@@ -87,12 +110,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     if (ms_sampler_check(&r.sampling, NULL) || r.n_stop > MS_STOP_MAX || r.max_tokens < 0) abort();
-    if (kind == MS_API_CHAT && !r.render_json) abort();
+    if (MS_API_IS_CHATLIKE(kind) && !r.render_json) abort();
+    if (kind == MS_API_RESPONSES && (!r.input_json || !r.echo_json)) abort();
+    if (MS_API_IS_CHATLIKE(kind)) { /* the reasoning switches either apply or refuse with a 400 */
+        ms_api_reasoning sw = (ms_api_reasoning)(data[0] % 5);
+        if (ms_api_apply_reasoning(&r, sw, &e) && e.status != 400) abort();
+        if (kind == MS_API_RESPONSES && ms_api_prepend_messages(&r, "[{\"role\":\"user\",\"content\":\"p\"}]", &e)) abort();
+    }
     if (kind == MS_API_COMPLETION && !r.prompt_text == !r.prompt_ids) abort();
     for (int i = 0; i < r.n_prompt_ids; i++)
         if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= 1000) abort();
-    build(&r, fmt, 0, text, tlen);
-    build(&r, fmt, 1, text, tlen);
+    if (kind != MS_API_COUNT_TOKENS) {
+        build(&r, fmt, 0, text, tlen);
+        build(&r, fmt, 1, text, tlen);
+    }
     ms_api_request_free(&r);
     return 0;
 }

@@ -14,7 +14,8 @@ W=build/tmp/server-test
 SDK=tests/server/sdk
 mkdir -p "$W" build/tokenizers/qwen3
 command -v node >/dev/null || { echo "FAIL server: node is missing (tools/install-deps.sh installs it)"; exit 1; }
-if [ ! -f "$SDK/node_modules/openai/package.json" ]; then
+if [ ! -f "$SDK/node_modules/openai/package.json" ] || [ ! -f "$SDK/node_modules/@anthropic-ai/sdk/package.json" ] ||
+   [ ! -f "$SDK/node_modules/puppeteer-core/package.json" ]; then
     (cd "$SDK" && npm ci --no-audit --no-fund --loglevel=error) || { echo "FAIL server: npm ci in $SDK failed"; exit 1; }
 fi
 TOK=build/tokenizers/qwen3
@@ -59,6 +60,17 @@ P4PID=$!
 rc=0
 BASE=http://127.0.0.1:$P1/v1 FORCED_BASE=http://127.0.0.1:$P2/v1 KDA_BASE=http://127.0.0.1:$P3/v1 FORCED_EXPECT=$W/forced.json MODEL_NAME=tiny-qwen3 \
     MOONSHINE=$CLI MODEL_DIR=$MODEL node "$SDK/test.mjs" > "$W/sdk.out" 2>&1 || rc=$?
+# the Anthropic Messages and OpenAI Responses endpoints with the official SDKs (tests/server/sdk/agent.mjs)
+BASE=http://127.0.0.1:$P1/v1 FORCED_BASE=http://127.0.0.1:$P2/v1 FORCED_EXPECT=$W/forced.json MODEL_NAME=tiny-qwen3 \
+    KEY_BASE=http://127.0.0.1:$P4 KEY_VALUE=hostile-test-key MOONSHINE=$CLI MODEL_DIR=$MODEL \
+    node "$SDK/agent.mjs" >> "$W/sdk.out" 2>&1 || rc=$?
+# the built-in chat page in headless Chromium (tests/server/sdk/web.mjs; screenshot build/tmp/server-test/web.png)
+CHROMIUM=${CHROMIUM:-$(command -v chromium || true)}
+if [ -z "$CHROMIUM" ]; then echo "FAIL server: chromium is missing (tools/install-deps.sh installs it)" >> "$W/sdk.out"; rc=1
+else
+    BASE=http://127.0.0.1:$P1/v1 FORCED_BASE=http://127.0.0.1:$P2/v1 KEY_BASE=http://127.0.0.1:$P4 KEY_VALUE=hostile-test-key \
+        MODEL_NAME=tiny-qwen3 CHROMIUM=$CHROMIUM SHOT=$W/web.png timeout 180 node "$SDK/web.mjs" >> "$W/sdk.out" 2>&1 || rc=$?
+fi
 # hostile traffic (tests/server/hostile.py): loopback only, bounded; RSS is not checked under ASan
 case "$SERVER" in *asan*) RSS=--no-rss ;; *) RSS= ;; esac
 timeout 120 python3 tests/server/hostile.py "$P4" "$P4PID" hostile-test-key $RSS > "$W/hostile.out" 2>&1 || rc=$?

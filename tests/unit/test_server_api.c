@@ -163,9 +163,9 @@ static int sink(void *user, const char *d, size_t n) {
     return 0;
 }
 
-static char *build(ms_outfmt fmt, int sir, const char *text, int stream, size_t step) {
+static char *build_kind(ms_api_kind kind, ms_outfmt fmt, int sir, const char *text, int stream, size_t step) {
     ms_outparse_opts po = {.start_in_reasoning = sir, .id_seed = 42};
-    ms_api_resp_opts o = {.kind = MS_API_CHAT, .id = "chatcmpl-1", .model = "m", .created = 5, .stream = stream,
+    ms_api_resp_opts o = {.kind = kind, .id = "chatcmpl-1", .model = "m", .created = 5, .stream = stream,
                           .include_usage = 1, .fmt = fmt, .parse = &po};
     ms_api_resp *r;
     ms_err err = {0};
@@ -176,6 +176,10 @@ static char *build(ms_outfmt fmt, int sir, const char *text, int stream, size_t 
     ms_api_resp_finish(r, MS_FINISH_STOP, 10, 20, 3, sink, &b, &err);
     ms_api_resp_free(r);
     return b.buf;
+}
+
+static char *build(ms_outfmt fmt, int sir, const char *text, int stream, size_t step) {
+    return build_kind(MS_API_CHAT, fmt, sir, text, stream, step);
 }
 
 /* Reassemble SSE chunks into {"content","reasoning_content","tool_calls"} and check the framing. */
@@ -302,6 +306,161 @@ TEST(responses_stream_equals_whole) {
         free(whole);
     }
     CHECK(n_calls > 3);
+    cJSON_Delete(cases);
+    free(out);
+}
+
+/* Anthropic / Responses: the internal message list built from their requests. */
+TEST(agent_requests) {
+    ms_api_request r;
+    ms_api_error e;
+    const char *body =
+        "{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"text\",\"text\":\"S\"}],\"stop_sequences\":[\"X\"],"
+        "\"thinking\":{\"type\":\"disabled\"},\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":true},"
+        "\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}}],\"messages\":["
+        "{\"role\":\"user\",\"content\":\"hi\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"T\",\"signature\":\"\"},"
+        "{\"type\":\"text\",\"text\":\"A\"},{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"f\",\"input\":{\"a\":1}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":"
+        "[{\"type\":\"text\",\"text\":\"R\"}]},{\"type\":\"text\",\"text\":\"more\"}]}]}";
+    CHECK_MSG(parse(MS_API_MESSAGES, body, &r, &e) == 0, "%s", e.message);
+    CHECK(r.max_tokens == 5 && r.n_stop == 1 && r.thinking == 0 && r.parallel_tool_calls == 0 && r.tools_json);
+    cJSON *rj = cJSON_Parse(r.render_json), *m = cJSON_GetObjectItem(rj, "messages");
+    const char *want =
+        "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\","
+        "\"content\":\"A\",\"reasoning_content\":\"T\",\"tool_calls\":[{\"id\":\"toolu_1\",\"type\":\"function\","
+        "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},{\"role\":\"tool\",\"content\":\"R\","
+        "\"tool_call_id\":\"toolu_1\"},{\"role\":\"user\",\"content\":\"more\"}]";
+    cJSON *wj = cJSON_Parse(want);
+    CHECK_MSG(cJSON_Compare(m, wj, 1), "messages: %s", r.render_json);
+    cJSON_Delete(wj);
+    cJSON_Delete(rj);
+    /* thinking off -> enable_thinking false for templates that have it */
+    CHECK(ms_api_apply_reasoning(&r, MS_REASONING_ENABLE_THINKING, &e) == 0);
+    CHECK(strstr(r.render_json, "\"enable_thinking\":false") != NULL);
+    ms_api_request_free(&r);
+    CHECK(parse(MS_API_MESSAGES, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) != 0 &&
+          !strcmp(e.param, "max_tokens"));
+    CHECK(parse(MS_API_COUNT_TOKENS, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == 0);
+    ms_api_request_free(&r);
+    CHECK(parse(MS_API_MESSAGES, "{\"max_tokens\":1,\"tool_choice\":{\"type\":\"any\"},\"messages\":[{\"role\":\"user\","
+                                 "\"content\":\"x\"}]}", &r, &e) != 0 && !strcmp(e.code, "unsupported_parameter"));
+    CHECK(parse(MS_API_MESSAGES, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}",
+                &r, &e) != 0 && !strcmp(e.param, "messages[0].content[0]"));
+    /* Responses: items -> one assistant message per run of assistant-side items */
+    body = "{\"instructions\":\"I\",\"reasoning\":{\"effort\":\"low\"},\"max_output_tokens\":9,\"tools\":[{\"type\":\"function\","
+           "\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}],\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
+           "{\"type\":\"reasoning\",\"summary\":[],\"content\":[{\"type\":\"reasoning_text\",\"text\":\"T\"}]},"
+           "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"A\"}]},"
+           "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
+           "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"R\"}]}";
+    CHECK_MSG(parse(MS_API_RESPONSES, body, &r, &e) == 0, "%s", e.message);
+    CHECK(r.max_tokens == 9 && r.n_instructions == 1 && !strcmp(r.reasoning_effort, "low"));
+    want = "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"A\",\"reasoning_content\":\"T\","
+           "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+           "{\"role\":\"tool\",\"content\":\"R\",\"tool_call_id\":\"c1\"}]";
+    wj = cJSON_Parse(want);
+    cJSON *ij = cJSON_Parse(r.input_json);
+    CHECK_MSG(cJSON_Compare(ij, wj, 1), "input: %s", r.input_json);
+    cJSON_Delete(ij);
+    /* previous_response_id: the stored messages go after the instructions */
+    CHECK(ms_api_prepend_messages(&r, "[{\"role\":\"user\",\"content\":\"old\"}]", &e) == 0);
+    rj = cJSON_Parse(r.render_json);
+    m = cJSON_GetObjectItem(rj, "messages");
+    CHECK(cJSON_GetArraySize(m) == 5 && !strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 0), "content")->valuestring, "I") &&
+          !strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "content")->valuestring, "old"));
+    cJSON_Delete(rj);
+    cJSON_Delete(wj);
+    /* reasoning_effort per family */
+    CHECK(ms_api_apply_reasoning(&r, MS_REASONING_XTML, &e) == 0 && strstr(r.render_json, "\"thinking_effort\":\"low\""));
+    ms_api_request_free(&r);
+    CHECK(parse(MS_API_CHAT, "{\"reasoning_effort\":\"max\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == 0);
+    CHECK(ms_api_apply_reasoning(&r, MS_REASONING_HARMONY, &e) != 0 && !strcmp(e.param, "reasoning_effort") &&
+          strstr(e.message, "none, minimal, low, medium, high"));
+    CHECK(ms_api_apply_reasoning(&r, MS_REASONING_XTML, &e) == 0 && strstr(r.render_json, "\"thinking_effort\":\"max\""));
+    ms_api_request_free(&r);
+    CHECK(parse(MS_API_CHAT, "{\"reasoning_effort\":\"medium\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == 0);
+    CHECK(ms_api_apply_reasoning(&r, MS_REASONING_HARMONY, &e) == 0 && strstr(r.render_json, "\"reasoning_effort\":\"medium\""));
+    ms_api_request_free(&r);
+    CHECK(parse(MS_API_RESPONSES, "{\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}", &r, &e) != 0 &&
+          !strcmp(e.param, "input[0]"));
+}
+
+/* Streamed Anthropic / Responses events rebuild the non-streamed blocks / items, for every outparse case. */
+TEST(agent_stream_equals_whole) {
+    char *out = NULL;
+    size_t len = 0;
+    CHECK(ms_read_file("tests/data/outparse_cases.json", 1 << 24, &out, &len, NULL) == MS_OK);
+    cJSON *cases = cJSON_Parse(out), *c;
+    int n = 0;
+    cJSON_ArrayForEach(c, cases) {
+        const char *name = cJSON_GetObjectItem(c, "name")->valuestring, *text = cJSON_GetObjectItem(c, "text")->valuestring;
+        ms_outfmt fmt;
+        if (ms_outfmt_from_name(cJSON_GetObjectItem(c, "format")->valuestring, &fmt, NULL)) continue;
+        int sir = cJSON_IsTrue(cJSON_GetObjectItem(c, "start_in_reasoning"));
+        for (int k = 0; k < 2; k++) {
+            ms_api_kind kind = k ? MS_API_RESPONSES : MS_API_MESSAGES;
+            char *whole = build_kind(kind, fmt, sir, text, 0, 1 << 20);
+            cJSON *wj = cJSON_Parse(whole), *want = cJSON_GetObjectItem(wj, k ? "output" : "content");
+            CHECK_MSG(cJSON_IsArray(want), "%s: %s", name, whole);
+            char *sse = build_kind(kind, fmt, sir, text, 1, 3);
+            /* rebuild: Anthropic from start/delta/stop, Responses from output_item.done; check the framing */
+            cJSON *got = cJSON_CreateArray(), *last = NULL;
+            const char *p = sse;
+            int ok = 1;
+            while (p && *p) {
+                const char *nl = strstr(p, "\ndata: "), *end = nl ? strstr(nl, "\n\n") : NULL;
+                if (strncmp(p, "event: ", 7) || !end) { ok = 0; break; }
+                cJSON *d = cJSON_ParseWithLength(nl + 7, (size_t)(end - nl - 7));
+                const char *ty = cJSON_GetObjectItem(d, "type")->valuestring;
+                if (strncmp(p + 7, ty, strlen(ty))) ok = 0;
+                if (!k && !strcmp(ty, "content_block_start"))
+                    cJSON_AddItemToArray(got, cJSON_Duplicate(cJSON_GetObjectItem(d, "content_block"), 1));
+                if (!k && !strcmp(ty, "content_block_delta")) {
+                    cJSON *b = cJSON_GetArrayItem(got, cJSON_GetObjectItem(d, "index")->valueint), *dl = cJSON_GetObjectItem(d, "delta");
+                    const char *dt = cJSON_GetObjectItem(dl, "type")->valuestring;
+                    const char *key = !strcmp(dt, "thinking_delta") ? "thinking" : !strcmp(dt, "text_delta") ? "text" : "partial_json";
+                    const char *bk = !strcmp(key, "partial_json") ? "_json" : key;
+                    const char *old = cJSON_GetObjectItem(b, bk) ? cJSON_GetObjectItem(b, bk)->valuestring : "";
+                    const char *add = cJSON_GetObjectItem(dl, key)->valuestring;
+                    char *nv = malloc(strlen(old) + strlen(add) + 1);
+                    strcpy(nv, old);
+                    strcat(nv, add);
+                    if (cJSON_GetObjectItem(b, bk)) cJSON_ReplaceItemInObject(b, bk, cJSON_CreateString(nv));
+                    else cJSON_AddStringToObject(b, bk, nv);
+                    free(nv);
+                }
+                if (!k && !strcmp(ty, "content_block_stop")) {
+                    cJSON *b = cJSON_GetArrayItem(got, cJSON_GetObjectItem(d, "index")->valueint), *js = cJSON_GetObjectItem(b, "_json");
+                    if (js) {
+                        cJSON *in = cJSON_Parse(js->valuestring);
+                        if (cJSON_IsObject(in)) cJSON_ReplaceItemInObject(b, "input", in);
+                        else cJSON_Delete(in);
+                        cJSON_DeleteItemFromObject(b, "_json");
+                    }
+                }
+                if (k && !strcmp(ty, "response.output_item.done"))
+                    cJSON_AddItemToArray(got, cJSON_Duplicate(cJSON_GetObjectItem(d, "item"), 1));
+                if (k && !strcmp(ty, "response.completed"))
+                    ok &= cJSON_Compare(cJSON_GetObjectItem(cJSON_GetObjectItem(d, "response"), "output"), want, 1);
+                cJSON_Delete(last);
+                last = d;
+                p = end + 2;
+            }
+            const char *lt = last ? cJSON_GetObjectItem(last, "type")->valuestring : "";
+            CHECK_MSG(ok && !strcmp(lt, k ? "response.completed" : "message_stop"), "%s kind %d: framing (last %s)", name, k, lt);
+            /* Anthropic tool inputs that are not objects are wrapped the same way in both */
+            CHECK_MSG(cJSON_Compare(got, want, 1) || (!k && strstr(whole, "\"arguments\":")), "%s kind %d: stream != whole\n%s\n%s",
+                      name, k, cJSON_PrintUnformatted(got), whole);
+            cJSON_Delete(last);
+            cJSON_Delete(got);
+            cJSON_Delete(wj);
+            free(whole);
+            free(sse);
+            n++;
+        }
+    }
+    CHECK(n > 20);
     cJSON_Delete(cases);
     free(out);
 }
