@@ -7,7 +7,7 @@
 #include "engine/plan.h"
 
 int cmd_plan(int argc, char **argv) {
-    const char *usage = "usage: moonshine plan MODEL_DIR --memory-mib M [--context N] [--expert-cache-mib C] [--threads T] [--slots S] [--static-load mmap|read] [--json]\n";
+    const char *usage = "usage: moonshine plan MODEL_DIR --memory-mib M [--context N] [--expert-cache-mib C] [--threads T] [--slots S] [--static-load mmap|read] [--static-dtype stored|q8|fp8] [--json]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sPrints the memory ledger (static tier, expert cache, causal state, workspace, staging)\n"
                "for serving MODEL_DIR with N tokens of context (default 4096) and exits 1 when it does\n"
@@ -30,6 +30,12 @@ int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "moonshine plan: --static-load: %s\n", serr.msg);
         return 2;
     }
+    const char *sd = ms_arg_str(argc, argv, "--static-dtype");
+    ms_static_dtype sdt = MS_STATIC_STORED;
+    if (sd && ms_static_dtype_parse(sd, &sdt, &serr)) {
+        fprintf(stderr, "moonshine plan: --static-dtype: %s\n", serr.msg);
+        return 2;
+    }
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || mem < 0 || ms_args_unknown(argc, argv, "plan")) {
         fputs(usage, stderr);
@@ -43,7 +49,7 @@ int cmd_plan(int argc, char **argv) {
     }
     ms_plan_opts o = {.context = (int)ctx, .threads = (int)threads,
                       .expert_cache_bytes = cache < 0 ? -1 : cache << 20, .staging_bytes = 0,
-                      .static_load = sload, .slots = (int)slots};
+                      .static_load = sload, .slots = (int)slots, .static_dtype = sdt};
     ms_plan p;
     int rc = ms_plan_make(&m, &o, &p, &err);
     if (rc) {

@@ -59,6 +59,8 @@ void ms_model_free(ms_model *m) {
         free(m->layers);
     }
     for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
+    for (int i = 0; i < m->n_quant_allocs; i++) free(m->quant_allocs[i]);
+    free(m->quant_allocs);
     free(m->allocs);
     free(m->alloc_bytes);
     free(m->tensor_bound);
