@@ -97,6 +97,16 @@ typedef struct ms_model {
 int ms_model_load(const char *dir, ms_model *m, ms_err *err);
 void ms_model_free(ms_model *m);
 
+/* The model's tables without its weights, for the memory plan before a download: DIR needs
+ * config.json; when it also holds model.safetensors(.index.json) and the shards' headers
+ * (a shard may be its header alone), the tensors come from the headers (ms_checkpoint_open_headers,
+ * no payload read: *source HEADERS); otherwise from the architecture's specs with the dtypes the
+ * config implies (model.c spec_tensors: BF16, routed experts in the config's format; *source
+ * CONFIG). The weights read as zeros; the byte counts (static_bytes, expert_bytes, and
+ * ms_model_static_bytes_as) are those of the real checkpoint. Not for running. */
+typedef enum { MS_SOURCE_FULL = 0, MS_SOURCE_HEADERS = 1, MS_SOURCE_CONFIG = 2 } ms_model_source;
+int ms_model_load_meta(const char *dir, ms_model *m, ms_model_source *source, ms_err *err);
+
 /* Collect the tensor specs of a config (no checkpoint): for synth. Caller frees *specs. */
 int ms_model_specs(const ms_config *c, ms_tensor_spec **specs, int *n, ms_err *err);
 
