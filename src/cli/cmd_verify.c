@@ -71,7 +71,10 @@ int cmd_verify(int argc, char **argv) {
                "feeds (default: what the device has free after the weights, state and workspace).\n"
                "--dump-logits FILE writes the logits it computed, raw little-endian F32 without a header:\n"
                "the [40, V] prefill logits, then the [12, V] greedy-step logits, in that order (for\n"
-               "bit-identity checks: tests/scripts/logits_identical.sh).\n");
+               "bit-identity checks: tests/scripts/logits_identical.sh).\n"
+               "--static-dtype q8|fp8 requantizes the static tier at load and compares within the tolerance\n"
+               "derived from its measured quantization error (tol in the JSON line; docs/performance.md),\n"
+               "with the greedy steps teacher-forced and their argmax agreement reported.\n");
         return 0;
     }
     ms_cli_opts eo;
@@ -117,11 +120,35 @@ int cmd_verify(int argc, char **argv) {
         goto done;
     }
     const float *ref_logits = lg->data;
+    /* --static-dtype q8|fp8: the requantized tier is judged by a tolerance derived from its measured
+     * quantization error (docs/performance.md "Q8 static tier"): each requantized matrix perturbs its
+     * output by a relative RMS of at most eps (the largest ||W_q - W|| / ||W||); M such perturbations
+     * (requant_uses) on a token's path add up, independent, to an RMS of eps sqrt(M) times the
+     * logits' RMS, whose mean absolute value is 0.8 of that: the mean abs error must stay within
+     * tol = 2 eps sqrt(M) rms(ref) (a factor 2.5 over the prediction, for the tokens whose routed
+     * experts or DSA selection flip, whose error is not small). The max abs error is reported, not
+     * bounded: one flipped expert moves a row by O(1). Greedy steps are teacher-forced with the
+     * reference ids (every step compares the same context); a step whose argmax differs from the
+     * reference id passes only when the reference's margin between the two ids is within twice that
+     * step's own max abs error (a near tie the perturbation explains). */
+    const int quant = eo.static_dtype != MS_STATIC_STORED;
+    double tol = TOL, rms_ref = 0;
+    if (quant) {
+        for (int64_t i = 0; i < (int64_t)n_in * V; i++) rms_ref += (double)ref_logits[i] * ref_logits[i];
+        rms_ref = sqrt(rms_ref / ((double)n_in * V));
+        tol = 2.0 * x.model.requant_rel_rms * sqrt((double)x.model.requant_uses) * rms_ref;
+    }
+    int pre_agree = 0, gen_agree = 0, bad_flip = 0;
     if (ms_engine_forward(x.engine, in->data, n_in, out, 1, &err)) {
         fprintf(stderr, "moonshine verify: %s\n", err.msg);
         goto done;
     }
     double e1 = max_abs(out, ref_logits, (int64_t)n_in * V);
+    double mean_abs = 0;
+    for (int64_t i = 0; quant && i < (int64_t)n_in * V; i++) mean_abs += fabs((double)out[i] - ref_logits[i]);
+    mean_abs /= (double)n_in * V;
+    for (int t = 0; quant && t < n_in; t++)
+        pre_agree += argmax(out + (int64_t)t * V, V) == argmax(ref_logits + (int64_t)t * V, V);
     if (dump_f32(dump, out, (int64_t)n_in * V)) goto dump_err;
     ms_engine_reset(x.engine);
     double e2 = 0;
@@ -136,7 +163,14 @@ int cmd_verify(int argc, char **argv) {
         double d = max_abs(out, gen_logits + (int64_t)i * V, V);
         if (d > e2) e2 = d;
         int32_t tok = argmax(out, V);
-        if (tok != gen_ref[i]) ids_match = 0;
+        if (tok != gen_ref[i]) {
+            ids_match = 0;
+            const float *gr = gen_logits + (int64_t)i * V;
+            if ((double)gr[gen_ref[i]] - gr[tok] > 2 * d) bad_flip = 1;
+        } else {
+            gen_agree++;
+        }
+        if (quant) tok = gen_ref[i]; /* teacher-forced */
         if (dump_f32(dump, out, V)) goto dump_err;
         if (i + 1 < n_gen && ms_engine_forward(x.engine, &tok, 1, out, 0, &err)) {
             fprintf(stderr, "moonshine verify: %s\n", err.msg);
@@ -150,8 +184,15 @@ int cmd_verify(int argc, char **argv) {
     }
     const char *name = strrchr(dir, '/');
     name = name && name[1] ? name + 1 : dir;
-    int ok = e1 <= TOL && e2 <= TOL && ids_match;
-    printf("{\"fixture\":\"%s\",\"arch\":\"%s\",\"logits_max_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,"
+    int ok = quant ? mean_abs <= tol && !bad_flip : e1 <= TOL && e2 <= TOL && ids_match;
+    if (quant)
+        printf("{\"fixture\":\"%s\",\"arch\":\"%s\",\"static_dtype\":\"%s\",\"logits_max_abs_err\":%.3g,"
+               "\"logits_mean_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,\"mean_tol\":%.3g,\"eps\":%.3g,\"uses\":%d,"
+               "\"ref_rms\":%.3g,\"prefill_argmax_agree\":\"%d/%d\",\"gen_ids_agree\":\"%d/%d\",\"ok\":%s}\n",
+               name, x.model.cfg.model_type, ms_static_dtype_name(eo.static_dtype), e1, mean_abs, e2, tol,
+               x.model.requant_rel_rms, x.model.requant_uses, rms_ref, pre_agree, n_in, gen_agree, n_gen,
+               ok ? "true" : "false");
+    else printf("{\"fixture\":\"%s\",\"arch\":\"%s\",\"logits_max_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,"
            "\"gen_ids_match\":%s,\"ok\":%s}\n",
            name, x.model.cfg.model_type, e1, e2, ids_match ? "true" : "false", ok ? "true" : "false");
     rc = ok ? 0 : 1;

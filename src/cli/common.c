@@ -84,6 +84,11 @@ int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
         fprintf(stderr, "moonshine: --static-load: %s\n", serr.msg);
         return -1;
     }
+    const char *sd = ms_arg_str(argc, argv, "--static-dtype");
+    if (sd && ms_static_dtype_parse(sd, &o->static_dtype, &serr)) {
+        fprintf(stderr, "moonshine: --static-dtype: %s\n", serr.msg);
+        return -1;
+    }
     if (stream_args(argc, argv, o)) return -1;
     const char *bk = ms_arg_str(argc, argv, "--backend");
     o->backend = bk ? bk : "auto";
@@ -212,12 +217,23 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
             cache = (int64_t)ss.slot_bytes * ss.n_slots; /* mapped lazily: nothing touched yet */
         }
         ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = x->threads, .expert_cache_bytes = cache,
-                           .static_load = x->static_load};
+                           .static_load = x->static_load, .static_dtype = eo->static_dtype};
         if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
         if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)eo->memory_mib << 20, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
             goto fail;
         }
+    }
+    if (eo->static_dtype != MS_STATIC_STORED) {
+        double tq = ms_now();
+        uint64_t before = x->model.static_bytes;
+        if (ms_model_requant_static(&x->model, eo->static_dtype, &err)) {
+            fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+            goto fail;
+        }
+        fprintf(stderr, "moonshine %s: static tier requantized to %s: %.1f -> %.1f MiB in %.2f s\n", cmd,
+                ms_static_dtype_name(eo->static_dtype), before / 1048576.0, x->model.static_bytes / 1048576.0,
+                ms_now() - tq);
     }
     if (!eo->defer_static_load && ms_cli_static_load(cmd, x)) goto fail;
     if (ms_engine_create(&x->model, &o, &x->engine, &err)) {

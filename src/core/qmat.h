@@ -24,6 +24,17 @@ typedef struct ms_qmat {
     int brow, bcol;
 } ms_qmat;
 
+/* Values per Q8 (and requantized FP8) scale block along a row. */
+#define MS_Q8_BLOCK 32
+
+/* Block quantization of one row x[n] (n > 0) in blocks of MS_Q8_BLOCK values
+ * (the last one may be shorter): scale[b] (BF16 bits) = amax_b / 127 rounded up
+ * to BF16, q[c] = round(x[c] / d_b) (|q| <= 127; 0 for an all-zero block).
+ * The FP8 twin: E4M3 values (ms_f32_to_fp8_e4m3 of x / d_b), d_b = amax_b / 448
+ * rounded up to BF16. Non-finite inputs give a NaN scale. */
+void ms_quant_q8_row(const float *x, int64_t n, int8_t *q, uint16_t *scale);
+void ms_quant_fp8_row(const float *x, int64_t n, uint8_t *q, uint16_t *scale);
+
 /* Bytes of weight data + scales that a full pass over w reads. */
 uint64_t ms_qmat_bytes(const ms_qmat *w);
 

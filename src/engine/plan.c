@@ -9,7 +9,13 @@ int ms_plan_make(const ms_model *m, const ms_plan_opts *o, ms_plan *p, ms_err *e
     if (o->context > m->cfg.max_pos)
         return ms_fail(err, MS_ERR_ARG, "plan: context %d exceeds the model's max_position_embeddings %lld", o->context,
                        (long long)m->cfg.max_pos);
-    p->static_bytes = o->static_load == MS_STATIC_READ ? ms_model_static_read_bytes(m) : m->static_bytes;
+    p->static_bytes = ms_model_static_bytes_as(m, o->static_dtype);
+    if (o->static_load == MS_STATIC_READ && m->ck.n_files > 0) {
+        /* the page-rounded copy of what stays stored, plus the requantized copies */
+        uint64_t rd = ms_model_static_read_bytes(m), saved = m->static_bytes - p->static_bytes;
+        p->static_bytes = (rd > saved ? rd - saved : 0) + m->static_requant_bytes;
+    }
+    p->static_dtype = m->static_dtype != MS_STATIC_STORED ? (ms_static_dtype)m->static_dtype : o->static_dtype;
     p->experts_total = m->expert_bytes;
     p->resident = o->expert_cache_bytes < 0 || (uint64_t)o->expert_cache_bytes >= m->expert_bytes;
     p->expert_bytes = p->resident ? m->expert_bytes : (uint64_t)o->expert_cache_bytes;
@@ -42,14 +48,14 @@ static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 void ms_plan_format(const ms_plan *p, char *buf, size_t cap) {
     snprintf(buf, cap,
-             "static tier       %10.1f MiB  (attention, norms, routers, shared experts, embeddings, head)\n"
+             "static tier       %10.1f MiB  (attention, norms, routers, shared experts, embeddings, head; %s)\n"
              "expert cache      %10.1f MiB  (%s; routed experts total %.1f MiB)\n"
              "causal state      %10.1f MiB  (%d tokens x %.1f KiB x %d slot%s)\n"
              "workspace         %10.1f MiB  (activations and scratch)\n"
              "staging           %10.1f MiB  (expert reads)\n"
              "overhead          %10.1f MiB  (runtime allowance)\n"
              "total             %10.1f MiB\n",
-             mib(p->static_bytes), mib(p->expert_bytes), p->resident ? "all resident" : "bounded cache",
+             mib(p->static_bytes), p->static_dtype == MS_STATIC_STORED ? "stored dtype" : p->static_dtype == MS_STATIC_Q8 ? "matrices Q8" : "matrices FP8", mib(p->expert_bytes), p->resident ? "all resident" : "bounded cache",
              mib(p->experts_total), mib(p->state_bytes), p->context, (double)p->state_per_token / 1024.0, p->slots,
              p->slots == 1 ? "" : "s",
              mib(p->workspace_bytes), mib(p->staging_bytes), mib(p->overhead_bytes), mib(p->total));
@@ -59,12 +65,12 @@ void ms_plan_json(const ms_plan *p, char *buf, size_t cap) {
     snprintf(buf, cap,
              "{\"static_bytes\":%llu,\"expert_cache_bytes\":%llu,\"experts_total_bytes\":%llu,\"experts_resident\":%s,"
              "\"state_bytes\":%llu,\"state_bytes_per_token\":%llu,\"context\":%d,\"workspace_bytes\":%llu,"
-             "\"staging_bytes\":%llu,\"overhead_bytes\":%llu,\"total_bytes\":%llu,\"slots\":%d}",
+             "\"staging_bytes\":%llu,\"overhead_bytes\":%llu,\"total_bytes\":%llu,\"slots\":%d,\"static_dtype\":\"%s\"}",
              (unsigned long long)p->static_bytes, (unsigned long long)p->expert_bytes,
              (unsigned long long)p->experts_total, p->resident ? "true" : "false", (unsigned long long)p->state_bytes,
              (unsigned long long)p->state_per_token, p->context, (unsigned long long)p->workspace_bytes,
              (unsigned long long)p->staging_bytes, (unsigned long long)p->overhead_bytes,
-             (unsigned long long)p->total, p->slots);
+             (unsigned long long)p->total, p->slots, ms_static_dtype_name(p->static_dtype));
 }
 
 int ms_plan_check(const ms_plan *p, uint64_t budget, ms_err *err) {

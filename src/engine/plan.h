@@ -15,6 +15,7 @@ typedef struct ms_plan_opts {
     int64_t expert_cache_bytes; /* < 0: every routed expert resident (mapped) */
     uint64_t staging_bytes;     /* I/O staging buffers of a streaming expert source */
     ms_static_load static_load; /* READ: the static line is the page-rounded copy (ms_model_static_read_bytes) */
+    ms_static_dtype static_dtype; /* the static tier's matrices in this dtype (ms_model_static_bytes_as) */
     int slots;                  /* engines serving requests at once (session/slots.h), each with its own causal
                                  * state and workspace; 0 counts as 1 */
 } ms_plan_opts;
@@ -31,6 +32,7 @@ typedef struct ms_plan {
     uint64_t total;
     int context, resident;
     int slots;
+    ms_static_dtype static_dtype;
 } ms_plan;
 
 /* Fixed allowance for what the ledger does not itemize (code, libc, tables). */

@@ -1,5 +1,10 @@
 #include "io/safetensors.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,6 +176,65 @@ fail:
     return rc;
 }
 
+/* An anonymous read-only reservation of size bytes as f's mapping (headers-only checkpoints). */
+static int reserve_map(ms_st_file *f, uint64_t size, ms_err *err) {
+    size_t len = (size_t)(size ? size : 1);
+    void *p = mmap(NULL, len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return ms_fail(err, MS_ERR_NOMEM, "%s: cannot reserve %llu bytes of address space: %s", f->path,
+                       (unsigned long long)size, strerror(errno));
+    f->map.data = p;
+    f->map.size = len;
+    f->map.fd = -1;
+    return MS_OK;
+}
+
+/* the header of path, read with pread: tensors with absolute offsets, the size they declare */
+static int read_header(const char *path, ms_tensor **ts, int *n, uint64_t *data_start, uint64_t *declared,
+                       ms_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ms_fail(err, MS_ERR_IO, "%s: %s", path, strerror(errno));
+    uint8_t len8[8];
+    int rc = MS_OK;
+    uint8_t *buf = NULL;
+    if (pread(fd, len8, 8, 0) != 8) {
+        rc = ms_fail(err, MS_ERR_FORMAT, "%s: too small for a SafeTensors header", path);
+        goto out;
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | len8[i];
+    if (hlen < 2 || hlen > MS_ST_MAX_HEADER) {
+        rc = ms_fail(err, MS_ERR_FORMAT, "%s: header length %llu is out of bounds [2, %u]", path,
+                     (unsigned long long)hlen, MS_ST_MAX_HEADER);
+        goto out;
+    }
+    buf = malloc((size_t)hlen + 8);
+    if (!buf) {
+        rc = ms_fail(err, MS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    memcpy(buf, len8, 8);
+    for (uint64_t got = 0; got < hlen;) {
+        ssize_t k = pread(fd, buf + 8 + got, (size_t)(hlen - got), (off_t)(8 + got));
+        if (k <= 0) {
+            rc = ms_fail(err, MS_ERR_FORMAT, "%s: the header (%llu bytes) is cut short", path, (unsigned long long)hlen);
+            goto out;
+        }
+        got += (uint64_t)k;
+    }
+    /* the payload is not there to bound the ranges: the header's own extent is the file */
+    rc = ms_st_parse(buf, hlen + 8, UINT64_C(1) << 62, path, ts, n, data_start, err);
+    if (!rc) {
+        *declared = 8 + hlen;
+        for (int i = 0; i < *n; i++)
+            if ((*ts)[i].offset + (*ts)[i].nbytes > *declared) *declared = (*ts)[i].offset + (*ts)[i].nbytes;
+    }
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
 static int add_file(ms_checkpoint *ck, const char *path, ms_err *err) {
     ms_st_file *nf = realloc(ck->files, (size_t)(ck->n_files + 1) * sizeof *nf);
     if (!nf) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
@@ -181,12 +245,20 @@ static int add_file(ms_checkpoint *ck, const char *path, ms_err *err) {
     f->path = strdup(path);
     if (!f->path) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     ck->n_files++;
-    int rc = ms_map_file(path, &f->map, err);
-    if (rc) return rc;
     ms_tensor *ts;
-    int n;
-    rc = ms_st_parse(f->map.data, f->map.size, f->map.size, path, &ts, &n, &f->data_start, err);
-    if (rc) return rc;
+    int n, rc;
+    if (ck->headers_only) {
+        uint64_t declared = 0;
+        if ((rc = read_header(path, &ts, &n, &f->data_start, &declared, err))) return rc;
+        if ((rc = reserve_map(f, declared, err))) {
+            ms_st_free_tensors(ts, n);
+            return rc;
+        }
+    } else {
+        if ((rc = ms_map_file(path, &f->map, err))) return rc;
+        rc = ms_st_parse(f->map.data, f->map.size, f->map.size, path, &ts, &n, &f->data_start, err);
+        if (rc) return rc;
+    }
     ms_tensor *all = realloc(ck->tensors, (size_t)(ck->n_tensors + n) * sizeof *all);
     if (!all) {
         ms_st_free_tensors(ts, n);
@@ -273,8 +345,9 @@ static int open_index(ms_checkpoint *ck, const char *index_path, ms_err *err) {
     return rc;
 }
 
-int ms_checkpoint_open(const char *path, ms_checkpoint *ck, ms_err *err) {
+static int open_impl(const char *path, ms_checkpoint *ck, int headers_only, ms_err *err) {
     memset(ck, 0, sizeof *ck);
+    ck->headers_only = headers_only;
     int rc;
     if (ms_file_exists(path)) { /* a single .safetensors file */
         ck->dir = strdup(path);
@@ -294,6 +367,41 @@ int ms_checkpoint_open(const char *path, ms_checkpoint *ck, ms_err *err) {
             rc = ms_fail(err, MS_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json", path);
         }
     }
+    if (rc) ms_checkpoint_close(ck);
+    return rc;
+}
+
+int ms_checkpoint_open(const char *path, ms_checkpoint *ck, ms_err *err) { return open_impl(path, ck, 0, err); }
+int ms_checkpoint_open_headers(const char *path, ms_checkpoint *ck, ms_err *err) {
+    return open_impl(path, ck, 1, err);
+}
+
+int ms_checkpoint_from_tensors(ms_checkpoint *ck, const char *dir, const char *where, ms_tensor *ts, int n,
+                               ms_err *err) {
+    memset(ck, 0, sizeof *ck);
+    ck->headers_only = 1;
+    ck->dir = strdup(dir);
+    ck->files = calloc(1, sizeof *ck->files);
+    int rc = MS_OK;
+    if (!ck->dir || !ck->files || !(ck->files[0].path = strdup(where))) {
+        ms_st_free_tensors(ts, n);
+        rc = ms_fail(err, MS_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    ck->files[0].map.fd = -1;
+    ck->n_files = 1;
+    ck->tensors = ts;
+    ck->n_tensors = n;
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        ts[i].file = 0;
+        ts[i].offset = off;
+        off += (ts[i].nbytes + 63) & ~(uint64_t)63;
+    }
+    if ((rc = reserve_map(&ck->files[0], off, err))) goto out;
+    for (int i = 0; i < n; i++) ts[i].data = ck->files[0].map.data + ts[i].offset;
+    rc = build_index(ck, err);
+out:
     if (rc) ms_checkpoint_close(ck);
     return rc;
 }

@@ -44,6 +44,7 @@ typedef struct ms_checkpoint {
     int n_tensors;
     ms_tensor *tensors;
     ms_strmap by_name;
+    int headers_only;  /* ms_checkpoint_open_headers / ms_checkpoint_from_tensors: no payload mapped */
 } ms_checkpoint;
 
 /* Parse and validate the header of a SafeTensors file whose first bytes are
@@ -61,6 +62,16 @@ void ms_st_free_tensors(ms_tensor *t, int n);
  * .safetensors file when path names a file. Maps every file. */
 int ms_checkpoint_open(const char *path, ms_checkpoint *ck, ms_err *err);
 void ms_checkpoint_close(ms_checkpoint *ck);
+/* The same tables from the headers alone (the plan before a download): each file's first
+ * 8 bytes and its header are read (pread), never the payload, so a shard may be cut short
+ * after its header (or be the header alone). Each file's "mapping" is an anonymous read-only
+ * reservation of the size its header declares (MAP_NORESERVE: reading it gives zeros and
+ * holds no memory), so tensor data pointers are distinct and valid to read (as zeros). */
+int ms_checkpoint_open_headers(const char *path, ms_checkpoint *ck, ms_err *err);
+/* A headers-only checkpoint of the n tensors ts (names malloc'd; dtype, shape, nbytes set),
+ * laid out one after another in one pseudo-file named `where`; takes ownership of ts. */
+int ms_checkpoint_from_tensors(ms_checkpoint *ck, const char *dir, const char *where, ms_tensor *ts, int n,
+                               ms_err *err);
 /* Tensor by exact name, NULL when absent. */
 const ms_tensor *ms_checkpoint_find(const ms_checkpoint *ck, const char *name);
 

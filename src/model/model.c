@@ -1,8 +1,11 @@
 /* model.c — load a checkpoint directory into a bound ms_model. */
 #include "model/model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "util/fs.h"
 
 static int alloc_layers(ms_model *m, ms_err *err) {
     m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
@@ -24,11 +27,9 @@ static void account(ms_model *m, uint64_t bound_bytes) {
     m->static_bytes = bound_bytes > m->expert_bytes ? bound_bytes - m->expert_bytes : 0;
 }
 
-int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
-    memset(m, 0, sizeof *m);
-    int rc = ms_config_load(dir, &m->cfg, err);
-    if (rc) return rc;
-    if ((rc = ms_checkpoint_open(dir, &m->ck, err))) return rc;
+/* m->cfg and m->ck set: bind the architecture's weights and count the tiers */
+static int bind_model(ms_model *m, ms_err *err) {
+    int rc;
     if ((rc = alloc_layers(m, err))) goto fail;
     m->tensor_bound = calloc((size_t)m->ck.n_tensors + 1, 1);
     if (!m->tensor_bound) {
@@ -48,6 +49,105 @@ fail:
     return rc;
 }
 
+int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
+    memset(m, 0, sizeof *m);
+    int rc = ms_config_load(dir, &m->cfg, err);
+    if (rc) return rc;
+    if ((rc = ms_checkpoint_open(dir, &m->ck, err))) return rc;
+    return bind_model(m, err);
+}
+
+/* The tensors a checkpoint of c would hold, from the architecture's specs: matrices BF16
+ * except the routed experts in the config's expert format (compressed-tensors MXFP4:
+ * weight_packed + weight_scale; fp8: F8_E4M3 with F32 weight_scale_inv blocks) and, for
+ * fp8, the other matrices too (as DeepSeek's FP8 checkpoints hold them); vectors BF16. */
+static int spec_tensors(const ms_config *c, ms_tensor **out, int *n_out, ms_err *err) {
+    ms_tensor_spec *sp;
+    int ns, rc;
+    if ((rc = ms_model_specs(c, &sp, &ns, err))) return rc;
+    ms_tensor *ts = calloc((size_t)ns * 2 + 1, sizeof *ts);
+    if (!ts) {
+        free(sp);
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    }
+    int n = 0;
+    for (int i = 0; i < ns && !rc; i++) {
+        const ms_tensor_spec *s = &sp[i];
+        ms_dtype dt = MS_DT_BF16;
+        if (s->ndim == 2 && s->kind == MS_W_EXPERT && c->mxfp4_packed) dt = MS_DT_F4;
+        else if (s->ndim == 2 && (s->kind == MS_W_EXPERT || s->kind == MS_W_MATRIX) && c->fp8) dt = MS_DT_F8_E4M3;
+        size_t nl = strlen(s->name);
+        int is_w = nl > 7 && !strcmp(s->name + nl - 7, ".weight");
+        if (!is_w && dt != MS_DT_BF16) dt = MS_DT_BF16;
+        uint64_t nel = 1;
+        for (int d = 0; d < s->ndim; d++) nel *= (uint64_t)s->shape[d];
+        ms_tensor *t = &ts[n++];
+        t->ndim = s->ndim;
+        memcpy(t->shape, s->shape, sizeof t->shape);
+        char name[260];
+        if (dt == MS_DT_F4) {
+            snprintf(name, sizeof name, "%s_packed", s->name);
+            t->dtype = MS_DT_U8;
+            t->shape[1] = s->shape[1] / 2;
+            t->nelem = t->nbytes = (uint64_t)t->shape[0] * (uint64_t)t->shape[1];
+            t->name = strdup(name);
+            ms_tensor *sc = &ts[n++];
+            snprintf(name, sizeof name, "%s_scale", s->name);
+            sc->dtype = MS_DT_U8;
+            sc->ndim = 2;
+            sc->shape[0] = s->shape[0];
+            sc->shape[1] = s->shape[1] / 32;
+            sc->nelem = sc->nbytes = (uint64_t)sc->shape[0] * (uint64_t)sc->shape[1];
+            sc->name = strdup(name);
+        } else {
+            t->dtype = dt;
+            t->nelem = nel;
+            t->nbytes = nel * (uint64_t)ms_dtype_bits(dt) / 8;
+            t->name = strdup(s->name);
+            if (dt == MS_DT_F8_E4M3) {
+                ms_tensor *sc = &ts[n++];
+                snprintf(name, sizeof name, "%s_scale_inv", s->name);
+                sc->dtype = MS_DT_F32;
+                sc->ndim = 2;
+                sc->shape[0] = (s->shape[0] + c->fp8_block[0] - 1) / c->fp8_block[0];
+                sc->shape[1] = (s->shape[1] + c->fp8_block[1] - 1) / c->fp8_block[1];
+                sc->nelem = (uint64_t)sc->shape[0] * (uint64_t)sc->shape[1];
+                sc->nbytes = sc->nelem * 4;
+                sc->name = strdup(name);
+            }
+        }
+    }
+    free(sp);
+    for (int i = 0; i < n; i++)
+        if (!ts[i].name) {
+            ms_st_free_tensors(ts, n);
+            return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+        }
+    *out = ts;
+    *n_out = n;
+    return MS_OK;
+}
+
+int ms_model_load_meta(const char *dir, ms_model *m, ms_model_source *source, ms_err *err) {
+    memset(m, 0, sizeof *m);
+    int rc = ms_config_load(dir, &m->cfg, err);
+    if (rc) return rc;
+    char idx[4096], single[4096];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    ms_err herr = {0};
+    if ((ms_file_exists(idx) || ms_file_exists(single)) && ms_checkpoint_open_headers(dir, &m->ck, &herr) == MS_OK) {
+        *source = MS_SOURCE_HEADERS;
+    } else {
+        ms_tensor *ts = NULL;
+        int n = 0;
+        if ((rc = spec_tensors(&m->cfg, &ts, &n, err))) return rc;
+        if ((rc = ms_checkpoint_from_tensors(&m->ck, dir, "config.json", ts, n, err))) return rc;
+        *source = MS_SOURCE_CONFIG;
+    }
+    return bind_model(m, err);
+}
+
 void ms_model_free(ms_model *m) {
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -59,6 +159,8 @@ void ms_model_free(ms_model *m) {
         free(m->layers);
     }
     for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
+    for (int i = 0; i < m->n_quant_allocs; i++) free(m->quant_allocs[i]);
+    free(m->quant_allocs);
     free(m->allocs);
     free(m->alloc_bytes);
     free(m->tensor_bound);

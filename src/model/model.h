@@ -80,15 +80,32 @@ typedef struct ms_model {
     uint64_t static_bytes, expert_bytes;         /* weight bytes by tier */
     void **allocs;                               /* F32 vector copies made while binding (freed with the model) */
     size_t *alloc_bytes;                         /* [n_allocs] their sizes (ms_model_place finds a vector's length here) */
-    uint8_t *tensor_bound;                       /* [ck.n_tensors] 1 for every tensor the architecture bound */
+    uint8_t *tensor_bound;                       /* [ck.n_tensors] 1 for every tensor the architecture bound,
+                                                  * 2 once ms_model_requant_static replaced it (bytes no longer read) */
     uint64_t static_copied;                      /* bytes of the static tier moved into anonymous memory (ms_model_static_read) */
     int n_allocs;
+    void **quant_allocs;                         /* requantized static matrices (ms_model_requant_static) */
+    int n_quant_allocs;
+    int static_dtype;                            /* ms_static_dtype the static tier is held in */
+    uint64_t static_requant_bytes;               /* bytes of the requantized copies */
+    double requant_rel_rms;                      /* the largest ||W_q - W|| / ||W|| of a requantized matrix */
+    int requant_uses;                            /* requantized matrix views (a tied head counts twice) */
 } ms_model;
 
 /* Load DIR: config.json → description → checkpoint → bound weights. Any
  * missing or mis-shaped tensor fails with expected vs found. */
 int ms_model_load(const char *dir, ms_model *m, ms_err *err);
 void ms_model_free(ms_model *m);
+
+/* The model's tables without its weights, for the memory plan before a download: DIR needs
+ * config.json; when it also holds model.safetensors(.index.json) and the shards' headers
+ * (a shard may be its header alone), the tensors come from the headers (ms_checkpoint_open_headers,
+ * no payload read: *source HEADERS); otherwise from the architecture's specs with the dtypes the
+ * config implies (model.c spec_tensors: BF16, routed experts in the config's format; *source
+ * CONFIG). The weights read as zeros; the byte counts (static_bytes, expert_bytes, and
+ * ms_model_static_bytes_as) are those of the real checkpoint. Not for running. */
+typedef enum { MS_SOURCE_FULL = 0, MS_SOURCE_HEADERS = 1, MS_SOURCE_CONFIG = 2 } ms_model_source;
+int ms_model_load_meta(const char *dir, ms_model *m, ms_model_source *source, ms_err *err);
 
 /* Collect the tensor specs of a config (no checkpoint): for synth. Caller frees *specs. */
 int ms_model_specs(const ms_config *c, ms_tensor_spec **specs, int *n, ms_err *err);
@@ -123,6 +140,34 @@ uint64_t ms_model_static_read_bytes(const ms_model *m);
  * they hold the same bytes). Call before any other thread reads the model.
  * Sets m->static_copied; calling it again is a no-op. */
 int ms_model_static_read(ms_model *m, ms_err *err);
+
+/* The static tier's matrix dtype (--static-dtype): STORED keeps the checkpoint's;
+ * Q8 and FP8 requantize the BF16/F16 matrices of attention (GQA, MLA, and the KDA and
+ * gated-DeltaNet projections), dense MLPs, shared experts, latent-MoE projections, the
+ * embedding and the head into blocks of
+ * MS_Q8_BLOCK along a row with BF16 scales (core/qmat.h: Q8 int8, or FP8 E4M3 with
+ * ms_quant_fp8_row's scales). Never requantized: vectors (norms, biases), routers and
+ * the shared-expert gate, routed experts, F32 and already-quantized matrices, the short
+ * convolutions and parameter vectors of KDA / gated DeltaNet, and the DSA indexer,
+ * compressed-attention and mHC weights (host code that reads their dtype itself). */
+typedef enum { MS_STATIC_STORED = 0, MS_STATIC_Q8 = 1, MS_STATIC_FP8 = 2 } ms_static_dtype;
+/* Parse "stored" | "q8" | "fp8"; MS_ERR_ARG naming the value otherwise. */
+int ms_static_dtype_parse(const char *s, ms_static_dtype *out, ms_err *err);
+const char *ms_static_dtype_name(ms_static_dtype d);
+/* Bytes of the static tier with its matrices in dtype d (m->static_bytes for STORED, or when
+ * m is already requantized to d). Counts a matrix viewed twice (a tied head) once. */
+uint64_t ms_model_static_bytes_as(const ms_model *m, ms_static_dtype d);
+/* Bytes of one [rows, cols] matrix requantized to d (Q8 / FP8; 0 for STORED). */
+uint64_t ms_static_dtype_matrix_bytes(ms_static_dtype d, int64_t rows, int64_t cols);
+/* Requantize the static tier to d (no-op for STORED): one matrix at a time, its stored
+ * bytes read with pread through a bounded buffer (at most 4 MiB of rows, or one row),
+ * never through the mapping, and then dropped from the page cache (POSIX_FADV_DONTNEED),
+ * so the process holds the requantized copy and at most one chunk of the source. Views
+ * of the same bytes (a tied head) share one copy. Updates m->static_bytes and marks the
+ * replaced tensors 2 in tensor_bound (ms_model_static_read no longer copies them).
+ * Errors: MS_ERR_NOMEM, MS_ERR_IO naming the tensor; MS_ERR_ARG when m is already held
+ * in another non-stored dtype. */
+int ms_model_requant_static(ms_model *m, ms_static_dtype d, ms_err *err);
 
 /* The model's weights placed on backend be (core/backend.h place_qmat / place_vec):
  * *placed is a shallow copy of m (config, checkpoint, host tables) whose matrices,

@@ -46,7 +46,7 @@ static srange *static_ranges(const ms_model *m, int *n_out) {
     for (int i = 0; i < ck->n_tensors; i++) {
         const ms_tensor *t = &ck->tensors[i];
         const ms_mapping *mp = &ck->files[t->file].map;
-        if (!m->tensor_bound[i] || expert[i] || !t->nbytes || !mp->data) continue;
+        if (m->tensor_bound[i] != 1 || expert[i] || !t->nbytes || !mp->data) continue; /* 2: requantized */
         uint64_t a = t->offset & ~(PAGE - 1), b = (t->offset + t->nbytes + PAGE - 1) & ~(PAGE - 1);
         if (b > mp->size) b = mp->size;
         r[n++] = (srange){t->file, a, b};

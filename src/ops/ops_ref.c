@@ -73,6 +73,11 @@ void ms_qmat_row(const ms_qmat *w, int64_t r, float *out) {
         }
         break;
     }
+    case MS_DT_Q8: {
+        const int8_t *row = (const int8_t *)w->data + r * C;
+        for (int64_t c = 0; c < C; c++) out[c] = (float)row[c] * scale_at(w, r / w->brow, c / w->bcol);
+        break;
+    }
     case MS_DT_F4: {
         const uint8_t *row = (const uint8_t *)w->data + r * (C / 2);
         for (int64_t c = 0; c < C; c += 2) {
@@ -85,6 +90,48 @@ void ms_qmat_row(const ms_qmat *w, int64_t r, float *out) {
     }
     default:
         for (int64_t c = 0; c < C; c++) out[c] = NAN;
+    }
+}
+
+/* the smallest BF16 value >= f (f >= 0 finite); NaN stays NaN */
+static uint16_t bf16_up(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (isnan(f)) return 0x7fc0;
+    uint16_t h = (uint16_t)(u >> 16);
+    return (u & 0xffffu) ? (uint16_t)(h + 1) : h;
+}
+
+static float block_amax(const float *x, int64_t n) {
+    float a = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = fabsf(x[i]);
+        if (!(v <= a)) a = v; /* NaN sticks */
+        if (isnan(a)) break;
+    }
+    return isinf(a) ? NAN : a;
+}
+
+void ms_quant_q8_row(const float *x, int64_t n, int8_t *q, uint16_t *scale) {
+    for (int64_t b0 = 0, bi = 0; b0 < n; b0 += MS_Q8_BLOCK, bi++) {
+        int64_t len = n - b0 < MS_Q8_BLOCK ? n - b0 : MS_Q8_BLOCK;
+        uint16_t s = bf16_up(block_amax(x + b0, len) / 127.0f);
+        scale[bi] = s;
+        float d = ms_bf16_to_f32(s);
+        for (int64_t i = 0; i < len; i++) {
+            float v = d > 0 ? roundf(x[b0 + i] / d) : 0.0f;
+            q[b0 + i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : isnan(v) ? 0 : v);
+        }
+    }
+}
+
+void ms_quant_fp8_row(const float *x, int64_t n, uint8_t *q, uint16_t *scale) {
+    for (int64_t b0 = 0, bi = 0; b0 < n; b0 += MS_Q8_BLOCK, bi++) {
+        int64_t len = n - b0 < MS_Q8_BLOCK ? n - b0 : MS_Q8_BLOCK;
+        uint16_t s = bf16_up(block_amax(x + b0, len) / 448.0f);
+        scale[bi] = s;
+        float d = ms_bf16_to_f32(s);
+        for (int64_t i = 0; i < len; i++) q[b0 + i] = d > 0 ? ms_f32_to_fp8_e4m3(x[b0 + i] / d) : 0;
     }
 }
 

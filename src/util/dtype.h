@@ -17,6 +17,7 @@ typedef enum ms_dtype {
     MS_DT_U64, MS_DT_U32, MS_DT_U16, MS_DT_U8,
     MS_DT_BOOL,
     MS_DT_F4, /* not a SafeTensors dtype: packed e2m1 view of U8 blocks */
+    MS_DT_Q8, /* not a SafeTensors dtype: int8 values with a scale per block (core/qmat.h) */
     MS_DT_COUNT
 } ms_dtype;
 

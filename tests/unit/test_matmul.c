@@ -32,6 +32,14 @@ static const variant k_variants[] = {
     {"f4-e8m0", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
 };
 
+/* The requantized static tier (--static-dtype q8|fp8): run by their own test, at the end of
+ * the file, so the random data of the tests above stays what it was. */
+static const variant k_qvariants[] = {
+    {"q8-bf16-1x32", MS_DT_Q8, MS_DT_BF16, 1, 32},           /* ms_quant_q8_row's layout: the fast kernels */
+    {"q8-f32-2x48", MS_DT_Q8, MS_DT_F32, 2, 48},             /* another block layout: the scalar dequantization */
+    {"f8-bf16scale-1x32", MS_DT_F8_E4M3, MS_DT_BF16, 1, 32}, /* ms_quant_fp8_row's layout */
+};
+
 /* Fills a weight of the variant; returns the allocation (data and scale in one). */
 static void *make_weight(const variant *v, int64_t rows, int64_t cols, ms_qmat *w) {
     int64_t nel = rows * cols;
@@ -46,6 +54,7 @@ static void *make_weight(const variant *v, int64_t rows, int64_t cols, ms_qmat *
         case MS_DT_F32: ((float *)mem)[i] = f; break;
         case MS_DT_BF16: ((uint16_t *)mem)[i] = ms_f32_to_bf16(f); break;
         case MS_DT_F16: ((uint16_t *)mem)[i] = ms_f32_to_f16(f); break;
+        case MS_DT_Q8: ((int8_t *)mem)[i] = (int8_t)((int)(rnd() % 255) - 127); break;
         case MS_DT_F8_E4M3: {
             uint8_t b;
             do b = (uint8_t)rnd(); while ((b & 0x7f) == 0x7f); /* no NaN codes */
@@ -244,3 +253,59 @@ TEST(matmul_zero_shapes) {
 }
 
 TEST_MAIN()
+
+/* Q8 and the FP8 requantization layout, every ISA, against the scalar twin (ms_matmul_ref). */
+TEST(matmul_q8_all_isas) {
+    setup_isas();
+    static const int64_t rows_l[] = {1, 7, 130};
+    static const int64_t cols_l[] = {32, 96, 160, 4160, 33, 1001};
+    static const int n_l[] = {1, 3, 17, 64};
+    for (size_t vi = 0; vi < sizeof k_qvariants / sizeof *k_qvariants; vi++) {
+        const variant *v = &k_qvariants[vi];
+        for (size_t ri = 0; ri < 3; ri++)
+            for (size_t ci = 0; ci < 6; ci++)
+                for (size_t ni = 0; ni < 4; ni++) {
+                    int64_t rows = rows_l[ri], cols = cols_l[ci];
+                    int n = n_l[ni];
+                    if (rows * cols * n > 130 * 4160 * 3) continue;
+                    run_case(v, rows, cols, n, (ri + ci + ni) % 2 ? 3 : 1);
+                }
+        run_case(v, 130, 4160, 64, 3);
+        run_case(v, 9, 8192, 1, 2); /* long rows: the 4-row decode groups */
+    }
+}
+
+/* ms_quant_q8_row / ms_quant_fp8_row: the block contract of core/qmat.h. */
+TEST(quant_rows_contract) {
+    enum { N = 32 * 7 + 5 };
+    float x[N], back[N];
+    int8_t q[N];
+    uint8_t f8[N];
+    uint16_t sc[8], sf[8];
+    for (int trial = 0; trial < 50; trial++) {
+        double mag = trial % 5 == 0 ? 1e-30 : trial % 5 == 1 ? 1e6 : 0.05;
+        for (int i = 0; i < N; i++) x[i] = (float)(frand() * mag);
+        if (trial == 3) for (int i = 32; i < 64; i++) x[i] = 0; /* an all-zero block */
+        ms_quant_q8_row(x, N, q, sc);
+        ms_quant_fp8_row(x, N, f8, sf);
+        ms_qmat w = {.dtype = MS_DT_Q8, .rows = 1, .cols = N, .data = q, .scale = sc, .scale_dtype = MS_DT_BF16,
+                     .brow = 1, .bcol = 32};
+        ms_qmat_row(&w, 0, back);
+        int bad = 0;
+        for (int b = 0; b * 32 < N; b++) {
+            float amax = 0;
+            for (int i = b * 32; i < N && i < b * 32 + 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+            float d = ms_bf16_to_f32(sc[b]), df = ms_bf16_to_f32(sf[b]);
+            if (!(d >= amax / 127.0f && d <= amax / 127.0f * (1 + 1.0f / 64))) bad++;
+            if (!(df >= amax / 448.0f && df <= amax / 448.0f * (1 + 1.0f / 64))) bad++;
+            for (int i = b * 32; i < N && i < b * 32 + 32; i++) {
+                if (q[i] < -127 || fabsf(back[i] - x[i]) > d * 0.5f * (1 + 1e-6f) + 1e-45f) bad++;
+                /* E4M3: 3 mantissa bits, relative step 2^-3 at worst (normals), subnormal step 2^-9 * d */
+                float v = ms_fp8_e4m3_to_f32(f8[i]) * df;
+                if (fabsf(v - x[i]) > fabsf(x[i]) / 16 * (1 + 1e-6f) + df * 0x1p-10f * (1 + 1e-6f) + 1e-45f) bad++;
+            }
+        }
+        CHECK_MSG(bad == 0, "trial %d: %d contract violations", trial, bad);
+    }
+}
+

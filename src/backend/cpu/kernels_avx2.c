@@ -184,6 +184,50 @@ T256 static void f4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0,
     }
 }
 
+/* Q8 (core/qmat.h): int8 values, one BF16 scale per 32 along a row. */
+static int q8_fast(const ms_qmat *w) {
+    return w->cols % 32 == 0 && w->scale && w->brow == 1 && w->bcol == 32 && w->scale_dtype == MS_DT_BF16;
+}
+INL __m256 ld_q8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
+INL void q8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
+    const int64_t K = w->cols, nb = K / 32;
+    const int8_t *p[4];
+    const uint16_t *s[4];
+    UNROLL for (int i = 0; i < NR; i++) {
+        p[i] = (const int8_t *)w->data + (r + i) * K;
+        s[i] = (const uint16_t *)w->scale + (r + i) * nb;
+    }
+    __m256 a[4];
+    UNROLL for (int i = 0; i < NR; i++) a[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t k = b * 32;
+        __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+        __m256 x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
+        UNROLL for (int i = 0; i < NR; i++) {
+            __m256 t = _mm256_mul_ps(ld_q8(p[i] + k), x0);
+            t = _mm256_fmadd_ps(ld_q8(p[i] + k + 8), x1, t);
+            t = _mm256_fmadd_ps(ld_q8(p[i] + k + 16), x2, t);
+            t = _mm256_fmadd_ps(ld_q8(p[i] + k + 24), x3, t);
+            a[i] = _mm256_fmadd_ps(t, _mm256_set1_ps(ms_bf16_to_f32(s[i][b])), a[i]);
+        }
+    }
+    UNROLL for (int i = 0; i < NR; i++) out[i] = hsum(a[i]);
+}
+
+T256 static void q8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    float o[4];
+    int64_t r = r0;
+    for (; r + 4 <= r1 && w->cols > 4096; r += 4) {
+        q8_rows(w, r, x, o, 4);
+        for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+    }
+    for (; r < r1; r++) {
+        q8_rows(w, r, x, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
+
 static int f4_fast(const ms_qmat *w) {
     return w->cols % 32 == 0 &&
            (!w->scale || (w->bcol == 32 && w->brow >= 1 && (w->scale_dtype == MS_DT_F8_E8M0 || w->scale_dtype == MS_DT_U8)));
@@ -200,6 +244,7 @@ static int gemv_ok(const ms_qmat *w) {
     case MS_DT_F16: return 1;
     case MS_DT_F8_E4M3: return f8_fast(w);
     case MS_DT_F4: return f4_fast(w);
+    case MS_DT_Q8: return q8_fast(w);
     default: return 0;
     }
 }
@@ -211,6 +256,7 @@ T256 static void gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, in
     case MS_DT_F16: f16_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F8_E4M3: f8_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F4: f4_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_Q8: q8_gemv(w, x, y, r0, r1, acc); break;
     default: break;
     }
 }
@@ -252,6 +298,18 @@ T256 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int k
                     _mm256_storeu_ps(o + (c - c0) + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), sv));
                 }
                 for (; c < ce; c++) o[c - c0] = ms_fp8_e4m3_to_f32(p[c]) * s;
+            }
+        }
+        return;
+    case MS_DT_Q8:
+        if (!q8_fast(w) || c0 % 32 || kc % 32) break;
+        for (int i = 0; i < nr; i++) {
+            float *o = buf + (int64_t)i * ld;
+            const int8_t *p = (const int8_t *)w->data + (r0 + i) * K;
+            const uint16_t *sc = (const uint16_t *)w->scale + (r0 + i) * (K / 32);
+            for (int k = 0; k < kc; k += 8) {
+                int64_t c = c0 + k;
+                _mm256_storeu_ps(o + k, _mm256_mul_ps(ld_q8(p + c), _mm256_set1_ps(ms_bf16_to_f32(sc[c / 32]))));
             }
         }
         return;

@@ -210,6 +210,47 @@ T512 static void f4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0,
     }
 }
 
+/* Q8 (core/qmat.h): int8 values, one BF16 scale per 32 along a row. Each
+ * block's partial dot (two 16-lane products) is scaled into the row sum. */
+static int q8_fast(const ms_qmat *w) {
+    return w->cols % 32 == 0 && w->scale && w->brow == 1 && w->bcol == 32 && w->scale_dtype == MS_DT_BF16;
+}
+INL __m512 ld_q8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+
+INL void q8_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
+    const int64_t K = w->cols, nb = K / 32;
+    const int8_t *p[4];
+    const uint16_t *s[4];
+    UNROLL for (int i = 0; i < NR; i++) {
+        p[i] = (const int8_t *)w->data + (r + i) * K;
+        s[i] = (const uint16_t *)w->scale + (r + i) * nb;
+    }
+    __m512 a[4];
+    UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t k = b * 32;
+        __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+        UNROLL for (int i = 0; i < NR; i++) {
+            __m512 t = _mm512_fmadd_ps(ld_q8(p[i] + k + 16), x1, _mm512_mul_ps(ld_q8(p[i] + k), x0));
+            a[i] = _mm512_fmadd_ps(t, _mm512_set1_ps(ms_bf16_to_f32(s[i][b])), a[i]);
+        }
+    }
+    UNROLL for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(a[i]);
+}
+
+T512 static void q8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    float o[4];
+    int64_t r = r0;
+    for (; r + 4 <= r1 && w->cols > GEMV_ONE_ROW_MAX_K; r += 4) {
+        q8_rows(w, r, x, o, 4);
+        for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+    }
+    for (; r < r1; r++) {
+        q8_rows(w, r, x, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
+
 static int f4_fast(const ms_qmat *w) {
     return w->cols % 32 == 0 &&
            (!w->scale || (w->bcol == 32 && w->brow >= 1 && (w->scale_dtype == MS_DT_F8_E8M0 || w->scale_dtype == MS_DT_U8)));
@@ -226,6 +267,7 @@ static int gemv_ok(const ms_qmat *w) {
     case MS_DT_F16: return 1;
     case MS_DT_F8_E4M3: return f8_fast(w);
     case MS_DT_F4: return f4_fast(w);
+    case MS_DT_Q8: return q8_fast(w);
     default: return 0;
     }
 }
@@ -237,6 +279,7 @@ T512 static void gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, in
     case MS_DT_F16: f16_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F8_E4M3: f8_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F4: f4_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_Q8: q8_gemv(w, x, y, r0, r1, acc); break;
     default: break;
     }
 }
@@ -275,6 +318,20 @@ T512 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int k
                     __mmask16 m = tail_mask(ce - c);
                     _mm512_mask_storeu_ps(o + (c - c0), m, _mm512_mul_ps(ld_f8_m(p + c, m), sv));
                 }
+            }
+        }
+        return;
+    case MS_DT_Q8:
+        if (!q8_fast(w) || c0 % 32 || kc % 32) break;
+        for (int i = 0; i < nr; i++) {
+            float *o = buf + (int64_t)i * ld;
+            const int8_t *p = (const int8_t *)w->data + (r0 + i) * K;
+            const uint16_t *sc = (const uint16_t *)w->scale + (r0 + i) * (K / 32);
+            for (int k = 0; k < kc; k += 32) {
+                int64_t c = c0 + k;
+                __m512 sv = _mm512_set1_ps(ms_bf16_to_f32(sc[c / 32]));
+                _mm512_storeu_ps(o + k, _mm512_mul_ps(ld_q8(p + c), sv));
+                _mm512_storeu_ps(o + k + 16, _mm512_mul_ps(ld_q8(p + c + 16), sv));
             }
         }
         return;

@@ -46,6 +46,20 @@ void mm_dequant_scalar(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int kc,
             }
             break;
         }
+        case MS_DT_Q8: {
+            const int8_t *p = (const int8_t *)w->data + r * C;
+            int64_t sr = r / w->brow, sc = -1;
+            float s = 1.0f;
+            for (int k = 0; k < kc; k++) {
+                int64_t c = c0 + k;
+                if (c / w->bcol != sc) {
+                    sc = c / w->bcol;
+                    s = mm_scale_at(w, sr, sc);
+                }
+                o[k] = (float)p[c] * s;
+            }
+            break;
+        }
         case MS_DT_F4: {
             const uint8_t *p = (const uint8_t *)w->data + r * (C / 2);
             int64_t sr = w->scale ? r / w->brow : 0, sc = -1;
