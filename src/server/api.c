@@ -469,6 +469,7 @@ struct ms_api_resp {
     char *text;           /* completion, non-stream */
     size_t text_len, text_cap;
     int sent_role, n_tool_calls;
+    int deadline;         /* ms_api_resp_deadline: the final chunk / body says the deadline ended it */
     ms_api_sink sink;     /* during a call */
     void *user;
     int sink_rc;
@@ -552,6 +553,7 @@ static int chat_delta(ms_api_resp *r, cJSON *delta, const char *finish) {
     cJSON_AddNullToObject(choice, "logprobs");
     if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
     else cJSON_AddNullToObject(choice, "finish_reason");
+    if (finish && r->deadline) cJSON_AddTrueToObject(c, "deadline_exceeded");
     return send_event(r, c);
 }
 
@@ -674,6 +676,7 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
             cJSON_AddStringToObject(choice, "text", "");
             cJSON_AddNullToObject(choice, "logprobs");
             cJSON_AddStringToObject(choice, "finish_reason", fin);
+            if (r->deadline) cJSON_AddTrueToObject(c, "deadline_exceeded");
             if ((rc = send_event(r, c))) return rc;
         }
         if (r->o.include_usage) {
@@ -706,6 +709,7 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
     cJSON_AddStringToObject(choice, "finish_reason", fin);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "choices"), choice);
     cJSON_AddItemToObject(c, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens));
+    if (r->deadline) cJSON_AddTrueToObject(c, "deadline_exceeded");
     char *s = cJSON_PrintUnformatted(c);
     cJSON_Delete(c);
     if (!s) return ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
@@ -713,6 +717,8 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
     free(s);
     return rc;
 }
+
+void ms_api_resp_deadline(ms_api_resp *r) { r->deadline = 1; }
 
 int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user) {
     char *j = ms_api_error_json(e);

@@ -106,6 +106,9 @@ int ms_api_resp_text(ms_api_resp *r, const char *text, size_t len, ms_api_sink s
  * (include_usage) and `data: [DONE]`; otherwise the whole JSON body. */
 int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int completion_tokens, int cached_tokens,
                        ms_api_sink sink, void *user, ms_err *err);
+/* The request's deadline ended the reply (finish "length"): the body, or the stream's
+ * chunk with the finish_reason, gets "deadline_exceeded": true. Call before finish. */
+void ms_api_resp_deadline(ms_api_resp *r);
 /* A streamed error after the stream started: `data: {"error":...}` and `data: [DONE]`. */
 int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user);
 
