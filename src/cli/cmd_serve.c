@@ -13,8 +13,10 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/plan.h"
 #include "session/generate.h"
 #include "session/prefix_cache.h"
+#include "session/slots.h"
 #include "server/api.h"
 #include "server/server.h"
 #include "text/tokenizer.h"
@@ -25,6 +27,7 @@ static const char k_usage[] =
     "usage: moonshine serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--model-name NAME] [--ctx N] [--threads N] [--backend B]\n"
     "                       [--api-key KEY] [--cors-origin ORIGIN] [--parser FORMAT] [--max-queue N]\n"
     "                       [--max-body-mib N] [--max-connections N] [--header-timeout-s S] [--body-timeout-s S]\n"
+    "                       [--slots N] [--prefill-chunk N] [--request-deadline-s S]\n"
     "                       [--prefix-cache-entries N] [--prefix-cache-mib M] [engine flags]\n";
 
 /* The output format from config.json's model_type (or --parser). */
@@ -68,18 +71,20 @@ static int load_forced(const ms_tokenizer *t, const char *path, ms_tok_ids *ids)
 }
 
 typedef struct serve_stats {
-    ms_engine *engine;
+    ms_sched *sched;
     ms_expert_source *experts;
     ms_prefix_cache *pc;
 } serve_stats;
 
-/* /metrics' engine side (called by the server's worker, the engine's only user). */
+/* /metrics' engine side (called by the server's worker, the engines' only user): summed over the slots. */
 static void engine_stats(void *user, ms_server_engine_stats *o) {
     serve_stats *x = user;
-    const ms_engine_stats *es = ms_engine_get_stats(x->engine);
-    if (es) {
-        o->tokens_forwarded = es->tokens;
-        o->experts_acquired = es->experts_acquired;
+    for (int i = 0; i < ms_sched_n_slots(x->sched); i++) {
+        const ms_engine_stats *es = ms_engine_get_stats(ms_generator_engine(ms_sched_generator(x->sched, i)));
+        if (es) {
+            o->tokens_forwarded += es->tokens;
+            o->experts_acquired += es->experts_acquired;
+        }
     }
     if (x->experts && ms_is_streaming_source(x->experts)) {
         ms_stream_stats ss;
@@ -99,17 +104,83 @@ static void engine_stats(void *user, ms_server_engine_stats *o) {
     }
 }
 
+/* MemAvailable of /proc/meminfo in bytes (0: unknown). */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb << 10;
+}
+
+/* The slot count from the memory plan (engine/plan.h): with --memory-mib the whole plan for N slots must
+ * fit it; without, the N slots' state and workspace must fit the available memory (the model is mapped
+ * already). want 0: what fits, at most 8 (at least 1). A --slots N that does not fit is refused before
+ * anything is allocated for it (printed; nonzero). */
+static int plan_slots(ms_cli_ctx *x, const ms_cli_opts *eo, int want, int chunk, int *out) {
+    int64_t cache = -1;
+    if (x->experts) {
+        ms_stream_stats ss;
+        ms_streaming_stats(x->experts, &ss);
+        cache = (int64_t)ss.slot_bytes * ss.n_slots;
+    }
+    int ctx = ms_engine_max_ctx(x->engine);
+    ms_plan_opts po = {.context = ctx, .max_batch = chunk > 8 ? chunk : 8, .threads = x->threads,
+                       .expert_cache_bytes = cache, .static_load = x->static_load, .slots = 1};
+    ms_plan p;
+    ms_err err = {0};
+    if (ms_plan_make(&x->model, &po, &p, &err)) {
+        fprintf(stderr, "moonshine serve: memory plan: %s\n", err.msg);
+        return 1;
+    }
+    uint64_t per = p.state_bytes + p.workspace_bytes;
+    int fit;
+    if (eo->memory_mib > 0) {
+        fit = ms_plan_max_slots(&x->model, &po, (uint64_t)eo->memory_mib << 20);
+        if (want > fit) {
+            po.slots = want;
+            ms_plan_make(&x->model, &po, &p, &err);
+            ms_plan_check(&p, (uint64_t)eo->memory_mib << 20, &err);
+            fprintf(stderr, "moonshine serve: --slots %d does not fit --memory-mib %lld (at most %d slot%s fit%s): %s\n",
+                    want, (long long)eo->memory_mib, fit, fit == 1 ? "" : "s", fit == 1 ? "s" : "", err.msg);
+            return 1;
+        }
+    } else {
+        uint64_t avail = mem_available();
+        fit = avail && per ? (int)(avail / per > 4096 ? 4096 : avail / per) : 4096;
+        if (want > fit) {
+            fprintf(stderr,
+                    "moonshine serve: --slots %d does not fit: each slot needs %.1f MiB (causal state for %d tokens "
+                    "and workspace), %.1f MiB are available; at most %d fit (--ctx smaller fits more)\n",
+                    want, per / 1048576.0, ctx, avail / 1048576.0, fit);
+            return 1;
+        }
+    }
+    *out = want > 0 ? want : fit < 1 ? 1 : fit > 8 ? 8 : fit;
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%s\nServes the OpenAI API (GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
                "POST /v1/completions, POST /tokenize, POST /detokenize) for the model in MODEL_DIR, which needs\n"
-               "a tokenizer and, for chat, a chat template. Requests run one at a time in arrival order\n"
-               "(see docs/server.md). --port 0 picks a free port; the listening address is printed to stderr.\n"
+               "a tokenizer and, for chat, a chat template (see docs/server.md). --port 0 picks a free port;\n"
+               "the listening address is printed to stderr.\n"
+               "--slots N: requests served at once, each in its own slot (own causal state); every step decodes\n"
+               "all of them together and prefills one --prefill-chunk (256) of one prompt. Default: what the\n"
+               "memory plan fits (--memory-mib, else the available memory), at most 8; a count that does not\n"
+               "fit is refused. --max-queue N (64): requests waiting beyond the slots; more get 503 with\n"
+               "Retry-After. --request-deadline-s S: a deadline for every request (a request's \"deadline_s\"\n"
+               "may shorten it); reached before the first token: 504 (the evaluated prompt is kept, a retry\n"
+               "resumes), after it: the reply ends with finish_reason \"length\" and \"deadline_exceeded\": true.\n"
                "--api-key KEY (or MOONSHINE_API_KEY): clients must send 'Authorization: Bearer KEY' (all but\n"
                "/health); a --host other than loopback is refused without one. --cors-origin ORIGIN lets a\n"
                "web page at ORIGIN call the server (\"*\": any); without it cross-origin requests get 403.\n"
                "Limits: --max-body-mib (8), --max-connections (1024; more get 503), --header-timeout-s (10:\n"
-               "request line + headers, and keep-alive idle), --body-timeout-s (30), --max-queue (64).\n"
+               "request line + headers, and keep-alive idle), --body-timeout-s (30).\n"
                "--parser think|qwen3|deepseek_v3|deepseek_v31|kimi_k2|glm|harmony|xtml overrides the\n"
                "reasoning/tool-call format chosen from config.json's model_type.\n"
                "Models that cannot roll back their state (KDA, DeltaNet, DSA, compressed attention) keep\n"
@@ -121,6 +192,8 @@ int cmd_serve(int argc, char **argv) {
     }
     ms_cli_opts eo;
     int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 8, pc_mib = 2048, max_conn = 1024, hto = 10, bto = 30;
+    int64_t n_slots = 0, chunk = 256;
+    double deadline = 0;
     if (ms_cli_engine_args(argc, argv, &eo) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
         ms_arg_int(argc, argv, "--max-queue", 1, 1 << 20, &max_queue) ||
         ms_arg_int(argc, argv, "--max-body-mib", 1, 1024, &max_body) ||
@@ -128,8 +201,18 @@ int cmd_serve(int argc, char **argv) {
         ms_arg_int(argc, argv, "--prefix-cache-mib", 0, INT64_C(1) << 30, &pc_mib) ||
         ms_arg_int(argc, argv, "--max-connections", 1, 1 << 20, &max_conn) ||
         ms_arg_int(argc, argv, "--header-timeout-s", 1, 3600, &hto) ||
-        ms_arg_int(argc, argv, "--body-timeout-s", 1, 3600, &bto))
+        ms_arg_int(argc, argv, "--body-timeout-s", 1, 3600, &bto) ||
+        ms_arg_int(argc, argv, "--slots", 1, 256, &n_slots) || ms_arg_int(argc, argv, "--prefill-chunk", 1, 4096, &chunk))
         return 2;
+    const char *dl_s = ms_arg_str(argc, argv, "--request-deadline-s");
+    if (dl_s) {
+        char *end;
+        deadline = strtod(dl_s, &end);
+        if (end == dl_s || *end || !(deadline > 0) || deadline > 1e6) {
+            fprintf(stderr, "moonshine serve: --request-deadline-s wants seconds in (0, 1e6], got \"%s\"\n", dl_s);
+            return 2;
+        }
+    }
     const char *key = ms_arg_str(argc, argv, "--api-key"), *cors = ms_arg_str(argc, argv, "--cors-origin");
     if (!key) key = getenv("MOONSHINE_API_KEY");
     if (key && !key[0]) key = NULL;
@@ -189,6 +272,7 @@ int cmd_serve(int argc, char **argv) {
     int32_t eos[64];
     int n_eos = 0;
     ms_generator *gen = NULL;
+    ms_sched *sched = NULL;
     ms_server *srv = NULL;
     ms_tok_ids fids = {0};
     ms_prefix_cache *pc = NULL;
@@ -200,38 +284,51 @@ int cmd_serve(int argc, char **argv) {
     for (int i = 0; i < n_eos; i++) dup |= eos[i] == teos;
     if (teos >= 0 && teos < V && !dup) eos[n_eos++] = teos;
     if (forced && load_forced(tok, forced, &fids)) goto done;
-    if (!ms_engine_can_truncate(x.engine)) {
+    int can_truncate = ms_engine_can_truncate(x.engine);
+    ms_server_reuse ru = MS_SERVER_REUSE_ROLLBACK;
+    if (!can_truncate) {
         reuse = "reset (no prefix cache)";
+        ru = MS_SERVER_REUSE_NONE;
         if (pc_entries > 0 && pc_mib > 0) {
             if (ms_prefix_cache_new((int)pc_entries, (uint64_t)pc_mib << 20, &pc, &err)) goto fail;
             snaps.user = pc;
             snaps.save = ms_prefix_cache_save_hook;
             snaps.restore = ms_prefix_cache_restore_hook;
-            reuse = "snapshots";
+            reuse = "snapshots shared by the slots";
+            ru = MS_SERVER_REUSE_SNAPSHOTS;
         }
+    } else {
+        reuse = "rollback, per slot";
     }
-    if (ms_generator_new(x.engine, tok, V, pc ? &snaps : NULL, &gen, &err)) goto fail;
+    int slots = 0;
+    if (plan_slots(&x, &eo, (int)n_slots, (int)chunk, &slots)) goto done;
+    /* the slots' engines replace the one ms_cli_open made (its memory is given back first) */
+    ms_engine_opts seo = {.max_ctx = eo.ctx, .max_batch = (int)chunk, .pool = x.pool,
+                          .experts = x.dev_experts ? x.dev_experts : x.experts, .mla_form = eo.mla_form, .backend = x.backend};
+    ms_engine_destroy(x.engine);
+    x.engine = NULL;
+    ms_sched_opts sco = {.n_slots = slots, .chunk = (int)chunk, .engine = seo, .tok = tok, .snaps = pc ? &snaps : NULL};
+    if (ms_sched_new(&x.model, &sco, &sched, &err)) goto fail;
+    gen = ms_sched_generator(sched, 0);
     serve_stats es = {0};
-    ms_server_opts so = {.host = host, .port = (int)port, .model_name = name, .model_dir = dir, .gen = gen, .tok = tok,
+    ms_server_opts so = {.host = host, .port = (int)port, .model_name = name, .model_dir = dir, .sched = sched, .tok = tok,
+                         .reuse = ru, .request_deadline_s = deadline,
                          .vocab = V, .eos_ids = eos, .n_eos = n_eos, .fmt = fmt, .max_body = (size_t)max_body << 20,
                          .max_queue = (int)max_queue, .forced_ids = forced ? fids.ids : NULL, .n_forced = (int)fids.n,
                          .api_key = key, .cors_origin = cors, .max_connections = (int)max_conn,
                          .header_timeout_s = (int)hto, .body_timeout_s = (int)bto,
-                         /* cancellable prefill in the engine's own chunks (ms_cli_open keeps the default
-                          * max_batch, 256: same logits as one piece); models that cannot roll back prefill
-                          * in one go (a snapshot would be saved per piece) */
-                         .prefill_chunk = ms_engine_can_truncate(x.engine) ? 256 : 0, .stats = engine_stats, .stats_user = &es};
-    es.engine = x.engine;
+                         .stats = engine_stats, .stats_user = &es};
+    es.sched = sched;
     es.experts = x.experts;
     es.pc = pc;
     if (ms_server_start(&so, &srv, &err)) goto fail;
     if (key) fprintf(stderr, "moonshine serve: API key required (Authorization: Bearer ...) on every endpoint but /health\n");
     fprintf(stderr,
-            "moonshine serve: listening on http://%s%s%s:%d (model \"%s\", %d threads, context %d, parser %s, prefix reuse "
-            "%s)\n",
+            "moonshine serve: listening on http://%s%s%s:%d (model \"%s\", %d slot%s, %d threads, context %d, prefill "
+            "chunk %d, parser %s, prefix reuse %s%s%s)\n",
             host && strchr(host, ':') ? "[" : "", host ? host : "127.0.0.1", host && strchr(host, ':') ? "]" : "",
-            ms_server_port(srv), name, x.threads, ms_generator_max_ctx(gen),
-            ms_outfmt_name(fmt), reuse);
+            ms_server_port(srv), name, slots, slots == 1 ? "" : "s", x.threads, ms_generator_max_ctx(gen), (int)chunk,
+            ms_outfmt_name(fmt), reuse, deadline > 0 ? ", request deadline " : "", deadline > 0 ? dl_s : "");
     fflush(stderr);
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -242,7 +339,7 @@ int cmd_serve(int argc, char **argv) {
 fail:
     fprintf(stderr, "moonshine serve: %s\n", err.msg);
 done:
-    ms_generator_free(gen);
+    ms_sched_free(sched);
     ms_prefix_cache_free(pc);
     ms_tok_ids_free(&fids);
     ms_cli_close(&x);

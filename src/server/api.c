@@ -582,6 +582,7 @@ static int chat_delta(ms_api_resp *r, cJSON *delta, const char *finish) {
     cJSON_AddNullToObject(choice, "logprobs");
     if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
     else cJSON_AddNullToObject(choice, "finish_reason");
+    if (finish && r->deadline) cJSON_AddTrueToObject(c, "deadline_exceeded");
     return send_event(r, c);
 }
 
@@ -720,6 +721,7 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
             cJSON_AddStringToObject(choice, "text", "");
             cJSON_AddNullToObject(choice, "logprobs");
             cJSON_AddStringToObject(choice, "finish_reason", fin);
+            if (r->deadline) cJSON_AddTrueToObject(c, "deadline_exceeded");
             if ((rc = send_event(r, c))) return rc;
         }
         if (r->o.include_usage) {
@@ -752,6 +754,7 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
     cJSON_AddStringToObject(choice, "finish_reason", fin);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "choices"), choice);
     cJSON_AddItemToObject(c, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens));
+    if (r->deadline) cJSON_AddTrueToObject(c, "deadline_exceeded");
     char *s = cJSON_PrintUnformatted(c);
     cJSON_Delete(c);
     if (!s) return ms_fail(err, MS_ERR_NOMEM, "response: out of memory");
@@ -826,6 +829,8 @@ int ms_api_resp_stream_error_kind(ms_api_kind kind, const ms_api_error *e, ms_ap
     free(buf);
     return rc;
 }
+
+void ms_api_resp_deadline(ms_api_resp *r) { r->deadline = 1; }
 
 int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user) {
     char *j = ms_api_error_json(e);

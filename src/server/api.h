@@ -162,6 +162,9 @@ int ms_api_resp_set_stop_sequence(ms_api_resp *r, const char *stop);
 char *ms_api_resp_message_json(ms_api_resp *r);
 /* RESPONSES: the response id ("resp_..." from opts.id). */
 const char *ms_api_resp_id(const ms_api_resp *r);
+/* The request's deadline ended the reply (finish "length"): the body, or the stream's
+ * chunk with the finish_reason, gets "deadline_exceeded": true. Call before finish. */
+void ms_api_resp_deadline(ms_api_resp *r);
 /* A streamed error after the stream started: `data: {"error":...}` and `data: [DONE]`. */
 int ms_api_resp_stream_error(const ms_api_error *e, ms_api_sink sink, void *user);
 /* The same for a kind: MESSAGES `event: error` (Anthropic's shape), RESPONSES `event: error`

@@ -57,6 +57,7 @@ struct ms_api_resp {
     char *text;           /* completion, non-stream */
     size_t text_len, text_cap;
     int sent_role, n_tool_calls;
+    int deadline;         /* ms_api_resp_deadline: the final chunk / body says the deadline ended it */
     ms_api_sink sink;     /* during a call */
     void *user;
     int sink_rc;

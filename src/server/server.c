@@ -43,8 +43,10 @@ typedef struct job {
     char *buf;              /* body bytes produced and not yet sent */
     size_t len, off, cap;
     int nomem;
-    int done, cancelled, running;
-    int status;             /* non-stream: HTTP status of the body */
+    int done, cancelled;
+    int started;            /* stream: the 200 and its SSE response are queued (before: an error can still be a status) */
+    int status;             /* HTTP status of the body (a stream's, until it started) */
+    double deadline_s, t_deadline; /* the request's deadline (0: none), and when it passes */
     int refs;               /* connection + worker/queue + stream response */
     struct job *next;
 } job;
@@ -60,11 +62,11 @@ typedef struct sock {
 } sock;
 
 enum { EP_HEALTH, EP_METRICS, EP_MODELS, EP_CHAT, EP_COMPLETIONS, EP_TOKENIZE, EP_DETOKENIZE, EP_MESSAGES,
-       EP_COUNT_TOKENS, EP_RESPONSES, EP_ROOT, EP_OTHER, EP_N };
+       EP_COUNT_TOKENS, EP_RESPONSES, EP_SLOTS, EP_ROOT, EP_OTHER, EP_N };
 static const char *const k_ep_name[EP_N] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions",
                                             "/v1/completions", "/tokenize", "/detokenize", "/v1/messages",
-                                            "/v1/messages/count_tokens", "/v1/responses", "/", "other"};
-static const int k_statuses[] = {200, 204, 400, 401, 403, 404, 405, 413, 415, 500, 503};
+                                            "/v1/messages/count_tokens", "/v1/responses", "/slots", "/", "other"};
+static const int k_statuses[] = {200, 204, 400, 401, 403, 404, 405, 413, 415, 500, 503, 504};
 #define N_STATUS ((int)(sizeof k_statuses / sizeof *k_statuses))
 static const double k_ttft_b[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 static const double k_itl_b[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
@@ -87,12 +89,28 @@ typedef struct metrics {
     uint64_t requests[EP_N][N_STATUS + 1]; /* last column: other statuses */
     uint64_t prompt_tokens, completion_tokens, cached_tokens, prefix_hits, generations, cancelled, failed;
     uint64_t timeouts, refused_connections;
+    uint64_t deadline_first, deadline_after; /* deadlines reached before the first token (504), after it (length) */
     hist ttft, itl;
     ms_server_engine_stats eng;
+    ms_sched_stats sched;
 } metrics;
+
+/* A slot as /slots and /metrics see it (the worker refreshes it after every step, under mu). */
+typedef struct slot_view {
+    ms_sched_slot info;
+    double t_arrive, deadline_s; /* of its request (0: none) */
+    int stream;
+} slot_view;
 
 struct ms_server {
     ms_server_opts o;
+    ms_sched *sched;
+    int n_slots;
+    struct run **slot_run;  /* the worker's: each slot's request */
+    job **slot_job;         /* under mu: each slot's job (the watchdog checks them for hang-ups) */
+    slot_view *view;        /* under mu */
+    int running;            /* under mu: jobs in slots */
+    uint64_t kept_seen;     /* the worker's: ms_sched_stats.kept_prefixes seen */
     char *model_name, *model_dir, *cors, *host_str;
     unsigned char key_hash[32];
     int has_key, loopback;
@@ -104,7 +122,7 @@ struct ms_server {
     int have_watch;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    job *head, *tail, *cur; /* queue; the job the worker runs */
+    job *head, *tail;       /* queue (waiting for a slot) */
     int queued;             /* queued + running */
     int stopping;
     pthread_mutex_t smu;    /* socks, n_socks */
@@ -221,19 +239,20 @@ static int job_check_cancel(job *j) {
     return c;
 }
 
-/* ---------------- the worker ---------------- */
-typedef struct gen_ctx {
+/* ---------------- the worker: the slot scheduler ---------------- */
+/* A job in a slot: its response builder and what the scheduler's callbacks need. */
+typedef struct run {
     ms_server *s;
     job *j;
     ms_api_resp *resp;
+    ms_outparse_opts po;
     ms_err err;
-    int rc;
+    int rc, slot, n_tok, deadline_hit;
     double t_last;
-    int n_tok;
     int32_t last_id;   /* the last sampled id */
     int32_t *ids;      /* sampled ids, kept when a stop string must be identified (MESSAGES with stop sequences) */
     int n_ids, cap_ids;
-} gen_ctx;
+} run;
 
 /* ---------------- the response store (Responses' previous_response_id) ---------------- */
 /* Keep id -> messages (newest first); the oldest go past STORE_MAX entries or STORE_MAX_BYTES. */
@@ -313,7 +332,7 @@ static void store_response(ms_server *s, job *j, ms_api_resp *resp) {
 
 /* The stop string that ended a generation: the earliest match in the decoded output (as the stop
  * matcher chose it), or NULL. */
-static const char *which_stop(ms_server *s, job *j, const gen_ctx *g) {
+static const char *which_stop(ms_server *s, job *j, const run *g) {
     if (!j->req.n_stop || !g->n_ids) return NULL;
     for (int i = 0; i < s->o.n_eos; i++)
         if (s->eos[i] == g->last_id) return NULL; /* ended by EOS */
@@ -331,10 +350,10 @@ static const char *which_stop(ms_server *s, job *j, const gen_ctx *g) {
     return best;
 }
 
-static int j_keeps_ids(const gen_ctx *g) { return g->j->req.kind == MS_API_MESSAGES && g->j->req.n_stop > 0; }
+static int j_keeps_ids(const run *g) { return g->j->req.kind == MS_API_MESSAGES && g->j->req.n_stop > 0; }
 
 static int on_token(void *user, int32_t id, const char *text, size_t len) {
-    gen_ctx *g = user;
+    run *g = user;
     if (id >= 0) {
         double t = now_s();
         pthread_mutex_lock(&g->s->mmu);
@@ -369,69 +388,122 @@ static void random_hex(char *out, int n) {
     out[n] = 0;
 }
 
-/* Prefill all but the last piece in prefill_chunk steps, stopping when the client left.
- * Returns MS_OK (and *cached: tokens reused) or an error; *gone when cancelled. */
-static int chunked_prefill(ms_server *s, job *j, int *cached, int *gone, ms_err *err) {
-    int nh;
-    const int32_t *h = ms_generator_history(s->o.gen, &nh);
-    int common = 0;
-    while (common < nh && common < j->n_prompt && h[common] == j->prompt[common]) common++;
-    if (common >= j->n_prompt) common = j->n_prompt - 1;
-    *cached = common;
-    int C = s->o.prefill_chunk;
-    for (int b = common + C; b < j->n_prompt; b += C) {
-        if ((*gone = job_check_cancel(j))) return MS_OK;
-        int c;
-        int rc = ms_generator_prefill(s->o.gen, j->prompt, b, &c, NULL, err);
-        if (rc) return rc;
+/* The job ends with an error: its JSON body (json, or e's) and status, unless a stream already started:
+ * then a `data: {"error":...}` event and [DONE]. */
+static void job_error(job *j, const ms_api_error *e, const char *json) {
+    pthread_mutex_lock(&j->mu);
+    int sse = j->req.stream && j->started;
+    if (!sse) {
+        j->len = j->off = 0; /* replace a partial body */
+        j->status = e->status;
     }
-    *gone = job_check_cancel(j);
-    return MS_OK;
+    pthread_mutex_unlock(&j->mu);
+    if (sse) {
+        ms_api_resp_stream_error_kind(j->req.kind, e, job_sink, j);
+        return;
+    }
+    char *b = json ? NULL : j->req.kind == MS_API_MESSAGES ? ms_api_anthropic_error_json(e) : ms_api_error_json(e);
+    const char *t = json ? json : b;
+    if (t) job_sink(j, t, strlen(t));
+    free(b);
 }
 
-static void run_job(ms_server *s, job *j) {
-    char hex[32], id[48];
-    random_hex(hex, 24);
-    ms_api_kind kind = j->req.kind;
-    snprintf(id, sizeof id, "%s%s", kind == MS_API_CHAT ? "chatcmpl-" : kind == MS_API_MESSAGES ? "msg_" :
-                                    kind == MS_API_RESPONSES ? "resp_" : "cmpl-", hex);
-    if (!j->req.has_seed) {
-        uint64_t seed;
-        if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)time(NULL);
-        j->req.sampling.seed = seed;
+/* The job left the worker: done, its connection woken, counted off, the worker's reference dropped. */
+static void job_end(ms_server *s, job *j, int slot) {
+    pthread_mutex_lock(&j->mu);
+    j->done = 1;
+    job_wake(j);
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&s->mu);
+    s->queued--;
+    if (slot >= 0) {
+        s->slot_job[slot] = NULL;
+        s->running--;
     }
-    ms_outparse_opts po = {.start_in_reasoning = j->start_in_reasoning, .tools_json = j->req.tools_json};
-    if (getrandom(&po.id_seed, sizeof po.id_seed, 0) != (ssize_t)sizeof po.id_seed) po.id_seed = j->req.sampling.seed ^ 0x5eedULL;
-    ms_api_resp_opts ro = {.kind = j->req.kind, .id = id, .model = s->model_name, .created = (int64_t)time(NULL),
-                           .stream = j->req.stream, .include_usage = j->req.include_usage, .fmt = s->o.fmt, .parse = &po,
-                           .prompt_tokens = j->n_prompt, .echo_json = j->req.echo_json,
-                           .previous_response_id = j->req.previous_response_id,
-                           .single_tool_call = !j->req.parallel_tool_calls};
-    gen_ctx g = {.s = s, .j = j};
-    ms_gen_params gp = {.sampling = j->req.sampling, .max_tokens = j->max_tokens,
-                        .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .eos_ids = s->eos,
-                        .n_eos = s->o.n_eos, .forced_ids = s->forced, .n_forced = s->o.n_forced};
-    ms_gen_result res = {0};
-    int cached = -1, gone = 0;
-    int rc = ms_api_resp_new(&ro, &g.resp, &g.err);
-    if (!rc && s->o.prefill_chunk > 0) rc = chunked_prefill(s, j, &cached, &gone, &g.err);
-    if (!rc && !gone) rc = ms_generate(s->o.gen, j->prompt, j->n_prompt, &gp, on_token, &g, &res, &g.err);
-    if (!rc && g.rc) rc = g.rc;
-    if (cached >= 0) res.cached_tokens = cached;
+    pthread_mutex_unlock(&s->mu);
+    job_unref(j);
+}
+
+/* 504: the deadline passed before the first token. evaluated: prompt tokens in the slot's state, of which
+ * reused were there before the request; resumes: the same request sent again starts from them. */
+static void deadline_error(ms_server *s, job *j, int evaluated, int reused, int resumes) {
+    double el = now_s() - j->t_arrive;
+    ms_api_error e;
+    if (evaluated > 0)
+        ms_api_fail(&e, 504, "timeout_error", NULL, "deadline_exceeded",
+                    "the request's deadline of %.3g s passed after %.3f s, before the first token: %d of the prompt's %d "
+                    "tokens are evaluated (%d reused from earlier requests, %d evaluated for this one); %s",
+                    j->deadline_s, el, evaluated, j->n_prompt, reused, evaluated - reused,
+                    resumes ? "the same request sent again resumes from them" : "a retry starts over");
+    else
+        ms_api_fail(&e, 504, "timeout_error", NULL, "deadline_exceeded",
+                    "the request's deadline of %.3g s passed after %.3f s while it waited for a slot: no prompt token "
+                    "was evaluated",
+                    j->deadline_s, el);
+    char *b = ms_api_error_json(&e), *out = NULL;
+    cJSON *root = b ? cJSON_Parse(b) : NULL, *eo = cJSON_GetObjectItemCaseSensitive(root, "error");
+    if (eo) {
+        cJSON_AddNumberToObject(eo, "elapsed_s", el);
+        cJSON_AddNumberToObject(eo, "deadline_s", j->deadline_s);
+        cJSON_AddNumberToObject(eo, "prompt_tokens", j->n_prompt);
+        cJSON_AddNumberToObject(eo, "prompt_tokens_evaluated", evaluated);
+        cJSON_AddNumberToObject(eo, "prompt_tokens_reused", reused);
+        cJSON_AddBoolToObject(eo, "retry_resumes", resumes);
+        out = cJSON_PrintUnformatted(root);
+    }
+    cJSON_Delete(root);
+    job_error(j, &e, out ? out : b);
+    free(out);
+    free(b);
+    pthread_mutex_lock(&s->mmu);
+    s->m.deadline_first++;
+    pthread_mutex_unlock(&s->mmu);
+}
+
+/* The scheduler's end of a request (inside ms_sched_step): the response's end, or its error; metrics. */
+static void on_done(void *user, int rc, const ms_gen_result *res0, const ms_err *err) {
+    run *g = user;
+    ms_server *s = g->s;
+    job *j = g->j;
+    ms_gen_result res = *res0;
+    if (rc && !g->err.msg[0] && err) g->err = *err;
+    if (!rc && g->rc) rc = g->rc;
     pthread_mutex_lock(&j->mu);
     int cancelled = j->cancelled;
     pthread_mutex_unlock(&j->mu);
-    if (!rc && !cancelled && res.finish == MS_FINISH_STOP && kind == MS_API_MESSAGES)
-        rc = ms_api_resp_set_stop_sequence(g.resp, which_stop(s, j, &g));
-    if (!rc && !cancelled && res.finish != MS_FINISH_ABORT)
-        rc = ms_api_resp_finish(g.resp, res.finish, res.prompt_tokens, res.completion_tokens, res.cached_tokens,
-                                job_sink, j, &g.err);
+    int evaluated = 0;
+    ms_generator *gen = ms_sched_generator(s->sched, g->slot);
+    if (gen) ms_generator_history(gen, &evaluated);
+    if (evaluated > j->n_prompt) evaluated = j->n_prompt;
+    ms_sched_stats st;
+    ms_sched_get_stats(s->sched, &st);
+    int kept = st.kept_prefixes > s->kept_seen; /* this slot's evaluated prefix was just saved as a snapshot */
+    s->kept_seen = st.kept_prefixes;
+    if (!rc && !cancelled && g->deadline_hit && !g->n_tok) {
+        int resumes = evaluated > 0 && (s->o.reuse == MS_SERVER_REUSE_ROLLBACK || kept ||
+                                        (s->o.reuse == MS_SERVER_REUSE_SNAPSHOTS && evaluated == j->n_prompt));
+        deadline_error(s, j, evaluated, res.cached_tokens, resumes);
+    } else if (!rc && !cancelled && (res.finish != MS_FINISH_ABORT || g->deadline_hit)) {
+        ms_finish fin = res.finish;
+        if (g->deadline_hit && fin == MS_FINISH_ABORT) {
+            fin = MS_FINISH_LENGTH;
+            ms_api_resp_deadline(g->resp);
+            pthread_mutex_lock(&s->mmu);
+            s->m.deadline_after++;
+            pthread_mutex_unlock(&s->mmu);
+        }
+        if (fin == MS_FINISH_STOP && j->req.kind == MS_API_MESSAGES)
+            rc = ms_api_resp_set_stop_sequence(g->resp, which_stop(s, j, g));
+        if (!rc)
+            rc = ms_api_resp_finish(g->resp, fin, res.prompt_tokens, res.completion_tokens, res.cached_tokens, job_sink,
+                                    j, &g->err);
+    }
     pthread_mutex_lock(&j->mu);
     cancelled = j->cancelled;
     pthread_mutex_unlock(&j->mu);
-    if (!rc && !cancelled && kind == MS_API_RESPONSES && j->req.store && res.finish != MS_FINISH_ABORT)
-        store_response(s, j, g.resp);
-    free(g.ids);
+    if (!rc && !cancelled && j->req.kind == MS_API_RESPONSES && j->req.store && res.finish != MS_FINISH_ABORT)
+        store_response(s, j, g->resp);
+    free(g->ids);
     pthread_mutex_lock(&s->mmu);
     s->m.generations++;
     s->m.prompt_tokens += (uint64_t)res.prompt_tokens;
@@ -443,61 +515,190 @@ static void run_job(ms_server *s, job *j) {
     pthread_mutex_unlock(&s->mmu);
     if (rc && !cancelled) {
         ms_api_error e;
-        ms_api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", g.err.msg[0] ? g.err.msg : ms_status_name(rc));
+        ms_api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", g->err.msg[0] ? g->err.msg : ms_status_name(rc));
         ms_api_scrub_paths(e.message, s->model_dir);
-        pthread_mutex_lock(&j->mu);
-        j->len = j->off = 0; /* non-stream: replace a partial body */
-        j->status = 500;
-        pthread_mutex_unlock(&j->mu);
-        if (j->req.stream) ms_api_resp_stream_error_kind(kind, &e, job_sink, j);
-        else {
-            char *b = kind == MS_API_MESSAGES ? ms_api_anthropic_error_json(&e) : ms_api_error_json(&e);
-            if (b) job_sink(j, b, strlen(b));
-            free(b);
-        }
+        job_error(j, &e, NULL);
     }
-    ms_api_resp_free(g.resp);
+    ms_api_resp_free(g->resp);
+    if (g->slot >= 0) s->slot_run[g->slot] = NULL;
+    job_end(s, j, g->slot);
+    free(g);
+}
+
+/* Put j into a free slot (between steps). */
+static void admit(ms_server *s, job *j) {
+    run *g = calloc(1, sizeof *g);
+    if (!g) {
+        ms_api_error e;
+        ms_api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+        job_error(j, &e, NULL);
+        job_end(s, j, -1);
+        return;
+    }
+    g->s = s;
+    g->j = j;
+    g->slot = -1;
+    char hex[32], id[48];
+    random_hex(hex, 24);
+    ms_api_kind kind = j->req.kind;
+    snprintf(id, sizeof id, "%s%s", kind == MS_API_CHAT ? "chatcmpl-" : kind == MS_API_MESSAGES ? "msg_" :
+                                    kind == MS_API_RESPONSES ? "resp_" : "cmpl-", hex);
+    if (!j->req.has_seed) {
+        uint64_t seed;
+        if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)time(NULL);
+        j->req.sampling.seed = seed;
+    }
+    g->po = (ms_outparse_opts){.start_in_reasoning = j->start_in_reasoning, .tools_json = j->req.tools_json};
+    if (getrandom(&g->po.id_seed, sizeof g->po.id_seed, 0) != (ssize_t)sizeof g->po.id_seed)
+        g->po.id_seed = j->req.sampling.seed ^ 0x5eedULL;
+    ms_api_resp_opts ro = {.kind = j->req.kind, .id = id, .model = s->model_name, .created = (int64_t)time(NULL),
+                           .stream = j->req.stream, .include_usage = j->req.include_usage, .fmt = s->o.fmt, .parse = &g->po,
+                           .prompt_tokens = j->n_prompt, .echo_json = j->req.echo_json,
+                           .previous_response_id = j->req.previous_response_id,
+                           .single_tool_call = !j->req.parallel_tool_calls};
+    ms_gen_params gp = {.sampling = j->req.sampling, .max_tokens = j->max_tokens,
+                        .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .eos_ids = s->eos,
+                        .n_eos = s->o.n_eos, .forced_ids = s->forced, .n_forced = s->o.n_forced};
+    int slot = -1;
+    int rc = ms_api_resp_new(&ro, &g->resp, &g->err);
+    if (!rc) rc = ms_sched_submit(s->sched, j->prompt, j->n_prompt, &gp, on_token, on_done, g, &slot, &g->err);
+    if (rc) {
+        ms_api_error e;
+        int client = rc == MS_ERR_ARG || rc == MS_ERR_LIMIT;
+        ms_api_fail(&e, client ? 400 : 500, client ? "invalid_request_error" : "server_error", NULL, NULL, "%s%s",
+                    client ? "" : "generation failed: ", g->err.msg[0] ? g->err.msg : ms_status_name(rc));
+        ms_api_scrub_paths(e.message, s->model_dir);
+        job_error(j, &e, NULL);
+        ms_api_resp_free(g->resp);
+        free(g);
+        pthread_mutex_lock(&s->mmu);
+        s->m.failed += !client;
+        pthread_mutex_unlock(&s->mmu);
+        job_end(s, j, -1);
+        return;
+    }
+    g->slot = slot;
+    s->slot_run[slot] = g;
+    pthread_mutex_lock(&s->mu);
+    s->slot_job[slot] = j;
+    s->running++;
+    pthread_mutex_unlock(&s->mu);
 }
 
 static void sample_engine_stats(ms_server *s) {
-    if (!s->o.stats) return;
     ms_server_engine_stats st = {0};
-    s->o.stats(s->o.stats_user, &st);
+    if (s->o.stats) s->o.stats(s->o.stats_user, &st);
+    ms_sched_stats ss;
+    ms_sched_get_stats(s->sched, &ss);
     pthread_mutex_lock(&s->mmu);
     s->m.eng = st;
+    s->m.sched = ss;
     pthread_mutex_unlock(&s->mmu);
+}
+
+/* /slots' and /metrics' view of the slots, refreshed by the worker after every step. */
+static void publish_slots(ms_server *s) {
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_slots; i++) {
+        slot_view *v = &s->view[i];
+        ms_sched_slot_info(s->sched, i, &v->info);
+        job *j = s->slot_job[i];
+        v->t_arrive = j ? j->t_arrive : 0;
+        v->deadline_s = j ? j->deadline_s : 0;
+        v->stream = j ? j->req.stream : 0;
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 static void *worker_main(void *arg) {
     ms_server *s = arg;
     sample_engine_stats(s);
+    job *adm[64];
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->head && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
-        if (!s->head) { pthread_mutex_unlock(&s->mu); break; }
-        job *j = s->head;
-        s->head = j->next;
-        if (!s->head) s->tail = NULL;
-        s->cur = j;
-        pthread_mutex_unlock(&s->mu);
-        pthread_mutex_lock(&j->mu);
-        int skip = j->cancelled || s->stopping;
-        j->running = 1;
-        pthread_mutex_unlock(&j->mu);
-        if (!skip) {
-            run_job(s, j);
-            sample_engine_stats(s);
+        while (!s->head && !s->running && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
+        if (s->stopping) {
+            pthread_mutex_unlock(&s->mu);
+            break;
         }
-        pthread_mutex_lock(&j->mu);
-        j->done = 1;
-        job_wake(j);
-        pthread_mutex_unlock(&j->mu);
-        pthread_mutex_lock(&s->mu);
-        s->queued--;
-        s->cur = NULL;
+        /* join: queued requests take the free slots (in arrival order); queued ones past their deadline (504)
+         * or whose client left go too */
+        int na = 0, nslot = 0, free_slots = ms_sched_free_slots(s->sched);
+        double t = now_s();
+        for (job **pp = &s->head; *pp && na < 64;) {
+            job *j = *pp;
+            pthread_mutex_lock(&j->mu);
+            int gone = j->cancelled;
+            pthread_mutex_unlock(&j->mu);
+            int late = gone || (j->t_deadline > 0 && t >= j->t_deadline);
+            if (late || nslot < free_slots) {
+                *pp = j->next;
+                adm[na++] = j;
+                nslot += !late;
+            } else {
+                pp = &j->next;
+            }
+        }
+        s->tail = s->head;
+        while (s->tail && s->tail->next) s->tail = s->tail->next;
         pthread_mutex_unlock(&s->mu);
-        job_unref(j);
+        for (int i = 0; i < na; i++) {
+            job *j = adm[i];
+            pthread_mutex_lock(&j->mu);
+            int skip = j->cancelled;
+            pthread_mutex_unlock(&j->mu);
+            if (skip) job_end(s, j, -1);
+            else if (j->t_deadline > 0 && t >= j->t_deadline) {
+                deadline_error(s, j, 0, 0, 0);
+                job_end(s, j, -1);
+            } else admit(s, j);
+        }
+        if (na) publish_slots(s);
+        /* leave at the next step: hang-ups (also mid-prefill), deadlines */
+        t = now_s();
+        for (int i = 0; i < s->n_slots; i++) {
+            run *g = s->slot_run[i];
+            if (!g) continue;
+            ms_sched_slot info;
+            ms_sched_slot_info(s->sched, i, &info);
+            if (info.state == MS_SLOT_DONE) continue; /* it ended on its own: leaves as it is */
+            if (job_check_cancel(g->j)) ms_sched_cancel(s->sched, i);
+            else if (!g->deadline_hit && g->j->t_deadline > 0 && t >= g->j->t_deadline) {
+                g->deadline_hit = 1;
+                ms_sched_cancel(s->sched, i);
+            }
+        }
+        if (ms_sched_active(s->sched)) {
+            ms_err err = {0};
+            ms_sched_step(s->sched, &err); /* a failed step ends the requests it concerned, with its error */
+        }
+        publish_slots(s);
+        sample_engine_stats(s);
     }
+    /* stopping: every request is cancelled; the slots' requests leave, the queue empties */
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slot_run[i]) {
+            job *j = s->slot_run[i]->j;
+            pthread_mutex_lock(&j->mu);
+            j->cancelled = 1;
+            job_wake(j);
+            pthread_mutex_unlock(&j->mu);
+            ms_sched_cancel(s->sched, i);
+        }
+    if (ms_sched_active(s->sched)) {
+        ms_err err = {0};
+        ms_sched_step(s->sched, &err);
+    }
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        job *j = s->head;
+        if (j) s->head = j->next;
+        if (!s->head) s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (!j) break;
+        job_end(s, j, -1);
+    }
+    publish_slots(s);
     return NULL;
 }
 
@@ -515,15 +716,19 @@ static void *watch_main(void *arg) {
         pthread_mutex_unlock(&s->wmu);
         pthread_mutex_lock(&s->mu);
         int stop = s->stopping;
-        /* queued and running requests whose client hung up */
-        for (job *j = s->cur ? s->cur : s->head; j; j = j == s->cur ? s->head : j->next) {
-            pthread_mutex_lock(&j->mu);
-            if (!j->done && !j->cancelled && peer_gone(j->fd)) {
-                j->cancelled = 1;
-                job_wake(j);
+        /* queued and running requests whose client hung up (the worker frees their slots at the next step) */
+        int woke = 0;
+        for (int i = 0; i <= s->n_slots; i++)
+            for (job *j = i < s->n_slots ? s->slot_job[i] : s->head; j; j = i < s->n_slots ? NULL : j->next) {
+                pthread_mutex_lock(&j->mu);
+                if (!j->done && !j->cancelled && peer_gone(j->fd)) {
+                    j->cancelled = 1;
+                    job_wake(j);
+                    woke = 1;
+                }
+                pthread_mutex_unlock(&j->mu);
             }
-            pthread_mutex_unlock(&j->mu);
-        }
+        if (woke) pthread_cond_signal(&s->cv);
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
         /* header and body deadlines: shut the socket down, libmicrohttpd then closes it */
@@ -689,6 +894,24 @@ static void stream_free(void *cls) {
     job_unref(j);
 }
 
+/* The request's deadline: its "deadline_s" (seconds from arrival, > 0) when given, at most the server's
+ * --request-deadline-s; else the server's (0: none). */
+static int request_deadline(const ms_server *s, const char *body, size_t blen, double *out, ms_api_error *e) {
+    double d = s->o.request_deadline_s > 0 ? s->o.request_deadline_s : 0;
+    cJSON *root = cJSON_ParseWithLength(body, blen);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "deadline_s");
+    int rc = MS_OK;
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || v->valuedouble > 1e6)
+            rc = ms_api_fail(e, 400, "invalid_request_error", "deadline_s", NULL,
+                             "'deadline_s' must be a number of seconds in (0, 1e6]");
+        else if (!d || v->valuedouble < d) d = v->valuedouble;
+    }
+    cJSON_Delete(root);
+    *out = d;
+    return rc;
+}
+
 /* Validate, render and tokenize; on success *out is a job with its prompt. check_ctx: the
  * prompt (+ max_tokens) must fit the context. */
 static int prepare(ms_server *s, ms_api_kind kind, const char *body, size_t blen, int check_ctx, job **out,
@@ -775,6 +998,8 @@ static int prepare(ms_server *s, ms_api_kind kind, const char *body, size_t blen
         goto fail;
     }
     j->max_tokens = j->req.max_tokens ? j->req.max_tokens : room;
+    if ((rc = request_deadline(s, body, blen, &j->deadline_s, e))) goto fail;
+    if (j->deadline_s > 0) j->t_deadline = j->t_arrive + j->deadline_s;
     *out = j;
     return MS_OK;
 fail:
@@ -785,10 +1010,13 @@ fail:
 static int enqueue(ms_server *s, job *j, ms_api_error *e) {
     pthread_mutex_lock(&s->mu);
     int max = s->o.max_queue > 0 ? s->o.max_queue : 64;
-    if (s->stopping || s->queued >= max) {
+    if (s->stopping || s->queued >= s->n_slots + max) {
         pthread_mutex_unlock(&s->mu);
         return ms_api_fail(e, 503, "server_error", NULL, "server_busy",
-                           s->stopping ? "the server is shutting down" : "the server is busy: %d requests are queued; retry later", s->queued);
+                           s->stopping ? "the server is shutting down"
+                                       : "the server is busy: all %d slots are serving requests and %d more are queued "
+                                         "(--max-queue %d); retry later",
+                           s->n_slots, s->queued - s->n_slots, max);
     }
     j->refs++;
     j->next = NULL;
@@ -801,16 +1029,34 @@ static int enqueue(ms_server *s, job *j, ms_api_error *e) {
     return MS_OK;
 }
 
-/* The finished non-stream job's body (or MHD_NO when the client left). */
+/* A stream's response: 200 and the SSE bytes as the worker produces them. */
+static enum MHD_Result start_stream(ms_server *s, struct MHD_Connection *c, conn *cn, job *j) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
+    if (!r) return MHD_NO;
+    pthread_mutex_lock(&j->mu);
+    j->refs++; /* the response's */
+    j->started = 1;
+    pthread_mutex_unlock(&j->mu);
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    return respond(s, c, cn, MHD_HTTP_OK, r);
+}
+
+/* The job's answer once the worker has news (or MHD_NO when the client left): a finished body; for a
+ * stream, the SSE response from its first bytes on (until then an error, e.g. a 504, is still a status). */
 static enum MHD_Result answer_job(ms_server *s, struct MHD_Connection *c, conn *cn) {
     job *j = cn->j;
     pthread_mutex_lock(&j->mu);
-    if (!j->done && !j->cancelled) { /* woken early: wait on */
+    int stream_now = j->req.stream && !j->cancelled && j->status == 200 && (j->len > 0 || j->done);
+    if (!j->done && !j->cancelled && !stream_now) { /* woken early: wait on */
         MHD_suspend_connection(c);
         j->suspended = 1;
         pthread_mutex_unlock(&j->mu);
         return MHD_YES;
     }
+    pthread_mutex_unlock(&j->mu);
+    if (stream_now) return start_stream(s, c, cn, j);
+    pthread_mutex_lock(&j->mu);
     int ok = j->done && !j->cancelled && !j->nomem;
     if (!j->done) j->cancelled = 1;
     int status = j->status;
@@ -839,24 +1085,14 @@ static enum MHD_Result handle_generate(ms_server *s, struct MHD_Connection *c, m
         return send_error_h(s, c, cn, &e, k_retry);
     }
     cn->j = j; /* the connection's reference */
-    if (j->req.stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
-        if (!r) return MHD_NO;
-        pthread_mutex_lock(&j->mu);
-        j->refs++; /* the response's */
-        pthread_mutex_unlock(&j->mu);
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        return respond(s, c, cn, MHD_HTTP_OK, r);
-    }
     pthread_mutex_lock(&j->mu);
-    int done = j->done;
-    if (!done) {
+    int news = j->done || (j->req.stream && j->len > 0);
+    if (!news) {
         MHD_suspend_connection(c);
         j->suspended = 1;
     }
     pthread_mutex_unlock(&j->mu);
-    return done ? answer_job(s, c, cn) : MHD_YES;
+    return news ? answer_job(s, c, cn) : MHD_YES;
 }
 
 /* POST /tokenize: {"prompt": text or ids} or {"messages": [...], "tools"?} -> {"tokens","count","max_model_len"}. */
@@ -953,7 +1189,8 @@ static enum MHD_Result handle_metrics(ms_server *s, struct MHD_Connection *c, co
     FILE *f = open_memstream(&buf, &len);
     if (!f) return MHD_NO;
     pthread_mutex_lock(&s->mu);
-    int queued = s->queued, running = s->cur != NULL;
+    int queued = s->queued, running = s->running, by_state[4] = {0};
+    for (int i = 0; i < s->n_slots; i++) by_state[s->view[i].info.state]++;
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&s->smu);
     int nconn = s->n_socks;
@@ -979,8 +1216,23 @@ static enum MHD_Result handle_metrics(ms_server *s, struct MHD_Connection *c, co
     PROM(f, "counter", "moonshine_prefix_cached_tokens_total", "prompt tokens reused from a cached prefix", "%llu", (ull)m.cached_tokens);
     prom_hist(f, "moonshine_time_to_first_token_seconds", "arrival to the first generated token", &m.ttft, k_ttft_b, N_TTFT);
     prom_hist(f, "moonshine_inter_token_latency_seconds", "time between generated tokens", &m.itl, k_itl_b, N_ITL);
-    PROM(f, "gauge", "moonshine_queue_length", "requests waiting for the worker", "%d", queued - running);
-    PROM(f, "gauge", "moonshine_requests_running", "requests the worker is generating", "%d", running);
+    PROM(f, "gauge", "moonshine_queue_length", "requests waiting for a slot", "%d", queued - running);
+    PROM(f, "gauge", "moonshine_requests_running", "requests in slots", "%d", running);
+    PROM(f, "gauge", "moonshine_slots", "parallel slots (--slots)", "%d", s->n_slots);
+    PROM(f, "gauge", "moonshine_slots_busy", "slots serving a request", "%d", s->n_slots - by_state[MS_SLOT_FREE]);
+    fprintf(f, "# HELP moonshine_slots_state slots by state\n# TYPE moonshine_slots_state gauge\n");
+    for (int k = 0; k < 4; k++)
+        fprintf(f, "moonshine_slots_state{state=\"%s\"} %d\n", ms_sched_slot_state_name((ms_sched_slot_state)k), by_state[k]);
+    PROM(f, "gauge", "moonshine_slot_occupancy", "busy slots / slots", "%.4f", (double)(s->n_slots - by_state[MS_SLOT_FREE]) / s->n_slots);
+    PROM(f, "counter", "moonshine_deadline_exceeded_total", "requests whose deadline passed (before the first token: 504)", "%llu",
+         (ull)(m.deadline_first + m.deadline_after));
+    PROM(f, "counter", "moonshine_deadline_before_first_token_total", "deadlines reached before the first token (504)", "%llu", (ull)m.deadline_first);
+    PROM(f, "counter", "moonshine_deadline_after_first_token_total", "deadlines that ended a reply (finish length)", "%llu", (ull)m.deadline_after);
+    PROM(f, "counter", "moonshine_sched_steps_total", "scheduler steps", "%llu", (ull)m.sched.steps);
+    PROM(f, "counter", "moonshine_sched_decode_steps_total", "batched decode steps", "%llu", (ull)m.sched.decode_steps);
+    PROM(f, "counter", "moonshine_sched_decode_rows_total", "sequences decoded, summed over decode steps (rows / steps: the mean batch)", "%llu",
+         (ull)m.sched.decode_rows);
+    PROM(f, "counter", "moonshine_sched_prefill_tokens_total", "prompt tokens prefilled by the slots", "%llu", (ull)m.sched.prefill_tokens);
     PROM(f, "gauge", "moonshine_open_connections", "open client connections", "%d", nconn);
     PROM(f, "counter", "moonshine_connections_refused_total", "connections opened past --max-connections", "%llu", (ull)m.refused_connections);
     PROM(f, "counter", "moonshine_connection_timeouts_total", "connections closed by the header/body deadlines", "%llu", (ull)m.timeouts);
@@ -1007,6 +1259,40 @@ static enum MHD_Result handle_metrics(ms_server *s, struct MHD_Connection *c, co
     return rc;
 }
 
+/* GET /slots: each slot's state, tokens and request age (the worker's view after its last step). */
+static enum MHD_Result handle_slots(ms_server *s, struct MHD_Connection *c, conn *cn) {
+    cJSON *o = cJSON_CreateObject();
+    double t = now_s();
+    pthread_mutex_lock(&s->mu);
+    cJSON_AddNumberToObject(o, "n_slots", s->n_slots);
+    cJSON_AddNumberToObject(o, "busy", s->running);
+    cJSON_AddNumberToObject(o, "queued", s->queued - s->running);
+    cJSON_AddNumberToObject(o, "max_queue", s->o.max_queue > 0 ? s->o.max_queue : 64);
+    cJSON_AddStringToObject(o, "prefix_reuse", s->o.reuse == MS_SERVER_REUSE_SNAPSHOTS ? "shared snapshots"
+                                               : s->o.reuse == MS_SERVER_REUSE_ROLLBACK ? "per slot (rollback)" : "none");
+    cJSON *arr = cJSON_AddArrayToObject(o, "slots");
+    for (int i = 0; i < s->n_slots; i++) {
+        const slot_view *v = &s->view[i];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "id", i);
+        cJSON_AddStringToObject(e, "state", ms_sched_slot_state_name(v->info.state));
+        cJSON_AddNumberToObject(e, "n_ctx_tokens", v->info.history);
+        if (v->info.state != MS_SLOT_FREE) {
+            cJSON_AddNumberToObject(e, "prompt_tokens", v->info.prompt_tokens);
+            cJSON_AddNumberToObject(e, "cached_tokens", v->info.cached_tokens);
+            cJSON_AddNumberToObject(e, "prompt_tokens_evaluated",
+                                    v->info.state == MS_SLOT_PREFILL ? v->info.history : v->info.prompt_tokens);
+            cJSON_AddNumberToObject(e, "completion_tokens", v->info.completion_tokens);
+            cJSON_AddBoolToObject(e, "stream", v->stream);
+            cJSON_AddNumberToObject(e, "age_s", v->t_arrive > 0 ? t - v->t_arrive : 0);
+            if (v->deadline_s > 0) cJSON_AddNumberToObject(e, "deadline_s", v->deadline_s);
+        }
+        cJSON_AddItemToArray(arr, e);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return send_json(s, c, cn, 200, o);
+}
+
 static enum MHD_Result method_not_allowed(ms_server *s, struct MHD_Connection *c, conn *cn, const char *method,
                                           const char *url, const char *allow) {
     ms_api_error e;
@@ -1028,6 +1314,7 @@ static int endpoint_of(const char *url) {
     if (!strcmp(url, "/v1/messages/count_tokens")) return EP_COUNT_TOKENS;
     if (!strcmp(url, "/v1/responses")) return EP_RESPONSES;
     if (!strcmp(url, "/") || !strcmp(url, "/index.html")) return EP_ROOT;
+    if (!strcmp(url, "/slots")) return EP_SLOTS;
     return EP_OTHER;
 }
 
@@ -1058,6 +1345,7 @@ static enum MHD_Result route(ms_server *s, struct MHD_Connection *c, const char 
                            "X-Content-Type-Options", "nosniff", "X-Frame-Options", "DENY", "Cache-Control", "no-cache", NULL};
         return send_body(s, c, cn, 200, page, n, "text/html; charset=utf-8", h);
     }
+    case EP_SLOTS: return handle_slots(s, c, cn);
     case EP_MODELS:
         if (!strcmp(url, "/v1/models")) {
             cJSON *j = cJSON_CreateObject();
@@ -1323,17 +1611,21 @@ static void server_free(ms_server *s) {
     free(s->host_str);
     free(s->eos);
     free(s->forced);
+    free(s->slot_run);
+    free(s->slot_job);
+    free(s->view);
     free(s);
 }
 
 int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
     *out = NULL;
-    if (!o->gen || !o->tok || !o->model_name || !o->model_name[0] || !o->model_dir)
+    if (!o->tok || !o->model_name || !o->model_name[0] || !o->model_dir)
         return ms_fail(err, MS_ERR_ARG, "server: needs a generator, a tokenizer, a model name and a model directory");
     if (o->port < 0 || o->port > 65535) return ms_fail(err, MS_ERR_ARG, "server: port %d is out of range", o->port);
     if (o->n_eos < 0 || o->n_eos > 64 || o->n_forced < 0) return ms_fail(err, MS_ERR_ARG, "server: bad eos/forced id lists");
-    if (o->header_timeout_s < 0 || o->body_timeout_s < 0 || o->max_connections < 0 || o->prefill_chunk < 0)
-        return ms_fail(err, MS_ERR_ARG, "server: negative timeout, connection limit or prefill chunk");
+    if (!o->sched) return ms_fail(err, MS_ERR_ARG, "server: needs the slot scheduler");
+    if (o->header_timeout_s < 0 || o->body_timeout_s < 0 || o->max_connections < 0 || o->request_deadline_s < 0)
+        return ms_fail(err, MS_ERR_ARG, "server: negative timeout, deadline or connection limit");
     const char *host = o->host ? o->host : "127.0.0.1";
     if (!strcmp(host, "localhost")) host = "127.0.0.1";
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
@@ -1355,6 +1647,9 @@ int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
     ms_server *s = calloc(1, sizeof *s);
     if (!s) return ms_fail(err, MS_ERR_NOMEM, "server: out of memory");
     s->o = *o;
+    s->sched = o->sched;
+    s->n_slots = ms_sched_n_slots(o->sched);
+    if (!s->o.gen) s->o.gen = ms_sched_generator(o->sched, 0);
     if (!s->o.max_body) s->o.max_body = MS_API_MAX_BODY;
     if (!s->o.max_connections) s->o.max_connections = 1024;
     if (!s->o.header_timeout_s) s->o.header_timeout_s = 10;
@@ -1374,7 +1669,11 @@ int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
     s->cors = o->cors_origin ? strdup(o->cors_origin) : NULL;
     s->eos = malloc(sizeof(int32_t) * (size_t)(o->n_eos + 1));
     s->forced = o->forced_ids ? malloc(sizeof(int32_t) * (size_t)(o->n_forced + 1)) : NULL;
+    s->slot_run = calloc((size_t)s->n_slots, sizeof *s->slot_run);
+    s->slot_job = calloc((size_t)s->n_slots, sizeof *s->slot_job);
+    s->view = calloc((size_t)s->n_slots, sizeof *s->view);
     if (!s->model_name || !s->model_dir || !s->host_str || !s->eos || (o->forced_ids && !s->forced) ||
+        !s->slot_run || !s->slot_job || !s->view ||
         (o->cors_origin && !s->cors)) {
         server_free(s);
         return ms_fail(err, MS_ERR_NOMEM, "server: out of memory");
@@ -1433,12 +1732,13 @@ void ms_server_stop(ms_server *s) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
-    for (job *j = s->cur ? s->cur : s->head; j; j = j == s->cur ? s->head : j->next) {
-        pthread_mutex_lock(&j->mu);
-        j->cancelled = 1;
-        job_wake(j);
-        pthread_mutex_unlock(&j->mu);
-    }
+    for (int i = 0; i <= s->n_slots; i++)
+        for (job *j = i < s->n_slots ? s->slot_job[i] : s->head; j; j = i < s->n_slots ? NULL : j->next) {
+            pthread_mutex_lock(&j->mu);
+            j->cancelled = 1;
+            job_wake(j);
+            pthread_mutex_unlock(&j->mu);
+        }
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->worker, NULL);

@@ -13,6 +13,7 @@ typedef struct {
     slot_state state;
     int32_t *prompt; /* [max_ctx] the request's prompt (copied) */
     int32_t next;    /* DECODE: the id to forward at the next decode step */
+    int n_prompt;
     int cancelled, rc;
     ms_err err;
     ms_sched_done_fn done;
@@ -28,6 +29,7 @@ struct ms_sched {
     int *who;
     float *logits; /* [n, vocab] */
     ms_sched_stats st;
+    ms_gen_snapshots snaps; /* the generators' hook (zeros: none) */
 };
 
 int ms_sched_new(ms_model *m, const ms_sched_opts *o, ms_sched **out, ms_err *err) {
@@ -38,6 +40,7 @@ int ms_sched_new(ms_model *m, const ms_sched_opts *o, ms_sched **out, ms_err *er
     s->n = o->n_slots;
     s->chunk = o->chunk > 0 ? o->chunk : 64;
     s->vocab = m->cfg.vocab;
+    if (o->snaps) s->snaps = *o->snaps;
     s->s = calloc((size_t)s->n, sizeof *s->s);
     s->batch = calloc((size_t)s->n, sizeof *s->batch);
     s->tok = calloc((size_t)s->n, sizeof *s->tok);
@@ -74,6 +77,16 @@ static void slot_end(ms_sched *s, int i) {
     memset(&res, 0, sizeof res);
     int rc = sl->rc;
     ms_err e = sl->err;
+    if (sl->cancelled && sl->state == SLOT_PREFILL && s->snaps.save && !ms_engine_can_truncate(sl->e)) {
+        /* the prompt stopped mid-prefill: keep what was evaluated, so the same prompt resumes from it
+         * (a model that rolls back keeps it in the slot's history anyway) */
+        int nh;
+        const int32_t *h = ms_generator_history(sl->g, &nh);
+        ms_err se = {0};
+        if (nh > 0 && nh == ms_engine_n_past(sl->e)) {
+            if (s->snaps.save(s->snaps.user, sl->e, h, nh, &se) == MS_OK) s->st.kept_prefixes++;
+        }
+    }
     if (sl->run) {
         if (!rc) rc = ms_gen_run_finish(sl->run, &res, &e);
         else res = *ms_gen_run_result(sl->run);
@@ -113,14 +126,22 @@ void ms_sched_free(ms_sched *s) {
 
 int ms_sched_submit(ms_sched *s, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
                     ms_sched_done_fn done, void *user, int *slot_out, ms_err *err) {
-    int i = 0;
-    while (i < s->n && s->s[i].state != SLOT_FREE) i++;
-    if (i == s->n) return ms_fail(err, MS_ERR_LIMIT, "every one of the %d slots is busy", s->n);
+    /* the free slot whose history shares the longest prefix with the prompt (its state is reused) */
+    int i = -1, best = -1;
+    for (int k = 0; k < s->n; k++) {
+        if (s->s[k].state != SLOT_FREE) continue;
+        int nh, c = 0;
+        const int32_t *h = ms_generator_history(s->s[k].g, &nh);
+        while (c < nh && c < n && h[c] == prompt[c]) c++;
+        if (c > best) best = c, i = k;
+    }
+    if (i < 0) return ms_fail(err, MS_ERR_LIMIT, "every one of the %d slots is busy", s->n);
     slot *sl = &s->s[i];
     if (n < 1) return ms_fail(err, MS_ERR_ARG, "prompt is empty");
     if (n > ms_engine_max_ctx(sl->e))
         return ms_fail(err, MS_ERR_LIMIT, "prompt of %d tokens does not fit the context of %d", n, ms_engine_max_ctx(sl->e));
     memcpy(sl->prompt, prompt, sizeof(int32_t) * (size_t)n);
+    sl->n_prompt = n;
     int rc = ms_gen_run_new(sl->g, sl->prompt, n, p, fn, user, &sl->run, err);
     if (rc) return rc;
     sl->state = SLOT_PREFILL;
@@ -220,3 +241,28 @@ int ms_sched_free_slots(const ms_sched *s) { return s->n - ms_sched_active(s); }
 int ms_sched_n_slots(const ms_sched *s) { return s->n; }
 ms_generator *ms_sched_generator(ms_sched *s, int i) { return i >= 0 && i < s->n ? s->s[i].g : NULL; }
 void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *out) { *out = s->st; }
+
+void ms_sched_slot_info(const ms_sched *s, int i, ms_sched_slot *out) {
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= s->n) return;
+    const slot *sl = &s->s[i];
+    static const ms_sched_slot_state k[] = {MS_SLOT_FREE, MS_SLOT_PREFILL, MS_SLOT_DECODE, MS_SLOT_DONE};
+    out->state = k[sl->state];
+    ms_generator_history(sl->g, &out->history);
+    if (sl->run) {
+        const ms_gen_result *r = ms_gen_run_result(sl->run);
+        out->prompt_tokens = sl->n_prompt;
+        out->cached_tokens = r->cached_tokens;
+        out->completion_tokens = r->completion_tokens;
+    }
+}
+
+const char *ms_sched_slot_state_name(ms_sched_slot_state st) {
+    switch (st) {
+    case MS_SLOT_FREE: return "idle";
+    case MS_SLOT_PREFILL: return "prefill";
+    case MS_SLOT_DECODE: return "decode";
+    case MS_SLOT_DONE: return "ending";
+    }
+    return "?";
+}

@@ -11,7 +11,8 @@
  *   3. one decode step of every decoding slot together (ms_engine_decode_batch: the
  *      union of their routed experts acquired once per layer), then each samples
  *      its next token (ms_gen_run_next: penalties, stop strings, EOS, max_tokens).
- * New requests (ms_sched_submit) take a free slot between steps. Greedy results
+ * New requests (ms_sched_submit) take a free slot between steps: the one whose
+ * history shares the longest prefix with the prompt, so a slot's state is reused. Greedy results
  * equal the same requests served one at a time with ms_generate (logits within
  * F32 reduction order; tests/unit/test_slots.c).
  *
@@ -48,7 +49,10 @@ void ms_sched_free(ms_sched *s);
  * slot busy), those of ms_gen_run_new (then done is not called). */
 int ms_sched_submit(ms_sched *s, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
                     ms_sched_done_fn done, void *user, int *slot, ms_err *err);
-/* Cancel slot's request: it leaves at the next step (finish abort), also mid-prefill. */
+/* Cancel slot's request: it leaves at the next step (finish abort), also mid-prefill.
+ * A prefill stopped midway keeps its evaluated prefix: in the slot's history (a model
+ * that rolls back), or through the snapshot hook's save (one that cannot), so the same
+ * prompt submitted again resumes from it. */
 void ms_sched_cancel(ms_sched *s, int slot);
 /* One step (above). Returns the number of requests still in slots after it, or a
  * negative MS_ERR_* when the step itself could not run (err; the requests it
@@ -63,7 +67,20 @@ ms_generator *ms_sched_generator(ms_sched *s, int slot);
 
 typedef struct ms_sched_stats {
     uint64_t steps, decode_steps, decode_rows, prefill_chunks, prefill_tokens;
+    uint64_t kept_prefixes; /* cancelled prefills whose evaluated prefix was saved through the snapshot hook */
 } ms_sched_stats;
 void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *out);
+
+/* One slot as it stands (for a status page). */
+typedef enum { MS_SLOT_FREE, MS_SLOT_PREFILL, MS_SLOT_DECODE, MS_SLOT_DONE } ms_sched_slot_state;
+typedef struct ms_sched_slot {
+    ms_sched_slot_state state;
+    int prompt_tokens;     /* the request's prompt (0 when free) */
+    int cached_tokens;     /* of which reused */
+    int completion_tokens; /* sampled so far */
+    int history;           /* tokens the slot's engine holds (a free slot: its last request's, reusable) */
+} ms_sched_slot;
+void ms_sched_slot_info(const ms_sched *s, int slot, ms_sched_slot *out);
+const char *ms_sched_slot_state_name(ms_sched_slot_state st); /* "idle", "prefill", "decode", "ending" */
 
 #endif

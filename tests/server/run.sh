@@ -57,6 +57,8 @@ P3=$PORT
 start hostile --api-key hostile-test-key --max-connections 1000 --header-timeout-s 2 --body-timeout-s 2 --max-body-mib 1
 P4=$PORT
 P4PID=$!
+start slots --slots 3 --max-queue 2
+P5=$PORT
 rc=0
 BASE=http://127.0.0.1:$P1/v1 FORCED_BASE=http://127.0.0.1:$P2/v1 KDA_BASE=http://127.0.0.1:$P3/v1 FORCED_EXPECT=$W/forced.json MODEL_NAME=tiny-qwen3 \
     MOONSHINE=$CLI MODEL_DIR=$MODEL node "$SDK/test.mjs" > "$W/sdk.out" 2>&1 || rc=$?
@@ -75,6 +77,9 @@ fi
 case "$SERVER" in *asan*) RSS=--no-rss ;; *) RSS= ;; esac
 timeout 120 python3 tests/server/hostile.py "$P4" "$P4PID" hostile-test-key $RSS > "$W/hostile.out" 2>&1 || rc=$?
 cat "$W/hostile.out" >> "$W/sdk.out"
+# parallel slots (tests/server/slots.py): batching = one at a time, 503 past slots + queue, disconnects, deadlines
+timeout 120 python3 tests/server/slots.py "$P5" "$P3" > "$W/slots.out" 2>&1 || rc=$?
+cat "$W/slots.out" >> "$W/sdk.out"
 # moonshine-chat: a scripted conversation, saved, compared with the server's replies
 CHAT=${MOONSHINE_CHAT:-build/moonshine-chat}
 printf '/system Be brief.\nHello there\nAnd again\n/save %s\n/quit\n' "$W/chat.json" |
@@ -83,7 +88,7 @@ python3 tests/server/chat_check.py "$W/chat.json" "$W/chat.out" "http://127.0.0.
 if grep -q "ERROR: \|runtime error" "$W/chat.log"; then cat "$W/chat.log"; rc=1; fi
 cleanup
 pids=""
-for n in sampling forced kda hostile; do
+for n in sampling forced kda hostile slots; do
     if grep -q "ERROR: \|runtime error" "$W/$n.log"; then echo "FAIL server: $n log:"; cat "$W/$n.log"; rc=1; fi
 done
 line=$(grep -E '^[0-9]+ passed' "$W/sdk.out" | tr '\n' ' ')
