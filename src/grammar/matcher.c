@@ -382,6 +382,9 @@ static int walk_trie(ms_matcher *m, int32_t lo, int32_t hi, int base, int mode, 
                      uint32_t *bits) {
     const ms_gvocab *v = m->v;
     walk *w = &m->w;
+    const int32_t *tr = w->g->trans;
+    const uint8_t *flags = w->g->flags, *cls = w->g->cls;
+    int ncls = w->g->n_cls;
     m->setoff[0] = 0;
     m->setlen[0] = (int32_t)w->nsb;
     m->mark[1] = w->ar->len;
@@ -390,7 +393,16 @@ static int walk_trie(ms_matcher *m, int32_t lo, int32_t hi, int base, int mode, 
         w->ar->len = m->mark[d];
         w->nsb = m->setoff[d - 1] + (size_t)m->setlen[d - 1];
         m->setoff[d] = w->nsb;
-        int raw = step(w, m->setoff[d - 1], (size_t)m->setlen[d - 1], v->nb[i]);
+        int raw;
+        gcfg one = w->sb[m->setoff[d - 1]];
+        int32_t t1;
+        if (m->setlen[d - 1] == 1 && (t1 = tr[(size_t)one.s * ncls + cls[v->nb[i]]]) >= 0 && flags[t1] == GS_BYTES) {
+            /* the common case: one configuration moving to a plain state */
+            if (grow((void **)&w->sb, w->nsb + 1, &w->capsb, sizeof *w->sb)) return MS_ERR_NOMEM;
+            w->sb[w->nsb++] = (gcfg){t1, one.p};
+            w->esc = w->done = 0;
+            raw = 1;
+        } else raw = step(w, m->setoff[d - 1], (size_t)m->setlen[d - 1], v->nb[i]);
         if (!raw) {
             i = v->nend[i];
             continue;
