@@ -408,7 +408,7 @@ static int determinize(dctx *c, int ri, rdfa *out) {
         size_t tbase = trans.n;
         for (int cl = 0; cl < ncls; cl++)
             if (iv_push(&trans, -1)) goto nomem2;
-        qsort(pairs.v, pairs.n / 2, 2 * sizeof *pairs.v, cmp_pair);
+        if (pairs.n) qsort(pairs.v, pairs.n / 2, 2 * sizeof *pairs.v, cmp_pair);
         for (size_t i = 0; i < pairs.n;) {
             int32_t cl = pairs.v[i];
             set.n = 0;
@@ -420,7 +420,7 @@ static int determinize(dctx *c, int ri, rdfa *out) {
             CLOSE_AND_INTERN(id);
             trans.v[tbase + cl] = id;
         }
-        qsort(calls.v, calls.n / 2, 2 * sizeof *calls.v, cmp_pair);
+        if (calls.n) qsort(calls.v, calls.n / 2, 2 * sizeof *calls.v, cmp_pair);
         if (iv_push(&coff, (int32_t)crule.n)) goto nomem2;
         for (size_t i = 0; i < calls.n;) {
             int32_t rr = calls.v[i];
@@ -566,7 +566,7 @@ static int trim_minimize(rdfa *d, int ncls, const uint8_t *prod) {
                 key[1 + ncls + 2 * w + 1] = pr;
                 w++;
             }
-            qsort(key + 1 + ncls, w, 2 * sizeof *key, cmp_pair);
+            if (w) qsort(key + 1 + ncls, w, 2 * sizeof *key, cmp_pair);
             int added;
             int32_t id = ik_intern(&m, key, (int)(1 + ncls + 2 * w), &added);
             if (id < 0) {

@@ -233,7 +233,7 @@ static pnode *parse_primary(pctx *p) {
             if (p->s >= p->end) return free(r), pfree(n), perr(p, "unterminated class"), NULL;
             p->s++;
         }
-        qsort(r, (size_t)nr, 2 * sizeof *r, cmp_range);
+        if (nr) qsort(r, (size_t)nr, 2 * sizeof *r, cmp_range);
         int m = 0; /* merge */
         for (int i = 0; i < nr; i++) {
             if (m && r[2 * i] <= r[2 * (m - 1) + 1] + 1) {

@@ -114,7 +114,8 @@ void ms_matcher_free(ms_matcher *m);
 /* Write the allowed-token mask: bit (id % 32) of bits[id / 32] is set iff token id
  * may come next (ms_gvocab_mask_words(v) words; bits past n_vocab are 0). After a
  * stop token was accepted the mask is empty.
- * Errors: MS_ERR_LIMIT (a runtime limit), MS_ERR_NOMEM. */
+ * Errors: MS_ERR_LIMIT (a runtime limit: max_configs, or a document nested deeper
+ * than max_stack, where no token may be left to offer), MS_ERR_NOMEM. */
 int ms_matcher_mask(ms_matcher *m, uint32_t *bits, ms_err *err);
 
 /* Advance by one token. A token the mask would not allow is MS_ERR_ARG and leaves

@@ -108,7 +108,7 @@ int ms_gvocab_new_raw(uint32_t n_vocab, const uint8_t *const *bytes, const size_
         if ((int)len[i] > v->max_len) v->max_len = (int)len[i];
     }
     g_sort_bytes = v->bytes, g_sort_off = v->boff, g_sort_len = v->blen;
-    qsort(order, nt, sizeof *order, cmp_tok);
+    if (nt) qsort(order, nt, sizeof *order, cmp_tok);
     /* preorder trie: nodes at most total bytes + 1 */
     size_t cap = total + 1;
     v->nb = malloc(cap);
@@ -201,6 +201,7 @@ typedef struct gcache {
     int32_t *list;   /* accepted ids otherwise */
     int32_t nesc;
     int32_t *esc;    /* trie nodes to walk from the parent's continuation */
+    int32_t maxdep;  /* deepest call stack of the walk (frames above the state's own) */
 } gcache;
 
 typedef struct walk {
@@ -214,6 +215,7 @@ typedef struct walk {
     int nwork, capwork;
     size_t out_off; /* where the set being built starts in sb */
     int esc, done, rc;
+    int32_t maxdep; /* deepest node pushed */
 } walk;
 
 struct ms_matcher {
@@ -269,6 +271,7 @@ static int32_t node_push(walk *w, int32_t s, int32_t p) {
         a->cap = nc;
     }
     a->n[a->len] = (gnode){s, p, dep};
+    if (dep > w->maxdep) w->maxdep = dep;
     return a->len++;
 }
 
@@ -465,12 +468,15 @@ static int get_cache(ms_matcher *m, int32_t s, gcache **out, int *owned) {
     w->sb[w->nsb++] = (gcfg){s, BOTTOM};
     m->nacc = m->nescv = 0;
     w->rc = 0;
+    w->maxdep = 0;
     int rc = walk_trie(m, 1, v->n_nodes, 0, WALK_CACHE, g->follow[g->state_rule[s]], NULL);
+    int32_t maxdep = w->maxdep;
     w->ar = saved;
     if (rc) return rc;
     c = calloc(1, sizeof *c);
     if (!c) return MS_ERR_NOMEM;
     c->nacc = (int32_t)m->nacc;
+    c->maxdep = maxdep;
     if (m->nacc * 32 >= v->n_vocab) {
         c->bits = calloc(v->words, 4);
         if (!c->bits) goto nomem;
@@ -566,7 +572,9 @@ int ms_matcher_new(ms_grammar *g, const ms_gvocab *v, ms_matcher **out, ms_err *
     m->setoff = malloc(dn * sizeof *m->setoff);
     m->setlen = malloc(dn * sizeof *m->setlen);
     m->mark = malloc(dn * sizeof *m->mark);
-    if (!b || !m->setoff || !m->setlen || !m->mark) {
+    if (!b || !m->setoff || !m->setlen || !m->mark || grow((void **)&m->w.sb, 64, &m->w.capsb, sizeof *m->w.sb) ||
+        growi((void **)&m->w.seen, 64, &m->w.capseen, sizeof *m->w.seen) ||
+        growi((void **)&m->w.work, 64, &m->w.capwork, sizeof *m->w.work)) {
         ms_matcher_free(m);
         return ms_fail(err, MS_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -594,12 +602,11 @@ int ms_matcher_clone(const ms_matcher *m, ms_matcher **out, ms_err *err) {
     int rc = ms_matcher_new(m->g, m->v, &c, err);
     if (rc) return rc;
     if (growi((void **)&c->cur, m->ncur + 1, &c->capcur, sizeof *c->cur) ||
-        (m->ar.len > c->ar.cap && !(c->ar.n = realloc(c->ar.n, (size_t)m->ar.len * sizeof *c->ar.n)))) {
+        growi((void **)&c->ar.n, m->ar.len + 1, &c->ar.cap, sizeof *c->ar.n)) {
         ms_matcher_free(c);
         return ms_fail(err, MS_ERR_NOMEM, "grammar matcher clone: out of memory");
     }
-    if (m->ar.len > c->ar.cap) c->ar.cap = m->ar.len;
-    memcpy(c->ar.n, m->ar.n, (size_t)m->ar.len * sizeof *c->ar.n);
+    if (m->ar.len) memcpy(c->ar.n, m->ar.n, (size_t)m->ar.len * sizeof *c->ar.n);
     c->ar.len = m->ar.len;
     memcpy(c->cur, m->cur, (size_t)m->ncur * sizeof *c->cur);
     c->ncur = m->ncur;
@@ -713,16 +720,34 @@ int ms_matcher_accept(ms_matcher *m, int32_t tok, ms_err *err) {
 
 int ms_matcher_mask(ms_matcher *m, uint32_t *bits, ms_err *err) {
     const ms_gvocab *v = m->v;
+    const ms_grammar *g = m->g;
     memset(bits, 0, v->words * 4);
     if (m->ended) return MS_OK;
     walk *w = &m->w;
     int32_t mark = m->ar.len;
-    int rc = MS_OK;
+    int rc = MS_OK, deep = !m->ncur;
     for (int ci = 0; ci < m->ncur && !rc; ci++) {
         gcfg c = m->cur[ci];
         gcache *e;
         int owned;
         if ((rc = get_cache(m, c.s, &e, &owned))) break;
+        int32_t dep = c.p >= 0 ? m->ar.n[c.p].dep : 0;
+        if (dep + e->maxdep > g->o.max_stack) {
+            /* near max_stack the cache (walked with an empty stack) may offer calls the real
+             * stack cannot take: walk the whole trie from the real configuration instead */
+            deep = 1;
+            w->ar = &m->ar;
+            w->rc = 0;
+            w->nsb = 0;
+            if (grow((void **)&w->sb, 1, &w->capsb, sizeof *w->sb)) rc = MS_ERR_NOMEM;
+            else {
+                w->sb[w->nsb++] = c;
+                rc = walk_trie(m, 1, v->n_nodes, 0, WALK_FULL, NULL, bits);
+            }
+            if (owned) cache_free(e);
+            m->ar.len = mark;
+            continue;
+        }
         if (e->bits) {
             for (size_t i = 0; i < v->words; i++) bits[i] |= e->bits[i];
         } else {
@@ -757,6 +782,14 @@ int ms_matcher_mask(ms_matcher *m, uint32_t *bits, ms_err *err) {
     }
     if (m->done)
         for (size_t i = 0; i < v->n_stop; i++) bits[v->stop[i] >> 5] |= 1u << (v->stop[i] & 31);
+    if (deep && !m->done) {
+        /* only the stack bound can leave a live parse with no continuation */
+        size_t i = 0;
+        while (i < v->words && !bits[i]) i++;
+        if (i == v->words)
+            return ms_fail(err, MS_ERR_LIMIT, "grammar mask: the document nests deeper than max_stack (%d): no token can follow",
+                           g->o.max_stack);
+    }
     return MS_OK;
 }
 
