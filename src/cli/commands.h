@@ -15,6 +15,7 @@ typedef int (*ms_cmd_fn)(int argc, char **argv);
     X(bench, "measure load, prefill and decode speed and bandwidth use (JSON)") \
     X(bench_batch, "aggregate decode speed of K sequences stepped together, K = 1, 2, 4, 8 (JSON)") \
     X(kbench, "CPU kernel microbenchmark: bandwidth, decode GB/s, prefill GFLOP/s") \
+    X(bench_grammar, "time the constrained-decoding token mask on real vocabularies (JSON)") \
     X(kdabench, "time the chunked KDA delta rule against token-by-token stepping (JSON)") \
     X(pack, "rewrite routed experts into a packed, checksummed expert store") \
     X(probe, "measure a file's sequential read bandwidth (the drive's floor)") \
