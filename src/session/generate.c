@@ -620,6 +620,13 @@ struct ms_gen_run {
     ms_tok_stream ts;
     ms_gen_result res;
     int begun, prefilled, hit, abort_, done;
+    /* constrained decoding */
+    const ms_gen_constraint *c;
+    ms_matcher *m;
+    uint32_t *mask;  /* [mask words] */
+    float *mlog;     /* [vocab] masked logits */
+    int phase;       /* 0 prefix, 1 grammar, 2 suffix */
+    int pos;         /* forced ids emitted in the current phase */
 };
 
 int ms_gen_run_new(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
@@ -642,6 +649,28 @@ int ms_gen_run_new(ms_generator *g, const int32_t *prompt, int n, const ms_gen_p
     if (g->t && (int64_t)ms_tok_vocab_size(g->t) < sv) sv = ms_tok_vocab_size(g->t);
     int rc = ms_sampler_new(&p->sampling, sv, &r->sp, err);
     if (!rc) rc = ms_stopper_new(p->stop, p->n_stop, &r->st, err);
+    const ms_gen_constraint *c = p->constraint;
+    if (!rc && c) {
+        r->c = c;
+        if (c->n_prefix < 0 || c->n_suffix < 0 || (c->n_prefix && !c->prefix_ids) || (c->n_suffix && !c->suffix_ids))
+            rc = ms_fail(err, MS_ERR_ARG, "constraint: bad forced id lists");
+        for (int i = 0; !rc && i < c->n_prefix + c->n_suffix; i++) {
+            int32_t id = i < c->n_prefix ? c->prefix_ids[i] : c->suffix_ids[i - c->n_prefix];
+            if (id < 0 || id >= g->vocab) rc = ms_fail(err, MS_ERR_ARG, "constraint: forced id %d is outside the vocabulary", id);
+        }
+        if (!rc && c->grammar) {
+            if (!c->vocab || (int64_t)ms_gvocab_size(c->vocab) != g->vocab)
+                rc = ms_fail(err, MS_ERR_ARG, "constraint: the grammar vocabulary must have the model's %lld ids",
+                             (long long)g->vocab);
+            if (!rc) rc = ms_matcher_new(c->grammar, c->vocab, &r->m, err);
+            if (!rc) {
+                r->mask = malloc(ms_gvocab_mask_words(c->vocab) * sizeof *r->mask);
+                r->mlog = malloc((size_t)g->vocab * sizeof *r->mlog);
+                if (!r->mask || !r->mlog) rc = ms_fail(err, MS_ERR_NOMEM, "constraint: out of memory");
+            }
+        }
+        r->phase = c->n_prefix ? 0 : c->grammar ? 1 : 2;
+    }
     if (rc) {
         ms_gen_run_free(r);
         return rc;
@@ -655,7 +684,49 @@ void ms_gen_run_free(ms_gen_run *r) {
     ms_tok_stream_free(&r->ts);
     ms_sampler_free(r->sp);
     ms_stopper_free(r->st);
+    ms_matcher_free(r->m);
+    free(r->mask);
+    free(r->mlog);
     free(r);
+}
+
+/* Constrained decoding: the next id (*id), or *end = 1 when the constraint is complete. */
+static int constrained_next(ms_gen_run *r, int32_t *id, int *end, ms_err *err) {
+    const ms_gen_constraint *c = r->c;
+    ms_generator *g = r->g;
+    int rc;
+    *end = 0;
+    if (r->phase == 0) {
+        *id = c->prefix_ids[r->pos++];
+        if (r->pos >= c->n_prefix) r->phase = c->grammar ? 1 : 2, r->pos = 0;
+        return MS_OK;
+    }
+    if (r->phase == 1) {
+        if ((rc = ms_matcher_mask(r->m, r->mask, err))) return rc;
+        int any = 0;
+        for (int64_t i = 0; i < g->vocab; i++) {
+            int ok = (r->mask[i >> 5] >> (i & 31)) & 1;
+            r->mlog[i] = ok ? g->logits[i] : -INFINITY;
+            any |= ok;
+        }
+        /* the sampler covers only the tokenizer's ids; mask bits past it are never set for
+         * tokens without text (ms_gvocab_new), so "any" stands */
+        if (!any) return ms_fail(err, MS_ERR_LIMIT, "constraint: the grammar allows no token here");
+        if ((rc = ms_sampler_sample(r->sp, r->mlog, id, err))) return rc;
+        if (!((r->mask[*id >> 5] >> (*id & 31)) & 1))
+            return ms_fail(err, MS_ERR_ARG, "constraint: sampled id %d outside the mask", *id);
+        if ((rc = ms_matcher_accept(r->m, *id, err))) return rc;
+        if (ms_matcher_ended(r->m)) { /* a stop token: the document is complete */
+            if (!c->n_suffix) return MS_OK; /* the EOS path ends the generation */
+            r->phase = 2, r->pos = 0;
+        } else {
+            if (ms_matcher_closed(r->m)) r->phase = 2, r->pos = 0;
+            return MS_OK;
+        }
+    }
+    if (r->pos >= c->n_suffix) { *end = 1; return MS_OK; }
+    *id = c->suffix_ids[r->pos++];
+    return MS_OK;
 }
 
 int ms_gen_run_prefill(ms_gen_run *r, int max_feed, int *left, ms_err *err) {
@@ -684,7 +755,12 @@ int ms_gen_run_next(ms_gen_run *r, int32_t *feed_id, int *done, ms_err *err) {
     if (r->done) return MS_OK;
     if (!r->prefilled) return ms_fail(err, MS_ERR_ARG, "generate: the prompt is not prefilled yet");
     int32_t id;
-    if (p->forced_ids) {
+    if (r->c) {
+        int end = 0;
+        if (r->phase == 2 && r->pos >= r->c->n_suffix) end = 1;
+        else if ((rc = constrained_next(r, &id, &end, err))) return rc;
+        if (end) { res->finish = MS_FINISH_STOP; goto end; }
+    } else if (p->forced_ids) {
         if (res->completion_tokens >= p->n_forced) { res->finish = MS_FINISH_STOP; goto end; }
         id = p->forced_ids[res->completion_tokens];
         if (id < 0 || id >= g->vocab) return ms_fail(err, MS_ERR_ARG, "forced id %d is outside the vocabulary", id);
@@ -706,6 +782,7 @@ int ms_gen_run_next(ms_gen_run *r, int32_t *feed_id, int *done, ms_err *err) {
     if ((rc = emit(r->st, id, txt, tl, r->fn, r->user, &r->hit, &r->abort_, err))) return rc;
     if (r->hit) { res->finish = MS_FINISH_STOP; goto end; }
     if (r->abort_) { res->finish = MS_FINISH_ABORT; goto end; }
+    if (r->c && r->phase == 2 && r->pos >= r->c->n_suffix) { res->finish = MS_FINISH_STOP; goto end; } /* complete */
     if (res->completion_tokens >= p->max_tokens || g->n_hist >= ms_engine_max_ctx(g->e)) {
         res->finish = MS_FINISH_LENGTH;
         goto end;

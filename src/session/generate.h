@@ -19,6 +19,7 @@
 
 #include "engine/engine.h"
 #include "engine/state.h"
+#include "grammar/grammar.h"
 #include "text/tokenizer.h"
 #include "util/err.h"
 
@@ -113,6 +114,28 @@ typedef struct ms_gen_snapshots {
 typedef enum { MS_FINISH_NONE, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT } ms_finish;
 const char *ms_finish_name(ms_finish f); /* "stop", "length", "abort" */
 
+/* Constrained decoding (grammar/grammar.h). The generation is
+ *   prefix_ids   forced one per step (e.g. a tool-call frame's special tokens),
+ *   the grammar  each step's logits masked to the tokens the matcher allows (-inf
+ *                elsewhere) before sampling; the sampled id is accepted by the matcher,
+ *   suffix_ids   forced once the grammar is complete,
+ * then it ends (finish stop). The grammar is complete when the matcher is closed
+ * (nothing but a stop token may follow) or when a stop token of the vocabulary
+ * (allowed only where the document may end) is sampled: without suffix_ids that
+ * stop token is the generation's last id (an EOS); with them it is replaced by the
+ * suffix. vocab's stop ids should be the generation's eos_ids (ms_gvocab_new).
+ * A limit (max_tokens, the context) may end it earlier: finish length. The grammar and
+ * vocabulary are borrowed (one grammar may serve many runs at once); each run has its
+ * own matcher. */
+typedef struct ms_gen_constraint {
+    ms_grammar *grammar;          /* NULL: only the forced ids */
+    const ms_gvocab *vocab;       /* required with a grammar; its size is the model's vocab */
+    const int32_t *prefix_ids;
+    int n_prefix;
+    const int32_t *suffix_ids;
+    int n_suffix;
+} ms_gen_constraint;
+
 typedef struct ms_gen_params {
     ms_sampler_params sampling;
     int max_tokens;              /* >= 1 new tokens at most (also bounded by the context) */
@@ -126,6 +149,7 @@ typedef struct ms_gen_params {
      * NULL for normal sampling. */
     const int32_t *forced_ids;
     int n_forced;
+    const ms_gen_constraint *constraint; /* NULL: free generation (borrowed until the run ends) */
 } ms_gen_params;
 
 /* Per-token callback: id is the sampled token (-1 for text released at the end:
