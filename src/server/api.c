@@ -286,13 +286,20 @@ static int parse_tools(const cJSON *root, cJSON *render, ms_api_request *r, ms_a
     if (choice && !cJSON_IsNull(choice)) {
         if (cJSON_IsString(choice)) {
             if (!strcmp(choice->valuestring, "none")) use_tools = 0;
-            else if (!strcmp(choice->valuestring, "required"))
-                return UNSUPPORTED("tool_choice", "'tool_choice' \"required\" is not supported (no constrained decoding); use \"auto\"");
-            else if (strcmp(choice->valuestring, "auto"))
+            else if (!strcmp(choice->valuestring, "required")) {
+                r->constrain = MS_API_CONSTRAIN_TOOL;
+                r->constrain_param = "tool_choice";
+            } else if (strcmp(choice->valuestring, "auto"))
                 return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or an object, got \"%.64s\"",
                            choice->valuestring);
         } else if (cJSON_IsObject(choice)) {
-            return UNSUPPORTED("tool_choice", "'tool_choice' naming a function is not supported (no constrained decoding); use \"auto\"");
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(choice, "type"), *f = cJSON_GetObjectItemCaseSensitive(choice, "function"),
+                        *n = cJSON_GetObjectItemCaseSensitive(f, "name");
+            if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(n))
+                return BAD("tool_choice", "'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            r->constrain = MS_API_CONSTRAIN_TOOL;
+            r->constrain_param = "tool_choice";
+            if (!(r->forced_tool = strdup(n->valuestring))) return NOMEM();
         } else {
             return BAD("tool_choice", "'tool_choice' must be a string or an object, got %s", ms_api_type_name(choice));
         }
@@ -344,8 +351,7 @@ static int parse_chat(const cJSON *root, ms_api_request *r, ms_api_error *e) {
         if (rf && !cJSON_IsNull(rf)) {
             const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
             if (!cJSON_IsObject(rf) || !cJSON_IsString(ty)) rc = BAD("response_format", "'response_format' must be an object with a string 'type'");
-            else if (strcmp(ty->valuestring, "text"))
-                rc = UNSUPPORTED("response_format", "'response_format' type \"%.32s\" is not supported (text only)", ty->valuestring);
+            else rc = ms_api_set_format(rf, "response_format", r, e);
         }
     }
     if (!rc) {
@@ -480,6 +486,8 @@ void ms_api_request_free(ms_api_request *r) {
     free(r->previous_response_id);
     free(r->input_json);
     free(r->echo_json);
+    free(r->schema_json);
+    free(r->forced_tool);
     memset(r, 0, sizeof *r);
 }
 

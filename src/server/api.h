@@ -3,8 +3,8 @@
  *
  * Requests (POST /v1/chat/completions and /v1/completions bodies) are parsed
  * into an ms_api_request: every field we read is type- and range-checked;
- * fields we cannot honour (n > 1, logprobs, images, tool_choice "required",
- * response_format other than text, ...) are refused with an OpenAI-shaped
+ * fields we cannot honour (n > 1, logprobs, images, a JSON Schema keyword the
+ * grammar lacks, ...) are refused with an OpenAI-shaped
  * error naming the parameter, never silently ignored. Unknown fields are
  * ignored, as OpenAI-compatible servers do.
  *
@@ -21,6 +21,7 @@
 
 #include "session/generate.h"
 #include "text/outparse.h"
+#include "grammar/grammar.h"
 
 /* CHAT: POST /v1/chat/completions; COMPLETION: /v1/completions; MESSAGES: Anthropic's
  * POST /v1/messages; COUNT_TOKENS: its /v1/messages/count_tokens (a MESSAGES body without
@@ -93,7 +94,23 @@ typedef struct ms_api_request {
     char *input_json;          /* Responses: the input as internal messages, without instructions (owned) */
     int n_instructions;        /* Responses: leading messages of render_json that come from "instructions" (0/1) */
     char *echo_json;           /* Responses: {"instructions","tools","tool_choice",...} echoed in the response (owned) */
+    /* constrained decoding: response_format / text.format, tool_choice required or named */
+    int constrain;             /* MS_API_CONSTRAIN_* */
+    char *schema_json;         /* SCHEMA: the JSON Schema (owned) */
+    char *forced_tool;         /* TOOL: the function to call (owned), NULL: any of tools_json */
+    const char *constrain_param; /* the field it came from ("response_format", "text.format", "tool_choice"; static) */
 } ms_api_request;
+
+enum { MS_API_CONSTRAIN_NONE, MS_API_CONSTRAIN_JSON_OBJECT, MS_API_CONSTRAIN_SCHEMA, MS_API_CONSTRAIN_TOOL };
+
+/* The grammar of r's constraint (NULL when it has none) for a model family's tool-call syntax
+ * (fmt). TOOL: a call of the forced function (or of any of the tools), in the family's own
+ * syntax, its arguments bound to the function's parameter schema. close_reasoning: the prompt
+ * opened a reasoning block, so the forced output first closes it (*lead = the text to force
+ * first, static, or NULL). Errors: 400 naming the unsupported keyword and its JSON pointer (the
+ * grammar's message), a tool that is not in tools, a family whose syntax cannot be forced yet. */
+int ms_api_constraint_grammar(const ms_api_request *r, ms_outfmt fmt, int close_reasoning, struct ms_grammar **out,
+                              const char **lead, ms_api_error *e);
 
 /* How a model family turns reasoning on/off or sets its effort (chosen once per model). */
 typedef enum {

@@ -94,14 +94,15 @@ static void msg_add_call(cJSON *m, const char *id, const char *name, const char 
     cJSON_AddItemToArray(tc, c);
 }
 
-/* tool_choice "required" / a named tool: needs constrained decoding (the grammar engine).
- * The one place to wire it in: force the call through the grammar instead of refusing. */
+/* tool_choice "required" / a named tool: the call is forced through a grammar in the model
+ * family's tool-call syntax (ms_api_constraint_grammar). name NULL: any of the tools. */
 static int forced_tool_choice(ms_api_request *r, const char *param, const char *name, ms_api_error *e) {
-    (void)r;
-    if (name)
-        return UNSUPPORTED(param, "'%s' naming a tool ('%.64s') is not supported yet (it needs constrained decoding); use \"auto\"",
-                           param, name);
-    return UNSUPPORTED(param, "'%s' forcing a tool call is not supported yet (it needs constrained decoding); use \"auto\"", param);
+    r->constrain = MS_API_CONSTRAIN_TOOL;
+    r->constrain_param = param;
+    free(r->forced_tool);
+    r->forced_tool = NULL;
+    if (name && !(r->forced_tool = strdup(name))) return NOMEM();
+    return MS_OK;
 }
 
 /* ---------------- Anthropic Messages ---------------- */
@@ -213,11 +214,13 @@ static int anthropic_tools(const cJSON *root, cJSON *render, ms_api_request *r, 
         if (dp) r->parallel_tool_calls = 0;
         const char *t = ty->valuestring;
         if (!strcmp(t, "none")) use = 0;
-        else if (!strcmp(t, "any")) return forced_tool_choice(r, "tool_choice", NULL, e);
+        else if (!strcmp(t, "any")) {
+            if ((rc = forced_tool_choice(r, "tool_choice", NULL, e))) return rc;
+        }
         else if (!strcmp(t, "tool")) {
             const cJSON *n = cJSON_GetObjectItemCaseSensitive(tc, "name");
             if (!cJSON_IsString(n)) return BAD("tool_choice", "'tool_choice' of type \"tool\" needs a string 'name'");
-            return forced_tool_choice(r, "tool_choice", n->valuestring, e);
+            if ((rc = forced_tool_choice(r, "tool_choice", n->valuestring, e))) return rc;
         } else if (strcmp(t, "auto"))
             return BAD("tool_choice", "'tool_choice.type' must be \"auto\", \"any\", \"tool\" or \"none\", got \"%.64s\"", t);
     }
@@ -297,12 +300,16 @@ static int responses_tools(const cJSON *root, cJSON *render, cJSON *echo, ms_api
     if (tc && !cJSON_IsNull(tc)) {
         if (cJSON_IsString(tc)) {
             if (!strcmp(tc->valuestring, "none")) use = 0;
-            else if (!strcmp(tc->valuestring, "required")) return forced_tool_choice(r, "tool_choice", NULL, e);
+            else if (!strcmp(tc->valuestring, "required")) {
+                if ((rc = forced_tool_choice(r, "tool_choice", NULL, e))) return rc;
+            }
             else if (strcmp(tc->valuestring, "auto"))
                 return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or an object, got \"%.64s\"", tc->valuestring);
         } else if (cJSON_IsObject(tc)) {
-            const cJSON *n = cJSON_GetObjectItemCaseSensitive(tc, "name");
-            return forced_tool_choice(r, "tool_choice", cJSON_IsString(n) ? n->valuestring : "?", e);
+            const cJSON *n = cJSON_GetObjectItemCaseSensitive(tc, "name"), *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
+            if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(n))
+                return BAD("tool_choice", "'tool_choice' object must be {\"type\": \"function\", \"name\": ...}");
+            if ((rc = forced_tool_choice(r, "tool_choice", n->valuestring, e))) return rc;
         } else {
             return BAD("tool_choice", "'tool_choice' must be a string or an object, got %s", ms_api_type_name(tc));
         }
@@ -467,9 +474,8 @@ int ms_api_parse_responses(const cJSON *root, ms_api_request *r, ms_api_error *e
     if (v && !cJSON_IsNull(v)) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(v, "format"), *ty = cJSON_GetObjectItemCaseSensitive(f, "type");
         if (!cJSON_IsObject(v)) return BAD("text", "'text' must be an object");
-        if (f && !cJSON_IsNull(f) && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text")))
-            return UNSUPPORTED("text.format", "'text.format' type \"%.32s\" is not supported yet (it needs constrained decoding; "
-                                              "text only)", cJSON_IsString(ty) ? ty->valuestring : "?");
+        (void)ty;
+        if (f && !cJSON_IsNull(f) && (rc = ms_api_set_format(f, "text.format", r, e))) return rc;
     }
     const cJSON *input = cJSON_GetObjectItemCaseSensitive(root, "input");
     if (!input || cJSON_IsNull(input)) return BAD("input", "'input' is required");
@@ -512,7 +518,9 @@ int ms_api_parse_responses(const cJSON *root, ms_api_request *r, ms_api_error *e
         if (r->reasoning_effort) cJSON_AddStringToObject(re, "effort", r->reasoning_effort);
         else cJSON_AddNullToObject(re, "effort");
         cJSON_AddNullToObject(re, "summary");
-        cJSON_AddStringToObject(cJSON_AddObjectToObject(cJSON_AddObjectToObject(echo, "text"), "format"), "type", "text");
+        const cJSON *tf = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "text"), "format");
+        if (cJSON_IsObject(tf)) cJSON_AddItemToObject(cJSON_AddObjectToObject(echo, "text"), "format", cJSON_Duplicate(tf, 1));
+        else cJSON_AddStringToObject(cJSON_AddObjectToObject(cJSON_AddObjectToObject(echo, "text"), "format"), "type", "text");
         cJSON_AddBoolToObject(echo, "store", r->store);
         cJSON_AddStringToObject(echo, "truncation", "disabled");
         cJSON_AddObjectToObject(echo, "metadata");

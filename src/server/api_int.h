@@ -23,6 +23,9 @@ int ms_api_parse_common(const cJSON *root, ms_api_request *r, ms_api_error *e);
 /* An OpenAI chat "tools" array (validated) and tool_choice "auto"/"none" (use_tools 0 for "none"):
  * added to render and r->tools_json. */
 int ms_api_set_tools(const cJSON *tools, int use_tools, cJSON *render, ms_api_request *r, ms_api_error *e);
+/* A response_format (chat) or text.format (Responses) object: text, json_object, json_schema
+ * (the schema in f.json_schema.schema or f.schema; strict a boolean). Sets r->constrain. */
+int ms_api_set_format(const cJSON *f, const char *param, ms_api_request *r, ms_api_error *e);
 /* render_json from render (+ add_generation_prompt). */
 int ms_api_finish_render(cJSON *render, ms_api_request *r, ms_api_error *e);
 cJSON *ms_api_string_n(const char *s, size_t n);

@@ -49,6 +49,10 @@ typedef struct job {
     double deadline_s, t_deadline; /* the request's deadline (0: none), and when it passes */
     int refs;               /* connection + worker/queue + stream response */
     struct job *next;
+    /* constrained decoding (response_format, text.format, a forced tool call) */
+    ms_grammar *grammar;    /* NULL: none */
+    int32_t *lead;          /* forced ids before the grammar's text (closing an opened reasoning block) */
+    ms_gen_constraint con;
 } job;
 
 /* Per-socket state (MHD_OPTION_NOTIFY_CONNECTION): the watchdog's deadlines. */
@@ -104,6 +108,8 @@ typedef struct slot_view {
 
 struct ms_server {
     ms_server_opts o;
+    ms_gvocab *gvocab;      /* the grammar vocabulary, built on the first constrained request (under gvmu) */
+    pthread_mutex_t gvmu;
     ms_sched *sched;
     int n_slots;
     struct run **slot_run;  /* the worker's: each slot's request */
@@ -178,6 +184,8 @@ static void job_unref(job *j) {
     ms_api_request_free(&j->req);
     free(j->prompt);
     free(j->buf);
+    ms_grammar_free(j->grammar);
+    free(j->lead);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -558,7 +566,8 @@ static void admit(ms_server *s, job *j) {
                            .single_tool_call = !j->req.parallel_tool_calls};
     ms_gen_params gp = {.sampling = j->req.sampling, .max_tokens = j->max_tokens,
                         .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .eos_ids = s->eos,
-                        .n_eos = s->o.n_eos, .forced_ids = s->forced, .n_forced = s->o.n_forced};
+                        .n_eos = s->o.n_eos, .forced_ids = s->forced, .n_forced = s->o.n_forced,
+                        .constraint = j->grammar ? &j->con : NULL};
     int slot = -1;
     int rc = ms_api_resp_new(&ro, &g->resp, &g->err);
     if (!rc) rc = ms_sched_submit(s->sched, j->prompt, j->n_prompt, &gp, on_token, on_done, g, &slot, &g->err);
@@ -912,6 +921,31 @@ static int request_deadline(const ms_server *s, const char *body, size_t blen, d
     return rc;
 }
 
+/* The request's grammar (a 400 names an unsupported schema keyword before inference), the
+ * model's grammar vocabulary (built once), and the constraint the generation runs under. */
+static int prepare_constraint(ms_server *s, job *j, ms_api_error *e) {
+    const char *lead = NULL;
+    int rc = ms_api_constraint_grammar(&j->req, s->o.fmt, j->start_in_reasoning, &j->grammar, &lead, e);
+    if (rc || !j->grammar) return rc;
+    ms_err err = {0};
+    pthread_mutex_lock(&s->gvmu);
+    if (!s->gvocab) rc = ms_gvocab_new(s->o.tok, (uint32_t)s->o.vocab, s->eos, (size_t)s->o.n_eos, &s->gvocab, &err);
+    pthread_mutex_unlock(&s->gvmu);
+    if (rc) return ms_api_fail(e, 500, "server_error", NULL, NULL, "grammar vocabulary: %s", err.msg);
+    j->con = (ms_gen_constraint){.grammar = j->grammar, .vocab = s->gvocab};
+    if (lead) {
+        ms_tok_ids ids = {0};
+        if ((rc = ms_tok_encode(s->o.tok, lead, strlen(lead), MS_TOK_ENCODE_SPECIAL, &ids, &err))) {
+            ms_tok_ids_free(&ids);
+            return ms_api_fail(e, 500, "server_error", NULL, NULL, "tokenizing the forced text: %s", err.msg);
+        }
+        j->lead = ids.ids;
+        j->con.prefix_ids = ids.ids;
+        j->con.n_prefix = (int)ids.n;
+    }
+    return MS_OK;
+}
+
 /* Validate, render and tokenize; on success *out is a job with its prompt. check_ctx: the
  * prompt (+ max_tokens) must fit the context. */
 static int prepare(ms_server *s, ms_api_kind kind, const char *body, size_t blen, int check_ctx, job **out,
@@ -998,6 +1032,7 @@ static int prepare(ms_server *s, ms_api_kind kind, const char *body, size_t blen
         goto fail;
     }
     j->max_tokens = j->req.max_tokens ? j->req.max_tokens : room;
+    if (kind != MS_API_COUNT_TOKENS && (rc = prepare_constraint(s, j, e))) goto fail;
     if ((rc = request_deadline(s, body, blen, &j->deadline_s, e))) goto fail;
     if (j->deadline_s > 0) j->t_deadline = j->t_arrive + j->deadline_s;
     *out = j;
@@ -1611,6 +1646,7 @@ static void server_free(ms_server *s) {
     free(s->host_str);
     free(s->eos);
     free(s->forced);
+    ms_gvocab_free(s->gvocab);
     free(s->slot_run);
     free(s->slot_job);
     free(s->view);
@@ -1690,6 +1726,7 @@ int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
     pthread_cond_init(&s->wcv, NULL);
     pthread_mutex_init(&s->mmu, NULL);
     pthread_mutex_init(&s->rmu, NULL);
+    pthread_mutex_init(&s->gvmu, NULL);
     {
         ms_chat_source src = {0};
         ms_err perr = {0};
@@ -1757,5 +1794,6 @@ void ms_server_stop(ms_server *s) {
     pthread_mutex_destroy(&s->mmu);
     store_free(s);
     pthread_mutex_destroy(&s->rmu);
+    pthread_mutex_destroy(&s->gvmu);
     server_free(s);
 }

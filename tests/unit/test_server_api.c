@@ -69,8 +69,8 @@ TEST(request_refusals) {
         {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", "logprobs", "not supported", 400},
         {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", "messages[0].content", "required", 400},
         {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", "tools[0]", "name", 400},
-        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\"}}", "tool_choice", "not supported", 400},
-        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", "response_format", "not supported", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\"}}", "tool_choice", "must be {", 400},
+        {MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"xml\"}}", "response_format", "must be \"text\"", 400},
         {MS_API_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt", "several prompts", 400},
         {MS_API_COMPLETION, "{\"prompt\":[1,1000]}", "prompt", "'prompt[1]'", 400},
         {MS_API_COMPLETION, "{\"prompt\":\"a\",\"echo\":true}", "echo", "not supported", 400},
@@ -344,7 +344,8 @@ TEST(agent_requests) {
     CHECK(parse(MS_API_COUNT_TOKENS, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == 0);
     ms_api_request_free(&r);
     CHECK(parse(MS_API_MESSAGES, "{\"max_tokens\":1,\"tool_choice\":{\"type\":\"any\"},\"messages\":[{\"role\":\"user\","
-                                 "\"content\":\"x\"}]}", &r, &e) != 0 && !strcmp(e.code, "unsupported_parameter"));
+                                 "\"content\":\"x\"}]}", &r, &e) == 0 && r.constrain == MS_API_CONSTRAIN_TOOL && !r.forced_tool);
+    ms_api_request_free(&r);
     CHECK(parse(MS_API_MESSAGES, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}",
                 &r, &e) != 0 && !strcmp(e.param, "messages[0].content[0]"));
     /* Responses: items -> one assistant message per run of assistant-side items */

@@ -148,7 +148,7 @@ await test('anthropic tool-result turn renders as the chat messages would', asyn
   assert.ok(['max_tokens', 'end_turn', 'tool_use'].includes(m.stop_reason));
 });
 
-await test('anthropic errors: Anthropic-shaped 400s, tool_choice any/tool refused, x-api-key auth', async () => {
+await test('anthropic errors: Anthropic-shaped 400s, x-api-key auth', async () => {
   const bad = async (fn, fragment, cls = Anthropic.BadRequestError) => {
     try { await fn(); } catch (e) {
       assert.ok(e instanceof cls, `expected ${cls.name}, got ${e.constructor.name}: ${e.message}`);
@@ -159,8 +159,7 @@ await test('anthropic errors: Anthropic-shaped 400s, tool_choice any/tool refuse
     assert.fail('no error');
   };
   await bad(() => anth.messages.create({ model, messages: hello }), "'max_tokens' is required");
-  await bad(() => anth.messages.create({ model, messages: hello, max_tokens: 5, tools: anthTools, tool_choice: { type: 'any' } }), 'constrained decoding');
-  await bad(() => anth.messages.create({ model, messages: hello, max_tokens: 5, tools: anthTools, tool_choice: { type: 'tool', name: 'get_weather' } }), 'get_weather');
+  await bad(() => anth.messages.create({ model, messages: hello, max_tokens: 5, tools: anthTools, tool_choice: { type: 'tool', name: 'nope' } }), "not in 'tools'");
   await bad(() => anth.messages.create({ model, messages: [{ role: 'system', content: 'x' }], max_tokens: 5 }), 'messages[0].role');
   await bad(() => anth.messages.create({ model: 'claude-x', messages: hello, max_tokens: 5 }), 'does not exist', Anthropic.NotFoundError);
   const keyed = new Anthropic({ baseURL: KEY_BASE, apiKey: KEY_VALUE, ...opts });
@@ -240,7 +239,7 @@ await test('responses: function_call_output turn via previous_response_id = the 
   }
 });
 
-await test('responses: refusals name the field (tool_choice required, text.format json_schema, hosted tools)', async () => {
+await test('responses: refusals name the field (unsupported schema keyword, hosted tools)', async () => {
   const bad = async (req, param) => {
     try { await oai.responses.create({ model, input: 'x', ...req }); } catch (e) {
       assert.ok(e instanceof OpenAI.BadRequestError, e.message);
@@ -249,10 +248,76 @@ await test('responses: refusals name the field (tool_choice required, text.forma
     }
     assert.fail('no error');
   };
-  await bad({ tools: respTools, tool_choice: 'required' }, 'tool_choice');
-  await bad({ text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object' } } } }, 'text.format');
+  await bad({ text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { a: { type: 'string', pattern: 'x' } } } } } }, 'text.format');
   await bad({ tools: [{ type: 'web_search' }] }, 'tools[0]');
   await bad({ reasoning: { effort: 'extreme' } }, 'reasoning.effort');
+});
+
+
+// ---- constrained decoding ----
+const point = { type: 'object', additionalProperties: false, required: ['x', 'label'],
+  properties: { x: { type: 'integer' }, label: { type: 'string', maxLength: 10 }, tag: { enum: ['a', 'b'] } } };
+function checkPoint(o) {
+  assert.deepEqual(Object.keys(o).filter((k) => !['x', 'label', 'tag'].includes(k)), []);
+  assert.ok(Number.isInteger(o.x) || Math.abs(o.x) > 9e15);
+  assert.ok(typeof o.label === 'string' && [...o.label].length <= 10);
+  assert.ok(!('tag' in o) || ['a', 'b'].includes(o.tag));
+}
+
+await test('responses.parse with text.format json_schema: parsed objects validate, streamed too', async () => {
+  for (let i = 0; i < 3; i++) {
+    const r = await oai.responses.parse({ model, input: 'A point, please.', max_output_tokens: 300, seed: 90 + i,
+      text: { format: { type: 'json_schema', name: 'point', strict: true, schema: point } } });
+    assert.equal(r.status, 'completed');
+    checkPoint(r.output_parsed);
+    assert.equal(r.text.format.type, 'json_schema');
+  }
+  const st = oai.responses.stream({ model, input: 'A point.', max_output_tokens: 300,
+    text: { format: { type: 'json_schema', name: 'point', strict: true, schema: point } } });
+  const fin = await st.finalResponse();
+  assert.equal(fin.status, 'completed', JSON.stringify(fin.output));
+  const part = fin.output.find((o) => o.type === 'message').content.find((c) => c.type === 'output_text');
+  checkPoint(part.parsed ?? JSON.parse(part.text));
+  const jo = await oai.responses.create({ model, input: 'x', max_output_tokens: 300, text: { format: { type: 'json_object' } } });
+  if (jo.status === 'completed') {
+    const v = JSON.parse(jo.output_text);
+    assert.ok(v && typeof v === 'object' && !Array.isArray(v));
+  } else assert.equal(jo.incomplete_details?.reason, 'max_output_tokens');
+});
+
+await test('responses tool_choice required / named: a function_call item whose arguments validate', async () => {
+  const tools = [{ type: 'function', name: 'get_weather', strict: true,
+    parameters: { type: 'object', additionalProperties: false, properties: { city: { type: 'string', maxLength: 12 } }, required: ['city'] } },
+    { type: 'function', name: 'noop', parameters: { type: 'object', properties: {} } }];
+  for (const tool_choice of ['required', { type: 'function', name: 'get_weather' }]) {
+    const r = await oai.responses.create({ model, input: 'Weather?', tools, tool_choice, max_output_tokens: 300, seed: 5 });
+    const calls = r.output.filter((o) => o.type === 'function_call');
+    assert.equal(calls.length, 1, JSON.stringify(r.output));
+    const a = JSON.parse(calls[0].arguments);
+    if (calls[0].name === 'noop') assert.deepEqual(a, {});
+    else { assert.equal(calls[0].name, 'get_weather'); assert.ok(typeof a.city === 'string' && [...a.city].length <= 12); }
+  }
+});
+
+await test('anthropic tool_choice tool / any: a tool_use block whose input validates, streamed and not', async () => {
+  const tools = [{ name: 'get_weather', description: 'weather', input_schema: { type: 'object', additionalProperties: false,
+    properties: { city: { type: 'string', maxLength: 12 }, unit: { enum: ['c', 'f'] } }, required: ['city', 'unit'] } }];
+  const check = (input) => {
+    assert.deepEqual(Object.keys(input).sort(), ['city', 'unit']);
+    assert.ok(typeof input.city === 'string' && [...input.city].length <= 12 && ['c', 'f'].includes(input.unit));
+  };
+  for (const tool_choice of [{ type: 'tool', name: 'get_weather' }, { type: 'any' }]) {
+    const m = await anth.messages.create({ model, messages: hello, tools, tool_choice, max_tokens: 300 });
+    assert.equal(m.stop_reason, 'tool_use');
+    const tu = m.content.filter((b) => b.type === 'tool_use');
+    assert.equal(tu.length, 1);
+    assert.equal(tu[0].name, 'get_weather');
+    check(tu[0].input);
+  }
+  const stream = anth.messages.stream({ model, messages: hello, tools, tool_choice: { type: 'tool', name: 'get_weather' }, max_tokens: 300 });
+  const fm = await stream.finalMessage();
+  assert.equal(fm.stop_reason, 'tool_use');
+  check(fm.content.find((b) => b.type === 'tool_use').input);
 });
 
 console.log(`${passed} passed, ${failed} failed`);

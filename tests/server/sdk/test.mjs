@@ -175,7 +175,9 @@ await test('bad requests raise BadRequestError / NotFoundError with the message'
   await expectError(OpenAI.BadRequestError, 400, "messages[0].role", () => client.chat.completions.create({ model, messages: [{ role: 'wizard', content: 'x' }] }));
   await expectError(OpenAI.BadRequestError, 400, "'max_tokens' must be in", () => client.chat.completions.create({ model, messages: hello, max_tokens: 0 }), 'max_tokens');
   await expectError(OpenAI.BadRequestError, 400, 'maximum context length', () => client.chat.completions.create({ model, messages: hello, max_tokens: 1000000 }), 'max_tokens');
-  await expectError(OpenAI.BadRequestError, 400, "'tool_choice' \"required\"", () => client.chat.completions.create({ model, messages: hello, tools, tool_choice: 'required' }), 'tool_choice');
+  await expectError(OpenAI.BadRequestError, 400, 'unsupported JSON Schema keyword "pattern" at /properties/zip/pattern', () => client.chat.completions.create({ model, messages: hello, response_format: { type: 'json_schema', json_schema: { name: 'z', schema: { type: 'object', properties: { zip: { type: 'string', pattern: '^[0-9]+$' } } } } } }), 'response_format');
+  await expectError(OpenAI.BadRequestError, 400, "not in 'tools'", () => client.chat.completions.create({ model, messages: hello, tools, tool_choice: { type: 'function', function: { name: 'nope' } } }), 'tool_choice');
+  await expectError(OpenAI.BadRequestError, 400, 'no tools', () => client.chat.completions.create({ model, messages: hello, tool_choice: 'required' }), 'tool_choice');
   await expectError(OpenAI.BadRequestError, 400, 'not supported', () => client.chat.completions.create({ model, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'http://x/y.png' } }] }] }));
   await expectError(OpenAI.BadRequestError, 400, "'prompt[1]' must be a token id", () => client.completions.create({ model, prompt: [1, -5] }), 'prompt');
   await expectError(OpenAI.NotFoundError, 404, "does not exist", () => client.chat.completions.create({ model: 'gpt-4o', messages: hello }), 'model');
@@ -303,6 +305,101 @@ await test('prefix reuse through state snapshots (KDA model)', async () => {
   assert.equal(c.usage.prompt_tokens_details.cached_tokens, a.usage.prompt_tokens);
   const s = await collect(await kda.chat.completions.create({ model, messages: turn2, max_tokens: 6, temperature: 0, stream: true }));
   assert.equal(s.content, c.choices[0].message.content);
+});
+
+
+// ---- constrained decoding (random weights: nothing but the grammar makes the output valid) ----
+const person = { type: 'object', additionalProperties: false, required: ['name', 'age', 'tags', 'ok'],
+  properties: { name: { type: 'string', maxLength: 8 }, age: { type: 'integer' },
+                tags: { type: 'array', items: { enum: ['red', 'green', 'blue'] }, maxItems: 3 },
+                ok: { type: 'boolean' }, kind: { anyOf: [{ const: 'x' }, { type: 'null' }] } } };
+function checkPerson(o) {
+  assert.equal(typeof o, 'object');
+  for (const k of Object.keys(o)) assert.ok(['name', 'age', 'tags', 'ok', 'kind'].includes(k), `extra key ${k}`);
+  assert.equal(typeof o.name, 'string');
+  assert.ok([...o.name].length <= 8);
+  assert.ok(Number.isInteger(o.age) || Math.abs(o.age) > 9e15, `age ${o.age}`);
+  assert.ok(Array.isArray(o.tags) && o.tags.length <= 3 && o.tags.every((t) => ['red', 'green', 'blue'].includes(t)));
+  assert.equal(typeof o.ok, 'boolean');
+  assert.ok(!('kind' in o) || o.kind === 'x' || o.kind === null);
+}
+const rfPerson = { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: person } };
+
+await test('chat.completions.parse with a JSON schema: 6 parsed objects validate', async () => {
+  for (let i = 0; i < 6; i++) {
+    const r = await client.chat.completions.parse({ model, messages: hello, max_tokens: 400, seed: 40 + i, response_format: rfPerson });
+    const m = r.choices[0].message;
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    checkPerson(m.parsed);
+    assert.deepEqual(m.parsed, JSON.parse(m.content));
+  }
+});
+
+await test('response_format json_schema streamed, json_object, and a length limit', async () => {
+  const s = await collect(await client.chat.completions.create({ model, messages: hello, max_tokens: 400, seed: 7, stream: true, response_format: rfPerson }));
+  assert.equal(s.finish, 'stop');
+  checkPerson(JSON.parse(s.content));
+  const o = await client.chat.completions.create({ model, messages: hello, max_tokens: 400, seed: 8, response_format: { type: 'json_object' } });
+  // any JSON object: strings are unbounded, so a random-weight model may reach the limit first
+  if (o.choices[0].finish_reason === 'stop') {
+    const v = JSON.parse(o.choices[0].message.content);
+    assert.ok(v && typeof v === 'object' && !Array.isArray(v));
+  } else {
+    assert.equal(o.choices[0].finish_reason, 'length');
+    assert.ok(o.choices[0].message.content.startsWith('{'));
+  }
+  const cut = await client.chat.completions.create({ model, messages: hello, max_tokens: 3, seed: 9, response_format: rfPerson });
+  assert.equal(cut.choices[0].finish_reason, 'length');
+  assert.ok(cut.choices[0].message.content.startsWith('{'));
+});
+
+const weather = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', additionalProperties: false,
+                   properties: { city: { type: 'string', maxLength: 12 }, days: { type: 'integer' } }, required: ['city', 'days'] } } },
+                 { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: { zone: { enum: ['utc', 'cet'] } }, required: ['zone'] } } }];
+function checkCall(name, args) {
+  const a = JSON.parse(args);
+  if (name === 'get_weather') {
+    assert.deepEqual(Object.keys(a).sort(), ['city', 'days']);
+    assert.ok(typeof a.city === 'string' && [...a.city].length <= 12 && Number.isInteger(a.days));
+  } else {
+    assert.equal(name, 'get_time');
+    assert.deepEqual(Object.keys(a), ['zone']);
+    assert.ok(['utc', 'cet'].includes(a.zone));
+  }
+}
+
+await test('tool_choice required and named: forced calls whose arguments validate, streamed and not', async () => {
+  const names = new Set();
+  for (let i = 0; i < 4; i++) {
+    const r = await client.chat.completions.create({ model, messages: hello, tools: weather, tool_choice: 'required', max_tokens: 400, seed: 60 + i });
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'tool_calls');
+    assert.equal(c.message.tool_calls.length, 1);
+    const f = c.message.tool_calls[0].function;
+    names.add(f.name);
+    checkCall(f.name, f.arguments);
+  }
+  for (const name of ['get_weather', 'get_time']) {
+    const r = await client.chat.completions.create({ model, messages: hello, tools: weather, max_tokens: 400, seed: 70,
+      tool_choice: { type: 'function', function: { name } } });
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    assert.equal(r.choices[0].message.tool_calls[0].function.name, name);
+    checkCall(name, r.choices[0].message.tool_calls[0].function.arguments);
+    const s = await collect(await client.chat.completions.create({ model, messages: hello, tools: weather, max_tokens: 400, seed: 71,
+      stream: true, tool_choice: { type: 'function', function: { name } } }));
+    assert.equal(s.finish, 'tool_calls');
+    assert.equal(s.calls.length, 1);
+    assert.equal(s.calls[0].name, name);
+    checkCall(name, s.calls[0].arguments);
+  }
+});
+
+await test('chat.completions.parse with a forced strict function tool: parsed_arguments', async () => {
+  const strictTools = [{ type: 'function', function: { ...weather[0].function, strict: true } }];
+  const r = await client.chat.completions.parse({ model, messages: hello, tools: strictTools, tool_choice: 'required', max_tokens: 400, seed: 80 });
+  const tc = r.choices[0].message.tool_calls[0];
+  checkCall('get_weather', tc.function.arguments);
+  assert.deepEqual(tc.function.parsed_arguments, JSON.parse(tc.function.arguments));
 });
 
 console.log(`${passed} passed, ${failed} failed`);
