@@ -202,7 +202,7 @@ TEST(constrained_json_schema) {
     }
     ms_generator_free(g);
     ms_engine_destroy(e);
-    /* in slots: batched decode steps, each slot its own matcher; equal to one at a time (greedy) */
+    /* in slots: batched decode steps, each slot its own matcher (validity only, not compared with one at a time) */
     {
         ms_sched_opts so = {.n_slots = 3, .chunk = 4, .engine = {.max_ctx = 1024}, .tok = t};
         ms_sched *s;
