@@ -754,7 +754,7 @@ int ms_gen_run_next(ms_gen_run *r, int32_t *feed_id, int *done, ms_err *err) {
     *done = 1;
     if (r->done) return MS_OK;
     if (!r->prefilled) return ms_fail(err, MS_ERR_ARG, "generate: the prompt is not prefilled yet");
-    int32_t id;
+    int32_t id = -1; /* set by every branch below that does not end the run */
     if (r->c) {
         int end = 0;
         if (r->phase == 2 && r->pos >= r->c->n_suffix) end = 1;
