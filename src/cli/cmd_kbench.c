@@ -23,6 +23,7 @@ static const kb_dtype k_dtypes[] = {
     {"f32", MS_DT_F32, MS_DT_INVALID, 0, 0},
     {"f8_e4m3", MS_DT_F8_E4M3, MS_DT_F32, 128, 128},
     {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
+    {"int4", MS_DT_I4, MS_DT_BF16, 1, 32}, /* compressed-tensors pack-quantized (Kimi K2): BF16 scale per 32 */
 };
 static const int64_t k_decode_shapes[][2] = {{768, 2048}, {2048, 768}, {2048, 7168}, {151936, 2048}};
 static const int64_t k_prefill_shapes[][2] = {{768, 2048}, {2048, 2048}};
@@ -67,6 +68,7 @@ static int make_weight(const kb_dtype *d, int64_t rows, int64_t cols, kb_weight 
     }
     for (int64_t i = 0; i < sr * sc; i++) {
         if (d->sdt == MS_DT_F32) ((float *)(m + soff))[i] = 0.01f;
+        else if (d->sdt == MS_DT_BF16) ((uint16_t *)(m + soff))[i] = ms_f32_to_bf16(0.01f);
         else m[soff + i] = 120;
     }
     o->w = (ms_qmat){.dtype = d->dt, .rows = rows, .cols = cols, .data = m};
@@ -152,7 +154,7 @@ int cmd_kbench(int argc, char **argv) {
         printf("usage: moonshine kbench [--threads T] [--isa scalar|avx2|avx512] [--dtype NAME] [--quick]\n"
                "                        [--seconds S] [--bw-mib M]\n"
                "Measures the memory read bandwidth with T threads, then for each weight dtype\n"
-               "(bf16 f16 f32 f8_e4m3 mxfp4) the decode matvec (n = 1) GB/s and %% of that bandwidth on\n"
+               "(bf16 f16 f32 f8_e4m3 mxfp4 int4) the decode matvec (n = 1) GB/s and %% of that bandwidth on\n"
                "several shapes (weights cycled through >= 256 MiB so they come from memory; the bandwidth is\n"
                "measured again before each shape, read_gbps_now, and the %% uses the larger one), and the\n"
                "decode GB/s of one core on a 256x2048 weight that stays in cache (cached_1core: what the\n"
@@ -186,7 +188,7 @@ int cmd_kbench(int argc, char **argv) {
         int found = 0;
         for (size_t i = 0; i < sizeof k_dtypes / sizeof *k_dtypes; i++) found |= !strcmp(only, k_dtypes[i].name);
         if (!found) {
-            fprintf(stderr, "moonshine kbench: --dtype %s: expected bf16, f16, f32, f8_e4m3 or mxfp4\n", only);
+            fprintf(stderr, "moonshine kbench: --dtype %s: expected bf16, f16, f32, f8_e4m3, mxfp4 or int4\n", only);
             return 2;
         }
     }

@@ -14,17 +14,19 @@ static int dtype_arg(const char *s, ms_dtype *out) {
     else if (!strcmp(s, "f16")) *out = MS_DT_F16;
     else if (!strcmp(s, "fp8")) *out = MS_DT_F8_E4M3;
     else if (!strcmp(s, "mxfp4")) *out = MS_DT_F4;
+    else if (!strcmp(s, "int4")) *out = MS_DT_I4;
     else return -1;
     return 0;
 }
 
 int cmd_synth(int argc, char **argv) {
     const char *usage = "usage: moonshine synth --config CONFIG.json --out DIR [--seed N] [--dtype f32|bf16]\n"
-                        "                       [--expert-dtype bf16|fp8|mxfp4] [--shard-mib M] [--tokenizer DIR]\n";
+                        "                       [--expert-dtype bf16|fp8|mxfp4|int4] [--shard-mib M] [--tokenizer DIR]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sWrites a deterministic random-weight checkpoint of any supported architecture in its\n"
                "original layout (per-expert tensors, FP8 with 128x128 weight_scale_inv, MXFP4 as\n"
-               "compressed-tensors weight_packed + weight_scale), sharded with an\n"
+               "compressed-tensors weight_packed + weight_scale, INT4 as compressed-tensors pack-quantized\n"
+               "weight_packed int32 + BF16 weight_scale per 32 + weight_shape), sharded with an\n"
                "index when larger than --shard-mib (default 4096), streaming (bounded memory).\n", usage);
         return 0;
     }
@@ -36,13 +38,13 @@ int cmd_synth(int argc, char **argv) {
     o.out_dir = ms_arg_str(argc, argv, "--out");
     o.tokenizer_dir = ms_arg_str(argc, argv, "--tokenizer");
     const char *dt = ms_arg_str(argc, argv, "--dtype"), *edt = ms_arg_str(argc, argv, "--expert-dtype");
-    if (dtype_arg(dt, &o.dtype) || o.dtype == MS_DT_F8_E4M3 || o.dtype == MS_DT_F4) {
+    if (dtype_arg(dt, &o.dtype) || o.dtype == MS_DT_F8_E4M3 || o.dtype == MS_DT_F4 || o.dtype == MS_DT_I4) {
         fprintf(stderr, "moonshine synth: --dtype must be f32, bf16 or f16\n");
         return 2;
     }
     o.expert_dtype = o.dtype;
     if (dtype_arg(edt, &o.expert_dtype)) {
-        fprintf(stderr, "moonshine synth: --expert-dtype must be f32, bf16, f16, fp8 or mxfp4\n");
+        fprintf(stderr, "moonshine synth: --expert-dtype must be f32, bf16, f16, fp8, mxfp4 or int4\n");
         return 2;
     }
     if (!o.config_path || !o.out_dir || ms_args_unknown(argc, argv, "synth")) {

@@ -14,7 +14,21 @@
  *  F8_E4M3: data rows*cols bytes; scale [ceil(rows/brow), ceil(cols/bcol)] of
  *           scale_dtype (F32 or BF16), multiplied in (DeepSeek weight_scale_inv).
  *  F4 (MXFP4 e2m1): data rows*cols/2 bytes, two values per byte, low nibble
- *           first; scale [rows, cols/32] E8M0 (brow 1, bcol 32). */
+ *           first; scale [rows, cols/32] E8M0 (brow 1, bcol 32).
+ *  Q8: data rows*cols int8; scale [ceil(rows/brow), ceil(cols/bcol)] (F32/BF16).
+ *  I4 (compressed-tensors "pack-quantized", num_bits 4, strategy group, symmetric:
+ *           Kimi K2-Thinking / K2.5 routed experts): data is the weight_packed tensor,
+ *           int32 [rows, cols/8]; int32 word g of a row holds columns 8g..8g+7, column
+ *           8g+j in bits 4j..4j+3 as the unsigned nibble u = q + 8 (q in [-8, 7]).
+ *           Read as bytes (little-endian) that is rows*cols/2 bytes, two values per
+ *           byte, low nibble = even column, as F4. Value = (u - 8) * scale; scale is
+ *           weight_scale [rows, cols/bcol] (BF16, F16 or F32; brow 1), bcol the group
+ *           size (a multiple of 32 for the SIMD kernels; 32 in Kimi K2). cols % 8 == 0.
+ *           No zero point (asymmetric checkpoints are refused at config parse).
+ *           Packing per compressed_tensors pack_to_int32 / unpack_from_int32
+ *           (vllm-project/compressed-tensors, compressors/quantized_compressors/
+ *           pack_quantized.py: offset 1 << (num_bits - 1), value i of each group of
+ *           8 shifted left by num_bits * i). */
 typedef struct ms_qmat {
     ms_dtype dtype;
     int64_t rows, cols;
@@ -34,6 +48,12 @@ typedef struct ms_qmat {
  * rounded up to BF16. Non-finite inputs give a NaN scale. */
 void ms_quant_q8_row(const float *x, int64_t n, int8_t *q, uint16_t *scale);
 void ms_quant_fp8_row(const float *x, int64_t n, uint8_t *q, uint16_t *scale);
+
+/* Symmetric INT4 quantization of one group-of-`group` row x[n] (n % 8 == 0) as
+ * compressed-tensors does it (scale = amax / 7.5 rounded to BF16, q = clamp(round(x /
+ * scale), -8, 7); 0 for an all-zero group): packed[n/8] int32 words (the I4 layout
+ * above), scale[ceil(n/group)] BF16 bits. Used by synth and the tests. */
+void ms_quant_i4_row(const float *x, int64_t n, int group, int32_t *packed, uint16_t *scale);
 
 /* Bytes of weight data + scales that a full pass over w reads. */
 uint64_t ms_qmat_bytes(const ms_qmat *w);

@@ -91,6 +91,19 @@ static int bind_mat(const ms_bind_opts *bo, const ms_expert_bytes *b, const char
         q->bcol = bc;
         return MS_OK;
     }
+    case MS_DT_I32: /* compressed-tensors pack-quantized INT4 (core/qmat.h I4): the group from the scale's shape */
+        q->dtype = MS_DT_I4;
+        q->cols = ri->shape[1] * 8;
+        if (!si || si->ndim != 2 || si->shape[0] != q->rows || si->shape[1] < 1 ||
+            (si->dtype != MS_DT_BF16 && si->dtype != MS_DT_F16 && si->dtype != MS_DT_F32) || q->cols % si->shape[1])
+            return ms_fail(err, MS_ERR_SHAPE,
+                           "layer %d expert %d: INT4 role %s needs a BF16/F16/F32 scale [%lld, cols / group]", b->layer,
+                           b->expert, name, (long long)q->rows);
+        q->scale = b->data[s];
+        q->scale_dtype = si->dtype;
+        q->brow = 1;
+        q->bcol = (int)(q->cols / si->shape[1]);
+        return MS_OK;
     case MS_DT_U8:
         q->dtype = MS_DT_F4;
         q->cols = ri->shape[1] * 2;

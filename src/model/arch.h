@@ -55,7 +55,9 @@ typedef struct ms_binder {
 /* Bind a Linear weight "NAME.weight" [rows, cols] (NAME from fmt). For F8_E4M3
  * weights, "NAME.weight_scale_inv" [ceil(rows/b0), ceil(cols/b1)] is required.
  * Without NAME.weight, compressed-tensors MXFP4 is accepted: "NAME.weight_packed"
- * U8 [rows, cols/2] + "NAME.weight_scale" U8 [rows, cols/32], bound as an F4 view.
+ * U8 [rows, cols/2] + "NAME.weight_scale" U8 [rows, cols/32], bound as an F4 view;
+ * or compressed-tensors pack-quantized INT4: "NAME.weight_packed" I32 [rows, cols/8]
+ * + "NAME.weight_scale" [rows, cols/group] + "NAME.weight_shape", an I4 view.
  * On failure records the first error in b and returns it. */
 int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t cols, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));

@@ -86,6 +86,62 @@ static int bind_mxfp4(ms_binder *b, ms_qmat *out, const char *base, int64_t rows
     return MS_OK;
 }
 
+/* compressed-tensors pack-quantized INT4 (core/qmat.h I4): BASE.weight_packed I32
+ * [rows, cols/8] (8 values per int32, value i in bits 4i as q + 8), BASE.weight_scale
+ * BF16/F16/F32 [rows, ceil(cols/group)] and BASE.weight_shape I32 [2] = {rows, cols},
+ * bound as an I4 view (no copy). The group size is the config's. */
+static int bind_int4(ms_binder *b, ms_qmat *out, const char *base, int64_t rows, int64_t cols) {
+    char name[220];
+    int gs = b->cfg->int4_group;
+    if (!b->cfg->int4_packed || gs < 1)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED,
+                               "tensor \"%s.weight_packed\" is int32 (INT4 pack-quantized) but config.json declares no "
+                               "compressed-tensors pack-quantized group",
+                               base);
+    if (cols % 8)
+        return b->rc = ms_fail(b->err, MS_ERR_SHAPE,
+                               "tensor \"%s.weight_packed\": INT4 needs a column count divisible by 8 (expected %lld)",
+                               base, (long long)cols);
+    int64_t pshape[2] = {rows, cols / 8}, sshape[2] = {rows, (cols + gs - 1) / gs}, wshape[1] = {2};
+    snprintf(name, sizeof name, "%s.weight_packed", base);
+    const ms_tensor *p = ms_bind_find(b, name, 2, pshape);
+    if (!p) return b->rc;
+    snprintf(name, sizeof name, "%s.weight_scale", base);
+    const ms_tensor *s = ms_bind_find(b, name, 2, sshape);
+    if (!s) return b->rc;
+    if (s->dtype != MS_DT_BF16 && s->dtype != MS_DT_F16 && s->dtype != MS_DT_F32)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected BF16, F16 or F32 scales)",
+                               name, ms_dtype_name(s->dtype));
+    snprintf(name, sizeof name, "%s.weight_shape", base);
+    const ms_tensor *ws = ms_bind_find(b, name, 1, wshape);
+    if (!ws) return b->rc;
+    if (ws->dtype != MS_DT_I32 && ws->dtype != MS_DT_I64)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected I32)", name,
+                               ms_dtype_name(ws->dtype));
+    if (!b->ck->headers_only) { /* the payload: the unpacked shape must be the Linear's */
+        int64_t r0, c0;
+        if (ws->dtype == MS_DT_I32) {
+            int32_t v[2];
+            memcpy(v, ws->data, sizeof v);
+            r0 = v[0], c0 = v[1];
+        } else {
+            int64_t v[2];
+            memcpy(v, ws->data, sizeof v);
+            r0 = v[0], c0 = v[1];
+        }
+        if (r0 != rows || c0 != cols)
+            return b->rc = ms_fail(b->err, MS_ERR_SHAPE, "tensor \"%s\" says [%lld, %lld], expected [%lld, %lld]", name,
+                                   (long long)r0, (long long)c0, (long long)rows, (long long)cols);
+    }
+    out->dtype = MS_DT_I4;
+    out->data = p->data;
+    out->scale = s->data;
+    out->scale_dtype = s->dtype;
+    out->brow = 1;
+    out->bcol = gs;
+    return MS_OK;
+}
+
 int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t cols, const char *fmt, ...) {
     if (b->rc) return b->rc;
     char base[200], name[220];
@@ -105,7 +161,9 @@ int ms_bind_mat(ms_binder *b, ms_qmat *out, ms_wkind kind, int64_t rows, int64_t
     }
     if (!ms_checkpoint_find(b->ck, name)) {
         snprintf(name, sizeof name, "%s.weight_packed", base);
-        if (ms_checkpoint_find(b->ck, name)) return bind_mxfp4(b, out, base, rows, cols);
+        const ms_tensor *pk = ms_checkpoint_find(b->ck, name);
+        if (pk && pk->dtype == MS_DT_I32) return bind_int4(b, out, base, rows, cols);
+        if (pk) return bind_mxfp4(b, out, base, rows, cols);
         snprintf(name, sizeof name, "%s.weight", base);
     }
     const ms_tensor *t = ms_bind_find(b, name, 2, shape);

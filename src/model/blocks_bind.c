@@ -136,7 +136,7 @@ static int bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_f
             ms_bind_mat(b, mats[k], MS_W_EXPERT, rows, cols, "%s", base);
             if (b->ck && !b->rc) {
                 /* MXFP4 (compressed-tensors): weight_packed + weight_scale; else weight (+ weight_scale_inv) */
-                int f4 = mats[k]->dtype == MS_DT_F4;
+                int f4 = mats[k]->dtype == MS_DT_F4 || mats[k]->dtype == MS_DT_I4; /* and INT4 pack-quantized */
                 char rel[260];
                 snprintf(rel, sizeof rel, "%s.%s", base, f4 ? "weight_packed" : "weight");
                 L->expert_tensors[e * MS_EXPERT_TENSORS + 2 * k] = find_rel(b, rel);

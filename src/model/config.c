@@ -9,6 +9,9 @@
 #include "util/fs.h"
 #include "util/json.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #define DIM_MAX (INT64_C(1) << 24)
 
 int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_layout layout, const char *where,
@@ -22,45 +25,159 @@ int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_lay
     return ms_rope_parse(cJSON_IsObject(rp) ? rp : NULL, theta, c->max_pos, rotary_dim, layout, &c->rope, where, err);
 }
 
-/* compressed-tensors: only the MXFP4 pack format (4-bit float weights, E8M0
- * scales per group of 32 along a row) is supported; every config group must
- * say so. Which tensors are packed is read from the checkpoint itself. */
+/* compressed-tensors: re.match of a "re:" pattern (anchored at the start, as Python's
+ * re.match), else the exact name. PCRE2 is the closest to Python's re syntax. */
+static int ct_match(const char *pat, const char *name) {
+    if (strncmp(pat, "re:", 3)) return !strcmp(pat, name);
+    int e;
+    PCRE2_SIZE eo;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(pat + 3), PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED, &e, &eo, NULL);
+    if (!re) return 0;
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int ok = md && pcre2_match(re, (PCRE2_SPTR)name, strlen(name), 0, 0, md, NULL) >= 0;
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return ok;
+}
+
+int ms_config_ct_quantized(const ms_config *c, const char *name) {
+    int hit = 0;
+    for (int i = 0; i < c->n_ct_targets && !hit; i++)
+        hit = !strcmp(c->ct_targets[i], "Linear") || ct_match(c->ct_targets[i], name);
+    for (int i = 0; i < c->n_ct_ignore && hit; i++) hit = !ct_match(c->ct_ignore[i], name);
+    return hit;
+}
+
+/* A targets / ignore list (strings) appended to out[*n]; patterns must compile. */
+static int ct_patterns(const cJSON *list, char (*out)[MS_CT_PATTERN_LEN], int *n, const char *key, const char *where,
+                       ms_err *err) {
+    const cJSON *it;
+    if (!list) return MS_OK;
+    if (!cJSON_IsArray(list)) return ms_fail(err, MS_ERR_FORMAT, "%s: quantization_config %s must be a list", where, key);
+    cJSON_ArrayForEach(it, list) {
+        if (!cJSON_IsString(it))
+            return ms_fail(err, MS_ERR_FORMAT, "%s: quantization_config %s: entries must be strings", where, key);
+        const char *p = it->valuestring;
+        if (strlen(p) >= MS_CT_PATTERN_LEN || *n >= MS_CT_MAX_PATTERNS)
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: quantization_config %s: more than %d entries or \"%.40s...\" too long",
+                           where, key, MS_CT_MAX_PATTERNS, p);
+        if (!strncmp(p, "re:", 3)) {
+            int e;
+            PCRE2_SIZE eo;
+            pcre2_code *re = pcre2_compile((PCRE2_SPTR)(p + 3), PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED, &e, &eo, NULL);
+            if (!re) return ms_fail(err, MS_ERR_FORMAT, "%s: quantization_config %s: bad regex \"%s\"", where, key, p);
+            pcre2_code_free(re);
+        }
+        int dup = 0;
+        for (int i = 0; i < *n; i++) dup |= !strcmp(out[i], p);
+        if (!dup) snprintf(out[(*n)++], MS_CT_PATTERN_LEN, "%s", p);
+    }
+    return MS_OK;
+}
+
+/* compressed-tensors: two pack formats, one per checkpoint.
+ *  - mxfp4-pack-quantized (Kimi K3): 4-bit float weights, E8M0 scales per group of 32.
+ *  - pack-quantized (Kimi K2-Thinking / K2.5): int4 packed 8 per int32 (weight_packed),
+ *    symmetric, per-group scales (weight_scale), weight_shape; bound as I4 (qmat.h).
+ *    Asymmetric groups (symmetric: false, which store weight_zero_point), activation
+ *    ordering (actorder, weight_g_idx), other bit widths and quantized activations are
+ *    refused, naming the key.
+ * The config groups' targets and ignore lists say which modules are quantized
+ * (ms_config_ct_quantized); binding reads the tensors the checkpoint holds. */
 static int parse_compressed_tensors(const cJSON *q, ms_config *c, const char *where, ms_err *err) {
     const char *fmt = NULL;
     int rc = ms_json_opt_string(q, "format", &fmt, where, err);
     if (rc) return rc;
-    if (fmt && strcmp(fmt, "mxfp4-pack-quantized"))
+    if (fmt && strcmp(fmt, "mxfp4-pack-quantized") && strcmp(fmt, "pack-quantized"))
         return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "%s: compressed-tensors format \"%.64s\" is not supported (mxfp4-pack-quantized)", where, fmt);
+                       "%s: compressed-tensors format \"%.64s\" is not supported (mxfp4-pack-quantized, pack-quantized)",
+                       where, fmt);
     const cJSON *groups = cJSON_GetObjectItemCaseSensitive(q, "config_groups"), *g;
     if (groups && !cJSON_IsObject(groups))
         return ms_fail(err, MS_ERR_FORMAT, "%s: quantization_config.config_groups must be an object", where);
+    const char *seen = fmt;
+    int64_t group_size = 0;
     cJSON_ArrayForEach(g, groups) {
         const char *gf = fmt;
         if (!cJSON_IsObject(g)) return ms_fail(err, MS_ERR_FORMAT, "%s: config group \"%s\" is not an object", where, g->string);
         if ((rc = ms_json_opt_string(g, "format", &gf, where, err))) return rc;
-        if (!gf || strcmp(gf, "mxfp4-pack-quantized"))
+        if (!gf || (strcmp(gf, "mxfp4-pack-quantized") && strcmp(gf, "pack-quantized")))
             return ms_fail(err, MS_ERR_UNSUPPORTED,
-                           "%s: config group \"%s\": format \"%.64s\" is not supported (mxfp4-pack-quantized)", where,
-                           g->string, gf ? gf : "(none)");
+                           "%s: config group \"%s\": format \"%.64s\" is not supported (mxfp4-pack-quantized, "
+                           "pack-quantized)",
+                           where, g->string, gf ? gf : "(none)");
+        if (seen && strcmp(seen, gf))
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: config group \"%s\": format \"%s\" mixed with \"%s\"", where,
+                           g->string, gf, seen);
+        seen = gf;
+        int mx = !strcmp(gf, "mxfp4-pack-quantized");
+        const cJSON *ia = cJSON_GetObjectItemCaseSensitive(g, "input_activations");
+        if (!mx && ia && !cJSON_IsNull(ia))
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "%s: config group \"%s\": quantized input_activations are not supported (weight-only INT4)",
+                           where, g->string);
         const cJSON *w = cJSON_GetObjectItemCaseSensitive(g, "weights");
+        if (!mx && !cJSON_IsObject(w))
+            return ms_fail(err, MS_ERR_FORMAT, "%s: config group \"%s\": pack-quantized needs \"weights\"", where,
+                           g->string);
         if (cJSON_IsObject(w)) {
             int64_t bits = 4, gs = 32;
-            const char *type = "float";
+            int sym = 1;
+            const char *type = mx ? "float" : "int", *strategy = "group";
             if ((rc = ms_json_opt_int(w, "num_bits", 1, 64, &bits, where, err)) ||
                 (rc = ms_json_opt_int(w, "group_size", 1, 1 << 20, &gs, where, err)) ||
-                (rc = ms_json_opt_string(w, "type", &type, where, err)))
+                (rc = ms_json_opt_string(w, "type", &type, where, err)) ||
+                (rc = ms_json_opt_string(w, "strategy", &strategy, where, err)) ||
+                (rc = ms_json_opt_bool(w, "symmetric", &sym, where, err)))
                 return rc;
-            if (bits != 4 || gs != 32 || strcmp(type, "float"))
+            if (mx && (bits != 4 || gs != 32 || strcmp(type, "float")))
                 return ms_fail(err, MS_ERR_UNSUPPORTED,
                                "%s: config group \"%s\": %lld-bit %s weights in groups of %lld are not MXFP4 (4-bit float, "
                                "groups of 32)",
                                where, g->string, (long long)bits, type, (long long)gs);
+            if (!mx) {
+                const cJSON *ao = cJSON_GetObjectItemCaseSensitive(w, "actorder");
+                if (bits != 4 || strcmp(type, "int"))
+                    return ms_fail(err, MS_ERR_UNSUPPORTED,
+                                   "%s: config group \"%s\": pack-quantized %lld-bit %s weights are not supported (num_bits 4, "
+                                   "type int)",
+                                   where, g->string, (long long)bits, type);
+                if (strcmp(strategy, "group") || gs % 8)
+                    return ms_fail(err, MS_ERR_UNSUPPORTED,
+                                   "%s: config group \"%s\": INT4 strategy \"%s\" with group_size %lld is not supported "
+                                   "(strategy group, group_size a multiple of 8)",
+                                   where, g->string, strategy, (long long)gs);
+                if (!sym)
+                    return ms_fail(err, MS_ERR_UNSUPPORTED,
+                                   "%s: config group \"%s\": asymmetric INT4 (weights.symmetric false, weight_zero_point "
+                                   "tensors) is not supported; only symmetric pack-quantized",
+                                   where, g->string);
+                if (ao && !cJSON_IsNull(ao))
+                    return ms_fail(err, MS_ERR_UNSUPPORTED,
+                                   "%s: config group \"%s\": weights.actorder (weight_g_idx) is not supported", where,
+                                   g->string);
+                if (group_size && gs != group_size)
+                    return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: config groups with group sizes %lld and %lld", where,
+                                   (long long)group_size, (long long)gs);
+                group_size = gs;
+            }
         }
+        if ((rc = ct_patterns(cJSON_GetObjectItemCaseSensitive(g, "targets"), c->ct_targets, &c->n_ct_targets,
+                              "targets", where, err)))
+            return rc;
     }
-    if (!fmt && !groups)
-        return ms_fail(err, MS_ERR_FORMAT, "%s: compressed-tensors quantization_config names no format", where);
-    c->mxfp4_packed = 1;
+    if (!seen) return ms_fail(err, MS_ERR_FORMAT, "%s: compressed-tensors quantization_config names no format", where);
+    if ((rc = ct_patterns(cJSON_GetObjectItemCaseSensitive(q, "ignore"), c->ct_ignore, &c->n_ct_ignore, "ignore", where,
+                          err)))
+        return rc;
+    if (!strcmp(seen, "mxfp4-pack-quantized")) {
+        c->mxfp4_packed = 1;
+    } else {
+        if (!groups)
+            return ms_fail(err, MS_ERR_FORMAT, "%s: compressed-tensors pack-quantized needs config_groups", where);
+        c->int4_packed = 1;
+        c->int4_group = (int)group_size;
+    }
     return MS_OK;
 }
 

@@ -31,6 +31,9 @@ typedef enum { MS_QKNORM_NONE = 0, MS_QKNORM_HEAD = 1, MS_QKNORM_FULL = 2 } ms_q
  * beta tanh(gate/beta) sigmoid(gate) * (linear_beta tanh(up/linear_beta) when linear_beta > 0, else up). */
 typedef enum { MS_ACT_SILU = 0, MS_ACT_SITU = 2 } ms_act_kind;
 
+#define MS_CT_MAX_PATTERNS 16
+#define MS_CT_PATTERN_LEN 160
+
 typedef struct ms_config {
     char model_type[64];
     const struct ms_arch *arch;
@@ -111,6 +114,13 @@ typedef struct ms_config {
     int fp8_block[2];
     char quant_method[32];      /* "mxfp4", "compressed-tensors": bound by the architecture; "" otherwise */
     int mxfp4_packed;           /* compressed-tensors mxfp4-pack-quantized (weight_packed + weight_scale) */
+    int int4_packed;            /* compressed-tensors pack-quantized INT4, symmetric, per group (qmat.h I4):
+                                 * weight_packed I32 [rows, cols/8] + weight_scale [rows, cols/group] + weight_shape */
+    int int4_group;             /* its group size (Kimi K2: 32) */
+    /* compressed-tensors: which modules the config groups quantize (ms_config_ct_quantized) */
+    int n_ct_targets, n_ct_ignore;
+    char ct_targets[MS_CT_MAX_PATTERNS][MS_CT_PATTERN_LEN];
+    char ct_ignore[MS_CT_MAX_PATTERNS][MS_CT_PATTERN_LEN];
     /* per-layer schedule */
     uint8_t layer_attn[MS_MAX_LAYERS];
     uint8_t layer_mlp[MS_MAX_LAYERS];
@@ -120,6 +130,13 @@ typedef struct ms_config {
 /* Parse config.json text (at most a few MiB) into c: common fields, then the
  * architecture's own (selected by model_type). `where` names the file. */
 int ms_config_parse(const char *json, size_t len, const char *where, ms_config *c, ms_err *err);
+/* compressed-tensors: whether module `name` (a Linear's name, without ".weight") is
+ * quantized by the config groups: it matches a target ("Linear", which every Linear
+ * matches, "re:REGEX" or an exact name) and no ignore entry ("re:REGEX" matched at
+ * the start of the name as Python's re.match does, or an exact name), as
+ * compressed_tensors' match_name does. 0 when the config has no compressed-tensors
+ * groups. */
+int ms_config_ct_quantized(const ms_config *c, const char *name);
 /* Read DIR/config.json and parse it. */
 int ms_config_load(const char *dir, ms_config *c, ms_err *err);
 

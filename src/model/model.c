@@ -59,13 +59,15 @@ int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
 
 /* The tensors a checkpoint of c would hold, from the architecture's specs: matrices BF16
  * except the routed experts in the config's expert format (compressed-tensors MXFP4:
- * weight_packed + weight_scale; fp8: F8_E4M3 with F32 weight_scale_inv blocks) and, for
+ * weight_packed + weight_scale; compressed-tensors INT4 pack-quantized: the experts and
+ * matrices its config groups quantize (ms_config_ct_quantized) as weight_packed I32 +
+ * weight_scale BF16 + weight_shape; fp8: F8_E4M3 with F32 weight_scale_inv blocks) and, for
  * fp8, the other matrices too (as DeepSeek's FP8 checkpoints hold them); vectors BF16. */
 static int spec_tensors(const ms_config *c, ms_tensor **out, int *n_out, ms_err *err) {
     ms_tensor_spec *sp;
     int ns, rc;
     if ((rc = ms_model_specs(c, &sp, &ns, err))) return rc;
-    ms_tensor *ts = calloc((size_t)ns * 2 + 1, sizeof *ts);
+    ms_tensor *ts = calloc((size_t)ns * 3 + 1, sizeof *ts);
     if (!ts) {
         free(sp);
         return ms_fail(err, MS_ERR_NOMEM, "out of memory");
@@ -74,7 +76,13 @@ static int spec_tensors(const ms_config *c, ms_tensor **out, int *n_out, ms_err 
     for (int i = 0; i < ns && !rc; i++) {
         const ms_tensor_spec *s = &sp[i];
         ms_dtype dt = MS_DT_BF16;
+        size_t sl = strlen(s->name);
+        char mod[160];
+        snprintf(mod, sizeof mod, "%.*s", (int)(sl > 7 ? sl - 7 : 0), s->name);
         if (s->ndim == 2 && s->kind == MS_W_EXPERT && c->mxfp4_packed) dt = MS_DT_F4;
+        else if (s->ndim == 2 && (s->kind == MS_W_EXPERT || s->kind == MS_W_MATRIX) && c->int4_packed &&
+                 s->shape[1] % 8 == 0 && ms_config_ct_quantized(c, mod))
+            dt = MS_DT_I4;
         else if (s->ndim == 2 && (s->kind == MS_W_EXPERT || s->kind == MS_W_MATRIX) && c->fp8) dt = MS_DT_F8_E4M3;
         size_t nl = strlen(s->name);
         int is_w = nl > 7 && !strcmp(s->name + nl - 7, ".weight");
@@ -99,6 +107,31 @@ static int spec_tensors(const ms_config *c, ms_tensor **out, int *n_out, ms_err 
             sc->shape[1] = s->shape[1] / 32;
             sc->nelem = sc->nbytes = (uint64_t)sc->shape[0] * (uint64_t)sc->shape[1];
             sc->name = strdup(name);
+        } else if (dt == MS_DT_I4) { /* weight_packed I32 [rows, cols/8], weight_scale BF16, weight_shape I32 [2] */
+            int64_t gs = c->int4_group;
+            snprintf(name, sizeof name, "%s_packed", s->name);
+            t->dtype = MS_DT_I32;
+            t->shape[1] = s->shape[1] / 8;
+            t->nelem = (uint64_t)t->shape[0] * (uint64_t)t->shape[1];
+            t->nbytes = t->nelem * 4;
+            t->name = strdup(name);
+            ms_tensor *sc = &ts[n++];
+            snprintf(name, sizeof name, "%s_scale", s->name);
+            sc->dtype = MS_DT_BF16;
+            sc->ndim = 2;
+            sc->shape[0] = s->shape[0];
+            sc->shape[1] = (s->shape[1] + gs - 1) / gs;
+            sc->nelem = (uint64_t)sc->shape[0] * (uint64_t)sc->shape[1];
+            sc->nbytes = sc->nelem * 2;
+            sc->name = strdup(name);
+            ms_tensor *ws = &ts[n++];
+            snprintf(name, sizeof name, "%s_shape", s->name);
+            ws->dtype = MS_DT_I32;
+            ws->ndim = 1;
+            ws->shape[0] = 2;
+            ws->nelem = 2;
+            ws->nbytes = 8;
+            ws->name = strdup(name);
         } else {
             t->dtype = dt;
             t->nelem = nel;

@@ -25,6 +25,7 @@ typedef struct {
     ms_wkind kind;
     int scale_of;      /* for a scale tensor: index of its weight; -1 otherwise */
     int f4;            /* MXFP4 weight_packed (U8 [rows, cols/2]); its weight_scale follows */
+    int i4;            /* INT4 pack-quantized weight_packed (I32 [rows, cols/8]); weight_scale, weight_shape follow */
     int shard;
     uint64_t offset, nbytes;
 } synth_tensor;
@@ -128,13 +129,14 @@ static int write_tensor(int fd, const char *path, synth_tensor *ts, int i, uint6
     rng_t r;
     char base[sizeof t->name];
     snprintf(base, sizeof base, "%s", t->name);
-    if (t->f4) base[strlen(base) - 7] = 0; /* X.weight_packed draws the values of X.weight */
+    if (t->f4 || t->i4) base[strlen(base) - 7] = 0; /* X.weight_packed draws the values of X.weight */
     rng_seed(&r, seed, base);
     float center, half;
     dist(t->kind, &center, &half);
     /* rows x cols: all leading dims x the last one (1-D: one row) */
     int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1, rows = cols ? nelem(t) / cols : 0;
     if (t->f4) cols *= 2; /* weight_packed holds two values per byte */
+    if (t->i4) cols *= 8; /* INT4 weight_packed: eight values per int32 */
     int64_t brows = t->dtype == MS_DT_F8_E4M3 ? 128 : (rows < 64 ? rows : 64);
     int esz = ms_dtype_bits(t->dtype) / 8;
     float *f = malloc((size_t)(brows * cols) * sizeof *f);
@@ -149,6 +151,20 @@ static int write_tensor(int fd, const char *path, synth_tensor *ts, int i, uint6
     for (int64_t r0 = 0; r0 < rows && !rc; r0 += brows) {
         int64_t nr = rows - r0 < brows ? rows - r0 : brows, n = nr * cols;
         fill_uniform(&r, f, n, center, half);
+        if (t->i4) { /* compressed-tensors symmetric INT4, groups of 32 (ms_quant_i4_row) */
+            int64_t ng = (cols + 31) / 32;
+            int32_t *pk = (int32_t *)o;
+            uint16_t *sc = (uint16_t *)(o + n / 2); /* o holds 4n bytes: packed n/2, then scales */
+            for (int64_t rr = 0; rr < nr; rr++) ms_quant_i4_row(f + rr * cols, cols, 32, pk + rr * (cols / 8), sc + rr * ng);
+            rc = pwrite_all(fd, sc, (size_t)(nr * ng * 2), data_start + ts[i + 1].offset + (uint64_t)(r0 * ng * 2), path, err);
+            if (!rc)
+                rc = pwrite_all(fd, pk, (size_t)(n / 2), data_start + t->offset + (uint64_t)(r0 * (cols / 2)), path, err);
+            if (!rc && r0 == 0) {
+                int32_t shp[2] = {(int32_t)rows, (int32_t)cols};
+                rc = pwrite_all(fd, shp, sizeof shp, data_start + ts[i + 2].offset, path, err);
+            }
+            continue;
+        }
         if (t->f4) {
             uint8_t *sc = o + n / 2; /* o holds n bytes: packed n/2, then n/32 scale bytes */
             quantize_mxfp4(f, nr, cols, o, sc);
@@ -230,6 +246,42 @@ static int declare_mxfp4(cJSON *cj, const char *where, ms_err *err) {
     return MS_OK;
 }
 
+/* Declare compressed-tensors INT4 pack-quantized as Kimi K2-Thinking / K2.5 publish it
+ * (symmetric int4 in groups of 32, BF16 scales, its ignore list), plus one ignore entry
+ * for every module that is not a routed expert, so the routed experts alone are INT4
+ * on every architecture (the plan reads the same lists: ms_config_ct_quantized). */
+static int declare_int4(cJSON *cj, const char *where, ms_err *err) {
+    cJSON *tc = cJSON_GetObjectItemCaseSensitive(cj, "text_config");
+    cJSON *dst = cJSON_IsObject(tc) && !cJSON_GetObjectItemCaseSensitive(cj, "vocab_size") ? tc : cj;
+    cJSON *q = cJSON_CreateObject();
+    if (!q) return ms_fail(err, MS_ERR_NOMEM, "%s: out of memory", where);
+    cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
+    cJSON_AddStringToObject(q, "format", "pack-quantized");
+    cJSON_AddStringToObject(q, "quantization_status", "compressed");
+    cJSON_AddNullToObject(q, "kv_cache_scheme");
+    cJSON *g = cJSON_AddObjectToObject(cJSON_AddObjectToObject(q, "config_groups"), "group_0");
+    cJSON_AddNullToObject(g, "input_activations");
+    cJSON_AddNullToObject(g, "output_activations");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(g, "targets"), cJSON_CreateString("Linear"));
+    cJSON *w = cJSON_AddObjectToObject(g, "weights");
+    cJSON_AddNullToObject(w, "actorder");
+    cJSON_AddNullToObject(w, "block_structure");
+    cJSON_AddBoolToObject(w, "dynamic", 0);
+    cJSON_AddNumberToObject(w, "group_size", 32);
+    cJSON_AddNumberToObject(w, "num_bits", 4);
+    cJSON_AddStringToObject(w, "observer", "minmax");
+    cJSON_AddStringToObject(w, "strategy", "group");
+    cJSON_AddBoolToObject(w, "symmetric", 1);
+    cJSON_AddStringToObject(w, "type", "int");
+    cJSON *ign = cJSON_AddArrayToObject(q, "ignore");
+    const char *pats[] = {"lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                          "re:(?!.*\\.experts\\.\\d+\\.).*"};
+    for (size_t i = 0; i < sizeof pats / sizeof *pats; i++) cJSON_AddItemToArray(ign, cJSON_CreateString(pats[i]));
+    cJSON_DeleteItemFromObjectCaseSensitive(dst, "quantization_config");
+    cJSON_AddItemToObject(dst, "quantization_config", q);
+    return MS_OK;
+}
+
 static ms_dtype pick_dtype(const ms_synth_opts *o, const ms_config *c, ms_wkind k) {
     if (k == MS_W_EXPERT) return o->expert_dtype;
     if (k == MS_W_MATRIX && c->fp8) return MS_DT_F8_E4M3;
@@ -247,8 +299,8 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
     if (o->dtype != MS_DT_F32 && o->dtype != MS_DT_BF16 && o->dtype != MS_DT_F16)
         return ms_fail(err, MS_ERR_ARG, "synth: --dtype must be f32, bf16 or f16");
     if (o->expert_dtype != MS_DT_F32 && o->expert_dtype != MS_DT_BF16 && o->expert_dtype != MS_DT_F16 &&
-        o->expert_dtype != MS_DT_F8_E4M3 && o->expert_dtype != MS_DT_F4)
-        return ms_fail(err, MS_ERR_ARG, "synth: --expert-dtype must be f32, bf16, f16, fp8 or mxfp4");
+        o->expert_dtype != MS_DT_F8_E4M3 && o->expert_dtype != MS_DT_F4 && o->expert_dtype != MS_DT_I4)
+        return ms_fail(err, MS_ERR_ARG, "synth: --expert-dtype must be f32, bf16, f16, fp8, mxfp4 or int4");
     if ((rc = ms_read_file(o->config_path, 16u << 20, &text, &len, err))) return rc;
     ms_config cfg;
     if ((rc = ms_config_parse(text, len, o->config_path, &cfg, err))) goto out;
@@ -267,12 +319,22 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         cfg.fp8 = 0; /* the static tier stays in --dtype */
     }
     if (o->expert_dtype == MS_DT_F4 && (rc = declare_mxfp4(cj, o->config_path, err))) goto out;
+    ms_config qcfg;
+    memset(&qcfg, 0, sizeof qcfg); /* INT4: which matrices the declared config groups quantize */
+    if (o->expert_dtype == MS_DT_I4) {
+        char *qs = NULL;
+        if ((rc = declare_int4(cj, o->config_path, err))) goto out;
+        if (!(qs = cJSON_PrintUnformatted(cj))) { rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); goto out; }
+        rc = ms_config_parse(qs, strlen(qs), o->config_path, &qcfg, err);
+        free(qs);
+        if (rc) goto out;
+    }
     if (cfg.fp8 && (cfg.fp8_block[0] != 128 || cfg.fp8_block[1] != 128)) {
         rc = ms_fail(err, MS_ERR_UNSUPPORTED, "synth: only 128x128 FP8 blocks are generated");
         goto out;
     }
     if ((rc = ms_model_specs(&cfg, &specs, &n_specs, err))) goto out;
-    ts = calloc((size_t)n_specs * 2 + 1, sizeof *ts);
+    ts = calloc((size_t)n_specs * 3 + 1, sizeof *ts);
     if (!ts) { rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); goto out; }
     int n = 0;
     for (int i = 0; i < n_specs; i++) {
@@ -283,6 +345,45 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         t->kind = specs[i].kind;
         t->dtype = t->ndim == 2 ? pick_dtype(o, &cfg, t->kind) : o->dtype;
         t->scale_of = -1;
+        if (o->expert_dtype == MS_DT_I4 && t->ndim == 2 && (t->kind == MS_W_EXPERT || t->kind == MS_W_MATRIX)) {
+            size_t nl = strlen(t->name);
+            char mod[sizeof t->name];
+            snprintf(mod, sizeof mod, "%.*s", (int)(nl > 7 ? nl - 7 : 0), t->name);
+            int q = nl > 7 && !strcmp(t->name + nl - 7, ".weight") && t->shape[1] % 8 == 0 && ms_config_ct_quantized(&qcfg, mod);
+            if (!q && t->dtype == MS_DT_I4) t->dtype = o->dtype;
+            if (q) { /* compressed-tensors: X.weight -> X.weight_packed + X.weight_scale + X.weight_shape */
+                int64_t cols = t->shape[1];
+                if (nl + 7 >= sizeof t->name) {
+                    rc = ms_fail(err, MS_ERR_ARG, "synth: cannot name the INT4 tensors of %s", t->name);
+                    goto out;
+                }
+                strcat(t->name, "_packed");
+                t->dtype = MS_DT_I32;
+                t->i4 = 1;
+                t->shape[1] = cols / 8;
+                t->nbytes = (uint64_t)t->shape[0] * (uint64_t)t->shape[1] * 4;
+                synth_tensor *sct = &ts[n++];
+                memcpy(sct->name, t->name, sizeof sct->name);
+                memcpy(sct->name + nl, "_scale", 7);
+                sct->ndim = 2;
+                sct->shape[0] = t->shape[0];
+                sct->shape[1] = (cols + 31) / 32;
+                sct->dtype = MS_DT_BF16;
+                sct->kind = MS_W_VECTOR;
+                sct->scale_of = n - 2;
+                sct->nbytes = (uint64_t)sct->shape[0] * (uint64_t)sct->shape[1] * 2;
+                synth_tensor *wst = &ts[n++];
+                memcpy(wst->name, t->name, sizeof wst->name);
+                memcpy(wst->name + nl, "_shape", 7);
+                wst->ndim = 1;
+                wst->shape[0] = 2;
+                wst->dtype = MS_DT_I32;
+                wst->kind = MS_W_VECTOR;
+                wst->scale_of = n - 3;
+                wst->nbytes = 8;
+                continue;
+            }
+        }
         if (t->dtype == MS_DT_F4) { /* compressed-tensors: X.weight -> X.weight_packed + X.weight_scale */
             if (t->ndim != 2 || t->shape[1] % 32) {
                 rc = ms_fail(err, MS_ERR_UNSUPPORTED, "synth: %s is not a matrix with a multiple of 32 columns (MXFP4)",
@@ -331,21 +432,20 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
     int shards = 1;
     uint64_t cur = 0;
     for (int i = 0; i < n; i++) {
-        /* keep a weight and its scale in one shard */
-        uint64_t need = ts[i].nbytes + (i + 1 < n && ts[i + 1].scale_of == i ? ts[i + 1].nbytes : 0);
+        /* keep a weight and its scale (INT4: and its weight_shape) in one shard */
+        uint64_t need = ts[i].nbytes;
+        int f = i + 1;
+        for (; f < n && ts[f].scale_of == i; f++) need += ts[f].nbytes;
         if (cur > 0 && cur + need > shard_max) {
             shards++;
             cur = 0;
         }
-        ts[i].shard = shards - 1;
-        ts[i].offset = cur;
-        cur += ts[i].nbytes;
-        if (need > ts[i].nbytes) {
-            i++;
-            ts[i].shard = shards - 1;
-            ts[i].offset = cur;
-            cur += ts[i].nbytes;
+        for (int k = i; k < f; k++) {
+            ts[k].shard = shards - 1;
+            ts[k].offset = cur;
+            cur += ts[k].nbytes;
         }
+        i = f - 1;
     }
     if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) {
         rc = ms_fail(err, MS_ERR_IO, "%s: cannot create directory: %s", o->out_dir, strerror(errno));
@@ -394,7 +494,8 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         for (int i = 0; i < n && !rc; i++) {
             if (ts[i].shard != s || ts[i].scale_of >= 0) continue;
             rc = write_tensor(fd, path, ts, i, 8 + padded, o->seed, err);
-            total += ts[i].nbytes + (i + 1 < n && ts[i + 1].scale_of == i ? ts[i + 1].nbytes : 0);
+            total += ts[i].nbytes;
+            for (int f = i + 1; f < n && ts[f].scale_of == i; f++) total += ts[f].nbytes;
         }
         if (!rc && fsync(fd) != 0) rc = ms_fail(err, MS_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
         close(fd);

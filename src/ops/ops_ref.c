@@ -78,6 +78,16 @@ void ms_qmat_row(const ms_qmat *w, int64_t r, float *out) {
         for (int64_t c = 0; c < C; c++) out[c] = (float)row[c] * scale_at(w, r / w->brow, c / w->bcol);
         break;
     }
+    case MS_DT_I4: {
+        /* the little-endian bytes of the int32 words: low nibble = even column, value u - 8 */
+        const uint8_t *row = (const uint8_t *)w->data + r * (C / 2);
+        for (int64_t c = 0; c < C; c += 2) {
+            uint8_t b = row[c / 2];
+            out[c] = (float)((int)(b & 15) - 8) * scale_at(w, r / w->brow, c / w->bcol);
+            out[c + 1] = (float)((int)(b >> 4) - 8) * scale_at(w, r / w->brow, (c + 1) / w->bcol);
+        }
+        break;
+    }
     case MS_DT_F4: {
         const uint8_t *row = (const uint8_t *)w->data + r * (C / 2);
         for (int64_t c = 0; c < C; c += 2) {
@@ -132,6 +142,22 @@ void ms_quant_fp8_row(const float *x, int64_t n, uint8_t *q, uint16_t *scale) {
         scale[bi] = s;
         float d = ms_bf16_to_f32(s);
         for (int64_t i = 0; i < len; i++) q[b0 + i] = d > 0 ? ms_f32_to_fp8_e4m3(x[b0 + i] / d) : 0;
+    }
+}
+
+void ms_quant_i4_row(const float *x, int64_t n, int group, int32_t *packed, uint16_t *scale) {
+    memset(packed, 0, (size_t)(n / 8) * sizeof *packed);
+    for (int64_t g0 = 0, gi = 0; g0 < n; g0 += group, gi++) {
+        int64_t len = n - g0 < group ? n - g0 : group;
+        uint16_t s = ms_f32_to_bf16(block_amax(x + g0, len) / 7.5f);
+        scale[gi] = s;
+        float d = ms_bf16_to_f32(s);
+        for (int64_t i = 0; i < len; i++) {
+            float v = d > 0 ? nearbyintf(x[g0 + i] / d) : 0.0f;
+            int q = v > 7 ? 7 : v < -8 ? -8 : isnan(v) ? 0 : (int)v;
+            int64_t c = g0 + i;
+            packed[c / 8] |= (int32_t)((uint32_t)(q + 8) << (4 * (c % 8)));
+        }
     }
 }
 

@@ -11,6 +11,7 @@ static const struct { const char *name; ms_dtype dt; int bits; } k_dtypes[] = {
     {"I16", MS_DT_I16, 16},      {"I8", MS_DT_I8, 8},            {"U64", MS_DT_U64, 64},
     {"U32", MS_DT_U32, 32},      {"U16", MS_DT_U16, 16},         {"U8", MS_DT_U8, 8},
     {"BOOL", MS_DT_BOOL, 8},     {"F4", MS_DT_F4, 4},        {"Q8", MS_DT_Q8, 8},
+    {"I4", MS_DT_I4, 4},
 };
 
 int ms_dtype_bits(ms_dtype dt) {
@@ -28,7 +29,7 @@ const char *ms_dtype_name(ms_dtype dt) {
 ms_dtype ms_dtype_parse(const char *s) {
     if (!s) return MS_DT_INVALID;
     for (size_t i = 0; i < sizeof k_dtypes / sizeof *k_dtypes; i++)
-        if (k_dtypes[i].dt != MS_DT_F4 && k_dtypes[i].dt != MS_DT_Q8 && strcmp(k_dtypes[i].name, s) == 0) return k_dtypes[i].dt;
+        if (k_dtypes[i].dt != MS_DT_F4 && k_dtypes[i].dt != MS_DT_Q8 && k_dtypes[i].dt != MS_DT_I4 && strcmp(k_dtypes[i].name, s) == 0) return k_dtypes[i].dt;
     return MS_DT_INVALID;
 }
 

@@ -18,6 +18,7 @@ typedef enum ms_dtype {
     MS_DT_BOOL,
     MS_DT_F4, /* not a SafeTensors dtype: packed e2m1 view of U8 blocks */
     MS_DT_Q8, /* not a SafeTensors dtype: int8 values with a scale per block (core/qmat.h) */
+    MS_DT_I4, /* not a SafeTensors dtype: int4 packed 8 per int32, compressed-tensors pack-quantized (core/qmat.h) */
     MS_DT_COUNT
 } ms_dtype;
 

@@ -40,6 +40,13 @@ static const variant k_qvariants[] = {
     {"f8-bf16scale-1x32", MS_DT_F8_E4M3, MS_DT_BF16, 1, 32}, /* ms_quant_fp8_row's layout */
 };
 
+/* INT4 compressed-tensors pack-quantized (core/qmat.h I4): its own test at the end as well. */
+static const variant k_i4variants[] = {
+    {"i4-bf16-1x32", MS_DT_I4, MS_DT_BF16, 1, 32},   /* Kimi K2's layout: the fast kernels */
+    {"i4-bf16-1x128", MS_DT_I4, MS_DT_BF16, 1, 128}, /* group 128: fast where cols % 128 == 0, else scalar */
+    {"i4-f32-1x32", MS_DT_I4, MS_DT_F32, 1, 32},     /* F32 scales: the scalar dequantization */
+};
+
 /* Fills a weight of the variant; returns the allocation (data and scale in one). */
 static void *make_weight(const variant *v, int64_t rows, int64_t cols, ms_qmat *w) {
     int64_t nel = rows * cols;
@@ -64,7 +71,7 @@ static void *make_weight(const variant *v, int64_t rows, int64_t cols, ms_qmat *
         default: break;
         }
     }
-    if (v->dt == MS_DT_F4)
+    if (v->dt == MS_DT_F4 || v->dt == MS_DT_I4)
         for (size_t i = 0; i < dbytes; i++) mem[i] = (uint8_t)rnd();
     for (int64_t i = 0; i < sr * sc; i++) {
         if (v->sdt == MS_DT_F32) ((float *)(mem + soff))[i] = 0.5f + (rnd() & 1023) / 1024.0f;
@@ -309,3 +316,49 @@ TEST(quant_rows_contract) {
     }
 }
 
+
+/* INT4 (I4), every ISA, decode and prefill, against the scalar twin (ms_matmul_ref). */
+TEST(matmul_i4_all_isas) {
+    setup_isas();
+    static const int64_t rows_l[] = {1, 7, 130};
+    static const int64_t cols_l[] = {32, 96, 160, 4160, 40, 1000};
+    static const int n_l[] = {1, 3, 17, 64};
+    for (size_t vi = 0; vi < sizeof k_i4variants / sizeof *k_i4variants; vi++) {
+        const variant *v = &k_i4variants[vi];
+        for (size_t ri = 0; ri < 3; ri++)
+            for (size_t ci = 0; ci < 6; ci++)
+                for (size_t ni = 0; ni < 4; ni++) {
+                    int64_t rows = rows_l[ri], cols = cols_l[ci];
+                    int n = n_l[ni];
+                    if (rows * cols * n > 130 * 4160 * 3) continue;
+                    run_case(v, rows, cols, n, (ri + ci + ni) % 2 ? 3 : 1);
+                }
+        run_case(v, 130, 4160, 64, 3);
+        run_case(v, 9, 8192, 1, 2);
+    }
+}
+
+/* ms_quant_i4_row: compressed-tensors' symmetric INT4 (scale amax / 7.5, q in [-8, 7],
+ * packed per pack_to_int32) and its round trip through ms_qmat_row. */
+TEST(quant_i4_row_contract) {
+    enum { N = 32 * 5 };
+    float x[N], back[N];
+    int32_t pk[N / 8];
+    uint16_t sc[N / 32];
+    for (int trial = 0; trial < 30; trial++) {
+        for (int i = 0; i < N; i++) x[i] = (float)(frand() * (trial % 3 == 0 ? 1e-20 : 0.05));
+        if (trial == 4) for (int i = 32; i < 64; i++) x[i] = 0;
+        ms_quant_i4_row(x, N, 32, pk, sc);
+        ms_qmat w = {.dtype = MS_DT_I4, .rows = 1, .cols = N, .data = pk, .scale = sc, .scale_dtype = MS_DT_BF16,
+                     .brow = 1, .bcol = 32};
+        ms_qmat_row(&w, 0, back);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            int u = (int)(((uint32_t)pk[i / 8] >> (4 * (i % 8))) & 15);
+            float d = ms_bf16_to_f32(sc[i / 32]);
+            if (back[i] != (float)(u - 8) * d) bad++;
+            if (fabsf(back[i] - x[i]) > d * 0.5f * (1 + 1e-6f) + d * (7.5f / 7.0f - 1.0f) * 8 + 1e-45f) bad++;
+        }
+        CHECK_MSG(bad == 0, "trial %d: %d contract violations", trial, bad);
+    }
+}

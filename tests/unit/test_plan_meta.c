@@ -121,6 +121,7 @@ TEST(plan_from_headers_and_config_equals_full) {
     CHECK(mkdtemp(dir) != NULL);
     one(dir, MS_DT_BF16, 1);
     one(dir, MS_DT_F4, 1);
+    one(dir, MS_DT_I4, 1); /* INT4 pack-quantized: the config's targets/ignore say which matrices */
     one(dir, MS_DT_F8_E4M3, 0); /* synth's FP8 experts keep a BF16 static tier: only the headers know */
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

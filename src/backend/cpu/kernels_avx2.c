@@ -228,6 +228,61 @@ T256 static void q8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0,
     }
 }
 
+/* I4 (core/qmat.h, compressed-tensors pack-quantized): the bytes of the int32 words,
+ * low nibble = even column, value (u - 8) * scale; one BF16 scale per bcol (a
+ * multiple of 32) along a row. Even/odd columns against deinterleaved x, as F4. */
+static int i4_fast(const ms_qmat *w) {
+    return w->cols % 32 == 0 && w->scale && w->brow == 1 && w->bcol >= 32 && w->bcol % 32 == 0 && w->cols % w->bcol == 0 &&
+           w->scale_dtype == MS_DT_BF16;
+}
+INL __m256 i4_val(__m256i u) { return _mm256_cvtepi32_ps(_mm256_sub_epi32(u, _mm256_set1_epi32(8))); }
+
+INL void i4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
+    const int64_t K = w->cols, ng = K / w->bcol, gb = w->bcol / 32;
+    const uint8_t *p[4];
+    const uint16_t *s[4];
+    UNROLL for (int i = 0; i < NR; i++) {
+        p[i] = (const uint8_t *)w->data + (r + i) * (K / 2);
+        s[i] = (const uint16_t *)w->scale + (r + i) * ng;
+    }
+    const __m256i m15 = _mm256_set1_epi32(15);
+    __m256 a[4];
+    UNROLL for (int i = 0; i < NR; i++) a[i] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        __m256 b[4];
+        UNROLL for (int i = 0; i < NR; i++) b[i] = _mm256_setzero_ps();
+        for (int64_t k = g * w->bcol, ke = k + gb * 32; k < ke; k += 32) {
+            __m256 xe0, xo0, xe1, xo1;
+            deinterleave(x + k, &xe0, &xo0);
+            deinterleave(x + k + 16, &xe1, &xo1);
+            UNROLL for (int i = 0; i < NR; i++) {
+                __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2)));
+                __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2 + 8)));
+                __m256 t = _mm256_mul_ps(i4_val(_mm256_and_si256(v0, m15)), xe0);
+                t = _mm256_fmadd_ps(i4_val(_mm256_srli_epi32(v0, 4)), xo0, t);
+                t = _mm256_fmadd_ps(i4_val(_mm256_and_si256(v1, m15)), xe1, t);
+                b[i] = _mm256_add_ps(b[i], _mm256_fmadd_ps(i4_val(_mm256_srli_epi32(v1, 4)), xo1, t));
+            }
+        }
+        UNROLL for (int i = 0; i < NR; i++) a[i] = _mm256_fmadd_ps(b[i], _mm256_set1_ps(ms_bf16_to_f32(s[i][g])), a[i]);
+    }
+    UNROLL for (int i = 0; i < NR; i++) out[i] = hsum(a[i]);
+}
+
+T256 static void i4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    float o[4];
+    int64_t r = r0;
+    /* compute-bound like F4: 4 rows share each deinterleaved x */
+    for (; r + 4 <= r1; r += 4) {
+        i4_rows(w, r, x, o, 4);
+        for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+    }
+    for (; r < r1; r++) {
+        i4_rows(w, r, x, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
+
 static int f4_fast(const ms_qmat *w) {
     return w->cols % 32 == 0 &&
            (!w->scale || (w->bcol == 32 && w->brow >= 1 && (w->scale_dtype == MS_DT_F8_E8M0 || w->scale_dtype == MS_DT_U8)));
@@ -245,6 +300,7 @@ static int gemv_ok(const ms_qmat *w) {
     case MS_DT_F8_E4M3: return f8_fast(w);
     case MS_DT_F4: return f4_fast(w);
     case MS_DT_Q8: return q8_fast(w);
+    case MS_DT_I4: return i4_fast(w);
     default: return 0;
     }
 }
@@ -257,6 +313,7 @@ T256 static void gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, in
     case MS_DT_F8_E4M3: f8_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F4: f4_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_Q8: q8_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_I4: i4_gemv(w, x, y, r0, r1, acc); break;
     default: break;
     }
 }
@@ -310,6 +367,23 @@ T256 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int k
             for (int k = 0; k < kc; k += 8) {
                 int64_t c = c0 + k;
                 _mm256_storeu_ps(o + k, _mm256_mul_ps(ld_q8(p + c), _mm256_set1_ps(ms_bf16_to_f32(sc[c / 32]))));
+            }
+        }
+        return;
+    case MS_DT_I4:
+        if (!i4_fast(w) || c0 % 32 || kc % 32) break;
+        for (int i = 0; i < nr; i++) {
+            float *o = buf + (int64_t)i * ld;
+            const uint8_t *p = (const uint8_t *)w->data + (r0 + i) * (K / 2);
+            const uint16_t *sc = (const uint16_t *)w->scale + (r0 + i) * (K / w->bcol);
+            for (int k = 0; k < kc; k += 16) {
+                int64_t c = c0 + k;
+                __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c / 2)));
+                __m256 lo = i4_val(_mm256_and_si256(v, _mm256_set1_epi32(15))), hi = i4_val(_mm256_srli_epi32(v, 4));
+                __m256 sv = _mm256_set1_ps(ms_bf16_to_f32(sc[c / w->bcol]));
+                __m256 ul = _mm256_unpacklo_ps(lo, hi), uh = _mm256_unpackhi_ps(lo, hi);
+                _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_permute2f128_ps(ul, uh, 0x20), sv));
+                _mm256_storeu_ps(o + k + 8, _mm256_mul_ps(_mm256_permute2f128_ps(ul, uh, 0x31), sv));
             }
         }
         return;

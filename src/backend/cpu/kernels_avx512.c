@@ -251,6 +251,58 @@ T512 static void q8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0,
     }
 }
 
+/* I4 (core/qmat.h, compressed-tensors pack-quantized): 16 bytes = 32 values, low
+ * nibble = even column, value (u - 8) * scale, one BF16 scale per bcol (a multiple
+ * of 32) along a row. Even/odd columns against x split once per 32, as F4. */
+static int i4_fast(const ms_qmat *w) {
+    return w->cols % 32 == 0 && w->scale && w->brow == 1 && w->bcol >= 32 && w->bcol % 32 == 0 && w->cols % w->bcol == 0 &&
+           w->scale_dtype == MS_DT_BF16;
+}
+INL __m512 i4_val(__m512i u) { return _mm512_cvtepi32_ps(_mm512_sub_epi32(u, _mm512_set1_epi32(8))); }
+
+INL void i4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
+    const int64_t K = w->cols, ng = K / w->bcol, gb = w->bcol / 32;
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i m15 = _mm512_set1_epi32(15);
+    const uint8_t *p[4];
+    const uint16_t *s[4];
+    UNROLL for (int i = 0; i < NR; i++) {
+        p[i] = (const uint8_t *)w->data + (r + i) * (K / 2);
+        s[i] = (const uint16_t *)w->scale + (r + i) * ng;
+    }
+    __m512 a[4];
+    UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        __m512 b[4];
+        UNROLL for (int i = 0; i < NR; i++) b[i] = _mm512_setzero_ps();
+        for (int64_t k = g * w->bcol, ke = k + gb * 32; k < ke; k += 32) {
+            __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+            __m512 xe = _mm512_permutex2var_ps(x0, ie, x1), xo = _mm512_permutex2var_ps(x0, io, x1);
+            UNROLL for (int i = 0; i < NR; i++) {
+                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[i] + k / 2)));
+                __m512 t = _mm512_mul_ps(i4_val(_mm512_and_si512(v, m15)), xe);
+                b[i] = _mm512_add_ps(b[i], _mm512_fmadd_ps(i4_val(_mm512_srli_epi32(v, 4)), xo, t));
+            }
+        }
+        UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_fmadd_ps(b[i], _mm512_set1_ps(ms_bf16_to_f32(s[i][g])), a[i]);
+    }
+    UNROLL for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(a[i]);
+}
+
+T512 static void i4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    float o[4];
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        i4_rows(w, r, x, o, 4);
+        for (int i = 0; i < 4; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+    }
+    for (; r < r1; r++) {
+        i4_rows(w, r, x, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
+
 static int f4_fast(const ms_qmat *w) {
     return w->cols % 32 == 0 &&
            (!w->scale || (w->bcol == 32 && w->brow >= 1 && (w->scale_dtype == MS_DT_F8_E8M0 || w->scale_dtype == MS_DT_U8)));
@@ -268,6 +320,7 @@ static int gemv_ok(const ms_qmat *w) {
     case MS_DT_F8_E4M3: return f8_fast(w);
     case MS_DT_F4: return f4_fast(w);
     case MS_DT_Q8: return q8_fast(w);
+    case MS_DT_I4: return i4_fast(w);
     default: return 0;
     }
 }
@@ -280,6 +333,7 @@ T512 static void gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, in
     case MS_DT_F8_E4M3: f8_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F4: f4_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_Q8: q8_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_I4: i4_gemv(w, x, y, r0, r1, acc); break;
     default: break;
     }
 }
@@ -335,6 +389,25 @@ T512 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int k
             }
         }
         return;
+    case MS_DT_I4: {
+        if (!i4_fast(w) || c0 % 32 || kc % 32) break;
+        const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i i1 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        for (int i = 0; i < nr; i++) {
+            float *o = buf + (int64_t)i * ld;
+            const uint8_t *p = (const uint8_t *)w->data + (r0 + i) * (K / 2);
+            const uint16_t *sc = (const uint16_t *)w->scale + (r0 + i) * (K / w->bcol);
+            for (int k = 0; k < kc; k += 32) {
+                int64_t c = c0 + k;
+                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + c / 2)));
+                __m512 lo = i4_val(_mm512_and_si512(v, _mm512_set1_epi32(15))), hi = i4_val(_mm512_srli_epi32(v, 4));
+                __m512 sv = _mm512_set1_ps(ms_bf16_to_f32(sc[c / w->bcol]));
+                _mm512_storeu_ps(o + k, _mm512_mul_ps(_mm512_permutex2var_ps(lo, i0, hi), sv));
+                _mm512_storeu_ps(o + k + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, i1, hi), sv));
+            }
+        }
+        return;
+    }
     case MS_DT_F4: {
         if (!f4_fast(w) || c0 % 32 || kc % 32) break;
         const __m512 tab = fp4_table();

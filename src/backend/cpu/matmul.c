@@ -60,6 +60,21 @@ void mm_dequant_scalar(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int kc,
             }
             break;
         }
+        case MS_DT_I4: {
+            const uint8_t *p = (const uint8_t *)w->data + r * (C / 2);
+            int64_t sr = r / w->brow, sc = -1;
+            float s = 1.0f;
+            for (int k = 0; k < kc; k++) {
+                int64_t c = c0 + k;
+                if (c / w->bcol != sc) {
+                    sc = c / w->bcol;
+                    s = mm_scale_at(w, sr, sc);
+                }
+                uint8_t b = p[c / 2];
+                o[k] = (float)((int)((c & 1) ? b >> 4 : b & 15) - 8) * s;
+            }
+            break;
+        }
         case MS_DT_F4: {
             const uint8_t *p = (const uint8_t *)w->data + r * (C / 2);
             int64_t sr = w->scale ? r / w->brow : 0, sc = -1;

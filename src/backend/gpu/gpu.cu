@@ -160,6 +160,11 @@ int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err) {
                            "%s: MXFP4 needs cols %% 32 == 0 (%lld) and E8M0 scales per 1x32 block (%dx%d)", what,
                            (long long)w->cols, w->brow, w->bcol);
         return MS_OK;
+    case MS_DT_I4:
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "%s: INT4 weights (dtype I4, compressed-tensors pack-quantized) are not supported on the gpu "
+                       "backend yet; run them with --backend cpu",
+                       what);
     default:
         return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: weight dtype %s is not supported on the gpu", what,
                        ms_dtype_name(w->dtype));
