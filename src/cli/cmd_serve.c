@@ -204,9 +204,7 @@ int cmd_serve(int argc, char **argv) {
         reuse = "reset (no prefix cache)";
         if (pc_entries > 0 && pc_mib > 0) {
             if (ms_prefix_cache_new((int)pc_entries, (uint64_t)pc_mib << 20, &pc, &err)) goto fail;
-            snaps.user = pc;
-            snaps.save = ms_prefix_cache_save_hook;
-            snaps.restore = ms_prefix_cache_restore_hook;
+            snaps = ms_prefix_cache_snapshots(pc);
             reuse = "snapshots";
         }
     }

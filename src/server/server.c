@@ -414,6 +414,16 @@ static void run_job(ms_server *s, job *j) {
     ms_gen_result res = {0};
     int cached = -1, gone = 0;
     int rc = ms_api_resp_new(&ro, &g.resp, &g.err);
+    if (!rc && s->o.prefill_chunk > 0) { /* the canonical ids first (session/generate.h), so the chunks are those */
+        int32_t *canon = NULL;
+        int nc = 0;
+        rc = ms_generator_canon(s->o.gen, j->prompt, j->n_prompt, &canon, &nc, &g.err);
+        if (canon) {
+            free(j->prompt);
+            j->prompt = canon;
+            j->n_prompt = nc;
+        }
+    }
     if (!rc && s->o.prefill_chunk > 0) rc = chunked_prefill(s, j, &cached, &gone, &g.err);
     if (!rc && !gone) rc = ms_generate(s->o.gen, j->prompt, j->n_prompt, &gp, on_token, &g, &res, &g.err);
     if (!rc && g.rc) rc = g.rc;

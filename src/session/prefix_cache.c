@@ -109,3 +109,25 @@ int ms_prefix_cache_save_hook(void *user, ms_engine *e, const int32_t *ids, int 
 int ms_prefix_cache_restore_hook(void *user, ms_engine *e, const int32_t *ids, int n, int *restored, ms_err *err) {
     return ms_prefix_cache_restore(user, e, ids, n, restored, err);
 }
+
+int ms_prefix_cache_entry_hook(void *user, int i, const int32_t **ids, int *n) {
+    ms_prefix_cache *pc = user;
+    if (i < 0 || i >= pc->n) return 0;
+    *ids = pc->e[i].ids;
+    *n = pc->e[i].n;
+    return 1;
+}
+
+int ms_prefix_cache_longest_hook(void *user, const int32_t *ids, int n) {
+    ms_prefix_cache *pc = user;
+    int best = 0;
+    for (int i = 0; i < pc->n; i++)
+        if (pc->e[i].n <= n && pc->e[i].n > best && !memcmp(pc->e[i].ids, ids, sizeof *ids * (size_t)pc->e[i].n))
+            best = pc->e[i].n;
+    return best;
+}
+
+ms_gen_snapshots ms_prefix_cache_snapshots(ms_prefix_cache *pc) {
+    return (ms_gen_snapshots){.user = pc, .restore = ms_prefix_cache_restore_hook, .save = ms_prefix_cache_save_hook,
+                              .entry = ms_prefix_cache_entry_hook, .longest = ms_prefix_cache_longest_hook};
+}

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "engine/state.h"
+#include "session/generate.h"
 
 typedef struct ms_prefix_cache ms_prefix_cache;
 
@@ -40,5 +41,9 @@ uint64_t ms_prefix_cache_bytes(const ms_prefix_cache *pc);
 /* The same as ms_gen_snapshots hooks: user is an ms_prefix_cache *. */
 int ms_prefix_cache_save_hook(void *user, ms_engine *e, const int32_t *ids, int n, ms_err *err);
 int ms_prefix_cache_restore_hook(void *user, ms_engine *e, const int32_t *ids, int n, int *restored, ms_err *err);
+int ms_prefix_cache_entry_hook(void *user, int i, const int32_t **ids, int *n);
+int ms_prefix_cache_longest_hook(void *user, const int32_t *ids, int n);
+/* The hooks above in an ms_gen_snapshots. */
+ms_gen_snapshots ms_prefix_cache_snapshots(ms_prefix_cache *pc);
 
 #endif
