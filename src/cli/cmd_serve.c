@@ -25,7 +25,13 @@ static const char k_usage[] =
     "usage: moonshine serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--model-name NAME] [--ctx N] [--threads N] [--backend B]\n"
     "                       [--api-key KEY] [--cors-origin ORIGIN] [--parser FORMAT] [--max-queue N]\n"
     "                       [--max-body-mib N] [--max-connections N] [--header-timeout-s S] [--body-timeout-s S]\n"
-    "                       [--prefix-cache-entries N] [--prefix-cache-mib M] [engine flags]\n";
+    "                       [--prefix-cache-entries N] [--prefix-cache-mib M] [--prefix-cache-dir DIR]\n"
+    "                       [--prefix-cache-gib G] [engine flags]\n";
+
+static void pc_log(void *user, const char *line) {
+    (void)user;
+    fprintf(stderr, "moonshine serve: %s\n", line);
+}
 
 /* The output format from config.json's model_type (or --parser). */
 static int pick_format(const char *dir, const char *name, ms_outfmt *fmt) {
@@ -113,19 +119,22 @@ int cmd_serve(int argc, char **argv) {
                "--parser think|qwen3|deepseek_v3|deepseek_v31|kimi_k2|glm|harmony|xtml overrides the\n"
                "reasoning/tool-call format chosen from config.json's model_type.\n"
                "Models that cannot roll back their state (KDA, DeltaNet, DSA, compressed attention) keep\n"
-               "snapshots of recent prompts for prefix reuse: --prefix-cache-entries (default 8) and\n"
-               "--prefix-cache-mib (default 2048); 0 turns it off.\n"
+               "snapshots of recent prompts for prefix reuse: --prefix-cache-entries (default 64) and\n"
+               "--prefix-cache-mib (default 2048); 0 turns it off. --prefix-cache-dir DIR adds a disk tier (every\n"
+               "model): snapshots are written there by a background thread (0700 directory, 0600 files, checked\n"
+               "before use) and survive a restart; --prefix-cache-gib G (16) and --prefix-cache-entries bound it.\n"
                "--test-forced-output FILE (tests only) emits FILE's tokens instead of sampling.\n",
                k_usage);
         return 0;
     }
     ms_cli_opts eo;
-    int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 8, pc_mib = 2048, max_conn = 1024, hto = 10, bto = 30;
+    int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 64, pc_mib = 2048, pc_gib = 16, max_conn = 1024, hto = 10, bto = 30;
     if (ms_cli_engine_args(argc, argv, &eo) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
         ms_arg_int(argc, argv, "--max-queue", 1, 1 << 20, &max_queue) ||
         ms_arg_int(argc, argv, "--max-body-mib", 1, 1024, &max_body) ||
         ms_arg_int(argc, argv, "--prefix-cache-entries", 0, 4096, &pc_entries) ||
         ms_arg_int(argc, argv, "--prefix-cache-mib", 0, INT64_C(1) << 30, &pc_mib) ||
+        ms_arg_int(argc, argv, "--prefix-cache-gib", 1, INT64_C(1) << 20, &pc_gib) ||
         ms_arg_int(argc, argv, "--max-connections", 1, 1 << 20, &max_conn) ||
         ms_arg_int(argc, argv, "--header-timeout-s", 1, 3600, &hto) ||
         ms_arg_int(argc, argv, "--body-timeout-s", 1, 3600, &bto))
@@ -134,6 +143,7 @@ int cmd_serve(int argc, char **argv) {
     if (!key) key = getenv("MOONSHINE_API_KEY");
     if (key && !key[0]) key = NULL;
     const char *host = ms_arg_str(argc, argv, "--host"), *name = ms_arg_str(argc, argv, "--model-name");
+    const char *pc_dir = ms_arg_str(argc, argv, "--prefix-cache-dir");
     const char *parser = ms_arg_str(argc, argv, "--parser"), *forced = ms_arg_str(argc, argv, "--test-forced-output");
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || ms_args_unknown(argc, argv, "serve")) {
@@ -200,12 +210,15 @@ int cmd_serve(int argc, char **argv) {
     for (int i = 0; i < n_eos; i++) dup |= eos[i] == teos;
     if (teos >= 0 && teos < V && !dup) eos[n_eos++] = teos;
     if (forced && load_forced(tok, forced, &fids)) goto done;
-    if (!ms_engine_can_truncate(x.engine)) {
-        reuse = "reset (no prefix cache)";
+    if (!ms_engine_can_truncate(x.engine) || pc_dir) {
+        if (!ms_engine_can_truncate(x.engine)) reuse = "reset (no prefix cache)";
         if (pc_entries > 0 && pc_mib > 0) {
-            if (ms_prefix_cache_new((int)pc_entries, (uint64_t)pc_mib << 20, &pc, &err)) goto fail;
+            ms_prefix_cache_opts po = {.max_entries = (int)pc_entries, .max_bytes = (uint64_t)pc_mib << 20, .dir = pc_dir,
+                                       .model = &x.model, .disk_entries = (int)pc_entries,
+                                       .disk_bytes = (uint64_t)pc_gib << 30, .log = pc_log};
+            if (ms_prefix_cache_open(&po, &pc, &err)) goto fail;
             snaps = ms_prefix_cache_snapshots(pc);
-            reuse = "snapshots";
+            reuse = !pc_dir ? "snapshots" : ms_engine_can_truncate(x.engine) ? "rollback + snapshots on disk" : "snapshots + disk";
         }
     }
     if (ms_generator_new(x.engine, tok, V, pc ? &snaps : NULL, &gen, &err)) goto fail;
@@ -218,7 +231,7 @@ int cmd_serve(int argc, char **argv) {
                          /* cancellable prefill in the engine's own chunks (ms_cli_open keeps the default
                           * max_batch, 256: same logits as one piece); models that cannot roll back prefill
                           * in one go (a snapshot would be saved per piece) */
-                         .prefill_chunk = ms_engine_can_truncate(x.engine) ? 256 : 0, .stats = engine_stats, .stats_user = &es};
+                         .prefill_chunk = ms_engine_can_truncate(x.engine) && !pc ? 256 : 0, .stats = engine_stats, .stats_user = &es};
     es.engine = x.engine;
     es.experts = x.experts;
     es.pc = pc;
