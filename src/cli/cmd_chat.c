@@ -16,6 +16,7 @@
 #include <editline/readline.h>
 
 #include "session/conversation.h"
+#include "session/prefix_cache.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -26,8 +27,15 @@
 static const char k_usage[] =
     "usage: moonshine chat MODEL_DIR [--system TEXT] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "                      [--seed N] [--max-tokens N] [--ctx N] [--threads N] [--backend B] [--prompt TEXT] [--json]\n"
-    "                      [--no-color] [--no-history] [--parser FORMAT] [--template-kwargs JSON] [engine flags]\n"
+    "                      [--no-color] [--no-history] [--parser FORMAT] [--template-kwargs JSON]\n"
+    "                      [--prefix-cache-entries N] [--prefix-cache-mib M] [--prefix-cache-dir DIR] [--prefix-cache-gib G]\n"
+    "                      [engine flags]\n"
     "       moonshine-chat MODEL_DIR ...   (the same)\n";
+
+static void pc_log(void *user, const char *line) {
+    (void)user;
+    fprintf(stderr, "moonshine chat: %s\n", line);
+}
 
 static const char k_help_cmds[] =
     "  /reset          forget the conversation (the system message stays)\n"
@@ -47,7 +55,7 @@ static void on_sigint(int sig) {
 }
 
 typedef struct chat_stats {
-    int turns;
+    int turns, loaded_turns, loaded_tokens; /* this session's; those of a /load */
     uint64_t prompt, cached, completion, forwarded;
     double prefill_s, decode_s;
     uint64_t prefill_tok, decode_tok;
@@ -353,9 +361,11 @@ static void print_stats(chat *c) {
     int n = snprintf(buf, sizeof buf,
                      "turns %d; tokens: prompt %llu (cached %llu), generated %llu, forwarded %llu; context %d/%d; "
                      "prefill %.1f tok/s, decode %.1f tok/s",
-                     s->turns, (unsigned long long)s->prompt, (unsigned long long)s->cached,
+                     s->turns + s->loaded_turns, (unsigned long long)s->prompt, (unsigned long long)s->cached,
                      (unsigned long long)s->completion, (unsigned long long)s->forwarded, ms_conv_n_past(c->conv),
                      ms_conv_max_ctx(c->conv), rate(s->prefill_tok, s->prefill_s), rate(s->decode_tok, s->decode_s));
+    if (s->loaded_turns && n < (int)sizeof buf)
+        n += snprintf(buf + n, sizeof buf - n, "; loaded: %d turns, %d tokens of state", s->loaded_turns, s->loaded_tokens);
     if (s->has_last && n < (int)sizeof buf) {
         const ms_conv_turn *t = &s->last;
         uint64_t pf = (uint64_t)(t->prompt_tokens - t->cached_tokens);
@@ -409,6 +419,16 @@ static int slash(chat *c, const char *line) {
             snprintf(msg, sizeof msg, "%s %s (%d messages, %d tokens of state)", save ? "saved" : "loaded", arg,
                      ms_conv_n_messages(c->conv), ms_conv_n_past(c->conv));
             report(c, cmd, 1, msg);
+            if (!save) { /* /stats counts the loaded turns */
+                char *mj = NULL;
+                int nt = 0;
+                if (!ms_conv_messages_json(c->conv, &mj, &err)) {
+                    for (const char *q = mj; (q = strstr(q, "\"role\":\"assistant\"")); q++) nt++;
+                    free(mj);
+                }
+                c->st.loaded_turns = nt;
+                c->st.loaded_tokens = ms_conv_n_past(c->conv);
+            }
         }
     } else if (!strcmp(cmd, "stats")) {
         print_stats(c);
@@ -539,22 +559,29 @@ int cmd_chat(int argc, char **argv) {
                "--template-kwargs '{\"enable_thinking\": false}' is passed to the chat template.\n"
                "Engine flags: --threads, --ctx, --backend, --memory-mib, --expert-cache-mib, --io, --store,\n"
                "--cache-policy, --queue-depth, --no-prefetch, --expert-trace (see README).\n"
-               "--logits-out FILE (tests) appends each turn's first-token logits (float32) to FILE.\n",
+               "--logits-out FILE (tests) appends each turn's first-token logits (float32) to FILE.\n"
+               "Prefix cache (as moonshine serve's): models that cannot roll back keep snapshots in RAM\n"
+               "(--prefix-cache-entries 64, --prefix-cache-mib 2048); --prefix-cache-dir DIR (--prefix-cache-gib 16)\n"
+               "adds the disk tier, shared with a server on the same model and directory.\n",
                k_usage, k_help_cmds);
         return 0;
     }
     ms_cli_opts eo;
-    int64_t top_k = -1, seed = -1, max_tokens = 0;
+    int64_t top_k = -1, seed = -1, max_tokens = 0, pc_entries = 64, pc_mib = 2048, pc_gib = 16;
     double temp = -1, top_p = -1, min_p = -1;
     if (ms_cli_engine_args(argc, argv, &eo) || arg_double(argc, argv, "--temperature", 0, 100, &temp) ||
         arg_double(argc, argv, "--top-p", 0, 1, &top_p) || arg_double(argc, argv, "--min-p", 0, 1, &min_p) ||
         ms_arg_int(argc, argv, "--top-k", 0, 1 << 30, &top_k) ||
         ms_arg_int(argc, argv, "--seed", 0, INT64_MAX, &seed) ||
-        ms_arg_int(argc, argv, "--max-tokens", 1, 1 << 30, &max_tokens))
+        ms_arg_int(argc, argv, "--max-tokens", 1, 1 << 30, &max_tokens) ||
+        ms_arg_int(argc, argv, "--prefix-cache-entries", 0, 4096, &pc_entries) ||
+        ms_arg_int(argc, argv, "--prefix-cache-mib", 0, INT64_C(1) << 30, &pc_mib) ||
+        ms_arg_int(argc, argv, "--prefix-cache-gib", 1, INT64_C(1) << 20, &pc_gib))
         return 2;
     const char *system = ms_arg_str(argc, argv, "--system"), *prompt = ms_arg_str(argc, argv, "--prompt");
     const char *parser = ms_arg_str(argc, argv, "--parser"), *kwargs = ms_arg_str(argc, argv, "--template-kwargs");
     const char *logits_path = ms_arg_str(argc, argv, "--logits-out");
+    const char *pc_dir = ms_arg_str(argc, argv, "--prefix-cache-dir");
     int json = ms_arg_flag(argc, argv, "--json"), no_color = ms_arg_flag(argc, argv, "--no-color");
     int no_history = ms_arg_flag(argc, argv, "--no-history"), with_ids = ms_arg_flag(argc, argv, "--json-ids");
     const char *dir = ms_arg_pos(argc, argv, 0);
@@ -597,8 +624,20 @@ int cmd_chat(int argc, char **argv) {
     }
     int rc = 1;
     if (ms_cli_open("chat", dir, &eo, &c->x)) goto out_tok;
+    ms_prefix_cache *pc = NULL;
+    ms_gen_snapshots snaps = {0};
+    if ((!ms_engine_can_truncate(c->x.engine) || pc_dir) && pc_entries > 0 && pc_mib > 0) {
+        ms_prefix_cache_opts po = {.max_entries = (int)pc_entries, .max_bytes = (uint64_t)pc_mib << 20, .dir = pc_dir,
+                                   .model = &c->x.model, .disk_entries = (int)pc_entries,
+                                   .disk_bytes = (uint64_t)pc_gib << 30, .log = pc_log};
+        if (ms_prefix_cache_open(&po, &pc, &err)) {
+            fprintf(stderr, "moonshine chat: %s\n", err.msg);
+            goto out;
+        }
+        snaps = ms_prefix_cache_snapshots(pc);
+    }
     ms_conv_opts co = {.model_dir = dir, .model = &c->x.model, .engine = c->x.engine, .tok = tok, .system = system,
-                       .parser = parser, .template_kwargs = kwargs};
+                       .parser = parser, .template_kwargs = kwargs, .snaps = pc ? &snaps : NULL};
     if (ms_conv_new(&co, &c->conv, &err)) {
         fprintf(stderr, "moonshine chat: %s\n", err.msg);
         goto out;
@@ -648,6 +687,7 @@ int cmd_chat(int argc, char **argv) {
 out:
     if (!c->interactive && c->failed) rc = 1;
     ms_conv_free(c->conv);
+    ms_prefix_cache_free(pc);
     ms_cli_close(&c->x);
 out_tok:
     ms_tok_free(tok);

@@ -28,7 +28,13 @@ static const char k_usage[] =
     "                       [--api-key KEY] [--cors-origin ORIGIN] [--parser FORMAT] [--max-queue N]\n"
     "                       [--max-body-mib N] [--max-connections N] [--header-timeout-s S] [--body-timeout-s S]\n"
     "                       [--slots N] [--prefill-chunk N] [--request-deadline-s S]\n"
-    "                       [--prefix-cache-entries N] [--prefix-cache-mib M] [engine flags]\n";
+    "                       [--prefix-cache-entries N] [--prefix-cache-mib M] [--prefix-cache-dir DIR]\n"
+    "                       [--prefix-cache-gib G] [engine flags]\n";
+
+static void pc_log(void *user, const char *line) {
+    (void)user;
+    fprintf(stderr, "moonshine serve: %s\n", line);
+}
 
 /* The output format from config.json's model_type (or --parser). */
 static int pick_format(const char *dir, const char *name, ms_outfmt *fmt) {
@@ -184,14 +190,17 @@ int cmd_serve(int argc, char **argv) {
                "--parser think|qwen3|deepseek_v3|deepseek_v31|kimi_k2|glm|harmony|xtml overrides the\n"
                "reasoning/tool-call format chosen from config.json's model_type.\n"
                "Models that cannot roll back their state (KDA, DeltaNet, DSA, compressed attention) keep\n"
-               "snapshots of recent prompts for prefix reuse: --prefix-cache-entries (default 8) and\n"
-               "--prefix-cache-mib (default 2048); 0 turns it off.\n"
+               "snapshots of recent prompts for prefix reuse: --prefix-cache-entries (default 64) and\n"
+               "--prefix-cache-mib (default 2048); 0 turns it off. --prefix-cache-dir DIR adds a disk tier (every\n"
+               "model): snapshots are written there by a background thread (0700 directory, 0600 files, checked\n"
+               "before use) and survive a restart; --prefix-cache-gib G (16) and --prefix-cache-entries bound it.\n"
                "--test-forced-output FILE (tests only) emits FILE's tokens instead of sampling.\n",
                k_usage);
         return 0;
     }
     ms_cli_opts eo;
-    int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 8, pc_mib = 2048, max_conn = 1024, hto = 10, bto = 30;
+    int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 64, pc_mib = 2048, pc_gib = 16, max_conn = 1024,
+            hto = 10, bto = 30;
     int64_t n_slots = 0, chunk = 256;
     double deadline = 0;
     if (ms_cli_engine_args(argc, argv, &eo) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
@@ -199,6 +208,7 @@ int cmd_serve(int argc, char **argv) {
         ms_arg_int(argc, argv, "--max-body-mib", 1, 1024, &max_body) ||
         ms_arg_int(argc, argv, "--prefix-cache-entries", 0, 4096, &pc_entries) ||
         ms_arg_int(argc, argv, "--prefix-cache-mib", 0, INT64_C(1) << 30, &pc_mib) ||
+        ms_arg_int(argc, argv, "--prefix-cache-gib", 1, INT64_C(1) << 20, &pc_gib) ||
         ms_arg_int(argc, argv, "--max-connections", 1, 1 << 20, &max_conn) ||
         ms_arg_int(argc, argv, "--header-timeout-s", 1, 3600, &hto) ||
         ms_arg_int(argc, argv, "--body-timeout-s", 1, 3600, &bto) ||
@@ -217,6 +227,7 @@ int cmd_serve(int argc, char **argv) {
     if (!key) key = getenv("MOONSHINE_API_KEY");
     if (key && !key[0]) key = NULL;
     const char *host = ms_arg_str(argc, argv, "--host"), *name = ms_arg_str(argc, argv, "--model-name");
+    const char *pc_dir = ms_arg_str(argc, argv, "--prefix-cache-dir");
     const char *parser = ms_arg_str(argc, argv, "--parser"), *forced = ms_arg_str(argc, argv, "--test-forced-output");
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || ms_args_unknown(argc, argv, "serve")) {
@@ -286,16 +297,21 @@ int cmd_serve(int argc, char **argv) {
     if (forced && load_forced(tok, forced, &fids)) goto done;
     int can_truncate = ms_engine_can_truncate(x.engine);
     ms_server_reuse ru = MS_SERVER_REUSE_ROLLBACK;
-    if (!can_truncate) {
-        reuse = "reset (no prefix cache)";
-        ru = MS_SERVER_REUSE_NONE;
+    if (!can_truncate || pc_dir) {
+        if (!can_truncate) {
+            reuse = "reset (no prefix cache)";
+            ru = MS_SERVER_REUSE_NONE;
+        }
         if (pc_entries > 0 && pc_mib > 0) {
-            if (ms_prefix_cache_new((int)pc_entries, (uint64_t)pc_mib << 20, &pc, &err)) goto fail;
-            snaps.user = pc;
-            snaps.save = ms_prefix_cache_save_hook;
-            snaps.restore = ms_prefix_cache_restore_hook;
-            reuse = "snapshots shared by the slots";
-            ru = MS_SERVER_REUSE_SNAPSHOTS;
+            ms_prefix_cache_opts po = {.max_entries = (int)pc_entries, .max_bytes = (uint64_t)pc_mib << 20, .dir = pc_dir,
+                                       .model = &x.model, .disk_entries = (int)pc_entries,
+                                       .disk_bytes = (uint64_t)pc_gib << 30, .log = pc_log};
+            if (ms_prefix_cache_open(&po, &pc, &err)) goto fail;
+            snaps = ms_prefix_cache_snapshots(pc);
+            reuse = !pc_dir       ? "snapshots shared by the slots"
+                    : can_truncate ? "rollback per slot + snapshots on disk shared by the slots"
+                                   : "snapshots shared by the slots + disk";
+            if (!can_truncate) ru = MS_SERVER_REUSE_SNAPSHOTS;
         }
     } else {
         reuse = "rollback, per slot";

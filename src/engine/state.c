@@ -456,10 +456,23 @@ int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, 
     if (rc) return rc;
     ms_snapshot *s;
     if ((rc = ms_engine_snapshot(e, &s, err))) return rc;
+    rc = ms_snapshot_save_file(s, id, e->max_ctx, path, tokens, n_tokens, err);
+    ms_engine_snapshot_free(s);
+    return rc;
+}
+
+int ms_snapshot_save_file(const ms_snapshot *s, const uint8_t model_id[32], int saved_ctx, const char *path,
+                          const int32_t *tokens, int n_tokens, ms_err *err) {
+    if (!s || n_tokens != s->n_past || (n_tokens && !tokens))
+        return ms_fail(err, MS_ERR_ARG, "state save: %d token ids for a state of %lld positions", n_tokens,
+                       s ? (long long)s->n_past : -1LL);
+    for (int i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0) return ms_fail(err, MS_ERR_ARG, "state save: token %d is %d", i, tokens[i]);
+    const uint8_t *id = model_id;
+    int rc;
     uint64_t tab_at = HDR + pad8(4 * (uint64_t)n_tokens), hb = tab_at + (uint64_t)s->n * SEC;
     uint8_t *h = calloc(1, hb);
     if (!h) {
-        ms_engine_snapshot_free(s);
         return ms_fail(err, MS_ERR_NOMEM, "state save: out of memory for a %llu-byte header", (unsigned long long)hb);
     }
     uint64_t off = hb;
@@ -479,14 +492,14 @@ int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, 
     memcpy(h + 32, id, 32);
     wr64(h + 64, (uint64_t)s->n_past);
     wr64(h + 72, (uint64_t)s->n_past);
-    wr64(h + 80, (uint64_t)e->max_ctx);
+    wr64(h + 80, (uint64_t)saved_ctx);
     wr64(h + 88, (uint64_t)n_tokens);
     for (int i = 0; i < n_tokens; i++) wr32(h + HDR + 4 * (uint64_t)i, (uint32_t)tokens[i]);
     wr32(h + HDR_CRC_AT, ms_crc32c(0, h, hb));
     /* temp file, fsync, rename, fsync the directory */
     ms_atomic_file f;
-    if ((rc = ms_atomic_begin(&f, path, err))) {
-        free(h), ms_engine_snapshot_free(s);
+    if ((rc = ms_atomic_begin_mode(&f, path, 0600, err))) { /* private: it holds a conversation */
+        free(h);
         return rc;
     }
     static const uint8_t zeros[8];
@@ -496,7 +509,6 @@ int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, 
         if (!rc) rc = ms_atomic_write(&f, zeros, pad8(s->sec[i].size) - s->sec[i].size, err);
     }
     free(h);
-    ms_engine_snapshot_free(s);
     if (rc) {
         ms_atomic_abort(&f);
         return rc;

@@ -84,6 +84,12 @@ int ms_model_identity(const ms_model *m, uint8_t id[32], ms_err *err);
  * MS_ERR_NOMEM. e is not changed. */
 int ms_engine_state_save(ms_engine *e, const char *path, const int32_t *tokens, int n_tokens, ms_err *err);
 
+/* The same from a snapshot (no engine needed: a writer thread saves while the engine
+ * serves the next request): model_id is the snapshot's model (ms_model_identity),
+ * saved_ctx informational. Files are created 0600. */
+int ms_snapshot_save_file(const ms_snapshot *snap, const uint8_t model_id[32], int saved_ctx, const char *path,
+                          const int32_t *tokens, int n_tokens, ms_err *err);
+
 /* Load a state file into e. Everything is validated before e is touched
  * (structure, bounds, section table, every section's CRC32C, the model
  * identity, e's context capacity, each section against e's state layout): on

@@ -107,7 +107,7 @@ int ms_conv_new(const ms_conv_opts *o, ms_conv **out, ms_err *err) {
         for (int i = 0; i < c->n_eos; i++) dup |= c->eos[i] == te;
         if (te >= 0 && te < c->vocab && !dup) c->eos[c->n_eos++] = te;
     }
-    if (!rc) rc = ms_generator_new(o->engine, o->tok, c->vocab, NULL, &c->gen, err);
+    if (!rc) rc = ms_generator_new(o->engine, o->tok, c->vocab, o->snaps, &c->gen, err);
     if (!rc) rc = ms_conv_set_system(c, o->system, err);
     if (rc) {
         ms_conv_free(c);
@@ -367,7 +367,7 @@ int ms_conv_save(ms_conv *c, const char *path, ms_err *err) {
     char *text = ok ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
     if (!text) return ms_fail(err, MS_ERR_NOMEM, "save: out of memory");
-    rc = ms_write_file_atomic(path, text, strlen(text), err);
+    rc = ms_write_file_atomic_mode(path, text, strlen(text), 0600, err); /* private: the conversation */
     free(text);
     return rc;
 }

@@ -44,6 +44,7 @@ typedef struct ms_conv_opts {
     const char *parser;         /* output format name (outparse.h) or NULL: from config.json's model_type
                                    (ms_outfmt_for_model_type, as the server chooses) */
     const char *template_kwargs;/* JSON object passed as chat_template_kwargs, or NULL (copied) */
+    const ms_gen_snapshots *snaps; /* prefix reuse through snapshots (session/prefix_cache.h), or NULL (copied) */
 } ms_conv_opts;
 
 typedef struct ms_conv ms_conv;

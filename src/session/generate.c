@@ -427,6 +427,35 @@ int ms_gen_eos_ids(const char *dir, int64_t vocab, int32_t *ids, int cap, int *n
 /* ---------------- prefix reuse ----------------
  * ms_engine_can_truncate / ms_engine_truncate: engine/state.c. */
 
+void ms_gen_align(const ms_tokenizer *t, const int32_t *a, int na, const int32_t *b, int nb, int *ia, int *ib) {
+    int x = 0;
+    while (x < na && x < nb && a[x] == b[x]) x++;
+    *ia = *ib = x;
+    if (!t || x == na || x == nb) return;
+    int y = x;
+    size_t ox = 0, oy = 0, lx = 0, ly = 0; /* byte offsets inside a[x], b[y]; their lengths */
+    const uint8_t *bx = NULL, *by = NULL;
+    for (;;) {
+        if (ox == 0 && oy == 0) { /* a boundary of both */
+            *ia = x, *ib = y;
+            if (x == na || y == nb) return;
+            if (a[x] == b[y]) { x++, y++; continue; }
+        }
+        if (x == na || y == nb) return;
+        if (ox == 0) {
+            if (ms_tok_is_special(t, a[x]) || !(bx = ms_tok_token_bytes(t, a[x], &lx)) || !lx) return;
+        }
+        if (oy == 0) {
+            if (ms_tok_is_special(t, b[y]) || !(by = ms_tok_token_bytes(t, b[y], &ly)) || !ly) return;
+        }
+        size_t k = lx - ox < ly - oy ? lx - ox : ly - oy;
+        if (memcmp(bx + ox, by + oy, k)) return;
+        ox += k, oy += k;
+        if (ox == lx) x++, ox = 0;
+        if (oy == ly) y++, oy = 0;
+    }
+}
+
 /* ---------------- generation ---------------- */
 struct ms_generator {
     ms_engine *e;
@@ -484,6 +513,33 @@ void ms_generator_reset(ms_generator *g) {
     ms_engine_reset(g->e);
 }
 
+int ms_generator_canon(ms_generator *g, const int32_t *p, int n, int32_t **out, int *n_out, ms_err *err) {
+    *out = NULL;
+    *n_out = n;
+    if (!g->t || n < 1) return MS_OK;
+    const int32_t *best = g->hist;
+    int bi, bj;
+    ms_gen_align(g->t, g->hist, g->n_hist, p, n, &bi, &bj);
+    const int32_t *ids;
+    int ne;
+    for (int k = 0; g->snaps.entry && g->snaps.entry(g->snaps.user, k, &ids, &ne); k++) {
+        if (ne <= bi) continue; /* cannot reuse more */
+        int i, j;
+        ms_gen_align(g->t, ids, ne, p, n, &i, &j);
+        if (i == ne && j < n) best = ids, bi = i, bj = j; /* an entry is restored whole, leaving a token to feed */
+    }
+    if (bi == bj && !memcmp(best, p, sizeof *p * (size_t)bi)) return MS_OK; /* already the prompt's own ids */
+    int nc = bi + (n - bj);
+    if (nc < 1 || nc > ms_engine_max_ctx(g->e)) return MS_OK;
+    int32_t *c = malloc(sizeof *c * (size_t)nc);
+    if (!c) return ms_fail(err, MS_ERR_NOMEM, "generator: out of memory for a prompt of %d tokens", nc);
+    memcpy(c, best, sizeof *c * (size_t)bi);
+    memcpy(c + bi, p + bj, sizeof *c * (size_t)(n - bj));
+    *out = c;
+    *n_out = nc;
+    return MS_OK;
+}
+
 const int32_t *ms_generator_history(const ms_generator *g, int *n) {
     *n = g->n_hist;
     return g->hist;
@@ -532,6 +588,12 @@ int ms_generator_prefill_begin(ms_generator *g, const int32_t *prompt, int n, in
     while (common < n && common < g->n_hist && g->hist[common] == prompt[common]) common++;
     if (common == n) common = n - 1; /* the last prompt token is fed again for its logits */
     int rc, truncatable = ms_engine_can_truncate(g->e);
+    if (truncatable && g->snaps.longest && g->snaps.restore && n > 1 && g->snaps.longest(g->snaps.user, prompt, n - 1) > common) {
+        /* a saved state (e.g. from disk after a restart) reuses more than the history */
+        ms_generator_reset(g);
+        common = 0;
+        truncatable = 0; /* take the snapshot path below */
+    }
     if (common < g->n_hist) {
         if (truncatable) {
             if ((rc = ms_engine_truncate(g->e, common, err))) return rc;
@@ -611,6 +673,7 @@ static int emit(ms_stopper *st, int32_t id, const char *text, size_t len, ms_gen
 struct ms_gen_run {
     ms_generator *g;
     const int32_t *prompt;
+    int32_t *own; /* the canonical prompt when it differs from the caller's */
     int n;
     ms_gen_params p;
     ms_gen_token_fn fn;
@@ -642,6 +705,12 @@ int ms_gen_run_new(ms_generator *g, const int32_t *prompt, int n, const ms_gen_p
     ms_gen_run *r = calloc(1, sizeof *r);
     if (!r) return ms_fail(err, MS_ERR_NOMEM, "generate: out of memory");
     r->g = g, r->prompt = prompt, r->n = n, r->p = *p, r->fn = fn, r->user = user;
+    int rc0 = ms_generator_canon(g, prompt, n, &r->own, &r->n, err);
+    if (rc0) {
+        free(r);
+        return rc0;
+    }
+    if (r->own) r->prompt = r->own;
     ms_tok_stream_init(&r->ts, g->t, p->decode_flags);
     /* models pad their vocabulary past the tokenizer's (Qwen3: 151936 logits, 151669 tokens):
      * ids without text are never sampled */
@@ -687,6 +756,7 @@ void ms_gen_run_free(ms_gen_run *r) {
     ms_matcher_free(r->m);
     free(r->mask);
     free(r->mlog);
+    free(r->own);
     free(r);
 }
 
@@ -813,6 +883,11 @@ int ms_gen_run_finish(ms_gen_run *r, ms_gen_result *res, ms_err *err) {
         }
     }
 out:
+    /* the state after the reply (prompt + generated ids, the last sampled one not fed): the
+     * next turn of the conversation extends it */
+    if (!rc && r->done && r->g->snaps.save && r->res.completion_tokens > 0 && r->g->n_hist > r->n &&
+        ms_engine_n_past(r->g->e) == r->g->n_hist)
+        rc = r->g->snaps.save(r->g->snaps.user, r->g->e, r->g->hist, r->g->n_hist, err);
     if (res) *res = r->res;
     return rc;
 }
@@ -826,7 +901,7 @@ int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_para
     ms_gen_run *r;
     int rc = ms_gen_run_new(g, prompt, n, p, fn, user, &r, err), left, done = 0;
     if (rc) return rc;
-    if ((rc = ms_gen_run_prefill(r, n, &left, err))) goto fail;
+    if ((rc = ms_gen_run_prefill(r, 1 << 30, &left, err))) goto fail; /* r->n: the canonical prompt */
     for (;;) {
         int32_t id;
         if ((rc = ms_gen_run_next(r, &id, &done, err))) goto fail;

@@ -108,7 +108,29 @@ typedef struct ms_gen_snapshots {
     int (*restore)(void *user, ms_engine *e, const int32_t *ids, int n, int *restored, ms_err *err);
     /* e holds exactly ids[0..n): save it if wanted. */
     int (*save)(void *user, ms_engine *e, const int32_t *ids, int n, ms_err *err);
+    /* The token ids of saved entry i (i = 0, 1, ...; return 0 past the last; borrowed until
+     * the next call into the plug-in): prompts are matched against them on bytes (canonical
+     * history, ms_gen_align) as against the generator's own history. */
+    int (*entry)(void *user, int i, const int32_t **ids, int *n);
+    /* The longest saved prefix of ids[0..n) without restoring it (0: none). Lets a model
+     * that can roll back use a saved state (e.g. from disk) longer than its own history. */
+    int (*longest)(void *user, const int32_t *ids, int n);
 } ms_gen_snapshots;
+
+/* ---------------- canonical token history ----------------
+ * A reply is kept as the ids that were generated. The next request renders that
+ * reply again as text and tokenizes it, which can give other ids for the same bytes
+ * (BPE merges across what were separate sampling steps). Matching on ids would lose
+ * the reply and everything after it; ms_gen_align matches on the tokens' raw bytes:
+ *   known[0..*k_used) and prompt[0..*p_used) have the same bytes, end on a token
+ *   boundary of both, and are the longest such pair within the longest common byte
+ *   prefix of the two sequences (so reuse goes up to the first real difference).
+ * A special token matches only itself (the same id at a boundary of both), and a
+ * token without bytes or outside the tokenizer's vocabulary ends the match. Without
+ * a tokenizer (t NULL) it is the plain common id prefix. The request then runs
+ * known[0..*k_used) + prompt[*p_used..n): the same text, the generated ids. */
+void ms_gen_align(const ms_tokenizer *t, const int32_t *known, int nk, const int32_t *prompt, int n, int *k_used,
+                  int *p_used);
 
 /* ---------------- generation ---------------- */
 typedef enum { MS_FINISH_NONE, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT } ms_finish;
@@ -177,6 +199,14 @@ int ms_generator_new(ms_engine *e, const ms_tokenizer *t, int64_t vocab, const m
 void ms_generator_free(ms_generator *g);
 /* Forget the history (the next request prefills from scratch). */
 void ms_generator_reset(ms_generator *g);
+/* The canonical form of prompt[0..n): aligned (ms_gen_align) on the generator's history
+ * and on the entries of the snapshot plug-in, the candidate that reuses the most tokens
+ * (the history may be used in part; an entry only whole) gives its ids for the matched
+ * span. *out (malloc'd) and *n_out receive it when it differs from the prompt (and fits
+ * the context); else *out = NULL. ms_gen_run_new (so ms_generate) applies it itself;
+ * a caller that prefills before (the server's chunked prefill) applies it first.
+ * Errors: MS_ERR_NOMEM. */
+int ms_generator_canon(ms_generator *g, const int32_t *prompt, int n, int32_t **out, int *n_out, ms_err *err);
 /* Bring the engine to the state after prompt[0..n) and leave its last logits in
  * the generator. The common prefix with the history is reused: kept as is when
  * the prompt extends the history, else rolled back when the engine can

@@ -47,12 +47,15 @@ int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *len, ms
     return MS_OK;
 }
 
-int ms_atomic_begin(ms_atomic_file *f, const char *path, ms_err *err) {
+int ms_atomic_begin(ms_atomic_file *f, const char *path, ms_err *err) { return ms_atomic_begin_mode(f, path, 0644, err); }
+
+int ms_atomic_begin_mode(ms_atomic_file *f, const char *path, int mode, ms_err *err) {
     f->fd = -1;
     f->path = path;
     if (snprintf(f->tmp, sizeof f->tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof f->tmp)
         return ms_fail(err, MS_ERR_ARG, "%s: path too long", path);
-    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    unlink(f->tmp); /* a leftover of a crash: O_EXCL below creates it anew with our mode */
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (f->fd < 0) return ms_fail(err, MS_ERR_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
     return MS_OK;
 }
@@ -96,8 +99,12 @@ int ms_atomic_commit(ms_atomic_file *f, ms_err *err) {
 }
 
 int ms_write_file_atomic(const char *path, const void *data, size_t len, ms_err *err) {
+    return ms_write_file_atomic_mode(path, data, len, 0644, err);
+}
+
+int ms_write_file_atomic_mode(const char *path, const void *data, size_t len, int mode, ms_err *err) {
     ms_atomic_file f;
-    int rc = ms_atomic_begin(&f, path, err);
+    int rc = ms_atomic_begin_mode(&f, path, mode, err);
     if (rc) return rc;
     if ((rc = ms_atomic_write(&f, data, len, err))) {
         ms_atomic_abort(&f);

@@ -24,6 +24,9 @@ typedef struct ms_atomic_file {
     const char *path; /* borrowed */
 } ms_atomic_file;
 int ms_atomic_begin(ms_atomic_file *f, const char *path, ms_err *err);
+/* The same with the file's mode (0600: private files, state and conversations). */
+int ms_atomic_begin_mode(ms_atomic_file *f, const char *path, int mode, ms_err *err);
+int ms_write_file_atomic_mode(const char *path, const void *data, size_t len, int mode, ms_err *err);
 int ms_atomic_write(ms_atomic_file *f, const void *data, uint64_t len, ms_err *err);
 int ms_atomic_commit(ms_atomic_file *f, ms_err *err);
 void ms_atomic_abort(ms_atomic_file *f);

@@ -86,6 +86,8 @@ printf '/system Be brief.\nHello there\nAnd again\n/save %s\n/quit\n' "$W/chat.j
     $CHAT "$MODEL" --max-tokens 5 --temperature 0 --threads 1 --ctx 512 > "$W/chat.out" 2> "$W/chat.log" || rc=$?
 python3 tests/server/chat_check.py "$W/chat.json" "$W/chat.out" "http://127.0.0.1:$P1/v1" tiny-qwen3 >> "$W/sdk.out" 2>&1 || rc=$?
 if grep -q "ERROR: \|runtime error" "$W/chat.log"; then cat "$W/chat.log"; rc=1; fi
+# the prefix cache's disk tier: restart-and-hit, corrupt and foreign files, TTFT after a restart (tests/server/prefix_disk.py)
+timeout 600 python3 tests/server/prefix_disk.py "$SERVER" "$W/tiny_kda" "$MODEL" "$W/prefix-disk" --ttft >> "$W/sdk.out" 2>&1 || rc=$?
 cleanup
 pids=""
 for n in sampling forced kda hostile slots; do
