@@ -128,7 +128,7 @@ int ms_model_place(const ms_model *m, ms_backend *be, int skip_experts, ms_model
         return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < m->n_allocs; i++) p.vecs[i] = (vec_entry){m->allocs[i], m->alloc_bytes ? m->alloc_bytes[i] : 0, NULL};
-    qsort(p.vecs, (size_t)p.n_vecs, sizeof *p.vecs, vec_cmp);
+    if (p.n_vecs > 1) qsort(p.vecs, (size_t)p.n_vecs, sizeof *p.vecs, vec_cmp);
     int l = 0;
     for (; l < m->cfg.n_layers && !p.rc; l++) {
         w->layers[l] = m->layers[l];

@@ -255,7 +255,7 @@ int ms_model_requant_static(ms_model *m, ms_static_dtype d, ms_err *err) {
     }
     if (!rc) {
         /* the tensors whose bytes nothing reads any more */
-        qsort(replaced, (size_t)n_rep, sizeof *replaced, cmp_span);
+        if (n_rep > 1) qsort(replaced, (size_t)n_rep, sizeof *replaced, cmp_span);
         for (int t = 0; m->tensor_bound && t < m->ck.n_tensors; t++) {
             span key = {m->ck.tensors[t].data, 0};
             const span *hit = key.p && n_rep ? bsearch(&key, replaced, (size_t)n_rep, sizeof *replaced, cmp_span) : NULL;

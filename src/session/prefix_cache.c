@@ -285,7 +285,7 @@ static int scan_dir(ms_prefix_cache *pc, ms_err *err) {
         list[nl++].mtime = (int64_t)sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec;
     }
     closedir(d);
-    qsort(list, (size_t)nl, sizeof *list, cmp_mtime); /* least recently used first */
+    if (nl > 1) qsort(list, (size_t)nl, sizeof *list, cmp_mtime); /* least recently used first */
     for (int i = 0; i < nl; i++) {
         path_of(pc, list[i].name, p, sizeof p);
         int fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
