@@ -404,13 +404,6 @@ typedef struct {
 } sel_ctx;
 
 /* candidates a query at p may choose from: keys 0..p, or complete pools ending at or before p */
-static int64_t n_candidates(const ms_dsa_cfg *cfg, int64_t p) {
-    return cfg->kpool > 1 ? (p + 1) / cfg->kpool : p + 1;
-}
-/* entries of the reference's score row in a forward over fwd_len tokens (masked ones included) */
-static int64_t n_queue(const ms_dsa_cfg *cfg, int64_t fwd_len) {
-    return cfg->kpool > 1 ? fwd_len / cfg->kpool : fwd_len;
-}
 
 static void weights_scaled(const ms_dsa_cfg *cfg, const float *w, float *out) {
     float hs = 1.0f / sqrtf((float)cfg->n_heads);
@@ -422,7 +415,7 @@ static void score_task(void *vctx, int task, int tid) {
     sel_ctx *x = vctx;
     int qi = task / x->nchunk, ch = task % x->nchunk;
     int64_t p = x->pos0 + x->q0 + qi;
-    int64_t nc = n_candidates(x->cfg, p);
+    int64_t nc = ms_dsa_candidates(x->cfg, p);
     int64_t t0 = (int64_t)ch * x->chunk, t1 = t0 + x->chunk;
     if (t1 > nc) t1 = nc;
     if (t0 >= t1) return;
@@ -446,7 +439,7 @@ static void pick_task(void *vctx, int qi, int tid) {
     sel_ctx *x = vctx;
     const ms_dsa_cfg *cfg = x->cfg;
     int64_t p = x->pos0 + x->q0 + qi;
-    int64_t nc = n_candidates(cfg, p), nq = n_queue(cfg, x->fwd_len);
+    int64_t nc = ms_dsa_candidates(cfg, p), nq = ms_dsa_queue_len(cfg, x->fwd_len);
     int32_t *sel = x->sel + (size_t)tid * x->qlen;
     int32_t *row = x->idx + (size_t)(x->q0 + qi) * x->width;
     int64_t want = cfg->kpool > 1 ? cfg->topk / cfg->kpool : cfg->topk;
@@ -468,10 +461,9 @@ static void pick_task(void *vctx, int qi, int tid) {
     for (int i = n; i < x->width; i++) row[i] = -1;
 }
 
-int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, const float *q, const float *w, int n,
-                  int64_t pos0, int64_t fwd_len, int32_t *idx, int32_t *count, uint8_t *ambiguous, ms_err *err) {
-    int rc = ms_dsa_cfg_check(cfg, err);
-    if (rc) return rc;
+int ms_dsa_select_check(const ms_dsa_cfg *cfg, const ms_dsa_cache *c, const float *q, const float *w, int n,
+                        int64_t pos0, int64_t *fwd_len_io, const int32_t *idx, const int32_t *count, ms_err *err) {
+    int64_t fwd_len = *fwd_len_io;
     if (!c || c->head_dim != cfg->head_dim || c->kpool != (cfg->kpool > 1 ? cfg->kpool : 1))
         return ms_fail(err, MS_ERR_ARG, "dsa select: the cache was made for another configuration");
     if (n < 0 || pos0 < 0) return ms_fail(err, MS_ERR_ARG, "dsa select: bad query count %d or position %lld", n,
@@ -486,9 +478,18 @@ int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, c
         return ms_fail(err, MS_ERR_ARG, "dsa select: forward length %lld shorter than the queries' end %lld",
                        (long long)fwd_len, (long long)(pos0 + n));
     if (fwd_len > ((int64_t)1 << 31) - 1) return ms_fail(err, MS_ERR_LIMIT, "dsa select: positions beyond int32");
+    *fwd_len_io = fwd_len;
+    return MS_OK;
+}
+
+int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, const float *q, const float *w, int n,
+                  int64_t pos0, int64_t fwd_len, int32_t *idx, int32_t *count, uint8_t *ambiguous, ms_err *err) {
+    int rc = ms_dsa_cfg_check(cfg, err);
+    if (rc || (rc = ms_dsa_select_check(cfg, c, q, w, n, pos0, &fwd_len, idx, count, err))) return rc;
+    if (n == 0) return MS_OK;
     int threads = pool ? ms_pool_size(pool) : 1;
     if (threads < 1) threads = 1;
-    int64_t ld = n_candidates(cfg, pos0 + n - 1);
+    int64_t ld = ms_dsa_candidates(cfg, pos0 + n - 1);
     if (ld < 1) ld = 1;
     /* queries per block: bound the dot-product block [qb * H, ld] to ~4M floats */
     int64_t qb = ((int64_t)1 << 22) / (ld * cfg->n_heads);
@@ -496,7 +497,7 @@ int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, c
     if (qb > n) qb = n;
     sel_ctx x = {.cfg = cfg, .c = c, .q = q, .w = w, .pos0 = pos0, .fwd_len = fwd_len, .ld = ld, .idx = idx,
                  .count = count, .ambiguous = ambiguous, .width = ms_dsa_row_width(cfg)};
-    x.qlen = n_queue(cfg, fwd_len);
+    x.qlen = ms_dsa_queue_len(cfg, fwd_len);
     if (x.qlen < 1) x.qlen = 1;
     x.sc = malloc(sizeof(float) * (size_t)qb * ld);
     x.dots = malloc(sizeof(float) * (size_t)qb * cfg->n_heads * ld);
@@ -518,7 +519,7 @@ int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, c
         x.qn = (int)(n - q0 < qb ? n - q0 : qb);
         /* q_h . k_t for every head of the block's queries and every candidate of its last query:
          * one matmul over the cached keys viewed as an F32 weight [nk, D] */
-        x.nk = n_candidates(cfg, pos0 + q0 + x.qn - 1);
+        x.nk = ms_dsa_candidates(cfg, pos0 + q0 + x.qn - 1);
         if (x.nk > 0) {
             ms_qmat kv = {.dtype = MS_DT_F32, .rows = x.nk, .cols = cfg->head_dim,
                           .data = cfg->kpool > 1 ? c->pooled : c->keys};
@@ -541,7 +542,7 @@ int64_t ms_dsa_scores(const ms_dsa_cfg *cfg, const ms_dsa_cache *c, const float 
     if (!c || c->head_dim != cfg->head_dim || p < 0 || p >= c->len || !q || !w || !scores)
         return ms_fail(err, MS_ERR_ARG, "dsa scores: bad arguments (position %lld, cache %lld keys)", (long long)p,
                        c ? (long long)c->len : 0LL);
-    int64_t nc = n_candidates(cfg, p);
+    int64_t nc = ms_dsa_candidates(cfg, p);
     if (nc > cap) return ms_fail(err, MS_ERR_ARG, "dsa scores: %lld scores do not fit in %lld", (long long)nc,
                                  (long long)cap);
     int H = cfg->n_heads, D = cfg->head_dim;

@@ -174,6 +174,18 @@ int64_t ms_dsa_topk(const float *scores, int64_t n_valid, int64_t n_total, int64
  * Errors: MS_ERR_ARG (shapes, positions), MS_ERR_NOMEM. */
 int ms_dsa_select(ms_pool *pool, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, const float *q, const float *w, int n,
                   int64_t pos0, int64_t fwd_len, int32_t *idx, int32_t *count, uint8_t *ambiguous, ms_err *err);
+/* The argument checks of ms_dsa_select (shared with device implementations of the
+ * same selection): MS_OK, with *fwd_len 0 replaced by pos0 + n; n == 0 is valid. */
+int ms_dsa_select_check(const ms_dsa_cfg *cfg, const ms_dsa_cache *c, const float *q, const float *w, int n,
+                        int64_t pos0, int64_t *fwd_len, const int32_t *idx, const int32_t *count, ms_err *err);
+/* Candidates a query at position p chooses among (tokens, or complete KPool pools), and
+ * the entries of the reference's score row in a forward of fwd_len tokens. */
+static inline int64_t ms_dsa_candidates(const ms_dsa_cfg *cfg, int64_t p) {
+    return cfg->kpool > 1 ? (p + 1) / cfg->kpool : p + 1;
+}
+static inline int64_t ms_dsa_queue_len(const ms_dsa_cfg *cfg, int64_t fwd_len) {
+    return cfg->kpool > 1 ? fwd_len / cfg->kpool : fwd_len;
+}
 
 /* The index scores one query gives the cache's candidates, for inspection and
  * tests: per-token keys: scores[t] for t <= p (p+1 values); KPool: one score per

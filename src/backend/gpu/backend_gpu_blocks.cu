@@ -496,30 +496,17 @@ __global__ void k_dsa_scores(float *sc, int64_t ld, const float *q, const float 
     }
 }
 
-static int64_t dsa_cand(const ms_dsa_cfg *cfg, int64_t p) { return cfg->kpool > 1 ? (p + 1) / cfg->kpool : p + 1; }
-
 /* The selections of n queries at pos0.. (prepared q [n, H*D], raw w [n, H], device) against
  * the cache: scores on the device, torch.topk's choice on the host (ms_dsa_topk). */
 static int dsa_select_rows(ms_backend *be, const ms_dsa_cfg *cfg, const ms_dsa_cache *c, const float *q, const float *w,
                            int n, int64_t pos0, int64_t fwd_len, int32_t *idx, int32_t *count, uint8_t *ambiguous,
                            ms_err *err) {
-    if (!c || c->head_dim != cfg->head_dim || c->kpool != (cfg->kpool > 1 ? cfg->kpool : 1))
-        return ms_fail(err, MS_ERR_ARG, "dsa select: the cache was made for another configuration");
-    if (n < 0 || pos0 < 0) return ms_fail(err, MS_ERR_ARG, "dsa select: bad query count %d or position %lld", n, (long long)pos0);
-    if (n == 0) return MS_OK;
-    if (!q || !w || !idx || !count) return ms_fail(err, MS_ERR_ARG, "dsa select: missing buffer");
-    if (pos0 + n > c->len)
-        return ms_fail(err, MS_ERR_ARG, "dsa select: queries up to position %lld but the cache holds %lld keys",
-                       (long long)(pos0 + n - 1), (long long)c->len);
-    if (fwd_len == 0) fwd_len = pos0 + n;
-    if (fwd_len < pos0 + n)
-        return ms_fail(err, MS_ERR_ARG, "dsa select: forward length %lld shorter than the queries' end %lld",
-                       (long long)fwd_len, (long long)(pos0 + n));
-    if (fwd_len > ((int64_t)1 << 31) - 1) return ms_fail(err, MS_ERR_LIMIT, "dsa select: positions beyond int32");
+    int rc0 = ms_dsa_select_check(cfg, c, q, w, n, pos0, &fwd_len, idx, count, err);
+    if (rc0 || n == 0) return rc0;
     const int H = cfg->n_heads, D = cfg->head_dim, width = ms_dsa_row_width(cfg), kp = cfg->kpool;
-    int64_t ld = dsa_cand(cfg, pos0 + n - 1);
+    int64_t ld = ms_dsa_candidates(cfg, pos0 + n - 1);
     if (ld < 1) ld = 1;
-    int64_t nq = kp > 1 ? fwd_len / kp : fwd_len;
+    int64_t nq = ms_dsa_queue_len(cfg, fwd_len);
     if (nq < 1) nq = 1;
     int64_t qb = DSA_SCORE_FLOATS / ld;
     if (qb < 1) qb = 1;
@@ -538,7 +525,7 @@ static int dsa_select_rows(ms_backend *be, const ms_dsa_cfg *cfg, const ms_dsa_c
     int64_t want = kp > 1 ? cfg->topk / kp : cfg->topk;
     for (int q0 = 0; q0 < n; q0 += (int)qb) {
         int qn = (int)(n - q0 < qb ? n - q0 : qb);
-        int64_t nk = dsa_cand(cfg, pos0 + q0 + qn - 1);
+        int64_t nk = ms_dsa_candidates(cfg, pos0 + q0 + qn - 1);
         if (nk > 0) {
             dim3 grid(grid_for(nk, 128), (unsigned)qn);
             k_dsa_scores<<<grid, 128, 0, g->stream>>>(dsc, ld, q + (size_t)q0 * H * D, w + (size_t)q0 * H, keys,
@@ -548,7 +535,7 @@ static int dsa_select_rows(ms_backend *be, const ms_dsa_cfg *cfg, const ms_dsa_c
                 return rc;
         }
         for (int qi = 0; qi < qn; qi++) { /* ops/dsa.c pick_task */
-            int64_t p = pos0 + q0 + qi, nc = dsa_cand(cfg, p);
+            int64_t p = pos0 + q0 + qi, nc = ms_dsa_candidates(cfg, p);
             int32_t *row = idx + (size_t)(q0 + qi) * width;
             uint8_t amb = 0;
             int64_t k = ms_dsa_topk(hsc + (size_t)qi * ld, nc, nq, want, work, sel, &amb);
