@@ -1,5 +1,6 @@
 /* cmd_pack.c — `moonshine pack MODEL_DIR --out STORE_DIR [--dirs D1,D2,...]`:
- * rewrite the routed experts expert-major into a packed store; and
+ * rewrite the routed experts expert-major into a packed store;
+ * `moonshine pack MODEL_DIR --static q8|fp8 --out STORE_DIR`: the requantized static tier; and
  * `moonshine probe FILE`: the drive's sequential O_DIRECT read bandwidth. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "io/expert_store.h"
 #include "io/reader.h"
 #include "util/json.h"
+#include "util/threadpool.h"
 
 /* Layers to probe: config.json num_hidden_layers (or text_config's), else 4096. */
 static int model_layers(const char *dir) {
@@ -32,6 +34,38 @@ static int model_layers(const char *dir) {
     return n > 0 ? (int)n : 4096;
 }
 
+static double now_s(void);
+
+/* pack --static D: requantize the static tier (all cores) and write it to out. */
+static int pack_static(const char *model, const char *dtype, const char *out, int64_t threads) {
+    ms_err err = {0};
+    ms_static_dtype d;
+    if (ms_static_dtype_parse(dtype, &d, &err) || d == MS_STATIC_STORED) {
+        fprintf(stderr, "moonshine pack: --static %s: expected q8 or fp8\n", dtype);
+        return 2;
+    }
+    ms_model mdl;
+    if (ms_model_load(model, &mdl, &err)) {
+        fprintf(stderr, "moonshine pack: %s\n", err.msg);
+        return 1;
+    }
+    ms_pool *pool = ms_pool_create((int)threads);
+    double t0 = now_s();
+    uint64_t before = mdl.static_bytes;
+    int rc = ms_model_requant_static(&mdl, d, pool, &err);
+    double t1 = now_s();
+    if (!rc) rc = ms_static_store_write(&mdl, out, &err);
+    if (!rc)
+        printf("packed the static tier of %s as %s: %.1f -> %.1f MiB (requantized in %.1f s, written in %.1f s, max "
+               "relative RMS error %.4f) into %s/%s\n",
+               model, ms_static_dtype_name(d), before / 1048576.0, mdl.static_bytes / 1048576.0, t1 - t0, now_s() - t1,
+               mdl.requant_rel_rms, out, MS_STATIC_STORE_FILE);
+    else fprintf(stderr, "moonshine pack: %s\n", err.msg);
+    ms_pool_destroy(pool);
+    ms_model_free(&mdl);
+    return rc ? 1 : 0;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -41,19 +75,34 @@ static double now_s(void) {
 int cmd_pack(int argc, char **argv) {
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("usage: moonshine pack MODEL_DIR --out STORE_DIR [--dirs D1,D2,...]\n"
+               "       moonshine pack MODEL_DIR --static q8|fp8 --out STORE_DIR [--threads N]\n"
                "Rewrites the checkpoint's routed experts expert-major: one contiguous 4 KiB-aligned record\n"
                "per expert, one file per MoE layer (round-robin over --dirs, e.g. one per drive; default\n"
                "STORE_DIR), and STORE_DIR/manifest.json binding the store to this checkpoint (file sizes,\n"
                "SHA-256 of each SafeTensors header and of a data sample) with a CRC32C per expert.\n"
-               "The checkpoint itself is not modified. Use it with --store STORE_DIR (verify, run, bench).\n");
+               "The checkpoint itself is not modified. Use it with --store STORE_DIR (verify, run, bench).\n"
+               "--static q8|fp8 instead writes the static tier requantized as --static-dtype does at load\n"
+               "into STORE_DIR/" MS_STATIC_STORE_FILE " (bound to this checkpoint the same way, a CRC32C per\n"
+               "matrix); --static-store STORE_DIR (verify, run, bench, chat, serve) then loads it without\n"
+               "requantizing.\n");
         return 0;
     }
     const char *out = ms_arg_str(argc, argv, "--out");
     const char *dirs_s = ms_arg_str(argc, argv, "--dirs");
+    const char *stat = ms_arg_str(argc, argv, "--static");
+    int64_t threads = 0;
+    if (ms_arg_int(argc, argv, "--threads", 0, 1024, &threads)) return 2;
     const char *model = ms_arg_pos(argc, argv, 0);
     if (!model || !out || ms_args_unknown(argc, argv, "pack")) {
         fprintf(stderr, "usage: moonshine pack MODEL_DIR --out STORE_DIR [--dirs D1,D2,...]\n");
         return 2;
+    }
+    if (stat) {
+        if (dirs_s) {
+            fprintf(stderr, "moonshine pack: --dirs is for the expert store, not --static\n");
+            return 2;
+        }
+        return pack_static(model, stat, out, threads);
     }
     char *dirs_buf = dirs_s ? strdup(dirs_s) : NULL;
     const char *dirs[256];

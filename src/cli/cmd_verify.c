@@ -131,7 +131,7 @@ int cmd_verify(int argc, char **argv) {
      * reference ids (every step compares the same context); a step whose argmax differs from the
      * reference id passes only when the reference's margin between the two ids is within twice that
      * step's own max abs error (a near tie the perturbation explains). */
-    const int quant = eo.static_dtype != MS_STATIC_STORED;
+    const int quant = x.model.static_dtype != MS_STATIC_STORED; /* --static-dtype or --static-store */
     double tol = TOL, rms_ref = 0;
     if (quant) {
         for (int64_t i = 0; i < (int64_t)n_in * V; i++) rms_ref += (double)ref_logits[i] * ref_logits[i];
@@ -189,7 +189,7 @@ int cmd_verify(int argc, char **argv) {
         printf("{\"fixture\":\"%s\",\"arch\":\"%s\",\"static_dtype\":\"%s\",\"logits_max_abs_err\":%.3g,"
                "\"logits_mean_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,\"mean_tol\":%.3g,\"eps\":%.3g,\"uses\":%d,"
                "\"ref_rms\":%.3g,\"prefill_argmax_agree\":\"%d/%d\",\"gen_ids_agree\":\"%d/%d\",\"ok\":%s}\n",
-               name, x.model.cfg.model_type, ms_static_dtype_name(eo.static_dtype), e1, mean_abs, e2, tol,
+               name, x.model.cfg.model_type, ms_static_dtype_name((ms_static_dtype)x.model.static_dtype), e1, mean_abs, e2, tol,
                x.model.requant_rel_rms, x.model.requant_uses, rms_ref, pre_agree, n_in, gen_agree, n_gen,
                ok ? "true" : "false");
     else printf("{\"fixture\":\"%s\",\"arch\":\"%s\",\"logits_max_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,"

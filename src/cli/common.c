@@ -89,6 +89,7 @@ int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
         fprintf(stderr, "moonshine: --static-dtype: %s\n", serr.msg);
         return -1;
     }
+    o->static_store = ms_arg_str(argc, argv, "--static-store");
     if (stream_args(argc, argv, o)) return -1;
     const char *bk = ms_arg_str(argc, argv, "--backend");
     o->backend = bk ? bk : "auto";
@@ -208,6 +209,17 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     }
     ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->dev_experts ? x->dev_experts : x->experts,
                         .mla_form = eo->mla_form, .backend = x->backend};
+    if (eo->static_store) { /* mapped, checked, bound: the plan below counts its dtype */
+        double ts = ms_now();
+        uint64_t before = x->model.static_bytes;
+        if (ms_static_store_open(&x->model, eo->static_store, eo->static_dtype, &err)) {
+            fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+            goto fail;
+        }
+        fprintf(stderr, "moonshine %s: static tier from %s (%s): %.1f -> %.1f MiB, checked in %.2f s\n", cmd,
+                eo->static_store, ms_static_dtype_name((ms_static_dtype)x->model.static_dtype), before / 1048576.0,
+                x->model.static_bytes / 1048576.0, ms_now() - ts);
+    }
     if (eo->memory_mib > 0) { /* plan first; refuse what does not fit, before allocating */
         ms_plan p;
         int64_t cache = -1;
@@ -224,10 +236,10 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
             goto fail;
         }
     }
-    if (eo->static_dtype != MS_STATIC_STORED) {
+    if (eo->static_dtype != MS_STATIC_STORED && x->model.static_dtype == MS_STATIC_STORED) {
         double tq = ms_now();
         uint64_t before = x->model.static_bytes;
-        if (ms_model_requant_static(&x->model, eo->static_dtype, &err)) {
+        if (ms_model_requant_static(&x->model, eo->static_dtype, x->pool, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
             goto fail;
         }

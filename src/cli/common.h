@@ -25,6 +25,7 @@ typedef struct ms_cli_opts {
     int64_t memory_mib;           /* --memory-mib, -1 when not given */
     ms_static_load static_load;   /* --static-load (below) */
     ms_static_dtype static_dtype; /* --static-dtype stored|q8|fp8: requantized at load (model.h) */
+    const char *static_store;     /* --static-store DIR: the static tier packed by pack --static (model.h) */
     ms_mla_form mla_form;         /* --mla-form */
     int defer_static_load;        /* 1: ms_cli_open leaves --static-load read to the caller (below) */
     const char *backend;          /* --backend cpu|cuda|hip|auto (default auto) */
@@ -45,7 +46,8 @@ void ms_cli_opts_init(ms_cli_opts *o);
  * --device-expert-mib MiB (engine/device_experts.h; 0: top-k slots; default: what the device
  * has free after the static tier, state and workspace). Also
  * --static-load mmap|read (below), --static-dtype stored|q8|fp8 (ms_model_requant_static, after
- * the memory plan, which counts the chosen dtype), --mla-form auto|absorbed|expanded (ms_mla_form) and
+ * the memory plan, which counts the chosen dtype), --static-store DIR (ms_static_store_open
+ * before the plan: the packed tier instead of requantizing; with --static-dtype the two must agree), --mla-form auto|absorbed|expanded (ms_mla_form) and
  * --backend cpu|cuda|hip|auto: where the forward runs (auto, the default: the GPU backend
  * when this build has one (MS_WITH_GPU) and a device is present, else the CPU).
  * Prints the error and returns nonzero on a bad flag. */

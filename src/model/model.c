@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 
 #include "util/fs.h"
@@ -194,6 +195,7 @@ void ms_model_free(ms_model *m) {
     for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
     for (int i = 0; i < m->n_quant_allocs; i++) free(m->quant_allocs[i]);
     free(m->quant_allocs);
+    if (m->static_store_map) munmap(m->static_store_map, m->static_store_len);
     free(m->allocs);
     free(m->alloc_bytes);
     free(m->tensor_bound);

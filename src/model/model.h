@@ -86,6 +86,8 @@ typedef struct ms_model {
     int n_allocs;
     void **quant_allocs;                         /* requantized static matrices (ms_model_requant_static) */
     int n_quant_allocs;
+    void *static_store_map;                      /* the packed static tier's mapping (ms_static_store_open) */
+    uint64_t static_store_len;
     int static_dtype;                            /* ms_static_dtype the static tier is held in */
     uint64_t static_requant_bytes;               /* bytes of the requantized copies */
     double requant_rel_rms;                      /* the largest ||W_q - W|| / ||W|| of a requantized matrix */
@@ -159,15 +161,33 @@ const char *ms_static_dtype_name(ms_static_dtype d);
 uint64_t ms_model_static_bytes_as(const ms_model *m, ms_static_dtype d);
 /* Bytes of one [rows, cols] matrix requantized to d (Q8 / FP8; 0 for STORED). */
 uint64_t ms_static_dtype_matrix_bytes(ms_static_dtype d, int64_t rows, int64_t cols);
-/* Requantize the static tier to d (no-op for STORED): one matrix at a time, its stored
- * bytes read with pread through a bounded buffer (at most 4 MiB of rows, or one row),
- * never through the mapping, and then dropped from the page cache (POSIX_FADV_DONTNEED),
- * so the process holds the requantized copy and at most one chunk of the source. Views
+/* Requantize the static tier to d (no-op for STORED): the matrices' rows in tasks of at
+ * most 4 MiB (or one row) run on pool (NULL: the caller), each task's stored bytes read
+ * with pread into its thread's buffer, never through the mapping, and then dropped from
+ * the page cache (POSIX_FADV_DONTNEED), so the process holds the requantized copy and at
+ * most one chunk of the source per thread. The result does not depend on the pool. Views
  * of the same bytes (a tied head) share one copy. Updates m->static_bytes and marks the
  * replaced tensors 2 in tensor_bound (ms_model_static_read no longer copies them).
  * Errors: MS_ERR_NOMEM, MS_ERR_IO naming the tensor; MS_ERR_ARG when m is already held
  * in another non-stored dtype. */
-int ms_model_requant_static(ms_model *m, ms_static_dtype d, ms_err *err);
+int ms_model_requant_static(ms_model *m, ms_static_dtype d, struct ms_pool *pool, ms_err *err);
+
+/* The static store: the static tier as ms_model_requant_static makes it, in one file
+ * (MS_STATIC_STORE_FILE in a directory), bound to the checkpoint it was made from.
+ * ms_static_store_write writes m's requantized matrices (m requantized, not from a store)
+ * atomically: a header (dtype, the view list's size), per checkpoint file its name, size,
+ * SHA-256 of its SafeTensors header and of a data sample (as the expert store binds), per
+ * matrix its view index, role, shape and CRC32C, then the matrices 4 KiB-aligned in their
+ * memory layout. ms_static_store_open maps it and points m's views at it (no
+ * requantization; what ms_model_requant_static(m, dtype) would have set, bit for bit):
+ * refused naming what differs when the store was packed from another checkpoint (file
+ * count, names, sizes, header or sample hashes: MS_ERR_MISMATCH), for another model layout
+ * (matrix list), for want != STORED other than its dtype (MS_ERR_ARG), or when corrupt (bad
+ * magic, version, extents, header or matrix CRC32C: MS_ERR_FORMAT). Every matrix's CRC is
+ * checked at open, which reads the store once (its pages then serve the static tier). */
+#define MS_STATIC_STORE_FILE "static-tier.bin"
+int ms_static_store_write(ms_model *m, const char *dir, ms_err *err);
+int ms_static_store_open(ms_model *m, const char *dir, ms_static_dtype want, ms_err *err);
 
 /* The model's weights placed on backend be (core/backend.h place_qmat / place_vec):
  * *placed is a shallow copy of m (config, checkpoint, host tables) whose matrices,

@@ -120,6 +120,7 @@ int ms_model_place(const ms_model *m, ms_backend *be, int skip_experts, ms_model
     *w = *m;
     w->allocs = NULL, w->alloc_bytes = NULL, w->n_allocs = 0, w->tensor_bound = NULL;
     w->quant_allocs = NULL, w->n_quant_allocs = 0;
+    w->static_store_map = NULL, w->static_store_len = 0;
     w->layers = calloc((size_t)(m->cfg.n_layers > 0 ? m->cfg.n_layers : 1), sizeof *w->layers);
     placer p = {.be = be, .n_vecs = m->n_allocs, .err = err};
     p.vecs = calloc((size_t)m->n_allocs + 1, sizeof *p.vecs);

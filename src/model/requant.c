@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include "model/model.h"
+#include "model/requant_int.h"
+#include "util/threadpool.h"
 
 #define CHUNK_BYTES (4u << 20) /* the bounded read buffer: whole rows, at most this (or one row) */
 
@@ -29,18 +31,12 @@ uint64_t ms_static_dtype_matrix_bytes(ms_static_dtype d, int64_t rows, int64_t c
     return (uint64_t)rows * (uint64_t)cols + (uint64_t)rows * nb * 2; /* 1-byte values + BF16 scales */
 }
 
-typedef struct {
-    ms_qmat *w;
-    int layer;
-    const char *what;
-} qref;
-
 /* Every static matrix ms_model_requant_static may requantize, in a fixed order; count when out is NULL. */
-static int collect(ms_model *m, qref *out) {
+int ms_rq_collect(ms_model *m, ms_rq_ref *out) {
     int n = 0;
 #define ADD(W, L, WHAT)                                                                                           \
     do {                                                                                                          \
-        if (out) out[n] = (qref){(W), (L), (WHAT)};                                                                \
+        if (out) out[n] = (ms_rq_ref){(W), (L), (WHAT)};                                                                \
         n++;                                                                                                      \
     } while (0)
     ADD(&m->embed, -1, "embedding");
@@ -80,12 +76,12 @@ static int collect(ms_model *m, qref *out) {
     return n;
 }
 
-static int eligible(const ms_qmat *w) {
+int ms_rq_eligible(const ms_qmat *w) {
     return w->data && !w->scale && (w->dtype == MS_DT_BF16 || w->dtype == MS_DT_F16) && w->rows > 0 && w->cols > 0;
 }
 
 /* index of an earlier eligible ref viewing the same bytes (same data, shape, dtype), else -1 */
-static int earlier_same(const qref *r, int i, const ms_qmat *olds) {
+int ms_rq_earlier_same(const ms_rq_ref *r, int i, const ms_qmat *olds) {
     for (int j = 0; j < i; j++)
         if (olds[j].data == r[i].w->data && olds[j].rows == r[i].w->rows && olds[j].cols == r[i].w->cols &&
             olds[j].dtype == r[i].w->dtype)
@@ -95,18 +91,18 @@ static int earlier_same(const qref *r, int i, const ms_qmat *olds) {
 
 uint64_t ms_model_static_bytes_as(const ms_model *m, ms_static_dtype d) {
     if (d == MS_STATIC_STORED || m->static_dtype != MS_STATIC_STORED) return m->static_bytes;
-    int n = collect((ms_model *)m, NULL);
-    qref *r = malloc((size_t)n * sizeof *r);
+    int n = ms_rq_collect((ms_model *)m, NULL);
+    ms_rq_ref *r = malloc((size_t)n * sizeof *r);
     ms_qmat *olds = malloc((size_t)n * sizeof *olds);
     if (!r || !olds) {
         free(r), free(olds);
         return m->static_bytes;
     }
-    collect((ms_model *)m, r);
+    ms_rq_collect((ms_model *)m, r);
     uint64_t old_b = 0, new_b = 0;
     for (int i = 0; i < n; i++) {
         olds[i] = *r[i].w;
-        if (!eligible(r[i].w) || earlier_same(r, i, olds) >= 0) continue;
+        if (!ms_rq_eligible(r[i].w) || ms_rq_earlier_same(r, i, olds) >= 0) continue;
         old_b += ms_qmat_bytes(r[i].w);
         new_b += ms_static_dtype_matrix_bytes(d, r[i].w->rows, r[i].w->cols);
     }
@@ -137,140 +133,238 @@ static int pread_full(int fd, void *buf, size_t len, uint64_t off) {
     return 0;
 }
 
-static int requant_one(ms_model *m, const qref *r, ms_static_dtype d, ms_qmat *out, void **mem, double *rel, ms_err *err) {
-    const ms_qmat *w = r->w;
-    const int64_t R = w->rows, C = w->cols, nb = (C + MS_Q8_BLOCK - 1) / MS_Q8_BLOCK;
-    const size_t esz = (size_t)ms_dtype_bits(w->dtype) / 8, row_bytes = (size_t)C * esz;
-    char what[96];
-    if (r->layer >= 0) snprintf(what, sizeof what, "layer %d %s [%lld, %lld]", r->layer, r->what, (long long)R, (long long)C);
-    else snprintf(what, sizeof what, "%s [%lld, %lld]", r->what, (long long)R, (long long)C);
-    uint64_t dbytes = (uint64_t)R * (uint64_t)C;
-    uint8_t *dst = malloc((size_t)ms_static_dtype_matrix_bytes(d, R, C) + 16);
-    int64_t rows_per = (int64_t)(CHUNK_BYTES / row_bytes);
-    if (rows_per < 1) rows_per = 1;
-    if (rows_per > R) rows_per = R;
-    uint64_t off = 0;
-    int f = file_of(m, w->data, &off), fd = -1;
-    uint8_t *buf = f >= 0 ? malloc((size_t)rows_per * row_bytes) : NULL;
-    float *rowf = malloc((size_t)C * sizeof *rowf);
-    if (!dst || !rowf || (f >= 0 && !buf)) {
-        free(dst), free(buf), free(rowf);
-        return ms_fail(err, MS_ERR_NOMEM, "requantizing %s to %s: out of memory", what, ms_static_dtype_name(d));
-    }
-    if (f >= 0 && (fd = open(m->ck.files[f].path, O_RDONLY | O_CLOEXEC)) < 0) {
-        int e = errno;
-        free(dst), free(buf), free(rowf);
-        return ms_fail(err, MS_ERR_IO, "requantizing %s: %s: %s", what, m->ck.files[f].path, strerror(e));
-    }
-    uint16_t *scale = (uint16_t *)(dst + ((dbytes + 15) & ~(uint64_t)15));
-    int rc = MS_OK;
-    double se = 0, sw = 0;
-    for (int64_t r0 = 0; r0 < R && !rc; r0 += rows_per) {
-        int64_t nr = R - r0 < rows_per ? R - r0 : rows_per;
-        const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * row_bytes; /* owned memory: read in place */
-        if (fd >= 0) {
-            if (pread_full(fd, buf, (size_t)nr * row_bytes, off + (uint64_t)r0 * row_bytes)) {
-                rc = ms_fail(err, MS_ERR_IO, "requantizing %s: %s: short read at %llu: %s", what, m->ck.files[f].path,
-                             (unsigned long long)(off + (uint64_t)r0 * row_bytes), strerror(errno));
-                break;
-            }
-            src = buf;
-        }
-        for (int64_t i = 0; i < nr; i++) {
-            ms_to_f32(rowf, src + (size_t)i * row_bytes, w->dtype, C);
-            uint8_t *q = dst + (size_t)(r0 + i) * (size_t)C;
-            if (d == MS_STATIC_Q8) ms_quant_q8_row(rowf, C, (int8_t *)q, scale + (r0 + i) * nb);
-            else ms_quant_fp8_row(rowf, C, q, scale + (r0 + i) * nb);
-            const uint16_t *sc = scale + (r0 + i) * nb;
-            for (int64_t c = 0; c < C; c++) {
-                float v = d == MS_STATIC_Q8 ? (float)((const int8_t *)q)[c] : ms_fp8_e4m3_to_f32(q[c]);
-                double e = (double)(v * ms_bf16_to_f32(sc[c / MS_Q8_BLOCK])) - rowf[c];
-                se += e * e, sw += (double)rowf[c] * rowf[c];
-            }
-        }
-    }
-    if (fd >= 0) {
-        if (!rc) posix_fadvise(fd, (off_t)off, (off_t)((uint64_t)R * row_bytes), POSIX_FADV_DONTNEED);
-        close(fd);
-    }
-    free(buf), free(rowf);
-    if (rc) {
-        free(dst);
-        return rc;
-    }
-    *out = (ms_qmat){.dtype = d == MS_STATIC_Q8 ? MS_DT_Q8 : MS_DT_F8_E4M3, .rows = R, .cols = C, .data = dst,
-                     .scale_dtype = MS_DT_BF16, .scale = scale, .brow = 1, .bcol = MS_Q8_BLOCK};
-    *mem = dst;
-    *rel = sw > 0 ? sqrt(se / sw) : 0;
-    return MS_OK;
-}
+/* One task: rows [r0, r0 + nr) of matrix mat, read into the thread's buffer and quantized. */
+typedef struct {
+    int mat;
+    int64_t r0, nr;
+    double se, sw; /* squared error and squared weight over the task's values */
+    int rc;        /* 0, or the errno of a failed read */
+} rq_task;
 
 typedef struct {
-    const void *p;
-    uint64_t bytes;
-} span;
+    const ms_rq_ref *r;
+    ms_qmat *w;       /* per matrix: the stored view (read) */
+    ms_qmat *q;       /* per matrix: the new view (written) */
+    uint64_t *off;    /* per matrix: file offset of its bytes; file index in fileix */
+    int *fileix;      /* -1: owned memory, read in place */
+    const int *fds;   /* per checkpoint file, opened once */
+    rq_task *t;
+    uint8_t **buf;    /* per pool thread: CHUNK_BYTES (or one row) */
+    float **rowf;     /* per pool thread: the widest row */
+    ms_static_dtype d;
+} rq_job;
 
-static int cmp_span(const void *a, const void *b) {
-    uintptr_t x = (uintptr_t)((const span *)a)->p, y = (uintptr_t)((const span *)b)->p;
+static void rq_run(void *ctx, int task, int tid) {
+    rq_job *j = ctx;
+    rq_task *t = &j->t[task];
+    const ms_qmat *w = &j->w[t->mat];
+    ms_qmat *q = &j->q[t->mat];
+    const int64_t C = w->cols, nb = (C + MS_Q8_BLOCK - 1) / MS_Q8_BLOCK;
+    const size_t row_bytes = (size_t)C * ((size_t)ms_dtype_bits(w->dtype) / 8);
+    const uint8_t *src = (const uint8_t *)w->data + (size_t)t->r0 * row_bytes;
+    const int f = j->fileix[t->mat];
+    if (f >= 0) {
+        uint64_t at = j->off[t->mat] + (uint64_t)t->r0 * row_bytes;
+        if (pread_full(j->fds[f], j->buf[tid], (size_t)t->nr * row_bytes, at)) {
+            t->rc = errno ? errno : EIO;
+            return;
+        }
+        posix_fadvise(j->fds[f], (off_t)at, (off_t)((size_t)t->nr * row_bytes), POSIX_FADV_DONTNEED);
+        src = j->buf[tid];
+    }
+    float *rowf = j->rowf[tid];
+    uint8_t *dst = (uint8_t *)q->data;
+    uint16_t *scale = (uint16_t *)q->scale;
+    double se = 0, sw = 0;
+    for (int64_t i = 0; i < t->nr; i++) {
+        const int64_t row = t->r0 + i;
+        ms_to_f32(rowf, src + (size_t)i * row_bytes, w->dtype, C);
+        uint8_t *qr = dst + (size_t)row * (size_t)C;
+        const uint16_t *sc = scale + row * nb;
+        if (j->d == MS_STATIC_Q8) ms_quant_q8_row(rowf, C, (int8_t *)qr, scale + row * nb);
+        else ms_quant_fp8_row(rowf, C, qr, scale + row * nb);
+        for (int64_t c = 0; c < C; c++) {
+            float v = j->d == MS_STATIC_Q8 ? (float)((const int8_t *)qr)[c] : ms_fp8_e4m3_to_f32(qr[c]);
+            double e = (double)(v * ms_bf16_to_f32(sc[c / MS_Q8_BLOCK])) - rowf[c];
+            se += e * e, sw += (double)rowf[c] * rowf[c];
+        }
+    }
+    t->se = se, t->sw = sw;
+}
+
+/* The new [R, C] view in dtype d over freshly allocated memory (values, then BF16 scales 16-aligned). */
+static int rq_alloc(ms_static_dtype d, int64_t R, int64_t C, ms_qmat *q) {
+    const uint64_t dbytes = (uint64_t)R * (uint64_t)C;
+    uint8_t *dst = malloc((size_t)ms_static_dtype_matrix_bytes(d, R, C) + 16);
+    if (!dst) return -1;
+    *q = (ms_qmat){.dtype = d == MS_STATIC_Q8 ? MS_DT_Q8 : MS_DT_F8_E4M3, .rows = R, .cols = C, .data = dst,
+                   .scale_dtype = MS_DT_BF16, .scale = dst + ((dbytes + 15) & ~(uint64_t)15), .brow = 1,
+                   .bcol = MS_Q8_BLOCK};
+    return 0;
+}
+
+void ms_rq_ref_name(const ms_rq_ref *r, char *what, size_t n) {
+    if (r->layer >= 0)
+        snprintf(what, n, "layer %d %s [%lld, %lld]", r->layer, r->what, (long long)r->w->rows, (long long)r->w->cols);
+    else snprintf(what, n, "%s [%lld, %lld]", r->what, (long long)r->w->rows, (long long)r->w->cols);
+}
+
+
+static int cmp_ms_rq_span(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t)((const ms_rq_span *)a)->p, y = (uintptr_t)((const ms_rq_span *)b)->p;
     return x < y ? -1 : x > y;
 }
 
-int ms_model_requant_static(ms_model *m, ms_static_dtype d, ms_err *err) {
+/* Point every eligible view i at its new matrix q[src[i]] (src[i] < 0: not requantized), mark the
+ * tensors nothing reads any more, and account the bytes. replaced: scratch of n ms_rq_spans. */
+int ms_rq_install(ms_model *m, ms_static_dtype d, ms_rq_ref *r, int n, const int *src, const ms_qmat *q,
+                              double rel_max, int uses, ms_rq_span *replaced, ms_err *err) {
+    int n_rep = 0;
+    uint64_t old_b = 0, new_b = 0;
+    unsigned char *seen = calloc((size_t)n + 1, 1);
+    if (!seen) return ms_fail(err, MS_ERR_NOMEM, "requantizing the static tier: out of memory");
+    for (int i = 0; i < n; i++) {
+        if (src[i] < 0) continue;
+        if (!seen[src[i]]) { /* the first view of these bytes */
+            seen[src[i]] = 1;
+            old_b += ms_qmat_bytes(r[i].w);
+            new_b += ms_qmat_bytes(&q[src[i]]);
+            replaced[n_rep++] = (ms_rq_span){r[i].w->data, ms_qmat_bytes(r[i].w)};
+        }
+        *r[i].w = q[src[i]];
+    }
+    free(seen);
+    if (n_rep > 1) qsort(replaced, (size_t)n_rep, sizeof *replaced, cmp_ms_rq_span);
+    for (int t = 0; m->tensor_bound && t < m->ck.n_tensors; t++) {
+        ms_rq_span key = {m->ck.tensors[t].data, 0};
+        const ms_rq_span *hit = key.p && n_rep ? bsearch(&key, replaced, (size_t)n_rep, sizeof *replaced, cmp_ms_rq_span) : NULL;
+        if (hit && hit->bytes == m->ck.tensors[t].nbytes) m->tensor_bound[t] = 2;
+    }
+    m->static_bytes = m->static_bytes - old_b + new_b;
+    m->static_dtype = (int)d;
+    m->static_requant_bytes = new_b;
+    m->requant_rel_rms = rel_max;
+    m->requant_uses = uses;
+    return MS_OK;
+}
+
+int ms_model_requant_static(ms_model *m, ms_static_dtype d, ms_pool *pool, ms_err *err) {
     if (d == MS_STATIC_STORED || m->static_dtype == (int)d) return MS_OK;
     if (m->static_dtype != MS_STATIC_STORED)
         return ms_fail(err, MS_ERR_ARG, "static tier already held as %s, not %s",
                        ms_static_dtype_name((ms_static_dtype)m->static_dtype), ms_static_dtype_name(d));
-    int n = collect(m, NULL);
-    qref *r = malloc((size_t)n * sizeof *r);
-    ms_qmat *olds = malloc((size_t)n * sizeof *olds);
-    span *replaced = malloc((size_t)n * sizeof *replaced);
+    const int n = ms_rq_collect(m, NULL), nth = ms_pool_size(pool), nf = m->ck.n_files;
+    ms_rq_ref *r = malloc((size_t)n * sizeof *r);
+    ms_qmat *olds = malloc((size_t)n * sizeof *olds), *w = calloc((size_t)n, sizeof *w), *q = calloc((size_t)n, sizeof *q);
+    int *src = malloc((size_t)n * sizeof *src), *fileix = malloc((size_t)n * sizeof *fileix);
+    int *fds = malloc((size_t)(nf > 0 ? nf : 1) * sizeof *fds);
+    uint64_t *off = calloc((size_t)n, sizeof *off);
+    ms_rq_span *replaced = malloc((size_t)n * sizeof *replaced);
+    uint8_t **buf = calloc((size_t)nth, sizeof *buf);
+    float **rowf = calloc((size_t)nth, sizeof *rowf);
+    rq_task *t = NULL;
+    int rc = MS_OK, nu = 0, nt = 0, uses = 0;
+    for (int f = 0; fds && f < nf; f++) fds[f] = -1;
+    free(m->quant_allocs);
     m->quant_allocs = calloc((size_t)n, sizeof *m->quant_allocs);
-    if (!r || !olds || !replaced || !m->quant_allocs) {
-        free(r), free(olds), free(replaced);
-        return ms_fail(err, MS_ERR_NOMEM, "requantizing the static tier: out of memory");
+    m->n_quant_allocs = 0;
+    if (!r || !olds || !w || !q || !src || !fileix || !fds || !off || !replaced || !buf || !rowf || !m->quant_allocs) {
+        rc = ms_fail(err, MS_ERR_NOMEM, "requantizing the static tier: out of memory");
+        goto out;
     }
-    collect(m, r);
-    int rc = MS_OK, n_rep = 0, done = 0, uses = 0;
-    uint64_t old_b = 0, new_b = 0;
-    double rel_max = 0;
-    for (int i = 0; i < n && !rc; i++, done++) {
+    ms_rq_collect(m, r);
+    /* the distinct matrices (a tied head is requantized once), their files, their row tasks */
+    int64_t max_cols = 1, n_tasks = 0;
+    for (int i = 0; i < n; i++) {
         olds[i] = *r[i].w;
-        if (!eligible(r[i].w)) continue;
-        int j = earlier_same(r, i, olds);
+        src[i] = -1;
+        if (!ms_rq_eligible(r[i].w)) continue;
         uses++;
-        if (j >= 0) { /* the same bytes seen before (a tied head): share its copy */
-            *r[i].w = *r[j].w;
+        int j = ms_rq_earlier_same(r, i, olds);
+        if (j >= 0) {
+            src[i] = src[j];
             continue;
         }
-        ms_qmat q;
-        void *mem = NULL;
-        double rel = 0;
-        if ((rc = requant_one(m, &r[i], d, &q, &mem, &rel, err))) break;
-        if (rel > rel_max) rel_max = rel;
-        m->quant_allocs[m->n_quant_allocs++] = mem;
-        old_b += ms_qmat_bytes(r[i].w);
-        new_b += ms_qmat_bytes(&q);
-        replaced[n_rep++] = (span){r[i].w->data, ms_qmat_bytes(r[i].w)};
-        *r[i].w = q;
-    }
-    if (!rc) {
-        /* the tensors whose bytes nothing reads any more */
-        if (n_rep > 1) qsort(replaced, (size_t)n_rep, sizeof *replaced, cmp_span);
-        for (int t = 0; m->tensor_bound && t < m->ck.n_tensors; t++) {
-            span key = {m->ck.tensors[t].data, 0};
-            const span *hit = key.p && n_rep ? bsearch(&key, replaced, (size_t)n_rep, sizeof *replaced, cmp_span) : NULL;
-            if (hit && hit->bytes == m->ck.tensors[t].nbytes) m->tensor_bound[t] = 2;
+        src[i] = nu;
+        w[nu] = *r[i].w;
+        fileix[nu] = file_of(m, w[nu].data, &off[nu]);
+        if (fileix[nu] >= 0 && fds[fileix[nu]] < 0 &&
+            (fds[fileix[nu]] = open(m->ck.files[fileix[nu]].path, O_RDONLY | O_CLOEXEC)) < 0) {
+            char what[96];
+            ms_rq_ref_name(&r[i], what, sizeof what);
+            rc = ms_fail(err, MS_ERR_IO, "requantizing %s: %s: %s", what, m->ck.files[fileix[nu]].path, strerror(errno));
+            goto out;
         }
-        m->static_bytes = m->static_bytes - old_b + new_b;
-        m->static_dtype = (int)d;
-        m->static_requant_bytes = new_b;
-        m->requant_rel_rms = rel_max;
-        m->requant_uses = uses;
-    } else {
-        /* put the stored views back; the copies go with the model */
-        for (int i = 0; i < done; i++)
-            if (r[i].w->data != olds[i].data) *r[i].w = olds[i];
+        if (w[nu].cols > max_cols) max_cols = w[nu].cols;
+        const size_t row_bytes = (size_t)w[nu].cols * ((size_t)ms_dtype_bits(w[nu].dtype) / 8);
+        int64_t per = (int64_t)(CHUNK_BYTES / row_bytes);
+        if (per < 1) per = 1;
+        n_tasks += (w[nu].rows + per - 1) / per;
+        nu++;
     }
-    free(r), free(olds), free(replaced);
+    if (n_tasks > INT32_MAX || !(t = calloc((size_t)(n_tasks ? n_tasks : 1), sizeof *t))) {
+        rc = ms_fail(err, MS_ERR_NOMEM, "requantizing the static tier: out of memory for %lld tasks", (long long)n_tasks);
+        goto out;
+    }
+    size_t buf_bytes = 0;
+    for (int u = 0; u < nu; u++) {
+        const size_t row_bytes = (size_t)w[u].cols * ((size_t)ms_dtype_bits(w[u].dtype) / 8);
+        int64_t per = (int64_t)(CHUNK_BYTES / row_bytes);
+        if (per < 1) per = 1;
+        if ((size_t)(per < w[u].rows ? per : w[u].rows) * row_bytes > buf_bytes)
+            buf_bytes = (size_t)(per < w[u].rows ? per : w[u].rows) * row_bytes;
+        for (int64_t r0 = 0; r0 < w[u].rows; r0 += per)
+            t[nt++] = (rq_task){.mat = u, .r0 = r0, .nr = w[u].rows - r0 < per ? w[u].rows - r0 : per};
+        if (rq_alloc(d, w[u].rows, w[u].cols, &q[u])) {
+            rc = ms_fail(err, MS_ERR_NOMEM, "requantizing the static tier to %s: out of memory for a [%lld, %lld] matrix",
+                         ms_static_dtype_name(d), (long long)w[u].rows, (long long)w[u].cols);
+            goto out;
+        }
+        m->quant_allocs[m->n_quant_allocs++] = (void *)q[u].data;
+    }
+    for (int k = 0; k < nth; k++)
+        if (!(buf[k] = malloc(buf_bytes ? buf_bytes : 1)) || !(rowf[k] = malloc((size_t)max_cols * sizeof(float)))) {
+            rc = ms_fail(err, MS_ERR_NOMEM, "requantizing the static tier: out of memory for the read buffers");
+            goto out;
+        }
+    /* the bounded buffers: one per thread; every matrix's rows are independent, so the result does not
+     * depend on the thread count */
+    rq_job job = {.r = r, .w = w, .q = q, .off = off, .fileix = fileix, .fds = fds, .t = t, .buf = buf,
+                  .rowf = rowf, .d = d};
+    ms_pool_run(pool, nt, rq_run, &job);
+    for (int k = 0; k < nt; k++)
+        if (t[k].rc) {
+            const int u = t[k].mat;
+            int i = 0;
+            while (src[i] != u) i++;
+            char what[96];
+            ms_rq_ref_name(&r[i], what, sizeof what);
+            const size_t row_bytes = (size_t)w[u].cols * ((size_t)ms_dtype_bits(w[u].dtype) / 8);
+            rc = ms_fail(err, MS_ERR_IO, "requantizing %s: %s: short read at %llu: %s", what,
+                         m->ck.files[fileix[u]].path, (unsigned long long)(off[u] + (uint64_t)t[k].r0 * row_bytes),
+                         strerror(t[k].rc));
+            goto out;
+        }
+    double rel_max = 0;
+    for (int u = 0, k = 0; u < nu; u++) {
+        double se = 0, sw = 0;
+        for (; k < nt && t[k].mat == u; k++) se += t[k].se, sw += t[k].sw;
+        double rel = sw > 0 ? sqrt(se / sw) : 0;
+        if (rel > rel_max) rel_max = rel;
+    }
+    rc = ms_rq_install(m, d, r, n, src, q, rel_max, uses, replaced, err);
+out:
+    if (rc) { /* the stored views stay; the copies go */
+        for (int k = 0; m->quant_allocs && k < m->n_quant_allocs; k++) free(m->quant_allocs[k]);
+        if (m->quant_allocs) m->n_quant_allocs = 0;
+    }
+    for (int f = 0; fds && f < nf; f++)
+        if (fds[f] >= 0) close(fds[f]);
+    for (int k = 0; k < nth; k++) {
+        if (buf) free(buf[k]);
+        if (rowf) free(rowf[k]);
+    }
+    free(buf), free(rowf), free(t), free(r), free(olds), free(w), free(q), free(src), free(fileix), free(fds), free(off),
+        free(replaced);
     return rc;
 }

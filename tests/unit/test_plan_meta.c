@@ -110,7 +110,7 @@ static void one(const char *dir, ms_dtype expert_dtype, int config_only_too) {
     }
     /* requantizing realizes what the plan counted */
     uint64_t want = ms_model_static_bytes_as(&mh, MS_STATIC_Q8);
-    CHECK_MSG(ms_model_requant_static(&full, MS_STATIC_Q8, &e) == 0, "%s", e.msg);
+    CHECK_MSG(ms_model_requant_static(&full, MS_STATIC_Q8, NULL, &e) == 0, "%s", e.msg);
     CHECK(full.static_bytes == want && want < mh.static_bytes);
     ms_model_free(&full);
     ms_model_free(&mh);
