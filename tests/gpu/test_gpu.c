@@ -135,7 +135,12 @@ static const wkind K_F32 = {"f32", MS_DT_F32, 0, 0, 0}, K_F16 = {"f16", MS_DT_F1
                    K_BF16 = {"bf16", MS_DT_BF16, 0, 0, 0},
                    K_FP8 = {"fp8_e4m3 (f32 128x128 scales)", MS_DT_F8_E4M3, MS_DT_F32, 128, 128},
                    K_FP8B = {"fp8_e4m3 (bf16 128x128 scales)", MS_DT_F8_E4M3, MS_DT_BF16, 128, 128},
-                   K_F4 = {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32};
+                   K_F4 = {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
+                   K_Q8 = {"q8 (bf16 1x32 scales)", MS_DT_Q8, MS_DT_BF16, 1, 32},
+                   K_Q8F = {"q8 (f32 1x64 scales)", MS_DT_Q8, MS_DT_F32, 1, 64},
+                   K_I4 = {"int4 (bf16 1x32 scales)", MS_DT_I4, MS_DT_BF16, 1, 32},
+                   K_I4H = {"int4 (f16 1x128 scales)", MS_DT_I4, MS_DT_F16, 1, 128},
+                   K_I4G8 = {"int4 (bf16 1x8 scales)", MS_DT_I4, MS_DT_BF16, 1, 8};
 
 static ms_qmat make_w(const wkind *k, int64_t rows, int64_t cols) {
     ms_qmat w = {.dtype = k->dt, .rows = rows, .cols = cols};
@@ -155,7 +160,10 @@ static ms_qmat make_w(const wkind *k, int64_t rows, int64_t cols) {
     case MS_DT_F8_E4M3:
         for (int64_t i = 0; i < n; i++) d[i] = ms_f32_to_fp8_e4m3(gauss() * 64.0f);
         break;
-    default: /* F4: every nibble */
+    case MS_DT_Q8: /* |q| <= 127 (core/qmat.h) */
+        for (int64_t i = 0; i < n; i++) d[i] = (uint8_t)(int8_t)((int)(rnd() % 255) - 127);
+        break;
+    default: /* F4, I4: every nibble */
         for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rnd();
     }
     w.data = d;
@@ -167,6 +175,7 @@ static ms_qmat make_w(const wkind *k, int64_t rows, int64_t cols) {
             float v = ldexpf(1.0f + (float)unif(), -(int)(rnd() % 8) - 7); /* 2^-14 .. 2^-6 */
             if (k->sdt == MS_DT_F32) ((float *)s)[i] = v;
             else if (k->sdt == MS_DT_BF16) ((uint16_t *)s)[i] = ms_f32_to_bf16(v);
+            else if (k->sdt == MS_DT_F16) ((uint16_t *)s)[i] = ms_f32_to_f16(v);
             else ((uint8_t *)s)[i] = (uint8_t)(118 + rnd() % 8); /* 2^-9 .. 2^-2 */
         }
         w.scale = s;
@@ -276,6 +285,48 @@ TEST(matmul_errors) {
     ms_qmat ok = {.dtype = MS_DT_F32, .rows = 4, .cols = 4, .data = d};
     CHECK(ms_gpu_matmul(gpu(), d, d, 0, &ok, 0, &err) == MS_ERR_ARG);
     ms_gpu_free(gpu(), d);
+}
+
+/* Q8 (the requantized static tier) and I4 (INT4 experts) through matmul_q.cu, behind
+ * MS_GPU_QUANT_KERNELS=1: refused without it (the placement refusal users see), and with it
+ * every shape against ms_matmul_ref through the vector, generic and accumulate passes. */
+TEST(matmul_q_refused_without_optin) {
+    SKIP_UNLESS_SELECTED("matmul_q_refused_without_optin");
+    ms_err err = {0};
+    unsetenv("MS_GPU_QUANT_KERNELS");
+    ms_qmat w = make_w(&K_Q8, 64, 64), dw;
+    CHECK(ms_gpu_qmat_upload(gpu(), &w, &dw, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "Q8 is not supported"));
+    free_w(&w);
+    w = make_w(&K_I4, 64, 64);
+    CHECK(ms_gpu_qmat_upload(gpu(), &w, &dw, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "INT4"));
+    free_w(&w);
+}
+
+TEST(matmul_q_dtypes_real_shapes) {
+    SKIP_UNLESS_SELECTED("matmul_q_dtypes_real_shapes");
+    setenv("MS_GPU_QUANT_KERNELS", "1", 1);
+    const wkind *all[] = {&K_Q8, &K_Q8F, &K_I4, &K_I4H};
+    for (int i = 0; i < 4; i++) {
+        check_matmul(all[i], 2048, 7168, 1); /* Kimi K2 expert gate/up (INT4), an MLA projection (Q8) */
+        check_matmul(all[i], 7168, 2048, 1);
+        check_matmul(all[i], 1024, 2304, 3);
+        check_matmul(all[i], 4096, 4096, 8);
+    }
+    check_matmul(&K_Q8, 151936, 2048, 1); /* a Q8 vocab head */
+    unsetenv("MS_GPU_QUANT_KERNELS");
+}
+
+TEST(matmul_q_odd_shapes) {
+    SKIP_UNLESS_SELECTED("matmul_q_odd_shapes");
+    setenv("MS_GPU_QUANT_KERNELS", "1", 1);
+    check_matmul(&K_Q8, 1001, 7000, 1); /* 7000 = 218.75 blocks: partial last block, rows not 16-byte multiples */
+    check_matmul(&K_Q8, 333, 2896, 2);  /* 16-byte rows, partial last block of 16 */
+    check_matmul(&K_Q8, 7, 33, 5);      /* one full block and one of 1 */
+    check_matmul(&K_Q8F, 129, 64, 11);  /* 11 tokens: 8 + 3 */
+    check_matmul(&K_I4, 1001, 2904, 11); /* cols % 32 != 0: generic */
+    check_matmul(&K_I4G8, 333, 1024, 2); /* groups of 8: generic */
+    check_matmul(&K_I4H, 5, 8, 1);
+    unsetenv("MS_GPU_QUANT_KERNELS");
 }
 
 /* ------------------------------------------------------------ rmsnorm */
@@ -1345,6 +1396,58 @@ TEST(backend_mhc) {
     CHECK(G->ops->sync(G, &err) == MS_OK);
     gfree(dbase), gfree(dscale), gfree(dst), gfree(dcol), gfree(dpost), gfree(dcomb), gfree(dy), gfree(dout);
     free(fnv), free(base), free(scale), free(st), free(col), free(post), free(comb), free(y), free(out), free((void *)hfn.data);
+}
+
+/* The GPU backend with Q8 / I4 weights (behind MS_GPU_QUANT_KERNELS=1): the embedding
+ * (qview, exact) and the matmul / matmul_many ops against the CPU backend's on the same
+ * placed weights (a Q8 static tier's embedding, head and projections; INT4 matrices). */
+TEST(matmul_q_backend) {
+    SKIP_UNLESS_SELECTED("matmul_q_backend");
+    setenv("MS_GPU_QUANT_KERNELS", "1", 1);
+    ms_backend *C = cpu(), *G = gbe();
+    ms_err err = {0};
+    const wkind *tk[2] = {&K_Q8, &K_I4};
+    for (int i = 0; i < 2; i++) {
+        const int64_t V = 1000, D = 512;
+        ms_qmat t = make_w(tk[i], V, D), dt;
+        int rc = G->ops->place_qmat(G, &t, &dt, &err);
+        CHECK_MSG(rc == MS_OK, "%s place: %s", tk[i]->name, err.msg);
+        if (rc) {
+            free_w(&t);
+            continue;
+        }
+        int32_t ids[6] = {0, 999, 5, 5, 128, 300};
+        float *e1 = malloc(6 * D * 4), *de = bup(e1, 6 * D), *got;
+        C->ops->embed(C, e1, &t, ids, 6), G->ops->embed(G, de, &dt, ids, 6);
+        got = bget(de, 6 * D), cmpv(i ? "embed (int4)" : "embed (q8)", got, e1, 6 * D, 0, 0), free(got);
+        /* y = W x, 3 tokens, through matmul and through matmul_many (two jobs on the same W) */
+        float *x = randv(3 * D, 1.0f), *y1 = malloc(3 * V * 4), *dx = bup(x, 3 * D), *dy = bup(y1, 3 * V),
+              *dy2 = bup(y1, 3 * V);
+        double *l1 = malloc(3 * V * 8);
+        C->ops->matmul(C, y1, x, 3, &t, 0);
+        G->ops->matmul(G, dy, dx, 3, &dt, 0);
+        ms_matmul_job jobs[2] = {{.y = dy2, .x = dx, .n = 3, .w = &dt, .acc = 0}, {.y = dy2, .x = dx, .n = 3, .w = &dt, .acc = 1}};
+        G->ops->matmul_many(G, jobs, 2);
+        l1_rows(&t, x, 3, l1);
+        for (int pass = 0; pass < 2; pass++) { /* matmul; matmul_many (y = 2 W x: twice the bound, one more rounding) */
+            got = bget(pass ? dy2 : dy, 3 * V);
+            double worst = 0;
+            int bad = 0;
+            for (int64_t k = 0; k < 3 * V; k++) {
+                double want = (pass ? 2.0 : 1.0) * y1[k];
+                double tol = (pass ? 2.0 : 1.0) * (dot_bound(D) + D * U32) * l1[k] + (pass ? 2 * U32 * fabs(want) : 0) + 1e-30;
+                double e = fabs(got[k] - want) / tol;
+                if (!(e <= 1)) bad++;
+                worst = fmax(worst, e);
+            }
+            printf("  backend %-12s %-28s n=3 max err/bound %.3f\n", pass ? "matmul_many" : "matmul", tk[i]->name, worst);
+            CHECK_MSG(bad == 0, "backend %s %s: %d out of bound", pass ? "matmul_many" : "matmul", tk[i]->name, bad);
+            free(got);
+        }
+        gfree(de), gfree(dx), gfree(dy), gfree(dy2), free(e1), free(x), free(y1), free(l1), free_w(&t);
+    }
+    CHECK(G->ops->sync(G, &err) == MS_OK);
+    unsetenv("MS_GPU_QUANT_KERNELS");
 }
 
 TEST_MAIN()

@@ -646,16 +646,17 @@ typedef struct {
     int64_t cols, scols;
     int dt, sdt, brow, bcol;
 } qview;
-enum { QD_F32, QD_F16, QD_BF16, QD_FP8, QD_F4 };
-enum { QS_NONE, QS_F32, QS_BF16, QS_E8M0 };
+enum { QD_F32, QD_F16, QD_BF16, QD_FP8, QD_F4, QD_Q8, QD_I4 };
+enum { QS_NONE, QS_F32, QS_BF16, QS_E8M0, QS_F16 };
 
 static int qview_of(const ms_qmat *w, qview *q, ms_err *err) {
     int rc = ms_gpu_qmat_check(w, "weight", err);
     if (rc) return rc;
     q->w = (const uint8_t *)w->data, q->s = (const uint8_t *)w->scale, q->cols = w->cols;
     q->dt = w->dtype == MS_DT_F32 ? QD_F32 : w->dtype == MS_DT_F16 ? QD_F16 : w->dtype == MS_DT_BF16 ? QD_BF16
-            : w->dtype == MS_DT_F8_E4M3 ? QD_FP8 : QD_F4;
-    q->sdt = !w->scale ? QS_NONE : w->scale_dtype == MS_DT_F32 ? QS_F32 : w->scale_dtype == MS_DT_BF16 ? QS_BF16 : QS_E8M0;
+            : w->dtype == MS_DT_F8_E4M3 ? QD_FP8 : w->dtype == MS_DT_Q8 ? QD_Q8 : w->dtype == MS_DT_I4 ? QD_I4 : QD_F4;
+    q->sdt = !w->scale ? QS_NONE : w->scale_dtype == MS_DT_F32 ? QS_F32 : w->scale_dtype == MS_DT_BF16 ? QS_BF16
+            : w->scale_dtype == MS_DT_F16 ? QS_F16 : QS_E8M0;
     q->brow = w->scale ? w->brow : 1, q->bcol = w->scale ? w->bcol : 1;
     q->scols = w->scale ? (w->cols + w->bcol - 1) / w->bcol : 0;
     return MS_OK;
@@ -668,12 +669,15 @@ static __device__ __forceinline__ float qv_at(const qview &q, int64_t r, int64_t
     case QD_F16: return ms_f16_to_f32_dev(((const uint16_t *)q.w)[i]);
     case QD_BF16: return ms_bf16_to_f32_dev(((const uint16_t *)q.w)[i]);
     case QD_FP8: v = ms_fp8_e4m3_to_f32_dev(q.w[i]); break;
+    case QD_Q8: v = (float)(int8_t)q.w[i]; break;
+    case QD_I4: v = (float)((int)((q.w[i >> 1] >> ((i & 1) * 4)) & 15u) - 8); break; /* core/qmat.h I4 */
     default: v = ms_e2m1_to_f32((q.w[i >> 1] >> ((i & 1) * 4)) & 15u); break;
     }
     if (q.sdt != QS_NONE) {
         int64_t si = (r / q.brow) * q.scols + c / q.bcol;
         float s = q.sdt == QS_F32    ? ((const float *)q.s)[si]
                   : q.sdt == QS_BF16 ? ms_bf16_to_f32_dev(((const uint16_t *)q.s)[si])
+                  : q.sdt == QS_F16  ? ms_f16_to_f32_dev(((const uint16_t *)q.s)[si])
                                      : ms_e8m0_to_f32_dev(q.s[si]);
         v *= s;
     }

@@ -61,14 +61,30 @@ static inline int ms_gpu_dtype_bits(ms_dtype dt) {
     case MS_DT_BF16: return 16;
     case MS_DT_F8_E4M3:
     case MS_DT_F8_E8M0:
+    case MS_DT_Q8:
     case MS_DT_U8: return 8;
-    case MS_DT_F4: return 4;
+    case MS_DT_F4:
+    case MS_DT_I4: return 4;
     default: return 0;
     }
 }
 
-/* Validate a weight view for the kernels (dtype, shape, scale layout); `what` names it. */
+/* Validate a weight view for the kernels (dtype, shape, scale layout); `what` names it.
+ * Q8 and I4 pass only with MS_GPU_QUANT_KERNELS=1 (ms_gpu_quant_kernels_enabled). */
 int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err);
+
+/* matmul_q.cu: the Q8 / I4 matvec (core/qmat.h layouts). ms_gpu_quant_kernels_enabled: 1 when
+ * the environment has MS_GPU_QUANT_KERNELS=1 (the opt-in until test_gpu's matmul_q_* checks
+ * have passed on a device). ms_gpu_qmat_check_q: a Q8 view needs BF16/F32 scales per 1 x bcol
+ * block; an I4 view BF16/F16/F32 scales per 1 x bcol group, cols and bcol multiples of 8.
+ * ms_gpu_matmul_q: ms_gpu_matmul's contract for those views (force_generic: the generic
+ * kernel, one element per lane per step; else the 16-byte vector kernel when the row bytes,
+ * bcol (16 | bcol for Q8, 32 | bcol for I4) and the w and x addresses allow). */
+extern "C" int ms_gpu_quant_kernels_enabled(void);
+extern "C" int ms_gpu_qmat_check_q(const ms_qmat *w, const char *what, ms_err *err);
+extern "C" int ms_gpu_matmul_q(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc,
+                               int force_generic, ms_err *err);
+static inline int ms_gpu_is_q(const ms_qmat *w) { return w->dtype == MS_DT_Q8 || w->dtype == MS_DT_I4; }
 
 #define MS_GPU_CHECK_CTX(g, err)                                                                 \
     do {                                                                                         \

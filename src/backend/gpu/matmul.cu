@@ -309,6 +309,9 @@ static void mm_layout(mm_args &a, const ms_qmat *w, int n, int acc) {
 /* Launch nj jobs of a (layout of w); aligned: every job's w and x 16-byte aligned. */
 static int mm_run(ms_gpu *g, const ms_qmat *w, const mm_args &a, int nj, int aligned, int force_generic, ms_err *err) {
     int dt = kernel_dtype(w->dtype);
+    if (dt < 0) /* Q8 / I4 reach here only through the expert paths (matmul_q.cu has the dense ones) */
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s weights: the gpu expert FFN does not take them yet",
+                       ms_dtype_name(w->dtype));
     int bits = ms_gpu_dtype_bits(w->dtype), vec = 128 / bits;
     int vec_ok = !force_generic && aligned && w->cols % vec == 0 && w->cols < (INT64_C(1) << 30);
     if (dt == DT_FP8 && w->scale && w->bcol % 16) vec_ok = 0;
@@ -350,6 +353,7 @@ static int matmul_impl(ms_gpu *g, float *y, const float *x, int n, const ms_qmat
     MS_GPU_CHECK_CTX(g, err);
     int rc = ms_gpu_qmat_check(w, "ms_gpu_matmul", err);
     if (rc) return rc;
+    if (ms_gpu_is_q(w)) return ms_gpu_matmul_q(g, y, x, n, w, acc, force_generic, err); /* matmul_q.cu */
     if (!y || !x || n < 1) return ms_fail(err, MS_ERR_ARG, "ms_gpu_matmul: need x, y and n >= 1 (n = %d)", n);
     for (int t0 = 0; t0 < n; t0 += MM_MAXNT) {
         int nt = n - t0 < MM_MAXNT ? n - t0 : MM_MAXNT;
@@ -385,6 +389,11 @@ extern "C" int ms_gpu_matmul_many(ms_gpu *g, const ms_matmul_job *jobs, int coun
             return ms_fail(err, MS_ERR_ARG, "ms_gpu_matmul_many: job %d needs x, y and n >= 1", i);
     }
     for (int i0 = 0; i0 < count;) { /* runs of compatible jobs with the same n and acc: one launch per 8 tokens */
+        if (ms_gpu_is_q(jobs[i0].w)) { /* matmul_q.cu, one job at a time */
+            if ((rc = ms_gpu_matmul_q(g, jobs[i0].y, jobs[i0].x, jobs[i0].n, jobs[i0].w, jobs[i0].acc, 0, err))) return rc;
+            i0++;
+            continue;
+        }
         int i1 = i0 + 1;
         while (i1 < count && i1 - i0 < MM_MAXJ && jobs[i1].n == jobs[i0].n && jobs[i1].acc == jobs[i0].acc &&
                mm_compatible(jobs[i0].w, jobs[i1].w))
