@@ -66,7 +66,7 @@ static void prefault(const ms_model *m, int skip_experts) {
 
 int cmd_bench(int argc, char **argv) {
     const char *usage = "usage: moonshine bench MODEL_DIR [--prompt-tokens P] [--gen-tokens G] [--threads T] [--backend B]\n"
-                        "                      [--profile]\n";
+                        "                      [--profile] [--static-compare q8|fp8 [--rounds R]]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sPrints one JSON line: load_s, prefill_tok_s (P tokens), decode_tok_s (G tokens after\n"
                "the prompt), weight_bytes_per_token (static tier + the experts each decoded token\n"
@@ -88,7 +88,11 @@ int cmd_bench(int argc, char **argv) {
                "On a device backend (--backend cuda|hip) mem_bw_gb_s is the device's copy bandwidth (1 GiB\n"
                "device-to-device copies, read + write; bw_source says which) and --profile decodes G more tokens\n"
                "with every op timed by device events: \"profile\" holds microseconds and calls per token by op,\n"
-               "their sum, and the device time span (gaps between ops included).\n", usage);
+               "their sum, and the device time span (gaps between ops included).\n"
+               "--static-compare q8|fp8 opens the model twice, with the stored static tier and with it in that\n"
+               "dtype (--static-store DIR when given, else requantized), and decodes R rounds (default 3) on\n"
+               "each, alternating: one JSON line with both tiers' weight_bytes_per_token, decode tok/s and CPU\n"
+               "seconds per round, bytes_ratio and the speedups (ratios of the medians).\n", usage);
         return 0;
     }
     ms_cli_opts eo;
@@ -98,10 +102,22 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     int drop_cache = ms_arg_flag(argc, argv, "--drop-cache");
     int profile = ms_arg_flag(argc, argv, "--profile");
+    const char *cmp = ms_arg_str(argc, argv, "--static-compare");
+    int64_t rounds = 3;
+    if (ms_arg_int(argc, argv, "--rounds", 1, 16, &rounds)) return 2;
     const char *dir = ms_arg_pos(argc, argv, 0);
     if (!dir || ms_args_unknown(argc, argv, "bench")) {
         fputs(usage, stderr);
         return 2;
+    }
+    if (cmp) { /* stored vs requantized in one run (cmd_bench_static.c) */
+        ms_static_dtype d;
+        ms_err derr = {0};
+        if (ms_static_dtype_parse(cmp, &d, &derr)) {
+            fprintf(stderr, "moonshine bench: --static-compare: %s\n", derr.msg);
+            return 2;
+        }
+        return ms_cli_bench_static_compare(dir, &eo, d, P, G, (int)rounds);
     }
     ms_cli_ctx x;
     double t0 = ms_now();

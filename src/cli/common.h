@@ -71,4 +71,14 @@ double ms_cli_device_copy_bw(ms_cli_ctx *x);
 int ms_cli_profile(ms_cli_ctx *x, int on);
 int ms_cli_profile_json(ms_cli_ctx *x, int per, char *buf, size_t cap);
 
+/* bench --static-compare D (cmd_bench_static.c): the model opened twice from dir with eo's options,
+ * once with the stored static tier and once in dtype D (eo->static_store when given, else
+ * requantized at load); after a warm-up round each, `rounds` rounds of reset + P-token prefill + G
+ * greedy decode tokens alternate between the two. One JSON line: per tier load_s, static_bytes,
+ * weight_bytes_per_token and per-round decode tok/s and CPU seconds; bytes_ratio, speedup_wall
+ * and speedup_cpu (ratios of the medians) and how many greedy ids of the last round agree. Resident
+ * experts only (2 when streaming options were given). Returns the exit code. */
+int ms_cli_bench_static_compare(const char *dir, const ms_cli_opts *eo, ms_static_dtype d, int64_t P, int64_t G,
+                                int rounds);
+
 #endif
