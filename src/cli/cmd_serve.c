@@ -107,6 +107,9 @@ static void engine_stats(void *user, ms_server_engine_stats *o) {
         o->prefix_cache = 1;
         o->prefix_cache_entries = ms_prefix_cache_entries(x->pc);
         o->prefix_cache_bytes = ms_prefix_cache_bytes(x->pc);
+        ms_prefix_cache_get_stats(x->pc, &o->pc);
+        for (int i = 0; i < ms_sched_n_slots(x->sched); i++)
+            o->checkpoints += (uint64_t)ms_generator_checkpoints(ms_sched_generator(x->sched, i));
     }
 }
 
@@ -194,6 +197,8 @@ int cmd_serve(int argc, char **argv) {
                "--prefix-cache-mib (default 2048); 0 turns it off. --prefix-cache-dir DIR adds a disk tier (every\n"
                "model): snapshots are written there by a background thread (0700 directory, 0600 files, checked\n"
                "before use) and survive a restart; --prefix-cache-gib G (16) and --prefix-cache-entries bound it.\n"
+               "Those models also save checkpoints during prefill: every --checkpoint-every N prompt tokens (default\n"
+               "from the state size and the cache's budget) and at each message boundary; 0 turns them off.\n"
                "--test-forced-output FILE (tests only) emits FILE's tokens instead of sampling.\n",
                k_usage);
         return 0;
@@ -201,7 +206,7 @@ int cmd_serve(int argc, char **argv) {
     ms_cli_opts eo;
     int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 64, pc_mib = 2048, pc_gib = 16, max_conn = 1024,
             hto = 10, bto = 30;
-    int64_t n_slots = 0, chunk = 256;
+    int64_t n_slots = 0, chunk = 256, ckpt = -1;
     double deadline = 0;
     if (ms_cli_engine_args(argc, argv, &eo) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
         ms_arg_int(argc, argv, "--max-queue", 1, 1 << 20, &max_queue) ||
@@ -212,7 +217,7 @@ int cmd_serve(int argc, char **argv) {
         ms_arg_int(argc, argv, "--max-connections", 1, 1 << 20, &max_conn) ||
         ms_arg_int(argc, argv, "--header-timeout-s", 1, 3600, &hto) ||
         ms_arg_int(argc, argv, "--body-timeout-s", 1, 3600, &bto) ||
-        ms_arg_int(argc, argv, "--slots", 1, 256, &n_slots) || ms_arg_int(argc, argv, "--prefill-chunk", 1, 4096, &chunk))
+        ms_arg_int(argc, argv, "--slots", 1, 256, &n_slots) || ms_arg_int(argc, argv, "--checkpoint-every", 0, 1 << 24, &ckpt) || ms_arg_int(argc, argv, "--prefill-chunk", 1, 4096, &chunk))
         return 2;
     const char *dl_s = ms_arg_str(argc, argv, "--request-deadline-s");
     if (dl_s) {
@@ -308,6 +313,9 @@ int cmd_serve(int argc, char **argv) {
                                        .disk_bytes = (uint64_t)pc_gib << 30, .log = pc_log};
             if (ms_prefix_cache_open(&po, &pc, &err)) goto fail;
             snaps = ms_prefix_cache_snapshots(pc);
+            ms_engine_opts co = {.max_ctx = ms_engine_max_ctx(x.engine), .max_batch = (int)chunk};
+            snaps.every = ckpt < 0 ? ms_prefix_cache_checkpoint_every(pc, &x.model, &co, (int)chunk) : (int)ckpt;
+            snaps.at_boundaries = ckpt != 0;
             reuse = !pc_dir       ? "snapshots shared by the slots"
                     : can_truncate ? "rollback per slot + snapshots on disk shared by the slots"
                                    : "snapshots shared by the slots + disk";
@@ -339,6 +347,8 @@ int cmd_serve(int argc, char **argv) {
     es.pc = pc;
     if (ms_server_start(&so, &srv, &err)) goto fail;
     if (key) fprintf(stderr, "moonshine serve: API key required (Authorization: Bearer ...) on every endpoint but /health\n");
+    if (pc && snaps.at_boundaries && !can_truncate)
+        fprintf(stderr, "moonshine serve: prefill checkpoints every %d tokens and at message boundaries\n", snaps.every);
     fprintf(stderr,
             "moonshine serve: listening on http://%s%s%s:%d (model \"%s\", %d slot%s, %d threads, context %d, prefill "
             "chunk %d, parser %s, prefix reuse %s%s%s)\n",

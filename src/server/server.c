@@ -1284,8 +1284,31 @@ static enum MHD_Result handle_metrics(ms_server *s, struct MHD_Connection *c, co
         PROM(f, "counter", "moonshine_expert_read_wait_seconds_total", "time the engine waited on expert reads", "%.6f", m.eng.read_wait_s);
     }
     if (m.eng.prefix_cache) {
-        PROM(f, "gauge", "moonshine_prefix_cache_entries", "state snapshots held", "%d", m.eng.prefix_cache_entries);
-        PROM(f, "gauge", "moonshine_prefix_cache_bytes", "bytes of state snapshots held", "%llu", (ull)m.eng.prefix_cache_bytes);
+        const ms_prefix_cache_stats *pc = &m.eng.pc;
+        PROM(f, "gauge", "moonshine_prefix_cache_entries", "state snapshots held (RAM or disk)", "%d", m.eng.prefix_cache_entries);
+        PROM(f, "gauge", "moonshine_prefix_cache_bytes", "bytes of state snapshots held in RAM", "%llu", (ull)m.eng.prefix_cache_bytes);
+        fprintf(f, "# HELP moonshine_prefix_cache_tier_entries snapshots by tier\n# TYPE moonshine_prefix_cache_tier_entries gauge\n"
+                   "moonshine_prefix_cache_tier_entries{tier=\"ram\"} %d\nmoonshine_prefix_cache_tier_entries{tier=\"disk\"} %d\n",
+                pc->ram_entries, pc->disk_entries);
+        fprintf(f, "# HELP moonshine_prefix_cache_tier_bytes bytes of snapshots by tier\n# TYPE moonshine_prefix_cache_tier_bytes gauge\n"
+                   "moonshine_prefix_cache_tier_bytes{tier=\"ram\"} %llu\nmoonshine_prefix_cache_tier_bytes{tier=\"disk\"} %llu\n",
+                (ull)pc->ram_bytes, (ull)pc->disk_bytes);
+        fprintf(f, "# HELP moonshine_prefix_cache_restores_total snapshot restores by tier\n# TYPE moonshine_prefix_cache_restores_total counter\n"
+                   "moonshine_prefix_cache_restores_total{tier=\"ram\"} %llu\nmoonshine_prefix_cache_restores_total{tier=\"disk\"} %llu\n",
+                (ull)pc->hits_ram, (ull)pc->hits_disk);
+        PROM(f, "counter", "moonshine_prefix_cache_misses_total", "lookups that found no saved prefix", "%llu", (ull)pc->misses);
+        PROM(f, "counter", "moonshine_prefix_cache_restored_tokens_total", "tokens of the snapshots restored", "%llu", (ull)pc->restored_tokens);
+        PROM(f, "counter", "moonshine_prefix_cache_saves_total", "snapshots saved (new entries)", "%llu", (ull)pc->saves);
+        PROM(f, "counter", "moonshine_prefix_cache_checkpoints_total", "of which prefill checkpoints", "%llu", (ull)m.eng.checkpoints);
+        fprintf(f, "# HELP moonshine_prefix_cache_evictions_total snapshots evicted by the LRU limits, by tier\n"
+                   "# TYPE moonshine_prefix_cache_evictions_total counter\n"
+                   "moonshine_prefix_cache_evictions_total{tier=\"ram\"} %llu\nmoonshine_prefix_cache_evictions_total{tier=\"disk\"} %llu\n",
+                (ull)pc->evicted_ram, (ull)pc->evicted_disk);
+        PROM(f, "counter", "moonshine_prefix_cache_disk_writes_total", "state files written", "%llu", (ull)pc->writes);
+        PROM(f, "counter", "moonshine_prefix_cache_disk_write_drops_total", "writes dropped (queue full)", "%llu", (ull)pc->write_drops);
+        PROM(f, "counter", "moonshine_prefix_cache_disk_write_errors_total", "writes that failed", "%llu", (ull)pc->write_errors);
+        PROM(f, "counter", "moonshine_prefix_cache_disk_removed_total", "files removed as corrupt or foreign", "%llu", (ull)pc->removed);
+        PROM(f, "gauge", "moonshine_prefix_cache_disk_queue", "writes waiting for the writer thread", "%d", pc->queued);
     }
     PROM(f, "gauge", "moonshine_uptime_seconds", "seconds since the server started", "%.3f", now_s() - s->t_start);
     fclose(f);

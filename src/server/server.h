@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "session/generate.h"
+#include "session/prefix_cache.h"
 #include "session/slots.h"
 #include "text/outparse.h"
 #include "text/tokenizer.h"
@@ -32,6 +33,8 @@ typedef struct ms_server_engine_stats {
     int prefix_cache;                       /* a snapshot prefix cache is in use */
     int prefix_cache_entries;
     uint64_t prefix_cache_bytes;
+    ms_prefix_cache_stats pc;               /* the snapshot cache's counters (prefix_cache set) */
+    uint64_t checkpoints;                   /* prefill checkpoints saved by the slots */
 } ms_server_engine_stats;
 
 /* How the slots reuse earlier requests' state: each slot its own previous prefix (models that
