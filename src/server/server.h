@@ -59,6 +59,8 @@ typedef struct ms_server_opts {
     size_t max_body;           /* request body limit in bytes (0: MS_API_MAX_BODY) */
     int max_queue;             /* requests waiting for a slot (beyond the slots) before 503 (0: 64) */
     int max_connections;       /* open connections before new ones get 503 (0: 1024; /health is still answered) */
+    int max_connections_per_ip; /* open connections of one peer address before its new ones get 503 (0: no
+                                  per-address cap; /health is still answered) */
     const char *api_key;       /* bearer key required on every endpoint but /health (NULL/"": none; copied);
                                   ms_server_start refuses a non-loopback host without one */
     const char *cors_origin;   /* the one Origin allowed cross-origin access ("*": any); NULL: CORS off,
