@@ -269,9 +269,9 @@ if KDA_PORT:
         ids2 = json.loads(req("POST", "/tokenize", {"messages": m2})[1])["tokens"]
         div = next(i for i in range(min(len(ids1), len(ids2))) if ids1[i] != ids2[i])
         # the server's rule (session/generate.h): a special token after a plain one, >= 16 after the last
-        # checkpoint (the Qwen3 tokenizer's added tokens are ids >= 151643); this prompt is shorter than
+        # checkpoint (the Qwen3 tokenizer's special added tokens are ids 151643..151656); this prompt is shorter than
         # --checkpoint-every (a multiple of the 256 chunk), so those are all
-        sp = lambda t: t >= 151643  # noqa: E731
+        sp = lambda t: 151643 <= t <= 151656  # noqa: E731  (the special ones; <tool_call>, <think>... are not)
         want, last = 0, 0
         for q in range(1, div + 1):
             if q - last >= 16 and sp(ids2[q]) and not sp(ids2[q - 1]):
