@@ -130,6 +130,8 @@ for p in (save, save + ".state"):
 a = chat([lines[0], f"/save {save}\n", lines[1]], "--temperature", "0", "--json-ids", "--logits-out", la)
 check(a[1]["command"] == "save" and a[1]["ok"], f"save: {a[1]}")
 check(os.path.exists(save) and os.path.exists(save + ".state"), "save wrote FILE and FILE.state")
+check(all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in (save, save + ".state") if os.path.exists(f)),
+      "/save files are 0600")
 saved = json.load(open(save, encoding="utf-8"))
 check(saved["messages"] == [{"role": "user", "content": users[0]}, assistant(a[0])], "saved messages")
 b = chat([f"/load {save}\n", "/stats\n", lines[1], "/stats\n"], "--temperature", "0", "--json-ids", "--logits-out", lb)
