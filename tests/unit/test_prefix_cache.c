@@ -5,6 +5,8 @@
  * transformers reference (full forward over input_ids) and bit for bit against
  * a fresh engine fed the same pieces; directly and through session/generate.h's
  * snapshot hooks. */
+#include <sys/stat.h>
+
 #include "engine/engine.h"
 #include "session/generate.h"
 #include "session/prefix_cache.h"
@@ -268,6 +270,63 @@ out:
     close_fixture(&f);
 }
 
+/* The disk tier directly: saves never wait for the writer (a queue of 1: every save is written or
+ * dropped, none fails), the directory 0700 and files 0600; a cache opened again on the directory
+ * (a restart) restores the longest prefix from disk, and the logits after it equal the transformers
+ * reference and, bit for bit, a fresh engine fed the same pieces. */
+static void disk_tier(const char *name) {
+    fixture f;
+    if (open_fixture(&f, name)) return;
+    const char *dir = "build/tmp/test_prefix_cache_disk";
+    CHECK(system("rm -rf build/tmp/test_prefix_cache_disk && mkdir -p build/tmp") == 0);
+    ms_engine *e = engine(&f), *fresh = engine(&f);
+    ms_prefix_cache *pc = NULL;
+    ms_err err = {0};
+    int64_t V = f.V;
+    float *lg = malloc(sizeof(float) * 5 * V), *lf = malloc(sizeof(float) * 5 * V);
+    ms_prefix_cache_opts o = {.max_entries = 2, .max_bytes = (uint64_t)1 << 30, .dir = dir, .model = &f.m,
+                              .disk_entries = 8, .queue = 1};
+    CHECK_MSG(ms_prefix_cache_open(&o, &pc, &err) == MS_OK, "%s", err.msg);
+    if (!e || !fresh || !pc) goto out;
+    CHECK(ms_engine_forward(e, f.ids, 10, NULL, 0, &err) == MS_OK && ms_prefix_cache_save(pc, e, f.ids, 10, &err) == MS_OK);
+    for (int n = 15; n <= 35; n += 5)
+        CHECK(ms_engine_forward(e, f.ids + n - 5, 5, NULL, 0, &err) == MS_OK && ms_prefix_cache_save(pc, e, f.ids, n, &err) == MS_OK);
+    ms_prefix_cache_flush(pc);
+    ms_prefix_cache_stats st;
+    ms_prefix_cache_get_stats(pc, &st);
+    CHECK_MSG(st.writes + st.write_drops == 6 && st.write_errors == 0 && st.ram_entries <= 2,
+              "%s: %llu written, %llu dropped, %llu failed of 6; %d in RAM", name, (unsigned long long)st.writes,
+              (unsigned long long)st.write_drops, (unsigned long long)st.write_errors, st.ram_entries);
+    struct stat sb;
+    CHECK(stat(dir, &sb) == 0 && (sb.st_mode & 0777) == 0700);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "test -z \"$(find %s -name '*.mss' ! -perm 600)\" && test -n \"$(find %s -name '*.mss')\"", dir, dir);
+    CHECK_MSG(system(cmd) == 0, "%s: state files are not all 0600", name);
+    ms_prefix_cache_free(pc); /* a restart */
+    pc = NULL;
+    CHECK_MSG(ms_prefix_cache_open(&o, &pc, &err) == MS_OK, "%s", err.msg);
+    if (!pc) goto out;
+    ms_prefix_cache_get_stats(pc, &st);
+    CHECK(st.disk_entries >= 1 && st.ram_entries == 0);
+    int r = -1;
+    CHECK(ms_prefix_cache_restore(pc, fresh, f.ids, 40, &r, &err) == MS_OK);
+    CHECK_MSG(r == 35 && ms_engine_n_past(fresh) == 35, "%s: restored %d from disk (the last save, 35)", name, r);
+    CHECK(ms_engine_forward(fresh, f.ids + 35, 5, lg, 1, &err) == MS_OK);
+    double d = ms_test_max_abs(lg, f.logits + 35 * V, 5 * V);
+    CHECK_MSG(d < 1e-4, "%s: after a disk hit: max error %g vs the reference", name, d);
+    CHECK(ms_engine_forward(e, f.ids + 35, 5, lf, 1, &err) == MS_OK); /* the saving engine, the same pieces */
+    CHECK_MSG(!memcmp(lg, lf, sizeof(float) * 5 * V), "%s: logits after a disk hit differ from the saving engine's", name);
+    ms_prefix_cache_get_stats(pc, &st);
+    CHECK(st.hits_disk == 1 && st.restored_tokens == 35 && st.ram_entries == 1);
+out:
+    ms_prefix_cache_free(pc);
+    free(lg);
+    free(lf);
+    ms_engine_destroy(e);
+    ms_engine_destroy(fresh);
+    close_fixture(&f);
+}
+
 static const char *k_models[] = {"kimi_linear", "qwen3_next", "deepseek_v4", "glm5_next", "kimi_k3", "qwen3_moe"};
 
 TEST(prefix_cache_direct) {
@@ -277,6 +336,11 @@ TEST(prefix_cache_direct) {
 TEST(prefix_cache_generator_hooks) {
     for (size_t i = 0; i < sizeof k_models / sizeof *k_models; i++)
         if (strcmp(k_models[i], "qwen3_moe")) through_generator(k_models[i]); /* qwen3_moe rolls back instead */
+}
+
+TEST(prefix_cache_disk_tier) {
+    disk_tier("kimi_linear");
+    disk_tier("deepseek_v4");
 }
 
 TEST(prefix_cache_prefill_checkpoints) {
