@@ -635,6 +635,9 @@ int cmd_chat(int argc, char **argv) {
             goto out;
         }
         snaps = ms_prefix_cache_snapshots(pc);
+        ms_engine_opts ceo = {.max_ctx = ms_engine_max_ctx(c->x.engine), .max_batch = 256};
+        snaps.every = ms_prefix_cache_checkpoint_every(pc, &c->x.model, &ceo, 256); /* as moonshine serve's */
+        snaps.at_boundaries = 1;
     }
     ms_conv_opts co = {.model_dir = dir, .model = &c->x.model, .engine = c->x.engine, .tok = tok, .system = system,
                        .parser = parser, .template_kwargs = kwargs, .snaps = pc ? &snaps : NULL};

@@ -26,10 +26,11 @@
 static const char k_usage[] =
     "usage: moonshine serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--model-name NAME] [--ctx N] [--threads N] [--backend B]\n"
     "                       [--api-key KEY] [--cors-origin ORIGIN] [--parser FORMAT] [--max-queue N]\n"
-    "                       [--max-body-mib N] [--max-connections N] [--header-timeout-s S] [--body-timeout-s S]\n"
+    "                       [--max-body-mib N] [--max-connections N] [--max-connections-per-ip N]\n"
+    "                       [--header-timeout-s S] [--body-timeout-s S]\n"
     "                       [--slots N] [--prefill-chunk N] [--request-deadline-s S]\n"
     "                       [--prefix-cache-entries N] [--prefix-cache-mib M] [--prefix-cache-dir DIR]\n"
-    "                       [--prefix-cache-gib G] [engine flags]\n";
+    "                       [--prefix-cache-gib G] [--checkpoint-every N] [engine flags]\n";
 
 static void pc_log(void *user, const char *line) {
     (void)user;
@@ -107,6 +108,9 @@ static void engine_stats(void *user, ms_server_engine_stats *o) {
         o->prefix_cache = 1;
         o->prefix_cache_entries = ms_prefix_cache_entries(x->pc);
         o->prefix_cache_bytes = ms_prefix_cache_bytes(x->pc);
+        ms_prefix_cache_get_stats(x->pc, &o->pc);
+        for (int i = 0; i < ms_sched_n_slots(x->sched); i++)
+            o->checkpoints += (uint64_t)ms_generator_checkpoints(ms_sched_generator(x->sched, i));
     }
 }
 
@@ -185,7 +189,8 @@ int cmd_serve(int argc, char **argv) {
                "--api-key KEY (or MOONSHINE_API_KEY): clients must send 'Authorization: Bearer KEY' (all but\n"
                "/health); a --host other than loopback is refused without one. --cors-origin ORIGIN lets a\n"
                "web page at ORIGIN call the server (\"*\": any); without it cross-origin requests get 403.\n"
-               "Limits: --max-body-mib (8), --max-connections (1024; more get 503), --header-timeout-s (10:\n"
+               "Limits: --max-body-mib (8), --max-connections (1024; more get 503), --max-connections-per-ip\n"
+               "(0: off; one peer address's open connections), --header-timeout-s (10:\n"
                "request line + headers, and keep-alive idle), --body-timeout-s (30).\n"
                "--parser think|qwen3|deepseek_v3|deepseek_v31|kimi_k2|glm|harmony|xtml overrides the\n"
                "reasoning/tool-call format chosen from config.json's model_type.\n"
@@ -194,14 +199,16 @@ int cmd_serve(int argc, char **argv) {
                "--prefix-cache-mib (default 2048); 0 turns it off. --prefix-cache-dir DIR adds a disk tier (every\n"
                "model): snapshots are written there by a background thread (0700 directory, 0600 files, checked\n"
                "before use) and survive a restart; --prefix-cache-gib G (16) and --prefix-cache-entries bound it.\n"
+               "Those models also save checkpoints during prefill: every --checkpoint-every N prompt tokens (default\n"
+               "from the state size and the cache's budget) and at each message boundary; 0 turns them off.\n"
                "--test-forced-output FILE (tests only) emits FILE's tokens instead of sampling.\n",
                k_usage);
         return 0;
     }
     ms_cli_opts eo;
     int64_t port = 8000, max_queue = 64, max_body = 8, pc_entries = 64, pc_mib = 2048, pc_gib = 16, max_conn = 1024,
-            hto = 10, bto = 30;
-    int64_t n_slots = 0, chunk = 256;
+            hto = 10, bto = 30, max_conn_ip = 0;
+    int64_t n_slots = 0, chunk = 256, ckpt = -1;
     double deadline = 0;
     if (ms_cli_engine_args(argc, argv, &eo) || ms_arg_int(argc, argv, "--port", 0, 65535, &port) ||
         ms_arg_int(argc, argv, "--max-queue", 1, 1 << 20, &max_queue) ||
@@ -210,9 +217,10 @@ int cmd_serve(int argc, char **argv) {
         ms_arg_int(argc, argv, "--prefix-cache-mib", 0, INT64_C(1) << 30, &pc_mib) ||
         ms_arg_int(argc, argv, "--prefix-cache-gib", 1, INT64_C(1) << 20, &pc_gib) ||
         ms_arg_int(argc, argv, "--max-connections", 1, 1 << 20, &max_conn) ||
+        ms_arg_int(argc, argv, "--max-connections-per-ip", 0, 1 << 20, &max_conn_ip) ||
         ms_arg_int(argc, argv, "--header-timeout-s", 1, 3600, &hto) ||
         ms_arg_int(argc, argv, "--body-timeout-s", 1, 3600, &bto) ||
-        ms_arg_int(argc, argv, "--slots", 1, 256, &n_slots) || ms_arg_int(argc, argv, "--prefill-chunk", 1, 4096, &chunk))
+        ms_arg_int(argc, argv, "--slots", 1, 256, &n_slots) || ms_arg_int(argc, argv, "--checkpoint-every", 0, 1 << 24, &ckpt) || ms_arg_int(argc, argv, "--prefill-chunk", 1, 4096, &chunk))
         return 2;
     const char *dl_s = ms_arg_str(argc, argv, "--request-deadline-s");
     if (dl_s) {
@@ -308,13 +316,16 @@ int cmd_serve(int argc, char **argv) {
                                        .disk_bytes = (uint64_t)pc_gib << 30, .log = pc_log};
             if (ms_prefix_cache_open(&po, &pc, &err)) goto fail;
             snaps = ms_prefix_cache_snapshots(pc);
+            ms_engine_opts co = {.max_ctx = ms_engine_max_ctx(x.engine), .max_batch = (int)chunk};
+            snaps.every = ckpt < 0 ? ms_prefix_cache_checkpoint_every(pc, &x.model, &co, (int)chunk) : (int)ckpt;
+            snaps.at_boundaries = ckpt != 0;
             reuse = !pc_dir       ? "snapshots shared by the slots"
-                    : can_truncate ? "rollback per slot + snapshots on disk shared by the slots"
+                    : can_truncate ? "rollback shared across slots + snapshots on disk"
                                    : "snapshots shared by the slots + disk";
             if (!can_truncate) ru = MS_SERVER_REUSE_SNAPSHOTS;
         }
     } else {
-        reuse = "rollback, per slot";
+        reuse = "rollback, shared across slots";
     }
     int slots = 0;
     if (plan_slots(&x, &eo, (int)n_slots, (int)chunk, &slots)) goto done;
@@ -332,6 +343,7 @@ int cmd_serve(int argc, char **argv) {
                          .vocab = V, .eos_ids = eos, .n_eos = n_eos, .fmt = fmt, .max_body = (size_t)max_body << 20,
                          .max_queue = (int)max_queue, .forced_ids = forced ? fids.ids : NULL, .n_forced = (int)fids.n,
                          .api_key = key, .cors_origin = cors, .max_connections = (int)max_conn,
+                         .max_connections_per_ip = (int)max_conn_ip,
                          .header_timeout_s = (int)hto, .body_timeout_s = (int)bto,
                          .stats = engine_stats, .stats_user = &es};
     es.sched = sched;
@@ -339,6 +351,8 @@ int cmd_serve(int argc, char **argv) {
     es.pc = pc;
     if (ms_server_start(&so, &srv, &err)) goto fail;
     if (key) fprintf(stderr, "moonshine serve: API key required (Authorization: Bearer ...) on every endpoint but /health\n");
+    if (pc && snaps.at_boundaries && !can_truncate)
+        fprintf(stderr, "moonshine serve: prefill checkpoints every %d tokens and at message boundaries\n", snaps.every);
     fprintf(stderr,
             "moonshine serve: listening on http://%s%s%s:%d (model \"%s\", %d slot%s, %d threads, context %d, prefill "
             "chunk %d, parser %s, prefix reuse %s%s%s)\n",

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
@@ -60,6 +61,9 @@ typedef struct sock {
     int fd;
     int stage;      /* 0 reading a request's headers (or idle keep-alive), 1 its body, 2 being answered */
     int over;       /* opened past max_connections */
+    int over_ip;    /* opened past max_connections_per_ip (the peer's address had that many open) */
+    int fam;        /* the peer's address family (AF_INET, AF_INET6; 0: unknown) */
+    uint8_t addr[16];
     int killed;     /* the watchdog shut it down */
     double t0;      /* when the stage began */
     struct sock *prev, *next;
@@ -92,9 +96,11 @@ static void hist_add(hist *h, const double *bounds, int nb, double v) {
 typedef struct metrics {
     uint64_t requests[EP_N][N_STATUS + 1]; /* last column: other statuses */
     uint64_t prompt_tokens, completion_tokens, cached_tokens, prefix_hits, generations, cancelled, failed;
-    uint64_t timeouts, refused_connections;
+    uint64_t timeouts, refused_connections, refused_per_ip;
     uint64_t deadline_first, deadline_after; /* deadlines reached before the first token (504), after it (length) */
     hist ttft, itl;
+    double slot_s;   /* mean seconds a request spent in its slot (EWMA, weight 0.2, of those that finished) */
+    uint64_t slot_n; /* requests in it */
     ms_server_engine_stats eng;
     ms_sched_stats sched;
 } metrics;
@@ -256,7 +262,7 @@ typedef struct run {
     ms_outparse_opts po;
     ms_err err;
     int rc, slot, n_tok, deadline_hit;
-    double t_last;
+    double t_last, t_admit;
     int32_t last_id;   /* the last sampled id */
     int32_t *ids;      /* sampled ids, kept when a stop string must be identified (MESSAGES with stop sequences) */
     int n_ids, cap_ids;
@@ -518,6 +524,11 @@ static void on_done(void *user, int rc, const ms_gen_result *res0, const ms_err 
     s->m.completion_tokens += (uint64_t)res.completion_tokens;
     s->m.cached_tokens += (uint64_t)(res.cached_tokens > 0 ? res.cached_tokens : 0);
     s->m.prefix_hits += res.cached_tokens > 0;
+    if (!rc && !cancelled && (res.finish != MS_FINISH_ABORT || g->deadline_hit)) {
+        double took = now_s() - g->t_admit;
+        s->m.slot_s = s->m.slot_n ? 0.8 * s->m.slot_s + 0.2 * took : took;
+        s->m.slot_n++;
+    }
     s->m.cancelled += cancelled;
     s->m.failed += rc && !cancelled;
     pthread_mutex_unlock(&s->mmu);
@@ -546,6 +557,7 @@ static void admit(ms_server *s, job *j) {
     g->s = s;
     g->j = j;
     g->slot = -1;
+    g->t_admit = now_s();
     char hex[32], id[48];
     random_hex(hex, 24);
     ms_api_kind kind = j->req.kind;
@@ -771,16 +783,32 @@ static void on_socket(void *cls, struct MHD_Connection *c, void **socket_context
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         k->fd = ci ? ci->connect_fd : -1;
         k->t0 = now_s();
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        const struct sockaddr *sa = ai ? ai->client_addr : NULL;
+        if (sa && sa->sa_family == AF_INET) {
+            k->fam = AF_INET;
+            memcpy(k->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        } else if (sa && sa->sa_family == AF_INET6) {
+            k->fam = AF_INET6;
+            memcpy(k->addr, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+        }
         pthread_mutex_lock(&s->smu);
         k->over = s->n_socks >= s->o.max_connections;
+        if (s->o.max_connections_per_ip > 0 && k->fam) { /* the peer's open connections (at most the cap + 64 to scan) */
+            int same = 0;
+            for (sock *o = s->socks; o; o = o->next)
+                same += o->fam == k->fam && !memcmp(o->addr, k->addr, k->fam == AF_INET ? 4 : 16);
+            k->over_ip = same >= s->o.max_connections_per_ip;
+        }
         s->n_socks++;
         k->next = s->socks;
         if (s->socks) s->socks->prev = k;
         s->socks = k;
         pthread_mutex_unlock(&s->smu);
-        if (k->over) {
+        if (k->over || k->over_ip) {
             pthread_mutex_lock(&s->mmu);
             s->m.refused_connections++;
+            s->m.refused_per_ip += !k->over && k->over_ip;
             pthread_mutex_unlock(&s->mmu);
         }
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
@@ -1042,16 +1070,32 @@ fail:
     return rc ? rc : MS_ERR_ARG;
 }
 
-static int enqueue(ms_server *s, job *j, ms_api_error *e) {
+/* Retry-After for a refused request: the time the requests waiting now need to get a slot, at the
+ * measured mean time a request spends in a slot (one of the n slots frees every mean / n seconds):
+ * ceil(waiting * mean / n), at least 1 s (also before anything was measured), at most an hour.
+ * *mean_out: the mean used (0: none yet). */
+static int retry_after(ms_server *s, int waiting, double *mean_out) {
+    pthread_mutex_lock(&s->mmu);
+    double mean = s->m.slot_n ? s->m.slot_s : 0;
+    pthread_mutex_unlock(&s->mmu);
+    if (mean_out) *mean_out = mean;
+    double t = ceil((double)(waiting > 0 ? waiting : 0) * mean / (double)s->n_slots - 1e-9);
+    return t < 1 ? 1 : t > 3600 ? 3600 : (int)t;
+}
+
+static int enqueue(ms_server *s, job *j, ms_api_error *e, int *retry) {
     pthread_mutex_lock(&s->mu);
     int max = s->o.max_queue > 0 ? s->o.max_queue : 64;
     if (s->stopping || s->queued >= s->n_slots + max) {
+        int waiting = s->queued - s->running, stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);
+        double mean = 0;
+        *retry = retry_after(s, waiting, &mean);
+        if (stopping) return ms_api_fail(e, 503, "server_error", NULL, "server_busy", "the server is shutting down");
         return ms_api_fail(e, 503, "server_error", NULL, "server_busy",
-                           s->stopping ? "the server is shutting down"
-                                       : "the server is busy: all %d slots are serving requests and %d more are queued "
-                                         "(--max-queue %d); retry later",
-                           s->n_slots, s->queued - s->n_slots, max);
+                           "the server is busy: all %d slots are serving requests and %d more are queued "
+                           "(--max-queue %d); retry in %d s (%d waiting at %.3g s per request in a slot, %d slots)",
+                           s->n_slots, waiting, max, *retry, waiting, mean, s->n_slots);
     }
     j->refs++;
     j->next = NULL;
@@ -1106,8 +1150,6 @@ static enum MHD_Result answer_job(ms_server *s, struct MHD_Connection *c, conn *
     return rc;
 }
 
-static const char *const k_retry[] = {"Retry-After", "1", NULL};
-
 static enum MHD_Result handle_generate(ms_server *s, struct MHD_Connection *c, ms_api_kind kind, conn *cn) {
     ms_api_error e;
     job *j;
@@ -1115,9 +1157,13 @@ static enum MHD_Result handle_generate(ms_server *s, struct MHD_Connection *c, m
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
     j->conn = c;
-    if (enqueue(s, j, &e)) {
+    int retry = 1;
+    if (enqueue(s, j, &e, &retry)) {
         job_unref(j);
-        return send_error_h(s, c, cn, &e, k_retry);
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", retry);
+        const char *h[] = {"Retry-After", ra, NULL};
+        return send_error_h(s, c, cn, &e, h);
     }
     cn->j = j; /* the connection's reference */
     pthread_mutex_lock(&j->mu);
@@ -1252,6 +1298,10 @@ static enum MHD_Result handle_metrics(ms_server *s, struct MHD_Connection *c, co
     prom_hist(f, "moonshine_time_to_first_token_seconds", "arrival to the first generated token", &m.ttft, k_ttft_b, N_TTFT);
     prom_hist(f, "moonshine_inter_token_latency_seconds", "time between generated tokens", &m.itl, k_itl_b, N_ITL);
     PROM(f, "gauge", "moonshine_queue_length", "requests waiting for a slot", "%d", queued - running);
+    PROM(f, "gauge", "moonshine_request_slot_seconds_mean", "mean seconds a finished request spent in its slot (EWMA, weight 0.2)", "%.6f",
+         m.slot_n ? m.slot_s : 0.0);
+    PROM(f, "gauge", "moonshine_retry_after_seconds", "the Retry-After a 503 server_busy would carry now", "%d",
+         retry_after(s, queued - running, NULL));
     PROM(f, "gauge", "moonshine_requests_running", "requests in slots", "%d", running);
     PROM(f, "gauge", "moonshine_slots", "parallel slots (--slots)", "%d", s->n_slots);
     PROM(f, "gauge", "moonshine_slots_busy", "slots serving a request", "%d", s->n_slots - by_state[MS_SLOT_FREE]);
@@ -1268,8 +1318,12 @@ static enum MHD_Result handle_metrics(ms_server *s, struct MHD_Connection *c, co
     PROM(f, "counter", "moonshine_sched_decode_rows_total", "sequences decoded, summed over decode steps (rows / steps: the mean batch)", "%llu",
          (ull)m.sched.decode_rows);
     PROM(f, "counter", "moonshine_sched_prefill_tokens_total", "prompt tokens prefilled by the slots", "%llu", (ull)m.sched.prefill_tokens);
+    PROM(f, "counter", "moonshine_sched_shared_prefixes_total", "requests that copied their prefix from another slot (rollback models)", "%llu",
+         (ull)m.sched.shared_prefixes);
+    PROM(f, "counter", "moonshine_sched_shared_tokens_total", "prompt tokens copied from another slot", "%llu", (ull)m.sched.shared_tokens);
     PROM(f, "gauge", "moonshine_open_connections", "open client connections", "%d", nconn);
-    PROM(f, "counter", "moonshine_connections_refused_total", "connections opened past --max-connections", "%llu", (ull)m.refused_connections);
+    PROM(f, "counter", "moonshine_connections_refused_total", "connections opened past --max-connections or --max-connections-per-ip", "%llu", (ull)m.refused_connections);
+    PROM(f, "counter", "moonshine_connections_refused_per_ip_total", "of which past --max-connections-per-ip only", "%llu", (ull)m.refused_per_ip);
     PROM(f, "counter", "moonshine_connection_timeouts_total", "connections closed by the header/body deadlines", "%llu", (ull)m.timeouts);
     PROM(f, "counter", "moonshine_engine_tokens_total", "tokens forwarded by the engine (prefill + decode)", "%llu", (ull)m.eng.tokens_forwarded);
     PROM(f, "counter", "moonshine_engine_experts_acquired_total", "unique experts acquired, summed over layers and steps", "%llu", (ull)m.eng.experts_acquired);
@@ -1284,8 +1338,31 @@ static enum MHD_Result handle_metrics(ms_server *s, struct MHD_Connection *c, co
         PROM(f, "counter", "moonshine_expert_read_wait_seconds_total", "time the engine waited on expert reads", "%.6f", m.eng.read_wait_s);
     }
     if (m.eng.prefix_cache) {
-        PROM(f, "gauge", "moonshine_prefix_cache_entries", "state snapshots held", "%d", m.eng.prefix_cache_entries);
-        PROM(f, "gauge", "moonshine_prefix_cache_bytes", "bytes of state snapshots held", "%llu", (ull)m.eng.prefix_cache_bytes);
+        const ms_prefix_cache_stats *pc = &m.eng.pc;
+        PROM(f, "gauge", "moonshine_prefix_cache_entries", "state snapshots held (RAM or disk)", "%d", m.eng.prefix_cache_entries);
+        PROM(f, "gauge", "moonshine_prefix_cache_bytes", "bytes of state snapshots held in RAM", "%llu", (ull)m.eng.prefix_cache_bytes);
+        fprintf(f, "# HELP moonshine_prefix_cache_tier_entries snapshots by tier\n# TYPE moonshine_prefix_cache_tier_entries gauge\n"
+                   "moonshine_prefix_cache_tier_entries{tier=\"ram\"} %d\nmoonshine_prefix_cache_tier_entries{tier=\"disk\"} %d\n",
+                pc->ram_entries, pc->disk_entries);
+        fprintf(f, "# HELP moonshine_prefix_cache_tier_bytes bytes of snapshots by tier\n# TYPE moonshine_prefix_cache_tier_bytes gauge\n"
+                   "moonshine_prefix_cache_tier_bytes{tier=\"ram\"} %llu\nmoonshine_prefix_cache_tier_bytes{tier=\"disk\"} %llu\n",
+                (ull)pc->ram_bytes, (ull)pc->disk_bytes);
+        fprintf(f, "# HELP moonshine_prefix_cache_restores_total snapshot restores by tier\n# TYPE moonshine_prefix_cache_restores_total counter\n"
+                   "moonshine_prefix_cache_restores_total{tier=\"ram\"} %llu\nmoonshine_prefix_cache_restores_total{tier=\"disk\"} %llu\n",
+                (ull)pc->hits_ram, (ull)pc->hits_disk);
+        PROM(f, "counter", "moonshine_prefix_cache_misses_total", "lookups that found no saved prefix", "%llu", (ull)pc->misses);
+        PROM(f, "counter", "moonshine_prefix_cache_restored_tokens_total", "tokens of the snapshots restored", "%llu", (ull)pc->restored_tokens);
+        PROM(f, "counter", "moonshine_prefix_cache_saves_total", "snapshots saved (new entries)", "%llu", (ull)pc->saves);
+        PROM(f, "counter", "moonshine_prefix_cache_checkpoints_total", "of which prefill checkpoints", "%llu", (ull)m.eng.checkpoints);
+        fprintf(f, "# HELP moonshine_prefix_cache_evictions_total snapshots evicted by the LRU limits, by tier\n"
+                   "# TYPE moonshine_prefix_cache_evictions_total counter\n"
+                   "moonshine_prefix_cache_evictions_total{tier=\"ram\"} %llu\nmoonshine_prefix_cache_evictions_total{tier=\"disk\"} %llu\n",
+                (ull)pc->evicted_ram, (ull)pc->evicted_disk);
+        PROM(f, "counter", "moonshine_prefix_cache_disk_writes_total", "state files written", "%llu", (ull)pc->writes);
+        PROM(f, "counter", "moonshine_prefix_cache_disk_write_drops_total", "writes dropped (queue full)", "%llu", (ull)pc->write_drops);
+        PROM(f, "counter", "moonshine_prefix_cache_disk_write_errors_total", "writes that failed", "%llu", (ull)pc->write_errors);
+        PROM(f, "counter", "moonshine_prefix_cache_disk_removed_total", "files removed as corrupt or foreign", "%llu", (ull)pc->removed);
+        PROM(f, "gauge", "moonshine_prefix_cache_disk_queue", "writes waiting for the writer thread", "%d", pc->queued);
     }
     PROM(f, "gauge", "moonshine_uptime_seconds", "seconds since the server started", "%.3f", now_s() - s->t_start);
     fclose(f);
@@ -1304,7 +1381,7 @@ static enum MHD_Result handle_slots(ms_server *s, struct MHD_Connection *c, conn
     cJSON_AddNumberToObject(o, "queued", s->queued - s->running);
     cJSON_AddNumberToObject(o, "max_queue", s->o.max_queue > 0 ? s->o.max_queue : 64);
     cJSON_AddStringToObject(o, "prefix_reuse", s->o.reuse == MS_SERVER_REUSE_SNAPSHOTS ? "shared snapshots"
-                                               : s->o.reuse == MS_SERVER_REUSE_ROLLBACK ? "per slot (rollback)" : "none");
+                                               : s->o.reuse == MS_SERVER_REUSE_ROLLBACK ? "rollback, shared across slots" : "none");
     cJSON *arr = cJSON_AddArrayToObject(o, "slots");
     for (int i = 0; i < s->n_slots; i++) {
         const slot_view *v = &s->view[i];
@@ -1501,9 +1578,14 @@ static int precheck(ms_server *s, struct MHD_Connection *c, const char *url, con
         return 1;
     }
     sock *k = sock_of(c);
-    if (k && k->over && cn->ep != EP_HEALTH) {
-        ms_api_fail(&e, 503, "server_error", NULL, "too_many_connections",
-                    "the server has too many open connections (--max-connections %d); retry later", s->o.max_connections);
+    if (k && (k->over || k->over_ip) && cn->ep != EP_HEALTH) {
+        if (k->over)
+            ms_api_fail(&e, 503, "server_error", NULL, "too_many_connections",
+                        "the server has too many open connections (--max-connections %d); retry later", s->o.max_connections);
+        else
+            ms_api_fail(&e, 503, "server_error", NULL, "too_many_connections",
+                        "your address has too many open connections (--max-connections-per-ip %d); close some, or retry later",
+                        s->o.max_connections_per_ip);
         const char *h[] = {"Retry-After", "1", "Connection", "close", NULL};
         *rc = send_error_h(s, c, cn, &e, h);
         return 1;
@@ -1660,7 +1742,8 @@ int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
     if (o->port < 0 || o->port > 65535) return ms_fail(err, MS_ERR_ARG, "server: port %d is out of range", o->port);
     if (o->n_eos < 0 || o->n_eos > 64 || o->n_forced < 0) return ms_fail(err, MS_ERR_ARG, "server: bad eos/forced id lists");
     if (!o->sched) return ms_fail(err, MS_ERR_ARG, "server: needs the slot scheduler");
-    if (o->header_timeout_s < 0 || o->body_timeout_s < 0 || o->max_connections < 0 || o->request_deadline_s < 0)
+    if (o->header_timeout_s < 0 || o->body_timeout_s < 0 || o->max_connections < 0 || o->max_connections_per_ip < 0 ||
+        o->request_deadline_s < 0)
         return ms_fail(err, MS_ERR_ARG, "server: negative timeout, deadline or connection limit");
     const char *host = o->host ? o->host : "127.0.0.1";
     if (!strcmp(host, "localhost")) host = "127.0.0.1";

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "session/generate.h"
+#include "session/prefix_cache.h"
 #include "session/slots.h"
 #include "text/outparse.h"
 #include "text/tokenizer.h"
@@ -32,6 +33,8 @@ typedef struct ms_server_engine_stats {
     int prefix_cache;                       /* a snapshot prefix cache is in use */
     int prefix_cache_entries;
     uint64_t prefix_cache_bytes;
+    ms_prefix_cache_stats pc;               /* the snapshot cache's counters (prefix_cache set) */
+    uint64_t checkpoints;                   /* prefill checkpoints saved by the slots */
 } ms_server_engine_stats;
 
 /* How the slots reuse earlier requests' state: each slot its own previous prefix (models that
@@ -56,6 +59,8 @@ typedef struct ms_server_opts {
     size_t max_body;           /* request body limit in bytes (0: MS_API_MAX_BODY) */
     int max_queue;             /* requests waiting for a slot (beyond the slots) before 503 (0: 64) */
     int max_connections;       /* open connections before new ones get 503 (0: 1024; /health is still answered) */
+    int max_connections_per_ip; /* open connections of one peer address before its new ones get 503 (0: no
+                                  per-address cap; /health is still answered) */
     const char *api_key;       /* bearer key required on every endpoint but /health (NULL/"": none; copied);
                                   ms_server_start refuses a non-loopback host without one */
     const char *cors_origin;   /* the one Origin allowed cross-origin access ("*": any); NULL: CORS off,

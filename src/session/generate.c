@@ -465,6 +465,7 @@ struct ms_generator {
     int32_t *hist; /* tokens in the engine */
     int n_hist, cap;
     float *logits; /* [vocab] of the last token fed */
+    int checkpoints; /* prefill checkpoints saved (ms_gen_snapshots.every / at_boundaries) */
 };
 
 const char *ms_finish_name(ms_finish f) {
@@ -624,20 +625,54 @@ int ms_generator_prefill_begin(ms_generator *g, const int32_t *prompt, int n, in
     return MS_OK;
 }
 
+/* Checkpoints (ms_gen_snapshots.every / at_boundaries) apply to this generator's engine. */
+static int checkpointing(const ms_generator *g) {
+    return g->snaps.save && (g->snaps.every > 0 || (g->snaps.at_boundaries && g->t)) && !ms_engine_can_truncate(g->e);
+}
+
+/* The first checkpoint position q in (from, limit] of prompt[0..n) (q < n), or 0: a multiple of
+ * every, or a message boundary (a special token after a plain one) at least gap positions after
+ * the checkpoint before it. Depends only on prompt[0..q], so every prompt sharing that prefix has
+ * the same checkpoints up to q. */
+static int next_checkpoint(const ms_generator *g, const int32_t *prompt, int n, int from, int limit) {
+    int every = g->snaps.every, gap = every / 16 > 16 ? every / 16 : 16;
+    if (limit > n - 1) limit = n - 1;
+    int last = every > 0 ? from - from % every : 0; /* the previous checkpoint at or below from */
+    if (g->snaps.at_boundaries && g->t) {
+        /* the boundary checkpoints before from: replay the rule from the last multiple of every */
+        for (int q = last + 1; q <= from; q++)
+            if (q - last >= gap && ms_tok_is_special(g->t, prompt[q]) && !ms_tok_is_special(g->t, prompt[q - 1])) last = q;
+    }
+    for (int q = from + 1; q <= limit; q++) {
+        if (every > 0 && q % every == 0) return q;
+        if (g->snaps.at_boundaries && g->t && q - last >= gap && ms_tok_is_special(g->t, prompt[q]) &&
+            !ms_tok_is_special(g->t, prompt[q - 1]))
+            return q;
+    }
+    return 0;
+}
+
 int ms_generator_prefill_continue(ms_generator *g, const int32_t *prompt, int n, int max_feed, int *left, ms_err *err) {
     *left = 0;
     if (g->n_hist >= n || max_feed < 1)
         return ms_fail(err, MS_ERR_ARG, "prefill continue: %d of %d prompt tokens fed (chunk %d)", g->n_hist, n, max_feed);
-    int k = n - g->n_hist < max_feed ? n - g->n_hist : max_feed, rc;
+    int k = n - g->n_hist < max_feed ? n - g->n_hist : max_feed, rc, ck = 0, cp = checkpointing(g);
+    if (cp && max_feed < n && k > max_feed - g->n_hist % max_feed)
+        k = max_feed - g->n_hist % max_feed; /* pieces end at multiples of max_feed: the same after a restore */
+    if (cp && (ck = next_checkpoint(g, prompt, n, g->n_hist, g->n_hist + k))) k = ck - g->n_hist;
     if ((rc = feed(g, prompt + g->n_hist, k, err))) return rc;
     *left = n - g->n_hist;
-    if (!*left && g->snaps.save && (rc = g->snaps.save(g->snaps.user, g->e, g->hist, g->n_hist, err))) return rc;
+    if ((!*left || ck) && g->snaps.save && (rc = g->snaps.save(g->snaps.user, g->e, g->hist, g->n_hist, err))) return rc;
+    if (ck) g->checkpoints++;
     return MS_OK;
 }
 
+int ms_generator_checkpoints(const ms_generator *g) { return g->checkpoints; }
+
 int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cached, float *logits, ms_err *err) {
     int left, rc = ms_generator_prefill_begin(g, prompt, n, cached, err);
-    if (!rc) rc = ms_generator_prefill_continue(g, prompt, n, n, &left, err);
+    left = n;
+    while (!rc && left) rc = ms_generator_prefill_continue(g, prompt, n, n, &left, err); /* pieces end at checkpoints */
     if (rc) return rc;
     if (logits) memcpy(logits, g->logits, (size_t)g->vocab * sizeof *logits);
     return MS_OK;
@@ -901,7 +936,9 @@ int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_para
     ms_gen_run *r;
     int rc = ms_gen_run_new(g, prompt, n, p, fn, user, &r, err), left, done = 0;
     if (rc) return rc;
-    if ((rc = ms_gen_run_prefill(r, 1 << 30, &left, err))) goto fail; /* r->n: the canonical prompt */
+    do { /* r->n: the canonical prompt; pieces end at checkpoints */
+        if ((rc = ms_gen_run_prefill(r, 1 << 30, &left, err))) goto fail;
+    } while (left);
     for (;;) {
         int32_t id;
         if ((rc = ms_gen_run_next(r, &id, &done, err))) goto fail;

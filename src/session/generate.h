@@ -115,6 +115,17 @@ typedef struct ms_gen_snapshots {
     /* The longest saved prefix of ids[0..n) without restoring it (0: none). Lets a model
      * that can roll back use a saved state (e.g. from disk) longer than its own history. */
     int (*longest)(void *user, const int32_t *ids, int n);
+    /* Checkpoints during prefill, for an engine that cannot roll back (ignored for one that
+     * can; needs save). The state is saved at every prompt position that is a multiple of
+     * `every` (0: none) and, with `at_boundaries` and a tokenizer, at each message boundary
+     * of the prompt: a position p whose token is special (chat templates delimit messages with
+     * added tokens) and follows a plain one, at least `every`/16 (>= 16) positions after the
+     * previous checkpoint. Prefill pieces stop at these positions, and they depend only on the
+     * tokens before them, so a prompt that diverges from a saved one restores the checkpoint
+     * nearest before the divergence and then feeds the same pieces as a cold prefill of the
+     * same prompt: bit-identical logits. The plug-in bounds what it keeps (prefix_cache.h). */
+    int every;
+    int at_boundaries;
 } ms_gen_snapshots;
 
 /* ---------------- canonical token history ----------------
@@ -220,11 +231,13 @@ int ms_generator_prefill(ms_generator *g, const int32_t *prompt, int n, int *cac
 /* Prefill in pieces (what ms_generator_prefill does in one call): begin applies the
  * prefix reuse above (*cached = the tokens kept; errors as ms_generator_prefill
  * before feeding), then each continue feeds the next at most max_feed prompt tokens
- * (*left = how many remain; at 0 the logits of the last prompt token are the
+ * (fewer up to a checkpoint, ms_gen_snapshots.every; *left = how many remain; at 0 the logits of the last prompt token are the
  * generator's and the snapshot hook has saved the state). Errors: MS_ERR_ARG
  * (nothing left to feed), those of ms_engine_forward (the history is then forgotten). */
 int ms_generator_prefill_begin(ms_generator *g, const int32_t *prompt, int n, int *cached, ms_err *err);
 int ms_generator_prefill_continue(ms_generator *g, const int32_t *prompt, int n, int max_feed, int *left, ms_err *err);
+/* Prefill checkpoints this generator saved so far (ms_gen_snapshots.every / at_boundaries). */
+int ms_generator_checkpoints(const ms_generator *g);
 /* The engine (borrowed). */
 ms_engine *ms_generator_engine(const ms_generator *g);
 /* The caller forwarded id on the generator's engine itself (a batched decode step,

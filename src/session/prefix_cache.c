@@ -117,6 +117,7 @@ static void evict_ram(ms_prefix_cache *pc, const entry *keep) {
             if (pc->e[i].ram && &pc->e[i] != keep && (!v || pc->e[i].used < v->used)) v = &pc->e[i];
         if (!v) return;
         drop_ram(pc, v);
+        pc->st.evicted_ram++;
     }
 }
 
@@ -133,6 +134,7 @@ static void evict_disk(ms_prefix_cache *pc) {
         unlink(p);
         v->on_disk = 0;
         v->disk_bytes = 0;
+        pc->st.evicted_disk++;
     }
 }
 
@@ -489,6 +491,7 @@ int ms_prefix_cache_save(ms_prefix_cache *pc, ms_engine *e, const int32_t *ids, 
     x->ram_bytes = b;
     x->used = ++pc->clock;
     x->seq = ++pc->seq;
+    pc->st.saves++;
     name_of(ids, n, x->name);
     if (pc->dir) rc = enqueue(pc, x, err);
     if (b > pc->o.max_bytes) drop_ram(pc, x); /* only the file keeps it */
@@ -550,6 +553,7 @@ int ms_prefix_cache_restore(ms_prefix_cache *pc, ms_engine *e, const int32_t *id
             }
             x->used = ++pc->clock;
             pc->st.hits_ram++;
+            pc->st.restored_tokens += (uint64_t)x->n;
             *restored = x->n;
             pthread_mutex_unlock(&pc->mu);
             return MS_OK;
@@ -572,6 +576,7 @@ int ms_prefix_cache_restore(ms_prefix_cache *pc, ms_engine *e, const int32_t *id
         }
         x->used = ++pc->clock;
         pc->st.hits_disk++;
+        pc->st.restored_tokens += (uint64_t)x->n;
         *restored = x->n;
         /* back to RAM */
         ms_snapshot *s;
@@ -623,6 +628,21 @@ int ms_prefix_cache_longest_hook(void *user, const int32_t *ids, int n) {
     }
     pthread_mutex_unlock(&pc->mu);
     return best;
+}
+
+int ms_prefix_cache_checkpoint_every(const ms_prefix_cache *pc, const ms_model *m, const ms_engine_opts *eo, int chunk) {
+    int ctx = eo->max_ctx > 0 ? eo->max_ctx : 4096;
+    if (chunk < 1) chunk = 256;
+    uint64_t state = 0, ws = 0, per = ms_engine_state_bytes_per_token(m);
+    ms_engine_plan_bytes(m, eo, 1, &state, &ws);
+    uint64_t fixed = state > per * (uint64_t)ctx ? state - per * (uint64_t)ctx : 0;
+    for (int k = chunk; k < ctx; k += chunk) {
+        uint64_t c = (uint64_t)(ctx - 1) / (uint64_t)k;
+        /* checkpoint j holds the state at j*k tokens: fixed + per * j*k */
+        double bytes = (double)c * (double)fixed + (double)per * (double)k * (double)(c * (c + 1) / 2);
+        if (bytes * 4 <= (double)pc->o.max_bytes && c * 4 <= (uint64_t)pc->o.max_entries) return k;
+    }
+    return ctx;
 }
 
 ms_gen_snapshots ms_prefix_cache_snapshots(ms_prefix_cache *pc) {

@@ -54,6 +54,9 @@ typedef struct ms_prefix_cache_stats {
     uint64_t writes, write_drops, write_errors; /* disk files written, writes dropped (queue full), failed */
     uint64_t removed;                           /* files removed as corrupt or foreign */
     int queued;                                 /* writes waiting now */
+    uint64_t saves;                             /* snapshots taken (new entries) */
+    uint64_t restored_tokens;                   /* tokens of the entries restored (hits of both tiers) */
+    uint64_t evicted_ram, evicted_disk;         /* entries dropped from RAM / files deleted by the LRU limits */
 } ms_prefix_cache_stats;
 
 /* A RAM-only cache of at most max_entries (>= 1) snapshots totalling at most max_bytes
@@ -83,6 +86,13 @@ int ms_prefix_cache_restore(ms_prefix_cache *pc, ms_engine *e, const int32_t *id
 int ms_prefix_cache_entries(const ms_prefix_cache *pc);
 uint64_t ms_prefix_cache_bytes(const ms_prefix_cache *pc);
 void ms_prefix_cache_get_stats(ms_prefix_cache *pc, ms_prefix_cache_stats *out);
+
+/* The prefill checkpoint interval (ms_gen_snapshots.every) for engines of model m made with eo
+ * (its max_ctx) whose prefill runs in pieces of chunk tokens: the smallest multiple of chunk
+ * for which the checkpoints of one prompt filling the whole context (their state grows with
+ * the position: fixed parts + per-token rows, from the memory plan) take at most a quarter of
+ * this cache's RAM bytes and entries. max_ctx when none below fits (no checkpoint). */
+int ms_prefix_cache_checkpoint_every(const ms_prefix_cache *pc, const ms_model *m, const ms_engine_opts *eo, int chunk);
 
 /* The same as ms_gen_snapshots hooks: user is an ms_prefix_cache *. */
 int ms_prefix_cache_save_hook(void *user, ms_engine *e, const int32_t *ids, int n, ms_err *err);

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/state.h"
+
 typedef enum { SLOT_FREE, SLOT_PREFILL, SLOT_DECODE, SLOT_DONE } slot_state;
 
 typedef struct {
@@ -124,6 +126,37 @@ void ms_sched_free(ms_sched *s) {
     free(s);
 }
 
+/* Cross-slot prefix sharing for engines that roll back: when another slot (busy, so not the free
+ * slot just chosen) holds a longer common prefix with the prompt than slot i's own history (mine
+ * tokens), slot i takes a copy of that slot's state cut to the common prefix (snapshot, restore,
+ * truncate: exact), so two clients with one long system prompt prefill it once. The state is the
+ * one the same request would have reused served after the other one in a single slot. Between
+ * steps only (the donor's engine is idle then). Any failure leaves slot i to prefill on its own. */
+static void share_prefix(ms_sched *s, int i, const int32_t *prompt, int n, int mine) {
+    slot *sl = &s->s[i];
+    if (!ms_engine_can_truncate(sl->e)) return;
+    int donor = -1, best = mine;
+    for (int k = 0; k < s->n; k++) {
+        if (k == i || s->s[k].state == SLOT_FREE) continue;
+        int nh, c = 0;
+        const int32_t *h = ms_generator_history(s->s[k].g, &nh);
+        if (nh != ms_engine_n_past(s->s[k].e)) continue;
+        while (c < nh && c < n - 1 && h[c] == prompt[c]) c++; /* the last prompt token is fed for its logits */
+        if (c > best) best = c, donor = k;
+    }
+    if (donor < 0) return;
+    ms_snapshot *snap = NULL;
+    ms_err e = {0};
+    if (ms_engine_snapshot(s->s[donor].e, &snap, &e) || ms_engine_restore(sl->e, snap, &e) ||
+        ms_engine_truncate(sl->e, best, &e) || ms_generator_adopt(sl->g, prompt, best, &e)) {
+        ms_generator_reset(sl->g);
+    } else {
+        s->st.shared_prefixes++;
+        s->st.shared_tokens += (uint64_t)best;
+    }
+    ms_engine_snapshot_free(snap);
+}
+
 int ms_sched_submit(ms_sched *s, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
                     ms_sched_done_fn done, void *user, int *slot_out, ms_err *err) {
     /* the free slot whose history shares the longest prefix with the prompt (its state is reused) */
@@ -140,6 +173,7 @@ int ms_sched_submit(ms_sched *s, const int32_t *prompt, int n, const ms_gen_para
     if (n < 1) return ms_fail(err, MS_ERR_ARG, "prompt is empty");
     if (n > ms_engine_max_ctx(sl->e))
         return ms_fail(err, MS_ERR_LIMIT, "prompt of %d tokens does not fit the context of %d", n, ms_engine_max_ctx(sl->e));
+    share_prefix(s, i, prompt, n, best);
     memcpy(sl->prompt, prompt, sizeof(int32_t) * (size_t)n);
     sl->n_prompt = n;
     int rc = ms_gen_run_new(sl->g, sl->prompt, n, p, fn, user, &sl->run, err);

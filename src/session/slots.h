@@ -12,7 +12,10 @@
  *      union of their routed experts acquired once per layer), then each samples
  *      its next token (ms_gen_run_next: penalties, stop strings, EOS, max_tokens).
  * New requests (ms_sched_submit) take a free slot between steps: the one whose
- * history shares the longest prefix with the prompt, so a slot's state is reused. Greedy results
+ * history shares the longest prefix with the prompt, so a slot's state is reused. For engines
+ * that roll back, when a busy slot shares a longer prefix, the new slot copies that slot's state
+ * cut to the common prefix (prefixes are shared across slots; models that cannot roll back share
+ * theirs through the snapshot hook, e.g. session/prefix_cache.h). Greedy results
  * equal the same requests served one at a time with ms_generate (logits within
  * F32 reduction order; tests/unit/test_slots.c).
  *
@@ -68,6 +71,8 @@ ms_generator *ms_sched_generator(ms_sched *s, int slot);
 typedef struct ms_sched_stats {
     uint64_t steps, decode_steps, decode_rows, prefill_chunks, prefill_tokens;
     uint64_t kept_prefixes; /* cancelled prefills whose evaluated prefix was saved through the snapshot hook */
+    uint64_t shared_prefixes, shared_tokens; /* requests that took a prefix from another slot's state (rollback
+                                              * engines), and the tokens taken */
 } ms_sched_stats;
 void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *out);
 

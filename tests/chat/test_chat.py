@@ -14,6 +14,7 @@ Prints "N passed, 0 failed" last; exits 1 on the first failure.
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import stat
@@ -129,10 +130,22 @@ for p in (save, save + ".state"):
 a = chat([lines[0], f"/save {save}\n", lines[1]], "--temperature", "0", "--json-ids", "--logits-out", la)
 check(a[1]["command"] == "save" and a[1]["ok"], f"save: {a[1]}")
 check(os.path.exists(save) and os.path.exists(save + ".state"), "save wrote FILE and FILE.state")
+check(all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in (save, save + ".state") if os.path.exists(f)),
+      "/save files are 0600")
 saved = json.load(open(save, encoding="utf-8"))
 check(saved["messages"] == [{"role": "user", "content": users[0]}, assistant(a[0])], "saved messages")
-b = chat([f"/load {save}\n", lines[1]], "--temperature", "0", "--json-ids", "--logits-out", lb)
+b = chat([f"/load {save}\n", "/stats\n", lines[1], "/stats\n"], "--temperature", "0", "--json-ids", "--logits-out", lb)
 check(b[0]["command"] == "load" and b[0]["ok"], f"load: {b[0]}")
+# /stats after /load counts the loaded turn and the state it brought, then the next turn on top
+st0, st1 = b[1], b[3]
+b = [b[0], b[2]]
+m0 = re.search(r"^turns (\d+);.*; loaded: (\d+) turns, (\d+) tokens of state", st0.get("message", ""))
+check(st0.get("command") == "stats" and m0 is not None, f"/stats after /load: {st0}")
+n_state = len(a[0]["prompt_ids"]) + len(a[0]["completion_ids"]) - 1  # the last sampled id is not fed
+check(m0 is not None and (int(m0.group(1)), int(m0.group(2)), int(m0.group(3))) == (1, 1, n_state),
+      f"/stats after /load: {st0.get('message')} (expected turns 1, loaded 1 turn, {n_state} tokens of state)")
+m1 = re.search(r"^turns (\d+);.*; loaded: 1 turns, (\d+) tokens", st1.get("message", ""))
+check(m1 is not None and int(m1.group(1)) == 2, f"/stats after /load and a turn: {st1.get('message')}")
 A, B = open(la, "rb").read(), open(lb, "rb").read()
 check(len(A) == 2 * len(B) and len(B) > 0, f"logits sizes {len(A)} {len(B)}")
 check(A[len(B):] == B, "next-token logits after /load are not bit-identical to the saving session's")

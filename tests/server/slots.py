@@ -13,6 +13,7 @@ per case and "N passed, N failed".
 """
 import http.client
 import json
+import math
 import re
 import socket
 import sys
@@ -161,6 +162,23 @@ def disconnect_frees():
     return f"(freed in {(time.time() - t0) * 1000:.0f} ms)"
 
 
+@case("rollback model: a prefix another slot is decoding is copied, not prefilled again")
+def shared_prefix():
+    common = [1000 + (i * 37) % 5000 for i in range(300)]
+    before = metric("moonshine_sched_shared_prefixes_total")
+    s = open_stream({"prompt": common + [11, 12, 13], "max_tokens": 3000, "temperature": 1, "seed": 3})
+    try:
+        st, data, _ = req("POST", "/v1/completions", {"prompt": common + [21, 22], "max_tokens": 2, "temperature": 0})
+        assert st == 200, data[:300]
+        u = json.loads(data)["usage"]
+        got = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        assert got == len(common), f"cached {got} of the {len(common)} tokens the other slot holds"
+        assert metric("moonshine_sched_shared_prefixes_total") == before + 1
+    finally:
+        s.close()
+    return f"({got} tokens copied from the busy slot)"
+
+
 @case("more clients than slots + queue: 503 with Retry-After; the queued ones are served")
 def backpressure():
     socks = []
@@ -185,9 +203,14 @@ def backpressure():
         for i in range(3):
             st, data, r = req("POST", "/v1/completions", {"prompt": "One too many", "max_tokens": 2})
             assert st == 503, (st, data[:200])
-            assert r.getheader("Retry-After") == "1", r.getheaders()
+            # Retry-After: the waiting requests' time to get a slot at the measured mean time per request
+            mean = metric("moonshine_request_slot_seconds_mean")
+            want = min(3600, max(1, math.ceil(QUEUE * mean / SLOTS - 1e-9)))
+            assert mean > 0, "no request time measured yet"
+            assert r.getheader("Retry-After") == str(want), (r.getheaders(), mean, want)
             err = json.loads(data)["error"]
             assert err["code"] == "server_busy" and "--max-queue 2" in err["message"], err
+            assert f"retry in {want} s" in err["message"], err
             refused += 1
     finally:
         for s in socks:
@@ -195,7 +218,7 @@ def backpressure():
     for t in th:
         t.join(60)
     assert out == [200] * QUEUE, out
-    return f"({refused} refused)"
+    return f"({refused} refused, Retry-After {want} s at {mean:.3f} s per request)"
 
 
 def measure(body):
@@ -234,6 +257,36 @@ case("deadline before the first token: 504 naming the tokens evaluated; the retr
 if KDA_PORT:
     PORT, KDA_PORT = KDA_PORT, PORT
     case("KDA + MLA (snapshots): a deadline mid-prefill keeps the evaluated prefix; the retry resumes")(deadline_resume)
+
+    @case("KDA + MLA: an edited earlier message restores the message-boundary checkpoint before the edit")
+    def boundary_checkpoint():
+        sysmsg = "You answer in one word, checkpoint test. " * 8
+        m1 = [{"role": "system", "content": sysmsg}, {"role": "user", "content": "What colour is the sea on a sunny day?"},
+              {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "And the sky at night?"}]
+        m2 = json.loads(json.dumps(m1))
+        m2[1]["content"] = "What colour is the sea on a stormy day?"
+        ids1 = json.loads(req("POST", "/tokenize", {"messages": m1})[1])["tokens"]
+        ids2 = json.loads(req("POST", "/tokenize", {"messages": m2})[1])["tokens"]
+        div = next(i for i in range(min(len(ids1), len(ids2))) if ids1[i] != ids2[i])
+        # the server's rule (session/generate.h): a special token after a plain one, >= 16 after the last
+        # checkpoint (the Qwen3 tokenizer's special added tokens are ids 151643..151656); this prompt is shorter than
+        # --checkpoint-every (a multiple of the 256 chunk), so those are all
+        sp = lambda t: 151643 <= t <= 151656  # noqa: E731  (the special ones; <tool_call>, <think>... are not)
+        want, last = 0, 0
+        for q in range(1, div + 1):
+            if q - last >= 16 and sp(ids2[q]) and not sp(ids2[q - 1]):
+                want = last = q
+        assert want > 0, "no boundary before the edit"
+        before = metric("moonshine_prefix_cache_checkpoints_total")
+        body = {"messages": m1, "max_tokens": 2, "temperature": 0}
+        st, data, _ = req("POST", "/v1/chat/completions", body)
+        assert st == 200, data[:300]
+        assert metric("moonshine_prefix_cache_checkpoints_total") > before, "no checkpoint saved"
+        st, data, _ = req("POST", "/v1/chat/completions", dict(body, messages=m2))
+        assert st == 200, data[:300]
+        got = json.loads(data)["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert got == want, f"reused {got} tokens; the checkpoint before the edit (at {div}) is at {want}"
+        return f"edit at token {div} of {len(ids2)}: restored the checkpoint at {got}"
     PORT, KDA_PORT = KDA_PORT, PORT
 
 

@@ -143,6 +143,71 @@ TEST(slots_equal_one_at_a_time) {
     run_model("qwen3_moe", 1, 64); /* one slot: requests one after another */
 }
 
+/* Cross-slot sharing (rollback models): B shares 20 tokens with A, which is decoding in another
+ * slot; B's free slot copies them (cached 20) and B's greedy ids equal B served after A in one
+ * slot (one at a time, where B reuses A's prefix by rollback). */
+static void share_model(const char *name) {
+    char dir[256], refp[300];
+    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", name);
+    snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
+    ms_model m;
+    ms_err err = {0};
+    if (ms_model_load(dir, &m, &err)) {
+        CHECK_MSG(0, "%s: %s", name, err.msg);
+        return;
+    }
+    ms_checkpoint ref;
+    CHECK(ms_checkpoint_open(refp, &ref, &err) == 0);
+    const int32_t *ids = ms_checkpoint_find(&ref, "input_ids")->data;
+    int64_t V = m.cfg.vocab;
+    int32_t a[30], b[26];
+    memcpy(a, ids, sizeof a);
+    memcpy(b, ids, 20 * sizeof *b);
+    for (int t = 20; t < 26; t++) b[t] = (int32_t)((ids[t] + 7) % V);
+    ms_gen_params p;
+    memset(&p, 0, sizeof p);
+    ms_sampler_defaults(&p.sampling);
+    p.sampling.temperature = 0;
+    p.max_tokens = MAXTOK;
+    req want[2], got[2];
+    memset(want, 0, sizeof want);
+    memset(got, 0, sizeof got);
+    ms_engine *e;
+    ms_generator *g;
+    ms_engine_opts eo = {.max_ctx = 64};
+    CHECK(ms_engine_create(&m, &eo, &e, &err) == 0);
+    CHECK(ms_generator_new(e, NULL, V, NULL, &g, &err) == 0);
+    CHECK(ms_generate(g, a, 30, &p, on_token, &want[0], &want[0].res, &err) == 0);
+    CHECK(ms_generate(g, b, 26, &p, on_token, &want[1], &want[1].res, &err) == 0 && want[1].res.cached_tokens == 20);
+    ms_generator_free(g);
+    ms_engine_destroy(e);
+    ms_sched_opts so = {.n_slots = 2, .chunk = 64, .engine = {.max_ctx = 64}};
+    ms_sched *s;
+    CHECK_MSG(ms_sched_new(&m, &so, &s, &err) == 0, "%s: %s", name, err.msg);
+    int slot_a = -1, slot_b = -1, steps = 0;
+    CHECK(ms_sched_submit(s, a, 30, &p, on_token, on_done, &got[0], &slot_a, &err) == 0);
+    while (got[0].n < 2 && steps++ < 50) ms_sched_step(s, &err); /* A is decoding */
+    CHECK(ms_sched_submit(s, b, 26, &p, on_token, on_done, &got[1], &slot_b, &err) == 0 && slot_b != slot_a);
+    while (ms_sched_active(s) && steps++ < 200) CHECK(ms_sched_step(s, &err) >= 0);
+    ms_sched_stats st;
+    ms_sched_get_stats(s, &st);
+    CHECK_MSG(got[1].done == 1 && got[1].res.cached_tokens == 20 && st.shared_prefixes == 1 && st.shared_tokens == 20,
+              "%s: B reused %d tokens in another slot (shared %llu)", name, got[1].res.cached_tokens,
+              (unsigned long long)st.shared_prefixes);
+    for (int r = 0; r < 2; r++)
+        CHECK_MSG(got[r].n == want[r].n && !memcmp(got[r].ids, want[r].ids, sizeof(int32_t) * (size_t)want[r].n),
+                  "%s request %d: ids with a shared prefix differ from one at a time", name, r);
+    ms_sched_free(s);
+    ms_checkpoint_close(&ref);
+    ms_model_free(&m);
+}
+
+TEST(slots_share_prefix_across_slots) {
+    share_model("qwen3_moe");
+    share_model("deepseek_v3");
+    share_model("gpt_oss");
+}
+
 TEST(slots_full_and_plan) {
     ms_model m;
     ms_err err = {0};
