@@ -523,7 +523,7 @@ static int moe_layout_of(const ms_moe_args *a, moe_layout *L, ms_err *err) {
     if (nq < 0) return ms_fail(err, MS_ERR_UNSUPPORTED, "grouped experts: weight dtype %s", ms_dtype_name(v0->gate.dtype));
     for (int u = 0; u < a->nu; u++) {
         const ms_expert_view *v = &a->views[u];
-        if (!v->up.data != !fused || !same_layout(&v->gate, &v0->gate) || !same_layout(&v->down, &v0->down) ||
+        if (!v->up.data != fused || !same_layout(&v->gate, &v0->gate) || !same_layout(&v->down, &v0->down) ||
             (!fused && !same_layout(&v->up, &v0->gate)) || !v->gate_bias != !v0->gate_bias ||
             !v->up_bias != !v0->up_bias || !v->down_bias != !v0->down_bias ||
             ((v->gate_bias || v->up_bias || v->down_bias) && v->bias_dtype != v0->bias_dtype))
@@ -627,28 +627,33 @@ extern "C" int ms_gpu_blas_moe(ms_gpu_blas *b, const ms_moe_args *a, ms_err *err
 /* ------------------------------------------------------ the backend's hooks */
 
 /* The backend's GEMM state: the handle (opened at the first product that qualifies) and
- * the thresholds in tokens (dense with the weight as stored, dense dequantized, experts). */
+ * the thresholds in tokens: dense with the weight as stored (large matrices, and those
+ * under SMALL_W elements, where the GEMM's three launches cost more than the matvec),
+ * dense dequantized, routed experts. Measured on the H200 (gpubench --gemm, docs/gpu.md):
+ * BF16 4096 x 2048 wins from n = 12, 768 x 2048 from n = 24-32, FP8 4096 x 2048 from ~40. */
 typedef struct {
     ms_gpu_blas *blas;
     int tried;
-    int min_dense, min_deq, min_moe;
+    int min_dense, min_small, min_deq, min_moe;
     uint64_t dense_calls, moe_calls; /* products run here (ms_backend_gpu_gemm_calls) */
 } gemm_state;
 
-#define MIN_DENSE 16 /* BF16 / F32 weights as stored */
-#define MIN_DEQ 64   /* weights dequantized per product (FP8, F16, MXFP4) */
-#define MIN_MOE 4    /* routed experts: tokens of the chunk */
+#define MIN_DENSE 16 /* BF16 / F32 weights as stored, >= SMALL_W elements */
+#define MIN_SMALL 32 /* the same under SMALL_W elements */
+#define SMALL_W ((int64_t)1 << 22)
+#define MIN_DEQ 48 /* weights dequantized per product (FP8, F16, MXFP4) */
+#define MIN_MOE 4  /* routed experts: tokens of the chunk */
 
 static gemm_state *state(ms_backend *be, int create) {
     void **slot = ms_gpu_be_gemm(be);
     if (*slot || !create) return (gemm_state *)*slot;
     gemm_state *s = (gemm_state *)calloc(1, sizeof *s);
     if (!s) return NULL;
-    s->min_dense = MIN_DENSE, s->min_deq = MIN_DEQ, s->min_moe = MIN_MOE;
+    s->min_dense = MIN_DENSE, s->min_small = MIN_SMALL, s->min_deq = MIN_DEQ, s->min_moe = MIN_MOE;
     const char *env = getenv("MS_GPU_GEMM_MIN"); /* tests and fixture runs: force the GEMMs down to n */
     if (env && atoi(env) > 0) {
         int v = atoi(env) < 2 ? 2 : atoi(env);
-        s->min_dense = s->min_deq = s->min_moe = v;
+        s->min_dense = s->min_small = s->min_deq = s->min_moe = v;
     }
     *slot = s;
     return s;
@@ -662,9 +667,10 @@ static ms_gpu_blas *handle(ms_backend *be, gemm_state *s) {
     return s->blas;
 }
 static int qualifies(const gemm_state *s, int n, const ms_qmat *w) {
-    if (w->dtype == MS_DT_F32 && !w->scale) return n >= s->min_dense;
-    int nq = wparts(w);
-    return nq == 0 ? n >= s->min_dense : nq > 0 ? n >= s->min_deq : 0;
+    int nq = w->dtype == MS_DT_F32 && !w->scale ? 0 : wparts(w);
+    if (nq < 0) return 0;
+    if (nq > 0) return n >= s->min_deq;
+    return n >= (w->rows * w->cols >= SMALL_W ? s->min_dense : s->min_small);
 }
 
 extern "C" int ms_gpu_gemm_matmul(ms_backend *be, float *y, const float *x, int n, const ms_qmat *w, int acc) {
@@ -724,7 +730,7 @@ extern "C" void ms_gpu_gemm_free(ms_backend *be) {
 extern "C" int ms_backend_gpu_gemm_min(ms_backend *be, int dense, int dequantized, int experts) {
     gemm_state *s = state(be, 1);
     if (!s) return MS_ERR_NOMEM;
-    if (dense > 0) s->min_dense = dense < 2 ? 2 : dense;
+    if (dense > 0) s->min_dense = s->min_small = dense < 2 ? 2 : dense;
     if (dequantized > 0) s->min_deq = dequantized < 2 ? 2 : dequantized;
     if (experts > 0) s->min_moe = experts;
     return MS_OK;
