@@ -1,7 +1,7 @@
 /* gemm.cu — prefill products on tensor cores through the vendor BLAS (contract and
  * the accuracy scheme in gemm.h): dense matmuls of n tokens and the routed experts
  * of a layer in expert-major grouped form. Only the BLAS names of gpu_blas.h and the
- * runtime names of gpu_port.h, so hipcc compiles this file too (without hipBLAS the
+ * runtime names of gpu_port.h, so the HIP compiler builds this file too (without HIPBLAS the
  * GEMMs are left out and the hooks decline). */
 #include <stdio.h>
 #include <stdlib.h>
