@@ -177,10 +177,12 @@ GPU_FLAGS_cuda := -O3 -std=c++17 -arch=$(GPU_ARCH) -lineinfo -Isrc -Xcompiler -W
 GPU_FLAGS_hip  := -x hip -DMS_GPU_HIP --offload-arch=$(HIP_ARCH) -std=c++17 -O3 -Isrc -Wall
 GPU_LD_cuda    := -arch=$(GPU_ARCH)
 GPU_LD_hip     := --offload-arch=$(HIP_ARCH)
-# the vendor BLAS of the prefill GEMMs (src/backend/gpu/gemm.cu): cuBLAS ships with CUDA; hipBLAS
-# only where ROCm's is installed (not in Debian 12: the HIP build then leaves the GEMMs out)
+# the vendor BLAS of the prefill GEMMs (src/backend/gpu/gemm.cu): cuBLAS ships with CUDA and is
+# loaded at run time (dlopen at the first GEMM: linked, its relocations cost every process ~200 MB of
+# RSS); hipBLAS is linked, only where ROCm's is installed (not in Debian 12: the HIP build then
+# leaves the GEMMs out)
 HIPBLAS_H      := $(firstword $(wildcard /opt/rocm/include/hipblas/hipblas.h /usr/include/hipblas/hipblas.h))
-GPU_BLAS_cuda  := -lcublas
+GPU_BLAS_cuda  :=
 GPU_BLAS_hip   := $(if $(HIPBLAS_H),-lhipblas)
 GPU_FLAGS_hip  += $(if $(HIPBLAS_H),-DMS_GPU_HIPBLAS)
 GPU_NAME_cuda  := nvcc (CUDA, $(GPU_ARCH))

@@ -87,9 +87,9 @@ int cmd_bench(int argc, char **argv) {
                "and read_wait_s under their earlier names.\n"
                "On a device backend (--backend cuda|hip) mem_bw_gb_s is the device's copy bandwidth (1 GiB\n"
                "device-to-device copies, read + write; bw_source says which) and --profile decodes G more tokens\n"
-               "with every op timed by device events (the timed prefill follows one untimed warm-up prefill of the\n"
-               "same prompt there: kernel loading, the BLAS handle, scratch growth): \"profile\" holds microseconds and calls per token by op,\n"
-               "their sum, and the device time span (gaps between ops included).\n", usage);
+               "with every op timed by device events: \"profile\" holds microseconds and calls per token by op,\n"
+               "their sum, and the device time span (gaps between ops included). There the timed prefill follows\n"
+               "one untimed warm-up prefill of the same prompt (kernel loading, the BLAS handle, scratch growth).\n", usage);
         return 0;
     }
     ms_cli_opts eo;

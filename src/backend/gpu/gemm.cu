@@ -3,6 +3,7 @@
  * of a layer in expert-major grouped form. Only the BLAS names of gpu_blas.h and the
  * runtime names of gpu_port.h, so the HIP compiler builds this file too (without HIPBLAS the
  * GEMMs are left out and the hooks decline). */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,7 @@ typedef struct {
 enum { WD_F32, WD_F16, WD_BF16, WD_FP8, WD_F4 };
 enum { WS_NONE, WS_F32, WS_BF16, WS_E8M0 };
 
+/* The view of a placed weight (validated as the matmul kernels do). */
 static int wview_of(const ms_qmat *w, wview *q, ms_err *err) {
     int rc = ms_gpu_qmat_check(w, "weight", err);
     if (rc) return rc;
@@ -82,6 +84,7 @@ static int wview_of(const ms_qmat *w, wview *q, ms_err *err) {
     q->scols = w->scale ? (w->cols + w->bcol - 1) / w->bcol : 0;
     return MS_OK;
 }
+/* Element (r, c), scale applied. */
 static __device__ __forceinline__ float wv_at(const wview &q, int64_t r, int64_t c) {
     int64_t i = r * q.cols + c;
     float v;
@@ -111,6 +114,7 @@ typedef struct {
     int nq;
 } deq_job;
 
+/* Job blockIdx.y: its rows as BF16 hi (and lo = the rounding of the rest). */
 __global__ void k_deq(const deq_job *jobs) {
     const deq_job jb = jobs[blockIdx.y];
     int64_t n = jb.rows * jb.q.cols;
@@ -153,6 +157,8 @@ __global__ void k_reduce_dense(float *y, const float *cs, int64_t n, int64_t mr,
 
 struct ms_gpu_blas {
     ms_gpu *g;
+    blas_api api; /* the BLAS's entry points (gpu_blas.h) */
+    void *lib;    /* its dlopen handle (NULL when linked) */
     blasHandle_t h;
     uint16_t *xs, *ws;
     float *cs;
@@ -164,6 +170,8 @@ struct ms_gpu_blas {
     size_t hcnt_cap;
 };
 
+/* Device scratch *p of at least need elements of elem bytes (grown by a quarter more; old contents
+ * dropped: every user refills it). */
 static int grow_dev(ms_gpu *g, void **p, size_t *cap, size_t need, size_t elem, ms_err *err) {
     if (*cap >= need) return MS_OK;
     ms_gpu_free(g, *p);
@@ -174,6 +182,7 @@ static int grow_dev(ms_gpu *g, void **p, size_t *cap, size_t need, size_t elem, 
     *cap = want;
     return MS_OK;
 }
+/* Host scratch of at least bytes (realloc: contents kept). */
 static int grow_host(void **p, size_t *cap, size_t bytes, ms_err *err) {
     if (*cap >= bytes) return MS_OK;
     size_t want = bytes + bytes / 4;
@@ -183,17 +192,56 @@ static int grow_host(void **p, size_t *cap, size_t bytes, ms_err *err) {
     return MS_OK;
 }
 
+/* The BLAS's entry points into api: resolved in the library BLAS_LIBRARY names (dlopen;
+ * *lib its handle), or the linked functions when it names none. MS_ERR_UNSUPPORTED with
+ * the loader's message when the library or a symbol is missing. */
+static int blas_load(blas_api *api, void **lib, ms_err *err) {
+    const char *name = BLAS_LIBRARY;
+    *lib = NULL;
+    if (!name) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP) /* linked: the same functions (pointer types by cast) */
+        api->create = (decltype(api->create))&BLAS_FN_CREATE, api->destroy = (decltype(api->destroy))&BLAS_FN_DESTROY;
+        api->set_stream = (decltype(api->set_stream))&BLAS_FN_SET_STREAM;
+        api->gemm_ex = (decltype(api->gemm_ex))&BLAS_FN_GEMM_EX;
+        api->gemm_batched_ex = (decltype(api->gemm_batched_ex))&BLAS_FN_GEMM_BATCHED_EX;
+#endif
+        return MS_OK;
+    }
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!h) return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): cannot load %s: %s", MS_GPU_BACKEND_NAME, name, dlerror());
+    const char *syms[5] = {MS_BLAS_STR(BLAS_FN_CREATE), MS_BLAS_STR(BLAS_FN_DESTROY), MS_BLAS_STR(BLAS_FN_SET_STREAM),
+                           MS_BLAS_STR(BLAS_FN_GEMM_EX), MS_BLAS_STR(BLAS_FN_GEMM_BATCHED_EX)};
+    void *f[5];
+    for (int i = 0; i < 5; i++)
+        if (!(f[i] = dlsym(h, syms[i]))) {
+            dlclose(h);
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): %s has no %s", MS_GPU_BACKEND_NAME, name, syms[i]);
+        }
+    api->create = (decltype(api->create))f[0], api->destroy = (decltype(api->destroy))f[1];
+    api->set_stream = (decltype(api->set_stream))f[2], api->gemm_ex = (decltype(api->gemm_ex))f[3];
+    api->gemm_batched_ex = (decltype(api->gemm_batched_ex))f[4];
+    *lib = h;
+    return MS_OK;
+}
+
 extern "C" int ms_gpu_blas_open(ms_gpu *g, ms_gpu_blas **out, ms_err *err) {
     *out = NULL;
     ms_gpu_blas *b = (ms_gpu_blas *)calloc(1, sizeof *b);
     if (!b) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     b->g = g;
-    if (blasCreate(&b->h) != BLAS_SUCCESS) {
+    int rc = blas_load(&b->api, &b->lib, err);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    if (b->api.create(&b->h) != BLAS_SUCCESS) {
+        if (b->lib) dlclose(b->lib);
         free(b);
         return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): cannot create a BLAS handle", MS_GPU_BACKEND_NAME);
     }
-    if (blasSetStream(b->h, g->stream) != BLAS_SUCCESS) {
-        blasDestroy(b->h);
+    if (b->api.set_stream(b->h, g->stream) != BLAS_SUCCESS) {
+        b->api.destroy(b->h);
+        if (b->lib) dlclose(b->lib);
         free(b);
         return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): cannot bind the BLAS handle to the stream", MS_GPU_BACKEND_NAME);
     }
@@ -205,16 +253,19 @@ extern "C" void ms_gpu_blas_close(ms_gpu_blas *b) {
     if (!b) return;
     ms_err e = {0};
     (void)ms_gpu_sync(b->g, &e);
-    blasDestroy(b->h);
+    b->api.destroy(b->h);
+    if (b->lib) dlclose(b->lib);
     ms_gpu_free(b->g, b->xs), ms_gpu_free(b->g, b->ws), ms_gpu_free(b->g, b->cs), ms_gpu_free(b->g, b->meta);
     free(b->hmeta), free(b->hcnt), free(b);
 }
 
+/* Blocks of 256 threads for n elements of a grid-stride loop (at most 8192). */
 static unsigned grid_for(int64_t n) {
     int64_t k = (n + 255) / 256;
     return (unsigned)(k < 1 ? 1 : k > 8192 ? 8192 : k);
 }
 
+/* A BLAS status as an ms status (MS_ERR_UNSUPPORTED with the status number). */
 static int blas_ok(blasStatus_t s, ms_err *err, const char *what) {
     if (s == BLAS_SUCCESS) return MS_OK;
     return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): BLAS %s failed (status %d)", MS_GPU_BACKEND_NAME, what, (int)s);
@@ -225,7 +276,7 @@ static int blas_ok(blasStatus_t s, ms_err *err, const char *what) {
 static int gemm_bf16(ms_gpu_blas *b, int64_t m, int64_t cols, int64_t k, const void *A, const void *B, float *C,
                      ms_err *err) {
     const float one = 1.0f, zero = 0.0f;
-    return blas_ok(blasGemmEx(b->h, BLAS_OP_T, BLAS_OP_N, (int)m, (int)cols, (int)k, &one, A, BLAS_R_16BF, (int)k, B,
+    return blas_ok(b->api.gemm_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)m, (int)cols, (int)k, &one, A, BLAS_R_16BF, (int)k, B,
                               BLAS_R_16BF, (int)k, &zero, C, BLAS_R_32F, (int)m, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT),
                    err, "gemm (bf16)");
 }
@@ -238,7 +289,7 @@ extern "C" int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int 
     int64_t M = w->rows, K = w->cols;
     if (w->dtype == MS_DT_F32 && !w->scale) { /* F32 weights: the F32 GEMM (no TF32: default math mode) */
         const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
-        return blas_ok(blasGemmEx(b->h, BLAS_OP_T, BLAS_OP_N, (int)M, n, (int)K, &one, w->data, BLAS_R_32F, (int)K, x,
+        return blas_ok(b->api.gemm_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)M, n, (int)K, &one, w->data, BLAS_R_32F, (int)K, x,
                                   BLAS_R_32F, (int)K, &beta, y, BLAS_R_32F, (int)M, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT),
                        err, "gemm (f32)");
     }
@@ -346,6 +397,7 @@ __global__ void k_combine(float *acc, const float *cs2, const pair_rec *pr, cons
     }
 }
 
+/* Two weights of one dtype, shape and scale layout (one GEMM size class may hold both). */
 static int same_layout(const ms_qmat *a, const ms_qmat *b) {
     return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols && a->scale_dtype == b->scale_dtype &&
            a->brow == b->brow && a->bcol == b->bcol && !a->scale == !b->scale;
@@ -355,6 +407,7 @@ typedef struct {
     int u, p0, m, P, col; /* expert, first pair, pairs, padded columns (3m rounded up), first column */
 } moe_item;
 
+/* n rounded up to a multiple of 8 (pointer alignment in the packed tables). */
 static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
 
 /* One group (items it[0..ni), columns laid out, nexp distinct experts in order) through
@@ -483,7 +536,7 @@ static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni,
     size_t e1 = 0;
     for (int c = 0; c < ncls; c++) {
         int P = it[ord[cls[2 * c]]].P, cnt1 = (cls[2 * c + 1] - cls[2 * c]) * nmat * np;
-        if (blasGemmBatchedEx(b->h, BLAS_OP_T, BLAS_OP_N, (int)M1, P, (int)D, &one, dptr + e1, BLAS_R_16BF, (int)D,
+        if (b->api.gemm_batched_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)M1, P, (int)D, &one, dptr + e1, BLAS_R_16BF, (int)D,
                               dptr + n1 + e1, BLAS_R_16BF, (int)D, &zero, (void **)(dptr + 2 * n1 + e1), BLAS_R_32F,
                               (int)M1, cnt1, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT) != BLAS_SUCCESS)
             for (int q = 0; q < cnt1; q++) /* a BLAS without this batched form: one GEMM per entry */
@@ -498,7 +551,7 @@ static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni,
     const void **d2 = dptr + 3 * n1;
     for (int c = 0; c < ncls; c++) {
         int P = it[ord[cls[2 * c]]].P, cnt2 = (cls[2 * c + 1] - cls[2 * c]) * np;
-        if (blasGemmBatchedEx(b->h, BLAS_OP_T, BLAS_OP_N, (int)D, P, (int)I, &one, d2 + e2, BLAS_R_16BF, (int)I,
+        if (b->api.gemm_batched_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)D, P, (int)I, &one, d2 + e2, BLAS_R_16BF, (int)I,
                               d2 + n2 + e2, BLAS_R_16BF, (int)I, &zero, (void **)(d2 + 2 * n2 + e2), BLAS_R_32F, (int)D,
                               cnt2, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT) != BLAS_SUCCESS)
             for (int q = 0; q < cnt2; q++)
@@ -644,6 +697,7 @@ typedef struct {
 #define MIN_DEQ 48 /* weights dequantized per product (FP8, F16, MXFP4) */
 #define MIN_MOE 4  /* routed experts: tokens of the chunk */
 
+/* The backend's GEMM state (made on first use when create; NULL when out of memory). */
 static gemm_state *state(ms_backend *be, int create) {
     void **slot = ms_gpu_be_gemm(be);
     if (*slot || !create) return (gemm_state *)*slot;
@@ -658,6 +712,7 @@ static gemm_state *state(ms_backend *be, int create) {
     *slot = s;
     return s;
 }
+/* The BLAS handle, opened once (NULL for good when the build or the device has none). */
 static ms_gpu_blas *handle(ms_backend *be, gemm_state *s) {
     if (!s->blas && !s->tried) {
         ms_err e = {0};
@@ -666,6 +721,7 @@ static ms_gpu_blas *handle(ms_backend *be, gemm_state *s) {
     }
     return s->blas;
 }
+/* Whether y = W x of n tokens goes through the GEMM under s's thresholds. */
 static int qualifies(const gemm_state *s, int n, const ms_qmat *w) {
     int nq = w->dtype == MS_DT_F32 && !w->scale ? 0 : wparts(w);
     if (nq < 0) return 0;
