@@ -177,6 +177,14 @@ GPU_FLAGS_cuda := -O3 -std=c++17 -arch=$(GPU_ARCH) -lineinfo -Isrc -Xcompiler -W
 GPU_FLAGS_hip  := -x hip -DMS_GPU_HIP --offload-arch=$(HIP_ARCH) -std=c++17 -O3 -Isrc -Wall
 GPU_LD_cuda    := -arch=$(GPU_ARCH)
 GPU_LD_hip     := --offload-arch=$(HIP_ARCH)
+# the vendor BLAS of the prefill GEMMs (src/backend/gpu/gemm.cu): cuBLAS ships with CUDA and is
+# loaded at run time (dlopen at the first GEMM: linked, its relocations cost every process ~200 MB of
+# RSS); hipBLAS is linked, only where ROCm's is installed (not in Debian 12: the HIP build then
+# leaves the GEMMs out)
+HIPBLAS_H      := $(firstword $(wildcard /opt/rocm/include/hipblas/hipblas.h /usr/include/hipblas/hipblas.h))
+GPU_BLAS_cuda  :=
+GPU_BLAS_hip   := $(if $(HIPBLAS_H),-lhipblas)
+GPU_FLAGS_hip  += $(if $(HIPBLAS_H),-DMS_GPU_HIPBLAS)
 GPU_NAME_cuda  := nvcc (CUDA, $(GPU_ARCH))
 GPU_NAME_hip   := hipcc (ROCm, $(HIP_ARCH))
 GPU_SRC  := $(sort $(wildcard src/backend/gpu/*.cu))
@@ -202,11 +210,11 @@ build/gpu-$(1)/obj/%.o: %.c
 	@mkdir -p $$(@D)
 	$$(CC) $$(CFLAGS) -DMS_WITH_GPU -DMS_GPU_KIND='"$(1)"' -c -o $$@ $$<
 build/gpu-$(1)/test_gpu: $(GPU_TESTS_OBJ) $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o) build/libmoonshine.a
-	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS)
+	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS) $$(GPU_BLAS_$(1))
 build/gpu-$(1)/gpubench: $(GPU_BENCH_OBJ) $(GPU_SRC:%.cu=build/gpu-$(1)/obj/%.o) build/libmoonshine.a
-	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS)
+	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS) $$(GPU_BLAS_$(1))
 build/gpu-$(1)/moonshine: $(call GPU_CLI_OBJ,$(1))
-	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS)
+	$$(GPU_CC_$(1)) $$(GPU_LD_$(1)) -o $$@ $$^ $$(GPU_LIBS) $$(GPU_BLAS_$(1))
 endef
 $(foreach k,cuda hip,$(eval $(call GPU_RULES,$(k))))
 
@@ -223,7 +231,7 @@ ifeq ($(GPU_CC_$(GPU_KIND)),)
 $(error GPU=$(GPU): no $(if $(filter cuda,$(GPU_KIND)),nvcc,hipcc) found (set $(if $(filter cuda,$(GPU_KIND)),NVCC,HIPCC)=/path/to/it, or GPU=0))
 endif
 build/moonshine: $(call GPU_CLI_OBJ,$(GPU_KIND)) build/moonshine.mode
-	$(GPU_CC_$(GPU_KIND)) $(GPU_LD_$(GPU_KIND)) -o $@ $(call GPU_CLI_OBJ,$(GPU_KIND)) $(GPU_LIBS)
+	$(GPU_CC_$(GPU_KIND)) $(GPU_LD_$(GPU_KIND)) -o $@ $(call GPU_CLI_OBJ,$(GPU_KIND)) $(GPU_LIBS) $(GPU_BLAS_$(GPU_KIND))
 else
 build/moonshine: $(OBJ_CLI) build/libmoonshine.a build/moonshine.mode
 	$(CC) $(CFLAGS) -o $@ $(OBJ_CLI) build/libmoonshine.a $(LDLIBS)

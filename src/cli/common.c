@@ -64,8 +64,9 @@ static int stream_args(int argc, char **argv, ms_cli_opts *o) {
 
 int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
     ms_cli_opts_init(o);
-    int64_t t = 0, c = 0;
+    int64_t t = 0, c = 0, pc = 0;
     if (ms_arg_int(argc, argv, "--threads", 0, 1024, &t) || ms_arg_int(argc, argv, "--ctx", 0, 1 << 24, &c) ||
+        ms_arg_int(argc, argv, "--prefill-chunk", 1, 1 << 16, &pc) ||
         ms_arg_int(argc, argv, "--memory-mib", 1, INT64_C(1) << 40, &o->memory_mib))
         return -1;
     const char *mf = ms_arg_str(argc, argv, "--mla-form");
@@ -100,6 +101,7 @@ int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
     }
     o->threads = (int)t;
     o->ctx = (int)c;
+    o->prefill_chunk = (int)pc;
     return 0;
 }
 
@@ -208,7 +210,7 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
         fprintf(stderr, "moonshine %s: --device-expert-mib ignored: the experts are used in host memory\n", cmd);
     }
     ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->dev_experts ? x->dev_experts : x->experts,
-                        .mla_form = eo->mla_form, .backend = x->backend};
+                        .mla_form = eo->mla_form, .backend = x->backend, .max_batch = eo->prefill_chunk};
     if (eo->static_store) { /* mapped, checked, bound: the plan below counts its dtype */
         double ts = ms_now();
         uint64_t before = x->model.static_bytes;
@@ -229,7 +231,8 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
             cache = (int64_t)ss.slot_bytes * ss.n_slots; /* mapped lazily: nothing touched yet */
         }
         ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = x->threads, .expert_cache_bytes = cache,
-                           .static_load = x->static_load, .static_dtype = eo->static_dtype};
+                           .static_load = x->static_load, .static_dtype = eo->static_dtype,
+                           .max_batch = eo->prefill_chunk};
         if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
         if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)eo->memory_mib << 20, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);

@@ -29,6 +29,7 @@ typedef struct ms_cli_opts {
     ms_mla_form mla_form;         /* --mla-form */
     int defer_static_load;        /* 1: ms_cli_open leaves --static-load read to the caller (below) */
     const char *backend;          /* --backend cpu|cuda|hip|auto (default auto) */
+    int prefill_chunk;            /* --prefill-chunk N: tokens per forward chunk (0: the engine's 256) */
     int stream;                   /* 1: one of the streaming options was given */
     ms_streaming_opts stream_opts;
     int64_t device_expert_mib;    /* --device-expert-mib (a streaming option; 0: top-k slots), -1 when not given:
@@ -49,7 +50,9 @@ void ms_cli_opts_init(ms_cli_opts *o);
  * the memory plan, which counts the chosen dtype), --static-store DIR (ms_static_store_open
  * before the plan: the packed tier instead of requantizing; with --static-dtype the two must agree), --mla-form auto|absorbed|expanded (ms_mla_form) and
  * --backend cpu|cuda|hip|auto: where the forward runs (auto, the default: the GPU backend
- * when this build has one (MS_WITH_GPU) and a device is present, else the CPU).
+ * when this build has one (MS_WITH_GPU) and a device is present, else the CPU), and
+ * --prefill-chunk N: the most tokens one forward chunk takes (the engine's max_batch; larger
+ * chunks amortize the prefill GEMMs' weight reads on a device backend).
  * Prints the error and returns nonzero on a bad flag. */
 int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o);
 /* Load dir and create pool + engine as *o says; prints the error and returns nonzero on failure. */

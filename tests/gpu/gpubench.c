@@ -5,13 +5,14 @@
  *
  * Every weight is replicated into copies that together exceed 1 GiB and the
  * timed launches cycle through them, so the bytes come from HBM, not L2.
- * Usage: gpubench [--peak-gbs 4800] [--quick] */
+ * Usage: gpubench [--peak-gbs 4800] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/gpu/gemm.h"
 #include "backend/gpu/gpu.h"
 #include "ops/ops.h"
 
@@ -204,8 +205,50 @@ static void bench_attn(int H, int KV, int hd, int64_t ctx, int window) {
     ms_gpu_free(G, q), ms_gpu_free(G, k), ms_gpu_free(G, v), ms_gpu_free(G, o), ms_gpu_free(G, scr);
 }
 
+/* The prefill threshold: y = W x for n tokens through the matvec kernel (groups of 8)
+ * and through the BLAS GEMM (gemm.h: split activations, dequantized weights), one line
+ * per n with both times. */
+static void bench_gemm(const bdt *d, int64_t rows, int64_t cols) {
+    ms_err err = {0};
+    ms_gpu_blas *bl = NULL;
+    if (ms_gpu_blas_open(G, &bl, &err)) die("blas", &err);
+    ms_qmat h = host_w(d, rows, cols), w;
+    if (ms_gpu_qmat_upload(G, &h, &w, &err)) die("upload", &err);
+    static const int ns[] = {2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512};
+    int nmax = 512;
+    void *x, *y;
+    if (ms_gpu_alloc(G, (size_t)nmax * cols * 4, &x, &err) || ms_gpu_alloc(G, (size_t)nmax * rows * 4, &y, &err))
+        die("alloc", &err);
+    ms_gpu_zero(G, x, (size_t)nmax * cols * 4, &err);
+    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+        int n = ns[k];
+        double best[2] = {1e30, 1e30};
+        for (int path = 0; path < 2; path++)
+            for (int round = 0; round < 4; round++) {
+                float ms = 0;
+                const int reps = 5;
+                if (ms_gpu_timer_start(G, &err)) die("timer", &err);
+                for (int r = 0; r < reps; r++) {
+                    int rc = path ? ms_gpu_blas_matmul(bl, y, x, n, &w, 0, &err) : ms_gpu_matmul(G, y, x, n, &w, 0, &err);
+                    if (rc) die("matmul", &err);
+                }
+                if (ms_gpu_timer_stop(G, &ms, &err)) die("timer", &err);
+                if (round && ms / reps < best[path]) best[path] = ms / reps;
+            }
+        printf("{\"bench\":\"gemm_vs_matvec\",\"dtype\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"n\":%d,"
+               "\"matvec_us\":%.1f,\"gemm_us\":%.1f,\"gemm_tflops\":%.1f}\n",
+               d->name, (long long)rows, (long long)cols, n, best[0] * 1e3, best[1] * 1e3,
+               2.0 * rows * cols * n / (best[1] * 1e-3) / 1e12);
+        fflush(stdout);
+    }
+    ms_gpu_free(G, x), ms_gpu_free(G, y);
+    ms_gpu_qmat_free(G, &w);
+    free((void *)h.data), free((void *)h.scale);
+    ms_gpu_blas_close(bl);
+}
+
 int main(int argc, char **argv) {
-    int quick = 0, one = -1, one_n = 1;
+    int quick = 0, one = -1, one_n = 1, gemm = -1;
     int64_t one_r = 0, one_c = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peak-gbs") && i + 1 < argc) g_peak = atof(argv[++i]);
@@ -219,8 +262,17 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "gpubench: --matvec DTYPE ROWS COLS N (dtype bf16|f16|f32|f8_e4m3|mxfp4)\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--gemm") && i + 3 < argc) { /* matvec vs GEMM over n: DTYPE ROWS COLS */
+            for (int d = 0; d < 5; d++)
+                if (!strcmp(argv[i + 1], k_dt[d].name)) gemm = d;
+            one_r = atoll(argv[i + 2]), one_c = atoll(argv[i + 3]);
+            i += 3;
+            if (gemm < 0 || one_r < 1 || one_c < 1) {
+                fprintf(stderr, "gpubench: --gemm DTYPE ROWS COLS (dtype bf16|f16|f32|f8_e4m3|mxfp4)\n");
+                return 2;
+            }
         } else {
-            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick] [--matvec DTYPE ROWS COLS N]\n");
+            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS]\n");
             return 2;
         }
     }
@@ -234,6 +286,11 @@ int main(int argc, char **argv) {
            info.mem_total / 1073741824.0, info.l2_bytes / 1048576.0, info.peak_gbs, g_peak, info.runtime_version,
            info.driver_version);
     measure_copy();
+    if (gemm >= 0) {
+        bench_gemm(&k_dt[gemm], one_r, one_c);
+        ms_gpu_close(G);
+        return 0;
+    }
     if (one >= 0) {
         bench_matvec(&k_dt[one], one_r, one_c, one_n, 0);
         ms_gpu_close(G);

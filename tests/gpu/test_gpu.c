@@ -869,6 +869,208 @@ TEST(backend_dense) {
     gfree(dx), gfree(dy), gfree(db), gfree(dgs), free(x), free(y), free(b), free(gs), free(hx), free(hy), free(bb);
 }
 
+/* The prefill GEMMs (backend/gpu/gemm.cu): matmul / matmul_many at and above the
+ * threshold, and the grouped routed experts, against the CPU backend. The GEMM path
+ * sums in F32 on tensor cores in an order of its own (truncating adds: 2u per add),
+ * so a dot product of N terms is within (2N + 16) u sum|terms|; the weight's BF16
+ * pair carries 2^-18 of each value where hi + lo is not exact (FP8 with F32 scales). */
+static double split_err(const wkind *k) { return k->dt == MS_DT_F8_E4M3 && k->sdt == MS_DT_F32 ? 0x1p-18 : 0; }
+
+static void check_gemm_dense(const wkind *k, int64_t rows, int64_t cols, int n, int acc) {
+    ms_backend *C = cpu(), *G = gbe();
+    ms_err err = {0};
+    ms_qmat w = make_w(k, rows, cols), dw;
+    CHECK(G->ops->place_qmat(G, &w, &dw, &err) == MS_OK);
+    float *x = randv((int64_t)n * cols, 1.0f), *ref = randv((int64_t)n * rows, 1.0f);
+    float *y0 = dupv(ref, (int64_t)n * rows);
+    float *dx = bup(x, (int64_t)n * cols), *dy = bup(ref, (int64_t)n * rows);
+    uint64_t d0, m0, d1, m1;
+    ms_backend_gpu_gemm_calls(G, &d0, &m0);
+    C->ops->matmul(C, ref, x, n, &w, acc);
+    G->ops->matmul(G, dy, dx, n, &dw, acc);
+    float *got = bget(dy, (int64_t)n * rows);
+    ms_backend_gpu_gemm_calls(G, &d1, &m1);
+    double *l1 = malloc((size_t)n * rows * 8);
+    l1_rows(&w, x, n, l1);
+    double worst = 0;
+    int bad = 0;
+    for (int64_t i = 0; i < (int64_t)n * rows; i++) {
+        double tol = ((2.0 * cols + 16) * U32 + dot_bound(cols) + cols * U32 + split_err(k)) * l1[i] +
+                     (acc ? 2 * U32 * (fabs(y0[i]) + fabs(ref[i])) : 0) + 1e-30;
+        double e = fabs(got[i] - ref[i]) / tol;
+        if (!(e <= 1)) bad++;
+        worst = fmax(worst, e);
+    }
+    printf("  backend gemm %-36s [%5lld x %5lld] n=%-3d%s max err/bound %.3f\n", k->name, (long long)rows,
+           (long long)cols, n, acc ? " acc" : "    ", worst);
+    CHECK_MSG(d1 == d0 + 1, "gemm %s n=%d: the product did not run through the GEMM", k->name, n);
+    CHECK_MSG(bad == 0, "gemm %s [%lld x %lld] n=%d: %d out of bound", k->name, (long long)rows, (long long)cols, n, bad);
+    gfree(dx), gfree(dy), free(x), free(ref), free(y0), free(got), free(l1), free_w(&w);
+}
+
+/* Routed experts of one layer (E experts of D x I, n tokens, K distinct experts per
+ * token; dup: token 0 also takes its first expert twice, as hash routing may) through
+ * the GPU's moe_experts (grouped) and the CPU backend's (composed). Bound normwise:
+ * two products of D and I terms, the activation's sensitivity below 8. */
+static void check_gemm_moe(const char *what, const wkind *k, int E, int K, int n, int64_t D, int64_t I, int fused,
+                           int biases, float limit, int hot) {
+    ms_backend *C = cpu(), *G = gbe();
+    ms_err err = {0};
+    ms_qmat *hw = calloc((size_t)E * 3, sizeof *hw), *dwv = calloc((size_t)E * 3, sizeof *dwv);
+    ms_expert_view *hv = calloc((size_t)E, sizeof *hv), *dv = calloc((size_t)E, sizeof *dv);
+    uint16_t **hb = calloc((size_t)E * 3, sizeof *hb);
+    for (int e = 0; e < E; e++) {
+        hw[3 * e] = make_w(k, fused ? 2 * I : I, D), hw[3 * e + 2] = make_w(k, D, I);
+        if (!fused) hw[3 * e + 1] = make_w(k, I, D);
+        for (int m = 0; m < 3; m++)
+            if (m != 1 || !fused) CHECK(G->ops->place_qmat(G, &hw[3 * e + m], &dwv[3 * e + m], &err) == MS_OK);
+        hv[e].gate = hw[3 * e], hv[e].up = hw[3 * e + 1], hv[e].down = hw[3 * e + 2];
+        dv[e].gate = dwv[3 * e], dv[e].up = dwv[3 * e + 1], dv[e].down = dwv[3 * e + 2];
+        if (biases) {
+            int64_t len[3] = {fused ? 2 * I : I, fused ? 0 : I, D};
+            const void **hp[3] = {&hv[e].gate_bias, &hv[e].up_bias, &hv[e].down_bias};
+            const void **dp[3] = {&dv[e].gate_bias, &dv[e].up_bias, &dv[e].down_bias};
+            for (int m = 0; m < 3; m++) {
+                if (!len[m]) continue;
+                hb[3 * e + m] = malloc((size_t)len[m] * 2);
+                for (int64_t i = 0; i < len[m]; i++) hb[3 * e + m][i] = ms_f32_to_bf16(gauss() * 0.5f);
+                ms_qmat bq = {.dtype = MS_DT_BF16, .rows = 1, .cols = len[m], .data = hb[3 * e + m]}, dbq;
+                CHECK(G->ops->place_qmat(G, &bq, &dbq, &err) == MS_OK);
+                *hp[m] = hb[3 * e + m], *dp[m] = dbq.data;
+            }
+            hv[e].bias_dtype = dv[e].bias_dtype = MS_DT_BF16;
+        }
+    }
+    /* routing: K distinct experts per token (hot: expert 0 for every token), weights in (0, 1) */
+    int P = n * K + 1, *ids = malloc((size_t)P * 4), *cnt = calloc((size_t)E + 1, 4);
+    int *tok = malloc((size_t)P * 4), *off = malloc((size_t)(E + 1) * 4), *pos = malloc((size_t)E * 4);
+    float *wp = malloc((size_t)P * 4), *w = malloc((size_t)P * 4);
+    int *ptok = malloc((size_t)P * 4);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < K; j++) {
+            int x, again;
+            do {
+                x = hot && j == 0 ? 0 : (int)(rnd() % (uint64_t)E), again = 0;
+                for (int q = 0; q < j; q++) again |= ids[t * K + q] == x;
+            } while (again);
+            ids[t * K + j] = x, ptok[t * K + j] = t, wp[t * K + j] = (float)unif();
+        }
+    ids[n * K] = ids[0], ptok[n * K] = 0, wp[n * K] = 0.5f; /* token 0 twice in one expert */
+    for (int i = 0; i < P; i++) cnt[ids[i] + 1]++;
+    for (int x = 0; x < E; x++) cnt[x + 1] += cnt[x];
+    memcpy(pos, cnt, (size_t)E * 4);
+    for (int i = 0; i < P; i++) tok[pos[ids[i]]] = ptok[i], w[pos[ids[i]]] = wp[i], pos[ids[i]]++;
+    int nu = 0;
+    ms_expert_view *hu = calloc((size_t)E, sizeof *hu), *du = calloc((size_t)E, sizeof *du);
+    for (int x = 0; x < E; x++)
+        if (cnt[x + 1] > cnt[x]) off[nu] = cnt[x], hu[nu] = hv[x], du[nu] = dv[x], nu++;
+    off[nu] = P;
+    ms_glu act = {.kind = MS_ACT_SILU, .limit = limit, .alpha = 1.0f};
+    int mb = 64; /* the composed op's row blocks */
+    float *x = randv((int64_t)n * D, 1.0f), *ref = calloc((size_t)n * D, 4);
+    float *hxs = malloc((size_t)mb * D * 4), *hg = malloc((size_t)mb * 2 * I * 4), *hu2 = malloc((size_t)mb * 2 * I * 4),
+          *hys = malloc((size_t)mb * D * 4);
+    ms_moe_args ca = {.in = x, .acc = ref, .D = D, .act = &act, .nu = nu, .views = hu, .off = off, .tok = tok, .w = w,
+                      .max_batch = mb, .xs = hxs, .g = hg, .u = hu2, .ys = hys};
+    C->ops->moe_experts(C, &ca);
+    float *dx = bup(x, (int64_t)n * D), *dacc = bup(ref, (int64_t)n * D);
+    G->ops->zero(G, dacc, (size_t)n * D * 4);
+    float *zs = calloc((size_t)(mb * 4 * I + 2 * mb * D), 4), *scr = bup(zs, (int64_t)mb * 4 * I + 2 * mb * D);
+    free(zs);
+    ms_moe_args ga = ca; /* the composed op's scratch (unused by the grouped path) */
+    ga.in = dx, ga.acc = dacc, ga.views = du, ga.xs = scr, ga.g = scr + mb * D, ga.u = scr + mb * D + mb * 2 * I,
+    ga.ys = scr + mb * D + mb * 4 * I;
+    uint64_t d0, m0, d1, m1;
+    ms_backend_gpu_gemm_calls(G, &d0, &m0);
+    G->ops->moe_experts(G, &ga);
+    float *got = bget(dacc, (int64_t)n * D);
+    ms_backend_gpu_gemm_calls(G, &d1, &m1);
+    CHECK(G->ops->sync(G, &err) == MS_OK);
+    double scale = maxabs(ref, (int64_t)n * D) + 1e-30, worst = 0;
+    double tol = (8 * ((2.0 * D + 16) * U32 + (2.0 * I + 16) * U32 + 2 * split_err(k)) + (K + 2) * 4 * U32) * scale * 4;
+    int bad = 0;
+    for (int64_t i = 0; i < (int64_t)n * D; i++) {
+        double e = fabs((double)got[i] - ref[i]) / tol;
+        if (!(e <= 1)) bad++;
+        worst = fmax(worst, e);
+    }
+    printf("  backend gemm experts %-40s n=%-4d E=%d K=%d max err/bound %.3f (max |acc| %.3g)\n", what, n, E, K, worst,
+           scale);
+    CHECK_MSG(m1 == m0 + 1, "gemm experts %s: did not run grouped", what);
+    CHECK_MSG(bad == 0, "gemm experts %s: %d out of bound", what, bad);
+    gfree(dx), gfree(dacc), gfree(scr);
+    for (int e = 0; e < E; e++) {
+        for (int m = 0; m < 3; m++) free(hb[3 * e + m]);
+        free_w(&hw[3 * e]), free_w(&hw[3 * e + 2]);
+        if (!fused) free_w(&hw[3 * e + 1]);
+    }
+    free(hw), free(dwv), free(hv), free(dv), free(hb), free(ids), free(cnt), free(tok), free(off), free(pos), free(wp),
+        free(w), free(ptok), free(hu), free(du), free(x), free(ref), free(hxs), free(hg), free(hu2), free(hys), free(got);
+}
+
+TEST(backend_gemm) {
+    SKIP_UNLESS_SELECTED("backend_gemm");
+    ms_backend *G = gbe();
+    ms_err err = {0};
+    CHECK(ms_backend_gpu_gemm_min(G, 2, 2, 2) == MS_OK); /* every n >= 2 through the GEMMs */
+    const wkind *all[] = {&K_F32, &K_F16, &K_BF16, &K_FP8, &K_FP8B, &K_F4};
+    int ns[] = {2, 17, 40, 67};
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 4; j++) check_gemm_dense(all[i], 333, 1024, ns[j], j == 2);
+    check_gemm_dense(&K_FP8, 1001, 2896, 40, 0); /* partial scale blocks, rows not a block multiple */
+    check_gemm_dense(&K_BF16, 129, 7001, 9, 1);  /* odd columns */
+    check_gemm_dense(&K_F4, 2880, 2880, 33, 0);
+    check_gemm_dense(&K_BF16, 151936, 256, 5, 0); /* vocabulary rows */
+    /* matmul_many (q, k, v of a GQA layer): each job through the GEMM */
+    {
+        ms_backend *C = cpu();
+        int n = 24;
+        int64_t cols = 512, rws[3] = {512, 128, 128};
+        ms_qmat w[3], dw[3];
+        float *x = randv((int64_t)n * cols, 1.0f), *dx = bup(x, (int64_t)n * cols);
+        float *ref[3], *dy[3];
+        ms_matmul_job cj[3], gj[3];
+        for (int q = 0; q < 3; q++) {
+            w[q] = make_w(&K_BF16, rws[q], cols);
+            CHECK(G->ops->place_qmat(G, &w[q], &dw[q], &err) == MS_OK);
+            ref[q] = calloc((size_t)n * rws[q], 4), dy[q] = bup(ref[q], (int64_t)n * rws[q]);
+            cj[q] = (ms_matmul_job){ref[q], x, n, &w[q], 0}, gj[q] = (ms_matmul_job){dy[q], dx, n, &dw[q], 0};
+        }
+        uint64_t d0, m0, d1, m1;
+        ms_backend_gpu_gemm_calls(G, &d0, &m0);
+        C->ops->matmul_many(C, cj, 3), G->ops->matmul_many(G, gj, 3);
+        ms_backend_gpu_gemm_calls(G, &d1, &m1);
+        CHECK_MSG(d1 == d0 + 3, "matmul_many: %llu of 3 jobs through the GEMM", (unsigned long long)(d1 - d0));
+        for (int q = 0; q < 3; q++) {
+            float *got = bget(dy[q], (int64_t)n * rws[q]);
+            double *l1 = malloc((size_t)n * rws[q] * 8);
+            l1_rows(&w[q], x, n, l1);
+            int bad = 0;
+            double worst = 0;
+            for (int64_t i = 0; i < (int64_t)n * rws[q]; i++) {
+                double e = fabs(got[i] - ref[q][i]) / (((2.0 * cols + 16) * U32 + dot_bound(cols) + cols * U32) * l1[i] + 1e-30);
+                if (!(e <= 1)) bad++;
+                worst = fmax(worst, e);
+            }
+            printf("  backend gemm matmul_many job %d [%lld x %lld] n=%d max err/bound %.3f\n", q, (long long)rws[q],
+                   (long long)cols, n, worst);
+            CHECK_MSG(bad == 0, "matmul_many job %d: %d out of bound", q, bad);
+            free(got), free(l1), gfree(dy[q]), free(ref[q]), free_w(&w[q]);
+        }
+        gfree(dx), free(x);
+    }
+    /* grouped experts: every dtype, fused gate_up with biases and a SwiGLU limit, an expert with
+     * more rows than one item holds (1100 tokens all in expert 0: two items, two size classes) */
+    check_gemm_moe("bf16 (qwen3 shape, 128 experts)", &K_BF16, 128, 8, 64, 2048, 768, 0, 0, 0.0f, 0);
+    check_gemm_moe("fp8 f32 128x128 scales", &K_FP8, 16, 4, 40, 512, 384, 0, 0, 0.0f, 0);
+    check_gemm_moe("fp8 bf16 scales", &K_FP8B, 16, 4, 40, 512, 256, 0, 0, 0.0f, 0);
+    check_gemm_moe("f16", &K_F16, 8, 2, 33, 256, 128, 0, 0, 0.0f, 0);
+    check_gemm_moe("mxfp4 fused gate_up, biases, limit 7", &K_F4, 8, 4, 40, 320, 128, 1, 1, 7.0f, 0);
+    check_gemm_moe("bf16 biases, limit 7", &K_BF16, 8, 2, 17, 256, 96, 0, 1, 7.0f, 0);
+    check_gemm_moe("bf16, one hot expert (1100 rows)", &K_BF16, 6, 2, 1100, 128, 64, 0, 0, 0.0f, 1);
+    CHECK(ms_backend_gpu_gemm_min(G, 16, 48, 4) == MS_OK); /* back near the defaults for the other tests */
+}
+
 TEST(backend_route) {
     SKIP_UNLESS_SELECTED("backend_route");
     ms_backend *C = cpu(), *G = gbe();

@@ -17,6 +17,7 @@ extern "C" {
 }
 #include "backend/gpu/backend_gpu.h"
 #include "backend/gpu/backend_gpu_blocks.h" /* the linear / sparse / compressed attention and mHC ops */
+#include "backend/gpu/gemm.h"               /* prefill GEMMs through the vendor BLAS */
 
 #define ARENA_CHUNK ((size_t)256 << 20) /* placed weights: one device allocation per 256 MiB */
 #define ROW_BATCH 256                   /* host rows / weights / token ids per launch (kernel arguments) */
@@ -50,6 +51,7 @@ typedef struct gpu_backend {
     int failed;      /* an earlier op failed: reported by the next sync / download */
     ms_err fail;
     void *blocks;    /* backend_gpu_blocks.cu's state */
+    void *gemm;      /* gemm.cu's state (BLAS handle, scratch, thresholds) */
     /* moe_experts_routed: device tables of the layers' resident experts, keyed by the host array */
     struct rx_table *rx;
     int n_rx, cap_rx;
@@ -91,6 +93,7 @@ ms_gpu *ms_gpu_be_dev(ms_backend *be) { return gb(be)->g; }
 void ms_gpu_be_note(ms_backend *be, int rc, const ms_err *e) { note(gb(be), rc, e); }
 int ms_gpu_be_report(ms_backend *be, ms_err *err) { return report(gb(be), err); }
 void **ms_gpu_be_blocks(ms_backend *be) { return &gb(be)->blocks; }
+void **ms_gpu_be_gemm(ms_backend *be) { return &gb(be)->gemm; }
 
 static unsigned blocks_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
@@ -373,6 +376,7 @@ static void g_destroy(ms_backend *be) {
         ms_err e = {0};
         (void)ms_gpu_sync(b->g, &e);
         ms_gpu_blocks_free(be);
+        ms_gpu_gemm_free(be);
         for (int i = 0; i < b->n_chunks; i++) ms_gpu_free(b->g, b->chunks[i].base);
         ms_gpu_free(b->g, b->attn_scr);
         ms_gpu_free(b->g, b->work);
@@ -407,10 +411,12 @@ static int g_reserve(ms_backend *be, const ms_config *c, int64_t max_ctx, int64_
 /* ---------------------------------------------------------- dense math */
 
 static void g_matmul(ms_backend *be, float *y, const float *x, int n, const ms_qmat *w, int acc) {
+    if (ms_gpu_gemm_matmul(be, y, x, n, w, acc)) return; /* prefill: the GEMM (gemm.cu) */
     ms_err e = {0};
     note(gb(be), ms_gpu_matmul(gb(be)->g, y, x, n, w, acc, &e), &e);
 }
 static void g_matmul_many(ms_backend *be, const ms_matmul_job *jobs, int count) {
+    if (ms_gpu_gemm_matmul_many(be, jobs, count)) return;
     ms_err e = {0};
     note(gb(be), ms_gpu_matmul_many(gb(be)->g, jobs, count, &e), &e);
 }
@@ -1197,7 +1203,7 @@ static void fill_ops(ms_backend_ops *o) {
     o->add_bias_any = g_add_bias_any;
     o->split_gate_up = g_split_gate_up;
     o->add_gated_rows = g_add_gated_rows;
-    o->moe_experts = ms_moe_experts_composed;
+    o->moe_experts = ms_gpu_gemm_moe_experts; /* grouped GEMMs for chunks, else composed */
     o->moe_experts_routed = g_moe_experts_routed;
     o->add_rmsnorm = g_add_rmsnorm;
     o->qk_norm_rope = g_qk_norm_rope;

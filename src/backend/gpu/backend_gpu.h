@@ -44,6 +44,16 @@ int ms_backend_gpu_profile_json(ms_backend *be, int per, char *buf, size_t cap);
  * bytes read + written per second into *bytes_per_s. */
 int ms_backend_gpu_copy_bandwidth(ms_backend *be, double *bytes_per_s, ms_err *err);
 
+/* The token counts from which the backend runs products through the BLAS GEMMs
+ * (gemm.h): dense with the weight as stored (BF16, F32; default 16, 32 for matrices
+ * under 4M elements), dense with a dequantized weight (FP8, F16, MXFP4; default 48),
+ * routed experts (tokens of the chunk; default 4). Values <= 0 keep a threshold; 2 is the least for matmuls (decode,
+ * n = 1, keeps its kernels). The environment variable MS_GPU_GEMM_MIN=N sets all three
+ * at creation (fixture runs). MS_ERR_NOMEM when the state cannot be made. */
+int ms_backend_gpu_gemm_min(ms_backend *be, int dense, int dequantized, int experts);
+/* How many matmuls and moe_experts calls ran through the GEMMs so far (tests, benches). */
+void ms_backend_gpu_gemm_calls(ms_backend *be, uint64_t *dense, uint64_t *experts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,799 @@
+/* gemm.cu — prefill products on tensor cores through the vendor BLAS (contract and
+ * the accuracy scheme in gemm.h): dense matmuls of n tokens and the routed experts
+ * of a layer in expert-major grouped form. Only the BLAS names of gpu_blas.h and the
+ * runtime names of gpu_port.h, so the HIP compiler builds this file too (without HIPBLAS the
+ * GEMMs are left out and the hooks decline). */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/gpu/gpu_internal.h"
+#include "backend/gpu/gpu_blas.h"
+extern "C" {
+#include "core/backend.h" /* C linkage (ms_moe_experts_composed) before gemm.h includes it */
+}
+#include "backend/gpu/gemm.h"
+#include "backend/gpu/backend_gpu.h"
+
+/* accessors of backend_gpu.cu (backend_gpu_blocks.h has their siblings) */
+ms_gpu *ms_gpu_be_dev(ms_backend *be);
+void ms_gpu_be_note(ms_backend *be, int rc, const ms_err *e);
+void **ms_gpu_be_gemm(ms_backend *be);
+
+#define XS_CAP ((size_t)64 << 20)  /* split activations, BF16 elements per group */
+#define CS_CAP ((size_t)64 << 20)  /* GEMM outputs, floats per group */
+#define WS_CAP ((size_t)256 << 20) /* dequantized weights, BF16 elements per group (at least one expert) */
+#define MROWS 1024                 /* pairs of one expert per item (more: several items) */
+#define COLPAD 16                  /* columns of an item rounded up to this (GEMM size classes) */
+
+/* BF16 parts of a weight: 0 when it is used as stored (BF16, no scale), 1 when one
+ * BF16 matrix holds it exactly (MXFP4: e2m1 times a power of two), 2 otherwise (hi + lo);
+ * -1: F32 (the F32 GEMM), or a dtype the GEMMs do not take. */
+static int wparts(const ms_qmat *w) {
+    switch (w->dtype) {
+    case MS_DT_BF16: return w->scale ? 2 : 0;
+    case MS_DT_F4: return w->scale_dtype == MS_DT_F8_E8M0 ? 1 : 2;
+    case MS_DT_F16:
+    case MS_DT_F8_E4M3: return 2;
+    default: return -1;
+    }
+}
+
+#if MS_GPU_HAVE_BLAS
+
+/* ------------------------------------------------------------ device helpers */
+
+/* float -> BF16 bits, round to nearest even (NaN stays a quiet NaN). */
+static __device__ __forceinline__ uint16_t bf16_rn(float v) {
+    uint32_t u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static __device__ __forceinline__ float bf16_f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+/* v = hi + mid + lo, each the BF16 rounding of what is left (exact to 2^-27 |v|; non-finite v: hi alone). */
+static __device__ __forceinline__ void split3(float v, uint16_t *hi, uint16_t *mid, uint16_t *lo) {
+    uint16_t h = bf16_rn(v);
+    float r = v - bf16_f(h);
+    if (!(fabsf(v) < 3.0e38f)) r = 0.0f;
+    uint16_t m = bf16_rn(r);
+    float r2 = r - bf16_f(m);
+    *hi = h, *mid = m, *lo = bf16_rn(r2);
+}
+
+/* A weight element of any stored dtype, scale applied: the same arithmetic as the
+ * CPU's ms_qmat_row (value times its block scale, one F32 rounding). */
+typedef struct {
+    const uint8_t *w, *s;
+    int64_t cols, scols;
+    int dt, sdt, brow, bcol;
+} wview;
+enum { WD_F32, WD_F16, WD_BF16, WD_FP8, WD_F4 };
+enum { WS_NONE, WS_F32, WS_BF16, WS_E8M0 };
+
+/* The view of a placed weight (validated as the matmul kernels do). */
+static int wview_of(const ms_qmat *w, wview *q, ms_err *err) {
+    int rc = ms_gpu_qmat_check(w, "weight", err);
+    if (rc) return rc;
+    q->w = (const uint8_t *)w->data, q->s = (const uint8_t *)w->scale, q->cols = w->cols;
+    q->dt = w->dtype == MS_DT_F32 ? WD_F32 : w->dtype == MS_DT_F16 ? WD_F16 : w->dtype == MS_DT_BF16 ? WD_BF16
+            : w->dtype == MS_DT_F8_E4M3 ? WD_FP8 : WD_F4;
+    q->sdt = !w->scale ? WS_NONE : w->scale_dtype == MS_DT_F32 ? WS_F32 : w->scale_dtype == MS_DT_BF16 ? WS_BF16 : WS_E8M0;
+    q->brow = w->scale ? w->brow : 1, q->bcol = w->scale ? w->bcol : 1;
+    q->scols = w->scale ? (w->cols + w->bcol - 1) / w->bcol : 0;
+    return MS_OK;
+}
+/* Element (r, c), scale applied. */
+static __device__ __forceinline__ float wv_at(const wview &q, int64_t r, int64_t c) {
+    int64_t i = r * q.cols + c;
+    float v;
+    switch (q.dt) {
+    case WD_F32: return ((const float *)q.w)[i];
+    case WD_F16: return ms_f16_to_f32_dev(((const uint16_t *)q.w)[i]);
+    case WD_BF16: v = ms_bf16_to_f32_dev(((const uint16_t *)q.w)[i]); break;
+    case WD_FP8: v = ms_fp8_e4m3_to_f32_dev(q.w[i]); break;
+    default: v = ms_e2m1_to_f32((q.w[i >> 1] >> ((i & 1) * 4)) & 15u); break;
+    }
+    if (q.sdt != WS_NONE) {
+        int64_t si = (r / q.brow) * q.scols + c / q.bcol;
+        float s = q.sdt == WS_F32    ? ((const float *)q.s)[si]
+                  : q.sdt == WS_BF16 ? ms_bf16_to_f32_dev(((const uint16_t *)q.s)[si])
+                                     : ms_e8m0_to_f32_dev(q.s[si]);
+        v *= s;
+    }
+    return v;
+}
+
+/* One dequantization job: rows r0.. of a weight into nq BF16 matrices [rows, cols] at out,
+ * out + rows * cols (hi, lo). */
+typedef struct {
+    wview q;
+    uint16_t *out;
+    int64_t r0, rows;
+    int nq;
+} deq_job;
+
+/* Job blockIdx.y: its rows as BF16 hi (and lo = the rounding of the rest). */
+__global__ void k_deq(const deq_job *jobs) {
+    const deq_job jb = jobs[blockIdx.y];
+    int64_t n = jb.rows * jb.q.cols;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / jb.q.cols, c = i - r * jb.q.cols;
+        float v = wv_at(jb.q, jb.r0 + r, c);
+        uint16_t h = bf16_rn(v);
+        jb.out[i] = h;
+        if (jb.nq > 1) {
+            float rest = v - bf16_f(h);
+            jb.out[n + i] = (fabsf(v) < 3.0e38f) ? bf16_rn(rest) : (uint16_t)0;
+        }
+    }
+}
+
+/* Dense: x [n, K] -> xs [3n, K] (rows t: hi, n + t: mid, 2n + t: lo). */
+__global__ void k_split_dense(const float *x, int64_t n, int64_t K, uint16_t *xs) {
+    int64_t tot = n * K;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (int64_t)gridDim.x * blockDim.x) {
+        uint16_t h, m, l;
+        split3(x[i], &h, &m, &l);
+        xs[i] = h, xs[tot + i] = m, xs[2 * tot + i] = l;
+    }
+}
+/* Dense: y[t, r0 + r] (+)= sum over the parts of cs [nq][3n][mr]; the small parts first. */
+__global__ void k_reduce_dense(float *y, const float *cs, int64_t n, int64_t mr, int64_t M, int64_t r0, int nq,
+                               int acc) {
+    int64_t tot = n * mr;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / mr, r = i - t * mr;
+        float s = 0.0f;
+        for (int q = nq - 1; q >= 0; q--)
+            for (int j = 2; j >= 0; j--) s += cs[((int64_t)q * 3 * n + j * n + t) * mr + r];
+        float *o = y + t * M + r0 + r;
+        *o = acc ? *o + s : s;
+    }
+}
+
+/* ---------------------------------------------------------------- handle */
+
+struct ms_gpu_blas {
+    ms_gpu *g;
+    blas_api api; /* the BLAS's entry points (gpu_blas.h) */
+    void *lib;    /* its dlopen handle (NULL when linked) */
+    blasHandle_t h;
+    uint16_t *xs, *ws;
+    float *cs;
+    void *meta;
+    size_t xs_cap, ws_cap, cs_cap, meta_cap; /* elements of xs / ws (BF16), cs (F32), bytes of meta */
+    uint8_t *hmeta;                          /* host image of meta */
+    size_t hmeta_cap;
+    int *hcnt; /* host: per-token counts (the combine's CSR) */
+    size_t hcnt_cap;
+};
+
+/* Device scratch *p of at least need elements of elem bytes (grown by a quarter more; old contents
+ * dropped: every user refills it). */
+static int grow_dev(ms_gpu *g, void **p, size_t *cap, size_t need, size_t elem, ms_err *err) {
+    if (*cap >= need) return MS_OK;
+    ms_gpu_free(g, *p);
+    *p = NULL, *cap = 0;
+    size_t want = need + need / 4;
+    int rc = ms_gpu_alloc(g, want * elem, p, err);
+    if (rc) return rc;
+    *cap = want;
+    return MS_OK;
+}
+/* Host scratch of at least bytes (realloc: contents kept). */
+static int grow_host(void **p, size_t *cap, size_t bytes, ms_err *err) {
+    if (*cap >= bytes) return MS_OK;
+    size_t want = bytes + bytes / 4;
+    void *q = realloc(*p, want);
+    if (!q) return ms_fail(err, MS_ERR_NOMEM, "gemm: out of host memory (%zu bytes)", want);
+    *p = q, *cap = want;
+    return MS_OK;
+}
+
+/* The BLAS's entry points into api: resolved in the library BLAS_LIBRARY names (dlopen;
+ * *lib its handle), or the linked functions when it names none. MS_ERR_UNSUPPORTED with
+ * the loader's message when the library or a symbol is missing. */
+static int blas_load(blas_api *api, void **lib, ms_err *err) {
+    const char *name = BLAS_LIBRARY;
+    *lib = NULL;
+    if (!name) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP) /* linked: the same functions (pointer types by cast) */
+        api->create = (decltype(api->create))&BLAS_FN_CREATE, api->destroy = (decltype(api->destroy))&BLAS_FN_DESTROY;
+        api->set_stream = (decltype(api->set_stream))&BLAS_FN_SET_STREAM;
+        api->gemm_ex = (decltype(api->gemm_ex))&BLAS_FN_GEMM_EX;
+        api->gemm_batched_ex = (decltype(api->gemm_batched_ex))&BLAS_FN_GEMM_BATCHED_EX;
+#endif
+        return MS_OK;
+    }
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!h) return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): cannot load %s: %s", MS_GPU_BACKEND_NAME, name, dlerror());
+    const char *syms[5] = {MS_BLAS_STR(BLAS_FN_CREATE), MS_BLAS_STR(BLAS_FN_DESTROY), MS_BLAS_STR(BLAS_FN_SET_STREAM),
+                           MS_BLAS_STR(BLAS_FN_GEMM_EX), MS_BLAS_STR(BLAS_FN_GEMM_BATCHED_EX)};
+    void *f[5];
+    for (int i = 0; i < 5; i++)
+        if (!(f[i] = dlsym(h, syms[i]))) {
+            dlclose(h);
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): %s has no %s", MS_GPU_BACKEND_NAME, name, syms[i]);
+        }
+    api->create = (decltype(api->create))f[0], api->destroy = (decltype(api->destroy))f[1];
+    api->set_stream = (decltype(api->set_stream))f[2], api->gemm_ex = (decltype(api->gemm_ex))f[3];
+    api->gemm_batched_ex = (decltype(api->gemm_batched_ex))f[4];
+    *lib = h;
+    return MS_OK;
+}
+
+extern "C" int ms_gpu_blas_open(ms_gpu *g, ms_gpu_blas **out, ms_err *err) {
+    *out = NULL;
+    ms_gpu_blas *b = (ms_gpu_blas *)calloc(1, sizeof *b);
+    if (!b) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    b->g = g;
+    int rc = blas_load(&b->api, &b->lib, err);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    if (b->api.create(&b->h) != BLAS_SUCCESS) {
+        if (b->lib) dlclose(b->lib);
+        free(b);
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): cannot create a BLAS handle", MS_GPU_BACKEND_NAME);
+    }
+    if (b->api.set_stream(b->h, g->stream) != BLAS_SUCCESS) {
+        b->api.destroy(b->h);
+        if (b->lib) dlclose(b->lib);
+        free(b);
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): cannot bind the BLAS handle to the stream", MS_GPU_BACKEND_NAME);
+    }
+    *out = b;
+    return MS_OK;
+}
+
+extern "C" void ms_gpu_blas_close(ms_gpu_blas *b) {
+    if (!b) return;
+    ms_err e = {0};
+    (void)ms_gpu_sync(b->g, &e);
+    b->api.destroy(b->h);
+    if (b->lib) dlclose(b->lib);
+    ms_gpu_free(b->g, b->xs), ms_gpu_free(b->g, b->ws), ms_gpu_free(b->g, b->cs), ms_gpu_free(b->g, b->meta);
+    free(b->hmeta), free(b->hcnt), free(b);
+}
+
+/* Blocks of 256 threads for n elements of a grid-stride loop (at most 8192). */
+static unsigned grid_for(int64_t n) {
+    int64_t k = (n + 255) / 256;
+    return (unsigned)(k < 1 ? 1 : k > 8192 ? 8192 : k);
+}
+
+/* A BLAS status as an ms status (MS_ERR_UNSUPPORTED with the status number). */
+static int blas_ok(blasStatus_t s, ms_err *err, const char *what) {
+    if (s == BLAS_SUCCESS) return MS_OK;
+    return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): BLAS %s failed (status %d)", MS_GPU_BACKEND_NAME, what, (int)s);
+}
+
+/* C [cols, m] (row-major, ld m) = B [cols, k] A^T with A [m, k] row-major: column-major
+ * C^T = op_T(A) B^T, both of them BF16, F32 out and accumulation. */
+static int gemm_bf16(ms_gpu_blas *b, int64_t m, int64_t cols, int64_t k, const void *A, const void *B, float *C,
+                     ms_err *err) {
+    const float one = 1.0f, zero = 0.0f;
+    return blas_ok(b->api.gemm_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)m, (int)cols, (int)k, &one, A, BLAS_R_16BF, (int)k, B,
+                              BLAS_R_16BF, (int)k, &zero, C, BLAS_R_32F, (int)m, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT),
+                   err, "gemm (bf16)");
+}
+
+extern "C" int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc,
+                                  ms_err *err) {
+    if (!b || !y || !x || !w || n < 1) return ms_fail(err, MS_ERR_ARG, "gemm: bad arguments");
+    int rc = ms_gpu_qmat_check(w, "weight", err);
+    if (rc) return rc;
+    int64_t M = w->rows, K = w->cols;
+    if (w->dtype == MS_DT_F32 && !w->scale) { /* F32 weights: the F32 GEMM (no TF32: default math mode) */
+        const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
+        return blas_ok(b->api.gemm_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)M, n, (int)K, &one, w->data, BLAS_R_32F, (int)K, x,
+                                  BLAS_R_32F, (int)K, &beta, y, BLAS_R_32F, (int)M, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT),
+                       err, "gemm (f32)");
+    }
+    int nq = wparts(w);
+    if (nq < 0) return ms_fail(err, MS_ERR_UNSUPPORTED, "gemm: weight dtype %s", ms_dtype_name(w->dtype));
+    int np = nq ? nq : 1;
+    /* rows per block: all of them when the weight is used as stored, else what fits the scratch */
+    int64_t mr = M;
+    if (nq) {
+        mr = (int64_t)(WS_CAP / ((size_t)np * (size_t)K));
+        if (mr < 1) mr = 1;
+        if (mr > M) mr = M;
+    }
+    int64_t cs_rows = 3 * (int64_t)n * np;
+    if ((rc = grow_dev(b->g, (void **)&b->xs, &b->xs_cap, (size_t)(3 * (int64_t)n * K), 2, err))) return rc;
+    if ((rc = grow_dev(b->g, (void **)&b->cs, &b->cs_cap, (size_t)(cs_rows * mr), 4, err))) return rc;
+    if (nq && (rc = grow_dev(b->g, (void **)&b->ws, &b->ws_cap, (size_t)(np * mr * K), 2, err))) return rc;
+    if (nq && (rc = grow_dev(b->g, &b->meta, &b->meta_cap, sizeof(deq_job), 1, err))) return rc;
+    k_split_dense<<<grid_for((int64_t)n * K), 256, 0, b->g->stream>>>(x, n, K, b->xs);
+    if ((rc = ms_gpu_launched(err, "gemm split"))) return rc;
+    wview q;
+    if ((rc = wview_of(w, &q, err))) return rc;
+    for (int64_t r0 = 0; r0 < M; r0 += mr) {
+        int64_t rows = M - r0 < mr ? M - r0 : mr;
+        const uint16_t *A = (const uint16_t *)w->data + r0 * K;
+        if (nq) {
+            deq_job j = {q, b->ws, r0, rows, np};
+            if ((rc = ms_gpu_upload(b->g, b->meta, &j, sizeof j, err))) return rc;
+            k_deq<<<dim3(grid_for(rows * K), 1), 256, 0, b->g->stream>>>((const deq_job *)b->meta);
+            if ((rc = ms_gpu_launched(err, "gemm dequantize"))) return rc;
+            A = b->ws;
+        }
+        for (int p = 0; p < np; p++)
+            if ((rc = gemm_bf16(b, rows, 3 * (int64_t)n, K, A + (int64_t)p * rows * K, b->xs,
+                                b->cs + (int64_t)p * 3 * n * rows, err)))
+                return rc;
+        k_reduce_dense<<<grid_for((int64_t)n * rows), 256, 0, b->g->stream>>>(y, b->cs, n, rows, M, r0, np, acc);
+        if ((rc = ms_gpu_launched(err, "gemm reduce"))) return rc;
+    }
+    return MS_OK;
+}
+
+/* ------------------------------------------------------ routed experts */
+
+/* One pair of a group: its token's row, its first split row (the hi row; mid and lo
+ * follow at + m and + 2m), m (its item's pairs). */
+typedef struct {
+    int tok, col, m, item; /* item: index of the pair's item in the group (its biases) */
+} pair_rec;
+
+/* xs rows col + j m (j: hi, mid, lo) := split(in[tok]) for every pair (a block each). */
+__global__ void k_split_pairs(const float *in, const pair_rec *pr, int64_t D, uint16_t *xs) {
+    pair_rec p = pr[blockIdx.x];
+    const float *src = in + (int64_t)p.tok * D;
+    uint16_t *d0 = xs + (int64_t)p.col * D, *d1 = d0 + (int64_t)p.m * D, *d2 = d1 + (int64_t)p.m * D;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) split3(src[c], d0 + c, d1 + c, d2 + c);
+}
+
+/* The sum of a pair's parts of one output element: cs [parts][cols][ld], rows col + j m. */
+static __device__ __forceinline__ float parts_sum(const float *cs, int64_t cols, int64_t ld, int part0, int nq,
+                                                  const pair_rec &p, int64_t e) {
+    float s = 0.0f;
+    for (int q = nq - 1; q >= 0; q--)
+        for (int j = 2; j >= 0; j--) s += cs[((int64_t)(part0 + q) * cols + p.col + (int64_t)j * p.m) * ld + e];
+    return s;
+}
+
+/* gate / up of every pair from the stage-1 outputs (cs1 [mats][nq][cols][M1]; fused: one
+ * matrix of interleaved rows), the item's biases (bias [items][3]: gate, up, down) added,
+ * the activation, split into xs rows [cols][I]. */
+__global__ void k_glu_pairs(const float *cs1, const pair_rec *pr, const void *const *bias, int64_t cols, int64_t I,
+                            int64_t M1, int nq, int fused, int bdt, ms_gpu_glu_params act, uint16_t *xs) {
+    pair_rec p = pr[blockIdx.x];
+    const void *gb = bias[3 * p.item], *ub = bias[3 * p.item + 1];
+    uint16_t *d0 = xs + (int64_t)p.col * I, *d1 = d0 + (int64_t)p.m * I, *d2 = d1 + (int64_t)p.m * I;
+    for (int64_t i = threadIdx.x; i < I; i += blockDim.x) {
+        float g, u;
+        if (fused) {
+            g = parts_sum(cs1, cols, M1, 0, nq, p, 2 * i) + ms_bias_at(gb, bdt, 2 * i);
+            u = parts_sum(cs1, cols, M1, 0, nq, p, 2 * i + 1) + ms_bias_at(gb, bdt, 2 * i + 1);
+        } else {
+            g = parts_sum(cs1, cols, M1, 0, nq, p, i) + ms_bias_at(gb, bdt, i);
+            u = parts_sum(cs1, cols, M1, nq, nq, p, i) + ms_bias_at(ub, bdt, i);
+        }
+        split3(ms_glu_apply(g, u, act), d0 + i, d1 + i, d2 + i);
+    }
+}
+
+/* acc[tok] += w[p] * (down(p) + bias) over each token's pairs in order (tlist: the
+ * tokens, toff: CSR into plist, group pair indices ascending). One block per token. */
+__global__ void k_combine(float *acc, const float *cs2, const pair_rec *pr, const float *pw, const void *const *bias,
+                          const int *tlist, const int *toff, const int *plist, int64_t cols, int64_t D, int nq,
+                          int bdt) {
+    int t = tlist[blockIdx.x], k0 = toff[blockIdx.x], k1 = toff[blockIdx.x + 1];
+    float *o = acc + (int64_t)t * D;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+        float v = o[c];
+        for (int k = k0; k < k1; k++) {
+            int pi = plist[k];
+            pair_rec p = pr[pi];
+            float y = parts_sum(cs2, cols, D, 0, nq, p, c) + ms_bias_at(bias[3 * p.item + 2], bdt, c);
+            v += pw[pi] * y;
+        }
+        o[c] = v;
+    }
+}
+
+/* Two weights of one dtype, shape and scale layout (one GEMM size class may hold both). */
+static int same_layout(const ms_qmat *a, const ms_qmat *b) {
+    return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols && a->scale_dtype == b->scale_dtype &&
+           a->brow == b->brow && a->bcol == b->bcol && !a->scale == !b->scale;
+}
+
+typedef struct {
+    int u, p0, m, P, col; /* expert, first pair, pairs, padded columns (3m rounded up), first column */
+} moe_item;
+
+/* n rounded up to a multiple of 8 (pointer alignment in the packed tables). */
+static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+/* One group (items it[0..ni), columns laid out, nexp distinct experts in order) through
+ * the device: upload of its tables, dequantization, split, stage-1 GEMMs per size
+ * class, activation, stage-2 GEMMs, combine. tmp: host scratch of ni * (4 + 6 ptrs). */
+static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni, int cols, int nexp, int nq,
+                     int nmat, int64_t M1, int64_t I, int64_t D, int64_t wexp, int bdt, int ntok, ms_err *err) {
+    int np = nq ? nq : 1, rc;
+    int64_t kmax = D > I ? D : I, wide = nmat * M1 > D ? nmat * M1 : D;
+    int gp0 = it[0].p0, gpn = it[ni - 1].p0 + it[ni - 1].m - gp0;
+    size_t n1 = (size_t)ni * nmat * np, n2 = (size_t)ni * np;
+    size_t o_w = align8((size_t)gpn * sizeof(pair_rec)), o_tl = align8(o_w + (size_t)gpn * 4);
+    size_t o_to = align8(o_tl + (size_t)gpn * 4), o_pl = align8(o_to + (size_t)(gpn + 1) * 4);
+    size_t o_bias = align8(o_pl + (size_t)gpn * 4), o_ptr = o_bias + (size_t)ni * 3 * sizeof(void *);
+    size_t o_deq = align8(o_ptr + 3 * (n1 + n2) * sizeof(void *));
+    size_t total = o_deq + (size_t)nexp * 3 * sizeof(deq_job);
+    size_t hwork = (size_t)ni * (sizeof(int) + 6 * sizeof(void *) + 2 * sizeof(int)) + 64;
+    if ((rc = grow_host((void **)&b->hmeta, &b->hmeta_cap, total + hwork, err)) ||
+        (rc = grow_dev(b->g, &b->meta, &b->meta_cap, total, 1, err)) ||
+        (rc = grow_dev(b->g, (void **)&b->xs, &b->xs_cap, (size_t)cols * (size_t)kmax, 2, err)) ||
+        (rc = grow_dev(b->g, (void **)&b->cs, &b->cs_cap, (size_t)np * (size_t)cols * (size_t)wide, 4, err)) ||
+        (nq && (rc = grow_dev(b->g, (void **)&b->ws, &b->ws_cap, (size_t)nexp * (size_t)wexp, 2, err))))
+        return rc;
+    uint8_t *H = b->hmeta, *Dm = (uint8_t *)b->meta;
+    pair_rec *pr = (pair_rec *)H;
+    float *pw = (float *)(H + o_w);
+    int *tl = (int *)(H + o_tl), *to = (int *)(H + o_to), *pl = (int *)(H + o_pl);
+    const void **bias = (const void **)(H + o_bias), **ptr = (const void **)(H + o_ptr);
+    deq_job *dj = (deq_job *)(H + o_deq);
+    int *ord = (int *)(H + align8(total)); /* host work: size-class order, weight pointers, classes */
+    const uint16_t **iw = (const uint16_t **)(H + align8(align8(total) + (size_t)ni * sizeof(int)));
+    int *cls = (int *)(iw + (size_t)ni * 6);
+    for (int i = 0; i < ni; i++) {
+        const ms_expert_view *v = &a->views[it[i].u];
+        bias[3 * i] = v->gate_bias, bias[3 * i + 1] = v->up_bias, bias[3 * i + 2] = v->down_bias;
+        for (int k = 0; k < it[i].m; k++) {
+            int p = it[i].p0 + k;
+            pr[p - gp0] = (pair_rec){a->tok[p], it[i].col + k, it[i].m, i};
+            pw[p - gp0] = a->w[p];
+        }
+    }
+    /* tokens: a counting sort of the group's pairs by token (stable: pairs ascending per token) */
+    int *cnt = b->hcnt;
+    memset(cnt, 0, (size_t)(ntok + 1) * sizeof(int));
+    for (int p = 0; p < gpn; p++) cnt[a->tok[gp0 + p] + 1]++;
+    int nt = 0;
+    for (int t = 0; t < ntok; t++) {
+        if (cnt[t + 1]) tl[nt] = t, to[nt] = cnt[t], nt++;
+        cnt[t + 1] += cnt[t];
+    }
+    to[nt] = gpn;
+    for (int p = 0; p < gpn; p++) pl[cnt[a->tok[gp0 + p]]++] = p;
+    /* each item's weights: as stored, or its expert's dequantized parts in ws */
+    int e = -1, ndj = 0;
+    for (int i = 0; i < ni; i++) {
+        const ms_expert_view *v = &a->views[it[i].u];
+        const uint16_t **o = iw + (size_t)i * 6;
+        if (!nq) {
+            o[0] = (const uint16_t *)v->gate.data, o[2] = (const uint16_t *)v->up.data;
+            o[4] = (const uint16_t *)v->down.data;
+            o[1] = o[3] = o[5] = NULL;
+            continue;
+        }
+        if (i == 0 || it[i].u != it[i - 1].u) { /* a new expert: its dequantization jobs */
+            e++;
+            uint16_t *base = b->ws + (int64_t)e * wexp;
+            for (int mt = 0; mt <= nmat; mt++) {
+                const ms_qmat *w = mt == nmat ? &v->down : mt == 0 ? &v->gate : &v->up;
+                deq_job j;
+                if ((rc = wview_of(w, &j.q, err))) return rc;
+                j.out = base + (int64_t)np * mt * M1 * D;
+                j.r0 = 0, j.rows = w->rows, j.nq = np;
+                dj[ndj++] = j;
+            }
+        }
+        const uint16_t *base = b->ws + (int64_t)e * wexp;
+        for (int mt = 0; mt < 2; mt++)
+            for (int q = 0; q < 2; q++)
+                o[2 * mt + q] = mt < nmat && q < np ? base + ((int64_t)np * mt + q) * M1 * D : NULL;
+        for (int q = 0; q < 2; q++) o[4 + q] = q < np ? base + (int64_t)np * nmat * M1 * D + (int64_t)q * D * I : NULL;
+    }
+    /* size classes: items by P (insertion sort, stable); per class the stage-1 entries
+     * [mat][part][items] and the stage-2 entries [part][items] */
+    for (int i = 0; i < ni; i++) {
+        int k = i;
+        while (k > 0 && it[ord[k - 1]].P > it[i].P) ord[k] = ord[k - 1], k--;
+        ord[k] = i;
+    }
+    const void **A1 = ptr, **B1 = ptr + n1, **C1 = ptr + 2 * n1;
+    const void **A2 = ptr + 3 * n1, **B2 = A2 + n2, **C2 = A2 + 2 * n2;
+    size_t k1 = 0, k2 = 0;
+    int ncls = 0;
+    for (int s = 0; s < ni;) {
+        int P = it[ord[s]].P, s1 = s;
+        while (s1 < ni && it[ord[s1]].P == P) s1++;
+        cls[2 * ncls] = s, cls[2 * ncls + 1] = s1, ncls++;
+        for (int mt = 0; mt < nmat; mt++)
+            for (int q = 0; q < np; q++)
+                for (int k = s; k < s1; k++, k1++) {
+                    const moe_item *m = &it[ord[k]];
+                    A1[k1] = iw[(size_t)ord[k] * 6 + 2 * mt + q];
+                    B1[k1] = b->xs + (int64_t)m->col * D;
+                    C1[k1] = b->cs + ((int64_t)(mt * np + q) * cols + m->col) * M1;
+                }
+        for (int q = 0; q < np; q++)
+            for (int k = s; k < s1; k++, k2++) {
+                const moe_item *m = &it[ord[k]];
+                A2[k2] = iw[(size_t)ord[k] * 6 + 4 + q];
+                B2[k2] = b->xs + (int64_t)m->col * I;
+                C2[k2] = b->cs + ((int64_t)q * cols + m->col) * D;
+            }
+        s = s1;
+    }
+    if ((rc = ms_gpu_upload(b->g, b->meta, b->hmeta, o_deq + (size_t)ndj * sizeof(deq_job), err))) return rc;
+    gpuStream_t st = b->g->stream;
+    const pair_rec *dpr = (const pair_rec *)Dm;
+    const void *const *dbias = (const void *const *)(Dm + o_bias);
+    const void **dptr = (const void **)(Dm + o_ptr);
+    if (ndj) {
+        k_deq<<<dim3(grid_for(M1 * D) > 1024 ? 1024 : grid_for(M1 * D), ndj), 256, 0, st>>>((const deq_job *)(Dm + o_deq));
+        if ((rc = ms_gpu_launched(err, "grouped experts: dequantize"))) return rc;
+    }
+    k_split_pairs<<<gpn, 256, 0, st>>>(a->in, dpr, D, b->xs);
+    if ((rc = ms_gpu_launched(err, "grouped experts: split"))) return rc;
+    const float one = 1.0f, zero = 0.0f;
+    size_t e1 = 0;
+    for (int c = 0; c < ncls; c++) {
+        int P = it[ord[cls[2 * c]]].P, cnt1 = (cls[2 * c + 1] - cls[2 * c]) * nmat * np;
+        if (b->api.gemm_batched_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)M1, P, (int)D, &one, dptr + e1, BLAS_R_16BF, (int)D,
+                              dptr + n1 + e1, BLAS_R_16BF, (int)D, &zero, (void **)(dptr + 2 * n1 + e1), BLAS_R_32F,
+                              (int)M1, cnt1, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT) != BLAS_SUCCESS)
+            for (int q = 0; q < cnt1; q++) /* a BLAS without this batched form: one GEMM per entry */
+                if ((rc = gemm_bf16(b, M1, P, D, A1[e1 + q], B1[e1 + q], (float *)C1[e1 + q], err))) return rc;
+        e1 += (size_t)cnt1;
+    }
+    ms_gpu_glu_params act = {a->act->kind == MS_ACT_SITU, a->act->limit, a->act->alpha, a->act->up_offset,
+                             a->act->beta, a->act->linear_beta};
+    k_glu_pairs<<<gpn, 256, 0, st>>>(b->cs, dpr, dbias, cols, I, M1, np, nmat == 1, bdt, act, b->xs);
+    if ((rc = ms_gpu_launched(err, "grouped experts: activation"))) return rc;
+    size_t e2 = 0;
+    const void **d2 = dptr + 3 * n1;
+    for (int c = 0; c < ncls; c++) {
+        int P = it[ord[cls[2 * c]]].P, cnt2 = (cls[2 * c + 1] - cls[2 * c]) * np;
+        if (b->api.gemm_batched_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)D, P, (int)I, &one, d2 + e2, BLAS_R_16BF, (int)I,
+                              d2 + n2 + e2, BLAS_R_16BF, (int)I, &zero, (void **)(d2 + 2 * n2 + e2), BLAS_R_32F, (int)D,
+                              cnt2, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT) != BLAS_SUCCESS)
+            for (int q = 0; q < cnt2; q++)
+                if ((rc = gemm_bf16(b, D, P, I, A2[e2 + q], B2[e2 + q], (float *)C2[e2 + q], err))) return rc;
+        e2 += (size_t)cnt2;
+    }
+    k_combine<<<nt, 256, 0, st>>>(a->acc, b->cs, dpr, (const float *)(Dm + o_w), dbias, (const int *)(Dm + o_tl),
+                                  (const int *)(Dm + o_to), (const int *)(Dm + o_pl), cols, D, np, bdt);
+    return ms_gpu_launched(err, "grouped experts: combine");
+}
+
+/* The experts' common layout, or MS_ERR_UNSUPPORTED / MS_ERR_SHAPE (nothing to run). */
+typedef struct {
+    int nq, nmat, bdt;
+    int64_t D, I, M1;
+} moe_layout;
+static int moe_layout_of(const ms_moe_args *a, moe_layout *L, ms_err *err) {
+    if (a->nu < 1) return MS_OK;
+    const ms_expert_view *v0 = &a->views[0];
+    int fused = !v0->up.data;
+    int nq = wparts(&v0->gate);
+    if (nq < 0) return ms_fail(err, MS_ERR_UNSUPPORTED, "grouped experts: weight dtype %s", ms_dtype_name(v0->gate.dtype));
+    for (int u = 0; u < a->nu; u++) {
+        const ms_expert_view *v = &a->views[u];
+        if (!v->up.data != fused || !same_layout(&v->gate, &v0->gate) || !same_layout(&v->down, &v0->down) ||
+            (!fused && !same_layout(&v->up, &v0->gate)) || !v->gate_bias != !v0->gate_bias ||
+            !v->up_bias != !v0->up_bias || !v->down_bias != !v0->down_bias ||
+            ((v->gate_bias || v->up_bias || v->down_bias) && v->bias_dtype != v0->bias_dtype))
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "grouped experts: experts of mixed layouts");
+    }
+    if (wparts(&v0->down) != nq || v0->down.dtype != v0->gate.dtype)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "grouped experts: gate and down differ in dtype");
+    int has_bias = v0->gate_bias || v0->up_bias || v0->down_bias;
+    L->bdt = v0->bias_dtype == MS_DT_BF16 ? 1 : v0->bias_dtype == MS_DT_F16 ? 2 : 0;
+    if (has_bias && L->bdt == 0 && v0->bias_dtype != MS_DT_F32)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "grouped experts: bias dtype %s", ms_dtype_name(v0->bias_dtype));
+    L->D = v0->down.rows, L->I = v0->down.cols, L->M1 = v0->gate.rows;
+    L->nq = nq, L->nmat = fused ? 1 : 2;
+    if (L->D != a->D || v0->gate.cols != L->D || L->M1 != (fused ? 2 * L->I : L->I))
+        return ms_fail(err, MS_ERR_SHAPE, "grouped experts: shapes (gate %lld x %lld, down %lld x %lld, rows of %lld)",
+                       (long long)L->M1, (long long)v0->gate.cols, (long long)L->D, (long long)L->I, (long long)a->D);
+    return MS_OK;
+}
+
+extern "C" int ms_gpu_blas_moe_supported(const ms_moe_args *a, ms_err *err) {
+    moe_layout L;
+    return moe_layout_of(a, &L, err);
+}
+
+extern "C" int ms_gpu_blas_moe(ms_gpu_blas *b, const ms_moe_args *a, ms_err *err) {
+    if (a->nu < 1 || a->off[a->nu] <= a->off[0]) return MS_OK;
+    moe_layout L;
+    int rc = moe_layout_of(a, &L, err);
+    if (rc) return rc;
+    int nq = L.nq, nmat = L.nmat, np = nq ? nq : 1, bdt = L.bdt;
+    int64_t D = L.D, I = L.I, M1 = L.M1;
+    /* columns per group: bounded by the split rows and by either stage's GEMM outputs */
+    int64_t wide = nmat * M1 > D ? nmat * M1 : D, kmax = D > I ? D : I;
+    int64_t cap = (int64_t)(CS_CAP / ((size_t)np * (size_t)wide)), cap2 = (int64_t)(XS_CAP / (size_t)kmax);
+    if (cap2 < cap) cap = cap2;
+    if (cap < 3 + COLPAD) cap = 3 + COLPAD;
+    int64_t mch = (cap - (COLPAD - 1)) / 3;
+    if (mch > MROWS) mch = MROWS;
+    int64_t wexp = nq ? (int64_t)np * (nmat * M1 * D + D * I) : 0; /* dequantized elements per expert */
+    int P0 = a->off[0], Ptot = a->off[a->nu] - P0, ntok = 0;
+    for (int i = 0; i < Ptot; i++)
+        if (a->tok[P0 + i] + 1 > ntok) ntok = a->tok[P0 + i] + 1;
+    if ((rc = grow_host((void **)&b->hcnt, &b->hcnt_cap, (size_t)(ntok + 1) * sizeof(int), err))) return rc;
+    size_t n_items_max = (size_t)a->nu + (size_t)Ptot / (size_t)mch + 1;
+    moe_item *items = (moe_item *)malloc(n_items_max * sizeof *items);
+    if (!items) return ms_fail(err, MS_ERR_NOMEM, "grouped experts: out of host memory");
+    int ni = 0;
+    for (int u = 0; u < a->nu; u++)
+        for (int p = a->off[u]; p < a->off[u + 1]; p += (int)mch) {
+            int m = a->off[u + 1] - p < mch ? a->off[u + 1] - p : (int)mch;
+            items[ni++] = (moe_item){u, p, m, (int)(((int64_t)3 * m + COLPAD - 1) / COLPAD * COLPAD), 0};
+        }
+    /* groups: consecutive items while the columns and the dequantized experts fit */
+    for (int i0 = 0; i0 < ni && !rc;) {
+        int i1 = i0, cols = 0, nexp = 0;
+        while (i1 < ni) {
+            int newexp = i1 == i0 || items[i1].u != items[i1 - 1].u;
+            if (i1 > i0 && (cols + items[i1].P > cap || (nq && newexp && (int64_t)(nexp + 1) * wexp > (int64_t)WS_CAP)))
+                break;
+            items[i1].col = cols;
+            cols += items[i1].P;
+            nexp += newexp;
+            i1++;
+        }
+        rc = moe_group(b, a, items + i0, i1 - i0, cols, nexp, nq, nmat, M1, I, D, wexp, bdt, ntok, err);
+        i0 = i1;
+    }
+    free(items);
+    return rc;
+}
+
+#else /* no BLAS in this build: the hooks decline, the backend keeps its own kernels */
+
+struct ms_gpu_blas {
+    int unused;
+};
+static int no_blas(ms_err *err) {
+    return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): built without a BLAS", MS_GPU_BACKEND_NAME);
+}
+extern "C" int ms_gpu_blas_open(ms_gpu *g, ms_gpu_blas **out, ms_err *err) {
+    (void)g;
+    *out = NULL;
+    return no_blas(err);
+}
+extern "C" void ms_gpu_blas_close(ms_gpu_blas *b) { (void)b; }
+extern "C" int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc,
+                                  ms_err *err) {
+    (void)b, (void)y, (void)x, (void)n, (void)w, (void)acc;
+    return no_blas(err);
+}
+extern "C" int ms_gpu_blas_moe_supported(const ms_moe_args *a, ms_err *err) {
+    (void)a;
+    return no_blas(err);
+}
+extern "C" int ms_gpu_blas_moe(ms_gpu_blas *b, const ms_moe_args *a, ms_err *err) {
+    (void)b, (void)a;
+    return no_blas(err);
+}
+#endif
+
+/* ------------------------------------------------------ the backend's hooks */
+
+/* The backend's GEMM state: the handle (opened at the first product that qualifies) and
+ * the thresholds in tokens: dense with the weight as stored (large matrices, and those
+ * under SMALL_W elements, where the GEMM's three launches cost more than the matvec),
+ * dense dequantized, routed experts. Measured on the H200 (gpubench --gemm, docs/gpu.md):
+ * BF16 4096 x 2048 wins from n = 12, 768 x 2048 from n = 24-32, FP8 4096 x 2048 from ~40. */
+typedef struct {
+    ms_gpu_blas *blas;
+    int tried;
+    int min_dense, min_small, min_deq, min_moe;
+    uint64_t dense_calls, moe_calls; /* products run here (ms_backend_gpu_gemm_calls) */
+} gemm_state;
+
+#define MIN_DENSE 16 /* BF16 / F32 weights as stored, >= SMALL_W elements */
+#define MIN_SMALL 32 /* the same under SMALL_W elements */
+#define SMALL_W ((int64_t)1 << 22)
+#define MIN_DEQ 48 /* weights dequantized per product (FP8, F16, MXFP4) */
+#define MIN_MOE 4  /* routed experts: tokens of the chunk */
+
+/* The backend's GEMM state (made on first use when create; NULL when out of memory). */
+static gemm_state *state(ms_backend *be, int create) {
+    void **slot = ms_gpu_be_gemm(be);
+    if (*slot || !create) return (gemm_state *)*slot;
+    gemm_state *s = (gemm_state *)calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->min_dense = MIN_DENSE, s->min_small = MIN_SMALL, s->min_deq = MIN_DEQ, s->min_moe = MIN_MOE;
+    const char *env = getenv("MS_GPU_GEMM_MIN"); /* tests and fixture runs: force the GEMMs down to n */
+    if (env && atoi(env) > 0) {
+        int v = atoi(env) < 2 ? 2 : atoi(env);
+        s->min_dense = s->min_small = s->min_deq = s->min_moe = v;
+    }
+    *slot = s;
+    return s;
+}
+/* The BLAS handle, opened once (NULL for good when the build or the device has none). */
+static ms_gpu_blas *handle(ms_backend *be, gemm_state *s) {
+    if (!s->blas && !s->tried) {
+        ms_err e = {0};
+        s->tried = 1;
+        if (ms_gpu_blas_open(ms_gpu_be_dev(be), &s->blas, &e)) s->blas = NULL; /* no BLAS: the own kernels */
+    }
+    return s->blas;
+}
+/* Whether y = W x of n tokens goes through the GEMM under s's thresholds. */
+static int qualifies(const gemm_state *s, int n, const ms_qmat *w) {
+    int nq = w->dtype == MS_DT_F32 && !w->scale ? 0 : wparts(w);
+    if (nq < 0) return 0;
+    if (nq > 0) return n >= s->min_deq;
+    return n >= (w->rows * w->cols >= SMALL_W ? s->min_dense : s->min_small);
+}
+
+extern "C" int ms_gpu_gemm_matmul(ms_backend *be, float *y, const float *x, int n, const ms_qmat *w, int acc) {
+    if (n < 2) return 0;
+    gemm_state *s = state(be, 1);
+    if (!s || !qualifies(s, n, w)) return 0;
+    ms_gpu_blas *bl = handle(be, s);
+    if (!bl) return 0;
+    ms_err e = {0};
+    ms_gpu_be_note(be, ms_gpu_blas_matmul(bl, y, x, n, w, acc, &e), &e);
+    s->dense_calls++;
+    return 1;
+}
+
+extern "C" int ms_gpu_gemm_matmul_many(ms_backend *be, const ms_matmul_job *jobs, int count) {
+    gemm_state *s = state(be, 1);
+    if (!s) return 0;
+    for (int i = 0; i < count; i++)
+        if (jobs[i].n < 2 || !qualifies(s, jobs[i].n, jobs[i].w)) return 0;
+    if (!handle(be, s)) return 0;
+    for (int i = 0; i < count; i++) {
+        ms_err e = {0};
+        ms_gpu_be_note(be, ms_gpu_blas_matmul(s->blas, jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].acc, &e), &e);
+    }
+    s->dense_calls += (uint64_t)count;
+    return 1;
+}
+
+extern "C" void ms_gpu_gemm_moe_experts(ms_backend *be, const ms_moe_args *a) {
+    gemm_state *s = state(be, 1);
+    if (s && a->nu > 0) {
+        int ntok = 0, P0 = a->off[0], P1 = a->off[a->nu];
+        for (int i = P0; i < P1; i++) /* the chunk's tokens (at least those routed here) */
+            if (a->tok[i] + 1 > ntok) ntok = a->tok[i] + 1;
+        ms_gpu_blas *bl = ntok >= s->min_moe ? handle(be, s) : NULL;
+        if (bl) {
+            ms_err e = {0};
+            if (ms_gpu_blas_moe_supported(a, &e) == MS_OK) { /* from here on a failure is a failure */
+                ms_gpu_be_note(be, ms_gpu_blas_moe(bl, a, &e), &e);
+                s->moe_calls++;
+                return;
+            }
+        }
+    }
+    ms_moe_experts_composed(be, a);
+}
+
+extern "C" void ms_gpu_gemm_free(ms_backend *be) {
+    void **slot = ms_gpu_be_gemm(be);
+    gemm_state *s = (gemm_state *)*slot;
+    if (!s) return;
+    ms_gpu_blas_close(s->blas);
+    free(s);
+    *slot = NULL;
+}
+
+extern "C" int ms_backend_gpu_gemm_min(ms_backend *be, int dense, int dequantized, int experts) {
+    gemm_state *s = state(be, 1);
+    if (!s) return MS_ERR_NOMEM;
+    if (dense > 0) s->min_dense = s->min_small = dense < 2 ? 2 : dense;
+    if (dequantized > 0) s->min_deq = dequantized < 2 ? 2 : dequantized;
+    if (experts > 0) s->min_moe = experts;
+    return MS_OK;
+}
+
+extern "C" void ms_backend_gpu_gemm_calls(ms_backend *be, uint64_t *dense, uint64_t *experts) {
+    gemm_state *s = state(be, 0);
+    *dense = s ? s->dense_calls : 0;
+    *experts = s ? s->moe_calls : 0;
+}
