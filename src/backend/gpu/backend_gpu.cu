@@ -439,11 +439,69 @@ __global__ void k_add_rmsnorm(float *x, const float *y, float *xn, const float *
     float inv = 1.0f / sqrtf(t / (float)d + eps);
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) nr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
 }
+/* The same in registers: rows of d = 4 NV blockDim floats at most, 16-byte aligned; each
+ * thread holds NV float4 of the row (one load of x, y and w each, no second pass over x). */
+template <int NV>
+__global__ void __launch_bounds__(512) k_add_rmsnorm_reg(float *__restrict__ x, const float *__restrict__ y,
+                                                         float *__restrict__ xn, const float *__restrict__ w, int64_t d,
+                                                         float eps) {
+    __shared__ float sh[512 / MS_WARP];
+    float4 *xr = (float4 *)(x + (int64_t)blockIdx.x * d), *nr = (float4 *)(xn + (int64_t)blockIdx.x * d);
+    const float4 *yr = (const float4 *)(y + (int64_t)blockIdx.x * d);
+    const int n4 = (int)(d / 4);
+    float4 v[NV];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) {
+            float4 a = xr[i], b = yr[i];
+            v[k] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        } else {
+            v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < NV; k++) { /* element order of the loop kernel within a thread */
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) xr[i] = v[k];
+        ss = fmaf(v[k].x, v[k].x, ss), ss = fmaf(v[k].y, v[k].y, ss);
+        ss = fmaf(v[k].z, v[k].z, ss), ss = fmaf(v[k].w, v[k].w, ss);
+    }
+    ss = ms_warp_sum(ss);
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    if (lane == 0) sh[warp] = ss;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    float inv = 1.0f / sqrtf(t / (float)d + eps);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i >= n4) continue;
+        float4 wv = w ? ((const float4 *)w)[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        nr[i] = make_float4(v[k].x * inv * wv.x, v[k].y * inv * wv.y, v[k].z * inv * wv.z, v[k].w * inv * wv.w);
+    }
+}
 static void g_add_rmsnorm(ms_backend *be, float *x, const float *y, float *xn, const float *w, int64_t rows, int64_t d,
                           float eps) {
+    gpu_backend *b = gb(be);
     if (rows < 1 || d < 1) return;
-    k_add_rmsnorm<<<(unsigned)rows, 256, 0, gb(be)->g->stream>>>(x, y, xn, w, d, eps);
-    launched(gb(be), "add_rmsnorm");
+    int aligned = d % 4 == 0 && ((uintptr_t)x | (uintptr_t)y | (uintptr_t)xn | (uintptr_t)w) % 16 == 0;
+    int64_t n4 = d / 4;
+    if (!b->g->legacy && aligned && n4 <= 8 * 512 && x != y && xn != y && xn != x) {
+        /* threads: whole warps, n4 / NV rounded up; NV the smallest of 1, 2, 4, 8 with 512 NV >= n4 */
+        int nv = n4 <= 512 ? 1 : n4 <= 1024 ? 2 : n4 <= 2048 ? 4 : 8;
+        int th = (int)((n4 + nv - 1) / nv);
+        th = (th + 63) / 64 * 64;
+        if (nv == 1) k_add_rmsnorm_reg<1><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        else if (nv == 2) k_add_rmsnorm_reg<2><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        else if (nv == 4) k_add_rmsnorm_reg<4><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        else k_add_rmsnorm_reg<8><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+    } else {
+        k_add_rmsnorm<<<(unsigned)rows, 256, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+    }
+    launched(b, "add_rmsnorm");
 }
 __global__ void k_add_bias(float *x, const float *bias, int64_t rows, int64_t d) {
     int64_t n = rows * d;

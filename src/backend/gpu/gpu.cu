@@ -17,6 +17,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     ms_gpu *g = (ms_gpu *)calloc(1, sizeof *g);
     if (!g) return ms_fail(err, MS_ERR_NOMEM, "ms_gpu_open: out of host memory");
     g->device = device;
+    const char *lg = getenv("MS_GPU_LEGACY_DECODE");
+    g->legacy = lg && lg[0] == '1';
     int rc;
     if ((rc = ms_gpu_check(gpuSetDevice(device), err, "selecting the device")) ||
         (rc = ms_gpu_check(gpuGetDeviceProperties(&g->prop, device), err, "reading device properties")) ||
@@ -33,6 +35,7 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
 extern "C" void ms_gpu_close(ms_gpu *g) {
     if (!g) return;
     (void)gpuSetDevice(g->device);
+    if (g->attn_cnt) (void)gpuFree(g->attn_cnt);
     if (g->ev0) (void)gpuEventDestroy(g->ev0);
     if (g->ev1) (void)gpuEventDestroy(g->ev1);
     if (g->stream) (void)gpuStreamDestroy(g->stream);

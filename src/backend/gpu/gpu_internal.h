@@ -41,6 +41,10 @@ struct ms_gpu {
     gpuStream_t stream;
     gpuEvent_t ev0, ev1;
     gpuDeviceProp prop;
+    int *attn_cnt;  /* attention's arrival counters (zero between launches), attn_cnt_n of them */
+    int attn_cnt_n;
+    int legacy; /* MS_GPU_LEGACY_DECODE=1 at open: the earlier decode kernels (routed experts in four
+                 * launches, the block router, add_rmsnorm by loops), for A/B measurements */
 };
 
 /* Turn a runtime status into an ms status with the runtime's message. */

@@ -241,6 +241,92 @@ __global__ void route_kernel(int32_t *ids_out, float *w_out, const float *logits
     }
 }
 
+/* The one-warp router (softmax, top-k softmax, sigmoid without groups; E <= RT_MAXE):
+ * one warp per token, the scores in shared memory, K rounds of a warp argmax by
+ * shuffles (larger wins, ties to the lower index, NaN never; only NaN left: the
+ * lowest unused index, as block_topk), no block barriers inside the rounds. The
+ * weights as route_kernel. */
+__global__ void __launch_bounds__(MS_WARP) route_warp_kernel(int32_t *ids_out, float *w_out, const float *logits,
+                                                            const float *bias, ms_gpu_route_cfg c) {
+    __shared__ float scores[RT_MAXE], choice[RT_MAXE];
+    __shared__ unsigned char taken[RT_MAXE];
+    __shared__ int ids[RT_MAXK];
+    const int E = c.n_experts, K = c.top_k, lane = threadIdx.x;
+    const float *lg = logits + (int64_t)blockIdx.x * E;
+    const float *sel = choice; /* the values the top-k ranks */
+    if (c.kind == MS_GPU_ROUTER_SOFTMAX) {
+        float m = -INFINITY;
+        for (int i = lane; i < E; i += MS_WARP) m = fmaxf(m, lg[i]);
+        m = ms_warp_max(m);
+        float s = 0.0f;
+        for (int i = lane; i < E; i += MS_WARP) s += (choice[i] = expf(lg[i] - m));
+        float inv = 1.0f / ms_warp_sum(s);
+        for (int i = lane; i < E; i += MS_WARP) scores[i] = choice[i] * inv, taken[i] = 0;
+        sel = scores;
+    } else if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
+        for (int i = lane; i < E; i += MS_WARP) taken[i] = 0;
+        sel = lg;
+    } else {
+        for (int i = lane; i < E; i += MS_WARP) {
+            scores[i] = 1.0f / (1.0f + expf(-lg[i]));
+            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
+            taken[i] = 0;
+        }
+    }
+    ms_syncwarp();
+    for (int k = 0; k < K; k++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int i = lane; i < E; i += MS_WARP)
+            if (!taken[i] && better(sel[i], i, bv, bi)) bv = sel[i], bi = i;
+#pragma unroll
+        for (int m = MS_WARP / 2; m > 0; m >>= 1) {
+            float ov = ms_shfl_xor(bv, m);
+            int oi = ms_shfl_xor_i(bi, m);
+            if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+        }
+        if (bi < 0) { /* only NaN left: the lowest unused index */
+            int lo = E;
+            for (int i = lane; i < E && lo == E; i += MS_WARP)
+                if (!taken[i]) lo = i;
+#pragma unroll
+            for (int m = MS_WARP / 2; m > 0; m >>= 1) {
+                int o = ms_shfl_xor_i(lo, m);
+                lo = o < lo ? o : lo;
+            }
+            bi = lo < E ? lo : -1;
+        }
+        if (lane == 0) {
+            ids[k] = bi;
+            if (bi >= 0) taken[bi] = 1;
+        }
+        ms_syncwarp();
+    }
+    if (lane == 0) {
+        float w[RT_MAXK];
+        if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
+            float m = -INFINITY;
+            for (int k = 0; k < K; k++) m = fmaxf(m, w[k] = lg[ids[k]]);
+            double s = 0;
+            for (int k = 0; k < K; k++) s += (w[k] = expf(w[k] - m));
+            float inv = (float)(1.0 / s);
+            for (int k = 0; k < K; k++) w[k] *= inv;
+        } else {
+            double sum = 0;
+            for (int k = 0; k < K; k++) sum += (w[k] = scores[ids[k]]);
+            if (c.norm_topk) {
+                float den = (float)(sum + (c.kind == MS_GPU_ROUTER_SIGMOID ? 1e-20 : 0.0));
+                for (int k = 0; k < K; k++) w[k] /= den;
+            }
+            for (int k = 0; k < K; k++) w[k] *= c.routed_scale;
+        }
+        for (int k = 0; k < K; k++) {
+            ids_out[(int64_t)blockIdx.x * K + k] = ids[k];
+            w_out[(int64_t)blockIdx.x * K + k] = w[k];
+        }
+    }
+}
+
 extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                             const ms_gpu_route_cfg *c, ms_err *err) {
     MS_GPU_CHECK_CTX(g, err);
@@ -256,7 +342,10 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
         return ms_fail(err, MS_ERR_ARG,
                        "ms_gpu_route: %d groups (<= %d) of %d experts (>= 2 each, dividing evenly), %d kept groups",
                        c->n_group, RT_MAXG, c->n_experts, c->topk_group);
-    route_kernel<<<n, RT_THREADS, 0, g->stream>>>(ids, weights, logits, bias, *c);
+    if (!g->legacy && (c->kind != MS_GPU_ROUTER_SIGMOID || c->n_group <= 1))
+        route_warp_kernel<<<n, MS_WARP, 0, g->stream>>>(ids, weights, logits, bias, *c);
+    else
+        route_kernel<<<n, RT_THREADS, 0, g->stream>>>(ids, weights, logits, bias, *c);
     return ms_gpu_launched(err, "route");
 }
 
@@ -265,6 +354,7 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
 #define AT_WARPS 4
 #define AT_MAXD 512
 #define AT_MAXS 64 /* key splits */
+#define AT_VB 8    /* value rows loaded together */
 
 /* Flash-decoding over a GQA cache. Grid: (q-head groups, tokens, key splits).
  * A block takes GB query heads that share one kv head, so each K/V row is read
@@ -273,10 +363,35 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
  * memory), the tile's probabilities are broadcast by shuffles while the lanes
  * accumulate the value rows across dims (PV dims per lane). Each block leaves
  * (max, sum, unnormalized output) per head for attn_combine_kernel. */
+/* The combine of attn_combine_kernel for head h of token t (the block's threads
+ * over the value dims), reading the partials through L2 (other blocks wrote them). */
+static __device__ void attn_combine_one(float *out, const float *part, const float *sinks, int splits, int H, int vd,
+                                        int h, int t) {
+    const float *src = part + ((int64_t)t * H + h) * splits * (vd + 2);
+    float M = sinks ? sinks[h] : -INFINITY;
+    for (int s = 0; s < splits; s++)
+        if (ms_load_cg(src + s * (vd + 2) + 1) > 0) M = fmaxf(M, ms_load_cg(src + s * (vd + 2)));
+    float L = sinks ? expf(sinks[h] - M) : 0.0f;
+    for (int s = 0; s < splits; s++) {
+        const float *ps = src + s * (vd + 2);
+        float l = ms_load_cg(ps + 1);
+        if (l > 0) L += l * expf(ms_load_cg(ps) - M);
+    }
+    float inv = 1.0f / L;
+    for (int d = threadIdx.x; d < vd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            const float *ps = src + s * (vd + 2);
+            if (ms_load_cg(ps + 1) > 0) o += ms_load_cg(ps + 2 + d) * expf(ms_load_cg(ps) - M);
+        }
+        out[((int64_t)t * H + h) * vd + d] = o * inv;
+    }
+}
+
 template <int GB, int PV>
 __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
     attn_split_kernel(float *part, const float *q, const float *K, const float *V, int64_t pos0, int splits,
-                      ms_gpu_attn_cfg c) {
+                      ms_gpu_attn_cfg c, float *out, const float *sinks, int *cnt) {
     __shared__ float qs[GB][AT_MAXD];
     __shared__ float wm[AT_WARPS][GB], wl[AT_WARPS][GB];
     __shared__ float wo[AT_WARPS][GB][PV * MS_WARP];
@@ -306,6 +421,7 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
         for (int g = 0; g < GB; g++) sc[g] = 0.0f;
         if (valid) {
             const float4 *kr = (const float4 *)(K + s * kd + (int64_t)kvh * hd);
+#pragma unroll 8
             for (int d4 = 0; d4 < hd / 4; d4++) {
                 float4 kv = kr[d4];
 #pragma unroll
@@ -331,20 +447,27 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
             m[g] = mn;
         }
         const int nt = a1 - tb + 1 < MS_WARP ? (int)(a1 - tb + 1) : MS_WARP;
-        for (int j = 0; j < nt; j++) {
-            const float *vr = V + (tb + j) * vtot + (int64_t)kvh * vd;
-            float vv[PV];
+        /* value rows AT_VB at a time: their loads in flight together (the probabilities of keys
+         * past nt are 0 and their rows read as 0, so a partial group adds exact zeros) */
+        for (int j0 = 0; j0 < nt; j0 += AT_VB) {
+            float vv[AT_VB][PV];
 #pragma unroll
-            for (int i = 0; i < PV; i++) {
-                int d = lane + i * MS_WARP;
-                vv[i] = d < vd ? vr[d] : 0.0f;
+            for (int jj = 0; jj < AT_VB; jj++) {
+                const float *vr = V + (tb + j0 + jj) * vtot + (int64_t)kvh * vd;
+#pragma unroll
+                for (int i = 0; i < PV; i++) {
+                    int d = lane + i * MS_WARP;
+                    vv[jj][i] = d < vd && j0 + jj < nt ? vr[d] : 0.0f;
+                }
             }
 #pragma unroll
-            for (int g = 0; g < GB; g++) {
-                float pj = ms_shfl_idx(pr[g], j);
+            for (int jj = 0; jj < AT_VB; jj++)
 #pragma unroll
-                for (int i = 0; i < PV; i++) acc[g][i] = fmaf(pj, vv[i], acc[g][i]);
-            }
+                for (int g = 0; g < GB; g++) {
+                    float pj = ms_shfl_idx(pr[g], (j0 + jj) % MS_WARP);
+#pragma unroll
+                    for (int i = 0; i < PV; i++) acc[g][i] = fmaf(pj, vv[jj][i], acc[g][i]);
+                }
         }
     }
 #pragma unroll
@@ -371,6 +494,21 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
             dst[2 + d] = o;
         }
     }
+    if (!cnt) return;
+    /* the last block of this (head group, token) to finish combines its splits (one launch;
+     * the combine's order over splits is fixed, so the result does not depend on which block) */
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int *ct = cnt + (int64_t)t * gridDim.x + blockIdx.x;
+        last = atomicAdd(ct, 1) == splits - 1;
+        if (last) *ct = 0; /* ready for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int g = 0; g < GB; g++) attn_combine_one(out, part, sinks, splits, H, vd, h0 + g, t);
 }
 
 /* out[t, h] = sum over splits of out_s e^(m_s - M) / (sum_s l_s e^(m_s - M) + e^(sink - M)). */
@@ -398,8 +536,8 @@ __global__ void attn_combine_kernel(float *out, const float *part, const float *
 
 template <int GB, int PV>
 static void launch_attn(dim3 grid, gpuStream_t st, float *part, const float *q, const float *K, const float *V,
-                        int64_t pos0, int splits, const ms_gpu_attn_cfg &c) {
-    attn_split_kernel<GB, PV><<<grid, AT_WARPS * MS_WARP, 0, st>>>(part, q, K, V, pos0, splits, c);
+                        int64_t pos0, int splits, const ms_gpu_attn_cfg &c, float *out, const float *sinks, int *cnt) {
+    attn_split_kernel<GB, PV><<<grid, AT_WARPS * MS_WARP, 0, st>>>(part, q, K, V, pos0, splits, c, out, sinks, cnt);
 }
 
 extern "C" size_t ms_gpu_attn_scratch_floats(int n, const ms_gpu_attn_cfg *c) {
@@ -437,8 +575,28 @@ extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const floa
     if (splits < 1) splits = 1;
     if (splits > AT_MAXS) splits = AT_MAXS;
     dim3 grid((unsigned)(c->n_heads / gb), (unsigned)n, (unsigned)splits);
+    /* one launch: the last split block of each (head group, token) combines (counters in the context,
+     * zero between launches); the legacy path launches the combine separately */
+    int *cnt = NULL;
+    int64_t need = (int64_t)grid.x * n;
+    if (!g->legacy) {
+        if (g->attn_cnt_n < need) {
+            if (g->attn_cnt) (void)gpuFree(g->attn_cnt);
+            g->attn_cnt = NULL, g->attn_cnt_n = 0;
+            int64_t want_n = need < 4096 ? 4096 : need;
+            void *p = NULL;
+            int rc = ms_gpu_check(gpuMalloc(&p, (size_t)want_n * 4), err, "allocating attention counters");
+            if (!rc) rc = ms_gpu_check(gpuMemsetAsync(p, 0, (size_t)want_n * 4, g->stream), err, "zeroing attention counters");
+            if (rc) {
+                if (p) (void)gpuFree(p);
+                return rc;
+            }
+            g->attn_cnt = (int *)p, g->attn_cnt_n = (int)want_n;
+        }
+        cnt = g->attn_cnt;
+    }
 #define AT_CASE(GBV, PVV) \
-    if (gb == GBV && pv == PVV) launch_attn<GBV, PVV>(grid, g->stream, scratch, q, k_cache, v_cache, pos0, splits, *c)
+    if (gb == GBV && pv == PVV) launch_attn<GBV, PVV>(grid, g->stream, scratch, q, k_cache, v_cache, pos0, splits, *c, out, sinks, cnt)
     AT_CASE(1, 2); else AT_CASE(2, 2); else AT_CASE(4, 2); else AT_CASE(8, 2);
     else AT_CASE(1, 4); else AT_CASE(2, 4); else AT_CASE(4, 4); else AT_CASE(8, 4);
     else AT_CASE(1, 8); else AT_CASE(2, 8); else AT_CASE(4, 8);
@@ -446,7 +604,7 @@ extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const floa
     else return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_attn_gqa: no kernel for group %d x %d value regs", gb, pv);
 #undef AT_CASE
     int rc = ms_gpu_launched(err, "attention (split)");
-    if (rc) return rc;
+    if (rc || cnt) return rc;
     attn_combine_kernel<<<dim3((unsigned)c->n_heads, (unsigned)n), 128, 0, g->stream>>>(out, scratch, sinks, splits,
                                                                                       c->n_heads, c->v_head_dim);
     return ms_gpu_launched(err, "attention (combine)");
