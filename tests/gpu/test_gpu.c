@@ -422,6 +422,7 @@ static void check_route_on(ms_gpu *gg, const char *what, ms_gpu_router kind, int
     ms_err err = {0};
     int rc = ms_gpu_route(gg, did, dw, dl, db, n, &c, &err);
     CHECK_MSG(rc == MS_OK, "%s: %s", what, err.msg);
+    CHECK(ms_gpu_sync(gg, &err) == MS_OK); /* gg's stream is not the one get() downloads on */
     get(gid, did, (size_t)n * K * 4);
     get(gw, dw, (size_t)n * K * 4);
     int id_bad = 0, w_bad = 0;
@@ -899,6 +900,69 @@ TEST(backend_route) {
         gfree(dl), gfree(dbias), gfree(dw), gfree(did);
         free(lg), free(bias), free(w), free(ids), free(gid), free(fx), free(gw);
     }
+}
+
+/* router_route (the router matmul and the routing in one launch) on the fused and the legacy
+ * backend: the logits against the CPU's matmul (the dot-product bound), then the CPU's route of
+ * the GPU's own logits (so near ties cannot flip on rounding): ids identical, weights within the
+ * route bound. Softmax (Qwen3 128 x 2048 BF16), top-k softmax (gpt-oss 32 x 2880 BF16), ungrouped
+ * sigmoid with a correction bias (Kimi 384 x 2304 F32), FP8 rows, and a grouped sigmoid (the two
+ * ops) */
+TEST(backend_router_route) {
+    SKIP_UNLESS_SELECTED("backend_router_route");
+    ms_backend *C = cpu();
+    struct { const char *what; const wkind *k; ms_router_kind kind; int E, K, G_, TG, norm, D; float scale; } cs[] = {
+        {"router_route softmax 8 of 128, bf16 2048", &K_BF16, MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 2048, 1.0f},
+        {"router_route top-k softmax 4 of 32, bf16 2880", &K_BF16, MS_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 2880, 1.0f},
+        {"router_route sigmoid 8 of 384 + bias, f32 2304", &K_F32, MS_ROUTER_SIGMOID, 384, 8, 1, 1, 1, 2304, 2.8f},
+        {"router_route softmax 6 of 64, fp8 1024", &K_FP8, MS_ROUTER_SOFTMAX, 64, 6, 1, 1, 0, 1024, 1.0f},
+        {"router_route sigmoid groups 4 of 8 (two ops)", &K_BF16, MS_ROUTER_SIGMOID, 256, 8, 8, 4, 1, 1024, 2.5f},
+    };
+    for (int leg = 0; leg < 2; leg++)
+        for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
+            ms_backend *G = leg ? legacy_gbe() : gbe();
+            ms_err err = {0};
+            ms_config c;
+            memset(&c, 0, sizeof c);
+            c.router = cs[ci].kind, c.n_experts = cs[ci].E, c.top_k = cs[ci].K, c.n_group = cs[ci].G_;
+            c.topk_group = cs[ci].TG, c.norm_topk_prob = cs[ci].norm, c.routed_scale = cs[ci].scale;
+            int E = cs[ci].E, K = cs[ci].K;
+            int64_t D = cs[ci].D;
+            ms_qmat w = make_w(cs[ci].k, E, D), dw;
+            CHECK(G->ops->place_qmat(G, &w, &dw, &err) == MS_OK);
+            float *x = randv(D, 1.0f), *bias = randv(E, 0.3f), *ref = malloc((size_t)E * 4);
+            double *l1 = malloc((size_t)E * 8);
+            ms_matmul_ref(ref, x, 1, &w);
+            l1_rows(&w, x, 1, l1);
+            float *dx = bup(x, D), *dbias = bup(bias, E), *dl = bup(ref, E), *dwt = bup(ref, 64), *did = bup(ref, 64);
+            ms_route_args a = {.c = &c, .logits = dl, .bias = dbias, .n = 1, .ids = (int *)did, .w = dwt};
+            CHECK(gbe()->ops->sync(gbe(), &err) == MS_OK); /* bup's stream is gbe()'s */
+            G->ops->router_route(G, &a, dx, &dw);
+            CHECK(G->ops->sync(G, &err) == MS_OK);
+            float *gl = bget(dl, E), *gw = bget(dwt, K);
+            int gid[64], rid[64];
+            float rw[64];
+            CHECK(G->ops->download(G, gid, did, (size_t)K * 4, &err) == MS_OK);
+            double worst = 0;
+            int lbad = 0;
+            for (int i = 0; i < E; i++) {
+                double e = fabs((double)gl[i] - ref[i]) / (dot_bound(D) * l1[i] + 1e-30);
+                if (!(e <= 1)) lbad++;
+                if (e > worst) worst = e;
+            }
+            ms_route_args h = {.c = &c, .logits = gl, .bias = bias, .n = 1, .ids = rid, .w = rw};
+            C->ops->route(C, &h);
+            int idbad = 0;
+            for (int i = 0; i < K; i++) idbad += gid[i] != rid[i];
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s%s", cs[ci].what, leg ? " (legacy)" : "");
+            printf("  backend %-60s logits max err/bound %.3f, ids %s\n", nm, worst, idbad ? "DIFFER" : "equal");
+            CHECK_MSG(lbad == 0, "%s: %d logits out of bound", nm, lbad);
+            CHECK_MSG(idbad == 0, "%s: %d ids differ", nm, idbad);
+            cmpv(nm, gw, rw, K, 4 * (E / 256.0 + 16) * U32 + 2e-6, 1e-30);
+            gfree(dx), gfree(dbias), gfree(dl), gfree(dwt), gfree(did);
+            free(x), free(bias), free(ref), free(l1), free(gl), free(gw), free_w(&w);
+        }
 }
 
 /* the decode fusions against the CPU's composition: add_rmsnorm (add, then rmsnorm), qk_norm_rope

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "backend/gpu/gpu_internal.h"
+#include "backend/gpu/route_warp.h"
 
 #define MM_WARPS 4    /* warps per block */
 #define MM_R 4        /* rows per block */
@@ -820,7 +821,7 @@ extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, c
     int64_t I = down->cols, D = down->rows;
     float *G = scratch, *H = G + (int64_t)K * 2 * I, *Y = H + (int64_t)K * I;
     int rc;
-    if (!g->legacy && (uintptr_t)x % 16 == 0 && vec_layout_ok(gate) && vec_layout_ok(down)) {
+    if (!(g->legacy & MS_GPU_LEG_EXPERTS) && (uintptr_t)x % 16 == 0 && vec_layout_ok(gate) && vec_layout_ok(down)) {
         rx_args gu;
         memset(&gu, 0, sizeof gu);
         gu.tab = tab, gu.ids = ids, gu.w = w, gu.x = x, gu.h = H, gu.acc = acc, gu.I = I, gu.D = D, gu.K = K;
@@ -861,4 +862,113 @@ unfused:;
     if ((rc = mm_run(g, down, a, K, (I * 4) % 16 == 0, 0, err))) return rc;
     rx_sum_kernel<<<(unsigned)((D + 255) / 256), 256, 0, g->stream>>>(tab, ids, w, Y, acc, K, D, bias_dt);
     return ms_gpu_launched(err, "routed experts' weighted sum");
+}
+
+/* ------------------------------------------------------------ router + routing (decode) */
+
+/* logits [E] = router x for one token (rows as the vector kernel: MM_R per block, the warps
+ * over the columns), then the last block to finish (an arrival counter) routes them with
+ * route_warp_token: one launch instead of the matmul's and the route's. */
+typedef struct rr_args {
+    const uint8_t *w, *scale;
+    const float *x, *bias;
+    float *logits, *wout;
+    int32_t *ids;
+    int *cnt;
+    int64_t rows, cols, scols;
+    int brow, bshift, scale_dt;
+    ms_gpu_route_cfg c;
+} rr_args;
+
+template <int DT>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
+    const int64_t row0 = (int64_t)blockIdx.x * MM_R;
+    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
+    const uint4 *wr[MM_R];
+    const uint8_t *sp[MM_R];
+    int64_t srow[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1;
+        wr[r] = (const uint4 *)(a.w + row * rowbytes);
+        sp[r] = a.scale;
+        srow[r] = (row / a.brow) * a.scols;
+    }
+    float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t k0 = threadIdx.x; k0 < nch; k0 += U * STEP) {
+        uint4 raw[U][MM_R];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) {
+                int64_t k = k0 + u * STEP;
+                raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t k = k0 + u * STEP;
+            if (k < nch) rx_chunk<DT>(raw[u], a.x + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc);
+        }
+    }
+    __shared__ float red[MM_WARPS][MM_R];
+    rx_block_reduce(acc, red);
+    if (threadIdx.x < MM_R && row0 + threadIdx.x < a.rows) {
+        float v = 0.0f;
+        for (int w = 0; w < MM_WARPS; w++) v += red[w][threadIdx.x];
+        a.logits[row0 + threadIdx.x] = v;
+    }
+    __shared__ int last;
+    __shared__ float lg[RT_MAXE], scores[RT_MAXE], choice[RT_MAXE];
+    __shared__ unsigned char taken[RT_MAXE];
+    __shared__ int ids[RT_MAXK];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(a.cnt, 1) == (int)gridDim.x - 1;
+        if (last) *a.cnt = 0; /* ready for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int64_t i = threadIdx.x; i < a.rows; i += blockDim.x) lg[i] = ms_load_cg(a.logits + i);
+    __syncthreads();
+    if (threadIdx.x < MS_WARP) route_warp_token(a.ids, a.wout, lg, a.bias, a.c, scores, choice, taken, ids);
+}
+
+extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
+                                   const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    int rc = ms_gpu_qmat_check(router, "ms_gpu_router_route", err);
+    if (rc) return rc;
+    if (!ids || !weights || !logits || !x || !c) return ms_fail(err, MS_ERR_ARG, "ms_gpu_router_route: NULL argument");
+    int kind_ok = c->kind == MS_GPU_ROUTER_SOFTMAX || c->kind == MS_GPU_ROUTER_TOPK_SOFTMAX ||
+                  (c->kind == MS_GPU_ROUTER_SIGMOID && c->n_group <= 1);
+    if ((g->legacy & MS_GPU_LEG_ROUTER) || !kind_ok || c->n_experts != router->rows || c->n_experts > RT_MAXE ||
+        c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts || (uintptr_t)x % 16 || (uintptr_t)router->data % 16 ||
+        !vec_layout_ok(router))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_router_route: not this router (kind %d, %lld rows, top %d)",
+                       (int)c->kind, (long long)router->rows, c->top_k);
+    rr_args a;
+    memset(&a, 0, sizeof a);
+    mm_args m;
+    memset(&m, 0, sizeof m);
+    mm_layout(m, router, 1, 0);
+    a.w = (const uint8_t *)router->data, a.scale = (const uint8_t *)router->scale, a.x = x, a.bias = bias;
+    a.logits = logits, a.wout = weights, a.ids = ids, a.rows = m.rows, a.cols = m.cols, a.scols = m.scols;
+    a.brow = m.brow, a.bshift = m.bshift, a.scale_dt = m.scale_dt, a.c = *c;
+    if (!(a.cnt = ms_gpu_counters(g, 1, err))) return err ? err->code : MS_ERR_NOMEM;
+    unsigned blocks = (unsigned)((a.rows + MM_R - 1) / MM_R);
+    switch (kernel_dtype(router->dtype)) {
+    case DT_F32: rr_kernel<DT_F32><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    case DT_F16: rr_kernel<DT_F16><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    case DT_BF16: rr_kernel<DT_BF16><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    case DT_FP8:
+        if (fp8_decode_mode()) rr_kernel<DT_FP8><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a);
+        else rr_kernel<DT_FP8_CVT><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a);
+        break;
+    default: rr_kernel<DT_F4><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    }
+    return ms_gpu_launched(err, "router + route");
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/gpu/gpu_internal.h"
+#include "backend/gpu/route_warp.h"
 
 /* Sum over a block whose size is a multiple of MS_WARP (every thread gets it). */
 static __device__ float block_sum(float v, float *sh) {
@@ -108,18 +109,9 @@ extern "C" int ms_gpu_glu(ms_gpu *g, float *out, const float *gate, const float 
 
 /* ------------------------------------------------------------- router */
 
-#define RT_MAXE 1024
-#define RT_MAXK 32
 #define RT_MAXG 256
 #define RT_THREADS 256
 
-/* Is (v, i) a better top-k candidate than (bv, bi)? Larger wins, ties to the
- * lower index, NaN never (engine/moe.c topk). bi < 0: no candidate yet. */
-static __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
-    if (i < 0 || isnan(v)) return false;
-    if (bi < 0) return true;
-    return v > bv || (v == bv && i < bi);
-}
 
 /* K rounds of block argmax over v[0..E) (entries marked taken skipped) into ids. */
 static __device__ void block_topk(const float *v, int E, int K, unsigned char *taken, int *ids, float *shv, int *shi) {
@@ -241,90 +233,14 @@ __global__ void route_kernel(int32_t *ids_out, float *w_out, const float *logits
     }
 }
 
-/* The one-warp router (softmax, top-k softmax, sigmoid without groups; E <= RT_MAXE):
- * one warp per token, the scores in shared memory, K rounds of a warp argmax by
- * shuffles (larger wins, ties to the lower index, NaN never; only NaN left: the
- * lowest unused index, as block_topk), no block barriers inside the rounds. The
- * weights as route_kernel. */
+/* The one-warp router (route_warp.h), one warp per token. */
 __global__ void __launch_bounds__(MS_WARP) route_warp_kernel(int32_t *ids_out, float *w_out, const float *logits,
                                                             const float *bias, ms_gpu_route_cfg c) {
     __shared__ float scores[RT_MAXE], choice[RT_MAXE];
     __shared__ unsigned char taken[RT_MAXE];
     __shared__ int ids[RT_MAXK];
-    const int E = c.n_experts, K = c.top_k, lane = threadIdx.x;
-    const float *lg = logits + (int64_t)blockIdx.x * E;
-    const float *sel = choice; /* the values the top-k ranks */
-    if (c.kind == MS_GPU_ROUTER_SOFTMAX) {
-        float m = -INFINITY;
-        for (int i = lane; i < E; i += MS_WARP) m = fmaxf(m, lg[i]);
-        m = ms_warp_max(m);
-        float s = 0.0f;
-        for (int i = lane; i < E; i += MS_WARP) s += (choice[i] = expf(lg[i] - m));
-        float inv = 1.0f / ms_warp_sum(s);
-        for (int i = lane; i < E; i += MS_WARP) scores[i] = choice[i] * inv, taken[i] = 0;
-        sel = scores;
-    } else if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
-        for (int i = lane; i < E; i += MS_WARP) taken[i] = 0;
-        sel = lg;
-    } else {
-        for (int i = lane; i < E; i += MS_WARP) {
-            scores[i] = 1.0f / (1.0f + expf(-lg[i]));
-            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
-            taken[i] = 0;
-        }
-    }
-    ms_syncwarp();
-    for (int k = 0; k < K; k++) {
-        float bv = 0.0f;
-        int bi = -1;
-        for (int i = lane; i < E; i += MS_WARP)
-            if (!taken[i] && better(sel[i], i, bv, bi)) bv = sel[i], bi = i;
-#pragma unroll
-        for (int m = MS_WARP / 2; m > 0; m >>= 1) {
-            float ov = ms_shfl_xor(bv, m);
-            int oi = ms_shfl_xor_i(bi, m);
-            if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
-        }
-        if (bi < 0) { /* only NaN left: the lowest unused index */
-            int lo = E;
-            for (int i = lane; i < E && lo == E; i += MS_WARP)
-                if (!taken[i]) lo = i;
-#pragma unroll
-            for (int m = MS_WARP / 2; m > 0; m >>= 1) {
-                int o = ms_shfl_xor_i(lo, m);
-                lo = o < lo ? o : lo;
-            }
-            bi = lo < E ? lo : -1;
-        }
-        if (lane == 0) {
-            ids[k] = bi;
-            if (bi >= 0) taken[bi] = 1;
-        }
-        ms_syncwarp();
-    }
-    if (lane == 0) {
-        float w[RT_MAXK];
-        if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
-            float m = -INFINITY;
-            for (int k = 0; k < K; k++) m = fmaxf(m, w[k] = lg[ids[k]]);
-            double s = 0;
-            for (int k = 0; k < K; k++) s += (w[k] = expf(w[k] - m));
-            float inv = (float)(1.0 / s);
-            for (int k = 0; k < K; k++) w[k] *= inv;
-        } else {
-            double sum = 0;
-            for (int k = 0; k < K; k++) sum += (w[k] = scores[ids[k]]);
-            if (c.norm_topk) {
-                float den = (float)(sum + (c.kind == MS_GPU_ROUTER_SIGMOID ? 1e-20 : 0.0));
-                for (int k = 0; k < K; k++) w[k] /= den;
-            }
-            for (int k = 0; k < K; k++) w[k] *= c.routed_scale;
-        }
-        for (int k = 0; k < K; k++) {
-            ids_out[(int64_t)blockIdx.x * K + k] = ids[k];
-            w_out[(int64_t)blockIdx.x * K + k] = w[k];
-        }
-    }
+    route_warp_token(ids_out + (int64_t)blockIdx.x * c.top_k, w_out + (int64_t)blockIdx.x * c.top_k,
+                     logits + (int64_t)blockIdx.x * c.n_experts, bias, c, scores, choice, taken, ids);
 }
 
 extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
@@ -342,7 +258,7 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
         return ms_fail(err, MS_ERR_ARG,
                        "ms_gpu_route: %d groups (<= %d) of %d experts (>= 2 each, dividing evenly), %d kept groups",
                        c->n_group, RT_MAXG, c->n_experts, c->topk_group);
-    if (!g->legacy && (c->kind != MS_GPU_ROUTER_SIGMOID || c->n_group <= 1))
+    if (!(g->legacy & MS_GPU_LEG_ROUTE) && (c->kind != MS_GPU_ROUTER_SIGMOID || c->n_group <= 1))
         route_warp_kernel<<<n, MS_WARP, 0, g->stream>>>(ids, weights, logits, bias, *c);
     else
         route_kernel<<<n, RT_THREADS, 0, g->stream>>>(ids, weights, logits, bias, *c);
@@ -363,23 +279,28 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
  * memory), the tile's probabilities are broadcast by shuffles while the lanes
  * accumulate the value rows across dims (PV dims per lane). Each block leaves
  * (max, sum, unnormalized output) per head for attn_combine_kernel. */
-/* The combine of attn_combine_kernel for head h of token t (the block's threads
- * over the value dims), reading the partials through L2 (other blocks wrote them). */
-static __device__ void attn_combine_one(float *out, const float *part, const float *sinks, int splits, int H, int vd,
-                                        int h, int t) {
+/* The combine of attn_combine_kernel for head h of token t by one warp: the splits'
+ * (max, sum) across the lanes, then the lanes over the value dims, each summing the
+ * splits in order. Partials are read through L2 (other blocks wrote them). */
+static __device__ void attn_combine_warp(float *out, const float *part, const float *sinks, int splits, int H, int vd,
+                                         int h, int t) {
+    const int lane = threadIdx.x % MS_WARP;
     const float *src = part + ((int64_t)t * H + h) * splits * (vd + 2);
     float M = sinks ? sinks[h] : -INFINITY;
-    for (int s = 0; s < splits; s++)
+    for (int s = lane; s < splits; s += MS_WARP)
         if (ms_load_cg(src + s * (vd + 2) + 1) > 0) M = fmaxf(M, ms_load_cg(src + s * (vd + 2)));
-    float L = sinks ? expf(sinks[h] - M) : 0.0f;
-    for (int s = 0; s < splits; s++) {
+    M = ms_warp_max(M);
+    float L = 0.0f;
+    for (int s = lane; s < splits; s += MS_WARP) {
         const float *ps = src + s * (vd + 2);
         float l = ms_load_cg(ps + 1);
         if (l > 0) L += l * expf(ms_load_cg(ps) - M);
     }
+    L = ms_warp_sum(L) + (sinks ? expf(sinks[h] - M) : 0.0f);
     float inv = 1.0f / L;
-    for (int d = threadIdx.x; d < vd; d += blockDim.x) {
+    for (int d = lane; d < vd; d += MS_WARP) {
         float o = 0.0f;
+#pragma unroll 4
         for (int s = 0; s < splits; s++) {
             const float *ps = src + s * (vd + 2);
             if (ms_load_cg(ps + 1) > 0) o += ms_load_cg(ps + 2 + d) * expf(ms_load_cg(ps) - M);
@@ -508,7 +429,7 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int g = 0; g < GB; g++) attn_combine_one(out, part, sinks, splits, H, vd, h0 + g, t);
+    for (int g = warp; g < GB; g += AT_WARPS) attn_combine_warp(out, part, sinks, splits, H, vd, h0 + g, t);
 }
 
 /* out[t, h] = sum over splits of out_s e^(m_s - M) / (sum_s l_s e^(m_s - M) + e^(sink - M)). */
@@ -579,22 +500,7 @@ extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const floa
      * zero between launches); the legacy path launches the combine separately */
     int *cnt = NULL;
     int64_t need = (int64_t)grid.x * n;
-    if (!g->legacy) {
-        if (g->attn_cnt_n < need) {
-            if (g->attn_cnt) (void)gpuFree(g->attn_cnt);
-            g->attn_cnt = NULL, g->attn_cnt_n = 0;
-            int64_t want_n = need < 4096 ? 4096 : need;
-            void *p = NULL;
-            int rc = ms_gpu_check(gpuMalloc(&p, (size_t)want_n * 4), err, "allocating attention counters");
-            if (!rc) rc = ms_gpu_check(gpuMemsetAsync(p, 0, (size_t)want_n * 4, g->stream), err, "zeroing attention counters");
-            if (rc) {
-                if (p) (void)gpuFree(p);
-                return rc;
-            }
-            g->attn_cnt = (int *)p, g->attn_cnt_n = (int)want_n;
-        }
-        cnt = g->attn_cnt;
-    }
+    if (!(g->legacy & MS_GPU_LEG_ATTN) && !(cnt = ms_gpu_counters(g, need, err))) return err ? err->code : MS_ERR_NOMEM;
 #define AT_CASE(GBV, PVV) \
     if (gb == GBV && pv == PVV) launch_attn<GBV, PVV>(grid, g->stream, scratch, q, k_cache, v_cache, pos0, splits, *c, out, sinks, cnt)
     AT_CASE(1, 2); else AT_CASE(2, 2); else AT_CASE(4, 2); else AT_CASE(8, 2);
