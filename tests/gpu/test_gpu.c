@@ -689,7 +689,7 @@ static ms_backend *gbe(void) {
     return g_gbe;
 }
 /* A second GPU backend on the earlier decode kernels (MS_GPU_LEGACY_DECODE=1 while it opens):
- * the routed experts in four launches, the block router, the loop add_rmsnorm, two-launch attention. */
+ * the routed experts in four launches, the block router, the loop add_rmsnorm, router and route apart. */
 static ms_backend *g_lbe;
 static ms_backend *legacy_gbe(void) {
     if (g_lbe) return g_lbe;

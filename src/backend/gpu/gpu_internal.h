@@ -44,14 +44,13 @@ struct ms_gpu {
     int *cnt;  /* arrival counters of the last-block patterns (zero between launches), cnt_n of them */
     int cnt_n;
     int legacy; /* MS_GPU_LEGACY_DECODE at open (A/B measurements): "1" or "all" every earlier decode kernel,
-                 * else a comma list of experts, route, norm, attn, router (MS_GPU_LEG_* bits) */
+                 * else a comma list of experts, route, norm, router (MS_GPU_LEG_* bits) */
 };
 
 /* ms_gpu.legacy bits: which decode paths take the earlier kernels */
 #define MS_GPU_LEG_EXPERTS 1 /* routed experts in four launches */
 #define MS_GPU_LEG_ROUTE 2   /* the block router */
 #define MS_GPU_LEG_NORM 4    /* add_rmsnorm by loops */
-#define MS_GPU_LEG_ATTN 8    /* attention's combine in its own launch */
 #define MS_GPU_LEG_ROUTER 16 /* the router matmul and the routing in two launches */
 
 /* Turn a runtime status into an ms status with the runtime's message. */

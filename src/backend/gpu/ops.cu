@@ -279,40 +279,10 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
  * memory), the tile's probabilities are broadcast by shuffles while the lanes
  * accumulate the value rows across dims (PV dims per lane). Each block leaves
  * (max, sum, unnormalized output) per head for attn_combine_kernel. */
-/* The combine of attn_combine_kernel for head h of token t by one warp: the splits'
- * (max, sum) across the lanes, then the lanes over the value dims, each summing the
- * splits in order. Partials are read through L2 (other blocks wrote them). */
-static __device__ void attn_combine_warp(float *out, const float *part, const float *sinks, int splits, int H, int vd,
-                                         int h, int t) {
-    const int lane = threadIdx.x % MS_WARP;
-    const float *src = part + ((int64_t)t * H + h) * splits * (vd + 2);
-    float M = sinks ? sinks[h] : -INFINITY;
-    for (int s = lane; s < splits; s += MS_WARP)
-        if (ms_load_cg(src + s * (vd + 2) + 1) > 0) M = fmaxf(M, ms_load_cg(src + s * (vd + 2)));
-    M = ms_warp_max(M);
-    float L = 0.0f;
-    for (int s = lane; s < splits; s += MS_WARP) {
-        const float *ps = src + s * (vd + 2);
-        float l = ms_load_cg(ps + 1);
-        if (l > 0) L += l * expf(ms_load_cg(ps) - M);
-    }
-    L = ms_warp_sum(L) + (sinks ? expf(sinks[h] - M) : 0.0f);
-    float inv = 1.0f / L;
-    for (int d = lane; d < vd; d += MS_WARP) {
-        float o = 0.0f;
-#pragma unroll 4
-        for (int s = 0; s < splits; s++) {
-            const float *ps = src + s * (vd + 2);
-            if (ms_load_cg(ps + 1) > 0) o += ms_load_cg(ps + 2 + d) * expf(ms_load_cg(ps) - M);
-        }
-        out[((int64_t)t * H + h) * vd + d] = o * inv;
-    }
-}
-
 template <int GB, int PV>
 __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
     attn_split_kernel(float *part, const float *q, const float *K, const float *V, int64_t pos0, int splits,
-                      ms_gpu_attn_cfg c, float *out, const float *sinks, int *cnt) {
+                      ms_gpu_attn_cfg c) {
     __shared__ float qs[GB][AT_MAXD];
     __shared__ float wm[AT_WARPS][GB], wl[AT_WARPS][GB];
     __shared__ float wo[AT_WARPS][GB][PV * MS_WARP];
@@ -415,21 +385,6 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
             dst[2 + d] = o;
         }
     }
-    if (!cnt) return;
-    /* the last block of this (head group, token) to finish combines its splits (one launch;
-     * the combine's order over splits is fixed, so the result does not depend on which block) */
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int *ct = cnt + (int64_t)t * gridDim.x + blockIdx.x;
-        last = atomicAdd(ct, 1) == splits - 1;
-        if (last) *ct = 0; /* ready for the next launch */
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int g = warp; g < GB; g += AT_WARPS) attn_combine_warp(out, part, sinks, splits, H, vd, h0 + g, t);
 }
 
 /* out[t, h] = sum over splits of out_s e^(m_s - M) / (sum_s l_s e^(m_s - M) + e^(sink - M)). */
@@ -457,8 +412,8 @@ __global__ void attn_combine_kernel(float *out, const float *part, const float *
 
 template <int GB, int PV>
 static void launch_attn(dim3 grid, gpuStream_t st, float *part, const float *q, const float *K, const float *V,
-                        int64_t pos0, int splits, const ms_gpu_attn_cfg &c, float *out, const float *sinks, int *cnt) {
-    attn_split_kernel<GB, PV><<<grid, AT_WARPS * MS_WARP, 0, st>>>(part, q, K, V, pos0, splits, c, out, sinks, cnt);
+                        int64_t pos0, int splits, const ms_gpu_attn_cfg &c) {
+    attn_split_kernel<GB, PV><<<grid, AT_WARPS * MS_WARP, 0, st>>>(part, q, K, V, pos0, splits, c);
 }
 
 extern "C" size_t ms_gpu_attn_scratch_floats(int n, const ms_gpu_attn_cfg *c) {
@@ -496,13 +451,8 @@ extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const floa
     if (splits < 1) splits = 1;
     if (splits > AT_MAXS) splits = AT_MAXS;
     dim3 grid((unsigned)(c->n_heads / gb), (unsigned)n, (unsigned)splits);
-    /* one launch: the last split block of each (head group, token) combines (counters in the context,
-     * zero between launches); the legacy path launches the combine separately */
-    int *cnt = NULL;
-    int64_t need = (int64_t)grid.x * n;
-    if (!(g->legacy & MS_GPU_LEG_ATTN) && !(cnt = ms_gpu_counters(g, need, err))) return err ? err->code : MS_ERR_NOMEM;
 #define AT_CASE(GBV, PVV) \
-    if (gb == GBV && pv == PVV) launch_attn<GBV, PVV>(grid, g->stream, scratch, q, k_cache, v_cache, pos0, splits, *c, out, sinks, cnt)
+    if (gb == GBV && pv == PVV) launch_attn<GBV, PVV>(grid, g->stream, scratch, q, k_cache, v_cache, pos0, splits, *c)
     AT_CASE(1, 2); else AT_CASE(2, 2); else AT_CASE(4, 2); else AT_CASE(8, 2);
     else AT_CASE(1, 4); else AT_CASE(2, 4); else AT_CASE(4, 4); else AT_CASE(8, 4);
     else AT_CASE(1, 8); else AT_CASE(2, 8); else AT_CASE(4, 8);
@@ -510,7 +460,7 @@ extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const floa
     else return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_attn_gqa: no kernel for group %d x %d value regs", gb, pv);
 #undef AT_CASE
     int rc = ms_gpu_launched(err, "attention (split)");
-    if (rc || cnt) return rc;
+    if (rc) return rc;
     attn_combine_kernel<<<dim3((unsigned)c->n_heads, (unsigned)n), 128, 0, g->stream>>>(out, scratch, sinks, splits,
                                                                                       c->n_heads, c->v_head_dim);
     return ms_gpu_launched(err, "attention (combine)");
