@@ -133,7 +133,9 @@ int cmd_bench(int argc, char **argv) {
                "On a device backend (--backend cuda|hip) mem_bw_gb_s is the device's copy bandwidth (1 GiB\n"
                "device-to-device copies, read + write; bw_source says which) and --profile decodes G more tokens\n"
                "with every op timed by device events: \"profile\" holds microseconds and calls per token by op,\n"
-               "their sum, and the device time span (gaps between ops included).\n", usage);
+               "their sum, and the device time span (gaps between ops included); with MS_GPU_PROFILE_STALL_US=N\n"
+               "each token's ops wait behind an N-microsecond device spin, so the events time the device alone.\n"
+               "argmax_us_per_token: the host time of the greedy pick between decoded tokens (part of decode).\n", usage);
         return 0;
     }
     ms_cli_opts eo;
