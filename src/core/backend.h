@@ -288,6 +288,10 @@ typedef struct ms_backend_ops {
 
     /* ---- mixture of experts ---- */
     void (*route)(ms_backend *be, const ms_route_args *a);
+    /* optional (NULL: matmul then route): one decode token's router logits a->logits [E] =
+     * router x and the route op's selection of them into a->ids / a->w (a->n = 1, no fixed
+     * ids, no logit bias: the engine asks only then), in one step where the backend can */
+    void (*router_route)(ms_backend *be, const ms_route_args *a, const float *x, const ms_qmat *router);
     /* dst[i] = src[rows[i]] for i < m, rows of d floats (rows: host array) */
     void (*gather_rows)(ms_backend *be, float *dst, const float *src, const int *rows, int m, int64_t d);
     /* dst[rows[i]] += w[i] * src[i] for i < m in order (rows, w: host arrays) */

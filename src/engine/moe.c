@@ -158,9 +158,13 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         !e->no_routed) {
         ms_route_args ra = {.c = c, .logits = e->rlog, .bias = L->router_bias, .n = 1, .ids = e->topk_ids,
                             .w = e->topk_w};
-        be->ops->matmul(be, e->rlog, e->xn, 1, &L->router, 0);
-        if (L->router_lbias) be->ops->add_bias(be, e->rlog, L->router_lbias, 1, E);
-        be->ops->route(be, &ra);
+        if (be->ops->router_route && !L->router_lbias) {
+            be->ops->router_route(be, &ra, e->xn, &L->router);
+        } else {
+            be->ops->matmul(be, e->rlog, e->xn, 1, &L->router, 0);
+            if (L->router_lbias) be->ops->add_bias(be, e->rlog, L->router_lbias, 1, E);
+            be->ops->route(be, &ra);
+        }
         ms_moe_routed_args ma = {.in = in, .acc = acc, .D = D, .act = &act, .ids = e->topk_ids, .w = e->topk_w,
                                  .K = K, .E = E, .all = L->experts};
         int rrc = be->ops->moe_experts_routed(be, &ma, err);

@@ -455,12 +455,14 @@ TEST(glu_variants) {
 
 /* ------------------------------------------------------------- router */
 
-static void check_route(const char *what, ms_gpu_router kind, int E, int K, int G, int TG, int norm, float scale,
-                        int with_bias) {
+static void check_route_on(ms_gpu *gg, const char *what, ms_gpu_router kind, int E, int K, int G, int TG, int norm,
+                           float scale, int with_bias) {
     int n = 32;
     float *lg = randv((int64_t)n * E, 2.0f), *bias = with_bias ? randv(E, 0.3f) : NULL;
     if (G <= 1) /* token 5: a NaN hidden state (every logit NaN); token 6: half the logits NaN */
         for (int e = 0; e < E; e++) lg[5 * E + e] = NAN, lg[6 * E + e] = e % 2 ? NAN : lg[6 * E + e];
+    for (int e = 0; e < E; e++) /* tokens 7, 8: many exact ties (logits on a coarse grid; all equal) */
+        lg[7 * E + e] = roundf(lg[7 * E + e]), lg[8 * E + e] = 0.25f;
     int32_t *gid = malloc((size_t)n * K * 4);
     float *gw = malloc((size_t)n * K * 4), *scratch = malloc((size_t)E * 8), rw[64];
     int rid[64];
@@ -469,8 +471,9 @@ static void check_route(const char *what, ms_gpu_router kind, int E, int K, int 
     float *dw = alloc_dev((size_t)n * K * 4);
     ms_gpu_route_cfg c = {kind, E, K, G, TG, norm, scale};
     ms_err err = {0};
-    int rc = ms_gpu_route(gpu(), did, dw, dl, db, n, &c, &err);
+    int rc = ms_gpu_route(gg, did, dw, dl, db, n, &c, &err);
     CHECK_MSG(rc == MS_OK, "%s: %s", what, err.msg);
+    CHECK(ms_gpu_sync(gg, &err) == MS_OK); /* gg's stream is not the one get() downloads on */
     get(gid, did, (size_t)n * K * 4);
     get(gw, dw, (size_t)n * K * 4);
     int id_bad = 0, w_bad = 0;
@@ -493,11 +496,33 @@ static void check_route(const char *what, ms_gpu_router kind, int E, int K, int 
             if (e > worst) worst = e;
         }
     }
-    printf("  route %-40s ids %s, weights max err/bound %.3f\n", what, id_bad ? "DIFFER" : "equal", worst);
+    printf("  route %-40s %s ids %s, weights max err/bound %.3f\n", what, gg == gpu() ? "" : "(legacy)",
+           id_bad ? "DIFFER" : "equal", worst);
     CHECK_MSG(id_bad == 0, "%s: %d expert ids differ", what, id_bad);
     CHECK_MSG(w_bad == 0, "%s: %d weights out of bound", what, w_bad);
     ms_gpu_free(gpu(), dl), ms_gpu_free(gpu(), db), ms_gpu_free(gpu(), did), ms_gpu_free(gpu(), dw);
     free(lg), free(bias), free(gid), free(gw), free(scratch);
+}
+
+/* A second context on the earlier kernels (MS_GPU_LEGACY_DECODE=1 while it opens): the block router. */
+static ms_gpu *g_lgpu;
+static ms_gpu *legacy_gpu(void) {
+    if (g_lgpu) return g_lgpu;
+    ms_err err = {0};
+    setenv("MS_GPU_LEGACY_DECODE", "1", 1);
+    int rc = ms_gpu_open(0, &g_lgpu, &err);
+    unsetenv("MS_GPU_LEGACY_DECODE");
+    if (rc) {
+        fprintf(stderr, "test_gpu: cannot open GPU 0: %s\n", err.msg);
+        exit(1);
+    }
+    return g_lgpu;
+}
+/* the one-warp router (the default for softmax, top-k softmax and ungrouped sigmoid) and the block router */
+static void check_route(const char *what, ms_gpu_router kind, int E, int K, int G, int TG, int norm, float scale,
+                        int with_bias) {
+    check_route_on(gpu(), what, kind, E, K, G, TG, norm, scale, with_bias);
+    check_route_on(legacy_gpu(), what, kind, E, K, G, TG, norm, scale, with_bias);
 }
 
 TEST(router_kinds) {
@@ -508,6 +533,8 @@ TEST(router_kinds) {
     check_route("softmax, 8 of 128, norm (qwen3)", MS_GPU_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 1.0f, 0);
     check_route("softmax, 10 of 512, no norm", MS_GPU_ROUTER_SOFTMAX, 512, 10, 1, 1, 0, 1.0f, 0);
     check_route("top-k softmax, 4 of 32 (gpt-oss)", MS_GPU_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 1.0f, 0);
+    check_route("softmax, 32 of 1024 (the limits)", MS_GPU_ROUTER_SOFTMAX, 1024, 32, 1, 1, 1, 1.0f, 0);
+    check_route("top-k softmax, 8 of 200", MS_GPU_ROUTER_TOPK_SOFTMAX, 200, 8, 1, 1, 0, 1.0f, 0);
     ms_err err = {0};
     ms_gpu_route_cfg bad = {MS_GPU_ROUTER_SIGMOID, 256, 8, 7, 4, 1, 1.0f};
     float *d = alloc_dev(4096);
@@ -711,6 +738,25 @@ static ms_backend *gbe(void) {
     c.n_heads = 64, c.head_dim = 128;
     CHECK(g_gbe->ops->reserve(g_gbe, &c, 4096, 16, &err) == MS_OK);
     return g_gbe;
+}
+/* A second GPU backend on the earlier decode kernels (MS_GPU_LEGACY_DECODE=1 while it opens):
+ * the routed experts in four launches, the block router, the loop add_rmsnorm, router and route apart. */
+static ms_backend *g_lbe;
+static ms_backend *legacy_gbe(void) {
+    if (g_lbe) return g_lbe;
+    ms_err err = {0};
+    setenv("MS_GPU_LEGACY_DECODE", "1", 1);
+    int rc = ms_backend_gpu_create(0, &g_lbe, &err);
+    unsetenv("MS_GPU_LEGACY_DECODE");
+    if (rc) {
+        fprintf(stderr, "test_gpu: GPU backend: %s\n", err.msg);
+        exit(1);
+    }
+    ms_config c;
+    memset(&c, 0, sizeof c);
+    c.n_heads = 64, c.head_dim = 128;
+    CHECK(g_lbe->ops->reserve(g_lbe, &c, 4096, 16, &err) == MS_OK);
+    return g_lbe;
 }
 static float *bup(const float *h, int64_t n) {
     void *d = NULL;
@@ -1109,6 +1155,69 @@ TEST(backend_route) {
     }
 }
 
+/* router_route (the router matmul and the routing in one launch) on the fused and the legacy
+ * backend: the logits against the CPU's matmul (the dot-product bound), then the CPU's route of
+ * the GPU's own logits (so near ties cannot flip on rounding): ids identical, weights within the
+ * route bound. Softmax (Qwen3 128 x 2048 BF16), top-k softmax (gpt-oss 32 x 2880 BF16), ungrouped
+ * sigmoid with a correction bias (Kimi 384 x 2304 F32), FP8 rows, and a grouped sigmoid (the two
+ * ops) */
+TEST(backend_router_route) {
+    SKIP_UNLESS_SELECTED("backend_router_route");
+    ms_backend *C = cpu();
+    struct { const char *what; const wkind *k; ms_router_kind kind; int E, K, G_, TG, norm, D; float scale; } cs[] = {
+        {"router_route softmax 8 of 128, bf16 2048", &K_BF16, MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 2048, 1.0f},
+        {"router_route top-k softmax 4 of 32, bf16 2880", &K_BF16, MS_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 2880, 1.0f},
+        {"router_route sigmoid 8 of 384 + bias, f32 2304", &K_F32, MS_ROUTER_SIGMOID, 384, 8, 1, 1, 1, 2304, 2.8f},
+        {"router_route softmax 6 of 64, fp8 1024", &K_FP8, MS_ROUTER_SOFTMAX, 64, 6, 1, 1, 0, 1024, 1.0f},
+        {"router_route sigmoid groups 4 of 8 (two ops)", &K_BF16, MS_ROUTER_SIGMOID, 256, 8, 8, 4, 1, 1024, 2.5f},
+    };
+    for (int leg = 0; leg < 2; leg++)
+        for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
+            ms_backend *G = leg ? legacy_gbe() : gbe();
+            ms_err err = {0};
+            ms_config c;
+            memset(&c, 0, sizeof c);
+            c.router = cs[ci].kind, c.n_experts = cs[ci].E, c.top_k = cs[ci].K, c.n_group = cs[ci].G_;
+            c.topk_group = cs[ci].TG, c.norm_topk_prob = cs[ci].norm, c.routed_scale = cs[ci].scale;
+            int E = cs[ci].E, K = cs[ci].K;
+            int64_t D = cs[ci].D;
+            ms_qmat w = make_w(cs[ci].k, E, D), dw;
+            CHECK(G->ops->place_qmat(G, &w, &dw, &err) == MS_OK);
+            float *x = randv(D, 1.0f), *bias = randv(E, 0.3f), *ref = malloc((size_t)E * 4);
+            double *l1 = malloc((size_t)E * 8);
+            ms_matmul_ref(ref, x, 1, &w);
+            l1_rows(&w, x, 1, l1);
+            float *dx = bup(x, D), *dbias = bup(bias, E), *dl = bup(ref, E), *dwt = bup(ref, 64), *did = bup(ref, 64);
+            ms_route_args a = {.c = &c, .logits = dl, .bias = dbias, .n = 1, .ids = (int *)did, .w = dwt};
+            CHECK(gbe()->ops->sync(gbe(), &err) == MS_OK); /* bup's stream is gbe()'s */
+            G->ops->router_route(G, &a, dx, &dw);
+            CHECK(G->ops->sync(G, &err) == MS_OK);
+            float *gl = bget(dl, E), *gw = bget(dwt, K);
+            int gid[64], rid[64];
+            float rw[64];
+            CHECK(G->ops->download(G, gid, did, (size_t)K * 4, &err) == MS_OK);
+            double worst = 0;
+            int lbad = 0;
+            for (int i = 0; i < E; i++) {
+                double e = fabs((double)gl[i] - ref[i]) / (dot_bound(D) * l1[i] + 1e-30);
+                if (!(e <= 1)) lbad++;
+                if (e > worst) worst = e;
+            }
+            ms_route_args h = {.c = &c, .logits = gl, .bias = bias, .n = 1, .ids = rid, .w = rw};
+            C->ops->route(C, &h);
+            int idbad = 0;
+            for (int i = 0; i < K; i++) idbad += gid[i] != rid[i];
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s%s", cs[ci].what, leg ? " (legacy)" : "");
+            printf("  backend %-60s logits max err/bound %.3f, ids %s\n", nm, worst, idbad ? "DIFFER" : "equal");
+            CHECK_MSG(lbad == 0, "%s: %d logits out of bound", nm, lbad);
+            CHECK_MSG(idbad == 0, "%s: %d ids differ", nm, idbad);
+            cmpv(nm, gw, rw, K, 4 * (E / 256.0 + 16) * U32 + 2e-6, 1e-30);
+            gfree(dx), gfree(dbias), gfree(dl), gfree(dwt), gfree(did);
+            free(x), free(bias), free(ref), free(l1), free(gl), free(gw), free_w(&w);
+        }
+}
+
 /* the decode fusions against the CPU's composition: add_rmsnorm (add, then rmsnorm), qk_norm_rope
  * (rmsnorm of each head, then rope), matmul_many over matrices of different rows in one launch,
  * moe_experts_routed (the routed experts from device ids) against ms_moe_experts_composed */
@@ -1116,15 +1225,37 @@ TEST(backend_fused) {
     SKIP_UNLESS_SELECTED("backend_fused");
     ms_backend *C = cpu(), *G = gbe();
     ms_err err = {0};
-    int64_t rows = 3, d = 2048, n = rows * d;
-    float *x = randv(n, 1.0f), *y = randv(n, 1.0f), *w = randv(d, 1.0f), *xn = malloc((size_t)n * 4);
-    float *dx = bup(x, n), *dy = bup(y, n), *dw = bup(w, d), *dxn = bup(x, n);
-    C->ops->add(C, x, y, n), C->ops->rmsnorm(C, xn, x, w, rows, d, 1e-6f);
-    G->ops->add_rmsnorm(G, dx, dy, dxn, dw, rows, d, 1e-6f);
-    float *got = bget(dx, n);
-    cmpv("add_rmsnorm (sum)", got, x, n, 0, 0), free(got);
-    got = bget(dxn, n), cmpv("add_rmsnorm (norm)", got, xn, n, (d / 2.0 + 8) * U32 + 2e-6, 1e-30), free(got);
-    gfree(dx), gfree(dy), gfree(dw), gfree(dxn), free(x), free(y), free(w), free(xn);
+    float *got;
+    /* the register kernel (widths of 4 up to 4 x 512 float4, NV 1..8) and the loop kernel (2050, 20000,
+     * and everything on the legacy backend) */
+    int64_t widths[] = {2048, 7168, 2880, 512, 16384, 2050, 20000};
+    for (int leg = 0; leg < 2; leg++)
+        for (int wi = 0; wi < 7; wi++) {
+            ms_backend *B = leg ? legacy_gbe() : G;
+            int64_t rows = 3, d = widths[wi], n = rows * d;
+            float *x = randv(n, 1.0f), *y = randv(n, 1.0f), *w = randv(d, 1.0f), *xn = malloc((size_t)n * 4);
+            void *p[4];
+            float *hp[4] = {x, y, w, x};
+            int64_t np[4] = {n, n, d, n};
+            for (int i = 0; i < 4; i++) {
+                CHECK(B->ops->alloc(B, (size_t)np[i] * 4, &p[i], &err) == MS_OK);
+                CHECK(B->ops->upload(B, p[i], hp[i], (size_t)np[i] * 4, &err) == MS_OK);
+            }
+            float *dx = p[0], *dy = p[1], *dw = p[2], *dxn = p[3];
+            C->ops->add(C, x, y, n), C->ops->rmsnorm(C, xn, x, w, rows, d, 1e-6f);
+            B->ops->add_rmsnorm(B, dx, dy, dxn, dw, rows, d, 1e-6f);
+            char nm[96];
+            got = malloc((size_t)n * 4);
+            CHECK(B->ops->download(B, got, dx, (size_t)n * 4, &err) == MS_OK);
+            snprintf(nm, sizeof nm, "add_rmsnorm %s d %lld (sum)", leg ? "legacy" : "", (long long)d);
+            cmpv(nm, got, x, n, 0, 0);
+            CHECK(B->ops->download(B, got, dxn, (size_t)n * 4, &err) == MS_OK);
+            snprintf(nm, sizeof nm, "add_rmsnorm %s d %lld (norm)", leg ? "legacy" : "", (long long)d);
+            cmpv(nm, got, xn, n, (d / 2.0 + 8) * U32 + 2e-6, 1e-30);
+            free(got);
+            for (int i = 0; i < 4; i++) B->ops->free(B, p[i]);
+            free(x), free(y), free(w), free(xn);
+        }
     /* q 32 heads, k 4 heads of 128, 2 tokens at 700.., rope half-split on all 128 dims */
     int64_t H = 32, KV = 4, hd = 128;
     int nt = 2;
@@ -1196,6 +1327,120 @@ TEST(backend_fused) {
         free(in), free(acc), free(xs), free(ys), free(g), free(u);
     }
     CHECK(G->ops->sync(G, &err) == MS_OK);
+}
+
+/* moe_experts_routed in every dtype and layout, fused (two launches) and legacy (four), against
+ * the CPU backend's composition over the same experts in ascending id (ms_moe_experts_composed):
+ * separate and fused interleaved gate_up, F32/BF16/F16 biases, the Qwen3 shape (D 2048, I 768, 8 of
+ * 16), FP8 with F32 and BF16 128x128 scales (a partial block), MXFP4 (E8M0 per 32), F16, F32, and a
+ * width the vector kernel refuses (the four-launch path). Bound: the summation-order bound of the
+ * down dot over K I terms plus the propagated gate/up error, as 1e-4 of the output's scale. */
+static void check_routed(ms_backend *G, const char *what, const wkind *k, int64_t D, int64_t I, int E, int K,
+                         int fused, ms_dtype bias_dt, int clamped) {
+    ms_backend *C = cpu();
+    ms_err err = {0};
+    ms_expert_view *hv = calloc((size_t)E, sizeof *hv), *gv = calloc((size_t)E, sizeof *gv);
+    void **hb = calloc((size_t)E * 3, sizeof *hb);
+    int bsz = bias_dt == MS_DT_F32 ? 4 : 2;
+    for (int e = 0; e < E; e++) {
+        hv[e].gate = make_w(k, fused ? 2 * I : I, D), hv[e].down = make_w(k, D, I);
+        if (!fused) hv[e].up = make_w(k, I, D);
+        CHECK(G->ops->place_qmat(G, &hv[e].gate, &gv[e].gate, &err) == MS_OK);
+        CHECK(G->ops->place_qmat(G, &hv[e].down, &gv[e].down, &err) == MS_OK);
+        if (!fused) CHECK(G->ops->place_qmat(G, &hv[e].up, &gv[e].up, &err) == MS_OK);
+        if (bias_dt != MS_DT_INVALID) {
+            int64_t n[3] = {fused ? 2 * I : I, fused ? 0 : I, D};
+            for (int b = 0; b < 3; b++) {
+                if (!n[b]) continue;
+                float *f = randv(n[b], 0.5f);
+                void *h = malloc((size_t)n[b] * bsz);
+                for (int64_t i = 0; i < n[b]; i++) {
+                    if (bias_dt == MS_DT_F32) ((float *)h)[i] = f[i];
+                    else if (bias_dt == MS_DT_BF16) ((uint16_t *)h)[i] = ms_f32_to_bf16(f[i]);
+                    else ((uint16_t *)h)[i] = ms_f32_to_f16(f[i]);
+                }
+                void *d = NULL;
+                CHECK(G->ops->alloc(G, (size_t)n[b] * bsz, &d, &err) == MS_OK);
+                CHECK(G->ops->upload(G, d, h, (size_t)n[b] * bsz, &err) == MS_OK);
+                hb[3 * e + b] = h;
+                const void **hs = b == 0 ? &hv[e].gate_bias : b == 1 ? &hv[e].up_bias : &hv[e].down_bias;
+                const void **gs = b == 0 ? &gv[e].gate_bias : b == 1 ? &gv[e].up_bias : &gv[e].down_bias;
+                *hs = h, *gs = d;
+                free(f);
+            }
+            hv[e].bias_dtype = gv[e].bias_dtype = bias_dt;
+        }
+    }
+    /* K distinct ids in a scrambled order, their weights */
+    int ids[32], sorted[32], tok[32] = {0}, off[33];
+    float wts[32], sw[32];
+    for (int i = 0; i < K; i++) ids[i] = (int)((i * 7 + 3) % E);
+    for (int i = 0; i < K; i++) wts[i] = 0.05f + (float)unif();
+    for (int i = 0; i < K; i++) sorted[i] = ids[i];
+    for (int i = 1; i < K; i++)
+        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
+            int t = sorted[j];
+            sorted[j] = sorted[j - 1], sorted[j - 1] = t;
+        }
+    ms_expert_view sv[32];
+    for (int i = 0; i < K; i++) {
+        sv[i] = hv[sorted[i]];
+        for (int j = 0; j < K; j++)
+            if (ids[j] == sorted[i]) sw[i] = wts[j];
+        off[i] = i;
+    }
+    off[K] = K;
+    ms_glu act = {.kind = MS_ACT_SILU, .limit = 7.0f, .alpha = clamped ? 1.702f : 1.0f, .up_offset = clamped ? 1.0f : 0.0f};
+    float *in = randv(D, 1.0f), *acc = calloc((size_t)D, 4), *xs = malloc((size_t)D * 4), *ys = malloc((size_t)D * 4);
+    float *gbuf = malloc((size_t)2 * I * 4), *ubuf = malloc((size_t)2 * I * 4);
+    ms_moe_args ma = {.in = in, .acc = acc, .D = D, .act = &act, .nu = K, .views = sv, .off = off, .tok = tok,
+                      .w = sw, .max_batch = 1, .xs = xs, .g = gbuf, .u = ubuf, .ys = ys};
+    C->ops->moe_experts(C, &ma);
+    void *din = NULL, *dacc = NULL, *dwt = NULL, *did = NULL;
+    CHECK(G->ops->alloc(G, (size_t)D * 4, &din, &err) == MS_OK && G->ops->upload(G, din, in, (size_t)D * 4, &err) == MS_OK);
+    CHECK(G->ops->alloc(G, (size_t)D * 4, &dacc, &err) == MS_OK);
+    CHECK(G->ops->alloc(G, 128, &dwt, &err) == MS_OK && G->ops->upload(G, dwt, wts, (size_t)K * 4, &err) == MS_OK);
+    CHECK(G->ops->alloc(G, 128, &did, &err) == MS_OK && G->ops->upload(G, did, ids, (size_t)K * 4, &err) == MS_OK);
+    ms_moe_routed_args ra = {.in = din, .acc = dacc, .D = D, .act = &act, .ids = did, .w = dwt, .K = K, .E = E, .all = gv};
+    CHECK_MSG(G->ops->moe_experts_routed(G, &ra, &err) == MS_OK, "%s: %s", what, err.msg);
+    float *got = malloc((size_t)D * 4);
+    CHECK(G->ops->download(G, got, dacc, (size_t)D * 4, &err) == MS_OK);
+    cmpv(what, got, acc, D, 1e-4, 1e-4 * maxabs(acc, D));
+    free(got);
+    G->ops->free(G, din), G->ops->free(G, dacc), G->ops->free(G, dwt), G->ops->free(G, did);
+    for (int e = 0; e < E; e++) {
+        free_w(&hv[e].gate), free_w(&hv[e].down);
+        if (!fused) free_w(&hv[e].up);
+        for (int b = 0; b < 3; b++) free(hb[3 * e + b]);
+        if (gv[e].gate_bias) G->ops->free(G, (void *)gv[e].gate_bias);
+        if (gv[e].up_bias) G->ops->free(G, (void *)gv[e].up_bias);
+        if (gv[e].down_bias) G->ops->free(G, (void *)gv[e].down_bias);
+    }
+    free(hv), free(gv), free(hb), free(in), free(acc), free(xs), free(ys), free(gbuf), free(ubuf);
+}
+
+TEST(backend_routed_experts) {
+    SKIP_UNLESS_SELECTED("backend_routed_experts");
+    for (int leg = 0; leg < 2; leg++) {
+        ms_backend *G = leg ? legacy_gbe() : gbe();
+        const char *p = leg ? "legacy" : "fused";
+        char w[96];
+#define RX(desc, k, D, I, E, K, fu, bdt, cl) \
+    snprintf(w, sizeof w, "routed %s: %s", p, desc), check_routed(G, w, k, D, I, E, K, fu, bdt, cl)
+        RX("bf16 qwen3 shape 8 of 16", &K_BF16, 2048, 768, 16, 8, 0, MS_DT_INVALID, 0);
+        RX("fp8 f32 128x128, 8 of 16", &K_FP8, 2048, 768, 16, 8, 0, MS_DT_INVALID, 0);
+        RX("fp8 bf16 128x128, I 320 (partial block)", &K_FP8B, 512, 320, 12, 3, 0, MS_DT_INVALID, 0);
+        RX("mxfp4 fused gate_up, bf16 biases, clamped", &K_F4, 576, 320, 12, 4, 1, MS_DT_BF16, 1);
+        RX("mxfp4 separate, 6 of 16", &K_F4, 1024, 512, 16, 6, 0, MS_DT_INVALID, 0);
+        RX("bf16 fused gate_up, f32 biases", &K_BF16, 512, 256, 8, 2, 1, MS_DT_F32, 0);
+        RX("f16 separate, f16 biases", &K_F16, 256, 128, 8, 3, 0, MS_DT_F16, 0);
+        RX("f32 separate, 1 of 4", &K_F32, 256, 96, 4, 1, 0, MS_DT_INVALID, 0);
+        RX("bf16 I 100 (not a vector width)", &K_BF16, 256, 100, 8, 4, 0, MS_DT_INVALID, 0);
+        RX("bf16 32 of 64", &K_BF16, 256, 128, 64, 32, 0, MS_DT_INVALID, 0);
+#undef RX
+    }
+    ms_err err = {0};
+    CHECK(gbe()->ops->sync(gbe(), &err) == MS_OK);
 }
 
 TEST(backend_attention) {

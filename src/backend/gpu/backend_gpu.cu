@@ -62,6 +62,7 @@ typedef struct gpu_backend {
     /* per-op profile (ms_backend_gpu_profile): the ops as filled, events around each outermost op */
     ms_backend_ops orig;
     int prof, prof_depth, prof_n;
+    int64_t prof_stall; /* MS_GPU_PROFILE_STALL_US at profile start, as clock cycles (2 per ns): 0 none */
     double prof_t0;
     gpuEvent_t *prof_ev, prof_start;
     int *prof_cls;
@@ -149,21 +150,48 @@ static void prof_harvest(gpu_backend *b) {
     }
     b->prof_n = 0;
 }
+/* Spins ~cycles clock cycles (the stall before each profiled token, below). */
+__global__ void k_spin(int64_t cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+static int prof_class_of(gpu_backend *b, const char *name);
 static int prof_begin(gpu_backend *b, size_t off) {
     if (b->prof_depth++ || !b->prof) return -1;
     const char *name = g_op_names[off / sizeof(void *)];
-    int c = 0;
-    while (c < b->prof_nc && b->prof_classes[c].name != name) c++;
-    if (c == b->prof_nc) {
-        if (c == PROF_CLASSES) return -1;
-        b->prof_classes[b->prof_nc++] = (prof_class){name, 0, 0, 0};
+    /* a stalled profile (MS_GPU_PROFILE_STALL_US): each token's first op (the embedding) waits
+     * behind a spin on the device, so the host queues the token's ops meanwhile and the events
+     * time device work alone, not the host's launches; the spins have their own class "stall" */
+    if (b->prof_stall && !strcmp(name, "embed")) {
+        int sc = prof_class_of(b, "stall");
+        if (sc >= 0) {
+            if (b->prof_n == PROF_PAIRS) prof_harvest(b);
+            int i = b->prof_n++;
+            b->prof_cls[i] = sc;
+            (void)gpuEventRecord(b->prof_ev[2 * i], b->g->stream);
+            k_spin<<<1, 1, 0, b->g->stream>>>(b->prof_stall);
+            (void)gpuEventRecord(b->prof_ev[2 * i + 1], b->g->stream);
+        }
     }
+    int c = prof_class_of(b, name);
+    if (c < 0) return -1;
     if (b->prof_n == PROF_PAIRS) prof_harvest(b);
     int i = b->prof_n++;
     b->prof_cls[i] = c;
     b->prof_t0 = prof_now();
     (void)gpuEventRecord(b->prof_ev[2 * i], b->g->stream);
     return i;
+}
+/* The class of an op name (names are the table's string literals; "stall" compared by value), -1 when full. */
+static int prof_class_of(gpu_backend *b, const char *name) {
+    int c = 0;
+    while (c < b->prof_nc && b->prof_classes[c].name != name && strcmp(b->prof_classes[c].name, name)) c++;
+    if (c == b->prof_nc) {
+        if (c == PROF_CLASSES) return -1;
+        b->prof_classes[b->prof_nc++] = (prof_class){name, 0, 0, 0};
+    }
+    return c;
 }
 static void prof_end(gpu_backend *b, int i) {
     b->prof_depth--;
@@ -214,7 +242,7 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(upload); PROF_WRAP(download); PROF_WRAP(copy); PROF_WRAP(zero); PROF_WRAP(copy_rows);
     PROF_WRAP(matmul); PROF_WRAP(matmul_many); PROF_WRAP(rmsnorm); PROF_WRAP(add_bias); PROF_WRAP(add);
     PROF_WRAP(scale); PROF_WRAP(mul_sigmoid); PROF_WRAP(rope); PROF_WRAP(glu); PROF_WRAP(embed);
-    PROF_WRAP(attn_gqa); PROF_WRAP(attn_mla); PROF_WRAP(route); PROF_WRAP(gather_rows);
+    PROF_WRAP(attn_gqa); PROF_WRAP(attn_mla); PROF_WRAP(route); PROF_WRAP(router_route); PROF_WRAP(gather_rows);
     PROF_WRAP(scatter_add_rows); PROF_WRAP(add_bias_any); PROF_WRAP(split_gate_up); PROF_WRAP(add_gated_rows);
     PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
@@ -445,11 +473,69 @@ __global__ void k_add_rmsnorm(float *x, const float *y, float *xn, const float *
     float inv = 1.0f / sqrtf(t / (float)d + eps);
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) nr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
 }
+/* The same in registers: rows of d = 4 NV blockDim floats at most, 16-byte aligned; each
+ * thread holds NV float4 of the row (one load of x, y and w each, no second pass over x). */
+template <int NV>
+__global__ void __launch_bounds__(512) k_add_rmsnorm_reg(float *__restrict__ x, const float *__restrict__ y,
+                                                         float *__restrict__ xn, const float *__restrict__ w, int64_t d,
+                                                         float eps) {
+    __shared__ float sh[512 / MS_WARP];
+    float4 *xr = (float4 *)(x + (int64_t)blockIdx.x * d), *nr = (float4 *)(xn + (int64_t)blockIdx.x * d);
+    const float4 *yr = (const float4 *)(y + (int64_t)blockIdx.x * d);
+    const int n4 = (int)(d / 4);
+    float4 v[NV];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) {
+            float4 a = xr[i], b = yr[i];
+            v[k] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        } else {
+            v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < NV; k++) { /* element order of the loop kernel within a thread */
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) xr[i] = v[k];
+        ss = fmaf(v[k].x, v[k].x, ss), ss = fmaf(v[k].y, v[k].y, ss);
+        ss = fmaf(v[k].z, v[k].z, ss), ss = fmaf(v[k].w, v[k].w, ss);
+    }
+    ss = ms_warp_sum(ss);
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    if (lane == 0) sh[warp] = ss;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    float inv = 1.0f / sqrtf(t / (float)d + eps);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i >= n4) continue;
+        float4 wv = w ? ((const float4 *)w)[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        nr[i] = make_float4(v[k].x * inv * wv.x, v[k].y * inv * wv.y, v[k].z * inv * wv.z, v[k].w * inv * wv.w);
+    }
+}
 static void g_add_rmsnorm(ms_backend *be, float *x, const float *y, float *xn, const float *w, int64_t rows, int64_t d,
                           float eps) {
+    gpu_backend *b = gb(be);
     if (rows < 1 || d < 1) return;
-    k_add_rmsnorm<<<(unsigned)rows, 256, 0, gb(be)->g->stream>>>(x, y, xn, w, d, eps);
-    launched(gb(be), "add_rmsnorm");
+    int aligned = d % 4 == 0 && ((uintptr_t)x | (uintptr_t)y | (uintptr_t)xn | (uintptr_t)w) % 16 == 0;
+    int64_t n4 = d / 4;
+    if (!(b->g->legacy & MS_GPU_LEG_NORM) && aligned && n4 <= 8 * 512 && x != y && xn != y && xn != x) {
+        /* threads: whole warps, n4 / NV rounded up; NV the smallest of 1, 2, 4, 8 with 512 NV >= n4 */
+        int nv = n4 <= 512 ? 1 : n4 <= 1024 ? 2 : n4 <= 2048 ? 4 : 8;
+        int th = (int)((n4 + nv - 1) / nv);
+        th = (th + 63) / 64 * 64;
+        if (nv == 1) k_add_rmsnorm_reg<1><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        else if (nv == 2) k_add_rmsnorm_reg<2><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        else if (nv == 4) k_add_rmsnorm_reg<4><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        else k_add_rmsnorm_reg<8><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+    } else {
+        k_add_rmsnorm<<<(unsigned)rows, 256, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+    }
+    launched(b, "add_rmsnorm");
 }
 __global__ void k_add_bias(float *x, const float *bias, int64_t rows, int64_t d) {
     int64_t n = rows * d;
@@ -940,6 +1026,23 @@ static void g_route(ms_backend *be, const ms_route_args *a) {
     note(b, ms_gpu_sync(b->g, &e), &e); /* the host buffers are reused by the next call */
 }
 
+/* The router matmul and the device routing in one launch (ms_gpu_router_route) where it takes
+ * this router, else the two ops. */
+static void g_router_route(ms_backend *be, const ms_route_args *a, const float *x, const ms_qmat *router) {
+    gpu_backend *b = gb(be);
+    const ms_config *c = a->c;
+    int E = (int)c->n_experts, K = (int)c->top_k;
+    if (a->n == 1 && !a->fixed && (c->router == MS_ROUTER_SOFTMAX || c->router == MS_ROUTER_TOPK_SOFTMAX ||
+                                   (c->router == MS_ROUTER_SIGMOID && c->n_group <= 1))) {
+        ms_gpu_route_cfg rc_ = {(ms_gpu_router)c->router, E, K, 1, 1, c->norm_topk_prob ? 1 : 0, (float)c->routed_scale};
+        ms_err e = {0};
+        int rc = ms_gpu_router_route(b->g, (int32_t *)a->ids, a->w, (float *)a->logits, x, router, a->bias, &rc_, &e);
+        if (rc != MS_ERR_UNSUPPORTED) return note(b, rc, &e);
+    }
+    g_matmul(be, (float *)a->logits, x, a->n, router, 0);
+    g_route(be, a);
+}
+
 typedef struct {
     int32_t row[ROW_BATCH];
     float w[ROW_BATCH];
@@ -1033,6 +1136,8 @@ static void g_add_gated_rows(ms_backend *be, float *y, const float *x, const flo
  * host array), then matmul.cu's four launches. */
 typedef struct rx_table {
     const ms_expert_view *key;
+    const void *key_w; /* expert 0's placed gate data: placed weights are never freed before destroy, so a
+                        * host array freed and reused at the same address (another model) cannot match */
     int E, ok, fused, bias_dt;
     ms_qmat gate, down;
     ms_gpu_ex_ptrs *dev;
@@ -1045,7 +1150,7 @@ static int qmat_same_layout(const ms_qmat *a, const ms_qmat *b) {
 
 static int rx_build(gpu_backend *b, rx_table *t, const ms_expert_view *all, int E, ms_err *err) {
     memset(t, 0, sizeof *t);
-    t->key = all, t->E = E;
+    t->key = all, t->E = E, t->key_w = all[0].gate.data;
     const ms_expert_view *v0 = &all[0];
     t->fused = v0->up.data == NULL;
     t->gate = v0->gate, t->down = v0->down;
@@ -1090,7 +1195,7 @@ static int g_moe_experts_routed(ms_backend *be, const ms_moe_routed_args *a, ms_
         return ms_fail(err, MS_ERR_UNSUPPORTED, "moe_experts_routed: %d of %d experts", a->K, a->E);
     rx_table *t = NULL;
     for (int i = 0; i < b->n_rx && !t; i++)
-        if (b->rx[i].key == a->all && b->rx[i].E == a->E) t = &b->rx[i];
+        if (b->rx[i].key == a->all && b->rx[i].E == a->E && b->rx[i].key_w == a->all[0].gate.data) t = &b->rx[i];
     if (!t) {
         if (b->n_rx == b->cap_rx) {
             int nc = b->cap_rx ? 2 * b->cap_rx : 64;
@@ -1198,6 +1303,7 @@ static void fill_ops(ms_backend_ops *o) {
     o->attn_gqa = g_attn_gqa;
     o->attn_mla = g_attn_mla;
     o->route = g_route;
+    o->router_route = g_router_route;
     o->gather_rows = g_gather_rows;
     o->scatter_add_rows = g_scatter_add_rows;
     o->add_bias_any = g_add_bias_any;
@@ -1267,6 +1373,8 @@ extern "C" int ms_backend_gpu_profile(ms_backend *be, int on, ms_err *err) {
         int rc = ms_gpu_sync(b->g, err);
         if (rc) return rc;
         b->prof_n = 0, b->prof_nc = 0;
+        const char *st = getenv("MS_GPU_PROFILE_STALL_US");
+        b->prof_stall = st ? (int64_t)(2000.0 * atof(st)) : 0;
         (void)gpuEventRecord(b->prof_start, b->g->stream);
     }
     b->prof = on;
@@ -1295,10 +1403,13 @@ extern "C" int ms_backend_gpu_profile_json(ms_backend *be, int per, char *buf, s
             int t = order[k];
             order[k] = order[k - 1], order[k - 1] = t;
         }
+    double stall = 0; /* the stalled profile's spins: out of the span and the ops' sum */
+    for (int i = 0; i < b->prof_nc; i++)
+        if (!strcmp(b->prof_classes[i].name, "stall")) stall = b->prof_classes[i].ms;
     n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0,
                           "{\"tokens\":%d,\"span_us_per_token\":%.1f,\"ops_us_per_token\":%.1f,"
-                          "\"ops_host_us_per_token\":%.1f,\"ops\":{",
-                          per, 1e3 * span / per, 1e3 * sum / per, 1e6 * hsum / per);
+                          "\"ops_host_us_per_token\":%.1f,\"stalled\":%d,\"ops\":{",
+                          per, 1e3 * (span - stall) / per, 1e3 * (sum - stall) / per, 1e6 * hsum / per, stall > 0);
     for (int k = 0; k < b->prof_nc; k++) {
         const prof_class *c = &b->prof_classes[order[k]];
         n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s\"%s\":{\"us_per_token\":%.2f,\"host_us_per_token\":%.2f,\"calls_per_token\":%.1f}",

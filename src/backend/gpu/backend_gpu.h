@@ -36,7 +36,10 @@ int ms_backend_gpu_count(void);
  * ms_backend_gpu_profile_json writes {"tokens", "span_us_per_token" (the device time since
  * the start, gaps included), "ops_us_per_token" (the ops' sum), "ops": {op: {us_per_token,
  * calls_per_token}}} into buf, largest first, per = the tokens decoded meanwhile;
- * returns the length (0 when never started). */
+ * returns the length (0 when never started). With MS_GPU_PROFILE_STALL_US=N set when the
+ * profile starts, each embedding op (a token's first) waits behind an N-microsecond spin on
+ * the device, so the host has queued the token's ops before they run and the events time the
+ * device alone (class "stall"; span and sum without it, "stalled": 1). */
 int ms_backend_gpu_profile(ms_backend *be, int on, ms_err *err);
 int ms_backend_gpu_profile_json(ms_backend *be, int per, char *buf, size_t cap);
 

@@ -5,6 +5,25 @@
 
 #include "backend/gpu/gpu_internal.h"
 
+/* MS_GPU_LEGACY_DECODE: "1" / "all" every bit, else a comma list of the words below (others ignored). */
+static int legacy_bits(const char *v) {
+    if (!v) return 0;
+    if (!strcmp(v, "1") || !strcmp(v, "all")) return 0xff;
+    static const struct {
+        const char *w;
+        int bit;
+    } words[] = {{"experts", MS_GPU_LEG_EXPERTS}, {"route", MS_GPU_LEG_ROUTE}, {"norm", MS_GPU_LEG_NORM},
+                 {"router", MS_GPU_LEG_ROUTER}};
+    int bits = 0;
+    while (*v) {
+        size_t n = strcspn(v, ",");
+        for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+            if (strlen(words[i].w) == n && !strncmp(v, words[i].w, n)) bits |= words[i].bit;
+        v += n + (v[n] == ',');
+    }
+    return bits;
+}
+
 extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     if (!out) return ms_fail(err, MS_ERR_ARG, "ms_gpu_open: out is NULL");
     *out = NULL;
@@ -17,6 +36,7 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     ms_gpu *g = (ms_gpu *)calloc(1, sizeof *g);
     if (!g) return ms_fail(err, MS_ERR_NOMEM, "ms_gpu_open: out of host memory");
     g->device = device;
+    g->legacy = legacy_bits(getenv("MS_GPU_LEGACY_DECODE"));
     int rc;
     if ((rc = ms_gpu_check(gpuSetDevice(device), err, "selecting the device")) ||
         (rc = ms_gpu_check(gpuGetDeviceProperties(&g->prop, device), err, "reading device properties")) ||
@@ -30,9 +50,26 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     return MS_OK;
 }
 
+int *ms_gpu_counters(ms_gpu *g, int64_t n, ms_err *err) {
+    if (g->cnt_n >= n) return g->cnt;
+    if (g->cnt) (void)gpuFree(g->cnt);
+    g->cnt = NULL, g->cnt_n = 0;
+    int64_t want = n < 4096 ? 4096 : n;
+    void *p = NULL;
+    int rc = ms_gpu_check(gpuMalloc(&p, (size_t)want * 4), err, "allocating arrival counters");
+    if (!rc) rc = ms_gpu_check(gpuMemsetAsync(p, 0, (size_t)want * 4, g->stream), err, "zeroing arrival counters");
+    if (rc) {
+        if (p) (void)gpuFree(p);
+        return NULL;
+    }
+    g->cnt = (int *)p, g->cnt_n = (int)want;
+    return g->cnt;
+}
+
 extern "C" void ms_gpu_close(ms_gpu *g) {
     if (!g) return;
     (void)gpuSetDevice(g->device);
+    if (g->cnt) (void)gpuFree(g->cnt);
     if (g->ev0) (void)gpuEventDestroy(g->ev0);
     if (g->ev1) (void)gpuEventDestroy(g->ev1);
     if (g->stream) (void)gpuStreamDestroy(g->stream);

@@ -190,7 +190,9 @@ int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, const ms_gpu
  * layout of gate / down (the host views given). ids, w: device [K] (K <= 32).
  *   acc [D] = sum_j w[j] (down_j act(gate_j x + b, up_j x + b) + b), slots in ascending id
  * act: the gated activation's parameters (ms_gpu_glu_params). scratch: device F32 of
- * ms_gpu_moe_routed_scratch_floats(K, I, D). Four launches, no sync. */
+ * ms_gpu_moe_routed_scratch_floats(K, I, D). Two launches (gate + up + activation, scaled by w[j];
+ * down of all K as one row of K I columns per output row, slots in ascending id) where gate and
+ * down fit the vector kernel, else four (gate+up, activation, down, weighted sum); no sync. */
 typedef struct ms_gpu_ex_ptrs {
     const void *w[3], *s[3], *bias[3];
 } ms_gpu_ex_ptrs;
@@ -202,6 +204,15 @@ size_t ms_gpu_moe_routed_scratch_floats(int K, int64_t inter, int64_t hidden);
 int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, const int32_t *ids, const float *w,
                       const ms_gpu_ex_ptrs *tab, const ms_qmat *gate, const ms_qmat *down, int fused, int bias_dt,
                       const ms_gpu_glu_params *act, float *scratch, ms_err *err);
+
+/* The router's logits and the routing of one decode token in one launch: logits [E] =
+ * router x (E = router->rows = c->n_experts, the matrix in its stored dtype; the vector
+ * kernel's layouts, x 16-byte aligned), then ms_gpu_route's selection and weights of them
+ * (softmax, top-k softmax, or sigmoid without groups: the one-warp router) into ids /
+ * weights [top_k], by the matvec's last block to finish. MS_ERR_UNSUPPORTED for any other
+ * router, layout, or MS_GPU_LEGACY_DECODE "router" (then matmul and ms_gpu_route). */
+int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x, const ms_qmat *router,
+                        const float *bias, const ms_gpu_route_cfg *c, ms_err *err);
 
 /* Timing with device events on the context's stream (for benches): ms_gpu_timer_start
  * records a start event; ms_gpu_timer_stop records the end, waits, and gives the

@@ -41,7 +41,17 @@ struct ms_gpu {
     gpuStream_t stream;
     gpuEvent_t ev0, ev1;
     gpuDeviceProp prop;
+    int *cnt;  /* arrival counters of the last-block patterns (zero between launches), cnt_n of them */
+    int cnt_n;
+    int legacy; /* MS_GPU_LEGACY_DECODE at open (A/B measurements): "1" or "all" every earlier decode kernel,
+                 * else a comma list of experts, route, norm, router (MS_GPU_LEG_* bits) */
 };
+
+/* ms_gpu.legacy bits: which decode paths take the earlier kernels */
+#define MS_GPU_LEG_EXPERTS 1 /* routed experts in four launches */
+#define MS_GPU_LEG_ROUTE 2   /* the block router */
+#define MS_GPU_LEG_NORM 4    /* add_rmsnorm by loops */
+#define MS_GPU_LEG_ROUTER 16 /* the router matmul and the routing in two launches */
 
 /* Turn a runtime status into an ms status with the runtime's message. */
 static inline int ms_gpu_check(gpuError_t e, ms_err *err, const char *what) {
@@ -68,6 +78,11 @@ static inline int ms_gpu_dtype_bits(ms_dtype dt) {
     default: return 0;
     }
 }
+
+/* n arrival counters in device memory, zero (ms_gpu.cnt, grown and zeroed on the stream when
+ * short). A kernel whose blocks count their arrivals there leaves each counter it used at zero
+ * again, so launches on the stream share them. NULL after a failure (err set). */
+int *ms_gpu_counters(ms_gpu *g, int64_t n, ms_err *err);
 
 /* Validate a weight view for the kernels (dtype, shape, scale layout); `what` names it.
  * Q8 and I4 pass only with MS_GPU_QUANT_KERNELS=1 (ms_gpu_quant_kernels_enabled). */

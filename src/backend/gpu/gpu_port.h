@@ -65,6 +65,8 @@ typedef hipDeviceProp_t gpuDeviceProp;
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor(v, m, MS_WARP); }
 static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor(v, m, MS_WARP); }
 static __device__ __forceinline__ float ms_shfl_idx(float v, int lane) { return __shfl(v, lane, MS_WARP); }
+/* orders shared-memory accesses among the lanes of a block that is one warp */
+static __device__ __forceinline__ void ms_syncwarp(void) { __syncthreads(); }
 
 /* FP8 E4M3FN byte -> float, exact (incl. subnormals; 0x7f/0xff NaN), by bit
  * placement: the 7 magnitude bits at f32 bit 20 give 2^(e-127)(1+m/8) (or the
@@ -132,6 +134,8 @@ typedef cudaDeviceProp gpuDeviceProp;
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
 static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
 static __device__ __forceinline__ float ms_shfl_idx(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane, MS_WARP); }
+/* orders shared-memory accesses among the lanes of one (full) warp */
+static __device__ __forceinline__ void ms_syncwarp(void) { __syncwarp(); }
 
 /* FP8 E4M3FN -> float through the hardware pair conversion (sm_89+: one
  * cvt.rn.f16x2.e4m3x2 per two values; E4M3 is exact in F16, NaN stays NaN). */
@@ -168,6 +172,15 @@ static __device__ __forceinline__ uint4 ms_load_stream16(const uint4 *p) {
     return *p;
 #else
     return __ldcs(p);
+#endif
+}
+
+/* A float another block wrote in this launch (after its fence): through L2, not a stale L1 line. */
+static __device__ __forceinline__ float ms_load_cg(const float *p) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP)
+    return *(const volatile float *)p;
+#else
+    return __ldcg(p);
 #endif
 }
 

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "backend/gpu/gpu_internal.h"
+#include "backend/gpu/route_warp.h"
 
 #define MM_WARPS 4    /* warps per block */
 #define MM_R 4        /* rows per block */
@@ -607,6 +608,220 @@ extern "C" size_t ms_gpu_moe_routed_scratch_floats(int K, int64_t inter, int64_t
     return (size_t)K * (size_t)(3 * inter + hidden) + 64;
 }
 
+/* The fused routed path (two launches): rx_gu_kernel computes, for slot j and inter
+ * rows i0, i0 + 1, the gate and up dot products over x in one block (its four "rows":
+ * gate i0, up i0, gate i0+1, up i0+1, or the fused interleaved rows 2 i0 .. 2 i0 + 3),
+ * adds the biases, applies the activation and writes H[j, i] = w[j] act(g, u); then
+ * rx_down_kernel's block owns MM_R output rows d and reads the down rows of all K
+ * slots as one virtual row of K I columns against H (slots in ascending expert id:
+ * deterministic, no atomics): acc[d] = sum over slots and columns + sum_j w[j] b_j[d].
+ * Layouts as the vector kernel requires (mm_run's vec_ok), else the four-launch path. */
+typedef struct rx_args {
+    const ms_gpu_ex_ptrs *tab;
+    const int32_t *ids;
+    const float *w, *x;
+    float *h, *acc;
+    int64_t I, D, cols, scols; /* cols: the kernel's row width (D for gate/up, I for down) */
+    int K, brow, bshift, scale_dt, fused, bias_dt;
+    ms_gpu_glu_params p;
+} rx_args;
+
+/* acc[r] += the lane's share of row r of chunks k (a chunk: VEC columns at c0), as mm_vec_kernel. */
+template <int DT>
+static __device__ __forceinline__ void rx_chunk(const uint4 (&raw)[MM_R], const float *xp, const uint8_t *const (&sp)[MM_R],
+                                                const int64_t (&srow)[MM_R], int c0, int scale_dt, int bshift,
+                                                float (&acc)[MM_R]) {
+    typedef mm_traits<DT> T;
+    const int SUB = T::SUB, NSUB = T::VEC / T::SUB;
+    const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT;
+    float part[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) part[r] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < NSUB; s++) {
+        float xv[SUB];
+        const float4 *x4 = (const float4 *)(xp + s * SUB);
+#pragma unroll
+        for (int i = 0; i < SUB / 4; i++) {
+            float4 v = x4[i];
+            xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) {
+            float wv[SUB];
+            decode<DT>(raw[r], s, wv);
+#pragma unroll
+            for (int i = 0; i < SUB; i++) {
+                if (SCALED) part[r] = fmaf(wv[i], xv[i], part[r]);
+                else acc[r] = fmaf(wv[i], xv[i], acc[r]);
+            }
+        }
+    }
+    if (SCALED) {
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) {
+            float sc = kernel_scale<DT>();
+            if (scale_dt != SC_NONE) sc *= load_scale(sp[r], scale_dt, srow[r] + (c0 >> bshift));
+            acc[r] = fmaf(sc, part[r], acc[r]);
+        }
+    }
+}
+
+/* Sum acc over the block's warps into red[r] (every thread then reads red). */
+static __device__ __forceinline__ void rx_block_reduce(float (&acc)[MM_R], float (*red)[MM_R]) {
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        float v = ms_warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+}
+
+template <int DT>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
+    const int j = blockIdx.y;
+    const int64_t i0 = (int64_t)blockIdx.x * 2;
+    const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
+    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
+    const uint4 *wr[MM_R];
+    const uint8_t *sp[MM_R];
+    int64_t srow[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int64_t i = i0 + r / 2 < a.I ? i0 + r / 2 : a.I - 1; /* clamp: duplicate reads, result dropped */
+        int kind = r % 2, m = a.fused ? 0 : kind;
+        int64_t row = a.fused ? 2 * i + kind : i;
+        wr[r] = (const uint4 *)((const uint8_t *)e.w[m] + row * rowbytes);
+        sp[r] = (const uint8_t *)e.s[m];
+        srow[r] = (row / a.brow) * a.scols;
+    }
+    float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t k0 = threadIdx.x; k0 < nch; k0 += U * STEP) {
+        uint4 raw[U][MM_R];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) {
+                int64_t k = k0 + u * STEP;
+                raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t k = k0 + u * STEP;
+            if (k < nch) rx_chunk<DT>(raw[u], a.x + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc);
+        }
+    }
+    __shared__ float red[MM_WARPS][MM_R];
+    rx_block_reduce(acc, red);
+    if (threadIdx.x < 2 && i0 + threadIdx.x < a.I) {
+        int o = threadIdx.x;
+        int64_t i = i0 + o;
+        float gt = 0.0f, up = 0.0f;
+        for (int w = 0; w < MM_WARPS; w++) gt += red[w][2 * o], up += red[w][2 * o + 1];
+        if (a.fused) {
+            gt += ms_bias_at(e.bias[0], a.bias_dt, 2 * i);
+            up += ms_bias_at(e.bias[0], a.bias_dt, 2 * i + 1);
+        } else {
+            gt += ms_bias_at(e.bias[0], a.bias_dt, i);
+            up += ms_bias_at(e.bias[1], a.bias_dt, i);
+        }
+        a.h[j * a.I + i] = a.w[j] * ms_glu_apply(gt, up, a.p);
+    }
+}
+
+template <int DT>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
+    __shared__ int ord[32];
+    __shared__ const uint8_t *sw[32], *ss[32];
+    const int K = a.K;
+    if (threadIdx.x < K) { /* slot of rank r in ascending expert id (ids of one token are distinct) */
+        int id = a.ids[threadIdx.x], rank = 0;
+        for (int q = 0; q < K; q++) rank += a.ids[q] < id || (a.ids[q] == id && q < (int)threadIdx.x);
+        ord[rank] = threadIdx.x;
+        sw[rank] = (const uint8_t *)a.tab[id].w[2];
+        ss[rank] = (const uint8_t *)a.tab[id].s[2];
+    }
+    __syncthreads();
+    const int64_t d0 = (int64_t)blockIdx.x * MM_R;
+    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8, total = (int64_t)K * nch;
+    int64_t roff[MM_R], srow[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int64_t d = d0 + r < a.D ? d0 + r : a.D - 1;
+        roff[r] = d * rowbytes;
+        srow[r] = (d / a.brow) * a.scols;
+    }
+    float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    /* the lane's position in the virtual row: slot s, chunk c (k = s nch + c), advanced by STEP */
+    int s = (int)(threadIdx.x / nch);
+    int64_t c = threadIdx.x - (int64_t)s * nch;
+    for (int64_t k0 = threadIdx.x; k0 < total; k0 += U * STEP) {
+        uint4 raw[U][MM_R];
+        int su[U];
+        int64_t cu[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            su[u] = s, cu[u] = c;
+            bool live = k0 + u * STEP < total;
+#pragma unroll
+            for (int r = 0; r < MM_R; r++)
+                raw[u][r] = live ? ms_load_stream16((const uint4 *)(sw[s] + roff[r]) + c) : make_uint4(0, 0, 0, 0);
+            c += STEP;
+            while (c >= nch && s < K) c -= nch, s++;
+            if (s >= K) s = K - 1, c = 0; /* past the end: the loads above are guarded by live */
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (k0 + u * STEP >= total) continue;
+            const uint8_t *sp[MM_R];
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) sp[r] = ss[su[u]];
+            rx_chunk<DT>(raw[u], a.x + (int64_t)ord[su[u]] * a.I + cu[u] * VEC, sp, srow, (int)(cu[u] * VEC),
+                         a.scale_dt, a.bshift, acc);
+        }
+    }
+    __shared__ float red[MM_WARPS][MM_R];
+    rx_block_reduce(acc, red);
+    if (threadIdx.x < MM_R && d0 + threadIdx.x < a.D) {
+        int64_t d = d0 + threadIdx.x;
+        float v = 0.0f;
+        for (int w = 0; w < MM_WARPS; w++) v += red[w][threadIdx.x];
+        for (int q = 0; q < K; q++) { /* down biases, ascending expert id */
+            const void *b = a.tab[a.ids[ord[q]]].bias[2];
+            if (b) v = fmaf(a.w[ord[q]], ms_bias_at(b, a.bias_dt, d), v);
+        }
+        a.acc[d] = v;
+    }
+}
+
+template <int DT>
+static void launch_rx(const rx_args &gu, const rx_args &dn, gpuStream_t st) {
+    dim3 block(MM_WARPS * MS_WARP);
+    rx_gu_kernel<DT><<<dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), block, 0, st>>>(gu);
+    rx_down_kernel<DT><<<(unsigned)((dn.D + MM_R - 1) / MM_R), block, 0, st>>>(dn);
+}
+
+/* Whether the vector kernel takes a matrix of w's layout over a 16-byte aligned x (as mm_run). */
+static int vec_layout_ok(const ms_qmat *w) {
+    int bits = ms_gpu_dtype_bits(w->dtype), vec = bits ? 128 / bits : 0;
+    if (!vec || w->cols % vec || w->cols >= (INT64_C(1) << 30)) return 0;
+    if (w->dtype == MS_DT_F8_E4M3 && w->scale && w->bcol % 16) return 0;
+    if (w->scale && (w->bcol & (w->bcol - 1))) return 0;
+    return 1;
+}
+
+static void rx_layout(rx_args &a, const ms_qmat *w) {
+    mm_args m;
+    memset(&m, 0, sizeof m);
+    mm_layout(m, w, 1, 0);
+    a.cols = m.cols, a.scols = m.scols, a.brow = m.brow, a.bshift = m.bshift, a.scale_dt = m.scale_dt;
+}
+
 extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, const int32_t *ids, const float *w,
                                  const ms_gpu_ex_ptrs *tab, const ms_qmat *gate, const ms_qmat *down, int fused,
                                  int bias_dt, const ms_gpu_glu_params *p, float *scratch, ms_err *err) {
@@ -615,6 +830,30 @@ extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, c
     int64_t I = down->cols, D = down->rows;
     float *G = scratch, *H = G + (int64_t)K * 2 * I, *Y = H + (int64_t)K * I;
     int rc;
+    if (!(g->legacy & MS_GPU_LEG_EXPERTS) && (uintptr_t)x % 16 == 0 && vec_layout_ok(gate) && vec_layout_ok(down)) {
+        rx_args gu;
+        memset(&gu, 0, sizeof gu);
+        gu.tab = tab, gu.ids = ids, gu.w = w, gu.x = x, gu.h = H, gu.acc = acc, gu.I = I, gu.D = D, gu.K = K;
+        gu.fused = fused, gu.bias_dt = bias_dt, gu.p = *p;
+        rx_args dn = gu;
+        dn.x = H;
+        rx_layout(gu, gate), rx_layout(dn, down);
+        switch (kernel_dtype(gate->dtype) * 8 + kernel_dtype(down->dtype)) {
+#define RX_CASE(DT, LDT) case DT * 8 + DT: launch_rx<LDT>(gu, dn, g->stream); break
+        RX_CASE(DT_F32, DT_F32);
+        RX_CASE(DT_F16, DT_F16);
+        RX_CASE(DT_BF16, DT_BF16);
+        case DT_FP8 * 8 + DT_FP8:
+            if (fp8_decode_mode()) launch_rx<DT_FP8>(gu, dn, g->stream);
+            else launch_rx<DT_FP8_CVT>(gu, dn, g->stream);
+            break;
+        RX_CASE(DT_F4, DT_F4);
+#undef RX_CASE
+        default: goto unfused; /* gate and down of different dtypes */
+        }
+        return ms_gpu_launched(err, "routed experts (fused)");
+    }
+unfused:;
     mm_args a;
     memset(&a, 0, sizeof a);
     mm_layout(a, gate, 1, 0);
@@ -632,4 +871,113 @@ extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, c
     if ((rc = mm_run(g, down, a, K, (I * 4) % 16 == 0, 0, err))) return rc;
     rx_sum_kernel<<<(unsigned)((D + 255) / 256), 256, 0, g->stream>>>(tab, ids, w, Y, acc, K, D, bias_dt);
     return ms_gpu_launched(err, "routed experts' weighted sum");
+}
+
+/* ------------------------------------------------------------ router + routing (decode) */
+
+/* logits [E] = router x for one token (rows as the vector kernel: MM_R per block, the warps
+ * over the columns), then the last block to finish (an arrival counter) routes them with
+ * route_warp_token: one launch instead of the matmul's and the route's. */
+typedef struct rr_args {
+    const uint8_t *w, *scale;
+    const float *x, *bias;
+    float *logits, *wout;
+    int32_t *ids;
+    int *cnt;
+    int64_t rows, cols, scols;
+    int brow, bshift, scale_dt;
+    ms_gpu_route_cfg c;
+} rr_args;
+
+template <int DT>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
+    const int64_t row0 = (int64_t)blockIdx.x * MM_R;
+    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
+    const uint4 *wr[MM_R];
+    const uint8_t *sp[MM_R];
+    int64_t srow[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1;
+        wr[r] = (const uint4 *)(a.w + row * rowbytes);
+        sp[r] = a.scale;
+        srow[r] = (row / a.brow) * a.scols;
+    }
+    float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t k0 = threadIdx.x; k0 < nch; k0 += U * STEP) {
+        uint4 raw[U][MM_R];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) {
+                int64_t k = k0 + u * STEP;
+                raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t k = k0 + u * STEP;
+            if (k < nch) rx_chunk<DT>(raw[u], a.x + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc);
+        }
+    }
+    __shared__ float red[MM_WARPS][MM_R];
+    rx_block_reduce(acc, red);
+    if (threadIdx.x < MM_R && row0 + threadIdx.x < a.rows) {
+        float v = 0.0f;
+        for (int w = 0; w < MM_WARPS; w++) v += red[w][threadIdx.x];
+        a.logits[row0 + threadIdx.x] = v;
+    }
+    __shared__ int last;
+    __shared__ float lg[RT_MAXE], scores[RT_MAXE], choice[RT_MAXE];
+    __shared__ unsigned char taken[RT_MAXE];
+    __shared__ int ids[RT_MAXK];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(a.cnt, 1) == (int)gridDim.x - 1;
+        if (last) *a.cnt = 0; /* ready for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int64_t i = threadIdx.x; i < a.rows; i += blockDim.x) lg[i] = ms_load_cg(a.logits + i);
+    __syncthreads();
+    if (threadIdx.x < MS_WARP) route_warp_token(a.ids, a.wout, lg, a.bias, a.c, scores, choice, taken, ids);
+}
+
+extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
+                                   const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c, ms_err *err) {
+    MS_GPU_CHECK_CTX(g, err);
+    int rc = ms_gpu_qmat_check(router, "ms_gpu_router_route", err);
+    if (rc) return rc;
+    if (!ids || !weights || !logits || !x || !c) return ms_fail(err, MS_ERR_ARG, "ms_gpu_router_route: NULL argument");
+    int kind_ok = c->kind == MS_GPU_ROUTER_SOFTMAX || c->kind == MS_GPU_ROUTER_TOPK_SOFTMAX ||
+                  (c->kind == MS_GPU_ROUTER_SIGMOID && c->n_group <= 1);
+    if ((g->legacy & MS_GPU_LEG_ROUTER) || !kind_ok || c->n_experts != router->rows || c->n_experts > RT_MAXE ||
+        c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts || (uintptr_t)x % 16 || (uintptr_t)router->data % 16 ||
+        !vec_layout_ok(router))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_router_route: not this router (kind %d, %lld rows, top %d)",
+                       (int)c->kind, (long long)router->rows, c->top_k);
+    rr_args a;
+    memset(&a, 0, sizeof a);
+    mm_args m;
+    memset(&m, 0, sizeof m);
+    mm_layout(m, router, 1, 0);
+    a.w = (const uint8_t *)router->data, a.scale = (const uint8_t *)router->scale, a.x = x, a.bias = bias;
+    a.logits = logits, a.wout = weights, a.ids = ids, a.rows = m.rows, a.cols = m.cols, a.scols = m.scols;
+    a.brow = m.brow, a.bshift = m.bshift, a.scale_dt = m.scale_dt, a.c = *c;
+    if (!(a.cnt = ms_gpu_counters(g, 1, err))) return err ? err->code : MS_ERR_NOMEM;
+    unsigned blocks = (unsigned)((a.rows + MM_R - 1) / MM_R);
+    switch (kernel_dtype(router->dtype)) {
+    case DT_F32: rr_kernel<DT_F32><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    case DT_F16: rr_kernel<DT_F16><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    case DT_BF16: rr_kernel<DT_BF16><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    case DT_FP8:
+        if (fp8_decode_mode()) rr_kernel<DT_FP8><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a);
+        else rr_kernel<DT_FP8_CVT><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a);
+        break;
+    default: rr_kernel<DT_F4><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    }
+    return ms_gpu_launched(err, "router + route");
 }

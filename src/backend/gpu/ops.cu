@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/gpu/gpu_internal.h"
+#include "backend/gpu/route_warp.h"
 
 /* Sum over a block whose size is a multiple of MS_WARP (every thread gets it). */
 static __device__ float block_sum(float v, float *sh) {
@@ -108,18 +109,9 @@ extern "C" int ms_gpu_glu(ms_gpu *g, float *out, const float *gate, const float 
 
 /* ------------------------------------------------------------- router */
 
-#define RT_MAXE 1024
-#define RT_MAXK 32
 #define RT_MAXG 256
 #define RT_THREADS 256
 
-/* Is (v, i) a better top-k candidate than (bv, bi)? Larger wins, ties to the
- * lower index, NaN never (engine/moe.c topk). bi < 0: no candidate yet. */
-static __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
-    if (i < 0 || isnan(v)) return false;
-    if (bi < 0) return true;
-    return v > bv || (v == bv && i < bi);
-}
 
 /* K rounds of block argmax over v[0..E) (entries marked taken skipped) into ids. */
 static __device__ void block_topk(const float *v, int E, int K, unsigned char *taken, int *ids, float *shv, int *shi) {
@@ -241,6 +233,16 @@ __global__ void route_kernel(int32_t *ids_out, float *w_out, const float *logits
     }
 }
 
+/* The one-warp router (route_warp.h), one warp per token. */
+__global__ void __launch_bounds__(MS_WARP) route_warp_kernel(int32_t *ids_out, float *w_out, const float *logits,
+                                                            const float *bias, ms_gpu_route_cfg c) {
+    __shared__ float scores[RT_MAXE], choice[RT_MAXE];
+    __shared__ unsigned char taken[RT_MAXE];
+    __shared__ int ids[RT_MAXK];
+    route_warp_token(ids_out + (int64_t)blockIdx.x * c.top_k, w_out + (int64_t)blockIdx.x * c.top_k,
+                     logits + (int64_t)blockIdx.x * c.n_experts, bias, c, scores, choice, taken, ids);
+}
+
 extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                             const ms_gpu_route_cfg *c, ms_err *err) {
     MS_GPU_CHECK_CTX(g, err);
@@ -256,7 +258,10 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
         return ms_fail(err, MS_ERR_ARG,
                        "ms_gpu_route: %d groups (<= %d) of %d experts (>= 2 each, dividing evenly), %d kept groups",
                        c->n_group, RT_MAXG, c->n_experts, c->topk_group);
-    route_kernel<<<n, RT_THREADS, 0, g->stream>>>(ids, weights, logits, bias, *c);
+    if (!(g->legacy & MS_GPU_LEG_ROUTE) && (c->kind != MS_GPU_ROUTER_SIGMOID || c->n_group <= 1))
+        route_warp_kernel<<<n, MS_WARP, 0, g->stream>>>(ids, weights, logits, bias, *c);
+    else
+        route_kernel<<<n, RT_THREADS, 0, g->stream>>>(ids, weights, logits, bias, *c);
     return ms_gpu_launched(err, "route");
 }
 
@@ -265,6 +270,7 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
 #define AT_WARPS 4
 #define AT_MAXD 512
 #define AT_MAXS 64 /* key splits */
+#define AT_VB 8    /* value rows loaded together */
 
 /* Flash-decoding over a GQA cache. Grid: (q-head groups, tokens, key splits).
  * A block takes GB query heads that share one kv head, so each K/V row is read
@@ -306,6 +312,7 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
         for (int g = 0; g < GB; g++) sc[g] = 0.0f;
         if (valid) {
             const float4 *kr = (const float4 *)(K + s * kd + (int64_t)kvh * hd);
+#pragma unroll 8
             for (int d4 = 0; d4 < hd / 4; d4++) {
                 float4 kv = kr[d4];
 #pragma unroll
@@ -331,20 +338,27 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
             m[g] = mn;
         }
         const int nt = a1 - tb + 1 < MS_WARP ? (int)(a1 - tb + 1) : MS_WARP;
-        for (int j = 0; j < nt; j++) {
-            const float *vr = V + (tb + j) * vtot + (int64_t)kvh * vd;
-            float vv[PV];
+        /* value rows AT_VB at a time: their loads in flight together (the probabilities of keys
+         * past nt are 0 and their rows read as 0, so a partial group adds exact zeros) */
+        for (int j0 = 0; j0 < nt; j0 += AT_VB) {
+            float vv[AT_VB][PV];
 #pragma unroll
-            for (int i = 0; i < PV; i++) {
-                int d = lane + i * MS_WARP;
-                vv[i] = d < vd ? vr[d] : 0.0f;
+            for (int jj = 0; jj < AT_VB; jj++) {
+                const float *vr = V + (tb + j0 + jj) * vtot + (int64_t)kvh * vd;
+#pragma unroll
+                for (int i = 0; i < PV; i++) {
+                    int d = lane + i * MS_WARP;
+                    vv[jj][i] = d < vd && j0 + jj < nt ? vr[d] : 0.0f;
+                }
             }
 #pragma unroll
-            for (int g = 0; g < GB; g++) {
-                float pj = ms_shfl_idx(pr[g], j);
+            for (int jj = 0; jj < AT_VB; jj++)
 #pragma unroll
-                for (int i = 0; i < PV; i++) acc[g][i] = fmaf(pj, vv[i], acc[g][i]);
-            }
+                for (int g = 0; g < GB; g++) {
+                    float pj = ms_shfl_idx(pr[g], (j0 + jj) % MS_WARP);
+#pragma unroll
+                    for (int i = 0; i < PV; i++) acc[g][i] = fmaf(pj, vv[jj][i], acc[g][i]);
+                }
         }
     }
 #pragma unroll
