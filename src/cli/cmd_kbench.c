@@ -24,6 +24,7 @@ static const kb_dtype k_dtypes[] = {
     {"f8_e4m3", MS_DT_F8_E4M3, MS_DT_F32, 128, 128},
     {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
     {"int4", MS_DT_I4, MS_DT_BF16, 1, 32}, /* compressed-tensors pack-quantized (Kimi K2): BF16 scale per 32 */
+    {"q8", MS_DT_Q8, MS_DT_BF16, 1, 32},   /* the requantized static tier (--static-dtype q8) */
 };
 static const int64_t k_decode_shapes[][2] = {{768, 2048}, {2048, 768}, {2048, 7168}, {151936, 2048}};
 static const int64_t k_prefill_shapes[][2] = {{768, 2048}, {2048, 2048}};
@@ -151,16 +152,17 @@ done:
 
 int cmd_kbench(int argc, char **argv) {
     if (ms_arg_flag(argc, argv, "--help")) {
-        printf("usage: moonshine kbench [--threads T] [--isa scalar|avx2|avx512] [--dtype NAME] [--quick]\n"
-               "                        [--seconds S] [--bw-mib M]\n"
+        printf("usage: moonshine kbench [--threads T] [--isa scalar|avx2|avx512|avxvnni|avx512vnni] [--dtype NAME]\n"
+               "                        [--activations f32|q8] [--quick] [--seconds S] [--bw-mib M]\n"
                "Measures the memory read bandwidth with T threads, then for each weight dtype\n"
-               "(bf16 f16 f32 f8_e4m3 mxfp4 int4) the decode matvec (n = 1) GB/s and %% of that bandwidth on\n"
+               "(bf16 f16 f32 f8_e4m3 mxfp4 int4 q8) the decode matvec (n = 1) GB/s and %% of that bandwidth on\n"
                "several shapes (weights cycled through >= 256 MiB so they come from memory; the bandwidth is\n"
                "measured again before each shape, read_gbps_now, and the %% uses the larger one), and the\n"
                "decode GB/s of one core on a 256x2048 weight that stays in cache (cached_1core: what the\n"
                "kernel itself can do), and the prefill GFLOP/s at n = 64 with its speed-up over 64 separate\n"
                "matvecs. Prints one JSON line.\n"
-               "--quick skips the 151936x2048 shape. --seconds: time per measurement (default 0.6).\n");
+               "--activations q8: int8 activations per 32 and integer dot products for mxfp4, int4 and q8\n"
+               "(the other dtypes keep F32). --quick skips the 151936x2048 shape. --seconds: time per measurement (default 0.6).\n");
         return 0;
     }
     int64_t threads = 0, bw_mib = 1024;
@@ -168,7 +170,7 @@ int cmd_kbench(int argc, char **argv) {
     if (ms_arg_int(argc, argv, "--threads", 1, 1024, &threads) || ms_arg_int(argc, argv, "--bw-mib", 64, 4096, &bw_mib))
         return 2;
     const char *isa = ms_arg_str(argc, argv, "--isa"), *only = ms_arg_str(argc, argv, "--dtype");
-    const char *ssec = ms_arg_str(argc, argv, "--seconds");
+    const char *ssec = ms_arg_str(argc, argv, "--seconds"), *acts = ms_arg_str(argc, argv, "--activations");
     int quick = ms_arg_flag(argc, argv, "--quick");
     if (ssec) {
         char *end;
@@ -181,14 +183,19 @@ int cmd_kbench(int argc, char **argv) {
     if (ms_args_unknown(argc, argv, "kbench")) return 2;
     int isa_v = isa ? ms_cpu_isa_parse(isa) : -1;
     if (isa && isa_v < 0) {
-        fprintf(stderr, "moonshine kbench: --isa %s: expected scalar, avx2 or avx512\n", isa);
+        fprintf(stderr, "moonshine kbench: --isa %s: expected scalar, avx2, avx512, avxvnni or avx512vnni\n", isa);
+        return 2;
+    }
+    int act_v = acts ? ms_cpu_act_parse(acts) : MS_ACT_F32;
+    if (act_v < 0) {
+        fprintf(stderr, "moonshine kbench: --activations %s: expected f32 or q8\n", acts);
         return 2;
     }
     if (only) {
         int found = 0;
         for (size_t i = 0; i < sizeof k_dtypes / sizeof *k_dtypes; i++) found |= !strcmp(only, k_dtypes[i].name);
         if (!found) {
-            fprintf(stderr, "moonshine kbench: --dtype %s: expected bf16, f16, f32, f8_e4m3, mxfp4 or int4\n", only);
+            fprintf(stderr, "moonshine kbench: --dtype %s: expected bf16, f16, f32, f8_e4m3, mxfp4, int4 or q8\n", only);
             return 2;
         }
     }
@@ -207,14 +214,15 @@ int cmd_kbench(int argc, char **argv) {
             return 2;
         }
     }
+    ms_cpu_set_activations(pool, (ms_cpu_act)act_v, NULL), ms_cpu_set_activations(one, (ms_cpu_act)act_v, NULL);
     double bw = ms_measure_read_bandwidth(pool, (size_t)bw_mib << 20);
     if (bw <= 0) {
         fprintf(stderr, "moonshine kbench: cannot allocate %lld MiB for the bandwidth measurement\n", (long long)bw_mib);
         ms_pool_destroy(pool), ms_pool_destroy(one);
         return 1;
     }
-    printf("{\"threads\":%d,\"isa\":\"%s\",\"read_gbps\":%.2f,\"decode\":[", ms_pool_size(pool),
-           ms_cpu_isa_name(ms_cpu_isa_of(pool)), bw);
+    printf("{\"threads\":%d,\"isa\":\"%s\",\"activations\":\"%s\",\"read_gbps\":%.2f,\"decode\":[", ms_pool_size(pool),
+           ms_cpu_isa_name(ms_cpu_isa_of(pool)), ms_cpu_act_name((ms_cpu_act)act_v), bw);
     int first = 1;
     for (size_t di = 0; di < sizeof k_dtypes / sizeof *k_dtypes; di++) {
         const kb_dtype *d = &k_dtypes[di];

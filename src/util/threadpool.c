@@ -22,6 +22,7 @@
 struct ms_pool {
     int n;
     int isa; /* ms_pool_isa */
+    int act; /* ms_pool_act */
     pthread_t *threads;
     struct worker_arg *args;
     /* current run: written by the caller before publishing the generation */
@@ -169,6 +170,11 @@ int ms_pool_size(const ms_pool *p) { return p ? p->n : 1; }
 int ms_pool_isa(const ms_pool *p) { return p ? p->isa : -1; }
 void ms_pool_set_isa(ms_pool *p, int isa) {
     if (p) p->isa = isa;
+}
+
+int ms_pool_act(const ms_pool *p) { return p ? p->act : 0; }
+void ms_pool_set_act(ms_pool *p, int act) {
+    if (p) p->act = act;
 }
 
 void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx) {

@@ -1,0 +1,122 @@
+/* qkern_avx512.c — Q8-activation kernels (qkern.h), AVX-512: with AVX512_VNNI
+ * (vpdpbusd) and without (AVX512BW vpmaddubsw + vpmaddwd). A group is 4 blocks:
+ * one 64-byte register of the blocks' first halves and one of their second
+ * halves, so each int32 lane of the dot holds one block's partial sum (lanes
+ * 4i..4i+3 block i). The weights enter the unsigned side as small offset
+ * integers u = wq + off (MXFP4 12, INT4 8, Q8 128 with VNNI); the row sum takes
+ * off * sum_b sw_b * m_b back out. Without VNNI, Q8 (u up to 255 would saturate
+ * vpmaddubsw) multiplies |wq| by the activation with wq's sign instead. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#include "backend/cpu/qkern.h"
+
+#define TBW __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define TVN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
+
+#define GB 4
+
+/* 16 E8M0 bytes (fewer when m says so) -> F32 2^(e-127) (0 -> 2^-127, 0xff -> NaN). */
+#define E8M0_16(s, m)                                                                                                \
+    ({                                                                                                             \
+        __m512i e_ = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8((m), (s)));                                         \
+        __m512i u_ = _mm512_slli_epi32(e_, 23);                                                                    \
+        u_ = _mm512_mask_mov_epi32(u_, _mm512_cmpeq_epi32_mask(e_, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000)); \
+        u_ = _mm512_mask_mov_epi32(u_, _mm512_cmpeq_epi32_mask(e_, _mm512_set1_epi32(0xff)), _mm512_set1_epi32(0x7fc00000)); \
+        _mm512_castsi512_ps(u_);                                                                                   \
+    })
+#define BF16_16(p, m) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((m), (p))), 16))
+
+#define DOT_VN(acc, u, a) _mm512_dpbusd_epi32((acc), (u), (a))
+#define DOT_BW(acc, u, a) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (a)), _mm512_set1_epi16(1)))
+/* signed w x signed a for |w| <= 128 without VNNI: |w| against a with w's sign */
+#define DOTS_BW(acc, w, a)                                                                                       \
+    DOT_BW((acc), _mm512_abs_epi8(w), _mm512_mask_sub_epi8((a), _mm512_movepi8_mask(w), _mm512_setzero_si512(), (a)))
+
+
+#define QROW(NAME, TGT, DOTU, DOTS, FMT_ID)                                                                       \
+    TGT static float NAME(const ms_qmat *w, const qk_act *a, int64_t r) {                                          \
+        const int64_t K = w->cols, nb = K / 32;                                                                    \
+        __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();                                              \
+        const __m512i gsel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);                  \
+        const __m512i lo4 = _mm512_set1_epi8(0x0f);                                                                \
+        const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)); \
+        const uint8_t *wp = (const uint8_t *)w->data;                                                              \
+        const uint8_t *s8 = NULL;                                                                                  \
+        const uint16_t *s16 = NULL;                                                                                \
+        int gsh = 0;                                                                                               \
+        if (FMT_ID == 0) {                                                                                         \
+            wp += r * (K / 2);                                                                                     \
+            if (w->scale) s8 = (const uint8_t *)w->scale + (r / w->brow) * nb;                                      \
+        } else if (FMT_ID == 1) {                                                                                  \
+            wp += r * (K / 2);                                                                                     \
+            s16 = (const uint16_t *)w->scale + r * (K / w->bcol);                                                  \
+            while ((32 << gsh) < w->bcol) gsh++;                                                                   \
+        } else {                                                                                                   \
+            wp += r * K;                                                                                           \
+            s16 = (const uint16_t *)w->scale + r * nb;                                                             \
+        }                                                                                                          \
+        const __m512i gidx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), gsh); \
+        for (int64_t b0 = 0; b0 < nb; b0 += 16) {                                                                  \
+            int nbl = nb - b0 < 16 ? (int)(nb - b0) : 16;                                                          \
+            __mmask16 mb = (__mmask16)((1u << nbl) - 1);                                                           \
+            __m512 sw;                                                                                             \
+            if (FMT_ID == 0) sw = _mm512_mul_ps(s8 ? E8M0_16(s8 + b0, mb) : _mm512_set1_ps(1.0f), _mm512_set1_ps(0.5f)); \
+            else if (FMT_ID == 1) {                                                                                \
+                int ng = (int)(((nb - b0) + (1 << gsh) - 1) >> gsh);                                               \
+                if (ng > 16) ng = 16;                                                                              \
+                __m512 g = BF16_16(s16 + (b0 >> gsh), (__mmask16)((1u << ng) - 1));                                \
+                sw = _mm512_permutexvar_ps(gidx, g);                                                               \
+            } else sw = BF16_16(s16 + b0, mb);                                                                     \
+            __m512 sd = _mm512_mul_ps(sw, _mm512_maskz_loadu_ps(mb, a->d + b0));                                   \
+            if (FMT_ID != 2 || DOTS == 0) corr = _mm512_fmadd_ps(sw, _mm512_maskz_loadu_ps(mb, a->m + b0), corr);  \
+            for (int gi = 0; gi * GB < nbl; gi++) {                                                                \
+                const int64_t b = b0 + gi * GB;                                                                    \
+                const int nbg = nbl - gi * GB < GB ? nbl - gi * GB : GB;                                           \
+                const int8_t *aq = a->q + b * 32;                                                                  \
+                __m512i a0 = _mm512_loadu_si512(aq), a1 = _mm512_loadu_si512(aq + 64), dv;                          \
+                if (FMT_ID != 2) {                                                                                 \
+                    __m512i wb = _mm512_maskz_loadu_epi8(nbg == GB ? ~(__mmask64)0 : (((__mmask64)1 << (16 * nbg)) - 1), wp + b * 16); \
+                    __m512i lo = _mm512_and_si512(wb, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(wb, 4), lo4);  \
+                    if (FMT_ID == 0) lo = _mm512_shuffle_epi8(lut, lo), hi = _mm512_shuffle_epi8(lut, hi);          \
+                    dv = DOTU(DOTU(_mm512_setzero_si512(), lo, a0), hi, a1);                                       \
+                } else {                                                                                           \
+                    __mmask64 m0 = nbg >= 2 ? ~(__mmask64)0 : (((__mmask64)1 << 32) - 1);                           \
+                    __mmask64 m1 = nbg == 4 ? ~(__mmask64)0 : nbg == 3 ? (((__mmask64)1 << 32) - 1) : 0;            \
+                    __m512i wa = _mm512_maskz_loadu_epi8(m0, wp + b * 32), wc = _mm512_maskz_loadu_epi8(m1, wp + b * 32 + 64); \
+                    __m512i u0 = _mm512_permutex2var_epi64(wa, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), wc);   \
+                    __m512i u1 = _mm512_permutex2var_epi64(wa, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), wc); \
+                    if (DOTS) dv = DOTS_BW(DOTS_BW(_mm512_setzero_si512(), u0, a0), u1, a1);                       \
+                    else {                                                                                         \
+                        const __m512i x80 = _mm512_set1_epi8((char)0x80);                                          \
+                        dv = DOTU(DOTU(_mm512_setzero_si512(), _mm512_xor_si512(u0, x80), a0), _mm512_xor_si512(u1, x80), a1); \
+                    }                                                                                              \
+                }                                                                                                  \
+                __m512 sv = _mm512_permutexvar_ps(_mm512_add_epi32(gsel, _mm512_set1_epi32(gi * GB)), sd);         \
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv), sv, acc);                                            \
+            }                                                                                                      \
+        }                                                                                                          \
+        const float off = FMT_ID == 0 ? 12.0f : FMT_ID == 1 ? 8.0f : DOTS ? 0.0f : 128.0f;                         \
+        return _mm512_reduce_add_ps(acc) - off * _mm512_reduce_add_ps(corr);                                       \
+    }
+
+QROW(f4_row_vn, TVN, DOT_VN, 0, 0)
+QROW(i4_row_vn, TVN, DOT_VN, 0, 1)
+QROW(q8_row_vn, TVN, DOT_VN, 0, 2)
+QROW(f4_row_bw, TBW, DOT_BW, 0, 0)
+QROW(i4_row_bw, TBW, DOT_BW, 0, 1)
+QROW(q8_row_bw, TBW, DOT_BW, 1, 2)
+
+#define QGEMV(NAME, TGT, F4, I4, Q8)                                                                            \
+    TGT static void NAME(const ms_qmat *w, const qk_act *a, float *y, int64_t r0, int64_t r1, int acc) {        \
+        for (int64_t r = r0; r < r1; r++) {                                                                     \
+            float s = w->dtype == MS_DT_F4 ? F4(w, a, r) : w->dtype == MS_DT_I4 ? I4(w, a, r) : Q8(w, a, r);       \
+            y[r] = acc ? y[r] + s : s;                                                                          \
+        }                                                                                                       \
+    }
+QGEMV(gemv_vn, TVN, f4_row_vn, i4_row_vn, q8_row_vn)
+QGEMV(gemv_bw, TBW, f4_row_bw, i4_row_bw, q8_row_bw)
+
+const qk_kernels ms_qk_avx512vnni = {.gb = GB, .gemv = gemv_vn};
+const qk_kernels ms_qk_avx512 = {.gb = GB, .gemv = gemv_bw};
+#endif
