@@ -2,6 +2,7 @@
  * reference the SIMD tables are tested against) and the per-ISA table lookup.
  * matmul.c plans and runs the jobs. */
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/qkern.h"
 
@@ -18,32 +19,41 @@ int ms_qk_ok(const ms_qmat *w) {
     }
 }
 
+/* v rounded to nearest even (|v| <= 2^22): adding and taking away 1.5 * 2^23 rounds in the
+ * FPU's default mode, without a libm call (the build has no -ffast-math to fold it). */
+static inline int rne(float v) { return (int)((v + 0x1.8p23f) - 0x1.8p23f); }
+
 void ms_qk_quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, float *d, float *m) {
     const int64_t kp = (K + QK_PAD - 1) / QK_PAD * QK_PAD;
     for (int64_t b = 0; b < kp / 32; b++) {
+        /* the block's two halves in the group layout (qk_pos) */
+        int8_t *h0 = q + (b / gb) * (32 * gb) + (b % gb) * 16, *h1 = h0 + 16 * gb;
         if (b * 32 >= K) {
-            for (int j = 0; j < 32; j++) q[qk_pos(b, j, gb, lay)] = 0;
+            memset(h0, 0, 16), memset(h1, 0, 16);
             d[b] = m[b] = 0;
             continue;
         }
         const float *xb = x + b * 32;
         float amax = 0;
+        int nonfinite = 0;
         for (int j = 0; j < 32; j++) {
             float a = fabsf(xb[j]);
-            amax = a > amax || a != a ? a : amax;
+            amax = a > amax ? a : amax;
+            nonfinite |= !(a <= 3.4028235e38f);
         }
-        int sum = 0;
-        if (!isfinite(amax)) {
-            for (int j = 0; j < 32; j++) q[qk_pos(b, j, gb, lay)] = 0;
+        if (nonfinite) {
+            memset(h0, 0, 16), memset(h1, 0, 16);
             d[b] = m[b] = NAN;
             continue;
         }
         float id = amax > 0 ? 127.0f / amax : 0.0f;
-        for (int j = 0; j < 32; j++) {
-            float v = nearbyintf(xb[j] * id);
-            int iv = v > 127 ? 127 : v < -127 ? -127 : (int)v;
-            q[qk_pos(b, j, gb, lay)] = (int8_t)iv;
-            sum += iv;
+        int sum = 0;
+        for (int i = 0; i < 16; i++) {
+            int e = rne(xb[lay == QK_DEINT ? 2 * i : i] * id), o = rne(xb[lay == QK_DEINT ? 2 * i + 1 : 16 + i] * id);
+            e = e > 127 ? 127 : e < -127 ? -127 : e;
+            o = o > 127 ? 127 : o < -127 ? -127 : o;
+            h0[i] = (int8_t)e, h1[i] = (int8_t)o;
+            sum += e + o;
         }
         d[b] = amax / 127.0f;
         m[b] = d[b] * (float)sum;
