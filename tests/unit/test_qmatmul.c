@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/qkern.h"
 #include "ops/ops.h"
 #include "test.h"
 
@@ -219,6 +220,33 @@ TEST(q8_activations_other_dtypes_and_nan) {
         CHECK_MSG(nan, "isa %s: an infinite activation must give NaN rows", ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]));
     }
     free(mem);
+}
+
+/* Each ISA's quantizer gives exactly ms_qk_quant's integers, scales and sums (zero, tiny,
+ * huge and non-finite blocks, both layouts, a ragged tail). */
+TEST(q8_quant_identical) {
+    setup_isas();
+    enum { K = 32 * 37 };
+    static float x[K];
+    static int8_t qa[K + QK_PAD], qb[K + QK_PAD];
+    static float da[K / 32 + 4], db[K / 32 + 4], ma[K / 32 + 4], mb[K / 32 + 4];
+    for (int i = 0; i < K; i++) x[i] = frand() * (i < 320 ? 1e-30f : i < 640 ? 1e30f : 3.0f);
+    for (int i = 640; i < 672; i++) x[i] = 0;
+    x[700] = NAN, x[760] = -INFINITY;
+    for (int i = 800; i < 832; i++) x[i] = (float)(i - 816) * 0.5f; /* ties to even */
+    for (int ii = 0; ii < g_nisa; ii++) {
+        const qk_kernels *k = ms_qk_for((ms_cpu_isa)g_isas[ii]);
+        if (!k->quant) continue;
+        for (int lay = 0; lay < 2; lay++) {
+            memset(qa, 0x55, sizeof qa), memset(qb, 0x55, sizeof qb);
+            ms_qk_quant(x, K, k->gb, (qk_layout)lay, qa, da, ma);
+            k->quant(x, K, k->gb, (qk_layout)lay, qb, db, mb);
+            int nb = (K + QK_PAD - 1) / QK_PAD * QK_PAD / 32;
+            CHECK_MSG(memcmp(qa, qb, (size_t)nb * 32) == 0 && memcmp(da, db, (size_t)nb * 4) == 0 &&
+                          memcmp(ma, mb, (size_t)nb * 4) == 0,
+                      "isa %s layout %d", ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]), lay);
+        }
+    }
 }
 
 TEST_MAIN()

@@ -281,8 +281,8 @@ static void use_scratch(mm_job *j, float *xs, int nth) {
         int8_t *q = (int8_t *)xs;
         float *d = xs + (int64_t)j->n * (j->xq_stride / 4), *m = d + (int64_t)j->n * j->xs_stride;
         for (int t = 0; t < j->n; t++)
-            ms_qk_quant(j->x + (int64_t)t * K, K, j->qk->gb, ms_qk_layout(j->w), q + t * j->xq_stride,
-                        d + t * j->xs_stride, m + t * j->xs_stride);
+            (j->qk->quant ? j->qk->quant : ms_qk_quant)(j->x + (int64_t)t * K, K, j->qk->gb, ms_qk_layout(j->w),
+                                                        q + t * j->xq_stride, d + t * j->xs_stride, m + t * j->xs_stride);
         j->xq = q, j->xd = d, j->xm = m;
         return;
     }
