@@ -187,9 +187,14 @@ static void q_run(const mm_job *j, int task) {
         if (t1 > j->n) t1 = j->n;
     }
     if (r1 > R) r1 = R;
-    for (int64_t t = t0; t < t1; t++) {
-        qk_act a = {j->xq + t * j->xq_stride, j->xd + t * j->xs_stride, j->xm + t * j->xs_stride};
-        j->qk->gemv(j->w, &a, j->y + t * R, r0, r1, j->acc);
+    qk_act a[16];
+    for (int64_t tb = t0; tb < t1; tb += 16) {
+        int nt = (int)(t1 - tb < 16 ? t1 - tb : 16);
+        for (int t = 0; t < nt; t++)
+            a[t] = (qk_act){j->xq + (tb + t) * j->xq_stride, j->xd + (tb + t) * j->xs_stride, j->xm + (tb + t) * j->xs_stride};
+        if (j->qk->gemm && nt > 1) j->qk->gemm(j->w, a, nt, j->y + tb * R, R, r0, r1, j->acc);
+        else
+            for (int t = 0; t < nt; t++) j->qk->gemv(j->w, &a[t], j->y + (tb + t) * R, r0, r1, j->acc);
     }
 }
 

@@ -40,6 +40,9 @@ typedef struct qk_kernels {
      * [r0, r1); wq the weight's integers, sw its scale per block (MXFP4: E8M0 / 2). w must
      * pass ms_qk_ok; a laid out for (gb, ms_qk_layout(w)). */
     void (*gemv)(const ms_qmat *w, const qk_act *a, float *y, int64_t r0, int64_t r1, int acc);
+    /* Optional (NULL: gemv per token): nt tokens a[0..nt) at once, y[t * ldy + r] as gemv's y[r]
+     * for token t, each token's result what gemv gives it. */
+    void (*gemm)(const ms_qmat *w, const qk_act *a, int nt, float *y, int64_t ldy, int64_t r0, int64_t r1, int acc);
     /* ms_qk_quant with the same results (NULL: ms_qk_quant itself). */
     void (*quant)(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, float *d, float *m);
 } qk_kernels;

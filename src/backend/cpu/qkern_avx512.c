@@ -42,9 +42,11 @@
 
 
 #define QROW(NAME, TGT, DOTU, DOTS, FMT_ID)                                                                       \
-    TGT static float NAME(const ms_qmat *w, const qk_act *a, int64_t r) {                                          \
+    static inline __attribute__((always_inline)) TGT void NAME(const ms_qmat *w, const qk_act *a, int64_t r, float *out, \
+                                                              const int NT) {                                    \
         const int64_t K = w->cols, nb = K / 32;                                                                    \
-        __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();                                              \
+        __m512 acc[4], corr[4], sd[4];                                                                             \
+        for (int t = 0; t < NT; t++) acc[t] = corr[t] = _mm512_setzero_ps();                                       \
         const __m512i gsel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);                  \
         const __m512i lo4 = _mm512_set1_epi8(0x0f);                                                                \
         const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)); \
@@ -75,13 +77,14 @@
                 __m512 g = BF16_16(s16 + (b0 >> gsh), (__mmask16)((1u << ng) - 1));                                \
                 sw = _mm512_permutexvar_ps(gidx, g);                                                               \
             } else sw = BF16_16(s16 + b0, mb);                                                                     \
-            __m512 sd = _mm512_mul_ps(sw, _mm512_maskz_loadu_ps(mb, a->d + b0));                                   \
-            if (FMT_ID != 2 || DOTS == 0) corr = _mm512_fmadd_ps(sw, _mm512_maskz_loadu_ps(mb, a->m + b0), corr);  \
+            for (int t = 0; t < NT; t++) {                                                                         \
+                sd[t] = _mm512_mul_ps(sw, _mm512_maskz_loadu_ps(mb, a[t].d + b0));                                 \
+                if (FMT_ID != 2 || DOTS == 0) corr[t] = _mm512_fmadd_ps(sw, _mm512_maskz_loadu_ps(mb, a[t].m + b0), corr[t]); \
+            }                                                                                                      \
             for (int gi = 0; gi * GB < nbl; gi++) {                                                                \
                 const int64_t b = b0 + gi * GB;                                                                    \
                 const int nbg = nbl - gi * GB < GB ? nbl - gi * GB : GB;                                           \
-                const int8_t *aq = a->q + b * 32;                                                                  \
-                __m512i a0 = _mm512_loadu_si512(aq), a1 = _mm512_loadu_si512(aq + 64), dv;                          \
+                __m512i dv[4], u0, u1;                                                                             \
                 if (FMT_ID != 2) _mm_prefetch((const char *)(wp + b * 16 + QK_PF), _MM_HINT_T0);                   \
                 else _mm_prefetch((const char *)(wp + b * 32 + QK_PF / 2), _MM_HINT_T0),                           \
                      _mm_prefetch((const char *)(wp + b * 32 + QK_PF / 2 + 64), _MM_HINT_T0);                      \
@@ -89,25 +92,30 @@
                     __m512i wb = _mm512_maskz_loadu_epi8(nbg == GB ? ~(__mmask64)0 : (((__mmask64)1 << (16 * nbg)) - 1), wp + b * 16); \
                     __m512i lo = _mm512_and_si512(wb, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(wb, 4), lo4);  \
                     if (FMT_ID == 0) lo = _mm512_shuffle_epi8(lut, lo), hi = _mm512_shuffle_epi8(lut, hi);          \
-                    dv = DOTU(DOTU(_mm512_setzero_si512(), lo, a0), hi, a1);                                       \
+                    u0 = lo, u1 = hi;                                                                              \
                 } else {                                                                                           \
                     __mmask64 m0 = nbg >= 2 ? ~(__mmask64)0 : (((__mmask64)1 << 32) - 1);                           \
                     __mmask64 m1 = nbg == 4 ? ~(__mmask64)0 : nbg == 3 ? (((__mmask64)1 << 32) - 1) : 0;            \
                     __m512i wa = _mm512_maskz_loadu_epi8(m0, wp + b * 32), wc = _mm512_maskz_loadu_epi8(m1, wp + b * 32 + 64); \
-                    __m512i u0 = _mm512_permutex2var_epi64(wa, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), wc);   \
-                    __m512i u1 = _mm512_permutex2var_epi64(wa, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), wc); \
-                    if (DOTS) dv = DOTS_BW(DOTS_BW(_mm512_setzero_si512(), u0, a0), u1, a1);                       \
-                    else {                                                                                         \
+                    u0 = _mm512_permutex2var_epi64(wa, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), wc);           \
+                    u1 = _mm512_permutex2var_epi64(wa, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), wc);         \
+                    if (!DOTS) {                                                                                   \
                         const __m512i x80 = _mm512_set1_epi8((char)0x80);                                          \
-                        dv = DOTU(DOTU(_mm512_setzero_si512(), _mm512_xor_si512(u0, x80), a0), _mm512_xor_si512(u1, x80), a1); \
+                        u0 = _mm512_xor_si512(u0, x80), u1 = _mm512_xor_si512(u1, x80);                            \
                     }                                                                                              \
                 }                                                                                                  \
-                __m512 sv = _mm512_permutexvar_ps(_mm512_add_epi32(gsel, _mm512_set1_epi32(gi * GB)), sd);         \
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv), sv, acc);                                            \
+                const __m512i sel = _mm512_add_epi32(gsel, _mm512_set1_epi32(gi * GB));                            \
+                for (int t = 0; t < NT; t++) {                                                                     \
+                    const int8_t *aq = a[t].q + b * 32;                                                            \
+                    __m512i a0 = _mm512_loadu_si512(aq), a1 = _mm512_loadu_si512(aq + 64);                          \
+                    if (FMT_ID == 2 && DOTS) dv[t] = DOTS_BW(DOTS_BW(_mm512_setzero_si512(), u0, a0), u1, a1);     \
+                    else dv[t] = DOTU(DOTU(_mm512_setzero_si512(), u0, a0), u1, a1);                               \
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv[t]), _mm512_permutexvar_ps(sel, sd[t]), acc[t]); \
+                }                                                                                                  \
             }                                                                                                      \
         }                                                                                                          \
         const float off = FMT_ID == 0 ? 12.0f : FMT_ID == 1 ? 8.0f : DOTS ? 0.0f : 128.0f;                         \
-        return _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr, _mm512_set1_ps(off), acc));                           \
+        for (int t = 0; t < NT; t++) out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(off), acc[t])); \
     }
 
 QROW(f4_row_vn, TVN, DOT_VN, 0, 0)
@@ -117,11 +125,39 @@ QROW(f4_row_bw, TBW, DOT_BW, 0, 0)
 QROW(i4_row_bw, TBW, DOT_BW, 0, 1)
 QROW(q8_row_bw, TBW, DOT_BW, 1, 2)
 
+/* One row or (gemm) up to 4 tokens per row: the expanded weights of a group are used by
+ * every token, each token's sums kept apart (the same operations per token as gemv). */
 #define QGEMV(NAME, TGT, F4, I4, Q8)                                                                            \
     TGT static void NAME(const ms_qmat *w, const qk_act *a, float *y, int64_t r0, int64_t r1, int acc) {        \
+        float s;                                                                                                \
         for (int64_t r = r0; r < r1; r++) {                                                                     \
-            float s = w->dtype == MS_DT_F4 ? F4(w, a, r) : w->dtype == MS_DT_I4 ? I4(w, a, r) : Q8(w, a, r);       \
+            if (w->dtype == MS_DT_F4) F4(w, a, r, &s, 1);                                                       \
+            else if (w->dtype == MS_DT_I4) I4(w, a, r, &s, 1);                                                  \
+            else Q8(w, a, r, &s, 1);                                                                            \
             y[r] = acc ? y[r] + s : s;                                                                          \
+        }                                                                                                       \
+    }                                                                                                           \
+    TGT static void NAME##_mm(const ms_qmat *w, const qk_act *a, int nt, float *y, int64_t ldy, int64_t r0,     \
+                              int64_t r1, int acc) {                                                            \
+        float s[4];                                                                                             \
+        for (int t0 = 0; t0 < nt; t0 += 4) {                                                                    \
+            int m = nt - t0 < 4 ? nt - t0 : 4;                                                                  \
+            for (int64_t r = r0; r < r1; r++) {                                                                 \
+                if (m == 4) {                                                                                   \
+                    if (w->dtype == MS_DT_F4) F4(w, a + t0, r, s, 4);                                           \
+                    else if (w->dtype == MS_DT_I4) I4(w, a + t0, r, s, 4);                                      \
+                    else Q8(w, a + t0, r, s, 4);                                                                \
+                } else                                                                                          \
+                    for (int t = 0; t < m; t++) {                                                               \
+                        if (w->dtype == MS_DT_F4) F4(w, a + t0 + t, r, s + t, 1);                               \
+                        else if (w->dtype == MS_DT_I4) I4(w, a + t0 + t, r, s + t, 1);                          \
+                        else Q8(w, a + t0 + t, r, s + t, 1);                                                    \
+                    }                                                                                           \
+                for (int t = 0; t < m; t++) {                                                                   \
+                    float *yo = y + (int64_t)(t0 + t) * ldy + r;                                                \
+                    *yo = acc ? *yo + s[t] : s[t];                                                              \
+                }                                                                                               \
+            }                                                                                                   \
         }                                                                                                       \
     }
 QGEMV(gemv_vn, TVN, f4_row_vn, i4_row_vn, q8_row_vn)
@@ -165,6 +201,6 @@ TBW static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *
     }
 }
 
-const qk_kernels ms_qk_avx512vnni = {.gb = GB, .gemv = gemv_vn, .quant = quant};
-const qk_kernels ms_qk_avx512 = {.gb = GB, .gemv = gemv_bw, .quant = quant};
+const qk_kernels ms_qk_avx512vnni = {.gb = GB, .gemv = gemv_vn, .gemm = gemv_vn_mm, .quant = quant};
+const qk_kernels ms_qk_avx512 = {.gb = GB, .gemv = gemv_bw, .gemm = gemv_bw_mm, .quant = quant};
 #endif
