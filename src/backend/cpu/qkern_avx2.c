@@ -7,6 +7,8 @@
  * vpmaddubsw would saturate. Block scales: 8 at a time, SIMD for full octets. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <math.h>
+#include <string.h>
 
 #include "backend/cpu/qkern.h"
 
@@ -14,6 +16,7 @@
 #define TAV __attribute__((target("avx2,fma,f16c,avxvnni")))
 
 #define GB 2
+#define QK_PF 3072 /* prefetch distance in weight bytes (Q8: half), as the AVX-512 kernels */
 
 #define DOT_AV(acc, u, a) _mm256_dpbusd_avx_epi32((acc), (u), (a))
 #define DOT_A2(acc, u, a) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (a)), _mm256_set1_epi16(1)))
@@ -80,6 +83,11 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
                 const int64_t b = b0 + gi * GB;                                                                    \
                 const int two = nbl - gi * GB >= 2;                                                                \
                 const int8_t *aq = a->q + b * 32;                                                                  \
+                if ((gi & 1) == 0) {                                                                               \
+                    if (FMT_ID != 2) _mm_prefetch((const char *)(wp + b * 16 + QK_PF), _MM_HINT_T0);               \
+                    else _mm_prefetch((const char *)(wp + b * 32 + QK_PF / 2), _MM_HINT_T0),                       \
+                         _mm_prefetch((const char *)(wp + b * 32 + QK_PF / 2 + 64), _MM_HINT_T0);                  \
+                }                                                                                                  \
                 __m256i a0 = _mm256_loadu_si256((const __m256i *)aq), a1 = _mm256_loadu_si256((const __m256i *)(aq + 32)), dv; \
                 if (FMT_ID != 2) {                                                                                 \
                     __m256i wb = two ? _mm256_loadu_si256((const __m256i *)(wp + b * 16))                          \
@@ -122,6 +130,68 @@ QROW(q8_row_a2, TA2, DOT_A2, 1, 2)
 QGEMV(gemv_av, TAV, f4_row_av, i4_row_av, q8_row_av)
 QGEMV(gemv_a2, TA2, f4_row_a2, i4_row_a2, q8_row_a2)
 
-const qk_kernels ms_qk_avxvnni = {.gb = GB, .gemv = gemv_av};
-const qk_kernels ms_qk_avx2 = {.gb = GB, .gemv = gemv_a2};
+/* even/odd lanes of 16 consecutive floats (as kernels_avx2.c's deinterleave) */
+static inline __attribute__((always_inline)) TA2 void deint16(const float *x, __m256 *e, __m256 *o) {
+    __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+    *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0x88)), 0xD8));
+    *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0xDD)), 0xD8));
+}
+/* 16 int32 in two registers (each within [-127, 127]) -> 16 bytes, in order */
+static inline __attribute__((always_inline)) TA2 __m128i pack16(__m256i a, __m256i b) {
+    __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+    return _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+}
+
+/* ms_qk_quant in 8-lane registers: the same max, products and round-to-nearest-even
+ * (vcvtps2dq in the default mode), so the same integers, scales and sums. */
+TA2 static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, float *d, float *m) {
+    const int64_t kp = (K + QK_PAD - 1) / QK_PAD * QK_PAD;
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), big = _mm256_set1_ps(3.4028235e38f);
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    for (int64_t b = 0; b < kp / 32; b++) {
+        int8_t *h0 = q + (b / gb) * (32 * gb) + (b % gb) * 16, *h1 = h0 + 16 * gb;
+        if (b * 32 >= K) {
+            memset(h0, 0, 16), memset(h1, 0, 16);
+            d[b] = m[b] = 0;
+            continue;
+        }
+        const float *xb = x + b * 32;
+        __m256 v[4];
+        if (lay == QK_DEINT) deint16(xb, &v[0], &v[2]), deint16(xb + 16, &v[1], &v[3]);
+        else
+            for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xb + 8 * i);
+        __m256 mx = _mm256_setzero_ps();
+        int fin = 0xff;
+        for (int i = 0; i < 4; i++) {
+            __m256 a = _mm256_and_ps(v[i], absm);
+            fin &= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ));
+            mx = _mm256_max_ps(mx, a);
+        }
+        if (fin != 0xff) {
+            memset(h0, 0, 16), memset(h1, 0, 16);
+            d[b] = m[b] = NAN;
+            continue;
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+        __m256i qi[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            qi[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)), lim), nlim);
+            sum = _mm256_add_epi32(sum, qi[i]);
+        }
+        _mm_storeu_si128((__m128i *)h0, pack16(qi[0], qi[1]));
+        _mm_storeu_si128((__m128i *)h1, pack16(qi[2], qi[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        d[b] = amax / 127.0f;
+        m[b] = d[b] * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+
+const qk_kernels ms_qk_avxvnni = {.gb = GB, .gemv = gemv_av, .quant = quant};
+const qk_kernels ms_qk_avx2 = {.gb = GB, .gemv = gemv_a2, .quant = quant};
 #endif
