@@ -221,8 +221,8 @@ static int plan(const mm_kernels *k, const qk_kernels *qk, int nth, float *y, co
         int64_t kp = (w->cols + QK_PAD - 1) / QK_PAD * QK_PAD;
         j->qk = qk;
         j->xq_stride = kp;
-        j->xs_stride = kp / 32;
-        *xs_need = (int64_t)n * (kp / 4 + 2 * (kp / 32)); /* in floats: the int8s, then d, then m */
+        j->xs_stride = (kp / 32 + QK_DPAD - 1) / QK_DPAD * QK_DPAD;
+        *xs_need = (int64_t)n * (kp / 4 + 2 * j->xs_stride); /* in floats: the int8s, then d, then m */
         if (n == 1) {
             uint64_t bytes = ms_qmat_bytes(w), row_bytes = bytes / (uint64_t)w->rows + 1;
             int64_t tasks = (int64_t)nth * 8;
@@ -285,6 +285,7 @@ static void use_scratch(mm_job *j, float *xs, int nth) {
         const int64_t K = j->w->cols;
         int8_t *q = (int8_t *)xs;
         float *d = xs + (int64_t)j->n * (j->xq_stride / 4), *m = d + (int64_t)j->n * j->xs_stride;
+        memset(d, 0, (size_t)j->n * 2 * (size_t)j->xs_stride * sizeof *d); /* the padding past kp / 32 */
         for (int t = 0; t < j->n; t++)
             (j->qk->quant ? j->qk->quant : ms_qk_quant)(j->x + (int64_t)t * K, K, j->qk->gb, ms_qk_layout(j->w),
                                                         q + t * j->xq_stride, d + t * j->xs_stride, m + t * j->xs_stride);

@@ -27,7 +27,9 @@ static inline int64_t qk_pos(int64_t b, int j, int gb, qk_layout lay) {
 }
 
 /* One token's quantized activations: q (K rounded up to QK_PAD int8, zero past K),
- * d[b] the scale of block b (0 past K), m[b] = d[b] * sum of block b's q. */
+ * d[b] the scale of block b, m[b] = d[b] * sum of block b's q; d and m hold a multiple
+ * of QK_DPAD blocks, 0 past K (the kernels load them 16 at a time without masks). */
+#define QK_DPAD 16
 typedef struct qk_act {
     const int8_t *q;
     const float *d;

@@ -71,12 +71,7 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
                 scales8(w, r, b0, nbl, swb);                                                                       \
                 sw = _mm256_load_ps(swb);                                                                          \
             }                                                                                                      \
-            __m256 dd, mm;                                                                                         \
-            if (nbl == 8) dd = _mm256_loadu_ps(a->d + b0), mm = _mm256_loadu_ps(a->m + b0);                        \
-            else {                                                                                                 \
-                __m256i lm = _mm256_cmpgt_epi32(_mm256_set1_epi32(nbl), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); \
-                dd = _mm256_maskload_ps(a->d + b0, lm), mm = _mm256_maskload_ps(a->m + b0, lm);                    \
-            }                                                                                                      \
+            __m256 dd = _mm256_loadu_ps(a->d + b0), mm = _mm256_loadu_ps(a->m + b0); /* padded with zeros */     \
             __m256 sd = _mm256_mul_ps(sw, dd);                                                                     \
             if (FMT_ID != 2 || DOTS == 0) corr = _mm256_fmadd_ps(sw, mm, corr);                                   \
             for (int gi = 0; gi * GB < nbl; gi++) {                                                                \
