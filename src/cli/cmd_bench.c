@@ -127,6 +127,8 @@ int cmd_bench(int argc, char **argv) {
                "the page-cache mapping); static_copied_bytes and anon_huge_bytes say what it holds. decode_cpu_s is the\n"
                "process CPU time of the decode loop, prefill_cpu_s of the prefill (with --threads 1: the work without\n"
                "time-sharing waits).\n"
+               "--cpu-activations q8: int8 activations and integer dot products for MXFP4/INT4/Q8 weights on\n"
+               "the CPU (default f32; docs/performance.md gives the error per fixture).\n"
                "--drop-cache evicts the model's files from the page cache first. decode_expert_hit_rate,\n"
                "decode_disk_bytes_per_token and decode_read_wait_s repeat hit_rate, expert_bytes_read_per_token\n"
                "and read_wait_s under their earlier names.\n"

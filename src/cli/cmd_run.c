@@ -61,7 +61,9 @@ int cmd_run(int argc, char **argv) {
                "Stops at max-new-tokens or the config's eos_token_id.\n"
                "--load-state FILE: start from a saved causal state; the prompt ids follow its tokens.\n"
                "--save-state FILE: after generating, feed the last generated id too and save the state\n"
-               "(its tokens: the loaded state's, the prompt, every generated id) atomically; see docs/state.md.\n",
+               "(its tokens: the loaded state's, the prompt, every generated id) atomically; see docs/state.md.\n"
+               "--cpu-activations f32|q8: q8 multiplies MXFP4/INT4/Q8 weights with int8 activations (per 32,\n"
+               "F32 scale) on the CPU; default f32.\n",
                usage);
         return 0;
     }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -74,7 +75,9 @@ int cmd_verify(int argc, char **argv) {
                "bit-identity checks: tests/scripts/logits_identical.sh).\n"
                "--static-dtype q8|fp8 requantizes the static tier at load and compares within the tolerance\n"
                "derived from its measured quantization error (tol in the JSON line; docs/performance.md),\n"
-               "with the greedy steps teacher-forced and their argmax agreement reported.\n");
+               "with the greedy steps teacher-forced and their argmax agreement reported.\n"
+               "--cpu-activations q8 runs the CPU matmuls of MXFP4/INT4/Q8 weights with int8 activations\n"
+               "(per 32, F32 scale; integer dot products) under the same 1e-3 tolerance (default f32).\n");
         return 0;
     }
     ms_cli_opts eo;
@@ -192,9 +195,9 @@ int cmd_verify(int argc, char **argv) {
                name, x.model.cfg.model_type, ms_static_dtype_name((ms_static_dtype)x.model.static_dtype), e1, mean_abs, e2, tol,
                x.model.requant_rel_rms, x.model.requant_uses, rms_ref, pre_agree, n_in, gen_agree, n_gen,
                ok ? "true" : "false");
-    else printf("{\"fixture\":\"%s\",\"arch\":\"%s\",\"logits_max_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,"
+    else printf("{\"fixture\":\"%s\",\"arch\":\"%s\",%s\"logits_max_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,"
            "\"gen_ids_match\":%s,\"ok\":%s}\n",
-           name, x.model.cfg.model_type, e1, e2, ids_match ? "true" : "false", ok ? "true" : "false");
+           name, x.model.cfg.model_type, eo.cpu_act == MS_ACT_Q8 ? "\"cpu_activations\":\"q8\"," : "", e1, e2, ids_match ? "true" : "false", ok ? "true" : "false");
     rc = ok ? 0 : 1;
     goto done;
 dump_err:

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/cpu/cpu.h"
 #include "cli/args.h"
 #include "engine/device_experts.h"
 #include "engine/plan.h"
@@ -91,6 +92,15 @@ int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
         return -1;
     }
     o->static_store = ms_arg_str(argc, argv, "--static-store");
+    const char *ca = ms_arg_str(argc, argv, "--cpu-activations");
+    if (ca) {
+        int act = ms_cpu_act_parse(ca);
+        if (act < 0) {
+            fprintf(stderr, "moonshine: --cpu-activations \"%s\": expected f32 or q8\n", ca);
+            return -1;
+        }
+        o->cpu_act = act;
+    }
     if (stream_args(argc, argv, o)) return -1;
     const char *bk = ms_arg_str(argc, argv, "--backend");
     o->backend = bk ? bk : "auto";
@@ -190,6 +200,10 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     x->static_load = eo->static_load;
     x->pool = ms_pool_create(eo->threads);
     x->threads = ms_pool_size(x->pool);
+    if (x->pool && eo->cpu_act != MS_ACT_F32 && ms_cpu_set_activations(x->pool, (ms_cpu_act)eo->cpu_act, &err)) {
+        fprintf(stderr, "moonshine %s: --cpu-activations: %s\n", cmd, err.msg);
+        goto fail;
+    }
     if (open_backend(cmd, eo->backend, x)) goto fail;
     if (x->experts && x->backend && !x->backend->host_memory) { /* the host cache feeds a device slot arena */
         char why[1024];

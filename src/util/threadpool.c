@@ -8,20 +8,31 @@
  * new generation (release), takes tasks itself, then waits until `done`
  * reaches n_tasks. Idle workers spin on `work` (with pause) for a short time
  * budget, then sleep on a condition variable; the caller signals only when a
- * worker is asleep. Nothing is allocated per run. */
+ * worker is asleep. Nothing is allocated per run.
+ *
+ * Busy machines: tasks are claimed one at a time, so a preempted worker holds
+ * at most the task it is in, and the others take everything else. The caller,
+ * once no task is left to claim, spins only briefly (MS_POOL_WAIT_SPIN_US,
+ * default 0.2 ms) for the ones still running, then sleeps on a futex on `done`
+ * (the worker finishing the last task wakes it): a spinning caller would keep
+ * its core from the preempted worker, which then waits a whole time slice on
+ * the other core behind the machine's other load. */
 #include "util/threadpool.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 struct ms_pool {
     int n;
     int isa; /* ms_pool_isa */
+    int act; /* ms_pool_act */
     pthread_t *threads;
     struct worker_arg *args;
     /* current run: written by the caller before publishing the generation */
@@ -29,12 +40,14 @@ struct ms_pool {
     _Atomic(void *) ctx;
     atomic_int n_tasks;
     _Alignas(64) _Atomic uint64_t work; /* generation << 32 | next task index */
-    _Alignas(64) atomic_int done;       /* tasks finished in this generation */
+    _Alignas(64) atomic_int done;       /* tasks finished in this generation (futex word) */
+    atomic_int caller_waits;            /* the caller sleeps (or is about to) on done */
     _Alignas(64) atomic_int sleepers;
     atomic_int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int64_t spin_ns;
+    int64_t wait_spin_ns; /* caller: spin this long for running tasks, then sleep */
 };
 
 struct worker_arg {
@@ -56,6 +69,11 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+static void futex_wait(atomic_int *addr, int val) {
+    syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+static void futex_wake_all(atomic_int *addr) { syscall(SYS_futex, (int *)addr, FUTEX_WAKE_PRIVATE, 1 << 30, NULL, NULL, 0); }
+
 /* Claim and run tasks of generation g until none are left. */
 static void drain(ms_pool *p, uint32_t g, int tid) {
     for (;;) {
@@ -73,7 +91,8 @@ static void drain(ms_pool *p, uint32_t g, int tid) {
         if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acq_rel, memory_order_acquire))
             continue;
         fn(ctx, (int)i, tid);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        /* seq_cst: pairs with the caller's caller_waits store and done load */
+        if (atomic_fetch_add(&p->done, 1) + 1 == n && tid != 0 && atomic_load(&p->caller_waits)) futex_wake_all(&p->done);
     }
 }
 
@@ -117,11 +136,17 @@ ms_pool *ms_pool_create(int n_threads) {
     if (!p) return NULL;
     p->n = 1;
     p->isa = -1;
-    p->spin_ns = 300000; /* 0.3 ms */
+    p->spin_ns = 300000;     /* 0.3 ms */
+    p->wait_spin_ns = 200000; /* 0.2 ms */
     const char *env = getenv("MS_POOL_SPIN_US");
     if (env && *env) {
         long us = strtol(env, NULL, 10);
         if (us >= 0 && us <= 1000000) p->spin_ns = (int64_t)us * 1000;
+    }
+    env = getenv("MS_POOL_WAIT_SPIN_US");
+    if (env && *env) {
+        long us = strtol(env, NULL, 10);
+        if (us >= 0 && us <= 1000000) p->wait_spin_ns = (int64_t)us * 1000;
     }
     if (pthread_mutex_init(&p->mu, NULL) || pthread_cond_init(&p->cv, NULL)) {
         free(p);
@@ -171,6 +196,11 @@ void ms_pool_set_isa(ms_pool *p, int isa) {
     if (p) p->isa = isa;
 }
 
+int ms_pool_act(const ms_pool *p) { return p ? p->act : 0; }
+void ms_pool_set_act(ms_pool *p, int act) {
+    if (p) p->act = act;
+}
+
 void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx) {
     if (n_tasks <= 0) return;
     if (!p || p->n == 1 || n_tasks == 1) {
@@ -195,9 +225,18 @@ void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx) {
         pthread_mutex_unlock(&p->mu);
     }
     drain(p, g, 0);
-    /* the remaining tasks are running on workers; yield if one was preempted */
+    /* the remaining tasks are running on workers: spin a little, then sleep until the last one ends */
+    if (atomic_load_explicit(&p->done, memory_order_acquire) >= n_tasks) return;
+    int64_t t0 = now_ns();
     for (unsigned it = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; it++) {
         cpu_relax();
-        if ((it & 1023) == 0) sched_yield();
+        if ((it & 63) == 0 && now_ns() - t0 > p->wait_spin_ns) break;
     }
+    for (;;) {
+        atomic_store(&p->caller_waits, 1);
+        int d = atomic_load(&p->done);
+        if (d >= n_tasks) break;
+        futex_wait(&p->done, d);
+    }
+    atomic_store_explicit(&p->caller_waits, 0, memory_order_relaxed);
 }

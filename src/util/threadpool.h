@@ -21,5 +21,10 @@ void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx);
  * or -1 (the default, and always for a NULL pool): the process's choice. */
 int ms_pool_isa(const ms_pool *p);
 void ms_pool_set_isa(ms_pool *p, int isa);
+/* The activation mode of the CPU matmuls run on this pool (an ms_cpu_act of
+ * backend/cpu/cpu.h, set through ms_cpu_set_activations there); 0 (F32) by
+ * default and for a NULL pool. */
+int ms_pool_act(const ms_pool *p);
+void ms_pool_set_act(ms_pool *p, int act);
 
 #endif

@@ -144,7 +144,9 @@ static void run_case(const variant *v, int64_t rows, int64_t cols, int n, int th
 
 static void setup_isas(void) {
     g_nisa = 0;
-    for (int i = 0; i <= (int)ms_cpu_isa_best(); i++) g_isas[g_nisa++] = i;
+    /* the F32 kernel families (the VNNI levels run the same F32 kernels: test_qmatmul.c covers them) */
+    for (int i = 0; i <= MS_ISA_AVX512; i++)
+        if (ms_cpu_isa_supported((ms_cpu_isa)i)) g_isas[g_nisa++] = i;
 }
 
 TEST(isa_selection) {
@@ -157,10 +159,14 @@ TEST(isa_selection) {
     CHECK(ms_cpu_isa_of(p) == MS_ISA_SCALAR && ms_cpu_isa_of(q) == ms_cpu_isa_active()); /* per pool */
     CHECK(ms_cpu_set_isa(p, (ms_cpu_isa)7, &err) == MS_ERR_ARG);
     CHECK(ms_cpu_set_isa(NULL, MS_ISA_SCALAR, &err) == MS_ERR_ARG);
-    if (ms_cpu_isa_best() < MS_ISA_AVX512) CHECK(ms_cpu_set_isa(p, MS_ISA_AVX512, &err) == MS_ERR_UNSUPPORTED);
+    if (!ms_cpu_isa_supported(MS_ISA_AVX512)) CHECK(ms_cpu_set_isa(p, MS_ISA_AVX512, &err) == MS_ERR_UNSUPPORTED);
+    if (!ms_cpu_isa_supported(MS_ISA_AVX512_VNNI)) CHECK(ms_cpu_set_isa(p, MS_ISA_AVX512_VNNI, &err) == MS_ERR_UNSUPPORTED);
+    CHECK(ms_cpu_isa_supported(MS_ISA_SCALAR) && !ms_cpu_isa_supported((ms_cpu_isa)9));
+    CHECK(ms_cpu_isa_base(MS_ISA_AVX512_VNNI) == MS_ISA_AVX512 && ms_cpu_isa_base(MS_ISA_AVX_VNNI) == MS_ISA_AVX2);
     CHECK(ms_cpu_set_isa(p, ms_cpu_isa_best(), &err) == MS_OK && ms_cpu_isa_of(p) == ms_cpu_isa_best());
     ms_pool_destroy(p), ms_pool_destroy(q);
     CHECK(ms_cpu_isa_parse("avx2") == MS_ISA_AVX2 && ms_cpu_isa_parse("nope") == -1);
+    CHECK(ms_cpu_isa_parse("avx512vnni") == MS_ISA_AVX512_VNNI && ms_cpu_isa_parse("avxvnni") == MS_ISA_AVX_VNNI);
     printf("cpu isa: best %s\n", ms_cpu_isa_name(ms_cpu_isa_best()));
 }
 

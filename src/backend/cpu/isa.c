@@ -9,6 +9,7 @@
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static ms_cpu_isa g_best = MS_ISA_SCALAR;
+static unsigned g_supported = 1u << MS_ISA_SCALAR; /* bit per ms_cpu_isa */
 static ms_cpu_isa g_active = MS_ISA_SCALAR; /* g_best capped by MS_CPU_ISA; fixed by init_once */
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -20,32 +21,50 @@ static uint64_t xgetbv0(void) {
 }
 #endif
 
-/* CPUID feature bits plus the OS saving the vector state (XGETBV). */
-static ms_cpu_isa detect(void) {
+/* CPUID feature bits plus the OS saving the vector state (XGETBV): the set of
+ * supported levels (bit per ms_cpu_isa). */
+static unsigned detect(void) {
+    unsigned set = 1u << MS_ISA_SCALAR;
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return MS_ISA_SCALAR;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return set;
     int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
-    if (!osxsave || !avx || !fma || !f16c) return MS_ISA_SCALAR;
+    if (!osxsave || !avx || !fma || !f16c) return set;
     uint64_t xcr0 = xgetbv0();
-    if ((xcr0 & 0x6) != 0x6) return MS_ISA_SCALAR;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return MS_ISA_SCALAR;
+    if ((xcr0 & 0x6) != 0x6) return set;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return set;
     int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    if (f && dq && bw && vl && (xcr0 & 0xe0) == 0xe0) return MS_ISA_AVX512;
-    if (avx2) return MS_ISA_AVX2;
+    int vnni512 = (c >> 11) & 1;
+    unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+    int avxvnni = (a1 >> 4) & 1;
+    if (!avx2) return set;
+    set |= 1u << MS_ISA_AVX2;
+    if (avxvnni) set |= 1u << MS_ISA_AVX_VNNI;
+    if (f && dq && bw && vl && (xcr0 & 0xe0) == 0xe0) {
+        set |= 1u << MS_ISA_AVX512;
+        if (vnni512) set |= 1u << MS_ISA_AVX512_VNNI;
+    }
 #endif
-    return MS_ISA_SCALAR;
+    return set;
 }
 
 static void init_once(void) {
     ms_dtype_init();
-    g_best = detect();
+    g_supported = detect();
+    static const ms_cpu_isa pref[] = {MS_ISA_AVX512_VNNI, MS_ISA_AVX512, MS_ISA_AVX_VNNI, MS_ISA_AVX2};
+    g_best = MS_ISA_SCALAR;
+    for (int i = 0; i < 4; i++)
+        if (g_supported >> pref[i] & 1) {
+            g_best = pref[i];
+            break;
+        }
     ms_cpu_isa use = g_best;
     const char *env = getenv("MS_CPU_ISA");
     if (env && *env) {
         int want = ms_cpu_isa_parse(env);
-        /* an unknown or unsupported request is capped to what the CPU has */
-        if (want >= 0 && want < (int)use) use = (ms_cpu_isa)want;
+        /* an unknown or unsupported request keeps the best */
+        if (want >= 0 && (g_supported >> want & 1)) use = (ms_cpu_isa)want;
     }
     g_active = use;
 }
@@ -53,6 +72,15 @@ static void init_once(void) {
 ms_cpu_isa ms_cpu_isa_best(void) {
     pthread_once(&g_once, init_once);
     return g_best;
+}
+
+int ms_cpu_isa_supported(ms_cpu_isa isa) {
+    pthread_once(&g_once, init_once);
+    return (int)isa >= 0 && (int)isa <= MS_ISA_AVX512_VNNI && (g_supported >> isa & 1);
+}
+
+ms_cpu_isa ms_cpu_isa_base(ms_cpu_isa isa) {
+    return isa == MS_ISA_AVX_VNNI ? MS_ISA_AVX2 : isa == MS_ISA_AVX512_VNNI ? MS_ISA_AVX512 : isa;
 }
 
 ms_cpu_isa ms_cpu_isa_active(void) {
@@ -68,11 +96,11 @@ ms_cpu_isa ms_cpu_isa_of(const ms_pool *pool) {
 int ms_cpu_set_isa(ms_pool *pool, ms_cpu_isa isa, ms_err *err) {
     pthread_once(&g_once, init_once);
     if (!pool) return ms_fail(err, MS_ERR_ARG, "cpu isa: no pool to set it on");
-    if ((int)isa < MS_ISA_SCALAR || (int)isa > MS_ISA_AVX512)
-        return ms_fail(err, MS_ERR_ARG, "cpu isa %d: not one of scalar, avx2, avx512", (int)isa);
-    if (isa > g_best)
-        return ms_fail(err, MS_ERR_UNSUPPORTED, "cpu isa %s: this CPU supports at most %s", ms_cpu_isa_name(isa),
-                       ms_cpu_isa_name(g_best));
+    if ((int)isa < MS_ISA_SCALAR || (int)isa > MS_ISA_AVX512_VNNI)
+        return ms_fail(err, MS_ERR_ARG, "cpu isa %d: not one of scalar, avx2, avx512, avxvnni, avx512vnni", (int)isa);
+    if (!(g_supported >> isa & 1))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "cpu isa %s: this CPU does not support it (best: %s)",
+                       ms_cpu_isa_name(isa), ms_cpu_isa_name(g_best));
     ms_pool_set_isa(pool, (int)isa);
     return MS_OK;
 }
@@ -82,6 +110,8 @@ const char *ms_cpu_isa_name(ms_cpu_isa isa) {
     case MS_ISA_SCALAR: return "scalar";
     case MS_ISA_AVX2: return "avx2";
     case MS_ISA_AVX512: return "avx512";
+    case MS_ISA_AVX_VNNI: return "avxvnni";
+    case MS_ISA_AVX512_VNNI: return "avx512vnni";
     }
     return "unknown";
 }
@@ -91,11 +121,32 @@ int ms_cpu_isa_parse(const char *name) {
     if (!strcmp(name, "scalar")) return MS_ISA_SCALAR;
     if (!strcmp(name, "avx2")) return MS_ISA_AVX2;
     if (!strcmp(name, "avx512")) return MS_ISA_AVX512;
+    if (!strcmp(name, "avxvnni")) return MS_ISA_AVX_VNNI;
+    if (!strcmp(name, "avx512vnni")) return MS_ISA_AVX512_VNNI;
+    return -1;
+}
+
+int ms_cpu_set_activations(ms_pool *pool, ms_cpu_act act, ms_err *err) {
+    if (!pool) return ms_fail(err, MS_ERR_ARG, "cpu activations: no pool to set them on");
+    if ((int)act != MS_ACT_F32 && (int)act != MS_ACT_Q8)
+        return ms_fail(err, MS_ERR_ARG, "cpu activations %d: not one of f32, q8", (int)act);
+    ms_pool_set_act(pool, (int)act);
+    return MS_OK;
+}
+
+ms_cpu_act ms_cpu_activations_of(const ms_pool *pool) { return ms_pool_act(pool) == MS_ACT_Q8 ? MS_ACT_Q8 : MS_ACT_F32; }
+
+const char *ms_cpu_act_name(ms_cpu_act act) { return act == MS_ACT_Q8 ? "q8" : "f32"; }
+
+int ms_cpu_act_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "f32")) return MS_ACT_F32;
+    if (!strcmp(name, "q8")) return MS_ACT_Q8;
     return -1;
 }
 
 const mm_kernels *ms_cpu_kernels_for(ms_cpu_isa isa) {
-    switch (isa) {
+    switch (ms_cpu_isa_base(isa)) {
 #if defined(__x86_64__) || defined(__i386__)
     case MS_ISA_AVX512: return &ms_kernels_avx512;
     case MS_ISA_AVX2: return &ms_kernels_avx2;

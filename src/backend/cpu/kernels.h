@@ -29,6 +29,11 @@ typedef struct mm_kernels {
     /* y[t*ldy + r] = (acc ? y : 0) + sum_k buf[r*ld + k] * x[t*ldx + k] for r < nr, t < nt, k < kc. */
     void (*tile)(const float *buf, int ld, int nr, const float *x, int64_t ldx, int nt, int kc, float *y,
                  int64_t ldy, int acc);
+    /* Optional (NULL: none): floats of scratch gemv wants x rewritten into for w (0: none),
+     * and the rewrite (x[w->cols] -> xs); gemv then gets xs in place of x. F8 is not done this
+     * way (matmul.c pre-scales x for every table). */
+    int64_t (*x_need)(const ms_qmat *w);
+    void (*x_prep)(const ms_qmat *w, const float *x, float *xs);
     /* Vector primitives (see ops.h for contracts). */
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n);

@@ -143,7 +143,24 @@ INL void deinterleave(const float *x, __m256 *xe, __m256 *xo) {
     *xo = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0xDD)), 0xD8));
 }
 
-INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
+/* x rewritten once per call (f4_x_prep): per 32 columns the lanes deinterleave() makes
+ * of its two halves, xe0 xo0 xe1 xo1 (8 floats each), so a row reads them with plain loads
+ * and computes the same sums. */
+static int64_t f4_x_need(const ms_qmat *w) { return w->dtype == MS_DT_F4 ? w->cols : 0; }
+T256 static void f4_x_prep(const ms_qmat *w, const float *x, float *xs) {
+    for (int64_t k = 0; k + 32 <= w->cols; k += 32) {
+        __m256 e0, o0, e1, o1;
+        deinterleave(x + k, &e0, &o0);
+        deinterleave(x + k + 16, &e1, &o1);
+        _mm256_storeu_ps(xs + k, e0), _mm256_storeu_ps(xs + k + 8, o0);
+        _mm256_storeu_ps(xs + k + 16, e1), _mm256_storeu_ps(xs + k + 24, o1);
+    }
+}
+
+#define F4_PF 3072 /* prefetch distance per weight stream, bytes (a line per 64) */
+
+/* MXFP4 rows r..r+NR-1 against the rewritten x (f4_x_prep). */
+INL void f4_rows(const ms_qmat *w, int64_t r, const float *xp, float *out, const int NR) {
     const int64_t K = w->cols;
     const __m256 mag = fp4_mag();
     const uint8_t *p[4], *s[4];
@@ -155,9 +172,9 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
     __m256 a[4];
     UNROLL for (int i = 0; i < NR; i++) a[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {
-        __m256 xe0, xo0, xe1, xo1;
-        deinterleave(x + k, &xe0, &xo0);
-        deinterleave(x + k + 16, &xe1, &xo1);
+        __m256 xe0 = _mm256_loadu_ps(xp + k), xo0 = _mm256_loadu_ps(xp + k + 8);
+        __m256 xe1 = _mm256_loadu_ps(xp + k + 16), xo1 = _mm256_loadu_ps(xp + k + 24);
+        if ((k & 127) == 0) UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(p[i] + k / 2 + F4_PF), _MM_HINT_T0);
         UNROLL for (int i = 0; i < NR; i++) {
             __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2)));
             __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2 + 8)));
@@ -171,6 +188,7 @@ INL void f4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
     UNROLL for (int i = 0; i < NR; i++) out[i] = hsum(a[i]);
 }
 
+/* x: the rewritten x. 4 rows per pass, one accumulator each (the grouping does not change a row's sum). */
 T256 static void f4_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     float o[4];
     int64_t r = r0;
@@ -465,6 +483,8 @@ const mm_kernels ms_kernels_avx2 = {
     .gemv = gemv,
     .dequant = dequant,
     .tile = tile,
+    .x_need = f4_x_need,
+    .x_prep = f4_x_prep,
     .dot = ms_k256_dot,
     .axpy = ms_k256_axpy,
     .rmsnorm = ms_k256_rmsnorm,

@@ -7,11 +7,16 @@
  * for each MM_KC-column slice it dequantizes the weight tile once into an F32
  * buffer on its stack and multiplies it with every token of the block, so each
  * weight byte is read and converted once per token block, not once per token.
- * Accumulation is F32 throughout; activations are never rounded. */
+ * Accumulation is F32 throughout; activations are never rounded, except on a
+ * pool set to MS_ACT_Q8 (cpu.h): there MXFP4 / INT4 / Q8 weights (ms_qk_ok) take
+ * the integer path of qkern.h instead: x is quantized once per call into
+ * scratch, decode splits rows as above, prefill gives a task MM_RB rows x a
+ * block of tokens (the rows stay in cache across the tokens). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/qkern.h"
 
 /* ---- scalar kernels (the fallback ISA) ---- */
 
@@ -137,6 +142,10 @@ typedef struct {
     float *y;
     int n, acc;
     int gemv;              /* 1: n == 1 streaming kernel, 0: tiles */
+    const qk_kernels *qk;  /* Q8 activations (then xq/xd/xm are the quantized x), else NULL */
+    const int8_t *xq;
+    const float *xd, *xm;
+    int64_t xq_stride, xs_stride; /* per token: int8s, floats */
     int n_tasks;
     int64_t rows_per_task; /* gemv */
     int64_t n_rb;          /* tile: row blocks */
@@ -166,23 +175,72 @@ static void tile_run(const mm_job *j, int task) {
     }
 }
 
+/* Q8 activations: decode rows [task * rows_per_task, ...), or prefill MM_RB rows x a token block. */
+static void q_run(const mm_job *j, int task) {
+    const int64_t R = j->w->rows;
+    int64_t r0, r1, t0, t1;
+    if (j->gemv) {
+        r0 = (int64_t)task * j->rows_per_task, r1 = r0 + j->rows_per_task, t0 = 0, t1 = 1;
+    } else {
+        int64_t rb = task % j->n_rb, tbi = task / j->n_rb;
+        r0 = rb * MM_RB, r1 = r0 + MM_RB, t0 = tbi * j->tb, t1 = t0 + j->tb;
+        if (t1 > j->n) t1 = j->n;
+    }
+    if (r1 > R) r1 = R;
+    qk_act a[16];
+    for (int64_t tb = t0; tb < t1; tb += 16) {
+        int nt = (int)(t1 - tb < 16 ? t1 - tb : 16);
+        for (int t = 0; t < nt; t++)
+            a[t] = (qk_act){j->xq + (tb + t) * j->xq_stride, j->xd + (tb + t) * j->xs_stride, j->xm + (tb + t) * j->xs_stride};
+        if (j->qk->gemm && nt > 1) j->qk->gemm(j->w, a, nt, j->y + tb * R, R, r0, r1, j->acc);
+        else
+            for (int t = 0; t < nt; t++) j->qk->gemv(j->w, &a[t], j->y + (tb + t) * R, r0, r1, j->acc);
+    }
+}
+
 static void job_task(void *ctx, int task, int tid) {
     const mm_job *j = ctx;
-    if (j->gemv) gemv_run(j, task);
+    if (j->qk) q_run(j, task);
+    else if (j->gemv) gemv_run(j, task);
     else tile_run(j, task);
 }
 
 /* Plans one matmul: kernel path and task split. Returns the number of tasks
  * (0: nothing to run). *xs_need gets the F32 scratch the job needs (F8 decode
  * takes x pre-scaled, MM_F8_XSCALE), in floats. */
-static int plan(const mm_kernels *k, int nth, float *y, const float *x, int n, const ms_qmat *w, int acc, mm_job *j,
-                int64_t *xs_need) {
+static int plan(const mm_kernels *k, const qk_kernels *qk, int nth, float *y, const float *x, int n, const ms_qmat *w,
+                int acc, mm_job *j, int64_t *xs_need) {
     *j = (mm_job){.k = k, .w = w, .x = x, .y = y, .n = n, .acc = acc};
     *xs_need = 0;
     if (n <= 0 || w->rows <= 0) return 0;
     if (w->cols <= 0) {
         if (!acc) memset(y, 0, (size_t)n * (size_t)w->rows * sizeof *y);
         return 0;
+    }
+    if (qk && ms_qk_ok(w)) {
+        int64_t kp = (w->cols + QK_PAD - 1) / QK_PAD * QK_PAD;
+        j->qk = qk;
+        j->xq_stride = kp;
+        j->xs_stride = (kp / 32 + QK_DPAD - 1) / QK_DPAD * QK_DPAD;
+        *xs_need = (int64_t)n * (kp / 4 + 2 * j->xs_stride); /* in floats: the int8s, then d, then m */
+        if (n == 1) {
+            uint64_t bytes = ms_qmat_bytes(w), row_bytes = bytes / (uint64_t)w->rows + 1;
+            int64_t tasks = (int64_t)nth * 8;
+            if ((int64_t)(bytes >> 20) > tasks) tasks = (int64_t)(bytes >> 20);
+            int64_t rpt = (w->rows + tasks - 1) / tasks, min_rows = (int64_t)((32u << 10) / row_bytes) + 1;
+            if (rpt < min_rows) rpt = min_rows;
+            rpt = (rpt + 3) & ~(int64_t)3;
+            j->gemv = 1;
+            j->rows_per_task = rpt;
+            j->n_tasks = (int)((w->rows + rpt - 1) / rpt);
+            return j->n_tasks;
+        }
+        j->n_rb = (w->rows + MM_RB - 1) / MM_RB;
+        int tb = n;
+        while (j->n_rb * ((n + tb - 1) / tb) < 4 * nth && tb > 8) tb = (((tb + 1) / 2) + 3) & ~3;
+        j->tb = tb;
+        j->n_tasks = (int)(j->n_rb * ((n + tb - 1) / tb));
+        return j->n_tasks;
     }
     if (n == 1 && k->gemv_ok(w)) {
         uint64_t bytes = ms_qmat_bytes(w), row_bytes = bytes / (uint64_t)w->rows + 1;
@@ -196,6 +254,7 @@ static int plan(const mm_kernels *k, int nth, float *y, const float *x, int n, c
         j->rows_per_task = rpt;
         j->n_tasks = (int)((w->rows + rpt - 1) / rpt);
         if (w->dtype == MS_DT_F8_E4M3) *xs_need = w->cols;
+        else if (k->x_need) *xs_need = k->x_need(w);
         return j->n_tasks;
     }
     j->n_rb = (w->rows + MM_RB - 1) / MM_RB;
@@ -206,18 +265,42 @@ static int plan(const mm_kernels *k, int nth, float *y, const float *x, int n, c
     return j->n_tasks;
 }
 
-/* Points an F8 decode job at x * MM_F8_XSCALE written into xs; without
+/* Points an F8 decode job at x * MM_F8_XSCALE written into xs (another dtype whose
+ * table has x_prep: at its rewrite of x); without
  * scratch (xs NULL: allocation failed) the job takes the tile path instead. */
 static void use_scratch(mm_job *j, float *xs, int nth) {
+    if (!xs && j->qk) { /* Q8 without scratch: the F32 path */
+        int64_t need;
+        plan(j->k, NULL, nth, j->y, j->x, j->n, j->w, j->acc, j, &need);
+        if (!need) return;
+    }
     if (!xs) {
         int64_t ignore;
         const mm_kernels *k = j->k;
-        plan(&ms_kernels_scalar, nth, j->y, j->x, j->n, j->w, j->acc, j, &ignore); /* gemv_ok is 0 there */
+        plan(&ms_kernels_scalar, NULL, nth, j->y, j->x, j->n, j->w, j->acc, j, &ignore); /* gemv_ok is 0 there */
         j->k = k;
         return;
     }
-    for (int64_t c = 0; c < j->w->cols; c++) xs[c] = j->x[c] * MM_F8_XSCALE;
+    if (j->qk) {
+        const int64_t K = j->w->cols;
+        int8_t *q = (int8_t *)xs;
+        float *d = xs + (int64_t)j->n * (j->xq_stride / 4), *m = d + (int64_t)j->n * j->xs_stride;
+        memset(d, 0, (size_t)j->n * 2 * (size_t)j->xs_stride * sizeof *d); /* the padding past kp / 32 */
+        for (int t = 0; t < j->n; t++)
+            (j->qk->quant ? j->qk->quant : ms_qk_quant)(j->x + (int64_t)t * K, K, j->qk->gb, ms_qk_layout(j->w),
+                                                        q + t * j->xq_stride, d + t * j->xs_stride, m + t * j->xs_stride);
+        j->xq = q, j->xd = d, j->xm = m;
+        return;
+    }
+    if (j->w->dtype == MS_DT_F8_E4M3)
+        for (int64_t c = 0; c < j->w->cols; c++) xs[c] = j->x[c] * MM_F8_XSCALE;
+    else j->k->x_prep(j->w, j->x, xs);
     j->x = xs;
+}
+
+/* The Q8-activation table for pool, or NULL when its activations are F32. */
+static const qk_kernels *qk_of(const ms_pool *pool) {
+    return ms_cpu_activations_of(pool) == MS_ACT_Q8 ? ms_qk_for(ms_cpu_isa_of(pool)) : NULL;
 }
 
 static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w, int acc) {
@@ -225,7 +308,7 @@ static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w
     int nth = ms_pool_size(pool);
     mm_job j;
     int64_t need;
-    if (!plan(k, nth, y, x, n, w, acc, &j, &need)) return;
+    if (!plan(k, qk_of(pool), nth, y, x, n, w, acc, &j, &need)) return;
     float xs_stack[4096], *xs = NULL;
     if (need) {
         xs = need <= 4096 ? xs_stack : malloc((size_t)need * sizeof *xs);
@@ -261,6 +344,7 @@ static void many_task(void *ctx, int task, int tid) {
 
 void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count) {
     const mm_kernels *k = ms_cpu_kernels_of(pool);
+    const qk_kernels *qk = qk_of(pool);
     int nth = ms_pool_size(pool);
     many_ctx m;
     for (int base = 0; base < count; base += MANY_MAX) {
@@ -270,7 +354,7 @@ void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count) {
         for (int i = 0; i < c; i++) {
             const ms_matmul_job *in = &jobs[base + i];
             mm_job j;
-            if (!plan(k, nth, in->y, in->x, in->n, in->w, in->acc, &j, &need[m.count])) continue;
+            if (!plan(k, qk, nth, in->y, in->x, in->n, in->w, in->acc, &j, &need[m.count])) continue;
             total_need += need[m.count];
             m.jobs[m.count++] = j;
         }

@@ -58,8 +58,8 @@ static void bw_task(void *ctx, int task, int tid) {
     }
     float s;
 #if defined(__x86_64__) || defined(__i386__)
-    if (j->isa == MS_ISA_AVX512) s = sum_avx512(p, CHUNK_FLOATS);
-    else if (j->isa == MS_ISA_AVX2) s = sum_avx2(p, CHUNK_FLOATS);
+    if (ms_cpu_isa_base(j->isa) == MS_ISA_AVX512) s = sum_avx512(p, CHUNK_FLOATS);
+    else if (ms_cpu_isa_base(j->isa) == MS_ISA_AVX2) s = sum_avx2(p, CHUNK_FLOATS);
     else
 #endif
         s = sum_scalar(p, CHUNK_FLOATS);
