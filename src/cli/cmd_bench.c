@@ -98,7 +98,7 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     int drop_cache = ms_arg_flag(argc, argv, "--drop-cache");
     int profile = ms_arg_flag(argc, argv, "--profile");
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("bench", ms_arg_pos(argc, argv, 0));
     if (!dir || ms_args_unknown(argc, argv, "bench")) {
         fputs(usage, stderr);
         return 2;

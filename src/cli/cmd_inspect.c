@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "io/safetensors.h"
 
@@ -13,7 +14,7 @@ int cmd_inspect(int argc, char **argv) {
                "name dtype shape file offset bytes.\n");
         return 0;
     }
-    const char *path = ms_arg_pos(argc, argv, 0);
+    const char *path = ms_cli_model_arg("inspect", ms_arg_pos(argc, argv, 0));
     if (!path || ms_args_unknown(argc, argv, "inspect")) {
         fprintf(stderr, "usage: moonshine inspect MODEL_DIR|FILE.safetensors\n");
         return 2;

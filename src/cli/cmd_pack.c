@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cli/args.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "engine/streaming.h"
 #include "io/expert_store.h"
@@ -50,7 +51,7 @@ int cmd_pack(int argc, char **argv) {
     }
     const char *out = ms_arg_str(argc, argv, "--out");
     const char *dirs_s = ms_arg_str(argc, argv, "--dirs");
-    const char *model = ms_arg_pos(argc, argv, 0);
+    const char *model = ms_cli_model_arg("pack", ms_arg_pos(argc, argv, 0));
     if (!model || !out || ms_args_unknown(argc, argv, "pack")) {
         fprintf(stderr, "usage: moonshine pack MODEL_DIR --out STORE_DIR [--dirs D1,D2,...]\n");
         return 2;

@@ -1,15 +1,36 @@
 #include "cli/common.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "cli/args.h"
 #include "engine/device_experts.h"
 #include "engine/plan.h"
+#include "util/hf_cache.h"
 #ifdef MS_WITH_GPU
 #include "backend/gpu/backend_gpu.h"
 #endif
+
+const char *ms_cli_model_arg(const char *cmd, const char *arg) {
+    if (!arg) return NULL;
+    ms_hf_env env = {.hf_hub_cache = getenv("HF_HUB_CACHE"), .hf_home = getenv("HF_HOME"),
+                     .xdg_cache_home = getenv("XDG_CACHE_HOME"), .home = getenv("HOME")};
+    char buf[4096];
+    ms_err err = {0};
+    if (ms_hf_resolve(arg, &env, buf, sizeof buf, &err)) {
+        fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+        exit(1);
+    }
+    if (!strcmp(buf, arg)) return arg;
+    char *r = strdup(buf); /* lives as long as the process, like argv */
+    if (!r) {
+        fprintf(stderr, "moonshine %s: out of memory\n", cmd);
+        exit(1);
+    }
+    return r;
+}
 
 double ms_now(void) {
     struct timespec ts;
