@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "cli/commands.h"
 #include "engine/streaming.h"
 #include "io/expert_store.h"
@@ -75,7 +76,10 @@ int cmd_pack(int argc, char **argv) {
         double t0 = now_s();
         fprintf(stderr, "packing the routed experts of %s (%s, %.1f MiB of experts)\n", model, mdl.cfg.model_type,
                 mdl.expert_bytes / 1048576.0);
-        int rc = ms_streaming_pack(&mdl, out, dirs, n_dirs, &ps, &err);
+        ms_cli_progress cp;
+        ms_cli_progress_init(&cp);
+        int rc = ms_streaming_pack_progress(&mdl, out, dirs, n_dirs, &cp.p, &ps, &err);
+        ms_cli_progress_end(&cp);
         if (!rc)
             printf("packed %d layer file(s), %.1f MiB in %.1f s into %s\n", ps.n_files, ps.bytes_written / 1048576.0,
                    now_s() - t0, out);
@@ -103,7 +107,10 @@ int cmd_pack(int argc, char **argv) {
         double t0 = now_s();
         fprintf(stderr, "packing %d layers x %d experts (%.1f MiB of experts, naming %s)\n", st.n_layers, st.n_experts,
                 st.total_read_bytes / 1048576.0, nm.roles[0].pattern);
-        rc = ms_expert_pack(&ck, &st, out, dirs, n_dirs, &ps, &err);
+        ms_cli_progress cp;
+        ms_cli_progress_init(&cp);
+        rc = ms_expert_pack_progress(&ck, &st, out, dirs, n_dirs, &cp.p, &ps, &err);
+        ms_cli_progress_end(&cp);
         if (!rc)
             printf("packed %d layer file(s), %.1f MiB in %.1f s into %s\n", ps.n_files, ps.bytes_written / 1048576.0,
                    now_s() - t0, out);

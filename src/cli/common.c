@@ -8,6 +8,7 @@
 #include "cli/args.h"
 #include "engine/device_experts.h"
 #include "engine/plan.h"
+#include "cli/progress.h"
 #include "util/hf_cache.h"
 #ifdef MS_WITH_GPU
 #include "backend/gpu/backend_gpu.h"
@@ -50,7 +51,11 @@ void ms_cli_opts_init(ms_cli_opts *o) {
 int ms_cli_static_load(const char *cmd, ms_cli_ctx *x) {
     if (x->static_load != MS_STATIC_READ) return 0;
     ms_err err = {0};
-    if (ms_model_static_read(&x->model, &err)) {
+    ms_cli_progress cp;
+    ms_cli_progress_init(&cp);
+    int rc = ms_model_static_read_progress(&x->model, &cp.p, &err);
+    ms_cli_progress_end(&cp);
+    if (rc) {
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
         return 1;
     }
