@@ -20,6 +20,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "engine/streaming.h"
 #include "util/fs.h"
 #include "util/json.h"
@@ -658,8 +659,11 @@ int cmd_chat(int argc, char **argv) {
         }
         snaps = ms_prefix_cache_snapshots(pc);
     }
+    ms_cli_progress prog; /* a long prompt's prefill, on a terminal */
+    ms_cli_progress_init(&prog);
     ms_conv_opts co = {.model_dir = dir, .model = &c->x.model, .engine = c->x.engine, .tok = tok, .system = system,
-                       .parser = parser, .template_kwargs = kwargs, .snaps = pc ? &snaps : NULL};
+                       .parser = parser, .template_kwargs = kwargs, .snaps = pc ? &snaps : NULL,
+                       .prefill_progress = &prog.p};
     if (ms_conv_new(&co, &c->conv, &err)) {
         fprintf(stderr, "moonshine chat: %s\n", err.msg);
         goto out;

@@ -8,7 +8,7 @@
 
 #include "cli/common.h"
 
-static void draw(void *user, const char *what, uint64_t done, uint64_t total) {
+static void draw(void *user, const char *what, ms_progress_unit unit, uint64_t done, uint64_t total) {
     ms_cli_progress *cp = user;
     double now = ms_now();
     int fin = done >= total;
@@ -24,8 +24,12 @@ static void draw(void *user, const char *what, uint64_t done, uint64_t total) {
         else snprintf(eta, sizeof eta, ", ETA %.0f min %02.0f s", s / 60 < 1e6 ? (double)(int)(s / 60) : 1e6,
                       s - 60.0 * (int)(s / 60));
     }
-    fprintf(stderr, "\r\033[K%s: %5.1f%%  %.1f / %.1f MB  %.1f MB/s%s%s", what, pct, done / 1e6, total / 1e6,
-            rate / 1e6, fin ? (el > 0 ? "" : "") : eta, fin ? "\n" : "");
+    if (unit == MS_PROGRESS_TOKENS)
+        fprintf(stderr, "\r\033[K%s: %5.1f%%  %llu / %llu tokens  %.1f tok/s%s%s", what, pct, (unsigned long long)done,
+                (unsigned long long)total, rate, fin ? "" : eta, fin ? "\n" : "");
+    else
+        fprintf(stderr, "\r\033[K%s: %5.1f%%  %.1f / %.1f MB  %.1f MB/s%s%s", what, pct, done / 1e6, total / 1e6,
+                rate / 1e6, fin ? "" : eta, fin ? "\n" : "");
     fflush(stderr);
     cp->drawn = !fin;
     cp->ended = fin;

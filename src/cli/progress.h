@@ -1,4 +1,4 @@
-/* progress.h (cli) — a progress line on stderr for ms_progress reports: percent, MB/s and ETA,
+/* progress.h (cli) — a progress line on stderr for ms_progress reports: percent, MB/s (tok/s) and ETA,
  * redrawn in place (\r) at most 10 times a second, ended with a newline at 100%. Silent when
  * stderr is not a terminal (and under NO_PROGRESS=1 or TERM=dumb), so logs and pipes stay clean. */
 #ifndef MS_CLI_PROGRESS_H

@@ -573,7 +573,7 @@ int ms_expert_pack_progress(const ms_checkpoint *ck, const ms_expert_store *src,
             cJSON_AddItemToArray(crcs, cJSON_CreateNumber(ms_crc32c(0, rec, rb)));
             rc = ms_atomic_write(&af, rec, stride, err);
             if (stats) stats->bytes_written += stride;
-            if (!rc) ms_progress_report(progress, "pack", done += stride, all);
+            if (!rc) ms_progress_report(progress, "pack", MS_PROGRESS_BYTES, done += stride, all);
         }
         if (rc) ms_atomic_abort(&af);
         else rc = ms_atomic_commit(&af, err);

@@ -151,7 +151,7 @@ int ms_model_static_read_progress(ms_model *m, const ms_progress *progress, ms_e
             rc = move_chunk(base + a, end - a, f->path, a, err);
             if (!rc) {
                 m->static_copied += end - a;
-                ms_progress_report(progress, "static tier", m->static_copied, total);
+                ms_progress_report(progress, "static tier", MS_PROGRESS_BYTES, m->static_copied, total);
                 if (fd >= 0) posix_fadvise(fd, (off_t)a, (off_t)(end - a), POSIX_FADV_DONTNEED);
             }
             a = end;

@@ -499,7 +499,7 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
             rc = write_tensor(fd, path, ts, i, 8 + padded, o->seed, err);
             total += ts[i].nbytes;
             for (int f = i + 1; f < n && ts[f].scale_of == i; f++) total += ts[f].nbytes;
-            if (!rc) ms_progress_report(o->progress, "synth", total, all);
+            if (!rc) ms_progress_report(o->progress, "synth", MS_PROGRESS_BYTES, total, all);
         }
         if (!rc && fsync(fd) != 0) rc = ms_fail(err, MS_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
         close(fd);

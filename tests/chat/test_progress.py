@@ -2,7 +2,8 @@
 """The progress line (src/cli/progress.c) seen through a pseudo-terminal, and its silence otherwise.
 
 Synthesizes a ~100 MB Qwen3-MoE checkpoint, then packs its experts and reads its static tier into
-memory (run --static-load read), each with stderr on a pty: the
+memory (run --static-load read), and has models/demo answer a 1159-token prompt in chat, each with
+stderr on a pty: the
 line must be redrawn in place (several '\\r' updates), its percentages must rise to 100.0%, and it
 shows MB/s and (before the end) an ETA. The same commands with stderr on a pipe must print no
 progress at all. usage: test_progress.py WORKDIR   env: MOONSHINE. Last line: "N passed, 0 failed".
@@ -75,6 +76,19 @@ check(len(u) >= 2 and u[-1] == 100.0 and u == sorted(u), f"pack: {u}")
 rc, term = on_pty([M, "run", model, "--prompt-ids", "1,2,3", "--max-new-tokens", "1", "--static-load", "read"])
 u = updates(term, "static tier")
 check(rc == 0 and u and u[-1] == 100.0, f"static tier: rc {rc} {u} {term[-300:]!r}")
+# chat: a prompt of 1159 tokens (models/demo) is prefilled in pieces with the line on a terminal; the
+# reply's first logits are the same bytes as the one-piece prefill on a pipe
+q = " ".join(open("tools/demo/questions.txt").read().split("\n")) * 4
+args = ["chat", "models/demo", "--prompt", q, "--temperature", "0", "--max-tokens", "4", "--json"]
+lt, lp = os.path.join(W, "logits_tty.bin"), os.path.join(W, "logits_pipe.bin")
+rc, term = on_pty([M] + args + ["--logits-out", lt])
+u = updates(term, "prefill")
+check(rc == 0 and len(u) >= 3 and u[0] == 0.0 and u[-1] == 100.0 and u == sorted(u), f"chat prefill: rc {rc} {u}")
+check("tok/s" in term and "1159 tokens" in term, f"chat prefill line: {term[-300:]!r}")
+p = subprocess.run([M] + args + ["--logits-out", lp], capture_output=True)
+check(p.returncode == 0 and b"\r" not in p.stderr, f"chat on a pipe: {p.stderr[-200:]!r}")
+check(open(lt, "rb").read() == open(lp, "rb").read() and os.path.getsize(lt) > 0,
+      "chat: the pieced prefill's logits differ from the one-piece prefill's")
 # not a terminal: nothing
 p = subprocess.run([M, "synth", "--config", os.path.join(W, "config.json"), "--out", model + "2", "--seed", "1",
                     "--expert-dtype", "fp8"], capture_output=True)
