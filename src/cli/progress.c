@@ -8,6 +8,7 @@
 
 #include "cli/common.h"
 
+/* The ms_progress callback: redraw the line (at most every 0.1 s, always at 100%, which ends it). */
 static void draw(void *user, const char *what, ms_progress_unit unit, uint64_t done, uint64_t total) {
     ms_cli_progress *cp = user;
     double now = ms_now();
@@ -17,12 +18,12 @@ static void draw(void *user, const char *what, ms_progress_unit unit, uint64_t d
     if (!cp->drawn) cp->t0 = now;
     double el = now - cp->t0, rate = el > 0 ? (double)done / el : 0;
     double pct = total ? 100.0 * (double)done / (double)total : 100.0;
-    char eta[32] = "";
+    char eta[48] = "";
     if (!fin && rate > 0) {
         double s = (double)(total - done) / rate;
-        if (s < 60) snprintf(eta, sizeof eta, ", ETA %.0f s", s);
-        else snprintf(eta, sizeof eta, ", ETA %.0f min %02.0f s", s / 60 < 1e6 ? (double)(int)(s / 60) : 1e6,
-                      s - 60.0 * (int)(s / 60));
+        long sec = s < 1e8 ? (long)(s + 0.5) : 100000000L;
+        if (sec < 60) snprintf(eta, sizeof eta, ", ETA %ld s", sec);
+        else snprintf(eta, sizeof eta, ", ETA %ld min %02ld s", sec / 60, sec % 60);
     }
     if (unit == MS_PROGRESS_TOKENS)
         fprintf(stderr, "\r\033[K%s: %5.1f%%  %llu / %llu tokens  %.1f tok/s%s%s", what, pct, (unsigned long long)done,

@@ -6,8 +6,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* An environment value given and not empty. */
 static int set(const char *s) { return s && *s; }
 
+/* path names a directory (following links). */
 static int is_dir(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
