@@ -138,12 +138,11 @@ check: deps
 	@$(MAKE) --no-print-directory gpu-report
 	@echo "make check: all stages passed"
 
-# quick start: a tiny DeepSeek-V3-shaped model (YaRN, group-limited routing,
-# FP8 experts) synthesized from an embedded config, then greedy generation.
+# quick start: chat with the trained demo model (models/demo: a 4-layer, 16-expert Qwen3-MoE with FP8
+# experts, trained on WordNet by tools/demo), streamed too, then serve it and ask once with curl.
 demo: deps
 	$(MAKE) all
-	build/moonshine synth --config tools/configs/tiny_deepseek_v3.json --out build/demo-model --expert-dtype fp8 --seed 1
-	build/moonshine run build/demo-model --prompt-ids 0,17,42,7 --max-new-tokens 16 --json
+	@tools/demo/demo.sh
 
 clean:
 	rm -rf build

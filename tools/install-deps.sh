@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install the Debian 12 packages moonshine builds and tests with, only those missing.
 set -eu
-PKGS="gcc make libc6-dev liburing-dev libcjson-dev libpcre2-dev clang libclang-rt-14-dev llvm python3 python3-jinja2 libssl-dev unicode-data bzip2 python3-regex python3-crcmod libmicrohttpd-dev libedit-dev xxd"
+PKGS="gcc make libc6-dev liburing-dev libcjson-dev libpcre2-dev clang libclang-rt-14-dev llvm python3 python3-jinja2 libssl-dev unicode-data bzip2 python3-regex python3-crcmod libmicrohttpd-dev libedit-dev xxd curl"
 # the server tests run the OpenAI Node SDK: Debian's nodejs/npm unless a node is already installed
 command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 # the web chat page test (tests/server/web.mjs) drives a headless Chromium through puppeteer-core

@@ -156,7 +156,7 @@ int cmd_bench(int argc, char **argv) {
     const char *cmp = ms_arg_str(argc, argv, "--static-compare");
     int64_t rounds = 3;
     if (ms_arg_int(argc, argv, "--rounds", 1, 16, &rounds)) return 2;
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("bench", ms_arg_pos(argc, argv, 0));
     if (!dir || ms_args_unknown(argc, argv, "bench")) {
         fputs(usage, stderr);
         return 2;

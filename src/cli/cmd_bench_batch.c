@@ -114,7 +114,7 @@ int cmd_bench_batch(int argc, char **argv) {
         if (v > kmax) kmax = (int)v;
         p = *end ? end + 1 : end;
     }
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("bench-batch", ms_arg_pos(argc, argv, 0));
     if (!dir || ms_args_unknown(argc, argv, "bench-batch")) {
         fputs(usage, stderr);
         return 2;

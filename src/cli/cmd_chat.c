@@ -20,6 +20,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "engine/streaming.h"
 #include "util/fs.h"
 #include "util/json.h"
@@ -69,7 +70,7 @@ typedef struct chat {
     ms_sampler_params sp;
     int seed_given;
     int max_tokens;
-    int json, color, interactive;
+    int json, color, interactive, stats;
     FILE *logits_out;
     chat_stats st;
     /* streaming display state */
@@ -308,6 +309,24 @@ static void report(chat *c, const char *cmd, int ok, const char *msg) {
     }
 }
 
+/* --stats: one line on stderr after each turn (the reply on stdout stays clean): the turn's tokens,
+ * prefill and decode speed, and the expert cache's hit rate when experts are streamed. */
+static void print_turn_stats(chat *c, const ms_conv_turn *t) {
+    uint64_t pf = (uint64_t)(t->prompt_tokens - t->cached_tokens);
+    fprintf(stderr, "[%d prompt tokens (%d cached), %d generated, %s; prefill %.1f tok/s, decode %.1f tok/s",
+            t->prompt_tokens, t->cached_tokens, t->completion_tokens,
+            t->finish == MS_FINISH_STOP ? "stopped at end of turn" : t->finish == MS_FINISH_LENGTH ? "max tokens" : "ended",
+            rate(pf, t->prefill_s), rate(t->forwarded_tokens > pf ? t->forwarded_tokens - pf : 0, t->decode_s));
+    if (c->x.experts) {
+        ms_stream_stats ss;
+        ms_streaming_stats(c->x.experts, &ss);
+        fprintf(stderr, "; experts streamed: hit rate %.3f of %llu, %.1f MiB read",
+                ss.acquires ? (double)ss.hits / (double)ss.acquires : 0.0, (unsigned long long)ss.acquires,
+                ss.bytes_read / 1048576.0);
+    }
+    fputs("]\n", stderr);
+}
+
 static void turn(chat *c, const char *text, int with_ids) {
     ms_err err = {0};
     ms_conv_turn t;
@@ -337,6 +356,7 @@ static void turn(chat *c, const char *text, int with_ids) {
         return;
     }
     if (c->json) print_turn_json(c, &t, with_ids);
+    if (c->stats) print_turn_stats(c, &t);
     chat_stats *s = &c->st;
     s->turns++;
     s->prompt += t.prompt_tokens;
@@ -551,7 +571,8 @@ int cmd_chat(int argc, char **argv) {
                "~/.local/state/moonshine/history; --no-history). Otherwise each line of stdin is one\n"
                "user message (or --prompt TEXT: one turn) and replies are printed; --json prints one\n"
                "object per turn: content, reasoning_content, tool_calls, finish_reason, usage, timings\n"
-               "(--json-ids adds prompt_ids and the sampled completion_ids). Slash commands work in both modes:\n%s\n"
+               "(--json-ids adds prompt_ids and the sampled completion_ids); --stats prints a line to stderr\n"
+               "after each turn: tokens, prefill/decode tok/s, expert-cache hit rate. Slash commands work in both modes:\n%s\n"
                "Sampling defaults come from generation_config.json when present; --temperature 0 is\n"
                "greedy. Without --seed a seed is drawn from the clock (turn i samples with seed + i).\n"
                "--max-tokens N (default: until the context is full). --parser names the output format\n"
@@ -582,9 +603,10 @@ int cmd_chat(int argc, char **argv) {
     const char *parser = ms_arg_str(argc, argv, "--parser"), *kwargs = ms_arg_str(argc, argv, "--template-kwargs");
     const char *logits_path = ms_arg_str(argc, argv, "--logits-out");
     const char *pc_dir = ms_arg_str(argc, argv, "--prefix-cache-dir");
+    int stats = ms_arg_flag(argc, argv, "--stats");
     int json = ms_arg_flag(argc, argv, "--json"), no_color = ms_arg_flag(argc, argv, "--no-color");
     int no_history = ms_arg_flag(argc, argv, "--no-history"), with_ids = ms_arg_flag(argc, argv, "--json-ids");
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("chat", ms_arg_pos(argc, argv, 0));
     if (!dir || ms_arg_pos(argc, argv, 1) || ms_args_unknown(argc, argv, "chat")) {
         fputs(k_usage, stderr);
         return 2;
@@ -592,6 +614,7 @@ int cmd_chat(int argc, char **argv) {
     chat *c = calloc(1, sizeof *c);
     if (!c) return 1;
     c->json = json;
+    c->stats = stats;
     c->interactive = !prompt && isatty(STDIN_FILENO);
     c->color = !no_color && !json && isatty(STDOUT_FILENO) && !(getenv("NO_COLOR") && *getenv("NO_COLOR"));
     ms_sampler_defaults(&c->sp);
@@ -639,8 +662,11 @@ int cmd_chat(int argc, char **argv) {
         snaps.every = ms_prefix_cache_checkpoint_every(pc, &c->x.model, &ceo, 256); /* as moonshine serve's */
         snaps.at_boundaries = 1;
     }
+    ms_cli_progress prog; /* a long prompt's prefill, on a terminal */
+    ms_cli_progress_init(&prog);
     ms_conv_opts co = {.model_dir = dir, .model = &c->x.model, .engine = c->x.engine, .tok = tok, .system = system,
-                       .parser = parser, .template_kwargs = kwargs, .snaps = pc ? &snaps : NULL};
+                       .parser = parser, .template_kwargs = kwargs, .snaps = pc ? &snaps : NULL,
+                       .prefill_progress = &prog.p};
     if (ms_conv_new(&co, &c->conv, &err)) {
         fprintf(stderr, "moonshine chat: %s\n", err.msg);
         goto out;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "cli/args.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "text/tokenizer.h"
 #include "util/json.h"
@@ -16,7 +17,7 @@ int cmd_detokenize(int argc, char **argv) {
                "--skip-special leaves special tokens out.\n");
         return 0;
     }
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("detokenize", ms_arg_pos(argc, argv, 0));
     int skip = ms_arg_flag(argc, argv, "--skip-special");
     if (!dir || ms_args_unknown(argc, argv, "detokenize")) {
         fprintf(stderr, "usage: moonshine detokenize MODEL_DIR [--skip-special]\n");

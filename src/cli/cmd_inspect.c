@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "io/checksum.h"
 #include "io/safetensors.h"
@@ -145,7 +146,7 @@ int cmd_inspect(int argc, char **argv) {
         return 0;
     }
     int sha = ms_arg_flag(argc, argv, "--verify-sha256");
-    const char *path = ms_arg_pos(argc, argv, 0);
+    const char *path = ms_cli_model_arg("inspect", ms_arg_pos(argc, argv, 0));
     const char *sums = sha ? ms_arg_pos(argc, argv, 0) : NULL; /* the next positional: path is used */
     if (!path || ms_args_unknown(argc, argv, "inspect")) {
         fprintf(stderr, "usage: moonshine inspect MODEL_DIR|FILE.safetensors [--verify-sha256 [SUMS]]\n");

@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "cli/args.h"
+#include "cli/common.h"
+#include "cli/progress.h"
 #include "cli/commands.h"
 #include "engine/streaming.h"
 #include "io/expert_store.h"
@@ -92,7 +94,7 @@ int cmd_pack(int argc, char **argv) {
     const char *stat = ms_arg_str(argc, argv, "--static");
     int64_t threads = 0;
     if (ms_arg_int(argc, argv, "--threads", 0, 1024, &threads)) return 2;
-    const char *model = ms_arg_pos(argc, argv, 0);
+    const char *model = ms_cli_model_arg("pack", ms_arg_pos(argc, argv, 0));
     if (!model || !out || ms_args_unknown(argc, argv, "pack")) {
         fprintf(stderr, "usage: moonshine pack MODEL_DIR --out STORE_DIR [--dirs D1,D2,...]\n");
         return 2;
@@ -123,7 +125,10 @@ int cmd_pack(int argc, char **argv) {
         double t0 = now_s();
         fprintf(stderr, "packing the routed experts of %s (%s, %.1f MiB of experts)\n", model, mdl.cfg.model_type,
                 mdl.expert_bytes / 1048576.0);
-        int rc = ms_streaming_pack(&mdl, out, dirs, n_dirs, &ps, &err);
+        ms_cli_progress cp;
+        ms_cli_progress_init(&cp);
+        int rc = ms_streaming_pack_progress(&mdl, out, dirs, n_dirs, &cp.p, &ps, &err);
+        ms_cli_progress_end(&cp);
         if (!rc)
             printf("packed %d layer file(s), %.1f MiB in %.1f s into %s\n", ps.n_files, ps.bytes_written / 1048576.0,
                    now_s() - t0, out);
@@ -151,7 +156,10 @@ int cmd_pack(int argc, char **argv) {
         double t0 = now_s();
         fprintf(stderr, "packing %d layers x %d experts (%.1f MiB of experts, naming %s)\n", st.n_layers, st.n_experts,
                 st.total_read_bytes / 1048576.0, nm.roles[0].pattern);
-        rc = ms_expert_pack(&ck, &st, out, dirs, n_dirs, &ps, &err);
+        ms_cli_progress cp;
+        ms_cli_progress_init(&cp);
+        rc = ms_expert_pack_progress(&ck, &st, out, dirs, n_dirs, &cp.p, &ps, &err);
+        ms_cli_progress_end(&cp);
         if (!rc)
             printf("packed %d layer file(s), %.1f MiB in %.1f s into %s\n", ps.n_files, ps.bytes_written / 1048576.0,
                    now_s() - t0, out);

@@ -7,6 +7,7 @@
 #include "util/fs.h"
 
 #include "cli/args.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "engine/plan.h"
 
@@ -50,7 +51,7 @@ int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "moonshine plan: --static-dtype: %s\n", serr.msg);
         return 2;
     }
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("plan", ms_arg_pos(argc, argv, 0));
     if (!dir || mem < 0 || ms_args_unknown(argc, argv, "plan")) {
         fputs(usage, stderr);
         return 2;

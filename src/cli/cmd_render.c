@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "text/chat_template.h"
 
@@ -20,7 +21,7 @@ int cmd_render(int argc, char **argv) {
                "encoding_k3.py does (see src/text/xtml.h for the chat_template_kwargs it reads).\n");
         return 0;
     }
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("render", ms_arg_pos(argc, argv, 0));
     if (!dir || ms_arg_pos(argc, argv, 1) || ms_args_unknown(argc, argv, "render")) {
         fprintf(stderr, "usage: moonshine render MODEL_DIR < request.json\n");
         return 2;

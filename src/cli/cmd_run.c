@@ -74,7 +74,7 @@ int cmd_run(int argc, char **argv) {
     const char *ids_s = ms_arg_str(argc, argv, "--prompt-ids");
     const char *load = ms_arg_str(argc, argv, "--load-state"), *save = ms_arg_str(argc, argv, "--save-state");
     int json = ms_arg_flag(argc, argv, "--json");
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("run", ms_arg_pos(argc, argv, 0));
     if (!dir || !ids_s || ms_args_unknown(argc, argv, "run")) {
         fputs(usage, stderr);
         return 2;

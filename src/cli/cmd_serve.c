@@ -237,7 +237,7 @@ int cmd_serve(int argc, char **argv) {
     const char *host = ms_arg_str(argc, argv, "--host"), *name = ms_arg_str(argc, argv, "--model-name");
     const char *pc_dir = ms_arg_str(argc, argv, "--prefix-cache-dir");
     const char *parser = ms_arg_str(argc, argv, "--parser"), *forced = ms_arg_str(argc, argv, "--test-forced-output");
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("serve", ms_arg_pos(argc, argv, 0));
     if (!dir || ms_args_unknown(argc, argv, "serve")) {
         fputs(k_usage, stderr);
         return 2;

@@ -5,6 +5,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "model/synth.h"
 
 static int dtype_arg(const char *s, ms_dtype *out) {
@@ -56,7 +57,12 @@ int cmd_synth(int argc, char **argv) {
     ms_synth_result r;
     ms_err err = {0};
     double t0 = ms_now();
-    if (ms_synth(&o, &r, &err)) {
+    ms_cli_progress cp;
+    ms_cli_progress_init(&cp);
+    o.progress = &cp.p;
+    int src = ms_synth(&o, &r, &err);
+    ms_cli_progress_end(&cp);
+    if (src) {
         fprintf(stderr, "moonshine synth: %s\n", err.msg);
         return 1;
     }

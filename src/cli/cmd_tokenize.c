@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "cli/args.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "text/tokenizer.h"
 #include "util/fs.h"
@@ -90,7 +91,7 @@ int cmd_tokenize(int argc, char **argv) {
                "cold = first pass with an empty word cache, warm = repeated passes for S seconds).\n");
         return 0;
     }
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("tokenize", ms_arg_pos(argc, argv, 0));
     const char *bfile = ms_arg_str(argc, argv, "--bench");
     const char *secs = ms_arg_str(argc, argv, "--seconds");
     int no_special = ms_arg_flag(argc, argv, "--no-special");

@@ -83,7 +83,7 @@ int cmd_verify(int argc, char **argv) {
     ms_cli_opts eo;
     if (ms_cli_engine_args(argc, argv, &eo)) return 2;
     const char *dump_path = ms_arg_str(argc, argv, "--dump-logits");
-    const char *dir = ms_arg_pos(argc, argv, 0);
+    const char *dir = ms_cli_model_arg("verify", ms_arg_pos(argc, argv, 0));
     if (!dir || ms_args_unknown(argc, argv, "verify")) {
         fprintf(stderr, "usage: moonshine verify FIXTURE_DIR [--threads N] [--backend cpu|cuda|hip|auto] [--dump-logits FILE]\n");
         return 2;

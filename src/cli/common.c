@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -8,9 +9,30 @@
 #include "cli/args.h"
 #include "engine/device_experts.h"
 #include "engine/plan.h"
+#include "cli/progress.h"
+#include "util/hf_cache.h"
 #ifdef MS_WITH_GPU
 #include "backend/gpu/backend_gpu.h"
 #endif
+
+const char *ms_cli_model_arg(const char *cmd, const char *arg) {
+    if (!arg) return NULL;
+    ms_hf_env env = {.hf_hub_cache = getenv("HF_HUB_CACHE"), .hf_home = getenv("HF_HOME"),
+                     .xdg_cache_home = getenv("XDG_CACHE_HOME"), .home = getenv("HOME")};
+    char buf[4096];
+    ms_err err = {0};
+    if (ms_hf_resolve(arg, &env, buf, sizeof buf, &err)) {
+        fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+        exit(1);
+    }
+    if (!strcmp(buf, arg)) return arg;
+    char *r = strdup(buf); /* lives as long as the process, like argv */
+    if (!r) {
+        fprintf(stderr, "moonshine %s: out of memory\n", cmd);
+        exit(1);
+    }
+    return r;
+}
 
 double ms_now(void) {
     struct timespec ts;
@@ -30,7 +52,11 @@ void ms_cli_opts_init(ms_cli_opts *o) {
 int ms_cli_static_load(const char *cmd, ms_cli_ctx *x) {
     if (x->static_load != MS_STATIC_READ) return 0;
     ms_err err = {0};
-    if (ms_model_static_read(&x->model, &err)) {
+    ms_cli_progress cp;
+    ms_cli_progress_init(&cp);
+    int rc = ms_model_static_read_progress(&x->model, &cp.p, &err);
+    ms_cli_progress_end(&cp);
+    if (rc) {
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
         return 1;
     }

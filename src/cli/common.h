@@ -66,6 +66,11 @@ void ms_cli_close(ms_cli_ctx *x);
 int ms_cli_static_load(const char *cmd, ms_cli_ctx *x);
 /* Print the streaming source's statistics as one line to stderr (nothing when not streaming). */
 void ms_cli_print_stream_stats(const ms_cli_ctx *x);
+/* The model argument of command cmd (arg: the first positional, NULL when absent, returned as NULL):
+ * an existing path as is, or a Hugging Face repo id (ORG/NAME[@REV]) or cache repository folder
+ * resolved offline to its snapshot (util/hf_cache.h) through HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME,
+ * HOME. When it resolves to nothing, prints what was looked for and exits 1. */
+const char *ms_cli_model_arg(const char *cmd, const char *arg);
 double ms_now(void);
 /* Device backends (x->backend set): the device-to-device copy bandwidth, bytes read +
  * written per second (0 on the CPU or on failure); the per-op profile (backend_gpu.h:

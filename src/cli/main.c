@@ -23,7 +23,9 @@ static void usage(FILE *f) {
     fprintf(f, "usage: moonshine COMMAND [ARGS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
         fprintf(f, "  %-12s %s\n", typed_name(k_cmds[i].name, nb, sizeof nb), k_cmds[i].help);
-    fprintf(f, "\n`moonshine COMMAND --help` describes each command.\n");
+    fprintf(f, "\n`moonshine COMMAND --help` describes each command. MODEL is a checkpoint directory or a Hugging Face\n"
+               "repo id (ORG/NAME[@REV]) already in the local cache (HF_HUB_CACHE / HF_HOME; nothing is downloaded).\n"
+               "First run: `make demo`, or `moonshine chat models/demo` (a small trained model in this repository).\n");
 #ifdef MS_WITH_GPU
     fprintf(f, "This build has the %s backend: verify, run, bench, chat and serve take --backend cpu|%s|auto.\n",
             MS_GPU_KIND, MS_GPU_KIND);

@@ -179,10 +179,15 @@ int ms_streaming_experts_create(ms_model *m, const ms_streaming_opts *o, ms_expe
 
 int ms_streaming_pack(ms_model *m, const char *out_dir, const char *const *dirs, int n_dirs, ms_pack_stats *stats,
                       ms_err *err) {
+    return ms_streaming_pack_progress(m, out_dir, dirs, n_dirs, NULL, stats, err);
+}
+
+int ms_streaming_pack_progress(ms_model *m, const char *out_dir, const char *const *dirs, int n_dirs,
+                               const ms_progress *progress, ms_pack_stats *stats, ms_err *err) {
     ms_expert_store st;
     int rc = store_of_model(m, &st, err);
     if (rc) return rc;
-    rc = ms_expert_pack(&m->ck, &st, out_dir, dirs, n_dirs, stats, err);
+    rc = ms_expert_pack_progress(&m->ck, &st, out_dir, dirs, n_dirs, progress, stats, err);
     ms_expert_store_free(&st);
     return rc;
 }

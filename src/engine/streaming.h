@@ -50,5 +50,8 @@ const char *ms_streaming_largest_file(const ms_expert_source *s);
 /* Pack m's routed experts (as the engine binds them) into out_dir; see ms_expert_pack. */
 int ms_streaming_pack(ms_model *m, const char *out_dir, const char *const *dirs, int n_dirs, ms_pack_stats *stats,
                       ms_err *err);
+/* The same, reporting the bytes written so far to progress (util/progress.h; NULL: none). */
+int ms_streaming_pack_progress(ms_model *m, const char *out_dir, const char *const *dirs, int n_dirs,
+                               const ms_progress *progress, ms_pack_stats *stats, ms_err *err);
 
 #endif

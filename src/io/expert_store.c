@@ -1,5 +1,7 @@
 #include "io/expert_store.h"
 
+#include "util/progress.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -489,8 +491,14 @@ static uint64_t record_layout(const ms_expert_store *st, int li, uint64_t *off) 
     return o;
 }
 
-int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const char *out_dir,
-                   const char *const *dirs, int n_dirs, ms_pack_stats *stats, ms_err *err) {
+int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const char *out_dir, const char *const *dirs,
+                   int n_dirs, ms_pack_stats *stats, ms_err *err) {
+    return ms_expert_pack_progress(ck, src, out_dir, dirs, n_dirs, NULL, stats, err);
+}
+
+int ms_expert_pack_progress(const ms_checkpoint *ck, const ms_expert_store *src, const char *out_dir,
+                   const char *const *dirs, int n_dirs, const ms_progress *progress, ms_pack_stats *stats,
+                            ms_err *err) {
     if (src->packed) return ms_fail(err, MS_ERR_ARG, "pack: the source is already a packed store");
     if (stats) memset(stats, 0, sizeof *stats);
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
@@ -523,6 +531,11 @@ int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const ch
     cJSON *rn = cJSON_AddArrayToObject(root, "roles");
     for (int r = 0; r < src->n_roles; r++) cJSON_AddItemToArray(rn, cJSON_CreateString(src->roles[r].name));
     layers = cJSON_AddArrayToObject(root, "layers");
+    uint64_t all = 0, done = 0;
+    for (int li = 0; li < src->n_layers; li++) {
+        uint64_t o2[MS_EXPERT_MAX_ROLES];
+        all += (uint64_t)src->n_experts * ALIGN_UP(record_layout(src, li, o2), MS_IO_ALIGN);
+    }
     for (int li = 0; li < src->n_layers && !rc; li++) {
         uint64_t off[MS_EXPERT_MAX_ROLES];
         uint64_t rb = record_layout(src, li, off), stride = ALIGN_UP(rb, MS_IO_ALIGN);
@@ -560,6 +573,7 @@ int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const ch
             cJSON_AddItemToArray(crcs, cJSON_CreateNumber(ms_crc32c(0, rec, rb)));
             rc = ms_atomic_write(&af, rec, stride, err);
             if (stats) stats->bytes_written += stride;
+            if (!rc) ms_progress_report(progress, "pack", MS_PROGRESS_BYTES, done += stride, all);
         }
         if (rc) ms_atomic_abort(&af);
         else rc = ms_atomic_commit(&af, err);

@@ -23,6 +23,7 @@
 #include "core/expert_source.h"
 #include "io/safetensors.h"
 #include "util/err.h"
+#include "util/progress.h"
 
 #define MS_EXPERT_MAX_ROLES 12
 #define MS_EXPERT_ROLE_NAME 24
@@ -140,6 +141,10 @@ typedef struct ms_pack_stats {
  * name, fsync'd and renamed. Errors: MS_ERR_IO naming the file. */
 int ms_expert_pack(const ms_checkpoint *ck, const ms_expert_store *src, const char *out_dir,
                    const char *const *dirs, int n_dirs, ms_pack_stats *stats, ms_err *err);
+/* The same, reporting the bytes of records written so far to progress (util/progress.h; NULL: none). */
+int ms_expert_pack_progress(const ms_checkpoint *ck, const ms_expert_store *src, const char *out_dir,
+                            const char *const *dirs, int n_dirs, const ms_progress *progress, ms_pack_stats *stats,
+                            ms_err *err);
 
 /* A parsed manifest: the store (paths resolved against store_dir) plus what it binds to. */
 typedef struct ms_store_source_file {

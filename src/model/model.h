@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "ops/dsa.h"
 #include "core/backend.h"
+#include "util/progress.h"
 
 /* Per expert: gate.weight, gate.scale, up.weight, up.scale, down.weight, down.scale. */
 #define MS_EXPERT_TENSORS 6
@@ -142,6 +143,8 @@ uint64_t ms_model_static_read_bytes(const ms_model *m);
  * they hold the same bytes). Call before any other thread reads the model.
  * Sets m->static_copied; calling it again is a no-op. */
 int ms_model_static_read(ms_model *m, ms_err *err);
+/* The same, reporting the bytes moved so far to progress (util/progress.h; NULL: none). */
+int ms_model_static_read_progress(ms_model *m, const ms_progress *progress, ms_err *err);
 
 /* The static tier's matrix dtype (--static-dtype): STORED keeps the checkpoint's;
  * Q8 and FP8 requantize the BF16/F16 matrices of attention (GQA, MLA, and the KDA and

@@ -117,7 +117,9 @@ static int move_chunk(uint8_t *addr, uint64_t len, const char *path, uint64_t of
     return MS_OK;
 }
 
-int ms_model_static_read(ms_model *m, ms_err *err) {
+int ms_model_static_read(ms_model *m, ms_err *err) { return ms_model_static_read_progress(m, NULL, err); }
+
+int ms_model_static_read_progress(ms_model *m, const ms_progress *progress, ms_err *err) {
     if (m->static_copied) return MS_OK;
     int n;
     srange *r = static_ranges(m, &n);
@@ -149,6 +151,7 @@ int ms_model_static_read(ms_model *m, ms_err *err) {
             rc = move_chunk(base + a, end - a, f->path, a, err);
             if (!rc) {
                 m->static_copied += end - a;
+                ms_progress_report(progress, "static tier", MS_PROGRESS_BYTES, m->static_copied, total);
                 if (fd >= 0) posix_fadvise(fd, (off_t)a, (off_t)(end - a), POSIX_FADV_DONTNEED);
             }
             a = end;

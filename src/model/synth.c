@@ -3,6 +3,8 @@
  * Each tensor's values depend only on (seed, name): sharding does not change them. */
 #include "model/synth.h"
 
+#include "util/progress.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -453,7 +455,8 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
     }
     cJSON *index = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(index, "metadata"),
           *wmap = cJSON_AddObjectToObject(index, "weight_map");
-    uint64_t total = 0;
+    uint64_t total = 0, all = 0;
+    for (int i = 0; i < n; i++) all += ts[i].nbytes;
     for (int s = 0; s < shards && !rc; s++) {
         char fname[128], path[4096];
         if (shards == 1) snprintf(fname, sizeof fname, "model.safetensors");
@@ -496,6 +499,7 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
             rc = write_tensor(fd, path, ts, i, 8 + padded, o->seed, err);
             total += ts[i].nbytes;
             for (int f = i + 1; f < n && ts[f].scale_of == i; f++) total += ts[f].nbytes;
+            if (!rc) ms_progress_report(o->progress, "synth", MS_PROGRESS_BYTES, total, all);
         }
         if (!rc && fsync(fd) != 0) rc = ms_fail(err, MS_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
         close(fd);

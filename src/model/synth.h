@@ -8,6 +8,7 @@
 
 #include "util/dtype.h"
 #include "util/err.h"
+#include "util/progress.h"
 
 typedef struct ms_synth_opts {
     const char *config_path;  /* input config.json */
@@ -17,6 +18,7 @@ typedef struct ms_synth_opts {
     ms_dtype expert_dtype;    /* BF16, F32 or F8_E4M3 (128x128 block scales) */
     uint64_t shard_bytes;     /* max bytes per shard (0: 4 GiB) */
     const char *tokenizer_dir;/* optional: tokenizer files copied from here */
+    const ms_progress *progress; /* optional: bytes of tensor data written (util/progress.h) */
 } ms_synth_opts;
 
 typedef struct ms_synth_result {

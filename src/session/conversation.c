@@ -29,6 +29,7 @@ struct ms_conv {
     int n_eos;
     int32_t *last_prompt;
     int n_last_prompt;
+    const ms_progress *prefill_progress;
 };
 
 static double now_s(void) {
@@ -107,6 +108,7 @@ int ms_conv_new(const ms_conv_opts *o, ms_conv **out, ms_err *err) {
         for (int i = 0; i < c->n_eos; i++) dup |= c->eos[i] == te;
         if (te >= 0 && te < c->vocab && !dup) c->eos[c->n_eos++] = te;
     }
+    c->prefill_progress = o->prefill_progress;
     if (!rc) rc = ms_generator_new(o->engine, o->tok, c->vocab, o->snaps, &c->gen, err);
     if (!rc) rc = ms_conv_set_system(c, o->system, err);
     if (rc) {
@@ -268,7 +270,8 @@ int ms_conv_turn_run(ms_conv *c, const char *text, const ms_sampler_params *sp, 
         rc = ms_fail(err, MS_ERR_NOMEM, "conversation: out of memory");
         goto fail;
     }
-    ms_gen_params gp = {.sampling = *sp, .max_tokens = max_tokens, .eos_ids = c->eos, .n_eos = c->n_eos};
+    ms_gen_params gp = {.sampling = *sp, .max_tokens = max_tokens, .eos_ids = c->eos, .n_eos = c->n_eos,
+                        .prefill_progress = c->prefill_progress};
     ms_gen_result gr;
     rc = ms_generate(c->gen, ids.ids, (int)ids.n, &gp, on_token, &t, &gr, err);
     if (!rc && t.rc) {

@@ -45,6 +45,7 @@ typedef struct ms_conv_opts {
                                    (ms_outfmt_for_model_type, as the server chooses) */
     const char *template_kwargs;/* JSON object passed as chat_template_kwargs, or NULL (copied) */
     const ms_gen_snapshots *snaps; /* prefix reuse through snapshots (session/prefix_cache.h), or NULL (copied) */
+    const ms_progress *prefill_progress; /* a long prompt's prefill reports to it (ms_gen_params), or NULL (borrowed) */
 } ms_conv_opts;
 
 typedef struct ms_conv ms_conv;

@@ -936,9 +936,23 @@ int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_para
     ms_gen_run *r;
     int rc = ms_gen_run_new(g, prompt, n, p, fn, user, &r, err), left, done = 0;
     if (rc) return rc;
-    do { /* r->n: the canonical prompt; pieces end at checkpoints */
-        if ((rc = ms_gen_run_prefill(r, 1 << 30, &left, err))) goto fail;
-    } while (left);
+    const ms_progress *pp = p->prefill_progress && p->prefill_progress->fn ? p->prefill_progress : NULL;
+    if (!pp || r->n < MS_GEN_PROGRESS_MIN) {
+        do { /* r->n: the canonical prompt; pieces end at checkpoints */
+            if ((rc = ms_gen_run_prefill(r, 1 << 30, &left, err))) goto fail;
+        } while (left);
+    } else { /* a long prompt: in pieces, each reported, from 0 (the prefix reuse applied first) */
+        if ((rc = ms_generator_prefill_begin(g, r->prompt, r->n, &r->res.cached_tokens, err))) goto fail;
+        r->begun = 1;
+        int total = r->n - r->res.cached_tokens, show = total >= MS_GEN_PROGRESS_MIN;
+        if (show) ms_progress_report(pp, "prefill", MS_PROGRESS_TOKENS, 0, (uint64_t)total);
+        do {
+            if ((rc = ms_gen_run_prefill(r, MS_GEN_PROGRESS_CHUNK, &left, err))) goto fail;
+            if (show)
+                ms_progress_report(pp, "prefill", MS_PROGRESS_TOKENS, (uint64_t)(total > left ? total - left : 0),
+                                   (uint64_t)total);
+        } while (left);
+    }
     for (;;) {
         int32_t id;
         if ((rc = ms_gen_run_next(r, &id, &done, err))) goto fail;

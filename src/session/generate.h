@@ -22,6 +22,7 @@
 #include "grammar/grammar.h"
 #include "text/tokenizer.h"
 #include "util/err.h"
+#include "util/progress.h"
 
 /* ---------------- RNG ---------------- */
 /* xoshiro256** seeded through splitmix64: a seed fixes the whole sequence. */
@@ -183,7 +184,14 @@ typedef struct ms_gen_params {
     const int32_t *forced_ids;
     int n_forced;
     const ms_gen_constraint *constraint; /* NULL: free generation (borrowed until the run ends) */
+    /* ms_generate only: a prompt of at least MS_GEN_PROGRESS_MIN tokens is prefilled in pieces of
+     * MS_GEN_PROGRESS_CHUNK (as the server's chunked prefill), reported here ("prefill", tokens) when
+     * at least MS_GEN_PROGRESS_MIN of them are new; NULL or no fn: in one piece. */
+    const ms_progress *prefill_progress;
 } ms_gen_params;
+
+#define MS_GEN_PROGRESS_MIN 1024
+#define MS_GEN_PROGRESS_CHUNK 256
 
 /* Per-token callback: id is the sampled token (-1 for text released at the end:
  * a held-back partial stop string or an incomplete UTF-8 character); text/len
