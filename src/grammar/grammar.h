@@ -72,6 +72,11 @@ int ms_grammar_json(int which, const ms_grammar_opts *o, ms_grammar **out, ms_er
  * \uHHHH \UHHHHHHHH), [character classes] over code points ([^...] negated, a-z
  * ranges, the same escapes), `.` (any character), rule names, ( groups ), and the
  * postfix operators * + ? {m} {m,} {m,n}. `#` starts a comment.
+ * A token reference <[ID]> reads exactly the token with that id (a special token of
+ * a tool-call frame: <|channel|>, <|tool_call_begin|>; at most 256 distinct ones). A
+ * referenced id is allowed only through its references: never as text, and, if it is
+ * one of the vocabulary's stop tokens, not as a stop either (harmony's <|call|> ends a
+ * call where the grammar reads it; other stops still end a complete document).
  * A rule name may also be bound to a JSON Schema: schema_names[i] = schema_jsons[i]
  * (n_schemas of them; NULL/0 for none), e.g. to embed tool arguments in a tool-call
  * syntax: root ::= "<tool_call>" args "</tool_call>".
@@ -80,6 +85,11 @@ int ms_grammar_json(int which, const ms_grammar_opts *o, ms_grammar **out, ms_er
 int ms_grammar_from_gbnf(const char *text, size_t len, const char *const *schema_names,
                          const char *const *schema_jsons, size_t n_schemas, const ms_grammar_opts *o,
                          ms_grammar **out, ms_err *err);
+
+/* The GBNF expression of a JSON Schema string "format" the schema front end supports
+ * (date, time, date-time, uuid, ipv4): the characters between the quotes; NULL for
+ * any other name. Static. */
+const char *ms_grammar_format_gbnf(const char *format);
 
 /* Frees the grammar; every matcher made from it must have been freed first. */
 void ms_grammar_free(ms_grammar *g);

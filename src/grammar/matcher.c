@@ -386,7 +386,8 @@ static int walk_trie(ms_matcher *m, int32_t lo, int32_t hi, int base, int mode, 
     const ms_gvocab *v = m->v;
     walk *w = &m->w;
     const int32_t *tr = w->g->trans;
-    const uint8_t *flags = w->g->flags, *cls = w->g->cls;
+    const uint8_t *flags = w->g->flags;
+    const uint16_t *cls = w->g->cls;
     int ncls = w->g->n_cls;
     m->setoff[0] = 0;
     m->setlen[0] = (int32_t)w->nsb;
@@ -517,6 +518,13 @@ nomem:
 
 /* ---------------- matcher ---------------- */
 
+/* k when token id is the grammar's token reference k, else -1 */
+static int tok_ref(const ms_grammar *g, int32_t id) {
+    for (int32_t k = 0; k < g->n_tok; k++)
+        if (g->tok[k] == id) return (int)k;
+    return -1;
+}
+
 static int fail_rc(ms_err *err, int rc, const char *what) {
     if (rc == MS_ERR_LIMIT)
         return ms_fail(err, rc, "grammar %s: a runtime limit was hit (max_configs or the stack arena)", what);
@@ -643,9 +651,10 @@ static void compact(ms_matcher *m) {
     free(ren);
 }
 
-/* Run bytes b[0..n) from cur; 1 when all are read (*done: the document may end),
- * 0 when byte *bad is refused, negative on a limit. commit: make the result cur. */
-static int run_bytes(ms_matcher *m, const uint8_t *b, size_t n, int commit, size_t *bad) {
+/* Run bytes b[0..n) from cur (b NULL: the one symbol sym, a token reference); 1 when all
+ * are read (*done: the document may end), 0 when byte *bad is refused, negative on a
+ * limit. commit: make the result cur. */
+static int run_syms(ms_matcher *m, const uint8_t *b, size_t n, int sym, int commit, size_t *bad) {
     walk *w = &m->w;
     w->ar = &m->ar;
     int32_t mark = m->ar.len;
@@ -657,7 +666,7 @@ static int run_bytes(ms_matcher *m, const uint8_t *b, size_t n, int commit, size
     size_t cnt = w->nsb;
     int done = m->done;
     for (size_t i = 0; i < n; i++) {
-        int raw = step(w, 0, cnt, b[i]);
+        int raw = step(w, 0, cnt, b ? b[i] : sym);
         if (w->rc || !raw) {
             m->ar.len = mark;
             *bad = i;
@@ -687,14 +696,14 @@ static int run_bytes(ms_matcher *m, const uint8_t *b, size_t n, int commit, size
 int ms_matcher_can_accept_bytes(ms_matcher *m, const uint8_t *b, size_t n) {
     if (m->ended) return 0;
     size_t bad;
-    return run_bytes(m, b, n, 0, &bad) == 1;
+    return run_syms(m, b, n, 0, 0, &bad) == 1;
 }
 
 int ms_matcher_accept_bytes(ms_matcher *m, const uint8_t *b, size_t n, ms_err *err) {
     if (m->ended) return ms_fail(err, MS_ERR_ARG, "grammar: text after the end of the document");
     if (!n) return MS_OK;
     size_t bad = 0;
-    int r = run_bytes(m, b, n, 1, &bad);
+    int r = run_syms(m, b, n, 0, 1, &bad);
     if (r == 1) return MS_OK;
     if (r == 0) return ms_fail(err, MS_ERR_ARG, "grammar: byte %zu (0x%02x) of the text is not allowed here", bad, b[bad]);
     return fail_rc(err, r, "accept");
@@ -704,6 +713,14 @@ int ms_matcher_accept(ms_matcher *m, int32_t tok, ms_err *err) {
     const ms_gvocab *v = m->v;
     if (m->ended) return ms_fail(err, MS_ERR_ARG, "grammar: token %d after the end of the document", tok);
     if (tok < 0 || (uint32_t)tok >= v->n_vocab) return ms_fail(err, MS_ERR_ARG, "grammar: token %d outside the vocabulary", tok);
+    int k = tok_ref(m->g, tok);
+    if (k >= 0) { /* a token the grammar references: only as that reference, never as text or a stop */
+        size_t bad = 0;
+        int r = run_syms(m, NULL, 1, 256 + k, 1, &bad);
+        if (r == 1) return MS_OK;
+        if (r == 0) return ms_fail(err, MS_ERR_ARG, "grammar: token %d is not allowed here", tok);
+        return fail_rc(err, r, "accept");
+    }
     if (v->tstop[tok]) {
         if (!m->done) return ms_fail(err, MS_ERR_ARG, "grammar: stop token %d before the document is complete", tok);
         m->ended = 1;
@@ -782,6 +799,20 @@ int ms_matcher_mask(ms_matcher *m, uint32_t *bits, ms_err *err) {
     }
     if (m->done)
         for (size_t i = 0; i < v->n_stop; i++) bits[v->stop[i] >> 5] |= 1u << (v->stop[i] & 31);
+    /* token references: allowed exactly when the parse can read their symbol (whatever the
+     * trie or the stop rule said about the same id) */
+    for (int32_t k = 0; k < g->n_tok; k++) {
+        int32_t id = g->tok[k];
+        if ((uint32_t)id >= v->n_vocab) continue;
+        size_t bad;
+        int r = run_syms(m, NULL, 1, 256 + k, 0, &bad);
+        if (r < 0) {
+            memset(bits, 0, v->words * 4);
+            return fail_rc(err, r, "mask");
+        }
+        if (r) bits[id >> 5] |= 1u << (id & 31);
+        else bits[id >> 5] &= ~(1u << (id & 31));
+    }
     if (deep && !m->done) {
         /* only the stack bound can leave a live parse with no continuation */
         size_t i = 0;
@@ -804,7 +835,7 @@ void ms_grammar_free(ms_grammar *g) {
     }
     pthread_mutex_destroy(&g->mu);
     free(g->trans), free(g->flags), free(g->call_off), free(g->call_rule), free(g->call_ret);
-    free(g->state_rule), free(g->rule_start), free(g->follow);
+    free(g->state_rule), free(g->rule_start), free(g->follow), free(g->cls), free(g->tok);
     for (int i = 0; i < g->n_rules; i++) free(g->rule_name[i]);
     free(g->rule_name);
     free(g);

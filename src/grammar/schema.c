@@ -307,6 +307,12 @@ static const char *const k_formats[][2] = {
              "\"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])){3}"},
 };
 
+const char *ms_grammar_format_gbnf(const char *format) {
+    for (size_t i = 0; format && i < sizeof k_formats / sizeof *k_formats; i++)
+        if (!strcmp(k_formats[i][0], format)) return k_formats[i][1];
+    return NULL;
+}
+
 static int emit_string(sctx *c, const cJSON *s, int r, int from, int to) {
     gbuild *b = c->b;
     int mn = 0, mx = -1;

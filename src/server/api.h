@@ -103,14 +103,22 @@ typedef struct ms_api_request {
 
 enum { MS_API_CONSTRAIN_NONE, MS_API_CONSTRAIN_JSON_OBJECT, MS_API_CONSTRAIN_SCHEMA, MS_API_CONSTRAIN_TOOL };
 
-/* The grammar of r's constraint (NULL when it has none) for a model family's tool-call syntax
- * (fmt). TOOL: a call of the forced function (or of any of the tools), in the family's own
- * syntax, its arguments bound to the function's parameter schema. close_reasoning: the prompt
- * opened a reasoning block, so the forced output first closes it (*lead = the text to force
- * first, static, or NULL). Errors: 400 naming the unsupported keyword and its JSON pointer (the
- * grammar's message), a tool that is not in tools, a family whose syntax cannot be forced yet. */
-int ms_api_constraint_grammar(const ms_api_request *r, ms_outfmt fmt, int close_reasoning, struct ms_grammar **out,
-                              const char **lead, ms_api_error *e);
+/* The grammar of r's constraint (NULL when it has none) for a model family's output syntax
+ * (fmt), over tok's special tokens (frame markers that are one special token become token
+ * references; tok may be NULL: markers as text).
+ *   JSON_OBJECT / SCHEMA: the document; harmony: inside <|channel|>final<|message|>; XTML:
+ *     inside the response element (closing think first when the prompt opened it).
+ *   TOOL: a call of the forced function (or of any of the tools; one or more with
+ *     parallel_tool_calls, harmony one) in the family's frame: Qwen3 <tool_call>, DeepSeek V3 /
+ *     V3.1 and Kimi K2 sections of special tokens, GLM and XTML key/value arguments, harmony's
+ *     commentary channel to=functions.NAME ending in <|call|>; arguments bound to the function's
+ *     parameter schema (none: an object without properties).
+ * close_reasoning: the prompt opened a reasoning block; for <think> families *lead is then the
+ * text to force first ("</think>\n\n", static; else NULL). Errors: 400 naming the unsupported
+ * keyword and its JSON pointer (the grammar's message), a tool that is not in tools, a format
+ * without tool-call syntax (think), a GLM argument whose type the syntax cannot carry. */
+int ms_api_constraint_grammar(const ms_api_request *r, ms_outfmt fmt, const ms_tokenizer *tok, int close_reasoning,
+                              struct ms_grammar **out, const char **lead, ms_api_error *e);
 
 /* How a model family turns reasoning on/off or sets its effort (chosen once per model). */
 typedef enum {

@@ -925,7 +925,7 @@ static int request_deadline(const ms_server *s, const char *body, size_t blen, d
  * model's grammar vocabulary (built once), and the constraint the generation runs under. */
 static int prepare_constraint(ms_server *s, job *j, ms_api_error *e) {
     const char *lead = NULL;
-    int rc = ms_api_constraint_grammar(&j->req, s->o.fmt, j->start_in_reasoning, &j->grammar, &lead, e);
+    int rc = ms_api_constraint_grammar(&j->req, s->o.fmt, s->o.tok, j->start_in_reasoning, &j->grammar, &lead, e);
     if (rc || !j->grammar) return rc;
     ms_err err = {0};
     pthread_mutex_lock(&s->gvmu);
