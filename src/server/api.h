@@ -99,6 +99,13 @@ typedef struct ms_api_request {
     char *schema_json;         /* SCHEMA: the JSON Schema (owned) */
     char *forced_tool;         /* TOOL: the function to call (owned), NULL: any of tools_json */
     const char *constrain_param; /* the field it came from ("response_format", "text.format", "tool_choice"; static) */
+    /* logprobs (chat, completions) and logit_bias */
+    int64_t vocab;             /* the model's vocabulary (ms_api_parse_request's): bounds token ids */
+    int logprobs;              /* report log-probabilities of the sampled tokens */
+    int top_logprobs;          /* with that many alternatives (0..20) */
+    int32_t *bias_ids;         /* logit_bias (owned; sampling.bias_ids / bias point here) */
+    float *bias;
+    int n_bias;
 } ms_api_request;
 
 enum { MS_API_CONSTRAIN_NONE, MS_API_CONSTRAIN_JSON_OBJECT, MS_API_CONSTRAIN_SCHEMA, MS_API_CONSTRAIN_TOOL };
@@ -164,6 +171,8 @@ typedef struct ms_api_resp_opts {
     const char *previous_response_id; /* RESPONSES */
     int single_tool_call;    /* 1 (parallel_tool_calls false): only the first tool call is reported */
     const ms_outparse_opts *parse; /* chat: parser options (start_in_reasoning, tools_json, id_seed); may be NULL */
+    int logprobs;            /* chat, completion: choices carry logprobs (ms_api_resp_logprob's entries) */
+    const ms_tokenizer *tok; /* with logprobs: the tokens' text and bytes */
 } ms_api_resp_opts;
 
 typedef struct ms_api_resp ms_api_resp;
@@ -180,6 +189,10 @@ int ms_api_resp_text(ms_api_resp *r, const char *text, size_t len, ms_api_sink s
  * (include_usage) and `data: [DONE]`; otherwise the whole JSON body. */
 int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int completion_tokens, int cached_tokens,
                        ms_api_sink sink, void *user, ms_err *err);
+/* One sampled token's log-probability and its top alternatives (ms_gen_logprob_fn's values),
+ * reported with the text the token produces (streamed: in the next chunk sent). A no-op unless
+ * opts.logprobs. MS_ERR_NOMEM. */
+int ms_api_resp_logprob(ms_api_resp *r, int32_t id, float logprob, const int32_t *top_ids, const float *top_lps, int n_top);
 /* MESSAGES: the stop string that ended the generation (stop_reason "stop_sequence"). Copied. */
 int ms_api_resp_set_stop_sequence(ms_api_resp *r, const char *stop);
 /* The assistant message produced (internal shape, as ms_outmsg_json: {"role":"assistant","content",

@@ -388,6 +388,12 @@ static int on_token(void *user, int32_t id, const char *text, size_t len) {
     return job_check_cancel(g->j);
 }
 
+/* ms_gen_logprob_fn: the token's logprobs go to the response builder (sent with its text) */
+static void on_logprob(void *user, int32_t id, float lp, const int32_t *top, const float *tlp, int n) {
+    struct run *g = user;
+    if (ms_api_resp_logprob(g->resp, id, lp, top, tlp, n)) g->rc = MS_ERR_NOMEM;
+}
+
 static void random_hex(char *out, int n) {
     uint8_t b[32];
     if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b)
@@ -563,11 +569,12 @@ static void admit(ms_server *s, job *j) {
                            .stream = j->req.stream, .include_usage = j->req.include_usage, .fmt = s->o.fmt, .parse = &g->po,
                            .prompt_tokens = j->n_prompt, .echo_json = j->req.echo_json,
                            .previous_response_id = j->req.previous_response_id,
-                           .single_tool_call = !j->req.parallel_tool_calls};
+                           .single_tool_call = !j->req.parallel_tool_calls, .logprobs = j->req.logprobs, .tok = s->o.tok};
     ms_gen_params gp = {.sampling = j->req.sampling, .max_tokens = j->max_tokens,
                         .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .eos_ids = s->eos,
                         .n_eos = s->o.n_eos, .forced_ids = s->forced, .n_forced = s->o.n_forced,
-                        .constraint = j->grammar ? &j->con : NULL};
+                        .constraint = j->grammar ? &j->con : NULL,
+                        .logprob_fn = j->req.logprobs ? on_logprob : NULL, .top_logprobs = j->req.top_logprobs};
     int slot = -1;
     int rc = ms_api_resp_new(&ro, &g->resp, &g->err);
     if (!rc) rc = ms_sched_submit(s->sched, j->prompt, j->n_prompt, &gp, on_token, on_done, g, &slot, &g->err);
