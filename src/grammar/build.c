@@ -920,6 +920,7 @@ int gb_finish(gbuild *b, int root, ms_grammar **out) {
         free(first), free(snext), free(scomp), free(clsb);
     }
     if (pthread_mutex_init(&g->mu, NULL)) goto nomem;
+    g->refs = 1;
     for (int i = 0; i < nr; i++) rdfa_free(&d[i]);
     free(d), free(prod), free(nul), free(seen), free(stk);
     *out = g;

@@ -97,6 +97,7 @@ struct ms_grammar {
     uint64_t (*follow)[4]; /* [n_rules]: bytes that may come right after the rule */
     pthread_mutex_t mu;
     gbind *binds;
+    int refs;              /* references (ms_grammar_ref / ms_grammar_free); 1 when made */
 };
 
 /* JSON-schema front end, shared by ms_grammar_from_schema and GBNF bindings:

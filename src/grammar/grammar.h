@@ -91,8 +91,25 @@ int ms_grammar_from_gbnf(const char *text, size_t len, const char *const *schema
  * any other name. Static. */
 const char *ms_grammar_format_gbnf(const char *format);
 
-/* Frees the grammar; every matcher made from it must have been freed first. */
+/* Grammars are reference counted (a cache and the requests using a grammar share it):
+ * ms_grammar_ref adds a reference and returns g; ms_grammar_free drops one and frees the
+ * grammar with the last. Every matcher made from it must have been freed by then. */
+ms_grammar *ms_grammar_ref(ms_grammar *g);
 void ms_grammar_free(ms_grammar *g);
+
+/* A cache of compiled grammars by key (the caller's: e.g. the request fields a grammar is
+ * made from): a grammar found again keeps its warm mask caches, so a repeated schema pays
+ * neither the compile nor the first visits of its states. At most max_entries grammars and
+ * max_bytes of them and their mask caches (0: no byte bound); the least recently used go
+ * first. Thread-safe. */
+typedef struct ms_grammar_cache ms_grammar_cache;
+int ms_grammar_cache_new(int max_entries, size_t max_bytes, ms_grammar_cache **out, ms_err *err);
+void ms_grammar_cache_free(ms_grammar_cache *c);
+/* A new reference to the grammar kept under key (free it with ms_grammar_free), or NULL. */
+ms_grammar *ms_grammar_cache_get(ms_grammar_cache *c, const char *key, size_t len);
+/* Keep g under key (the cache takes a reference of its own; the caller keeps its own). */
+void ms_grammar_cache_put(ms_grammar_cache *c, const char *key, size_t len, ms_grammar *g);
+int ms_grammar_cache_size(ms_grammar_cache *c);
 
 /* Counts for reports: automaton states and rules. */
 int ms_grammar_n_states(const ms_grammar *g);

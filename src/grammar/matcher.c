@@ -825,7 +825,7 @@ int ms_matcher_mask(ms_matcher *m, uint32_t *bits, ms_err *err) {
 }
 
 void ms_grammar_free(ms_grammar *g) {
-    if (!g) return;
+    if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     for (gbind *b = g->binds; b;) {
         gbind *nx = b->next;
         for (int32_t s = 0; s < g->n_states; s++) cache_free(b->ent[s]);

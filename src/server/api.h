@@ -126,6 +126,13 @@ enum { MS_API_CONSTRAIN_NONE, MS_API_CONSTRAIN_JSON_OBJECT, MS_API_CONSTRAIN_SCH
  * without tool-call syntax (think), a GLM argument whose type the syntax cannot carry. */
 int ms_api_constraint_grammar(const ms_api_request *r, ms_outfmt fmt, const ms_tokenizer *tok, int close_reasoning,
                               struct ms_grammar **out, const char **lead, ms_api_error *e);
+/* The same through a cache (NULL: none) keyed by every input of the grammar (the constraint,
+ * schema, tools, forced name, parallel_tool_calls, fmt, close_reasoning): a repeated schema or
+ * tool set reuses the compiled grammar and its warm mask caches. *out is a reference of the
+ * caller's (ms_grammar_free). */
+int ms_api_constraint_grammar_cached(struct ms_grammar_cache *cache, const ms_api_request *r, ms_outfmt fmt,
+                                     const ms_tokenizer *tok, int close_reasoning, struct ms_grammar **out, const char **lead,
+                                     ms_api_error *e);
 
 /* How a model family turns reasoning on/off or sets its effort (chosen once per model). */
 typedef enum {

@@ -598,3 +598,32 @@ int ms_api_constraint_grammar(const ms_api_request *r, ms_outfmt fmt, const ms_t
     if (close_reasoning && !framed) *lead = "</think>\n\n";
     return MS_OK;
 }
+
+int ms_api_constraint_grammar_cached(ms_grammar_cache *cache, const ms_api_request *r, ms_outfmt fmt, const ms_tokenizer *tok,
+                                     int close_reasoning, ms_grammar **out, const char **lead, ms_api_error *e) {
+    *out = NULL;
+    *lead = NULL;
+    if (!cache || r->constrain == MS_API_CONSTRAIN_NONE) return ms_api_constraint_grammar(r, fmt, tok, close_reasoning, out, lead, e);
+    sbuf k = {0};
+    char head[96];
+    snprintf(head, sizeof head, "%d|%d|%d|%d|%d|", r->constrain, (int)fmt, !!close_reasoning, r->parallel_tool_calls,
+             r->forced_tool ? 1 : 0);
+    const char *parts[] = {head, r->forced_tool ? r->forced_tool : "", "|", r->constrain == MS_API_CONSTRAIN_SCHEMA ? r->schema_json : "",
+                           "|", r->constrain == MS_API_CONSTRAIN_TOOL && r->tools_json ? r->tools_json : ""};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) bad |= sb_str(&k, parts[i]) != 0;
+    if (bad) {
+        free(k.p);
+        return NOMEM();
+    }
+    ms_grammar *g = ms_grammar_cache_get(cache, k.p, k.n);
+    int rc = MS_OK;
+    if (g) {
+        *out = g;
+        if (close_reasoning && fmt != MS_OUTFMT_HARMONY && fmt != MS_OUTFMT_XTML) *lead = "</think>\n\n";
+    } else if (!(rc = ms_api_constraint_grammar(r, fmt, tok, close_reasoning, out, lead, e)) && *out) {
+        ms_grammar_cache_put(cache, k.p, k.n, *out);
+    }
+    free(k.p);
+    return rc;
+}

@@ -109,6 +109,7 @@ typedef struct slot_view {
 struct ms_server {
     ms_server_opts o;
     ms_gvocab *gvocab;      /* the grammar vocabulary, built on the first constrained request (under gvmu) */
+    ms_grammar_cache *gcache; /* compiled grammars of recent schemas / tool sets (warm mask caches) */
     pthread_mutex_t gvmu;
     ms_sched *sched;
     int n_slots;
@@ -932,7 +933,8 @@ static int request_deadline(const ms_server *s, const char *body, size_t blen, d
  * model's grammar vocabulary (built once), and the constraint the generation runs under. */
 static int prepare_constraint(ms_server *s, job *j, ms_api_error *e) {
     const char *lead = NULL;
-    int rc = ms_api_constraint_grammar(&j->req, s->o.fmt, s->o.tok, j->start_in_reasoning, &j->grammar, &lead, e);
+    int rc = ms_api_constraint_grammar_cached(s->gcache, &j->req, s->o.fmt, s->o.tok, j->start_in_reasoning, &j->grammar,
+                                              &lead, e);
     if (rc || !j->grammar) return rc;
     ms_err err = {0};
     pthread_mutex_lock(&s->gvmu);
@@ -1653,6 +1655,7 @@ static void server_free(ms_server *s) {
     free(s->host_str);
     free(s->eos);
     free(s->forced);
+    ms_grammar_cache_free(s->gcache); /* before the vocabulary its grammars' caches were built for */
     ms_gvocab_free(s->gvocab);
     free(s->slot_run);
     free(s->slot_job);
@@ -1734,6 +1737,10 @@ int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
     pthread_mutex_init(&s->mmu, NULL);
     pthread_mutex_init(&s->rmu, NULL);
     pthread_mutex_init(&s->gvmu, NULL);
+    {
+        ms_err gerr = {0};
+        if (ms_grammar_cache_new(32, (size_t)256 << 20, &s->gcache, &gerr)) s->gcache = NULL; /* none: compiled per request */
+    }
     {
         ms_chat_source src = {0};
         ms_err perr = {0};

@@ -708,6 +708,35 @@ TEST(token_references) {
     ms_gvocab_free(v);
 }
 
+/* the grammar cache: a key finds the same grammar (one more reference), LRU eviction by count,
+ * references outlive eviction */
+TEST(grammar_cache) {
+    ms_err err = {0};
+    ms_grammar_cache *c = NULL;
+    CHECK(ms_grammar_cache_new(2, 0, &c, &err) == 0);
+    ms_grammar *g[3];
+    const char *keys[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(ms_grammar_json(MS_GRAMMAR_JSON_OBJECT, NULL, &g[i], &err) == 0);
+        CHECK(ms_grammar_cache_get(c, keys[i], 1) == NULL);
+        ms_grammar_cache_put(c, keys[i], 1, g[i]);
+        if (i == 1) { /* touch "a": "b" is the least recently used when "c" comes */
+            ms_grammar *x = ms_grammar_cache_get(c, "a", 1);
+            CHECK(x == g[0]);
+            ms_grammar_free(x);
+        }
+    }
+    CHECK(ms_grammar_cache_size(c) == 2);
+    CHECK(ms_grammar_cache_get(c, "b", 1) == NULL);
+    ms_grammar *a = ms_grammar_cache_get(c, "a", 1), *cc = ms_grammar_cache_get(c, "c", 1);
+    CHECK(a == g[0] && cc == g[2]);
+    ms_grammar_cache_free(c); /* the references taken stay valid */
+    for (int i = 0; i < 3; i++) ms_grammar_free(g[i]);
+    CHECK(accepts(a, "{\"k\": 1}") && accepts(cc, "{}"));
+    ms_grammar_free(a);
+    ms_grammar_free(cc);
+}
+
 static void cleanup(void) {
     for (int i = 0; i < 2; i++) {
         ms_gvocab_free(g_tk[i].v);
