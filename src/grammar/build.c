@@ -919,6 +919,23 @@ int gb_finish(gbuild *b, int root, ms_grammar **out) {
         }
         free(first), free(snext), free(scomp), free(clsb);
     }
+    /* bounded string rules: the state after the opening quote and k one-byte characters needs
+     * max(0, bmin - k) and takes bmax - k more (each such state is reached by "a"^k) */
+    g->bs_min = malloc((size_t)ntot * sizeof *g->bs_min);
+    g->bs_max = malloc((size_t)ntot * sizeof *g->bs_max);
+    if (!g->bs_min || !g->bs_max) goto nomem;
+    for (int32_t s = 0; s < ntot; s++) g->bs_min[s] = 0, g->bs_max[s] = -1;
+    for (int i = 0; i < nr; i++) {
+        if (!b->r[i].bounded) continue;
+        int mn = b->r[i].bmin, mx = b->r[i].bmax;
+        int32_t st = g->trans[(size_t)g->rule_start[i] * ncls + cls['"']];
+        for (int k = 0; st >= 0 && (mx < 0 || k <= mx); k++) {
+            if (g->bs_max[st] >= 0) break; /* the unbounded tail loops back */
+            g->bs_min[st] = mn > k ? mn - k : 0;
+            g->bs_max[st] = mx < 0 ? INT32_MAX : mx - k;
+            st = g->trans[(size_t)st * ncls + cls['a']];
+        }
+    }
     if (pthread_mutex_init(&g->mu, NULL)) goto nomem;
     g->refs = 1;
     for (int i = 0; i < nr; i++) rdfa_free(&d[i]);
@@ -935,6 +952,7 @@ fail:
         g->binds = NULL;
         free(g->trans), free(g->flags), free(g->call_off), free(g->call_rule), free(g->call_ret);
         free(g->state_rule), free(g->rule_start), free(g->follow), free(g->cls), free(g->tok);
+        free(g->bs_min), free(g->bs_max);
         if (g->rule_name)
             for (int i = 0; i < nr; i++) free(g->rule_name[i]);
         free(g->rule_name);

@@ -28,6 +28,8 @@ typedef struct grule_b {
     gedge *e;
     size_t ne, cap;
     int defined; /* body emitted (GBNF: a definition was seen) */
+    int bounded; /* a JSON string with minLength bmin / maxLength bmax (-1: none): "\"" char{bmin,bmax} "\"" */
+    int bmin, bmax;
 } grule_b;
 
 /* Builtin JSON rules (created on first use, shared by every schema of a build; -1: none yet). */
@@ -98,12 +100,19 @@ struct ms_grammar {
     pthread_mutex_t mu;
     gbind *binds;
     int refs;              /* references (ms_grammar_ref / ms_grammar_free); 1 when made */
+    /* States between two characters of a bounded JSON string rule: how many more characters
+     * it needs (bs_min) and may take (bs_max; INT32_MAX: no bound) before its closing quote;
+     * bs_max -1 for every other state. Their mask caches come from the vocabulary's string
+     * profile instead of a trie walk (matcher.c). */
+    int32_t *bs_min, *bs_max;
 };
 
 /* JSON-schema front end, shared by ms_grammar_from_schema and GBNF bindings:
  * compile the schema document into rule r (whose body it emits). */
 int gs_schema_rule(gbuild *b, const char *json, size_t len, int r, const char *what);
 int gj_value(gbuild *b);
+/* The builtin JSON string rule ("\"" char* "\""), created on first use. */
+int gj_string_rule(gbuild *b);
 int gj_object(gbuild *b);
 /* Emit a GBNF alternation (no rule names) into rule r, from -> to: how the string
  * formats are written. */

@@ -39,6 +39,15 @@ struct ms_gvocab {
     size_t *boff;    /* [n_vocab] */
     uint32_t *blen;  /* [n_vocab], 0: not text */
     int max_len;
+    /* String profile: what each text token is as JSON string content (the characters of a
+     * string rule: the bounded string rules' caches are read from it, matcher.c get_cache).
+     * sp_a: tokens that stay inside a string, by the characters of room they need (a token
+     * ending inside a character needs one more), sp_a_off[r]..sp_a_off[r+1] those needing r;
+     * sp_q: tokens that end with the closing quote, by the characters before it; sp_qn: the
+     * trie nodes of closing quotes followed by more of a token, by the characters before
+     * them. r and j go up to sp_max. */
+    int32_t *sp_a, *sp_a_off, *sp_q, *sp_q_off, *sp_qn, *sp_qn_off;
+    int sp_max;
 };
 
 static const uint8_t *g_sort_bytes;
@@ -57,7 +66,84 @@ void ms_gvocab_free(ms_gvocab *v) {
     if (!v) return;
     free(v->nb), free(v->nend), free(v->ndep), free(v->ntok), free(v->tnext), free(v->tstop);
     free(v->stop), free(v->bytes), free(v->boff), free(v->blen);
+    free(v->sp_a), free(v->sp_a_off), free(v->sp_q), free(v->sp_q_off), free(v->sp_qn), free(v->sp_qn_off);
     free(v);
+}
+
+/* Counting sort of (key, value) pairs into values by key 0..max: off[max + 2]. */
+static int bucket(const int32_t *key, const int32_t *val, size_t n, int max, int32_t **out, int32_t **off) {
+    *off = calloc((size_t)max + 2, sizeof **off);
+    *out = malloc((n ? n : 1) * sizeof **out);
+    if (!*off || !*out) return -1;
+    for (size_t i = 0; i < n; i++) (*off)[key[i] + 1]++;
+    for (int r = 0; r < max + 1; r++) (*off)[r + 1] += (*off)[r];
+    int32_t *fill = malloc(((size_t)max + 1) * sizeof *fill);
+    if (!fill) return -1;
+    memcpy(fill, *off, ((size_t)max + 1) * sizeof *fill);
+    for (size_t i = 0; i < n; i++) (*out)[fill[key[i]]++] = val[i];
+    free(fill);
+    return 0;
+}
+
+/* The string profile of v (see struct ms_gvocab): the trie walked once with the builtin JSON
+ * string rule's automaton ("\"" char* "\"", char = an unescaped character or an escape, a
+ * surrogate pair one character), counting characters at each return to the content state. */
+static int string_profile(ms_gvocab *v, ms_err *err) {
+    gbuild b;
+    gb_init(&b, NULL, err);
+    int root = gb_rule(&b, "root");
+    int sr = root >= 0 ? gj_string_rule(&b) : -1;
+    if (sr >= 0) {
+        b.r[root].defined = 1;
+        gb_call(&b, root, 0, sr, 1);
+    }
+    ms_grammar *sg = NULL;
+    int rc = gb_finish(&b, root, &sg);
+    gb_free(&b);
+    if (rc) return rc;
+    int ncls = sg->n_cls;
+    const int32_t *tr = sg->trans;
+    int32_t q = tr[(size_t)sg->rule_start[sr] * ncls + sg->cls['"']];
+    int32_t fin = q >= 0 ? tr[(size_t)q * ncls + sg->cls['"']] : -1;
+    int32_t nn = v->n_nodes;
+    int32_t *st = malloc(((size_t)v->max_len + 2) * sizeof *st), *jd = malloc(((size_t)v->max_len + 2) * sizeof *jd);
+    int32_t *ak = malloc((size_t)v->n_vocab * sizeof *ak), *av = malloc((size_t)v->n_vocab * sizeof *av);
+    int32_t *qk = malloc((size_t)v->n_vocab * sizeof *qk), *qv = malloc((size_t)v->n_vocab * sizeof *qv);
+    int32_t *nk = malloc(((size_t)nn + 1) * sizeof *nk), *nv = malloc(((size_t)nn + 1) * sizeof *nv);
+    size_t na = 0, nq = 0, nqn = 0;
+    int mx = 0;
+    rc = MS_ERR_NOMEM;
+    if (q < 0 || fin < 0 || !st || !jd || !ak || !av || !qk || !qv || !nk || !nv) goto out;
+    st[0] = q, jd[0] = 0;
+    for (int32_t i = 1; i < nn;) {
+        int d = v->ndep[i];
+        int32_t from = st[d - 1];
+        int32_t t = from >= 0 ? tr[(size_t)from * ncls + sg->cls[v->nb[i]]] : -1;
+        if (t < 0) { i = v->nend[i]; continue; }
+        int j = jd[d - 1] + (t == q);
+        if (t == fin) { /* the closing quote after jd[d-1] characters */
+            j = jd[d - 1];
+            if (j > mx) mx = j;
+            for (int32_t k = v->ntok[i]; k >= 0; k = v->tnext[k]) qk[nq] = j, qv[nq++] = k;
+            if (i + 1 < v->nend[i]) nk[nqn] = j, nv[nqn++] = i;
+            i = v->nend[i];
+            continue;
+        }
+        int room = j + (t != q); /* inside a character: it needs one more */
+        if (room > mx) mx = room;
+        for (int32_t k = v->ntok[i]; k >= 0; k = v->tnext[k]) ak[na] = room, av[na++] = k;
+        st[d] = t, jd[d] = j;
+        i++;
+    }
+    v->sp_max = mx;
+    if (bucket(ak, av, na, mx, &v->sp_a, &v->sp_a_off) || bucket(qk, qv, nq, mx, &v->sp_q, &v->sp_q_off) ||
+        bucket(nk, nv, nqn, mx, &v->sp_qn, &v->sp_qn_off))
+        goto out;
+    rc = MS_OK;
+out:
+    free(st), free(jd), free(ak), free(av), free(qk), free(qv), free(nk), free(nv);
+    ms_grammar_free(sg);
+    return rc == MS_ERR_NOMEM ? ms_fail(err, rc, "grammar vocabulary: out of memory") : rc;
 }
 
 uint32_t ms_gvocab_size(const ms_gvocab *v) { return v->n_vocab; }
@@ -155,6 +241,11 @@ int ms_gvocab_new_raw(uint32_t n_vocab, const uint8_t *const *bytes, const size_
     free(path);
     free(order);
     v->n_nodes = nn;
+    int prc = string_profile(v, err);
+    if (prc) {
+        ms_gvocab_free(v);
+        return prc;
+    }
     *out = v;
     return MS_OK;
 nomem:
@@ -461,19 +552,44 @@ static int get_cache(ms_matcher *m, int32_t s, gcache **out, int *owned) {
     }
     const ms_gvocab *v = m->v;
     walk *w = &m->w;
-    arena *saved = w->ar;
-    w->ar = &m->tmp;
-    m->tmp.len = 0;
-    w->nsb = 0;
-    if (grow((void **)&w->sb, 1, &w->capsb, sizeof *w->sb)) return MS_ERR_NOMEM;
-    w->sb[w->nsb++] = (gcfg){s, BOTTOM};
+    int32_t maxdep = 0;
     m->nacc = m->nescv = 0;
-    w->rc = 0;
-    w->maxdep = 0;
-    int rc = walk_trie(m, 1, v->n_nodes, 0, WALK_CACHE, g->follow[g->state_rule[s]], NULL);
-    int32_t maxdep = w->maxdep;
-    w->ar = saved;
-    if (rc) return rc;
+    if (g->bs_max[s] >= 0 && v->sp_a_off) {
+        /* a state between two characters of a bounded string: from the string profile, the
+         * tokens that fit the characters left (and close the string after enough), and the
+         * quotes where the rule ends with bytes of the token left (what the trie walk below
+         * finds, without it) */
+        const uint64_t *follow = g->follow[g->state_rule[s]];
+        int hi = g->bs_max[s] < v->sp_max ? g->bs_max[s] : v->sp_max, lo = g->bs_min[s];
+        size_t na = (size_t)v->sp_a_off[hi + 1];
+        size_t nq = lo <= hi ? (size_t)(v->sp_q_off[hi + 1] - v->sp_q_off[lo]) : 0;
+        if (grow((void **)&m->acc, na + nq + 1, &m->capacc, sizeof *m->acc)) return MS_ERR_NOMEM;
+        memcpy(m->acc, v->sp_a, na * sizeof *m->acc);
+        if (nq) memcpy(m->acc + na, v->sp_q + v->sp_q_off[lo], nq * sizeof *m->acc);
+        m->nacc = na + nq;
+        for (int32_t k = lo <= hi ? v->sp_qn_off[lo] : 0; lo <= hi && k < v->sp_qn_off[hi + 1]; k++) {
+            int32_t qn = v->sp_qn[k];
+            for (int32_t ch = qn + 1; ch < v->nend[qn]; ch = v->nend[ch]) {
+                uint8_t x = v->nb[ch];
+                if (!(follow[x >> 6] >> (x & 63) & 1)) continue;
+                if (grow((void **)&m->escv, m->nescv + 1, &m->capescv, sizeof *m->escv)) return MS_ERR_NOMEM;
+                m->escv[m->nescv++] = ch;
+            }
+        }
+    } else {
+        arena *saved = w->ar;
+        w->ar = &m->tmp;
+        m->tmp.len = 0;
+        w->nsb = 0;
+        if (grow((void **)&w->sb, 1, &w->capsb, sizeof *w->sb)) return MS_ERR_NOMEM;
+        w->sb[w->nsb++] = (gcfg){s, BOTTOM};
+        w->rc = 0;
+        w->maxdep = 0;
+        int rc = walk_trie(m, 1, v->n_nodes, 0, WALK_CACHE, g->follow[g->state_rule[s]], NULL);
+        maxdep = w->maxdep;
+        w->ar = saved;
+        if (rc) return rc;
+    }
     c = calloc(1, sizeof *c);
     if (!c) return MS_ERR_NOMEM;
     c->nacc = (int32_t)m->nacc;
@@ -836,6 +952,7 @@ void ms_grammar_free(ms_grammar *g) {
     pthread_mutex_destroy(&g->mu);
     free(g->trans), free(g->flags), free(g->call_off), free(g->call_rule), free(g->call_ret);
     free(g->state_rule), free(g->rule_start), free(g->follow), free(g->cls), free(g->tok);
+    free(g->bs_min), free(g->bs_max);
     for (int i = 0; i < g->n_rules; i++) free(g->rule_name[i]);
     free(g->rule_name);
     free(g);

@@ -89,6 +89,9 @@ static void emit_char(gbuild *b, int r, int from, int to) {
     }
 }
 
+static int gj_string(gbuild *b);
+int gj_string_rule(gbuild *b) { return gj_string(b); }
+
 static int gj_string(gbuild *b) {
     if (b->j.string >= 0) return b->j.string;
     int r = b->j.string = gb_rule(b, "string");
@@ -351,24 +354,36 @@ static int emit_string(sctx *c, const cJSON *s, int r, int from, int to) {
         return b->rc;
     }
     if (mx >= 0 && mn > mx) return gb_fail(b, MS_ERR_ARG, "schema: minLength %d > maxLength %d at %s (no string fits)", mn, mx, P(c));
-    int cur = gb_state(b, r);
-    gb_lit(b, r, from, "\"", 1, cur);
-    for (int i = 0; i < mn && !b->rc; i++) {
-        int nx = gb_state(b, r);
-        emit_char(b, r, cur, nx);
-        cur = nx;
-    }
-    int end = gb_state(b, r);
-    if (mx < 0) emit_char(b, r, cur, cur);
-    else
-        for (int i = mn; i < mx && !b->rc; i++) {
-            int nx = gb_state(b, r);
-            gb_eps(b, r, cur, end);
-            emit_char(b, r, cur, nx);
+    /* a rule of its own per (minLength, maxLength), shared by every string with those bounds */
+    char name[64];
+    snprintf(name, sizeof name, "string{%d,%d}", mn, mx);
+    int br = gb_find_rule(b, name);
+    if (br < 0) {
+        if ((br = gb_rule(b, name)) < 0) return b->rc;
+        b->r[br].defined = 1;
+        b->r[br].bounded = 1;
+        b->r[br].bmin = mn;
+        b->r[br].bmax = mx;
+        int cur = gb_state(b, br);
+        gb_lit(b, br, 0, "\"", 1, cur);
+        for (int i = 0; i < mn && !b->rc; i++) {
+            int nx = gb_state(b, br);
+            emit_char(b, br, cur, nx);
             cur = nx;
         }
-    gb_eps(b, r, cur, end);
-    gb_lit(b, r, end, "\"", 1, to);
+        int end = gb_state(b, br);
+        if (mx < 0) emit_char(b, br, cur, cur);
+        else
+            for (int i = mn; i < mx && !b->rc; i++) {
+                int nx = gb_state(b, br);
+                gb_eps(b, br, cur, end);
+                emit_char(b, br, cur, nx);
+                cur = nx;
+            }
+        gb_eps(b, br, cur, end);
+        gb_lit(b, br, end, "\"", 1, 1);
+    }
+    gb_call(b, r, from, br, to);
     return b->rc;
 }
 
