@@ -121,6 +121,13 @@ static int validate(const cJSON *v, const cJSON *s, const cJSON *root) {
         cJSON_ArrayForEach(a, k) if (!validate(v, a, root)) return 0;
     }
     if ((k = cJSON_GetObjectItemCaseSensitive(s, "const")) && !cJSON_Compare(v, k, 1)) return 0;
+    if (cJSON_IsNumber(v)) { /* bounds apply to numbers only (compared as doubles: exact below 2^53) */
+        const cJSON *b;
+        if ((b = cJSON_GetObjectItemCaseSensitive(s, "minimum")) && v->valuedouble < b->valuedouble) return 0;
+        if ((b = cJSON_GetObjectItemCaseSensitive(s, "maximum")) && v->valuedouble > b->valuedouble) return 0;
+        if ((b = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum")) && v->valuedouble <= b->valuedouble) return 0;
+        if ((b = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum")) && v->valuedouble >= b->valuedouble) return 0;
+    }
     if ((k = cJSON_GetObjectItemCaseSensitive(s, "enum"))) {
         const cJSON *a;
         int ok = 0;

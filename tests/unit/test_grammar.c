@@ -90,6 +90,13 @@ static const feature k_features[] = {
     {"{\"allOf\":[{\"type\":\"boolean\"}]}", {"false"}, {"0"}},
     {"{\"type\":[\"string\",\"null\"],\"maxLength\":3}", {"\"abc\"", "null"}, {"\"abcd\"", "1"}},
     {"{\"type\":\"integer\",\"nullable\":true}", {"1", "null"}, {"\"1\""}},
+    {"{\"type\":\"integer\",\"minimum\":-12,\"maximum\":305}", {"-12", "-1", "0", "9", "10", "99", "300", "305"},
+     {"-13", "-120", "306", "310", "999", "1000", "3050", "1.5", "01"}},
+    {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}",
+     {"9007199254740991", "-9007199254740991", "0", "123456789012"}, {"9007199254740992", "-9007199254740992", "10000000000000000"}},
+    {"{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":100.5}", {"1", "42", "100"}, {"0", "-1", "101"}},
+    {"{\"type\":\"integer\",\"minimum\":1000,\"maximum\":1009}", {"1000", "1009", "1005"}, {"999", "1010", "100"}},
+    {"{\"type\":\"integer\",\"maximum\":-5}", {"-5", "-100", "-9223372036854775807"}, {"-4", "0", "5"}},
     {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", {"\"ab\"", "\"abc\"", "\"日本\"", "\"\\n\\t\""},
      {"\"a\"", "\"abcd\"", "\"日\""}},
     {"{\"type\":\"string\",\"format\":\"date\"}", {"\"2024-02-29\"", "\"1999-12-31\""}, {"\"2024-13-01\"", "\"2024-1-01\"", "\"2024-00-10\""}},
@@ -138,7 +145,9 @@ static void expect_error(const char *js, int code, const char *needle) {
 TEST(schema_errors) {
     expect_error("{\"type\":\"object\",\"properties\":{\"zip\":{\"type\":\"string\",\"pattern\":\"^[0-9]+$\"}}}",
                  MS_ERR_UNSUPPORTED, "\"pattern\" at /properties/zip/pattern");
-    expect_error("{\"type\":\"integer\",\"minimum\":3}", MS_ERR_UNSUPPORTED, "\"minimum\" at /minimum");
+    expect_error("{\"type\":\"number\",\"minimum\":3}", MS_ERR_UNSUPPORTED, "\"minimum\" on a number (integers only) at /minimum");
+    expect_error("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}", MS_ERR_ARG, "no integer lies within the bounds");
+    expect_error("{\"type\":\"integer\",\"exclusiveMinimum\":true}", MS_ERR_UNSUPPORTED, "exclusiveMinimum");
     expect_error("{\"items\":[{\"type\":\"string\"}],\"prefixItems\":[]}", MS_ERR_UNSUPPORTED, "prefixItems");
     expect_error("{\"anyOf\":[{\"type\":\"string\"},{\"not\":{}}]}", MS_ERR_UNSUPPORTED, "\"not\" at /anyOf/1/not");
     expect_error("{\"type\":\"string\",\"format\":\"email\"}", MS_ERR_UNSUPPORTED, "format \"email\" at /format");

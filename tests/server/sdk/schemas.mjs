@@ -14,7 +14,7 @@ const ajv = new Ajv({ strict: false, allErrors: true });
 addFormats(ajv);
 const str = (n) => ({ type: 'string', maxLength: n });
 const schemas = {
-  person: { type: 'object', properties: { name: str(10), age: { type: 'integer' }, tags: { type: 'array', items: { enum: ['a', 'b', 'c'] }, maxItems: 3 },
+  person: { type: 'object', properties: { name: str(10), age: { type: 'integer', minimum: 0, maximum: 150 }, tags: { type: 'array', items: { enum: ['a', 'b', 'c'] }, maxItems: 3 },
     ok: { type: 'boolean' } }, required: ['name', 'age', 'tags', 'ok'], additionalProperties: false },
   tree: { $defs: { node: { type: 'object', properties: { v: { type: 'integer' }, kids: { type: 'array', items: { $ref: '#/$defs/node' }, maxItems: 2 } },
     required: ['v'], additionalProperties: false } }, type: 'object', properties: { root: { $ref: '#/$defs/node' } }, required: ['root'], additionalProperties: false },
