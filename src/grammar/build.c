@@ -819,7 +819,7 @@ int gb_finish(gbuild *b, int root, ms_grammar **out) {
     g->tok = malloc(((size_t)b->ntok + 1) * sizeof *g->tok);
     if (!g->cls || !g->tok) goto nomem;
     memcpy(g->cls, cls, (size_t)nsym * sizeof *g->cls);
-    memcpy(g->tok, b->tok, (size_t)b->ntok * sizeof *g->tok);
+    if (b->ntok) memcpy(g->tok, b->tok, (size_t)b->ntok * sizeof *g->tok);
     g->n_tok = b->ntok;
     int32_t ntot = 0;
     size_t ncall = 0;
