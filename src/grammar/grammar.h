@@ -49,7 +49,8 @@ typedef struct ms_grammar_opts {
  * Supported: type (a name or an array of names; "nullable": true adds null),
  * object (properties in schema order, required, additionalProperties false / true /
  * a schema), array (items, minItems, maxItems), string (minLength, maxLength,
- * format date, time, date-time, uuid, ipv4), number, integer, boolean, null, enum,
+ * format date, time, date-time, uuid, ipv4), number, integer (minimum, maximum,
+ * exclusiveMinimum, exclusiveMaximum: exact digit ranges), boolean, null, enum,
  * const, anyOf, oneOf (as anyOf: exclusivity is not enforced), allOf with one
  * element, $ref to "#" or "#/..." JSON pointers ($defs, definitions), boolean
  * schemas (true: any value). Annotations (title, description, default, examples,
