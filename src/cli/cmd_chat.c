@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 #include <editline/readline.h>
 
+#include "server/api.h"
 #include "session/conversation.h"
 #include "session/prefix_cache.h"
 #include "cli/args.h"
@@ -29,6 +30,7 @@ static const char k_usage[] =
     "usage: moonshine chat MODEL_DIR [--system TEXT] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "                      [--seed N] [--max-tokens N] [--ctx N] [--threads N] [--backend B] [--prompt TEXT] [--json]\n"
     "                      [--no-color] [--no-history] [--parser FORMAT] [--template-kwargs JSON]\n"
+    "                      [--tools FILE] [--json-schema FILE | --grammar FILE]\n"
     "                      [--prefix-cache-entries N] [--prefix-cache-mib M] [--prefix-cache-dir DIR] [--prefix-cache-gib G]\n"
     "                      [engine flags]\n"
     "       moonshine-chat MODEL_DIR ...   (the same)\n";
@@ -44,6 +46,8 @@ static const char k_help_cmds[] =
     "  /save FILE      save the conversation (FILE, JSON) and the engine state (FILE.state)\n"
     "  /load FILE      continue a saved conversation (same model only)\n"
     "  /stats          tokens, prefill/decode speed, context use, expert cache\n"
+    "  /tool [@ID] TEXT  answer the last reply's tool call (@ID: the call with that id; else the\n"
+    "                  first one not answered yet) with TEXT as the tool's result, then reply\n"
     "  /help           this list\n"
     "  /quit           exit (also Ctrl-D)\n"
     "A line ending in \\ continues on the next line; a line \"\"\" starts and ends a block.\n"
@@ -53,6 +57,39 @@ static volatile sig_atomic_t g_interrupted;
 static void on_sigint(int sig) {
     (void)sig;
     g_interrupted = 1;
+}
+
+/* --json-schema / --grammar: the grammar of every reply (ms_conv_constraint_fn). A schema is
+ * framed as the server frames response_format (harmony's final channel, XTML's response
+ * element; after </think> when the prompt opened reasoning); a grammar is the whole reply. */
+typedef struct chat_con {
+    const ms_tokenizer *tok;
+    char *schema;          /* --json-schema's JSON */
+    ms_grammar *own;       /* --grammar's */
+    ms_grammar *framed[2]; /* the schema's, by "the prompt opened reasoning" */
+} chat_con;
+
+static int con_fn(void *user, ms_outfmt fmt, int opens, ms_grammar **g, const char **lead, ms_err *err) {
+    chat_con *k = user;
+    *g = NULL;
+    *lead = NULL;
+    if (k->own) {
+        *g = k->own;
+        if (opens && fmt != MS_OUTFMT_HARMONY && fmt != MS_OUTFMT_XTML) *lead = "</think>\n\n";
+        return MS_OK;
+    }
+    if (!k->schema) return MS_OK;
+    opens = !!opens;
+    const char *ld = NULL;
+    if (!k->framed[opens]) {
+        ms_api_request r = {.constrain = MS_API_CONSTRAIN_SCHEMA, .schema_json = k->schema, .constrain_param = "--json-schema"};
+        ms_api_error e = {0};
+        if (ms_api_constraint_grammar(&r, fmt, k->tok, opens, &k->framed[opens], &ld, &e))
+            return ms_fail(err, e.status == 500 ? MS_ERR_NOMEM : MS_ERR_ARG, "%s", e.message);
+    }
+    *g = k->framed[opens];
+    if (opens && fmt != MS_OUTFMT_HARMONY && fmt != MS_OUTFMT_XTML) *lead = "</think>\n\n";
+    return MS_OK;
 }
 
 typedef struct chat_stats {
@@ -70,7 +107,7 @@ typedef struct chat {
     ms_sampler_params sp;
     int seed_given;
     int max_tokens;
-    int json, color, interactive, stats;
+    int json, color, interactive, stats, with_ids;
     FILE *logits_out;
     chat_stats st;
     /* streaming display state */
@@ -327,7 +364,8 @@ static void print_turn_stats(chat *c, const ms_conv_turn *t) {
     fputs("]\n", stderr);
 }
 
-static void turn(chat *c, const char *text, int with_ids) {
+/* One turn: a user message, or (tool) a tool result answering the call tool_id (NULL: the next one). */
+static void turn_any(chat *c, const char *text, int with_ids, int tool, const char *tool_id) {
     ms_err err = {0};
     ms_conv_turn t;
     ms_conv_sink sink = {.user = c, .event = on_event, .token = on_token};
@@ -342,7 +380,8 @@ static void turn(chat *c, const char *text, int with_ids) {
     struct sigaction sa = {.sa_handler = on_sigint}, old;
     sigemptyset(&sa.sa_mask);
     if (!c->interactive) sigaction(SIGINT, &sa, &old); /* interactive: installed for the whole session */
-    int rc = ms_conv_turn_run(c->conv, text, &sp, c->max_tokens, &sink, &t, &err);
+    int rc = tool ? ms_conv_tool_turn_run(c->conv, tool_id, text, &sp, c->max_tokens, &sink, &t, &err)
+                  : ms_conv_turn_run(c->conv, text, &sp, c->max_tokens, &sink, &t, &err);
     if (!c->interactive) sigaction(SIGINT, &old, NULL);
     if (!c->json) {
         end_reasoning(c);
@@ -352,7 +391,7 @@ static void turn(chat *c, const char *text, int with_ids) {
         fflush(stdout);
     }
     if (rc) {
-        report(c, "turn", 0, err.msg);
+        report(c, tool ? "tool" : "turn", 0, err.msg);
         return;
     }
     if (c->json) print_turn_json(c, &t, with_ids);
@@ -374,6 +413,8 @@ static void turn(chat *c, const char *text, int with_ids) {
     s->last.message_json = NULL;
     s->has_last = 1;
 }
+
+static void turn(chat *c, const char *text, int with_ids) { turn_any(c, text, with_ids, 0, NULL); }
 
 static void print_stats(chat *c) {
     const chat_stats *s = &c->st;
@@ -452,6 +493,15 @@ static int slash(chat *c, const char *line) {
         }
     } else if (!strcmp(cmd, "stats")) {
         print_stats(c);
+    } else if (!strcmp(cmd, "tool")) {
+        char id[256] = "", *text = arg;
+        if (arg[0] == '@') {
+            size_t n = strcspn(arg + 1, " \t");
+            snprintf(id, sizeof id, "%.*s", (int)(n < sizeof id - 1 ? n : sizeof id - 1), arg + 1);
+            text = arg + 1 + n;
+            while (*text == ' ' || *text == '\t') text++;
+        }
+        turn_any(c, text, c->with_ids, 1, id[0] ? id : NULL);
     } else {
         char msg[128];
         snprintf(msg, sizeof msg, "unknown command /%s (/help lists them)", cmd);
@@ -578,6 +628,10 @@ int cmd_chat(int argc, char **argv) {
                "--max-tokens N (default: until the context is full). --parser names the output format\n"
                "(think|qwen3|deepseek_v3|deepseek_v31|kimi_k2|glm|harmony|xtml; default from config.json).\n"
                "--template-kwargs '{\"enable_thinking\": false}' is passed to the chat template.\n"
+               "--tools FILE: an OpenAI \"tools\" array (JSON) the template and the parser see; answer a\n"
+               "reply's tool calls with /tool. --json-schema FILE: every reply is a JSON document valid\n"
+               "against the schema (docs/grammar.md lists what is supported); --grammar FILE: every reply\n"
+               "matches the GBNF grammar (rule root). Both constrain decoding token by token.\n"
                "Engine flags: --threads, --ctx, --backend, --memory-mib, --expert-cache-mib, --io, --store,\n"
                "--cache-policy, --queue-depth, --no-prefetch, --expert-trace (see README).\n"
                "--logits-out FILE (tests) appends each turn's first-token logits (float32) to FILE.\n"
@@ -604,6 +658,8 @@ int cmd_chat(int argc, char **argv) {
     const char *logits_path = ms_arg_str(argc, argv, "--logits-out");
     const char *pc_dir = ms_arg_str(argc, argv, "--prefix-cache-dir");
     int stats = ms_arg_flag(argc, argv, "--stats");
+    const char *tools_path = ms_arg_str(argc, argv, "--tools"), *schema_path = ms_arg_str(argc, argv, "--json-schema"),
+               *grammar_path = ms_arg_str(argc, argv, "--grammar");
     int json = ms_arg_flag(argc, argv, "--json"), no_color = ms_arg_flag(argc, argv, "--no-color");
     int no_history = ms_arg_flag(argc, argv, "--no-history"), with_ids = ms_arg_flag(argc, argv, "--json-ids");
     const char *dir = ms_cli_model_arg("chat", ms_arg_pos(argc, argv, 0));
@@ -611,10 +667,17 @@ int cmd_chat(int argc, char **argv) {
         fputs(k_usage, stderr);
         return 2;
     }
+    if (schema_path && grammar_path) {
+        fputs("moonshine chat: --json-schema and --grammar exclude each other\n", stderr);
+        return 2;
+    }
     chat *c = calloc(1, sizeof *c);
     if (!c) return 1;
+    chat_con con = {0};
+    char *tools_json = NULL;
     c->json = json;
     c->stats = stats;
+    c->with_ids = with_ids;
     c->interactive = !prompt && isatty(STDIN_FILENO);
     c->color = !no_color && !json && isatty(STDOUT_FILENO) && !(getenv("NO_COLOR") && *getenv("NO_COLOR"));
     ms_sampler_defaults(&c->sp);
@@ -646,6 +709,35 @@ int cmd_chat(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
+    con.tok = tok;
+    {
+        /* --tools / --json-schema / --grammar files, checked before the model loads */
+        const char *paths[3] = {tools_path, schema_path, grammar_path};
+        char *texts[3] = {NULL, NULL, NULL};
+        for (int i = 0; i < 3; i++) {
+            size_t len = 0;
+            if (paths[i] && ms_read_file(paths[i], 64 << 20, &texts[i], &len, &err)) {
+                fprintf(stderr, "moonshine chat: %s\n", err.msg);
+                for (int k = 0; k < i; k++) free(texts[k]);
+                goto out_tok;
+            }
+        }
+        tools_json = texts[0];
+        con.schema = texts[1];
+        int bad = 0;
+        if (texts[1]) { /* compile once now: an unsupported keyword is named before the model loads */
+            ms_grammar *g = NULL;
+            bad = ms_grammar_from_schema(texts[1], strlen(texts[1]), NULL, &g, &err);
+            ms_grammar_free(g);
+        }
+        if (texts[2]) bad = ms_grammar_from_gbnf(texts[2], strlen(texts[2]), NULL, NULL, 0, NULL, &con.own, &err);
+        free(texts[2]);
+        if (bad) {
+            fprintf(stderr, "moonshine chat: %s: %s\n", texts[1] ? schema_path : grammar_path, err.msg);
+            rc = 2;
+            goto out_tok;
+        }
+    }
     if (ms_cli_open("chat", dir, &eo, &c->x)) goto out_tok;
     ms_prefix_cache *pc = NULL;
     ms_gen_snapshots snaps = {0};
@@ -666,7 +758,8 @@ int cmd_chat(int argc, char **argv) {
     ms_cli_progress_init(&prog);
     ms_conv_opts co = {.model_dir = dir, .model = &c->x.model, .engine = c->x.engine, .tok = tok, .system = system,
                        .parser = parser, .template_kwargs = kwargs, .snaps = pc ? &snaps : NULL,
-                       .prefill_progress = &prog.p};
+                       .prefill_progress = &prog.p, .tools_json = tools_json,
+                       .constraint = con.schema || con.own ? con_fn : NULL, .constraint_user = &con};
     if (ms_conv_new(&co, &c->conv, &err)) {
         fprintf(stderr, "moonshine chat: %s\n", err.msg);
         goto out;
@@ -720,6 +813,11 @@ out:
     ms_cli_close(&c->x);
 out_tok:
     ms_tok_free(tok);
+    free(tools_json);
+    free(con.schema);
+    ms_grammar_free(con.own);
+    ms_grammar_free(con.framed[0]);
+    ms_grammar_free(con.framed[1]);
     if (c->logits_out) fclose(c->logits_out);
     cJSON_Delete(c->calls);
     ms_conv_turn_free(&c->st.last);

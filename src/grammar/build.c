@@ -36,6 +36,7 @@ void gb_free(gbuild *b) {
         free(b->r[i].e);
     }
     free(b->r);
+    free(b->tok);
     memset(b, 0, sizeof *b);
 }
 
@@ -113,6 +114,33 @@ static void add_edge(gbuild *b, int r, int from, int to, int kind, int a, int bb
 void gb_eps(gbuild *b, int r, int from, int to) { add_edge(b, r, from, to, GE_EPS, 0, 0); }
 void gb_range(gbuild *b, int r, int from, int lo, int hi, int to) { add_edge(b, r, from, to, GE_BYTE, lo, hi); }
 void gb_call(gbuild *b, int r, int from, int callee, int to) { add_edge(b, r, from, to, GE_CALL, callee, 0); }
+
+void gb_token(gbuild *b, int r, int from, int32_t id, int to) {
+    if (b->rc || r < 0) return;
+    if (id < 0 || id >= (1 << 30)) {
+        gb_fail(b, MS_ERR_ARG, "grammar: token reference <[%d]> out of range", id);
+        return;
+    }
+    int k = 0;
+    while (k < b->ntok && b->tok[k] != id) k++;
+    if (k == b->ntok) {
+        if (b->ntok >= GB_MAX_TOKEN_REFS) {
+            gb_fail(b, MS_ERR_LIMIT, "grammar: more than %d distinct token references", GB_MAX_TOKEN_REFS);
+            return;
+        }
+        if (b->ntok == b->tokcap) {
+            int nc = b->tokcap ? b->tokcap * 2 : 8;
+            int32_t *nt = realloc(b->tok, (size_t)nc * sizeof *nt);
+            if (!nt) {
+                gb_fail(b, MS_ERR_NOMEM, "grammar: out of memory");
+                return;
+            }
+            b->tok = nt, b->tokcap = nc;
+        }
+        b->tok[b->ntok++] = id;
+    }
+    add_edge(b, r, from, to, GE_BYTE, 256 + k, 256 + k);
+}
 
 void gb_lit(gbuild *b, int r, int from, const char *s, size_t n, int to) {
     if (!n) {
@@ -310,7 +338,7 @@ static int cmp_pair(const void *a, const void *b) {
 typedef struct dctx {
     gbuild *b;
     int ncls;
-    const uint8_t *cls;
+    const uint16_t *cls;
     size_t total_dfa;
 } dctx;
 
@@ -676,9 +704,12 @@ int gb_finish(gbuild *b, int root, ms_grammar **out) {
     if (b->rc) return b->rc;
     for (int i = 0; i < b->nr; i++)
         if (!b->r[i].defined) return gb_fail(b, MS_ERR_ARG, "grammar: rule \"%s\" is used but never defined", b->r[i].name);
-    /* byte classes: cut points at every range's lo and hi+1 */
-    uint8_t cut[257] = {0};
+    /* symbol classes: cut points at every range's lo and hi+1; bytes and token references
+     * never share a class (each reference is a class of its own) */
+    int nsym = 256 + b->ntok;
+    uint8_t cut[256 + GB_MAX_TOKEN_REFS + 1] = {0};
     cut[0] = 1;
+    for (int x = 256; x <= nsym; x++) cut[x] = 1;
     for (int i = 0; i < b->nr; i++)
         for (size_t k = 0; k < b->r[i].ne; k++) {
             const gedge *e = &b->r[i].e[k];
@@ -686,11 +717,11 @@ int gb_finish(gbuild *b, int root, ms_grammar **out) {
             cut[e->a] = 1;
             cut[e->b + 1] = 1;
         }
-    uint8_t cls[256];
+    uint16_t cls[256 + GB_MAX_TOKEN_REFS];
     int ncls = 0;
-    for (int x = 0; x < 256; x++) {
+    for (int x = 0; x < nsym; x++) {
         if (cut[x] && x) ncls++;
-        cls[x] = (uint8_t)ncls;
+        cls[x] = (uint16_t)ncls;
     }
     ncls++;
     int nr = b->nr, rc = MS_OK;
@@ -784,7 +815,12 @@ int gb_finish(gbuild *b, int root, ms_grammar **out) {
     g->n_rules = nr;
     g->root = root;
     g->n_cls = ncls;
-    memcpy(g->cls, cls, 256);
+    g->cls = malloc((size_t)nsym * sizeof *g->cls);
+    g->tok = malloc(((size_t)b->ntok + 1) * sizeof *g->tok);
+    if (!g->cls || !g->tok) goto nomem;
+    memcpy(g->cls, cls, (size_t)nsym * sizeof *g->cls);
+    if (b->ntok) memcpy(g->tok, b->tok, (size_t)b->ntok * sizeof *g->tok);
+    g->n_tok = b->ntok;
     int32_t ntot = 0;
     size_t ncall = 0;
     for (int i = 0; i < nr; i++) ntot += d[i].n, ncall += d[i].coff[d[i].n];
@@ -839,8 +875,11 @@ int gb_finish(gbuild *b, int root, ms_grammar **out) {
             free(first), free(snext), free(scomp);
             goto nomem;
         }
-        bset clsb[256];
-        memset(clsb, 0, sizeof clsb);
+        bset *clsb = calloc((size_t)ncls, sizeof *clsb); /* the bytes of each class (token classes: none) */
+        if (!clsb) {
+            free(first), free(snext), free(scomp);
+            goto nomem;
+        }
         for (int x = 0; x < 256; x++) bs_set(clsb[cls[x]], x);
         for (int32_t s = 0; s < ntot; s++) {
             for (int cl = 0; cl < ncls; cl++)
@@ -878,9 +917,27 @@ int gb_finish(gbuild *b, int root, ms_grammar **out) {
                     if (scomp[ret] && bs_or(g->follow[r], g->follow[g->state_rule[s]])) ch = 1;
                 }
         }
-        free(first), free(snext), free(scomp);
+        free(first), free(snext), free(scomp), free(clsb);
+    }
+    /* bounded string rules: the state after the opening quote and k one-byte characters needs
+     * max(0, bmin - k) and takes bmax - k more (each such state is reached by "a"^k) */
+    g->bs_min = malloc((size_t)ntot * sizeof *g->bs_min);
+    g->bs_max = malloc((size_t)ntot * sizeof *g->bs_max);
+    if (!g->bs_min || !g->bs_max) goto nomem;
+    for (int32_t s = 0; s < ntot; s++) g->bs_min[s] = 0, g->bs_max[s] = -1;
+    for (int i = 0; i < nr; i++) {
+        if (!b->r[i].bounded) continue;
+        int mn = b->r[i].bmin, mx = b->r[i].bmax;
+        int32_t st = g->trans[(size_t)g->rule_start[i] * ncls + cls['"']];
+        for (int k = 0; st >= 0 && (mx < 0 || k <= mx); k++) {
+            if (g->bs_max[st] >= 0) break; /* the unbounded tail loops back */
+            g->bs_min[st] = mn > k ? mn - k : 0;
+            g->bs_max[st] = mx < 0 ? INT32_MAX : mx - k;
+            st = g->trans[(size_t)st * ncls + cls['a']];
+        }
     }
     if (pthread_mutex_init(&g->mu, NULL)) goto nomem;
+    g->refs = 1;
     for (int i = 0; i < nr; i++) rdfa_free(&d[i]);
     free(d), free(prod), free(nul), free(seen), free(stk);
     *out = g;
@@ -894,7 +951,8 @@ fail:
     if (g) {
         g->binds = NULL;
         free(g->trans), free(g->flags), free(g->call_off), free(g->call_rule), free(g->call_ret);
-        free(g->state_rule), free(g->rule_start), free(g->follow);
+        free(g->state_rule), free(g->rule_start), free(g->follow), free(g->cls), free(g->tok);
+        free(g->bs_min), free(g->bs_max);
         if (g->rule_name)
             for (int i = 0; i < nr; i++) free(g->rule_name[i]);
         free(g->rule_name);

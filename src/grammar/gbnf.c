@@ -6,7 +6,7 @@
 
 #include "grammar/gram_int.h"
 
-enum { N_ALT, N_SEQ, N_LIT, N_CLASS, N_REF, N_REP };
+enum { N_ALT, N_SEQ, N_LIT, N_CLASS, N_REF, N_REP, N_TOK };
 
 typedef struct pnode {
     int kind;
@@ -16,7 +16,7 @@ typedef struct pnode {
     size_t nlit;
     uint32_t *lo, *hi; /* N_CLASS code point ranges (already complemented) */
     int nr;
-    int rule;      /* N_REF */
+    int rule;      /* N_REF; N_TOK: the token id */
     int min, max;  /* N_REP; max -1: unbounded */
 } pnode;
 
@@ -259,6 +259,18 @@ static pnode *parse_primary(pctx *p) {
         free(r);
         return n;
     }
+    if (c == '<' && p->end - p->s >= 2 && p->s[1] == '[') { /* <[ID]>: the token with that id */
+        p->s += 2;
+        long v = 0;
+        int nd = 0;
+        while (p->s < p->end && *p->s >= '0' && *p->s <= '9' && nd < 10) v = v * 10 + (*p->s++ - '0'), nd++;
+        if (!nd || p->end - p->s < 2 || p->s[0] != ']' || p->s[1] != '>' || v >= (1L << 30))
+            return perr(p, "a token reference is <[ID]> with a decimal id below 2^30"), NULL;
+        p->s += 2;
+        pnode *n = pnew(p, N_TOK);
+        if (n) n->rule = (int)v;
+        return n;
+    }
     if (c == '(') {
         p->s++;
         if (++p->depth > 200) return perr(p, "groups nested too deeply"), NULL;
@@ -390,6 +402,7 @@ static void emit_node(gbuild *b, const pnode *n, int r, int from, int to) {
         gb_cps(b, r, from, n->lo, n->hi, n->nr, to);
         break;
     case N_REF: gb_call(b, r, from, n->rule, to); break;
+    case N_TOK: gb_token(b, r, from, n->rule, to); break;
     case N_REP: {
         const pnode *k = n->kid[0];
         int cur = from;

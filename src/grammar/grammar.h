@@ -49,7 +49,8 @@ typedef struct ms_grammar_opts {
  * Supported: type (a name or an array of names; "nullable": true adds null),
  * object (properties in schema order, required, additionalProperties false / true /
  * a schema), array (items, minItems, maxItems), string (minLength, maxLength,
- * format date, time, date-time, uuid, ipv4), number, integer, boolean, null, enum,
+ * format date, time, date-time, uuid, ipv4), number, integer (minimum, maximum,
+ * exclusiveMinimum, exclusiveMaximum: exact digit ranges), boolean, null, enum,
  * const, anyOf, oneOf (as anyOf: exclusivity is not enforced), allOf with one
  * element, $ref to "#" or "#/..." JSON pointers ($defs, definitions), boolean
  * schemas (true: any value). Annotations (title, description, default, examples,
@@ -72,6 +73,11 @@ int ms_grammar_json(int which, const ms_grammar_opts *o, ms_grammar **out, ms_er
  * \uHHHH \UHHHHHHHH), [character classes] over code points ([^...] negated, a-z
  * ranges, the same escapes), `.` (any character), rule names, ( groups ), and the
  * postfix operators * + ? {m} {m,} {m,n}. `#` starts a comment.
+ * A token reference <[ID]> reads exactly the token with that id (a special token of
+ * a tool-call frame: <|channel|>, <|tool_call_begin|>; at most 256 distinct ones). A
+ * referenced id is allowed only through its references: never as text, and, if it is
+ * one of the vocabulary's stop tokens, not as a stop either (harmony's <|call|> ends a
+ * call where the grammar reads it; other stops still end a complete document).
  * A rule name may also be bound to a JSON Schema: schema_names[i] = schema_jsons[i]
  * (n_schemas of them; NULL/0 for none), e.g. to embed tool arguments in a tool-call
  * syntax: root ::= "<tool_call>" args "</tool_call>".
@@ -81,8 +87,30 @@ int ms_grammar_from_gbnf(const char *text, size_t len, const char *const *schema
                          const char *const *schema_jsons, size_t n_schemas, const ms_grammar_opts *o,
                          ms_grammar **out, ms_err *err);
 
-/* Frees the grammar; every matcher made from it must have been freed first. */
+/* The GBNF expression of a JSON Schema string "format" the schema front end supports
+ * (date, time, date-time, uuid, ipv4): the characters between the quotes; NULL for
+ * any other name. Static. */
+const char *ms_grammar_format_gbnf(const char *format);
+
+/* Grammars are reference counted (a cache and the requests using a grammar share it):
+ * ms_grammar_ref adds a reference and returns g; ms_grammar_free drops one and frees the
+ * grammar with the last. Every matcher made from it must have been freed by then. */
+ms_grammar *ms_grammar_ref(ms_grammar *g);
 void ms_grammar_free(ms_grammar *g);
+
+/* A cache of compiled grammars by key (the caller's: e.g. the request fields a grammar is
+ * made from): a grammar found again keeps its warm mask caches, so a repeated schema pays
+ * neither the compile nor the first visits of its states. At most max_entries grammars and
+ * max_bytes of them and their mask caches (0: no byte bound); the least recently used go
+ * first. Thread-safe. */
+typedef struct ms_grammar_cache ms_grammar_cache;
+int ms_grammar_cache_new(int max_entries, size_t max_bytes, ms_grammar_cache **out, ms_err *err);
+void ms_grammar_cache_free(ms_grammar_cache *c);
+/* A new reference to the grammar kept under key (free it with ms_grammar_free), or NULL. */
+ms_grammar *ms_grammar_cache_get(ms_grammar_cache *c, const char *key, size_t len);
+/* Keep g under key (the cache takes a reference of its own; the caller keeps its own). */
+void ms_grammar_cache_put(ms_grammar_cache *c, const char *key, size_t len, ms_grammar *g);
+int ms_grammar_cache_size(ms_grammar_cache *c);
 
 /* Counts for reports: automaton states and rules. */
 int ms_grammar_n_states(const ms_grammar *g);

@@ -39,6 +39,15 @@ struct ms_gvocab {
     size_t *boff;    /* [n_vocab] */
     uint32_t *blen;  /* [n_vocab], 0: not text */
     int max_len;
+    /* String profile: what each text token is as JSON string content (the characters of a
+     * string rule: the bounded string rules' caches are read from it, matcher.c get_cache).
+     * sp_a: tokens that stay inside a string, by the characters of room they need (a token
+     * ending inside a character needs one more), sp_a_off[r]..sp_a_off[r+1] those needing r;
+     * sp_q: tokens that end with the closing quote, by the characters before it; sp_qn: the
+     * trie nodes of closing quotes followed by more of a token, by the characters before
+     * them. r and j go up to sp_max. */
+    int32_t *sp_a, *sp_a_off, *sp_q, *sp_q_off, *sp_qn, *sp_qn_off;
+    int sp_max;
 };
 
 static const uint8_t *g_sort_bytes;
@@ -57,7 +66,84 @@ void ms_gvocab_free(ms_gvocab *v) {
     if (!v) return;
     free(v->nb), free(v->nend), free(v->ndep), free(v->ntok), free(v->tnext), free(v->tstop);
     free(v->stop), free(v->bytes), free(v->boff), free(v->blen);
+    free(v->sp_a), free(v->sp_a_off), free(v->sp_q), free(v->sp_q_off), free(v->sp_qn), free(v->sp_qn_off);
     free(v);
+}
+
+/* Counting sort of (key, value) pairs into values by key 0..max: off[max + 2]. */
+static int bucket(const int32_t *key, const int32_t *val, size_t n, int max, int32_t **out, int32_t **off) {
+    *off = calloc((size_t)max + 2, sizeof **off);
+    *out = malloc((n ? n : 1) * sizeof **out);
+    if (!*off || !*out) return -1;
+    for (size_t i = 0; i < n; i++) (*off)[key[i] + 1]++;
+    for (int r = 0; r < max + 1; r++) (*off)[r + 1] += (*off)[r];
+    int32_t *fill = malloc(((size_t)max + 1) * sizeof *fill);
+    if (!fill) return -1;
+    memcpy(fill, *off, ((size_t)max + 1) * sizeof *fill);
+    for (size_t i = 0; i < n; i++) (*out)[fill[key[i]]++] = val[i];
+    free(fill);
+    return 0;
+}
+
+/* The string profile of v (see struct ms_gvocab): the trie walked once with the builtin JSON
+ * string rule's automaton ("\"" char* "\"", char = an unescaped character or an escape, a
+ * surrogate pair one character), counting characters at each return to the content state. */
+static int string_profile(ms_gvocab *v, ms_err *err) {
+    gbuild b;
+    gb_init(&b, NULL, err);
+    int root = gb_rule(&b, "root");
+    int sr = root >= 0 ? gj_string_rule(&b) : -1;
+    if (sr >= 0) {
+        b.r[root].defined = 1;
+        gb_call(&b, root, 0, sr, 1);
+    }
+    ms_grammar *sg = NULL;
+    int rc = gb_finish(&b, root, &sg);
+    gb_free(&b);
+    if (rc) return rc;
+    int ncls = sg->n_cls;
+    const int32_t *tr = sg->trans;
+    int32_t q = tr[(size_t)sg->rule_start[sr] * ncls + sg->cls['"']];
+    int32_t fin = q >= 0 ? tr[(size_t)q * ncls + sg->cls['"']] : -1;
+    int32_t nn = v->n_nodes;
+    int32_t *st = malloc(((size_t)v->max_len + 2) * sizeof *st), *jd = malloc(((size_t)v->max_len + 2) * sizeof *jd);
+    int32_t *ak = malloc((size_t)v->n_vocab * sizeof *ak), *av = malloc((size_t)v->n_vocab * sizeof *av);
+    int32_t *qk = malloc((size_t)v->n_vocab * sizeof *qk), *qv = malloc((size_t)v->n_vocab * sizeof *qv);
+    int32_t *nk = malloc(((size_t)nn + 1) * sizeof *nk), *nv = malloc(((size_t)nn + 1) * sizeof *nv);
+    size_t na = 0, nq = 0, nqn = 0;
+    int mx = 0;
+    rc = MS_ERR_NOMEM;
+    if (q < 0 || fin < 0 || !st || !jd || !ak || !av || !qk || !qv || !nk || !nv) goto out;
+    st[0] = q, jd[0] = 0;
+    for (int32_t i = 1; i < nn;) {
+        int d = v->ndep[i];
+        int32_t from = st[d - 1];
+        int32_t t = from >= 0 ? tr[(size_t)from * ncls + sg->cls[v->nb[i]]] : -1;
+        if (t < 0) { i = v->nend[i]; continue; }
+        int j = jd[d - 1] + (t == q);
+        if (t == fin) { /* the closing quote after jd[d-1] characters */
+            j = jd[d - 1];
+            if (j > mx) mx = j;
+            for (int32_t k = v->ntok[i]; k >= 0; k = v->tnext[k]) qk[nq] = j, qv[nq++] = k;
+            if (i + 1 < v->nend[i]) nk[nqn] = j, nv[nqn++] = i;
+            i = v->nend[i];
+            continue;
+        }
+        int room = j + (t != q); /* inside a character: it needs one more */
+        if (room > mx) mx = room;
+        for (int32_t k = v->ntok[i]; k >= 0; k = v->tnext[k]) ak[na] = room, av[na++] = k;
+        st[d] = t, jd[d] = j;
+        i++;
+    }
+    v->sp_max = mx;
+    if (bucket(ak, av, na, mx, &v->sp_a, &v->sp_a_off) || bucket(qk, qv, nq, mx, &v->sp_q, &v->sp_q_off) ||
+        bucket(nk, nv, nqn, mx, &v->sp_qn, &v->sp_qn_off))
+        goto out;
+    rc = MS_OK;
+out:
+    free(st), free(jd), free(ak), free(av), free(qk), free(qv), free(nk), free(nv);
+    ms_grammar_free(sg);
+    return rc == MS_ERR_NOMEM ? ms_fail(err, rc, "grammar vocabulary: out of memory") : rc;
 }
 
 uint32_t ms_gvocab_size(const ms_gvocab *v) { return v->n_vocab; }
@@ -155,6 +241,11 @@ int ms_gvocab_new_raw(uint32_t n_vocab, const uint8_t *const *bytes, const size_
     free(path);
     free(order);
     v->n_nodes = nn;
+    int prc = string_profile(v, err);
+    if (prc) {
+        ms_gvocab_free(v);
+        return prc;
+    }
     *out = v;
     return MS_OK;
 nomem:
@@ -386,7 +477,8 @@ static int walk_trie(ms_matcher *m, int32_t lo, int32_t hi, int base, int mode, 
     const ms_gvocab *v = m->v;
     walk *w = &m->w;
     const int32_t *tr = w->g->trans;
-    const uint8_t *flags = w->g->flags, *cls = w->g->cls;
+    const uint8_t *flags = w->g->flags;
+    const uint16_t *cls = w->g->cls;
     int ncls = w->g->n_cls;
     m->setoff[0] = 0;
     m->setlen[0] = (int32_t)w->nsb;
@@ -460,19 +552,44 @@ static int get_cache(ms_matcher *m, int32_t s, gcache **out, int *owned) {
     }
     const ms_gvocab *v = m->v;
     walk *w = &m->w;
-    arena *saved = w->ar;
-    w->ar = &m->tmp;
-    m->tmp.len = 0;
-    w->nsb = 0;
-    if (grow((void **)&w->sb, 1, &w->capsb, sizeof *w->sb)) return MS_ERR_NOMEM;
-    w->sb[w->nsb++] = (gcfg){s, BOTTOM};
+    int32_t maxdep = 0;
     m->nacc = m->nescv = 0;
-    w->rc = 0;
-    w->maxdep = 0;
-    int rc = walk_trie(m, 1, v->n_nodes, 0, WALK_CACHE, g->follow[g->state_rule[s]], NULL);
-    int32_t maxdep = w->maxdep;
-    w->ar = saved;
-    if (rc) return rc;
+    if (g->bs_max[s] >= 0 && v->sp_a_off) {
+        /* a state between two characters of a bounded string: from the string profile, the
+         * tokens that fit the characters left (and close the string after enough), and the
+         * quotes where the rule ends with bytes of the token left (what the trie walk below
+         * finds, without it) */
+        const uint64_t *follow = g->follow[g->state_rule[s]];
+        int hi = g->bs_max[s] < v->sp_max ? g->bs_max[s] : v->sp_max, lo = g->bs_min[s];
+        size_t na = (size_t)v->sp_a_off[hi + 1];
+        size_t nq = lo <= hi ? (size_t)(v->sp_q_off[hi + 1] - v->sp_q_off[lo]) : 0;
+        if (grow((void **)&m->acc, na + nq + 1, &m->capacc, sizeof *m->acc)) return MS_ERR_NOMEM;
+        memcpy(m->acc, v->sp_a, na * sizeof *m->acc);
+        if (nq) memcpy(m->acc + na, v->sp_q + v->sp_q_off[lo], nq * sizeof *m->acc);
+        m->nacc = na + nq;
+        for (int32_t k = lo <= hi ? v->sp_qn_off[lo] : 0; lo <= hi && k < v->sp_qn_off[hi + 1]; k++) {
+            int32_t qn = v->sp_qn[k];
+            for (int32_t ch = qn + 1; ch < v->nend[qn]; ch = v->nend[ch]) {
+                uint8_t x = v->nb[ch];
+                if (!(follow[x >> 6] >> (x & 63) & 1)) continue;
+                if (grow((void **)&m->escv, m->nescv + 1, &m->capescv, sizeof *m->escv)) return MS_ERR_NOMEM;
+                m->escv[m->nescv++] = ch;
+            }
+        }
+    } else {
+        arena *saved = w->ar;
+        w->ar = &m->tmp;
+        m->tmp.len = 0;
+        w->nsb = 0;
+        if (grow((void **)&w->sb, 1, &w->capsb, sizeof *w->sb)) return MS_ERR_NOMEM;
+        w->sb[w->nsb++] = (gcfg){s, BOTTOM};
+        w->rc = 0;
+        w->maxdep = 0;
+        int rc = walk_trie(m, 1, v->n_nodes, 0, WALK_CACHE, g->follow[g->state_rule[s]], NULL);
+        maxdep = w->maxdep;
+        w->ar = saved;
+        if (rc) return rc;
+    }
     c = calloc(1, sizeof *c);
     if (!c) return MS_ERR_NOMEM;
     c->nacc = (int32_t)m->nacc;
@@ -516,6 +633,13 @@ nomem:
 }
 
 /* ---------------- matcher ---------------- */
+
+/* k when token id is the grammar's token reference k, else -1 */
+static int tok_ref(const ms_grammar *g, int32_t id) {
+    for (int32_t k = 0; k < g->n_tok; k++)
+        if (g->tok[k] == id) return (int)k;
+    return -1;
+}
 
 static int fail_rc(ms_err *err, int rc, const char *what) {
     if (rc == MS_ERR_LIMIT)
@@ -643,9 +767,10 @@ static void compact(ms_matcher *m) {
     free(ren);
 }
 
-/* Run bytes b[0..n) from cur; 1 when all are read (*done: the document may end),
- * 0 when byte *bad is refused, negative on a limit. commit: make the result cur. */
-static int run_bytes(ms_matcher *m, const uint8_t *b, size_t n, int commit, size_t *bad) {
+/* Run bytes b[0..n) from cur (b NULL: the one symbol sym, a token reference); 1 when all
+ * are read (*done: the document may end), 0 when byte *bad is refused, negative on a
+ * limit. commit: make the result cur. */
+static int run_syms(ms_matcher *m, const uint8_t *b, size_t n, int sym, int commit, size_t *bad) {
     walk *w = &m->w;
     w->ar = &m->ar;
     int32_t mark = m->ar.len;
@@ -657,7 +782,7 @@ static int run_bytes(ms_matcher *m, const uint8_t *b, size_t n, int commit, size
     size_t cnt = w->nsb;
     int done = m->done;
     for (size_t i = 0; i < n; i++) {
-        int raw = step(w, 0, cnt, b[i]);
+        int raw = step(w, 0, cnt, b ? b[i] : sym);
         if (w->rc || !raw) {
             m->ar.len = mark;
             *bad = i;
@@ -687,14 +812,14 @@ static int run_bytes(ms_matcher *m, const uint8_t *b, size_t n, int commit, size
 int ms_matcher_can_accept_bytes(ms_matcher *m, const uint8_t *b, size_t n) {
     if (m->ended) return 0;
     size_t bad;
-    return run_bytes(m, b, n, 0, &bad) == 1;
+    return run_syms(m, b, n, 0, 0, &bad) == 1;
 }
 
 int ms_matcher_accept_bytes(ms_matcher *m, const uint8_t *b, size_t n, ms_err *err) {
     if (m->ended) return ms_fail(err, MS_ERR_ARG, "grammar: text after the end of the document");
     if (!n) return MS_OK;
     size_t bad = 0;
-    int r = run_bytes(m, b, n, 1, &bad);
+    int r = run_syms(m, b, n, 0, 1, &bad);
     if (r == 1) return MS_OK;
     if (r == 0) return ms_fail(err, MS_ERR_ARG, "grammar: byte %zu (0x%02x) of the text is not allowed here", bad, b[bad]);
     return fail_rc(err, r, "accept");
@@ -704,6 +829,14 @@ int ms_matcher_accept(ms_matcher *m, int32_t tok, ms_err *err) {
     const ms_gvocab *v = m->v;
     if (m->ended) return ms_fail(err, MS_ERR_ARG, "grammar: token %d after the end of the document", tok);
     if (tok < 0 || (uint32_t)tok >= v->n_vocab) return ms_fail(err, MS_ERR_ARG, "grammar: token %d outside the vocabulary", tok);
+    int k = tok_ref(m->g, tok);
+    if (k >= 0) { /* a token the grammar references: only as that reference, never as text or a stop */
+        size_t bad = 0;
+        int r = run_syms(m, NULL, 1, 256 + k, 1, &bad);
+        if (r == 1) return MS_OK;
+        if (r == 0) return ms_fail(err, MS_ERR_ARG, "grammar: token %d is not allowed here", tok);
+        return fail_rc(err, r, "accept");
+    }
     if (v->tstop[tok]) {
         if (!m->done) return ms_fail(err, MS_ERR_ARG, "grammar: stop token %d before the document is complete", tok);
         m->ended = 1;
@@ -782,6 +915,20 @@ int ms_matcher_mask(ms_matcher *m, uint32_t *bits, ms_err *err) {
     }
     if (m->done)
         for (size_t i = 0; i < v->n_stop; i++) bits[v->stop[i] >> 5] |= 1u << (v->stop[i] & 31);
+    /* token references: allowed exactly when the parse can read their symbol (whatever the
+     * trie or the stop rule said about the same id) */
+    for (int32_t k = 0; k < g->n_tok; k++) {
+        int32_t id = g->tok[k];
+        if ((uint32_t)id >= v->n_vocab) continue;
+        size_t bad;
+        int r = run_syms(m, NULL, 1, 256 + k, 0, &bad);
+        if (r < 0) {
+            memset(bits, 0, v->words * 4);
+            return fail_rc(err, r, "mask");
+        }
+        if (r) bits[id >> 5] |= 1u << (id & 31);
+        else bits[id >> 5] &= ~(1u << (id & 31));
+    }
     if (deep && !m->done) {
         /* only the stack bound can leave a live parse with no continuation */
         size_t i = 0;
@@ -794,7 +941,7 @@ int ms_matcher_mask(ms_matcher *m, uint32_t *bits, ms_err *err) {
 }
 
 void ms_grammar_free(ms_grammar *g) {
-    if (!g) return;
+    if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     for (gbind *b = g->binds; b;) {
         gbind *nx = b->next;
         for (int32_t s = 0; s < g->n_states; s++) cache_free(b->ent[s]);
@@ -804,7 +951,8 @@ void ms_grammar_free(ms_grammar *g) {
     }
     pthread_mutex_destroy(&g->mu);
     free(g->trans), free(g->flags), free(g->call_off), free(g->call_rule), free(g->call_ret);
-    free(g->state_rule), free(g->rule_start), free(g->follow);
+    free(g->state_rule), free(g->rule_start), free(g->follow), free(g->cls), free(g->tok);
+    free(g->bs_min), free(g->bs_max);
     for (int i = 0; i < g->n_rules; i++) free(g->rule_name[i]);
     free(g->rule_name);
     free(g);

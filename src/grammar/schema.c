@@ -3,6 +3,7 @@
  * holds them; $ref targets, array items under a count bound, and the builtins
  * (ws, string, number, integer, any value/object/array) are rules of their own. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,9 @@ static void emit_char(gbuild *b, int r, int from, int to) {
         gb_range(b, r, l3, hexs[k][0], hexs[k][1], to);
     }
 }
+
+static int gj_string(gbuild *b);
+int gj_string_rule(gbuild *b) { return gj_string(b); }
 
 static int gj_string(gbuild *b) {
     if (b->j.string >= 0) return b->j.string;
@@ -239,7 +243,8 @@ static const char *const k_annotations[] = {"title", "description", "default", "
                                             "definitions", NULL};
 static const char *const k_supported[] = {"type", "properties", "required", "additionalProperties", "items",
                                           "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minItems",
-                                          "maxItems", "minLength", "maxLength", "format", "nullable", NULL};
+                                          "maxItems", "minLength", "maxLength", "format", "nullable", "minimum",
+                                          "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
 
 static int in_list(const char *const *l, const char *s) {
     for (; *l; l++)
@@ -307,6 +312,12 @@ static const char *const k_formats[][2] = {
              "\"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])){3}"},
 };
 
+const char *ms_grammar_format_gbnf(const char *format) {
+    for (size_t i = 0; format && i < sizeof k_formats / sizeof *k_formats; i++)
+        if (!strcmp(k_formats[i][0], format)) return k_formats[i][1];
+    return NULL;
+}
+
 static int emit_string(sctx *c, const cJSON *s, int r, int from, int to) {
     gbuild *b = c->b;
     int mn = 0, mx = -1;
@@ -345,24 +356,36 @@ static int emit_string(sctx *c, const cJSON *s, int r, int from, int to) {
         return b->rc;
     }
     if (mx >= 0 && mn > mx) return gb_fail(b, MS_ERR_ARG, "schema: minLength %d > maxLength %d at %s (no string fits)", mn, mx, P(c));
-    int cur = gb_state(b, r);
-    gb_lit(b, r, from, "\"", 1, cur);
-    for (int i = 0; i < mn && !b->rc; i++) {
-        int nx = gb_state(b, r);
-        emit_char(b, r, cur, nx);
-        cur = nx;
-    }
-    int end = gb_state(b, r);
-    if (mx < 0) emit_char(b, r, cur, cur);
-    else
-        for (int i = mn; i < mx && !b->rc; i++) {
-            int nx = gb_state(b, r);
-            gb_eps(b, r, cur, end);
-            emit_char(b, r, cur, nx);
+    /* a rule of its own per (minLength, maxLength), shared by every string with those bounds */
+    char name[64];
+    snprintf(name, sizeof name, "string{%d,%d}", mn, mx);
+    int br = gb_find_rule(b, name);
+    if (br < 0) {
+        if ((br = gb_rule(b, name)) < 0) return b->rc;
+        b->r[br].defined = 1;
+        b->r[br].bounded = 1;
+        b->r[br].bmin = mn;
+        b->r[br].bmax = mx;
+        int cur = gb_state(b, br);
+        gb_lit(b, br, 0, "\"", 1, cur);
+        for (int i = 0; i < mn && !b->rc; i++) {
+            int nx = gb_state(b, br);
+            emit_char(b, br, cur, nx);
             cur = nx;
         }
-    gb_eps(b, r, cur, end);
-    gb_lit(b, r, end, "\"", 1, to);
+        int end = gb_state(b, br);
+        if (mx < 0) emit_char(b, br, cur, cur);
+        else
+            for (int i = mn; i < mx && !b->rc; i++) {
+                int nx = gb_state(b, br);
+                gb_eps(b, br, cur, end);
+                emit_char(b, br, cur, nx);
+                cur = nx;
+            }
+        gb_eps(b, br, cur, end);
+        gb_lit(b, br, end, "\"", 1, 1);
+    }
+    gb_call(b, r, from, br, to);
     return b->rc;
 }
 
@@ -639,6 +662,135 @@ static int ref_rule(sctx *c, const char *ref) {
     return b->rc ? -1 : rr;
 }
 
+/* ---------------- integer ranges ---------------- */
+
+typedef struct rbuf { char *p; size_t n, cap; int bad; } rbuf;
+static void rb_add(rbuf *b, const char *s) {
+    size_t l = strlen(s);
+    if (b->n + l + 1 > b->cap) {
+        size_t c = b->cap ? b->cap * 2 : 256;
+        while (c < b->n + l + 1) c *= 2;
+        char *q = realloc(b->p, c);
+        if (!q) { b->bad = 1; return; }
+        b->p = q, b->cap = c;
+    }
+    memcpy(b->p + b->n, s, l + 1);
+    b->n += l;
+}
+
+/* Digit strings x..y of the same length n (leading zeros allowed: they are inner positions),
+ * as a GBNF alternation. */
+static void same_len(rbuf *b, const char *x, const char *y, int n) {
+    if (!n) { rb_add(b, "\"\""); return; }
+    if (!memcmp(x, y, (size_t)n)) {
+        char t[32];
+        snprintf(t, sizeof t, "\"%.*s\"", n, x);
+        rb_add(b, t);
+        return;
+    }
+    char t[64];
+    int full = 1; /* 0...0 to 9...9: any n digits */
+    for (int i = 0; i < n && full; i++) full = x[i] == '0' && y[i] == '9';
+    if (full) {
+        snprintf(t, sizeof t, "[0-9]{%d}", n);
+        rb_add(b, t);
+        return;
+    }
+    if (n == 1) {
+        snprintf(t, sizeof t, "[%c-%c]", x[0], y[0]);
+        rb_add(b, t);
+        return;
+    }
+    if (x[0] == y[0]) {
+        snprintf(t, sizeof t, "\"%c\" (", x[0]);
+        rb_add(b, t);
+        same_len(b, x + 1, y + 1, n - 1);
+        rb_add(b, ")");
+        return;
+    }
+    char nines[24], zeros[24];
+    memset(nines, '9', (size_t)n - 1), memset(zeros, '0', (size_t)n - 1);
+    snprintf(t, sizeof t, "(\"%c\" (", x[0]);
+    rb_add(b, t);
+    same_len(b, x + 1, nines, n - 1);
+    rb_add(b, "))");
+    if (x[0] + 1 <= y[0] - 1) {
+        snprintf(t, sizeof t, " | ([%c-%c] [0-9]{%d})", x[0] + 1, y[0] - 1, n - 1);
+        rb_add(b, t);
+    }
+    snprintf(t, sizeof t, " | (\"%c\" (", y[0]);
+    rb_add(b, t);
+    same_len(b, zeros, y + 1, n - 1);
+    rb_add(b, "))");
+}
+
+/* The decimal numbers a..b (0 <= a <= b), no leading zeros, as alternatives (each prefixed by
+ * " | " but the first when *first). */
+static void pos_range(rbuf *b, uint64_t a, uint64_t bb, int *first) {
+    char sa[24], sb[24];
+    int la = snprintf(sa, sizeof sa, "%llu", (unsigned long long)a), lb = snprintf(sb, sizeof sb, "%llu", (unsigned long long)bb);
+    for (int L = la; L <= lb; L++) {
+        char x[24], y[24];
+        if (L == la) memcpy(x, sa, (size_t)la + 1);
+        else { x[0] = '1'; memset(x + 1, '0', (size_t)L - 1); x[L] = 0; }
+        if (L == lb) memcpy(y, sb, (size_t)lb + 1);
+        else { memset(y, '9', (size_t)L); y[L] = 0; }
+        rb_add(b, *first ? "(" : " | (");
+        *first = 0;
+        same_len(b, x, y, L);
+        rb_add(b, ")");
+    }
+}
+
+/* An integer with minimum / maximum / exclusiveMinimum / exclusiveMaximum (number bounds are
+ * rounded inward; |bounds| beyond 2^63 - 1 are clamped). 1 when bounds were present (emitted,
+ * or b->rc set), 0 when none. */
+static int emit_int_range(sctx *c, const cJSON *s, int r, int from, int to) {
+    gbuild *b = c->b;
+    static const char *const keys[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    double lo = -9223372036854775807.0, hi = 9223372036854775807.0;
+    int any = 0;
+    for (int i = 0; i < 4; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, keys[i]);
+        if (!v) continue;
+        any = 1;
+        if (!cJSON_IsNumber(v)) {
+            size_t o = ptr_push(c, keys[i]);
+            gb_fail(b, cJSON_IsBool(v) ? MS_ERR_UNSUPPORTED : MS_ERR_ARG, "%s JSON Schema \"%s\" (a number is needed) at %s",
+                    cJSON_IsBool(v) ? "unsupported: a boolean" : "schema: a non-numeric", keys[i], P(c));
+            ptr_pop(c, o);
+            return 1;
+        }
+        double x = v->valuedouble;
+        if (i == 0) x = ceil(x);
+        else if (i == 1) x = floor(x) + 1;
+        else if (i == 2) x = floor(x);
+        else x = ceil(x) - 1;
+        if (i < 2 && x > lo) lo = x;
+        if (i >= 2 && x < hi) hi = x;
+    }
+    if (!any) return 0;
+    if (lo < -9223372036854775807.0) lo = -9223372036854775807.0;
+    if (hi > 9223372036854775807.0) hi = 9223372036854775807.0;
+    if (lo > hi) return gb_fail(b, MS_ERR_ARG, "schema: no integer lies within the bounds at %s", P(c)), 1;
+    int64_t L = lo <= -9223372036854775807.0 ? -INT64_MAX : (int64_t)lo, H = hi >= 9223372036854775807.0 ? INT64_MAX : (int64_t)hi;
+    rbuf rb = {0};
+    int first = 1;
+    if (L < 0) {
+        uint64_t m0 = H < 0 ? (uint64_t)(-H) : 1, m1 = (uint64_t)(-L);
+        rb_add(&rb, "(\"-\" (");
+        int f2 = 1;
+        pos_range(&rb, m0, m1, &f2);
+        rb_add(&rb, "))");
+        first = 0;
+    }
+    if (H >= 0) pos_range(&rb, L > 0 ? (uint64_t)L : 0, (uint64_t)H, &first);
+    if (rb.bad) gb_fail(b, MS_ERR_NOMEM, "grammar: out of memory");
+    else gg_emit_expr(b, rb.p, r, from, to);
+    free(rb.p);
+    return 1;
+}
+
 static int emit_type(sctx *c, int t, const cJSON *s, int r, int from, int to) {
     gbuild *b = c->b;
     switch (t) {
@@ -647,8 +799,21 @@ static int emit_type(sctx *c, int t, const cJSON *s, int r, int from, int to) {
         gb_lit(b, r, from, "true", 4, to);
         gb_lit(b, r, from, "false", 5, to);
         break;
-    case T_INT: gb_call(b, r, from, gj_num(b, 1), to); break;
-    case T_NUM: gb_call(b, r, from, gj_num(b, 0), to); break;
+    case T_INT:
+        if (!emit_int_range(c, s, r, from, to)) gb_call(b, r, from, gj_num(b, 1), to);
+        break;
+    case T_NUM: {
+        static const char *const nk[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+        for (int i = 0; i < 4; i++)
+            if (cJSON_GetObjectItemCaseSensitive(s, nk[i])) {
+                size_t o = ptr_push(c, nk[i]);
+                gb_fail(b, MS_ERR_UNSUPPORTED, "unsupported JSON Schema keyword \"%s\" on a number (integers only) at %s", nk[i], P(c));
+                ptr_pop(c, o);
+                return b->rc;
+            }
+        gb_call(b, r, from, gj_num(b, 0), to);
+        break;
+    }
     case T_STR: return emit_string(c, s, r, from, to);
     case T_ARR: return emit_array(c, s, r, from, to);
     case T_OBJ: return emit_object(c, s, r, from, to);
@@ -785,10 +950,12 @@ static int emit(sctx *c, const cJSON *s, int r, int from, int to) {
         static const char *const ko[] = {"properties", "required", "additionalProperties", NULL};
         static const char *const ka[] = {"items", "minItems", "maxItems", NULL};
         static const char *const ks[] = {"minLength", "maxLength", "format", NULL};
+        static const char *const kn[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
         cJSON_ArrayForEach(k, s) {
             if (in_list(ko, k->string)) types |= T_OBJ;
             if (in_list(ka, k->string)) types |= T_ARR;
             if (in_list(ks, k->string)) types |= T_STR;
+            if (in_list(kn, k->string)) types |= T_NUM;
         }
         if (!types) {
             if (nl && cJSON_IsTrue(nl)) types = 0; /* any value includes null */

@@ -147,14 +147,7 @@ int ms_api_parse_common(const cJSON *root, ms_api_request *r, ms_api_error *e) {
     if (n != 1) return UNSUPPORTED("n", "'n' must be 1: this server generates one choice per request");
     if ((rc = ms_api_get_int(root, "best_of", 1, 128, &n, &has, e))) return rc;
     if (has && n != 1) return UNSUPPORTED("best_of", "'best_of' must be 1");
-    v = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-    if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v))
-        return UNSUPPORTED("logprobs", "'logprobs' is not supported by this server");
-    v = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
-    if (v && !cJSON_IsNull(v)) return UNSUPPORTED("top_logprobs", "'top_logprobs' is not supported by this server");
-    v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
-    if (v && !cJSON_IsNull(v) && !(cJSON_IsObject(v) && !v->child))
-        return UNSUPPORTED("logit_bias", "'logit_bias' is not supported by this server");
+    if ((rc = ms_api_parse_logprobs(root, r, e))) return rc;
     if ((rc = ms_api_get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e))) return rc;
     v = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
     if (v && !cJSON_IsNull(v)) {
@@ -445,6 +438,7 @@ int ms_api_parse_request(ms_api_kind kind, const char *body, size_t len, int64_t
                          ms_api_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
+    r->vocab = vocab;
     r->thinking = -1;
     r->parallel_tool_calls = 1;
     r->store = 1;
@@ -488,6 +482,8 @@ void ms_api_request_free(ms_api_request *r) {
     free(r->echo_json);
     free(r->schema_json);
     free(r->forced_tool);
+    free(r->bias_ids);
+    free(r->bias);
     memset(r, 0, sizeof *r);
 }
 
@@ -534,6 +530,7 @@ void ms_api_resp_free(ms_api_resp *r) {
     ms_outmsg_free(r->msg);
     free(r->text);
     ms_api_agent_free(r);
+    ms_api_resp_free_logprobs(r);
     free(r);
 }
 
@@ -581,13 +578,32 @@ static cJSON *chunk(ms_api_resp *r, cJSON **choice) {
 }
 
 static int chat_delta(ms_api_resp *r, cJSON *delta, const char *finish) {
+    if (!r->sent_role && r->o.logprobs) {
+        /* as OpenAI streams logprobs: the role in a chunk of its own, with empty content and
+         * empty logprobs (the SDK's accumulator takes the first chunk's logprobs object as its
+         * own and appends that chunk's entries to it: entries there would count twice) */
+        cJSON *ch0, *c0 = chunk(r, &ch0), *d0 = cJSON_CreateObject(), *l0 = cJSON_CreateObject();
+        cJSON_AddStringToObject(d0, "role", "assistant");
+        cJSON_AddStringToObject(d0, "content", "");
+        cJSON_AddItemToObject(ch0, "delta", d0);
+        cJSON_AddItemToObject(l0, "content", cJSON_CreateArray());
+        cJSON_AddNullToObject(l0, "refusal");
+        cJSON_AddItemToObject(ch0, "logprobs", l0);
+        cJSON_AddNullToObject(ch0, "finish_reason");
+        r->sent_role = 1;
+        int rc0 = send_event(r, c0);
+        if (rc0) {
+            cJSON_Delete(delta);
+            return rc0;
+        }
+    }
     cJSON *choice, *c = chunk(r, &choice);
     if (!r->sent_role) {
         cJSON_AddStringToObject(delta, "role", "assistant");
         r->sent_role = 1;
     }
     cJSON_AddItemToObject(choice, "delta", delta);
-    cJSON_AddNullToObject(choice, "logprobs");
+    ms_api_resp_add_logprobs(r, choice);
     if (finish) cJSON_AddStringToObject(choice, "finish_reason", finish);
     else cJSON_AddNullToObject(choice, "finish_reason");
     if (finish && r->deadline) cJSON_AddTrueToObject(c, "deadline_exceeded");
@@ -674,7 +690,7 @@ int ms_api_resp_text(ms_api_resp *r, const char *text, size_t len, ms_api_sink s
     if (r->o.stream) {
         cJSON *choice, *c = chunk(r, &choice);
         cJSON_AddItemToObject(choice, "text", ms_api_string_n(text, len));
-        cJSON_AddNullToObject(choice, "logprobs");
+        ms_api_resp_add_logprobs(r, choice);
         cJSON_AddNullToObject(choice, "finish_reason");
         return send_event(r, c);
     }
@@ -727,7 +743,7 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
             if ((rc = chat_delta(r, cJSON_CreateObject(), fin))) return rc;
         } else {
             cJSON_AddStringToObject(choice, "text", "");
-            cJSON_AddNullToObject(choice, "logprobs");
+            ms_api_resp_add_logprobs(r, choice);
             cJSON_AddStringToObject(choice, "finish_reason", fin);
             if (r->deadline) cJSON_AddTrueToObject(c, "deadline_exceeded");
             if ((rc = send_event(r, c))) return rc;
@@ -758,7 +774,7 @@ int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int 
     } else {
         cJSON_AddStringToObject(choice, "text", r->text ? r->text : "");
     }
-    cJSON_AddNullToObject(choice, "logprobs");
+    ms_api_resp_add_logprobs(r, choice);
     cJSON_AddStringToObject(choice, "finish_reason", fin);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(c, "choices"), choice);
     cJSON_AddItemToObject(c, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens));

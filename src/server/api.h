@@ -99,18 +99,40 @@ typedef struct ms_api_request {
     char *schema_json;         /* SCHEMA: the JSON Schema (owned) */
     char *forced_tool;         /* TOOL: the function to call (owned), NULL: any of tools_json */
     const char *constrain_param; /* the field it came from ("response_format", "text.format", "tool_choice"; static) */
+    /* logprobs (chat, completions) and logit_bias */
+    int64_t vocab;             /* the model's vocabulary (ms_api_parse_request's): bounds token ids */
+    int logprobs;              /* report log-probabilities of the sampled tokens */
+    int top_logprobs;          /* with that many alternatives (0..20) */
+    int32_t *bias_ids;         /* logit_bias (owned; sampling.bias_ids / bias point here) */
+    float *bias;
+    int n_bias;
 } ms_api_request;
 
 enum { MS_API_CONSTRAIN_NONE, MS_API_CONSTRAIN_JSON_OBJECT, MS_API_CONSTRAIN_SCHEMA, MS_API_CONSTRAIN_TOOL };
 
-/* The grammar of r's constraint (NULL when it has none) for a model family's tool-call syntax
- * (fmt). TOOL: a call of the forced function (or of any of the tools), in the family's own
- * syntax, its arguments bound to the function's parameter schema. close_reasoning: the prompt
- * opened a reasoning block, so the forced output first closes it (*lead = the text to force
- * first, static, or NULL). Errors: 400 naming the unsupported keyword and its JSON pointer (the
- * grammar's message), a tool that is not in tools, a family whose syntax cannot be forced yet. */
-int ms_api_constraint_grammar(const ms_api_request *r, ms_outfmt fmt, int close_reasoning, struct ms_grammar **out,
-                              const char **lead, ms_api_error *e);
+/* The grammar of r's constraint (NULL when it has none) for a model family's output syntax
+ * (fmt), over tok's special tokens (frame markers that are one special token become token
+ * references; tok may be NULL: markers as text).
+ *   JSON_OBJECT / SCHEMA: the document; harmony: inside <|channel|>final<|message|>; XTML:
+ *     inside the response element (closing think first when the prompt opened it).
+ *   TOOL: a call of the forced function (or of any of the tools; one or more with
+ *     parallel_tool_calls, harmony one) in the family's frame: Qwen3 <tool_call>, DeepSeek V3 /
+ *     V3.1 and Kimi K2 sections of special tokens, GLM and XTML key/value arguments, harmony's
+ *     commentary channel to=functions.NAME ending in <|call|>; arguments bound to the function's
+ *     parameter schema (none: an object without properties).
+ * close_reasoning: the prompt opened a reasoning block; for <think> families *lead is then the
+ * text to force first ("</think>\n\n", static; else NULL). Errors: 400 naming the unsupported
+ * keyword and its JSON pointer (the grammar's message), a tool that is not in tools, a format
+ * without tool-call syntax (think), a GLM argument whose type the syntax cannot carry. */
+int ms_api_constraint_grammar(const ms_api_request *r, ms_outfmt fmt, const ms_tokenizer *tok, int close_reasoning,
+                              struct ms_grammar **out, const char **lead, ms_api_error *e);
+/* The same through a cache (NULL: none) keyed by every input of the grammar (the constraint,
+ * schema, tools, forced name, parallel_tool_calls, fmt, close_reasoning): a repeated schema or
+ * tool set reuses the compiled grammar and its warm mask caches. *out is a reference of the
+ * caller's (ms_grammar_free). */
+int ms_api_constraint_grammar_cached(struct ms_grammar_cache *cache, const ms_api_request *r, ms_outfmt fmt,
+                                     const ms_tokenizer *tok, int close_reasoning, struct ms_grammar **out, const char **lead,
+                                     ms_api_error *e);
 
 /* How a model family turns reasoning on/off or sets its effort (chosen once per model). */
 typedef enum {
@@ -156,6 +178,8 @@ typedef struct ms_api_resp_opts {
     const char *previous_response_id; /* RESPONSES */
     int single_tool_call;    /* 1 (parallel_tool_calls false): only the first tool call is reported */
     const ms_outparse_opts *parse; /* chat: parser options (start_in_reasoning, tools_json, id_seed); may be NULL */
+    int logprobs;            /* chat, completion: choices carry logprobs (ms_api_resp_logprob's entries) */
+    const ms_tokenizer *tok; /* with logprobs: the tokens' text and bytes */
 } ms_api_resp_opts;
 
 typedef struct ms_api_resp ms_api_resp;
@@ -172,6 +196,10 @@ int ms_api_resp_text(ms_api_resp *r, const char *text, size_t len, ms_api_sink s
  * (include_usage) and `data: [DONE]`; otherwise the whole JSON body. */
 int ms_api_resp_finish(ms_api_resp *r, ms_finish finish, int prompt_tokens, int completion_tokens, int cached_tokens,
                        ms_api_sink sink, void *user, ms_err *err);
+/* One sampled token's log-probability and its top alternatives (ms_gen_logprob_fn's values),
+ * reported with the text the token produces (streamed: in the next chunk sent). A no-op unless
+ * opts.logprobs. MS_ERR_NOMEM. */
+int ms_api_resp_logprob(ms_api_resp *r, int32_t id, float logprob, const int32_t *top_ids, const float *top_lps, int n_top);
 /* MESSAGES: the stop string that ended the generation (stop_reason "stop_sequence"). Copied. */
 int ms_api_resp_set_stop_sequence(ms_api_resp *r, const char *stop);
 /* The assistant message produced (internal shape, as ms_outmsg_json: {"role":"assistant","content",

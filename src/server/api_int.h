@@ -65,7 +65,18 @@ struct ms_api_resp {
     void *user;
     int sink_rc;
     agent_state a;        /* MESSAGES, RESPONSES */
+    cJSON *lp_pend, *lp_all; /* logprobs entries not yet sent (stream) / of the whole reply (api_logprobs.c) */
+    int lp_chars;            /* completion: characters of the tokens so far (text_offset) */
 };
+
+/* ---- logprobs (api_logprobs.c) ---- */
+/* logprobs / top_logprobs (chat: a boolean and 0..20; completions: logprobs 0..5) and logit_bias
+ * (token id -> [-100, 100], ids inside r->vocab) into r and r->sampling; other kinds refuse them. */
+int ms_api_parse_logprobs(const cJSON *root, ms_api_request *r, ms_api_error *e);
+/* choice.logprobs: the entries gathered so far (stream: since the last chunk), or null when the
+ * request did not ask for them. */
+void ms_api_resp_add_logprobs(ms_api_resp *r, cJSON *choice);
+void ms_api_resp_free_logprobs(ms_api_resp *r);
 
 int ms_api_send_raw(ms_api_resp *r, const char *s, size_t len);
 /* Parser events of MESSAGES / RESPONSES builders. */

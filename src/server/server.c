@@ -115,6 +115,7 @@ typedef struct slot_view {
 struct ms_server {
     ms_server_opts o;
     ms_gvocab *gvocab;      /* the grammar vocabulary, built on the first constrained request (under gvmu) */
+    ms_grammar_cache *gcache; /* compiled grammars of recent schemas / tool sets (warm mask caches) */
     pthread_mutex_t gvmu;
     ms_sched *sched;
     int n_slots;
@@ -394,6 +395,12 @@ static int on_token(void *user, int32_t id, const char *text, size_t len) {
     return job_check_cancel(g->j);
 }
 
+/* ms_gen_logprob_fn: the token's logprobs go to the response builder (sent with its text) */
+static void on_logprob(void *user, int32_t id, float lp, const int32_t *top, const float *tlp, int n) {
+    struct run *g = user;
+    if (ms_api_resp_logprob(g->resp, id, lp, top, tlp, n)) g->rc = MS_ERR_NOMEM;
+}
+
 static void random_hex(char *out, int n) {
     uint8_t b[32];
     if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b)
@@ -575,11 +582,12 @@ static void admit(ms_server *s, job *j) {
                            .stream = j->req.stream, .include_usage = j->req.include_usage, .fmt = s->o.fmt, .parse = &g->po,
                            .prompt_tokens = j->n_prompt, .echo_json = j->req.echo_json,
                            .previous_response_id = j->req.previous_response_id,
-                           .single_tool_call = !j->req.parallel_tool_calls};
+                           .single_tool_call = !j->req.parallel_tool_calls, .logprobs = j->req.logprobs, .tok = s->o.tok};
     ms_gen_params gp = {.sampling = j->req.sampling, .max_tokens = j->max_tokens,
                         .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .eos_ids = s->eos,
                         .n_eos = s->o.n_eos, .forced_ids = s->forced, .n_forced = s->o.n_forced,
-                        .constraint = j->grammar ? &j->con : NULL};
+                        .constraint = j->grammar ? &j->con : NULL,
+                        .logprob_fn = j->req.logprobs ? on_logprob : NULL, .top_logprobs = j->req.top_logprobs};
     int slot = -1;
     int rc = ms_api_resp_new(&ro, &g->resp, &g->err);
     if (!rc) rc = ms_sched_submit(s->sched, j->prompt, j->n_prompt, &gp, on_token, on_done, g, &slot, &g->err);
@@ -953,7 +961,8 @@ static int request_deadline(const ms_server *s, const char *body, size_t blen, d
  * model's grammar vocabulary (built once), and the constraint the generation runs under. */
 static int prepare_constraint(ms_server *s, job *j, ms_api_error *e) {
     const char *lead = NULL;
-    int rc = ms_api_constraint_grammar(&j->req, s->o.fmt, j->start_in_reasoning, &j->grammar, &lead, e);
+    int rc = ms_api_constraint_grammar_cached(s->gcache, &j->req, s->o.fmt, s->o.tok, j->start_in_reasoning, &j->grammar,
+                                              &lead, e);
     if (rc || !j->grammar) return rc;
     ms_err err = {0};
     pthread_mutex_lock(&s->gvmu);
@@ -1728,6 +1737,7 @@ static void server_free(ms_server *s) {
     free(s->host_str);
     free(s->eos);
     free(s->forced);
+    ms_grammar_cache_free(s->gcache); /* before the vocabulary its grammars' caches were built for */
     ms_gvocab_free(s->gvocab);
     free(s->slot_run);
     free(s->slot_job);
@@ -1810,6 +1820,10 @@ int ms_server_start(const ms_server_opts *o, ms_server **out, ms_err *err) {
     pthread_mutex_init(&s->mmu, NULL);
     pthread_mutex_init(&s->rmu, NULL);
     pthread_mutex_init(&s->gvmu, NULL);
+    {
+        ms_err gerr = {0};
+        if (ms_grammar_cache_new(32, (size_t)256 << 20, &s->gcache, &gerr)) s->gcache = NULL; /* none: compiled per request */
+    }
     {
         ms_chat_source src = {0};
         ms_err perr = {0};

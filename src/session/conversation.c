@@ -30,6 +30,11 @@ struct ms_conv {
     int32_t *last_prompt;
     int n_last_prompt;
     const ms_progress *prefill_progress;
+    cJSON *tools;     /* the "tools" array or NULL */
+    char *tools_json; /* the same as text (the parser's) */
+    ms_conv_constraint_fn cfn;
+    void *cuser;
+    ms_gvocab *gv;    /* the grammar vocabulary, built on the first constrained turn */
 };
 
 static double now_s(void) {
@@ -101,6 +106,13 @@ int ms_conv_new(const ms_conv_opts *o, ms_conv **out, ms_err *err) {
         rc = ms_json_parse(o->template_kwargs, strlen(o->template_kwargs), "chat_template_kwargs", &c->kwargs, err);
         if (!rc && !cJSON_IsObject(c->kwargs)) rc = ms_fail(err, MS_ERR_ARG, "chat_template_kwargs: not a JSON object");
     }
+    if (!rc && o->tools_json) {
+        rc = ms_json_parse(o->tools_json, strlen(o->tools_json), "tools", &c->tools, err);
+        if (!rc && !cJSON_IsArray(c->tools)) rc = ms_fail(err, MS_ERR_ARG, "tools: not a JSON array");
+        if (!rc && !(c->tools_json = strdup(o->tools_json))) rc = ms_fail(err, MS_ERR_NOMEM, "conversation: out of memory");
+    }
+    c->cfn = o->constraint;
+    c->cuser = o->constraint_user;
     if (!rc) rc = ms_gen_eos_ids(o->model_dir, c->vocab, c->eos, MAX_EOS - 1, &c->n_eos, err);
     if (!rc) {
         int32_t te = ms_tok_eos_id(o->tok);
@@ -124,6 +136,9 @@ void ms_conv_free(ms_conv *c) {
     ms_generator_free(c->gen);
     cJSON_Delete(c->messages);
     cJSON_Delete(c->kwargs);
+    cJSON_Delete(c->tools);
+    free(c->tools_json);
+    ms_gvocab_free(c->gv);
     free(c->last_prompt);
     free(c->dir);
     free(c);
@@ -141,6 +156,7 @@ static int render_messages(const ms_conv *c, const cJSON *messages, char **out, 
     int ok = req && cJSON_AddItemReferenceToObject(req, "messages", (cJSON *)messages) &&
              cJSON_AddBoolToObject(req, "add_generation_prompt", 1);
     if (ok && c->kwargs) ok = cJSON_AddItemReferenceToObject(req, "chat_template_kwargs", c->kwargs);
+    if (ok && c->tools) ok = cJSON_AddItemReferenceToObject(req, "tools", c->tools);
     char *text = ok ? cJSON_PrintUnformatted(req) : NULL;
     cJSON_Delete(req);
     if (!text) return ms_fail(err, MS_ERR_NOMEM, "conversation: out of memory rendering the request");
@@ -230,15 +246,19 @@ static cJSON *assistant_message(const ms_outmsg *m, ms_err *err) {
     return o;
 }
 
-int ms_conv_turn_run(ms_conv *c, const char *text, const ms_sampler_params *sp, int max_tokens,
-                     const ms_conv_sink *sink, ms_conv_turn *res, ms_err *err) {
+/* A turn after appending message m (taken): render, generate, parse, append the reply. */
+static int turn_msg(ms_conv *c, cJSON *um, const ms_sampler_params *sp, int max_tokens, const ms_conv_sink *sink,
+                    ms_conv_turn *res, ms_err *err) {
     memset(res, 0, sizeof *res);
-    if (!text) return ms_fail(err, MS_ERR_ARG, "turn: no user message");
-    if (max_tokens < 1) return ms_fail(err, MS_ERR_ARG, "turn: max_tokens must be >= 1, got %d", max_tokens);
+    if (max_tokens < 1) {
+        cJSON_Delete(um);
+        return ms_fail(err, MS_ERR_ARG, "turn: max_tokens must be >= 1, got %d", max_tokens);
+    }
     int rc = ms_sampler_check(sp, err);
-    if (rc) return rc;
-    cJSON *um = make_message("user", text);
-    if (!um) return ms_fail(err, MS_ERR_NOMEM, "conversation: out of memory");
+    if (rc) {
+        cJSON_Delete(um);
+        return rc;
+    }
     cJSON_AddItemToArray(c->messages, um);
     int n_msgs = cJSON_GetArraySize(c->messages);
 
@@ -263,17 +283,29 @@ int ms_conv_turn_run(ms_conv *c, const char *text, const ms_sampler_params *sp, 
                      ids.n, ms_generator_max_ctx(c->gen));
         goto fail;
     }
-    ms_outparse_opts po = {.id_seed = sp->seed};
+    ms_outparse_opts po = {.id_seed = sp->seed, .tools_json = c->tools_json};
     po.start_in_reasoning = ms_outfmt_prompt_opens_reasoning(c->fmt, prompt, plen, NULL);
     if ((rc = ms_outparse_new(c->fmt, &po, &t.parser, err))) goto fail;
+    ms_gen_constraint con = {0};
+    ms_tok_ids lead_ids = {0};
+    if (c->cfn) {
+        ms_grammar *gr = NULL;
+        const char *lead = NULL;
+        if ((rc = c->cfn(c->cuser, c->fmt, po.start_in_reasoning, &gr, &lead, err))) goto fail;
+        if (gr && !c->gv && (rc = ms_gvocab_new(c->tok, (uint32_t)c->vocab, c->eos, (size_t)c->n_eos, &c->gv, err))) goto fail;
+        if (lead && (rc = ms_tok_encode(c->tok, lead, strlen(lead), MS_TOK_ENCODE_SPECIAL, &lead_ids, err))) goto fail;
+        con = (ms_gen_constraint){.grammar = gr, .vocab = c->gv, .prefix_ids = lead_ids.ids, .n_prefix = (int)lead_ids.n};
+    }
     if (!(t.msg = ms_outmsg_new())) {
         rc = ms_fail(err, MS_ERR_NOMEM, "conversation: out of memory");
         goto fail;
     }
     ms_gen_params gp = {.sampling = *sp, .max_tokens = max_tokens, .eos_ids = c->eos, .n_eos = c->n_eos,
-                        .prefill_progress = c->prefill_progress};
+                        .prefill_progress = c->prefill_progress,
+                        .constraint = con.grammar || con.n_prefix ? &con : NULL};
     ms_gen_result gr;
     rc = ms_generate(c->gen, ids.ids, (int)ids.n, &gp, on_token, &t, &gr, err);
+    ms_tok_ids_free(&lead_ids);
     if (!rc && t.rc) {
         rc = t.rc;
         ms_fail(err, rc, "parsing the reply: %s", t.perr.msg);
@@ -322,6 +354,55 @@ fail:
     ms_tok_ids_free(&ids);
     free(prompt);
     return rc;
+}
+
+int ms_conv_turn_run(ms_conv *c, const char *text, const ms_sampler_params *sp, int max_tokens,
+                     const ms_conv_sink *sink, ms_conv_turn *res, ms_err *err) {
+    memset(res, 0, sizeof *res);
+    if (!text) return ms_fail(err, MS_ERR_ARG, "turn: no user message");
+    cJSON *um = make_message("user", text);
+    if (!um) return ms_fail(err, MS_ERR_NOMEM, "conversation: out of memory");
+    return turn_msg(c, um, sp, max_tokens, sink, res, err);
+}
+
+int ms_conv_tool_turn_run(ms_conv *c, const char *tool_call_id, const char *content, const ms_sampler_params *sp,
+                          int max_tokens, const ms_conv_sink *sink, ms_conv_turn *res, ms_err *err) {
+    memset(res, 0, sizeof *res);
+    if (!content) return ms_fail(err, MS_ERR_ARG, "tool result: no content");
+    /* the last assistant message and the tool messages after it */
+    int n = cJSON_GetArraySize(c->messages), last = -1;
+    for (int i = n - 1; i >= 0 && last < 0; i--) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(c->messages, i), "role");
+        if (cJSON_IsString(r) && !strcmp(r->valuestring, "assistant")) last = i;
+        else if (!cJSON_IsString(r) || strcmp(r->valuestring, "tool")) break;
+    }
+    const cJSON *calls = last >= 0 ? cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(c->messages, last), "tool_calls") : NULL;
+    if (!cJSON_GetArraySize(calls))
+        return ms_fail(err, MS_ERR_ARG, "tool result: the last reply has no tool call to answer");
+    const cJSON *pick = NULL, *x;
+    cJSON_ArrayForEach(x, calls) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id");
+        if (!cJSON_IsString(id)) continue;
+        if (tool_call_id) {
+            if (!strcmp(id->valuestring, tool_call_id)) { pick = x; break; }
+            continue;
+        }
+        int answered = 0;
+        for (int i = last + 1; i < n; i++) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(c->messages, i), "tool_call_id");
+            answered |= cJSON_IsString(t) && !strcmp(t->valuestring, id->valuestring);
+        }
+        if (!answered) { pick = x; break; }
+    }
+    if (!pick)
+        return tool_call_id ? ms_fail(err, MS_ERR_ARG, "tool result: the last reply has no tool call with id \"%.100s\"", tool_call_id)
+                            : ms_fail(err, MS_ERR_ARG, "tool result: every tool call of the last reply is answered");
+    cJSON *m = make_message("tool", content);
+    if (!m) return ms_fail(err, MS_ERR_NOMEM, "conversation: out of memory");
+    cJSON_AddStringToObject(m, "tool_call_id", cJSON_GetObjectItemCaseSensitive(pick, "id")->valuestring);
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pick, "function"), "name");
+    if (cJSON_IsString(nm)) cJSON_AddStringToObject(m, "name", nm->valuestring);
+    return turn_msg(c, m, sp, max_tokens, sink, res, err);
 }
 
 /* ---- saved conversations ---- */

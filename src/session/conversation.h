@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "grammar/grammar.h"
 #include "session/generate.h"
 #include "model/model.h"
 #include "text/outparse.h"
@@ -34,6 +35,13 @@
 #define MS_CONV_VERSION 1
 #define MS_CONV_MAX_FILE ((size_t)256 << 20) /* largest conversation JSON loaded */
 #define MS_CONV_MAX_MESSAGES 100000
+
+/* Constrained replies (chat --json-schema / --grammar): called at every turn with the output
+ * format and whether the rendered prompt opened a reasoning block; sets *g to the grammar the
+ * reply must match (borrowed: the caller keeps it alive while the conversation lives; NULL:
+ * free reply) and *lead to text forced before it (closing the reasoning block; NULL: none). */
+typedef int (*ms_conv_constraint_fn)(void *user, ms_outfmt fmt, int opens_reasoning, ms_grammar **g, const char **lead,
+                                     ms_err *err);
 
 typedef struct ms_conv_opts {
     const char *model_dir;      /* chat template, config.json (model_type), EOS ids; copied */
@@ -46,6 +54,9 @@ typedef struct ms_conv_opts {
     const char *template_kwargs;/* JSON object passed as chat_template_kwargs, or NULL (copied) */
     const ms_gen_snapshots *snaps; /* prefix reuse through snapshots (session/prefix_cache.h), or NULL (copied) */
     const ms_progress *prefill_progress; /* a long prompt's prefill reports to it (ms_gen_params), or NULL (borrowed) */
+    const char *tools_json;     /* OpenAI "tools" array (JSON text) given to the template and the parser, or NULL (copied) */
+    ms_conv_constraint_fn constraint; /* NULL: free replies */
+    void *constraint_user;
 } ms_conv_opts;
 
 typedef struct ms_conv ms_conv;
@@ -91,6 +102,14 @@ void ms_conv_turn_free(ms_conv_turn *t);
  * MS_ERR_FORMAT (template errors), the engine's, tokenizer's and parser's. */
 int ms_conv_turn_run(ms_conv *c, const char *text, const ms_sampler_params *sp, int max_tokens,
                      const ms_conv_sink *sink, ms_conv_turn *res, ms_err *err);
+
+/* A tool-result turn: append {"role":"tool","tool_call_id":ID,"name"?,"content":content}
+ * answering a call of the last assistant message (tool_call_id NULL: its first call that no
+ * tool message answers yet; the call's function name is added as "name"), then generate the
+ * next reply as ms_conv_turn_run does. Errors: MS_ERR_ARG (no assistant tool call to answer,
+ * an id that none of them has, content not UTF-8), then those of ms_conv_turn_run. */
+int ms_conv_tool_turn_run(ms_conv *c, const char *tool_call_id, const char *content, const ms_sampler_params *sp,
+                          int max_tokens, const ms_conv_sink *sink, ms_conv_turn *res, ms_err *err);
 
 /* Render the conversation (with the generation prompt) as the next turn would
  * see it, without a new user message: *out malloc'd, NUL-terminated. Errors:

@@ -46,6 +46,7 @@ struct ms_sampler {
     uint8_t *seen;        /* [vocab] in prompt or output */
     double *work;         /* [vocab] adjusted logits / probs */
     int32_t *order;       /* [vocab] ids sorted by probability */
+    float *bias;          /* [vocab] logit_bias, NULL when none */
 };
 
 void ms_sampler_defaults(ms_sampler_params *p) {
@@ -87,6 +88,24 @@ int ms_sampler_new(const ms_sampler_params *p, int64_t vocab, ms_sampler **out, 
         ms_sampler_free(s);
         return ms_fail(err, MS_ERR_NOMEM, "sampler: out of memory for a vocabulary of %lld", (long long)vocab);
     }
+    if (p->n_bias > 0) {
+        if (!p->bias_ids || !p->bias) {
+            ms_sampler_free(s);
+            return ms_fail(err, MS_ERR_ARG, "sampler: logit_bias without ids or values");
+        }
+        if (!(s->bias = calloc((size_t)vocab, sizeof *s->bias))) {
+            ms_sampler_free(s);
+            return ms_fail(err, MS_ERR_NOMEM, "sampler: out of memory");
+        }
+        for (int i = 0; i < p->n_bias; i++) {
+            if (!isfinite(p->bias[i])) {
+                ms_sampler_free(s);
+                return ms_fail(err, MS_ERR_ARG, "sampler: logit_bias value %d is not finite", i);
+            }
+            if (p->bias_ids[i] >= 0 && p->bias_ids[i] < vocab) s->bias[p->bias_ids[i]] = p->bias[i];
+        }
+    }
+    s->p.bias_ids = NULL, s->p.bias = NULL; /* borrowed: not kept */
     ms_rng_seed(&s->rng, p->seed);
     *out = s;
     return MS_OK;
@@ -98,6 +117,7 @@ void ms_sampler_free(ms_sampler *s) {
     free(s->seen);
     free(s->work);
     free(s->order);
+    free(s->bias);
     free(s);
 }
 
@@ -164,6 +184,7 @@ int ms_sampler_probs(ms_sampler *s, const float *logits, double *probs, ms_err *
         if (isnan(l)) return ms_fail(err, MS_ERR_ARG, "sampler: logit %lld is NaN", (long long)i);
         if (s->seen[i] && p->repetition_penalty != 1.0) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
         if (s->out_count[i]) l -= p->frequency_penalty * s->out_count[i] + p->presence_penalty;
+        if (s->bias) l += s->bias[i];
         w[i] = l;
     }
     int64_t best = 0;
@@ -725,6 +746,7 @@ struct ms_gen_run {
     float *mlog;     /* [vocab] masked logits */
     int phase;       /* 0 prefix, 1 grammar, 2 suffix */
     int pos;         /* forced ids emitted in the current phase */
+    int64_t sv;      /* ids the sampler covers (the tokenizer's, at most the logits) */
 };
 
 int ms_gen_run_new(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
@@ -751,7 +773,10 @@ int ms_gen_run_new(ms_generator *g, const int32_t *prompt, int n, const ms_gen_p
      * ids without text are never sampled */
     int64_t sv = g->vocab;
     if (g->t && (int64_t)ms_tok_vocab_size(g->t) < sv) sv = ms_tok_vocab_size(g->t);
+    r->sv = sv;
     int rc = ms_sampler_new(&p->sampling, sv, &r->sp, err);
+    if (!rc && (p->top_logprobs < 0 || p->top_logprobs > MS_GEN_TOP_LOGPROBS_MAX))
+        rc = ms_fail(err, MS_ERR_ARG, "top_logprobs must be in [0, %d], got %d", MS_GEN_TOP_LOGPROBS_MAX, p->top_logprobs);
     if (!rc) rc = ms_stopper_new(p->stop, p->n_stop, &r->st, err);
     const ms_gen_constraint *c = p->constraint;
     if (!rc && c) {
@@ -834,6 +859,33 @@ static int constrained_next(ms_gen_run *r, int32_t *id, int *end, ms_err *err) {
     return MS_OK;
 }
 
+/* logprob_fn for the sampled id: log-softmax of the raw logits over the sampler's ids, and
+ * the top_logprobs most likely (ties: lower id). */
+static void report_logprobs(ms_gen_run *r, int32_t id) {
+    const float *l = r->g->logits;
+    int64_t V = r->sv;
+    int k = r->p.top_logprobs;
+    int32_t ti[MS_GEN_TOP_LOGPROBS_MAX];
+    float tl[MS_GEN_TOP_LOGPROBS_MAX];
+    int n = 0;
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < V; i++) {
+        float x = l[i];
+        if (x > mx) mx = x;
+        if (k && (n < k || x > tl[n - 1])) {
+            int j = n < k ? n++ : k - 1;
+            while (j > 0 && tl[j - 1] < x) ti[j] = ti[j - 1], tl[j] = tl[j - 1], j--;
+            ti[j] = (int32_t)i, tl[j] = x;
+        }
+    }
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++) sum += exp((double)l[i] - mx);
+    double lse = (double)mx + log(sum);
+    for (int j = 0; j < n; j++) tl[j] = (float)((double)tl[j] - lse);
+    float lp = id >= 0 && id < V ? (float)((double)l[id] - lse) : -INFINITY;
+    r->p.logprob_fn(r->user, id, lp, ti, tl, n);
+}
+
 int ms_gen_run_prefill(ms_gen_run *r, int max_feed, int *left, ms_err *err) {
     int rc;
     *left = 0;
@@ -881,6 +933,7 @@ int ms_gen_run_next(ms_gen_run *r, int32_t *feed_id, int *done, ms_err *err) {
         if (r->fn && r->fn(r->user, id, "", 0)) res->finish = MS_FINISH_ABORT;
         goto end;
     }
+    if (p->logprob_fn) report_logprobs(r, id);
     const char *txt = "";
     size_t tl = 0;
     if (g->t && (rc = ms_tok_stream_feed(&r->ts, id, &txt, &tl, err))) return rc;

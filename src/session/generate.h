@@ -43,6 +43,12 @@ typedef struct ms_sampler_params {
     double presence_penalty;   /* OpenAI [-2, 2]: logit -= presence if the token occurred in the output */
     double frequency_penalty;  /* OpenAI [-2, 2]: logit -= frequency * (times it occurred in the output) */
     uint64_t seed;             /* RNG seed (the server draws one when the request has none) */
+    /* OpenAI logit_bias: bias[i] is added to the logit of id bias_ids[i] after the penalties,
+     * before temperature and truncation (-100 all but bans, 100 all but forces). Copied by
+     * ms_sampler_new; ids outside the sampler's vocabulary are ignored; values must be finite. */
+    const int32_t *bias_ids;
+    const float *bias;
+    int n_bias;
 } ms_sampler_params;
 
 /* Defaults: temperature 1, top_k 0, top_p 1, min_p 0, penalties off, seed 0. */
@@ -170,6 +176,15 @@ typedef struct ms_gen_constraint {
     int n_suffix;
 } ms_gen_constraint;
 
+/* Log-probabilities (OpenAI logprobs): called for each emitted token but an EOS, just before
+ * the token callback, with the same user pointer: logprob is the token's log-probability under
+ * the model's raw distribution (log-softmax of the step's logits over the tokenizer's ids:
+ * before penalties, logit_bias, temperature, truncation and any grammar mask), top_ids /
+ * top_lps the n_top (ms_gen_params.top_logprobs) most likely ids and theirs, most likely first
+ * (ties: the lower id). Pointers valid during the call. */
+typedef void (*ms_gen_logprob_fn)(void *user, int32_t id, float logprob, const int32_t *top_ids, const float *top_lps,
+                                  int n_top);
+
 typedef struct ms_gen_params {
     ms_sampler_params sampling;
     int max_tokens;              /* >= 1 new tokens at most (also bounded by the context) */
@@ -188,7 +203,10 @@ typedef struct ms_gen_params {
      * MS_GEN_PROGRESS_CHUNK (as the server's chunked prefill), reported here ("prefill", tokens) when
      * at least MS_GEN_PROGRESS_MIN of them are new; NULL or no fn: in one piece. */
     const ms_progress *prefill_progress;
+    ms_gen_logprob_fn logprob_fn;  /* NULL: none */
+    int top_logprobs;              /* 0..MS_GEN_TOP_LOGPROBS_MAX alternatives per token for logprob_fn */
 } ms_gen_params;
+#define MS_GEN_TOP_LOGPROBS_MAX 20
 
 #define MS_GEN_PROGRESS_MIN 1024
 #define MS_GEN_PROGRESS_CHUNK 256
@@ -199,6 +217,7 @@ typedef struct ms_gen_params {
  * stop string is pending; NUL-terminated, valid during the call).
  * Return nonzero to stop generating (finish abort; e.g. the client went away). */
 typedef int (*ms_gen_token_fn)(void *user, int32_t id, const char *text, size_t len);
+
 
 typedef struct ms_gen_result {
     int prompt_tokens;     /* tokens of the prompt */

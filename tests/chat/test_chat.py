@@ -42,9 +42,9 @@ def check(cond, what):
     PASSED += 1
 
 
-def chat(lines, *flags, expect_rc=0):
+def chat(lines, *flags, expect_rc=0, base=None):
     """Run one non-interactive session; returns the JSON objects it printed."""
-    r = subprocess.run(EXE + ["chat", MODEL, "--json"] + BASE + list(flags), input="".join(lines).encode(),
+    r = subprocess.run(EXE + ["chat", MODEL, "--json"] + (base or BASE) + list(flags), input="".join(lines).encode(),
                        capture_output=True, timeout=120)
     err = r.stderr.decode(errors="replace")
     check(r.returncode == expect_rc, f"chat {flags}: exit {r.returncode}, expected {expect_rc}; stderr: {err}")
@@ -56,8 +56,8 @@ TOK_CONFIG = json.load(open(os.path.join(MODEL, "tokenizer_config.json"), encodi
 TEMPLATE = jinja_diff.ENV.from_string(TOK_CONFIG["chat_template"])
 
 
-def reference_ids(messages):
-    text = TEMPLATE.render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
+def reference_ids(messages, tools=None):
+    text = TEMPLATE.render(messages=messages, tools=tools, documents=None, add_generation_prompt=True,
                            **jinja_diff.special_tokens(TOK_CONFIG))
     r = subprocess.run(EXE + ["tokenize", MODEL], input=text.encode(), capture_output=True, timeout=60)
     check(r.returncode == 0, f"tokenize: {r.stderr.decode(errors='replace')}")
@@ -297,6 +297,59 @@ def repl():
     check(stat.S_IMODE(os.stat(os.path.dirname(hist)).st_mode) == 0o700, "history directory 0700")
     h = open(hist, "rb").read()
     check(b"long\\040story" in h and b"/stats" in h, f"history content: {h!r}")
+
+
+# ---- 7. constrained replies and tool-result turns ----
+def constrained_and_tools():
+    os.makedirs(WORK, exist_ok=True)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+              "required": ["name", "n"]}
+    sp = os.path.join(WORK, "schema.json")
+    json.dump(schema, open(sp, "w"))
+    # --json-schema: every reply parses and validates (random weights: nothing but the mask steers them)
+    out = chat(["one\n", "two\n", "three\n"], "--temperature", "0.8", "--seed", "5", "--json-schema", sp,
+               base=["--threads", "1", "--max-tokens", "600", "--no-history"])
+    check(len(out) == 3, f"3 constrained turns: {out}")
+    for t in out:
+        check(t["finish_reason"] == "stop", f"a constrained reply ended by {t['finish_reason']}")
+        v = json.loads(t["content"])
+        check(isinstance(v, dict) and set(v) <= {"name", "n", "tags"} and {"name", "n"} <= set(v), f"keys {v}")
+        check(isinstance(v["name"], str) and len(v["name"]) <= 8 and isinstance(v["n"], int) and not isinstance(v["n"], bool),
+              f"values {v}")
+        check(all(x in ("a", "b") for x in v.get("tags", [])) and len(v.get("tags", [])) <= 2, f"tags {v}")
+    # an unsupported keyword is refused before the model loads, by name and pointer
+    bad = os.path.join(WORK, "bad.json")
+    json.dump({"type": "object", "properties": {"z": {"type": "string", "pattern": "x"}}}, open(bad, "w"))
+    r = subprocess.run(EXE + ["chat", MODEL, "--json-schema", bad, "--prompt", "x"] + BASE, capture_output=True, timeout=60)
+    check(r.returncode == 2 and b"/properties/z/pattern" in r.stderr, f"bad schema: {r.returncode} {r.stderr!r}")
+    # --grammar forcing a Qwen3 tool call, --tools, and /tool answering it: the tool-result turn's
+    # prompt is the official template's rendering of user, assistant tool call, tool result
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
+    tp, gp = os.path.join(WORK, "tools.json"), os.path.join(WORK, "call.gbnf")
+    json.dump(tools, open(tp, "w"))
+    open(gp, "w").write('root ::= "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"" [a-z]{1,6} "\\"}}\\n</tool_call>"\n')
+    long = ["--threads", "1", "--max-tokens", "100", "--no-history"]
+    out = chat(["Weather in Paris?\n", '/tool {"temp": 21}\n', "/tool @x nothing left\n"], "--temperature", "0", "--json-ids",
+               "--tools", tp, "--grammar", gp, expect_rc=1, base=long)
+    check(len(out) == 3, f"tool session: {out}")
+    first, second = out[0], out[1]
+    check(len(first["tool_calls"]) == 1 and first["tool_calls"][0]["function"]["name"] == "get_weather", f"call {first}")
+    call = first["tool_calls"][0]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    check(first["prompt_ids"] == reference_ids(messages, tools), "the first prompt (with tools) differs from jinja2's")
+    messages.append({"role": "assistant", "content": first["content"] or "", "tool_calls": [call]})
+    messages.append({"role": "tool", "tool_call_id": call["id"], "name": "get_weather", "content": '{"temp": 21}'})
+    check(second["prompt_ids"] == reference_ids(messages, tools), "the tool-result prompt differs from jinja2's")
+    check(second["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(first["prompt_ids"]), "the tool turn reuses the prefix")
+    check(out[2].get("command") == "tool" and not out[2]["ok"], f"/tool @x (no such call): {out[2]}")
+    bad_id = chat(["Weather?\n", "/tool @nope x\n"], "--temperature", "0", "--tools", tp, "--grammar", gp, expect_rc=1, base=long)
+    check(bad_id[1].get("command") == "tool" and "nope" in bad_id[1]["error"], f"/tool @nope: {bad_id[1]}")
+
+
+constrained_and_tools()
 
 
 if not QUICK:

@@ -15,7 +15,8 @@ SDK=tests/server/sdk
 mkdir -p "$W" build/tokenizers/qwen3
 command -v node >/dev/null || { echo "FAIL server: node is missing (tools/install-deps.sh installs it)"; exit 1; }
 if [ ! -f "$SDK/node_modules/openai/package.json" ] || [ ! -f "$SDK/node_modules/@anthropic-ai/sdk/package.json" ] ||
-   [ ! -f "$SDK/node_modules/puppeteer-core/package.json" ]; then
+   [ ! -f "$SDK/node_modules/puppeteer-core/package.json" ] || [ ! -f "$SDK/node_modules/ajv-formats/package.json" ] ||
+   [ ! -f "$SDK/node_modules/@langchain/openai/package.json" ] || [ ! -f "$SDK/node_modules/@ai-sdk/openai/package.json" ]; then
     (cd "$SDK" && npm ci --no-audit --no-fund --loglevel=error) || { echo "FAIL server: npm ci in $SDK failed"; exit 1; }
 fi
 TOK=build/tokenizers/qwen3
@@ -82,6 +83,10 @@ fi
 case "$SERVER" in *asan*) RSS="--rss-margin-mib 16" ;; *) RSS= ;; esac
 timeout 120 python3 tests/server/hostile.py "$P4" "$P4PID" hostile-test-key $RSS > "$W/hostile.out" 2>&1 || rc=$?
 cat "$W/hostile.out" >> "$W/sdk.out"
+# structured output through LangChain and the Vercel AI SDK (tests/server/sdk/frameworks.mjs)
+BASE=http://127.0.0.1:$P1/v1 MODEL_NAME=tiny-qwen3 timeout 300 node "$SDK/frameworks.mjs" >> "$W/sdk.out" 2>&1 || rc=$?
+# 100 json_schema completions of varied schemas, validated by Ajv (tests/server/sdk/schemas.mjs), on the slots server
+BASE=http://127.0.0.1:$P5/v1 MODEL_NAME=tiny-qwen3 timeout 300 node "$SDK/schemas.mjs" >> "$W/sdk.out" 2>&1 || rc=$?
 # parallel slots (tests/server/slots.py): batching = one at a time, 503 past slots + queue, disconnects, deadlines
 timeout 120 python3 tests/server/slots.py "$P5" "$P3" > "$W/slots.out" 2>&1 || rc=$?
 cat "$W/slots.out" >> "$W/sdk.out"

@@ -320,7 +320,7 @@ static int mock_restore(void *user, ms_engine *e, const int32_t *ids, int n, int
     return ms_engine_forward(e, ids, best, NULL, 0, err);
 }
 
-typedef struct { int32_t ids[64]; int n; } collected;
+typedef struct { int32_t ids[64]; int n; struct lp_rec *lp; } collected;
 static int collect(void *user, int32_t id, const char *text, size_t len) {
     collected *c = user;
     if (id >= 0 && c->n < 64) c->ids[c->n++] = id;
@@ -418,6 +418,95 @@ TEST(prefix_reuse_fixtures) {
     fixture fx[] = {{"qwen3_moe", 1}, {"deepseek_v3", 1}, {"kimi_linear", 0}};
     for (size_t i = 0; i < sizeof fx / sizeof *fx; i++) check_fixture(&fx[i], 0);
     check_fixture(&fx[2], 1);
+}
+
+/* logprob_fn's values against the engine's own logits (a fresh engine fed the same ids:
+ * log-softmax, top ids by value), and logit_bias steering greedy decoding */
+typedef struct lp_rec {
+    int n;
+    int32_t id[16], top[16][5];
+    float lp[16], tlp[16][5];
+    int ntop[16];
+} lp_rec;
+static void on_lp(void *user, int32_t id, float lp, const int32_t *top, const float *tlp, int n) {
+    struct lp_rec *r = ((collected *)user)->lp;
+    if (r->n >= 16) return;
+    r->id[r->n] = id, r->lp[r->n] = lp, r->ntop[r->n] = n;
+    for (int i = 0; i < n && i < 5; i++) r->top[r->n][i] = top[i], r->tlp[r->n][i] = tlp[i];
+    r->n++;
+}
+
+TEST(logprobs_and_logit_bias) {
+    char dir[256];
+    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", "qwen3_moe");
+    ms_model m;
+    ms_err err = {0};
+    if (ms_model_load(dir, &m, &err)) { CHECK_MSG(0, "%s", err.msg); return; }
+    int64_t V = m.cfg.vocab;
+    ms_engine *e, *fresh;
+    ms_engine_opts o = {.max_ctx = 128};
+    CHECK(ms_engine_create(&m, &o, &e, &err) == 0);
+    CHECK(ms_engine_create(&m, &o, &fresh, &err) == 0);
+    ms_generator *g;
+    CHECK(ms_generator_new(e, NULL, V, NULL, &g, &err) == 0);
+    int32_t prompt[6] = {3, 17, 101, 7, 250, 9};
+    ms_gen_params gp = {.max_tokens = 8, .logprob_fn = on_lp, .top_logprobs = 5};
+    ms_sampler_defaults(&gp.sampling);
+    gp.sampling.temperature = 0;
+    lp_rec rec = {0};
+    collected col = {.n = 0, .lp = &rec};
+    ms_gen_result res;
+    CHECK(ms_generate(g, prompt, 6, &gp, collect, &col, &res, &err) == 0);
+    CHECK(rec.n == col.n && col.n == 8);
+    float *lf = malloc(sizeof(float) * V);
+    CHECK(ms_engine_forward(fresh, prompt, 6, lf, 0, &err) == 0);
+    for (int k = 0; k < rec.n; k++) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < V; i++) mx = lf[i] > mx ? lf[i] : mx;
+        for (int64_t i = 0; i < V; i++) sum += exp(lf[i] - mx);
+        double lse = mx + log(sum);
+        CHECK(rec.id[k] == col.ids[k] && rec.ntop[k] == 5);
+        CHECK_MSG(fabs(rec.lp[k] - (lf[rec.id[k]] - lse)) < 1e-4, "step %d: logprob %g vs %g", k, rec.lp[k], lf[rec.id[k]] - lse);
+        CHECK(rec.top[k][0] == rec.id[k]); /* greedy: the sampled token is the most likely */
+        for (int i = 0; i < 5; i++) {
+            CHECK(fabs(rec.tlp[k][i] - (lf[rec.top[k][i]] - lse)) < 1e-4);
+            if (i) CHECK(rec.tlp[k][i] <= rec.tlp[k][i - 1]);
+            int above = 0; /* exactly i ids are more likely than the i-th */
+            for (int64_t j = 0; j < V; j++) above += lf[j] > lf[rec.top[k][i]];
+            CHECK_MSG(above <= i, "step %d: top %d has %d ids above it", k, i, above);
+        }
+        CHECK(ms_engine_forward(fresh, &col.ids[k], 1, lf, 0, &err) == 0);
+    }
+    /* logit_bias: +100 on the least likely first token makes greedy pick it; -100 on every
+     * token of the unbiased reply keeps them all out */
+    int32_t low = 0;
+    {
+        ms_engine *f2;
+        CHECK(ms_engine_create(&m, &o, &f2, &err) == 0);
+        CHECK(ms_engine_forward(f2, prompt, 6, lf, 0, &err) == 0);
+        for (int64_t i = 1; i < V; i++) if (lf[i] < lf[low]) low = (int32_t)i;
+        ms_engine_destroy(f2);
+    }
+    int32_t bid[9] = {low};
+    float bv[9] = {100};
+    gp.sampling.bias_ids = bid, gp.sampling.bias = bv, gp.sampling.n_bias = 1;
+    gp.logprob_fn = NULL;
+    collected c2 = {.n = 0};
+    CHECK(ms_generate(g, prompt, 6, &gp, collect, &c2, &res, &err) == 0);
+    CHECK_MSG(c2.n >= 1 && c2.ids[0] == low, "+100 bias: first id %d, want %d", c2.ids[0], low);
+    for (int k = 0; k < 8; k++) bid[k] = col.ids[k], bv[k] = -100;
+    gp.sampling.n_bias = 8;
+    collected c3 = {.n = 0};
+    CHECK(ms_generate(g, prompt, 6, &gp, collect, &c3, &res, &err) == 0);
+    for (int k = 0; k < c3.n; k++)
+        for (int j = 0; j < 8; j++) CHECK_MSG(c3.ids[k] != col.ids[j], "-100 bias: id %d still sampled", c3.ids[k]);
+    bv[0] = NAN;
+    CHECK(ms_generate(g, prompt, 6, &gp, collect, &c3, &res, &err) == MS_ERR_ARG);
+    free(lf);
+    ms_generator_free(g);
+    ms_engine_destroy(e);
+    ms_engine_destroy(fresh);
+    ms_model_free(&m);
 }
 
 TEST_MAIN()

@@ -17,171 +17,7 @@
 #include "test.h"
 #include "util/fs.h"
 
-/* ---------------- a handwritten JSON Schema validator ---------------- */
-
-static int cp_len(const char *s) {
-    int n = 0;
-    for (; *s; s++)
-        if (((unsigned char)*s & 0xC0) != 0x80) n++;
-    return n;
-}
-
-static int digits(const char *s, int n) {
-    for (int i = 0; i < n; i++)
-        if (s[i] < '0' || s[i] > '9') return 0;
-    return 1;
-}
-static int num2(const char *s) { return (s[0] - '0') * 10 + (s[1] - '0'); }
-
-static int v_date(const char *s) {
-    if (strlen(s) < 10 || !digits(s, 4) || s[4] != '-' || !digits(s + 5, 2) || s[7] != '-' || !digits(s + 8, 2)) return 0;
-    int mo = num2(s + 5), d = num2(s + 8);
-    return mo >= 1 && mo <= 12 && d >= 1 && d <= 31;
-}
-/* HH:MM:SS(.f+)?(Z|+HH:MM); returns the length used or 0 */
-static int v_time(const char *s) {
-    if (!digits(s, 2) || s[2] != ':' || !digits(s + 3, 2) || s[5] != ':' || !digits(s + 6, 2)) return 0;
-    if (num2(s) > 23 || num2(s + 3) > 59 || num2(s + 6) > 59) return 0;
-    int i = 8;
-    if (s[i] == '.') {
-        i++;
-        if (!digits(s + i, 1)) return 0;
-        while (s[i] >= '0' && s[i] <= '9') i++;
-    }
-    if (s[i] == 'Z') return i + 1;
-    if ((s[i] == '+' || s[i] == '-') && digits(s + i + 1, 2) && s[i + 3] == ':' && digits(s + i + 4, 2) &&
-        num2(s + i + 1) <= 23 && num2(s + i + 4) <= 59)
-        return i + 6;
-    return 0;
-}
-static int v_format(const char *f, const char *s) {
-    if (!strcmp(f, "date")) return strlen(s) == 10 && v_date(s);
-    if (!strcmp(f, "time")) {
-        int n = v_time(s);
-        return n && s[n] == 0;
-    }
-    if (!strcmp(f, "date-time")) {
-        if (strlen(s) < 11 || !v_date(s) || s[10] != 'T') return 0;
-        int n = v_time(s + 11);
-        return n && s[11 + n] == 0;
-    }
-    if (!strcmp(f, "uuid")) {
-        if (strlen(s) != 36) return 0;
-        for (int i = 0; i < 36; i++) {
-            int dash = i == 8 || i == 13 || i == 18 || i == 23;
-            char c = s[i];
-            int hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-            if (dash ? c != '-' : !hex) return 0;
-        }
-        return 1;
-    }
-    if (!strcmp(f, "ipv4")) {
-        const char *p = s;
-        for (int k = 0; k < 4; k++) {
-            if (k && *p++ != '.') return 0;
-            int n = 0, v = 0;
-            while (p[n] >= '0' && p[n] <= '9') v = v * 10 + (p[n] - '0'), n++;
-            if (!n || n > 3 || v > 255 || (n > 1 && p[0] == '0')) return 0;
-            p += n;
-        }
-        return *p == 0;
-    }
-    return 0;
-}
-
-static const cJSON *v_resolve(const cJSON *root, const char *ref) {
-    const cJSON *cur = root;
-    if (ref[0] != '#') return NULL;
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", ref + 1);
-    for (char *tok = strtok(buf, "/"); tok; tok = strtok(NULL, "/")) cur = cJSON_GetObjectItemCaseSensitive(cur, tok);
-    return cur;
-}
-
-static int is_type(const cJSON *v, const char *t) {
-    if (!strcmp(t, "null")) return cJSON_IsNull(v);
-    if (!strcmp(t, "boolean")) return cJSON_IsBool(v);
-    if (!strcmp(t, "number")) return cJSON_IsNumber(v);
-    if (!strcmp(t, "integer")) return cJSON_IsNumber(v) && floor(v->valuedouble) == v->valuedouble;
-    if (!strcmp(t, "string")) return cJSON_IsString(v);
-    if (!strcmp(t, "array")) return cJSON_IsArray(v);
-    if (!strcmp(t, "object")) return cJSON_IsObject(v);
-    return 0;
-}
-
-static int validate(const cJSON *v, const cJSON *s, const cJSON *root) {
-    if (cJSON_IsTrue(s)) return 1;
-    if (cJSON_IsFalse(s)) return 0;
-    const cJSON *k;
-    if ((k = cJSON_GetObjectItemCaseSensitive(s, "$ref"))) return validate(v, v_resolve(root, k->valuestring), root);
-    if ((k = cJSON_GetObjectItemCaseSensitive(s, "anyOf"))) {
-        const cJSON *a;
-        cJSON_ArrayForEach(a, k) if (validate(v, a, root)) return 1;
-        return 0;
-    }
-    if ((k = cJSON_GetObjectItemCaseSensitive(s, "oneOf"))) {
-        const cJSON *a;
-        int n = 0;
-        cJSON_ArrayForEach(a, k) n += validate(v, a, root);
-        return n == 1;
-    }
-    if ((k = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
-        const cJSON *a;
-        cJSON_ArrayForEach(a, k) if (!validate(v, a, root)) return 0;
-    }
-    if ((k = cJSON_GetObjectItemCaseSensitive(s, "const")) && !cJSON_Compare(v, k, 1)) return 0;
-    if ((k = cJSON_GetObjectItemCaseSensitive(s, "enum"))) {
-        const cJSON *a;
-        int ok = 0;
-        cJSON_ArrayForEach(a, k) if (cJSON_Compare(v, a, 1)) ok = 1;
-        if (!ok) return 0;
-    }
-    const cJSON *nl = cJSON_GetObjectItemCaseSensitive(s, "nullable");
-    if (cJSON_IsTrue(nl) && cJSON_IsNull(v)) return 1;
-    if ((k = cJSON_GetObjectItemCaseSensitive(s, "type"))) {
-        int ok = 0;
-        if (cJSON_IsString(k)) ok = is_type(v, k->valuestring);
-        else {
-            const cJSON *a;
-            cJSON_ArrayForEach(a, k) if (is_type(v, a->valuestring)) ok = 1;
-        }
-        if (!ok) return 0;
-    }
-    if (cJSON_IsString(v)) {
-        int n = cp_len(v->valuestring);
-        if ((k = cJSON_GetObjectItemCaseSensitive(s, "minLength")) && n < k->valueint) return 0;
-        if ((k = cJSON_GetObjectItemCaseSensitive(s, "maxLength")) && n > k->valueint) return 0;
-        if ((k = cJSON_GetObjectItemCaseSensitive(s, "format")) && !v_format(k->valuestring, v->valuestring)) return 0;
-    }
-    if (cJSON_IsArray(v)) {
-        int n = cJSON_GetArraySize(v);
-        if ((k = cJSON_GetObjectItemCaseSensitive(s, "minItems")) && n < k->valueint) return 0;
-        if ((k = cJSON_GetObjectItemCaseSensitive(s, "maxItems")) && n > k->valueint) return 0;
-        if ((k = cJSON_GetObjectItemCaseSensitive(s, "items"))) {
-            const cJSON *a;
-            cJSON_ArrayForEach(a, v) if (!validate(a, k, root)) return 0;
-        }
-    }
-    if (cJSON_IsObject(v)) {
-        const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
-        const cJSON *add = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
-        if ((k = cJSON_GetObjectItemCaseSensitive(s, "required"))) {
-            const cJSON *a;
-            cJSON_ArrayForEach(a, k) if (!cJSON_GetObjectItemCaseSensitive(v, a->valuestring)) return 0;
-        }
-        const cJSON *m;
-        cJSON_ArrayForEach(m, v) {
-            /* duplicate keys are invalid for us */
-            for (const cJSON *q = v->child; q != m; q = q->next)
-                if (!strcmp(q->string, m->string)) return 0;
-            const cJSON *ps = props ? cJSON_GetObjectItemCaseSensitive(props, m->string) : NULL;
-            if (ps) {
-                if (!validate(m, ps, root)) return 0;
-            } else if (add && !validate(m, add, root)) return 0;
-        }
-    }
-    return 1;
-}
+#include "schema_check.h"
 
 /* ---------------- helpers ---------------- */
 
@@ -254,6 +90,13 @@ static const feature k_features[] = {
     {"{\"allOf\":[{\"type\":\"boolean\"}]}", {"false"}, {"0"}},
     {"{\"type\":[\"string\",\"null\"],\"maxLength\":3}", {"\"abc\"", "null"}, {"\"abcd\"", "1"}},
     {"{\"type\":\"integer\",\"nullable\":true}", {"1", "null"}, {"\"1\""}},
+    {"{\"type\":\"integer\",\"minimum\":-12,\"maximum\":305}", {"-12", "-1", "0", "9", "10", "99", "300", "305"},
+     {"-13", "-120", "306", "310", "999", "1000", "3050", "1.5", "01"}},
+    {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}",
+     {"9007199254740991", "-9007199254740991", "0", "123456789012"}, {"9007199254740992", "-9007199254740992", "10000000000000000"}},
+    {"{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":100.5}", {"1", "42", "100"}, {"0", "-1", "101"}},
+    {"{\"type\":\"integer\",\"minimum\":1000,\"maximum\":1009}", {"1000", "1009", "1005"}, {"999", "1010", "100"}},
+    {"{\"type\":\"integer\",\"maximum\":-5}", {"-5", "-100", "-9223372036854775807"}, {"-4", "0", "5"}},
     {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", {"\"ab\"", "\"abc\"", "\"日本\"", "\"\\n\\t\""},
      {"\"a\"", "\"abcd\"", "\"日\""}},
     {"{\"type\":\"string\",\"format\":\"date\"}", {"\"2024-02-29\"", "\"1999-12-31\""}, {"\"2024-13-01\"", "\"2024-1-01\"", "\"2024-00-10\""}},
@@ -302,7 +145,9 @@ static void expect_error(const char *js, int code, const char *needle) {
 TEST(schema_errors) {
     expect_error("{\"type\":\"object\",\"properties\":{\"zip\":{\"type\":\"string\",\"pattern\":\"^[0-9]+$\"}}}",
                  MS_ERR_UNSUPPORTED, "\"pattern\" at /properties/zip/pattern");
-    expect_error("{\"type\":\"integer\",\"minimum\":3}", MS_ERR_UNSUPPORTED, "\"minimum\" at /minimum");
+    expect_error("{\"type\":\"number\",\"minimum\":3}", MS_ERR_UNSUPPORTED, "\"minimum\" on a number (integers only) at /minimum");
+    expect_error("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}", MS_ERR_ARG, "no integer lies within the bounds");
+    expect_error("{\"type\":\"integer\",\"exclusiveMinimum\":true}", MS_ERR_UNSUPPORTED, "exclusiveMinimum");
     expect_error("{\"items\":[{\"type\":\"string\"}],\"prefixItems\":[]}", MS_ERR_UNSUPPORTED, "prefixItems");
     expect_error("{\"anyOf\":[{\"type\":\"string\"},{\"not\":{}}]}", MS_ERR_UNSUPPORTED, "\"not\" at /anyOf/1/not");
     expect_error("{\"type\":\"string\",\"format\":\"email\"}", MS_ERR_UNSUPPORTED, "format \"email\" at /format");
@@ -809,6 +654,96 @@ TEST(clone_reset) {
     ms_matcher_free(m);
     ms_grammar_free(gj);
     ms_grammar_free(g);
+}
+
+static int bit(const uint32_t *bits, int32_t id) { return (bits[id >> 5] >> (id & 31)) & 1; }
+
+/* <[ID]> token references: special tokens (no text) as grammar symbols; a referenced stop
+ * token is a symbol too (allowed where the grammar reads it, not where the document may end),
+ * and a referenced text token is allowed only as the reference */
+TEST(token_references) {
+    /* ids: 0..9 "a".."j", 10 "<" , 11 "x>", 12 special, 13 special, 14 stop, 15 stop, 16 "<x>" */
+    static const char *txt[17] = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "<", "x>", NULL, NULL, NULL, NULL, "<x>"};
+    const uint8_t *p[17];
+    size_t l[17];
+    for (int i = 0; i < 17; i++) p[i] = (const uint8_t *)txt[i], l[i] = txt[i] ? strlen(txt[i]) : 0;
+    int32_t stops[2] = {14, 15};
+    ms_gvocab *v = NULL;
+    ms_err err = {0};
+    CHECK(ms_gvocab_new_raw(17, p, l, stops, 2, &v, &err) == 0);
+    ms_grammar *g = NULL;
+    const char *gb = "root ::= <[12]> \"ab\" (<[13]> | \"<x>\") <[16]> <[15]>\n";
+    CHECK_MSG(ms_grammar_from_gbnf(gb, strlen(gb), NULL, NULL, 0, NULL, &g, &err) == 0, "%s", err.msg);
+    ms_matcher *m = NULL;
+    CHECK(ms_matcher_new(g, v, &m, &err) == 0);
+    uint32_t bits[1];
+    CHECK(ms_matcher_mask(m, bits, &err) == 0);
+    CHECK(bits[0] == (1u << 12));
+    CHECK(ms_matcher_accept(m, 13, &err) == MS_ERR_ARG);
+    CHECK(ms_matcher_accept(m, 12, &err) == 0);
+    CHECK(ms_matcher_mask(m, bits, &err) == 0 && bits[0] == (1u << 0));
+    CHECK(ms_matcher_accept(m, 0, &err) == 0 && ms_matcher_accept(m, 1, &err) == 0);
+    /* either the special token 13 or the text "<x>" (as "<" + "x>"; token 16 is only the reference) */
+    CHECK(ms_matcher_mask(m, bits, &err) == 0);
+    CHECK(bit(bits, 13) && bit(bits, 10) && !bit(bits, 16) && !bit(bits, 11) && !bit(bits, 14) && !bit(bits, 15));
+    ms_matcher *c = NULL;
+    CHECK(ms_matcher_clone(m, &c, &err) == 0);
+    CHECK(ms_matcher_accept(c, 16, &err) == MS_ERR_ARG);
+    CHECK(ms_matcher_accept(c, 10, &err) == 0 && ms_matcher_accept(c, 11, &err) == 0);
+    CHECK(ms_matcher_accept(m, 13, &err) == 0);
+    for (int k = 0; k < 2; k++) {
+        ms_matcher *x = k ? c : m;
+        CHECK(ms_matcher_mask(x, bits, &err) == 0 && bits[0] == (1u << 16));
+        CHECK(ms_matcher_accept(x, 16, &err) == 0);
+        /* the stop token 15 is read as the grammar's symbol; 14 (a plain stop) is not allowed before the end */
+        CHECK(ms_matcher_mask(x, bits, &err) == 0 && bits[0] == (1u << 15));
+        CHECK(!ms_matcher_done(x));
+        CHECK(ms_matcher_accept(x, 14, &err) == MS_ERR_ARG);
+        CHECK(ms_matcher_accept(x, 15, &err) == 0);
+        CHECK(ms_matcher_done(x) && ms_matcher_closed(x));
+        /* the document is complete: now only the stop tokens the grammar does not reference */
+        CHECK(ms_matcher_mask(x, bits, &err) == 0 && bits[0] == (1u << 14));
+    }
+    ms_matcher_free(m);
+    ms_matcher_free(c);
+    ms_grammar_free(g);
+    /* syntax errors name the form */
+    const char *bad[] = {"root ::= <[]>\n", "root ::= <[12]\n", "root ::= <[99999999999]>\n"};
+    for (int i = 0; i < 3; i++) {
+        ms_err e2 = {0};
+        CHECK(ms_grammar_from_gbnf(bad[i], strlen(bad[i]), NULL, NULL, 0, NULL, &g, &e2) == MS_ERR_FORMAT);
+        CHECK_MSG(strstr(e2.msg, "<[ID]>") != NULL, "%s", e2.msg);
+    }
+    ms_gvocab_free(v);
+}
+
+/* the grammar cache: a key finds the same grammar (one more reference), LRU eviction by count,
+ * references outlive eviction */
+TEST(grammar_cache) {
+    ms_err err = {0};
+    ms_grammar_cache *c = NULL;
+    CHECK(ms_grammar_cache_new(2, 0, &c, &err) == 0);
+    ms_grammar *g[3];
+    const char *keys[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(ms_grammar_json(MS_GRAMMAR_JSON_OBJECT, NULL, &g[i], &err) == 0);
+        CHECK(ms_grammar_cache_get(c, keys[i], 1) == NULL);
+        ms_grammar_cache_put(c, keys[i], 1, g[i]);
+        if (i == 1) { /* touch "a": "b" is the least recently used when "c" comes */
+            ms_grammar *x = ms_grammar_cache_get(c, "a", 1);
+            CHECK(x == g[0]);
+            ms_grammar_free(x);
+        }
+    }
+    CHECK(ms_grammar_cache_size(c) == 2);
+    CHECK(ms_grammar_cache_get(c, "b", 1) == NULL);
+    ms_grammar *a = ms_grammar_cache_get(c, "a", 1), *cc = ms_grammar_cache_get(c, "c", 1);
+    CHECK(a == g[0] && cc == g[2]);
+    ms_grammar_cache_free(c); /* the references taken stay valid */
+    for (int i = 0; i < 3; i++) ms_grammar_free(g[i]);
+    CHECK(accepts(a, "{\"k\": 1}") && accepts(cc, "{}"));
+    ms_grammar_free(a);
+    ms_grammar_free(cc);
 }
 
 static void cleanup(void) {

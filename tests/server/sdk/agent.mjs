@@ -292,10 +292,15 @@ await test('responses tool_choice required / named: a function_call item whose a
   for (const tool_choice of ['required', { type: 'function', name: 'get_weather' }]) {
     const r = await oai.responses.create({ model, input: 'Weather?', tools, tool_choice, max_output_tokens: 300, seed: 5 });
     const calls = r.output.filter((o) => o.type === 'function_call');
-    assert.equal(calls.length, 1, JSON.stringify(r.output));
-    const a = JSON.parse(calls[0].arguments);
-    if (calls[0].name === 'noop') assert.deepEqual(a, {});
-    else { assert.equal(calls[0].name, 'get_weather'); assert.ok(typeof a.city === 'string' && [...a.city].length <= 12); }
+    // required may call several tools (parallel_tool_calls defaults to true); named: one
+    if (r.status === 'incomplete') continue;
+    if (typeof tool_choice === 'string') assert.ok(calls.length >= 1, JSON.stringify(r.output));
+    else assert.equal(calls.length, 1, JSON.stringify(r.output));
+    for (const c of calls) {
+      const a = JSON.parse(c.arguments);
+      if (c.name === 'noop') assert.deepEqual(a, {});
+      else { assert.equal(c.name, 'get_weather'); assert.ok(typeof a.city === 'string' && [...a.city].length <= 12); }
+    }
   }
 });
 
@@ -308,11 +313,16 @@ await test('anthropic tool_choice tool / any: a tool_use block whose input valid
   };
   for (const tool_choice of [{ type: 'tool', name: 'get_weather' }, { type: 'any' }]) {
     const m = await anth.messages.create({ model, messages: hello, tools, tool_choice, max_tokens: 300 });
+    if (m.stop_reason === 'max_tokens' && tool_choice.type === 'any') continue; /* several uses may reach the limit */
     assert.equal(m.stop_reason, 'tool_use');
     const tu = m.content.filter((b) => b.type === 'tool_use');
-    assert.equal(tu.length, 1);
-    assert.equal(tu[0].name, 'get_weather');
-    check(tu[0].input);
+    // "any" may use the tool more than once (parallel tool use is on unless disabled); "tool": once
+    if (tool_choice.type === 'tool') assert.equal(tu.length, 1);
+    else assert.ok(tu.length >= 1);
+    for (const t of tu) {
+      assert.equal(t.name, 'get_weather');
+      check(t.input);
+    }
   }
   const stream = anth.messages.stream({ model, messages: hello, tools, tool_choice: { type: 'tool', name: 'get_weather' }, max_tokens: 300 });
   const fm = await stream.finalMessage();
