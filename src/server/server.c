@@ -429,12 +429,10 @@ static void job_error(job *j, const ms_api_error *e, const char *json) {
     free(b);
 }
 
-/* The job left the worker: done, its connection woken, counted off, the worker's reference dropped. */
+/* The job left the worker: counted off, then done and its connection woken, the worker's reference
+ * dropped. Counted off first: a client that sees its answer end and sends the next request at once
+ * must find the room this one held (else a full queue refuses it with a 503 for a job already over). */
 static void job_end(ms_server *s, job *j, int slot) {
-    pthread_mutex_lock(&j->mu);
-    j->done = 1;
-    job_wake(j);
-    pthread_mutex_unlock(&j->mu);
     pthread_mutex_lock(&s->mu);
     s->queued--;
     if (slot >= 0) {
@@ -442,6 +440,10 @@ static void job_end(ms_server *s, job *j, int slot) {
         s->running--;
     }
     pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&j->mu);
+    j->done = 1;
+    job_wake(j);
+    pthread_mutex_unlock(&j->mu);
     job_unref(j);
 }
 
