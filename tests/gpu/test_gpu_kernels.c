@@ -136,18 +136,20 @@ TEST(matmul_errors) {
     ms_gpu_free(gpu(), d);
 }
 
-/* Q8 (the requantized static tier) and I4 (INT4 experts) through matmul_q.cu, behind
- * MS_GPU_QUANT_KERNELS=1: refused without it (the placement refusal users see), and with it
- * every shape against ms_matmul_ref through the vector, generic and accumulate passes. */
+/* Q8 (the requantized static tier, on by default) and I4 (INT4 experts, behind
+ * MS_GPU_QUANT_KERNELS=1) through matmul_q.cu: I4 refused without the opt-in (the placement
+ * refusal users see), Q8 taken without it, and every shape against ms_matmul_ref through the
+ * vector, generic and accumulate passes. */
 TEST(matmul_q_refused_without_optin) {
     SKIP_UNLESS_SELECTED("matmul_q_refused_without_optin");
     ms_err err = {0};
     unsetenv("MS_GPU_QUANT_KERNELS");
-    ms_qmat w = make_w(&K_Q8, 64, 64), dw;
-    CHECK(ms_gpu_qmat_upload(gpu(), &w, &dw, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "Q8 is not supported"));
-    free_w(&w);
-    w = make_w(&K_I4, 64, 64);
+    ms_qmat w = make_w(&K_I4, 64, 64), dw;
     CHECK(ms_gpu_qmat_upload(gpu(), &w, &dw, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "INT4"));
+    free_w(&w);
+    w = make_w(&K_Q8, 64, 64);
+    CHECK(ms_gpu_qmat_upload(gpu(), &w, &dw, &err) == MS_OK);
+    ms_gpu_qmat_free(gpu(), &dw);
     free_w(&w);
 }
 
