@@ -5,8 +5,9 @@
  * format (pack_to_int32 / unpack_from_int32: nibble i of an int32 word is bits 4i..4i+3,
  * stored as value + 8; weights packed along the columns, zero points along the rows;
  * value = (q - z) * scale), sharing no code with the kernels or ms_qmat_row:
- *  - every CPU dispatch path (scalar, AVX2, AVX-512 where present; F32 and Q8 activations)
- *    against it and against the scalar path, decode and prefill, odd shapes, rows not a
+ *  - every CPU dispatch path (scalar, AVX2, AVX-512 where present; F32 activations against
+ *    it and against the scalar path, Q8 activations against it on the activations rounded
+ *    as ms_qk_quant's contract says), decode and prefill, odd shapes, rows not a
  *    multiple of 8 (a zero-point word's padding rows);
  *  - a synth model (synth --expert-dtype int4-asym) on a DeepSeek-V3 and a Kimi Linear
  *    architecture against the same model with every expert matrix replaced by its
@@ -29,6 +30,16 @@ static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 static uint32_t rnd(void) { return (uint32_t)(ms_test_xorshift(&g_rng) >> 16); }
 static double frand(void) { return (rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0; }
 
+/* The scale of row r, group g (BF16 widened by its bits, or F32). */
+static double ref_scale(const ms_qmat *w, int64_t r, int64_t g) {
+    const int64_t ng = (w->cols + w->bcol - 1) / w->bcol;
+    if (w->scale_dtype == MS_DT_F32) return ((const float *)w->scale)[r * ng + g];
+    uint32_t bits = (uint32_t)((const uint16_t *)w->scale)[r * ng + g] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 /* The reference value of row r, column c: compressed-tensors' unpack of both tensors. */
 static double ref_value(const ms_qmat *w, int64_t r, int64_t c) {
     const int64_t ng = (w->cols + w->bcol - 1) / w->bcol, g = c / w->bcol;
@@ -39,15 +50,18 @@ static double ref_value(const ms_qmat *w, int64_t r, int64_t c) {
         const uint32_t *zp = (const uint32_t *)w->zero; /* [ceil(rows / 8), ng] */
         z = (int)((zp[(r / 8) * ng + g] >> (4 * (r % 8))) & 15u) - 8;
     }
-    double s;
-    if (w->scale_dtype == MS_DT_F32) s = ((const float *)w->scale)[r * ng + g];
-    else {
-        uint32_t bits = (uint32_t)((const uint16_t *)w->scale)[r * ng + g] << 16;
-        float f;
-        memcpy(&f, &bits, 4);
-        s = f;
+    return (double)(q - z) * ref_scale(w, r, g);
+}
+
+/* The Q8 activation path's rounding of x (backend/cpu/qkern.h ms_qk_quant's contract): per
+ * block of 32, d = amax / 127, q = round-half-even(x * (127 / amax)); xq = q * d. */
+static void q8_round(const float *x, int64_t n, float *xq) {
+    for (int64_t b = 0; b < n; b += 32) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
+        float id = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+        for (int j = 0; j < 32; j++) xq[b + j] = (float)nearbyint(x[b + j] * id) * d;
     }
-    return (double)(q - z) * s;
 }
 
 /* A random asymmetric I4 matrix (scales BF16 or F32, group bcol); one allocation. */
@@ -86,15 +100,23 @@ static void run_case(int64_t rows, int64_t cols, int bcol, ms_dtype sdt, int n) 
     float *x = malloc(sizeof(float) * (size_t)(n * cols)), *y = malloc(sizeof(float) * (size_t)(n * rows));
     float *ys = malloc(sizeof(float) * (size_t)(n * rows));
     double *ref = malloc(sizeof(double) * (size_t)(n * rows)), *mag = malloc(sizeof(double) * (size_t)(n * rows));
+    double *refq = malloc(sizeof(double) * (size_t)(n * rows)), *magq = malloc(sizeof(double) * (size_t)(n * rows));
+    float *xq = malloc(sizeof(float) * (size_t)(n * cols));
     for (int64_t i = 0; i < n * cols; i++) x[i] = (float)(frand() * 3);
+    /* the Q8 path takes BF16-scaled groups of a multiple of 32 (qkern.h ms_qk_ok); others run in F32 */
+    if (cols % 32 == 0 && bcol % 32 == 0 && sdt == MS_DT_BF16) q8_round(x, n * cols, xq);
+    else memcpy(xq, x, sizeof(float) * (size_t)(n * cols));
     for (int t = 0; t < n; t++)
         for (int64_t r = 0; r < rows; r++) {
-            double a = 0, m = 0;
+            double a = 0, m = 0, aq = 0, mq = 0;
             for (int64_t c = 0; c < cols; c++) {
-                double v = ref_value(&w, r, c) * x[t * cols + c];
+                double wv = ref_value(&w, r, c), v = wv * x[t * cols + c];
                 a += v, m += fabs(v);
+                aq += wv * xq[t * cols + c];
+                /* the integer path sums u * q and uz * q apart (each up to 15 steps of the scale) */
+                mq += 16 * ref_scale(&w, r, c / w.bcol) * fabs((double)xq[t * cols + c]);
             }
-            ref[t * rows + r] = a, mag[t * rows + r] = m;
+            ref[t * rows + r] = a, mag[t * rows + r] = m, refq[t * rows + r] = aq, magq[t * rows + r] = mq;
         }
     ms_matmul(pool_of(MS_ISA_SCALAR, 0), ys, x, n, &w);
     for (int isa = 0; isa <= MS_ISA_AVX512_VNNI; isa++) {
@@ -104,17 +126,19 @@ static void run_case(int64_t rows, int64_t cols, int bcol, ms_dtype sdt, int n) 
             int bad = 0;
             for (int64_t i = 0; i < n * rows && bad < 3; i++) {
                 double tol = 2e-6 * mag[i] + 1e-30;
-                if (!(fabs(y[i] - ref[i]) <= tol) || !(fabs((double)y[i] - ys[i]) <= 2 * tol)) {
+                /* Q8 activations: against the reference on the rounded activations */
+                if (q8 ? !(fabs(y[i] - refq[i]) <= 2e-6 * magq[i] + 1e-30)
+                       : (!(fabs(y[i] - ref[i]) <= tol) || !(fabs((double)y[i] - ys[i]) <= 2 * tol))) {
                     bad++;
-                    CHECK_MSG(0, "isa %s q8 %d rows %lld cols %lld group %d %s n %d: y[%lld] %.9g, ref %.9g, scalar %.9g",
+                    CHECK_MSG(0, "isa %s q8 %d rows %lld cols %lld group %d %s n %d: y[%lld] %.9g, ref %.9g (q8 %.9g), scalar %.9g",
                               ms_cpu_isa_name((ms_cpu_isa)isa), q8, (long long)rows, (long long)cols, bcol,
-                              ms_dtype_name(sdt), n, (long long)i, y[i], ref[i], ys[i]);
+                              ms_dtype_name(sdt), n, (long long)i, y[i], ref[i], refq[i], ys[i]);
                 }
             }
             if (!bad) CHECK(1);
         }
     }
-    free(x), free(y), free(ys), free(ref), free(mag), free(mem);
+    free(x), free(y), free(ys), free(ref), free(mag), free(refq), free(magq), free(xq), free(mem);
 }
 
 /* Every dispatch path: BF16 scales (the SIMD kernels), F32 scales (scalar dequantization). */

@@ -11,8 +11,8 @@ int ms_qk_ok(const ms_qmat *w) {
     switch (w->dtype) {
     case MS_DT_F4:
         return !w->scale || (w->bcol == 32 && w->brow >= 1 && (w->scale_dtype == MS_DT_F8_E8M0 || w->scale_dtype == MS_DT_U8));
-    case MS_DT_I4: /* asymmetric (zero points): not on the SIMD tables yet, the F32 kernels take it */
-        return !w->zero && w->scale && w->brow == 1 && w->scale_dtype == MS_DT_BF16 && w->bcol >= 32 && w->bcol <= 512 &&
+    case MS_DT_I4:
+        return w->scale && w->brow == 1 && w->scale_dtype == MS_DT_BF16 && w->bcol >= 32 && w->bcol <= 512 &&
                (w->bcol & (w->bcol - 1)) == 0 && w->cols % w->bcol == 0;
     case MS_DT_Q8: return w->scale && w->brow == 1 && w->bcol == 32 && w->scale_dtype == MS_DT_BF16;
     default: return 0;
