@@ -199,6 +199,11 @@ int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err) {
         return MS_OK;
     case MS_DT_Q8:
     case MS_DT_I4:
+        if (w->dtype == MS_DT_I4 && w->zero) /* the GPU INT4 kernels take symmetric groups only */
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "%s: asymmetric INT4 weights (compressed-tensors symmetric: false, weight_zero_point) are not "
+                           "supported on the gpu backend; run them with --backend cpu",
+                           what);
         if (ms_gpu_quant_kernels_enabled()) return ms_gpu_qmat_check_q(w, what, err);
         if (w->dtype == MS_DT_Q8)
             return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: weight dtype %s is not supported on the gpu", what,
