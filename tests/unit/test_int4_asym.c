@@ -321,7 +321,8 @@ TEST(int4_asym_config) {
     CHECK_MSG(rc == MS_ERR_UNSUPPORTED && strstr(err.msg, "symmetric"), "rc %d: %s", rc, err.msg);
 }
 
-/* The loader binds weight_zero_point as the view's zero (a view into the mapping). */
+/* The loader binds weight_zero_point as the view's zero (a view into the mapping) and lists it
+ * among the expert's tensors. */
 TEST(int4_asym_binds_zero_points) {
     mkdir("build/tmp", 0755);
     ms_synth_opts o = {.config_path = MS_TEST_FIXTURES "deepseek_v3/config.json", .out_dir = "build/tmp/int4z_bind",
@@ -337,6 +338,9 @@ TEST(int4_asym_binds_zero_points) {
         const ms_qmat *d = &m.layers[l].experts[0].down;
         const uint8_t *z = d->zero, *mp = m.ck.files[0].map.data;
         CHECK(z != NULL && z >= mp && z < mp + m.ck.files[0].map.size);
+        /* the zero points are expert tensors (not the static tier the streamer pins) */
+        const ms_tensor *zt = m.layers[l].expert_tensors[0 * MS_EXPERT_TENSORS + 3 * 2 + 2];
+        CHECK(zt != NULL && zt->data == d->zero);
         found = 1;
     }
     CHECK(found);
