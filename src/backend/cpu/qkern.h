@@ -65,7 +65,13 @@ static inline qk_layout ms_qk_layout(const ms_qmat *w) { return w->dtype == MS_D
  * w, as floats in o[0..lanes) (0 past n): the kernels take sum_b sw_b * uz_b * m_b back out
  * of the unsigned dot products instead of 8 * sum_b sw_b * m_b. */
 static inline void qk_i4_zeros(const ms_qmat *w, int64_t r, int64_t b0, int n, int lanes, float *o) {
-    for (int i = 0; i < lanes; i++) o[i] = i < n ? (float)ms_i4_zero(w, r, (b0 + i) * 32 / w->bcol) : 0.0f;
+    /* ms_i4_zero's lookup with the divisions hoisted (bcol / 32 is a power of 2: ms_qk_ok) */
+    const int64_t ng = w->cols / w->bcol;
+    int gsh = 0;
+    while ((32 << gsh) < w->bcol) gsh++;
+    const uint32_t *zw = (const uint32_t *)w->zero + (r >> 3) * ng;
+    const int sh = 4 * (int)(r & 7);
+    for (int i = 0; i < lanes; i++) o[i] = i < n ? (float)((zw[(b0 + i) >> gsh] >> sh) & 15u) : 0.0f;
 }
 
 /* Quantize x[K] (K % 32 == 0) into q[roundup(K, QK_PAD)], d and m[roundup(K, QK_PAD) / 32]:
