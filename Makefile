@@ -190,7 +190,7 @@ GPU_SRC  := $(sort $(wildcard src/backend/gpu/*.cu))
 GPU_HDR  := $(wildcard src/backend/gpu/*.h) src/ops/ops.h src/util/dtype.h src/util/err.h src/core/backend.h \
             src/backend/cpu/backend_cpu.h src/model/config.h
 GPU_LIBS := $(filter-out -pthread,$(LDLIBS)) -lpthread
-GPU_TESTS_OBJ := build/obj/tests/gpu/test_gpu.o
+GPU_TESTS_OBJ := $(patsubst %.c,build/obj/%.o,$(sort $(wildcard tests/gpu/test_gpu*.c)))
 GPU_BENCH_OBJ := build/obj/tests/gpu/gpubench.o
 build/obj/tests/gpu/%.o: CFLAGS += -Itests/unit -Itests/gpu
 # the moonshine program of one toolchain: main.c and common.c with MS_WITH_GPU (--backend cuda|hip,

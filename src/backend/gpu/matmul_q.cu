@@ -3,9 +3,9 @@
  * value (u - 8) x scale per 1 x bcol group), layouts in core/qmat.h. Contracts in gpu.h
  * (ms_gpu_matmul_q); matmul.cu hands these dtypes here.
  *
- * Opt-in: ms_gpu_qmat_check refuses Q8 and I4 unless MS_GPU_QUANT_KERNELS=1 (the kernels
- * are checked by test_gpu's matmul_q_* tests on a device before the refusal goes), and the
- * expert FFN paths refuse them in any case (matmul.cu).
+ * Q8 is on by default (test_gpu's matmul_q_* checks and verify --static-dtype q8 passed on the
+ * H200); I4 is opt-in (MS_GPU_QUANT_KERNELS=1): its dense kernels pass the same checks, but the
+ * expert FFN paths refuse both dtypes (matmul.cu), so INT4 experts are not checked end to end.
  *
  * One warp per row, four rows per block. The vector kernel loads 16 bytes per lane per
  * step (16 Q8 values, 32 I4 values), coalesced across the warp; a chunk lies inside one
@@ -137,7 +137,7 @@ static void mq_launch_vec(const mq_args &a, gpuStream_t st) {
     else mq_vec_kernel<DT, 8><<<grid, block, 0, st>>>(a);
 }
 
-/* MS_GPU_QUANT_KERNELS=1: the opt-in (read at each check of a Q8/I4 view: no cached state). */
+/* MS_GPU_QUANT_KERNELS=1: INT4's opt-in (read at each check of an I4 view: no cached state). */
 extern "C" int ms_gpu_quant_kernels_enabled(void) {
     const char *e = getenv("MS_GPU_QUANT_KERNELS");
     return e && !strcmp(e, "1");
