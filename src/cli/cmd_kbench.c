@@ -15,16 +15,18 @@ typedef struct {
     const char *name;
     ms_dtype dt, sdt;
     int brow, bcol;
+    int zp; /* I4: with zero points (compressed-tensors symmetric: false) */
 } kb_dtype;
 
 static const kb_dtype k_dtypes[] = {
-    {"bf16", MS_DT_BF16, MS_DT_INVALID, 0, 0},
-    {"f16", MS_DT_F16, MS_DT_INVALID, 0, 0},
-    {"f32", MS_DT_F32, MS_DT_INVALID, 0, 0},
-    {"f8_e4m3", MS_DT_F8_E4M3, MS_DT_F32, 128, 128},
-    {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
-    {"int4", MS_DT_I4, MS_DT_BF16, 1, 32}, /* compressed-tensors pack-quantized (Kimi K2): BF16 scale per 32 */
-    {"q8", MS_DT_Q8, MS_DT_BF16, 1, 32},   /* the requantized static tier (--static-dtype q8) */
+    {"bf16", MS_DT_BF16, MS_DT_INVALID, 0, 0, 0},
+    {"f16", MS_DT_F16, MS_DT_INVALID, 0, 0, 0},
+    {"f32", MS_DT_F32, MS_DT_INVALID, 0, 0, 0},
+    {"f8_e4m3", MS_DT_F8_E4M3, MS_DT_F32, 128, 128, 0},
+    {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32, 0},
+    {"int4", MS_DT_I4, MS_DT_BF16, 1, 32, 0}, /* compressed-tensors pack-quantized (Kimi K2): BF16 scale per 32 */
+    {"int4z", MS_DT_I4, MS_DT_BF16, 1, 32, 1}, /* the same with weight_zero_point (asymmetric) */
+    {"q8", MS_DT_Q8, MS_DT_BF16, 1, 32, 0},   /* the requantized static tier (--static-dtype q8) */
 };
 static const int64_t k_decode_shapes[][2] = {{768, 2048}, {2048, 768}, {2048, 7168}, {151936, 2048}};
 static const int64_t k_prefill_shapes[][2] = {{768, 2048}, {2048, 2048}};
@@ -52,7 +54,8 @@ static int make_weight(const kb_dtype *d, int64_t rows, int64_t cols, kb_weight 
     size_t dbytes = (size_t)(rows * cols * ms_dtype_bits(d->dt) / 8);
     int64_t sr = d->brow ? (rows + d->brow - 1) / d->brow : 0, sc = d->bcol ? (cols + d->bcol - 1) / d->bcol : 0;
     size_t soff = (dbytes + 4095) & ~(size_t)4095, sbytes = (size_t)(sr * sc * (d->brow ? ms_dtype_bits(d->sdt) : 0) / 8);
-    o->len = soff + sbytes + 4096;
+    size_t zoff = soff + sbytes, zbytes = d->zp ? (size_t)((rows + 7) / 8 * sc * 4) : 0;
+    o->len = zoff + zbytes + 4096;
     o->mem = mmap(NULL, o->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (o->mem == MAP_FAILED) return -1;
     uint8_t *m = o->mem;
@@ -72,7 +75,8 @@ static int make_weight(const kb_dtype *d, int64_t rows, int64_t cols, kb_weight 
         else if (d->sdt == MS_DT_BF16) ((uint16_t *)(m + soff))[i] = ms_f32_to_bf16(0.01f);
         else m[soff + i] = 120;
     }
-    o->w = (ms_qmat){.dtype = d->dt, .rows = rows, .cols = cols, .data = m};
+    for (size_t i = 0; i < zbytes; i++) m[zoff + i] = (uint8_t)rnd();
+    o->w = (ms_qmat){.dtype = d->dt, .rows = rows, .cols = cols, .data = m, .zero = d->zp ? m + zoff : NULL};
     if (d->brow) o->w.scale = m + soff, o->w.scale_dtype = d->sdt, o->w.brow = d->brow, o->w.bcol = d->bcol;
     return 0;
 }
@@ -93,7 +97,7 @@ static float *alloc_f32(size_t n) {
 static double bench_decode(ms_pool *pool, const kb_dtype *d, int64_t rows, int64_t cols, size_t ring, double secs,
                            double *best_call) {
     ms_qmat probe = {.dtype = d->dt, .rows = rows, .cols = cols, .scale = d->brow ? (void *)1 : NULL,
-                     .scale_dtype = d->sdt, .brow = d->brow, .bcol = d->bcol};
+                     .scale_dtype = d->sdt, .brow = d->brow, .bcol = d->bcol, .zero = d->zp ? (void *)1 : NULL};
     uint64_t bytes = ms_qmat_bytes(&probe);
     int nc = (int)((ring + bytes - 1) / bytes);
     if (nc < 1) nc = 1;
@@ -161,7 +165,7 @@ int cmd_kbench(int argc, char **argv) {
         printf("usage: moonshine kbench [--threads T] [--isa scalar|avx2|avx512|avxvnni|avx512vnni] [--dtype NAME]\n"
                "                        [--activations f32|q8] [--quick] [--seconds S] [--bw-mib M]\n"
                "Measures the memory read bandwidth with T threads, then for each weight dtype\n"
-               "(bf16 f16 f32 f8_e4m3 mxfp4 int4 q8) the decode matvec (n = 1) GB/s and %% of that bandwidth on\n"
+               "(bf16 f16 f32 f8_e4m3 mxfp4 int4 int4z q8) the decode matvec (n = 1) GB/s and %% of that bandwidth on\n"
                "several shapes (weights cycled through >= 256 MiB so they come from memory; the bandwidth is\n"
                "measured again before each shape, read_gbps_now, and the %% uses the larger one), and the\n"
                "decode GB/s of one core on a 256x2048 weight that stays in cache (cached_1core: what the\n"
@@ -202,7 +206,7 @@ int cmd_kbench(int argc, char **argv) {
         int found = 0;
         for (size_t i = 0; i < sizeof k_dtypes / sizeof *k_dtypes; i++) found |= !strcmp(only, k_dtypes[i].name);
         if (!found) {
-            fprintf(stderr, "moonshine kbench: --dtype %s: expected bf16, f16, f32, f8_e4m3, mxfp4, int4 or q8\n", only);
+            fprintf(stderr, "moonshine kbench: --dtype %s: expected bf16, f16, f32, f8_e4m3, mxfp4, int4, int4z or q8\n", only);
             return 2;
         }
     }

@@ -22,12 +22,13 @@ static int dtype_arg(const char *s, ms_dtype *out) {
 
 int cmd_synth(int argc, char **argv) {
     const char *usage = "usage: moonshine synth --config CONFIG.json --out DIR [--seed N] [--dtype f32|bf16]\n"
-                        "                       [--expert-dtype bf16|fp8|mxfp4|int4] [--shard-mib M] [--tokenizer DIR]\n";
+                        "                       [--expert-dtype bf16|fp8|mxfp4|int4|int4-asym] [--shard-mib M] [--tokenizer DIR]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sWrites a deterministic random-weight checkpoint of any supported architecture in its\n"
                "original layout (per-expert tensors, FP8 with 128x128 weight_scale_inv, MXFP4 as\n"
                "compressed-tensors weight_packed + weight_scale, INT4 as compressed-tensors pack-quantized\n"
-               "weight_packed int32 + BF16 weight_scale per 32 + weight_shape), sharded with an\n"
+               "weight_packed int32 + BF16 weight_scale per 32 + weight_shape; int4-asym: symmetric false\n"
+               "with min/max scales and weight_zero_point int32 packed along the rows), sharded with an\n"
                "index when larger than --shard-mib (default 4096), streaming (bounded memory).\n", usage);
         return 0;
     }
@@ -44,8 +45,9 @@ int cmd_synth(int argc, char **argv) {
         return 2;
     }
     o.expert_dtype = o.dtype;
+    if (edt && !strcmp(edt, "int4-asym")) edt = "int4", o.int4_asym = 1; /* symmetric: false, weight_zero_point */
     if (dtype_arg(edt, &o.expert_dtype)) {
-        fprintf(stderr, "moonshine synth: --expert-dtype must be f32, bf16, f16, fp8, mxfp4 or int4\n");
+        fprintf(stderr, "moonshine synth: --expert-dtype must be f32, bf16, f16, fp8, mxfp4, int4 or int4-asym\n");
         return 2;
     }
     if (!o.config_path || !o.out_dir || ms_args_unknown(argc, argv, "synth")) {

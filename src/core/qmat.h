@@ -24,7 +24,12 @@
  *           byte, low nibble = even column, as F4. Value = (u - 8) * scale; scale is
  *           weight_scale [rows, cols/bcol] (BF16, F16 or F32; brow 1), bcol the group
  *           size (a multiple of 32 for the SIMD kernels; 32 in Kimi K2). cols % 8 == 0.
- *           No zero point (asymmetric checkpoints are refused at config parse).
+ *           Asymmetric (compressed-tensors symmetric: false): zero is the
+ *           weight_zero_point tensor, int32 [ceil(rows/8), ceil(cols/bcol)], the signed
+ *           zero points z [rows, ceil(cols/bcol)] packed like the weights but along the rows
+ *           (pack_to_int32 packed_dim 0): word (r/8, g) holds row 8(r/8)+i of group g in
+ *           bits 4i..4i+3 as the unsigned nibble uz = z + 8; value = (q - z) * scale =
+ *           (u - uz) * scale. zero NULL (symmetric) is uz = 8 everywhere.
  *           Packing per compressed_tensors pack_to_int32 / unpack_from_int32
  *           (vllm-project/compressed-tensors, compressors/quantized_compressors/
  *           pack_quantized.py: offset 1 << (num_bits - 1), value i of each group of
@@ -36,7 +41,17 @@ typedef struct ms_qmat {
     ms_dtype scale_dtype;
     const void *scale;
     int brow, bcol;
+    const void *zero; /* I4 only: packed zero points (above), or NULL */
 } ms_qmat;
+
+/* The unsigned zero point uz of row r, group g of an I4 view (8 when w->zero is NULL):
+ * value = (u - uz) * scale. */
+static inline int ms_i4_zero(const ms_qmat *w, int64_t r, int64_t g) {
+    if (!w->zero) return 8;
+    int64_t ng = (w->cols + w->bcol - 1) / w->bcol;
+    uint32_t word = ((const uint32_t *)w->zero)[(r / 8) * ng + g];
+    return (int)((word >> (4 * (r % 8))) & 15);
+}
 
 /* Values per Q8 (and requantized FP8) scale block along a row. */
 #define MS_Q8_BLOCK 32
@@ -55,12 +70,20 @@ void ms_quant_fp8_row(const float *x, int64_t n, uint8_t *q, uint16_t *scale);
  * above), scale[ceil(n/group)] BF16 bits. Used by synth and the tests. */
 void ms_quant_i4_row(const float *x, int64_t n, int group, int32_t *packed, uint16_t *scale);
 
-/* Bytes of weight data + scales that a full pass over w reads. */
+/* Asymmetric INT4 quantization of one row (n % 8 == 0) in groups of `group`: per group
+ * lo = min(x, 0), hi = max(x, 0), scale = (hi - lo) / 15 rounded to BF16, z =
+ * clamp(round(-8 - lo / scale), -8, 7), q = clamp(round(x / scale) + z, -8, 7) (scale 0:
+ * q = z = 0 ... value 0); packed[n/8] as ms_quant_i4_row, scale[ceil(n/group)] BF16 bits,
+ * zp[ceil(n/group)] the signed zero points (the caller packs them along rows).
+ * Used by synth and the tests. */
+void ms_quant_i4z_row(const float *x, int64_t n, int group, int32_t *packed, uint16_t *scale, int8_t *zp);
+
+/* Bytes of weight data + scales (+ zero points) that a full pass over w reads. */
 uint64_t ms_qmat_bytes(const ms_qmat *w);
 
 /* A view of rows [r0, r0 + nrows) of w. Returns 1 and fills out when the rows
- * can be viewed in place (block scales, if any, must start at a block boundary);
- * 0 otherwise. */
+ * can be viewed in place (block scales, if any, must start at a block boundary;
+ * I4 zero points at a multiple of 8 rows); 0 otherwise. */
 int ms_qmat_row_range(const ms_qmat *w, int64_t r0, int64_t nrows, ms_qmat *out);
 /* Dequantize row r of w into out[cols] (F32). */
 void ms_qmat_row(const ms_qmat *w, int64_t r, float *out);

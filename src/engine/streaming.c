@@ -8,9 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The streamed roles of an expert. The INT4 zero points (qmat.h I4 zero) come last and only
+ * for an asymmetric INT4 checkpoint, so every other model keeps its 9 roles (and its packed
+ * stores). */
 #define N_ROLES 9
-static const char *const k_roles[N_ROLES] = {"gate", "gate_scale", "up", "up_scale", "down",
-                                             "down_scale", "gate_bias", "up_bias", "down_bias"};
+#define N_ROLES_ZP 12
+static const char *const k_roles[N_ROLES_ZP] = {"gate",      "gate_scale", "up",        "up_scale",
+                                                "down",      "down_scale", "gate_bias", "up_bias",
+                                                "down_bias", "gate_zero",  "up_zero",   "down_zero"};
+static int n_roles_of(const ms_model *m) { return m->cfg.int4_asym ? N_ROLES_ZP : N_ROLES; }
 
 static uint64_t mat_bytes(const ms_qmat *q) {
     return ((uint64_t)q->rows * (uint64_t)q->cols * (uint64_t)ms_dtype_bits(q->dtype) + 7) / 8;
@@ -22,8 +28,19 @@ static uint64_t scale_bytes(const ms_qmat *q) {
     return (r * c * (uint64_t)ms_dtype_bits(q->scale_dtype) + 7) / 8;
 }
 
-/* Role r of view v: pointer and length. */
+/* Bytes of an I4 view's packed zero points (0 without). */
+static uint64_t zero_bytes(const ms_qmat *q) {
+    if (q->dtype != MS_DT_I4 || !q->zero || q->bcol < 1) return 0;
+    return (uint64_t)((q->rows + 7) / 8) * (uint64_t)((q->cols + q->bcol - 1) / q->bcol) * 4;
+}
+
+/* Role r of view v (k_roles): pointer and length. */
 static const void *role_ptr(const ms_expert_view *v, int r, uint64_t *len) {
+    if (r >= N_ROLES) {
+        const ms_qmat *z = r == 9 ? &v->gate : r == 10 ? &v->up : &v->down;
+        *len = zero_bytes(z);
+        return z->zero;
+    }
     const ms_qmat *q = r < 2 ? &v->gate : r < 4 ? &v->up : &v->down;
     switch (r) {
     case 0: case 2: case 4: *len = mat_bytes(q); return q->data;
@@ -58,7 +75,7 @@ static int view_extent(void *ctx, int layer, int expert, int role, ms_extent *ex
 static int bind_relocate(void *ctx, const ms_expert_bytes *b, ms_expert_view *v, ms_err *err) {
     ms_model *m = ctx;
     *v = m->layers[b->layer].experts[b->expert];
-    for (int r = 0; r < N_ROLES && r < b->n_roles; r++) {
+    for (int r = 0; r < N_ROLES_ZP && r < b->n_roles; r++) {
         const void *d = b->data[r];
         if (!d) continue;
         switch (r) {
@@ -70,7 +87,10 @@ static int bind_relocate(void *ctx, const ms_expert_bytes *b, ms_expert_view *v,
         case 5: v->down.scale = d; break;
         case 6: v->gate_bias = d; break;
         case 7: v->up_bias = d; break;
-        default: v->down_bias = d; break;
+        case 8: v->down_bias = d; break;
+        case 9: v->gate.zero = d; break;
+        case 10: v->up.zero = d; break;
+        default: v->down.zero = d; break;
         }
     }
     return MS_OK;
@@ -81,7 +101,7 @@ static int store_of_model(ms_model *m, ms_expert_store *st, ms_err *err) {
     uint8_t *moe = calloc((size_t)nl, 1);
     if (!moe) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     for (int l = 0; l < nl; l++) moe[l] = m->layers[l].experts != NULL;
-    int rc = ms_expert_store_from_extents(&m->ck, nl, moe, (int)m->cfg.n_experts, N_ROLES, k_roles, view_extent, m,
+    int rc = ms_expert_store_from_extents(&m->ck, nl, moe, (int)m->cfg.n_experts, n_roles_of(m), k_roles, view_extent, m,
                                           st, err);
     free(moe);
     return rc;

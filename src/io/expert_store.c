@@ -83,12 +83,21 @@ int ms_expert_naming_detect(const ms_checkpoint *ck, ms_expert_naming *nm, ms_er
     static const char *prefixes[] = {"model.layers", "model.language_model.layers", "language_model.model.layers"};
     /* family: {role name, suffix, fused, optional} ... */
     typedef struct { const char *role, *suffix; int fused, optional; } R;
-    static const R fam[][8] = {
+    static const R fam[][10] = {
         {{"gate", "mlp.experts.%d.gate_proj.weight", 0, 0}, {"up", "mlp.experts.%d.up_proj.weight", 0, 0},
          {"down", "mlp.experts.%d.down_proj.weight", 0, 0},
          {"gate_scale", "mlp.experts.%d.gate_proj.weight_scale_inv", 0, 1},
          {"up_scale", "mlp.experts.%d.up_proj.weight_scale_inv", 0, 1},
          {"down_scale", "mlp.experts.%d.down_proj.weight_scale_inv", 0, 1}},
+        /* asymmetric INT4 (compressed-tensors symmetric: false): + weight_zero_point, before the symmetric form */
+        {{"gate", "mlp.experts.%d.gate_proj.weight_packed", 0, 0}, {"up", "mlp.experts.%d.up_proj.weight_packed", 0, 0},
+         {"down", "mlp.experts.%d.down_proj.weight_packed", 0, 0},
+         {"gate_scale", "mlp.experts.%d.gate_proj.weight_scale", 0, 0},
+         {"up_scale", "mlp.experts.%d.up_proj.weight_scale", 0, 0},
+         {"down_scale", "mlp.experts.%d.down_proj.weight_scale", 0, 0},
+         {"gate_zero", "mlp.experts.%d.gate_proj.weight_zero_point", 0, 0},
+         {"up_zero", "mlp.experts.%d.up_proj.weight_zero_point", 0, 0},
+         {"down_zero", "mlp.experts.%d.down_proj.weight_zero_point", 0, 0}},
         {{"gate", "mlp.experts.%d.gate_proj.weight_packed", 0, 0}, {"up", "mlp.experts.%d.up_proj.weight_packed", 0, 0},
          {"down", "mlp.experts.%d.down_proj.weight_packed", 0, 0},
          {"gate_scale", "mlp.experts.%d.gate_proj.weight_scale", 0, 0},
@@ -120,7 +129,7 @@ int ms_expert_naming_detect(const ms_checkpoint *ck, ms_expert_naming *nm, ms_er
         for (size_t f = 0; f < sizeof fam / sizeof *fam; f++) {
             ms_expert_naming cand = {0};
             int ok = 1;
-            for (int r = 0; r < 8 && fam[f][r].role && ok; r++) {
+            for (int r = 0; r < 10 && fam[f][r].role && ok; r++) {
                 char pat[200];
                 snprintf(pat, sizeof pat, "%s.%%d.%s", prefixes[p], fam[f][r].suffix);
                 ok = ms_expert_naming_add(&cand, fam[f][r].role, pat, fam[f][r].fused, fam[f][r].optional, NULL) == 0;

@@ -103,6 +103,15 @@ static int bind_mat(const ms_bind_opts *bo, const ms_expert_bytes *b, const char
         q->scale_dtype = si->dtype;
         q->brow = 1;
         q->bcol = (int)(q->cols / si->shape[1]);
+        snprintf(sn, sizeof sn, "%s_zero", name); /* asymmetric: the packed zero points (qmat.h I4 zero) */
+        int z = find_role(b, sn);
+        if (z >= 0 && b->data[z]) {
+            const ms_expert_role_info *zi = &b->roles[z];
+            if (zi->dtype != MS_DT_I32 || zi->ndim != 2 || zi->shape[0] != (q->rows + 7) / 8 || zi->shape[1] != si->shape[1])
+                return ms_fail(err, MS_ERR_SHAPE, "layer %d expert %d: INT4 role %s needs an I32 zero point [%lld, %lld]",
+                               b->layer, b->expert, name, (long long)((q->rows + 7) / 8), (long long)si->shape[1]);
+            q->zero = b->data[z];
+        }
         return MS_OK;
     case MS_DT_U8:
         q->dtype = MS_DT_F4;

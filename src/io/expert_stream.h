@@ -40,6 +40,8 @@ typedef struct ms_bind_opts {
  *  F32/F16/BF16 weights: [rows, cols] as stored, no scale;
  *  F8_E4M3 with an F32/BF16 scale [ceil(rows/br), ceil(cols/bc)]: blocks from ctx;
  *  U8 [rows, cols/2] with a U8 scale [rows, cols/32] (compressed-tensors MXFP4): F4, E8M0 scale.
+ *  I32 [rows, cols/8] with a BF16/F16/F32 scale [rows, groups] (compressed-tensors INT4): I4,
+ *  and an optional "gate_zero"/"up_zero"/"down_zero" I32 [ceil(rows/8), groups] (asymmetric).
  * Errors: MS_ERR_UNSUPPORTED naming the role (e.g. a fused "gate_up" the model must split),
  * MS_ERR_SHAPE for a scale that does not fit its weight. */
 int ms_expert_bind_default(void *ctx, const ms_expert_bytes *b, ms_expert_view *view, ms_err *err);

@@ -119,9 +119,9 @@ static void bind_experts(ms_binder *b, ms_model *m, int l, const char *p) {
         for (int64_t e = 0; e < E; e++) {
             ms_expert_view *v = &L->experts[e];
             v->gate = (ms_qmat){MS_DT_F4, 2 * I, D, (const uint8_t *)gu->data + e * 2 * I * D / 2, MS_DT_F8_E8M0,
-                                (const uint8_t *)gus->data + e * 2 * I * D / 32, 1, 32};
+                                (const uint8_t *)gus->data + e * 2 * I * D / 32, 1, 32, NULL};
             v->down = (ms_qmat){MS_DT_F4, D, I, (const uint8_t *)dn->data + e * D * I / 2, MS_DT_F8_E8M0,
-                                (const uint8_t *)dns->data + e * D * I / 32, 1, 32};
+                                (const uint8_t *)dns->data + e * D * I / 32, 1, 32, NULL};
         }
     } else {
         snprintf(n1, sizeof n1, "%s%smlp.experts.gate_up_proj", b->prefix, p);

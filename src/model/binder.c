@@ -88,8 +88,10 @@ static int bind_mxfp4(ms_binder *b, ms_qmat *out, const char *base, int64_t rows
 
 /* compressed-tensors pack-quantized INT4 (core/qmat.h I4): BASE.weight_packed I32
  * [rows, cols/8] (8 values per int32, value i in bits 4i as q + 8), BASE.weight_scale
- * BF16/F16/F32 [rows, ceil(cols/group)] and BASE.weight_shape I32 [2] = {rows, cols},
- * bound as an I4 view (no copy). The group size is the config's. */
+ * BF16/F16/F32 [rows, ceil(cols/group)], BASE.weight_shape I32 [2] = {rows, cols}
+ * and, when the config is asymmetric, BASE.weight_zero_point I32 [ceil(rows/8),
+ * ceil(cols/group)] (its padding nibbles 0), bound as an I4 view (no copy). The group
+ * size is the config's. */
 static int bind_int4(ms_binder *b, ms_qmat *out, const char *base, int64_t rows, int64_t cols) {
     char name[220];
     int gs = b->cfg->int4_group;
@@ -112,6 +114,24 @@ static int bind_int4(ms_binder *b, ms_qmat *out, const char *base, int64_t rows,
     if (s->dtype != MS_DT_BF16 && s->dtype != MS_DT_F16 && s->dtype != MS_DT_F32)
         return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s (expected BF16, F16 or F32 scales)",
                                name, ms_dtype_name(s->dtype));
+    const ms_tensor *z = NULL;
+    if (b->cfg->int4_asym) { /* weight_zero_point: packed along the rows (qmat.h I4) */
+        int64_t zshape[2] = {(rows + 7) / 8, sshape[1]};
+        snprintf(name, sizeof name, "%s.weight_zero_point", base);
+        if (!(z = ms_bind_find(b, name, 2, zshape))) return b->rc;
+        if (z->dtype != MS_DT_I32)
+            return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED,
+                                   "tensor \"%s\": dtype %s (expected I32, zero points packed 8 per int32 along the rows)",
+                                   name, ms_dtype_name(z->dtype));
+        if (!b->ck->headers_only && rows % 8) { /* pack_to_int32 pads the last word's missing rows with 0 */
+            const uint32_t *zw = (const uint32_t *)z->data + (rows / 8) * sshape[1];
+            for (int64_t g = 0; g < sshape[1]; g++)
+                if (zw[g] >> (4 * (rows % 8)))
+                    return b->rc = ms_fail(b->err, MS_ERR_FORMAT,
+                                           "tensor \"%s\": padding rows %lld..%lld of group %lld are not zero", name,
+                                           (long long)rows, (long long)((rows + 7) / 8 * 8 - 1), (long long)g);
+        }
+    }
     snprintf(name, sizeof name, "%s.weight_shape", base);
     const ms_tensor *ws = ms_bind_find(b, name, 1, wshape);
     if (!ws) return b->rc;
@@ -139,6 +159,7 @@ static int bind_int4(ms_binder *b, ms_qmat *out, const char *base, int64_t rows,
     out->scale_dtype = s->dtype;
     out->brow = 1;
     out->bcol = gs;
+    out->zero = z ? z->data : NULL;
     return MS_OK;
 }
 

@@ -139,9 +139,13 @@ static int bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_f
                 int f4 = mats[k]->dtype == MS_DT_F4 || mats[k]->dtype == MS_DT_I4; /* and INT4 pack-quantized */
                 char rel[260];
                 snprintf(rel, sizeof rel, "%s.%s", base, f4 ? "weight_packed" : "weight");
-                L->expert_tensors[e * MS_EXPERT_TENSORS + 2 * k] = find_rel(b, rel);
+                L->expert_tensors[e * MS_EXPERT_TENSORS + 3 * k] = find_rel(b, rel);
                 snprintf(rel, sizeof rel, "%s.%s", base, f4 ? "weight_scale" : "weight_scale_inv");
-                L->expert_tensors[e * MS_EXPERT_TENSORS + 2 * k + 1] = find_rel(b, rel);
+                L->expert_tensors[e * MS_EXPERT_TENSORS + 3 * k + 1] = find_rel(b, rel);
+                if (mats[k]->zero) { /* asymmetric INT4 */
+                    snprintf(rel, sizeof rel, "%s.weight_zero_point", base);
+                    L->expert_tensors[e * MS_EXPERT_TENSORS + 3 * k + 2] = find_rel(b, rel);
+                }
             }
         }
     }

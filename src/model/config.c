@@ -78,10 +78,10 @@ static int ct_patterns(const cJSON *list, char (*out)[MS_CT_PATTERN_LEN], int *n
 /* compressed-tensors: two pack formats, one per checkpoint.
  *  - mxfp4-pack-quantized (Kimi K3): 4-bit float weights, E8M0 scales per group of 32.
  *  - pack-quantized (Kimi K2-Thinking / K2.5): int4 packed 8 per int32 (weight_packed),
- *    symmetric, per-group scales (weight_scale), weight_shape; bound as I4 (qmat.h).
- *    Asymmetric groups (symmetric: false, which store weight_zero_point), activation
- *    ordering (actorder, weight_g_idx), other bit widths and quantized activations are
- *    refused, naming the key.
+ *    per-group scales (weight_scale), weight_shape; bound as I4 (qmat.h). Asymmetric
+ *    groups (symmetric: false) also store weight_zero_point (int4_asym; every group of
+ *    a checkpoint the same). Activation ordering (actorder, weight_g_idx), other bit
+ *    widths and quantized activations are refused, naming the key.
  * The config groups' targets and ignore lists say which modules are quantized
  * (ms_config_ct_quantized); binding reads the tensors the checkpoint holds. */
 static int parse_compressed_tensors(const cJSON *q, ms_config *c, const char *where, ms_err *err) {
@@ -97,6 +97,7 @@ static int parse_compressed_tensors(const cJSON *q, ms_config *c, const char *wh
         return ms_fail(err, MS_ERR_FORMAT, "%s: quantization_config.config_groups must be an object", where);
     const char *seen = fmt;
     int64_t group_size = 0;
+    int asym = 0, n_int4_groups = 0; /* INT4: weights.symmetric false (weight_zero_point tensors) */
     cJSON_ArrayForEach(g, groups) {
         const char *gf = fmt;
         if (!cJSON_IsObject(g)) return ms_fail(err, MS_ERR_FORMAT, "%s: config group \"%s\" is not an object", where, g->string);
@@ -147,11 +148,12 @@ static int parse_compressed_tensors(const cJSON *q, ms_config *c, const char *wh
                                    "%s: config group \"%s\": INT4 strategy \"%s\" with group_size %lld is not supported "
                                    "(strategy group, group_size a multiple of 8)",
                                    where, g->string, strategy, (long long)gs);
-                if (!sym)
+                if (n_int4_groups && (!sym) != asym)
                     return ms_fail(err, MS_ERR_UNSUPPORTED,
-                                   "%s: config group \"%s\": asymmetric INT4 (weights.symmetric false, weight_zero_point "
-                                   "tensors) is not supported; only symmetric pack-quantized",
-                                   where, g->string);
+                                   "%s: config group \"%s\": weights.symmetric %s mixed with %s in another group", where,
+                                   g->string, sym ? "true" : "false", sym ? "false" : "true");
+                asym = !sym;
+                n_int4_groups++;
                 if (ao && !cJSON_IsNull(ao))
                     return ms_fail(err, MS_ERR_UNSUPPORTED,
                                    "%s: config group \"%s\": weights.actorder (weight_g_idx) is not supported", where,
@@ -177,6 +179,7 @@ static int parse_compressed_tensors(const cJSON *q, ms_config *c, const char *wh
             return ms_fail(err, MS_ERR_FORMAT, "%s: compressed-tensors pack-quantized needs config_groups", where);
         c->int4_packed = 1;
         c->int4_group = (int)group_size;
+        c->int4_asym = asym;
     }
     return MS_OK;
 }

@@ -114,9 +114,11 @@ typedef struct ms_config {
     int fp8_block[2];
     char quant_method[32];      /* "mxfp4", "compressed-tensors": bound by the architecture; "" otherwise */
     int mxfp4_packed;           /* compressed-tensors mxfp4-pack-quantized (weight_packed + weight_scale) */
-    int int4_packed;            /* compressed-tensors pack-quantized INT4, symmetric, per group (qmat.h I4):
+    int int4_packed;            /* compressed-tensors pack-quantized INT4, per group (qmat.h I4):
                                  * weight_packed I32 [rows, cols/8] + weight_scale [rows, cols/group] + weight_shape */
     int int4_group;             /* its group size (Kimi K2: 32) */
+    int int4_asym;              /* its weights.symmetric is false: + weight_zero_point I32 [ceil(rows/8),
+                                 * cols/group] per matrix (qmat.h I4 zero) */
     /* compressed-tensors: which modules the config groups quantize (ms_config_ct_quantized) */
     int n_ct_targets, n_ct_ignore;
     char ct_targets[MS_CT_MAX_PATTERNS][MS_CT_PATTERN_LEN];

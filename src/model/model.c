@@ -62,13 +62,13 @@ int ms_model_load(const char *dir, ms_model *m, ms_err *err) {
  * except the routed experts in the config's expert format (compressed-tensors MXFP4:
  * weight_packed + weight_scale; compressed-tensors INT4 pack-quantized: the experts and
  * matrices its config groups quantize (ms_config_ct_quantized) as weight_packed I32 +
- * weight_scale BF16 + weight_shape; fp8: F8_E4M3 with F32 weight_scale_inv blocks) and, for
+ * weight_scale BF16 + weight_shape (+ weight_zero_point I32 when asymmetric); fp8: F8_E4M3 with F32 weight_scale_inv blocks) and, for
  * fp8, the other matrices too (as DeepSeek's FP8 checkpoints hold them); vectors BF16. */
 static int spec_tensors(const ms_config *c, ms_tensor **out, int *n_out, ms_err *err) {
     ms_tensor_spec *sp;
     int ns, rc;
     if ((rc = ms_model_specs(c, &sp, &ns, err))) return rc;
-    ms_tensor *ts = calloc((size_t)ns * 3 + 1, sizeof *ts);
+    ms_tensor *ts = calloc((size_t)ns * 4 + 1, sizeof *ts);
     if (!ts) {
         free(sp);
         return ms_fail(err, MS_ERR_NOMEM, "out of memory");
@@ -133,6 +133,17 @@ static int spec_tensors(const ms_config *c, ms_tensor **out, int *n_out, ms_err 
             ws->nelem = 2;
             ws->nbytes = 8;
             ws->name = strdup(name);
+            if (c->int4_asym) { /* weight_zero_point I32 [ceil(rows/8), ceil(cols/group)] */
+                ms_tensor *zp = &ts[n++];
+                snprintf(name, sizeof name, "%s_zero_point", s->name);
+                zp->dtype = MS_DT_I32;
+                zp->ndim = 2;
+                zp->shape[0] = (s->shape[0] + 7) / 8;
+                zp->shape[1] = sc->shape[1];
+                zp->nelem = (uint64_t)zp->shape[0] * (uint64_t)zp->shape[1];
+                zp->nbytes = zp->nelem * 4;
+                zp->name = strdup(name);
+            }
         } else {
             t->dtype = dt;
             t->nelem = nel;

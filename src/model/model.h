@@ -16,8 +16,9 @@
 #include "core/backend.h"
 #include "util/progress.h"
 
-/* Per expert: gate.weight, gate.scale, up.weight, up.scale, down.weight, down.scale. */
-#define MS_EXPERT_TENSORS 6
+/* Per expert: gate.weight, gate.scale, gate.zero_point, up.(the same three), down.(the same
+ * three); zero_point only for asymmetric INT4. */
+#define MS_EXPERT_TENSORS 9
 
 /* One Attention Residuals mixing point (Kimi K3): the depth-softmax score of
  * a candidate v is sum(rmsnorm(v) * norm * proj). F32 copies. */

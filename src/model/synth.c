@@ -124,10 +124,12 @@ static void quantize_mxfp4(const float *f, int64_t n_rows, int64_t cols, uint8_t
         }
 }
 
-/* Write tensor ts[i] (and, for an FP8 or MXFP4 weight, its scale ts[i+1]) into fd. */
+/* Write tensor ts[i] (and, for an FP8 or MXFP4 weight, its scale ts[i+1]; INT4: its scale,
+ * weight_shape and, asymmetric (int4_asym), weight_zero_point ts[i+1..i+3]) into fd. */
 static int write_tensor(int fd, const char *path, synth_tensor *ts, int i, uint64_t data_start, uint64_t seed,
-                        ms_err *err) {
+                        int int4_asym, ms_err *err) {
     synth_tensor *t = &ts[i];
+    const int o_asym = t->i4 && int4_asym;
     rng_t r;
     char base[sizeof t->name];
     snprintf(base, sizeof base, "%s", t->name);
@@ -157,7 +159,23 @@ static int write_tensor(int fd, const char *path, synth_tensor *ts, int i, uint6
             int64_t ng = (cols + 31) / 32;
             int32_t *pk = (int32_t *)o;
             uint16_t *sc = (uint16_t *)(o + n / 2); /* o holds 4n bytes: packed n/2, then scales */
-            for (int64_t rr = 0; rr < nr; rr++) ms_quant_i4_row(f + rr * cols, cols, 32, pk + rr * (cols / 8), sc + rr * ng);
+            if (!o_asym) {
+                for (int64_t rr = 0; rr < nr; rr++)
+                    ms_quant_i4_row(f + rr * cols, cols, 32, pk + rr * (cols / 8), sc + rr * ng);
+            } else { /* asymmetric: zero points packed 8 rows per int32 (r0 is a multiple of 8) */
+                int8_t *zp = (int8_t *)(o + n);                 /* nr * ng signed zero points */
+                uint32_t *zw = (uint32_t *)(o + n / 2 + n / 8); /* ceil(nr / 8) * ng words */
+                int64_t nzr = (nr + 7) / 8;
+                memset(zw, 0, (size_t)(nzr * ng) * 4);
+                for (int64_t rr = 0; rr < nr; rr++) {
+                    ms_quant_i4z_row(f + rr * cols, cols, 32, pk + rr * (cols / 8), sc + rr * ng, zp + rr * ng);
+                    for (int64_t g = 0; g < ng; g++)
+                        zw[(rr / 8) * ng + g] |= (uint32_t)(zp[rr * ng + g] + 8) << (4 * (rr % 8));
+                }
+                rc = pwrite_all(fd, zw, (size_t)(nzr * ng * 4), data_start + ts[i + 3].offset + (uint64_t)(r0 / 8 * ng * 4),
+                                path, err);
+                if (rc) continue;
+            }
             rc = pwrite_all(fd, sc, (size_t)(nr * ng * 2), data_start + ts[i + 1].offset + (uint64_t)(r0 * ng * 2), path, err);
             if (!rc)
                 rc = pwrite_all(fd, pk, (size_t)(n / 2), data_start + t->offset + (uint64_t)(r0 * (cols / 2)), path, err);
@@ -252,7 +270,7 @@ static int declare_mxfp4(cJSON *cj, const char *where, ms_err *err) {
  * (symmetric int4 in groups of 32, BF16 scales, its ignore list), plus one ignore entry
  * for every module that is not a routed expert, so the routed experts alone are INT4
  * on every architecture (the plan reads the same lists: ms_config_ct_quantized). */
-static int declare_int4(cJSON *cj, const char *where, ms_err *err) {
+static int declare_int4(cJSON *cj, int asym, const char *where, ms_err *err) {
     cJSON *tc = cJSON_GetObjectItemCaseSensitive(cj, "text_config");
     cJSON *dst = cJSON_IsObject(tc) && !cJSON_GetObjectItemCaseSensitive(cj, "vocab_size") ? tc : cj;
     cJSON *q = cJSON_CreateObject();
@@ -273,7 +291,7 @@ static int declare_int4(cJSON *cj, const char *where, ms_err *err) {
     cJSON_AddNumberToObject(w, "num_bits", 4);
     cJSON_AddStringToObject(w, "observer", "minmax");
     cJSON_AddStringToObject(w, "strategy", "group");
-    cJSON_AddBoolToObject(w, "symmetric", 1);
+    cJSON_AddBoolToObject(w, "symmetric", !asym);
     cJSON_AddStringToObject(w, "type", "int");
     cJSON *ign = cJSON_AddArrayToObject(q, "ignore");
     const char *pats[] = {"lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
@@ -325,7 +343,7 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
     memset(&qcfg, 0, sizeof qcfg); /* INT4: which matrices the declared config groups quantize */
     if (o->expert_dtype == MS_DT_I4) {
         char *qs = NULL;
-        if ((rc = declare_int4(cj, o->config_path, err))) goto out;
+        if ((rc = declare_int4(cj, o->int4_asym, o->config_path, err))) goto out;
         if (!(qs = cJSON_PrintUnformatted(cj))) { rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); goto out; }
         rc = ms_config_parse(qs, strlen(qs), o->config_path, &qcfg, err);
         free(qs);
@@ -336,7 +354,7 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         goto out;
     }
     if ((rc = ms_model_specs(&cfg, &specs, &n_specs, err))) goto out;
-    ts = calloc((size_t)n_specs * 3 + 1, sizeof *ts);
+    ts = calloc((size_t)n_specs * 4 + 1, sizeof *ts);
     if (!ts) { rc = ms_fail(err, MS_ERR_NOMEM, "out of memory"); goto out; }
     int n = 0;
     for (int i = 0; i < n_specs; i++) {
@@ -383,6 +401,22 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
                 wst->kind = MS_W_VECTOR;
                 wst->scale_of = n - 3;
                 wst->nbytes = 8;
+                if (o->int4_asym) { /* X.weight_zero_point I32 [ceil(rows/8), groups] */
+                    synth_tensor *zt = &ts[n++];
+                    if (nl + 12 > sizeof zt->name) {
+                        rc = ms_fail(err, MS_ERR_ARG, "synth: cannot name the INT4 zero points of %s", t->name);
+                        goto out;
+                    }
+                    memcpy(zt->name, t->name, nl);
+                    memcpy(zt->name + nl, "_zero_point", 12);
+                    zt->ndim = 2;
+                    zt->shape[0] = (t->shape[0] + 7) / 8;
+                    zt->shape[1] = sct->shape[1];
+                    zt->dtype = MS_DT_I32;
+                    zt->kind = MS_W_VECTOR;
+                    zt->scale_of = n - 4;
+                    zt->nbytes = (uint64_t)zt->shape[0] * (uint64_t)zt->shape[1] * 4;
+                }
                 continue;
             }
         }
@@ -496,7 +530,7 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         free(hb);
         for (int i = 0; i < n && !rc; i++) {
             if (ts[i].shard != s || ts[i].scale_of >= 0) continue;
-            rc = write_tensor(fd, path, ts, i, 8 + padded, o->seed, err);
+            rc = write_tensor(fd, path, ts, i, 8 + padded, o->seed, o->int4_asym, err);
             total += ts[i].nbytes;
             for (int f = i + 1; f < n && ts[f].scale_of == i; f++) total += ts[f].nbytes;
             if (!rc) ms_progress_report(o->progress, "synth", MS_PROGRESS_BYTES, total, all);

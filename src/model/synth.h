@@ -15,7 +15,8 @@ typedef struct ms_synth_opts {
     const char *out_dir;      /* created if missing */
     uint64_t seed;
     ms_dtype dtype;           /* F32 or BF16: trunk and (by default) experts */
-    ms_dtype expert_dtype;    /* BF16, F32 or F8_E4M3 (128x128 block scales) */
+    ms_dtype expert_dtype;    /* BF16, F32, F8_E4M3 (128x128 block scales), F4 (MXFP4) or I4 */
+    int int4_asym;            /* I4: asymmetric (symmetric false, weight_zero_point; ms_quant_i4z_row) */
     uint64_t shard_bytes;     /* max bytes per shard (0: 4 GiB) */
     const char *tokenizer_dir;/* optional: tokenizer files copied from here */
     const ms_progress *progress; /* optional: bytes of tensor data written (util/progress.h) */

@@ -11,6 +11,8 @@ uint64_t ms_qmat_bytes(const ms_qmat *w) {
         uint64_t sr = (uint64_t)((w->rows + w->brow - 1) / w->brow), sc = (uint64_t)((w->cols + w->bcol - 1) / w->bcol);
         b += sr * sc * (uint64_t)ms_dtype_bits(w->scale_dtype) / 8;
     }
+    if (w->dtype == MS_DT_I4 && w->zero && w->bcol > 0)
+        b += (uint64_t)((w->rows + 7) / 8) * (uint64_t)((w->cols + w->bcol - 1) / w->bcol) * 4;
     return b;
 }
 
@@ -47,6 +49,7 @@ void ms_to_f32(float *out, const void *src, ms_dtype dt, int64_t n) {
 int ms_qmat_row_range(const ms_qmat *w, int64_t r0, int64_t nrows, ms_qmat *out) {
     if (r0 < 0 || nrows < 0 || r0 + nrows > w->rows) return 0;
     if (w->scale && r0 % w->brow) return 0;
+    if (w->dtype == MS_DT_I4 && w->zero && r0 % 8) return 0;
     *out = *w;
     out->rows = nrows;
     out->data = (const uint8_t *)w->data + (size_t)((uint64_t)r0 * (uint64_t)w->cols * (uint64_t)ms_dtype_bits(w->dtype) / 8);
@@ -54,6 +57,7 @@ int ms_qmat_row_range(const ms_qmat *w, int64_t r0, int64_t nrows, ms_qmat *out)
         int64_t ncol = (w->cols + w->bcol - 1) / w->bcol;
         out->scale = (const uint8_t *)w->scale + (size_t)((r0 / w->brow) * ncol * (ms_dtype_bits(w->scale_dtype) / 8));
     }
+    if (w->dtype == MS_DT_I4 && w->zero) out->zero = (const uint32_t *)w->zero + (r0 / 8) * ((w->cols + w->bcol - 1) / w->bcol);
     return 1;
 }
 
@@ -79,12 +83,13 @@ void ms_qmat_row(const ms_qmat *w, int64_t r, float *out) {
         break;
     }
     case MS_DT_I4: {
-        /* the little-endian bytes of the int32 words: low nibble = even column, value u - 8 */
+        /* the little-endian bytes of the int32 words: low nibble = even column, value u - uz */
         const uint8_t *row = (const uint8_t *)w->data + r * (C / 2);
         for (int64_t c = 0; c < C; c += 2) {
             uint8_t b = row[c / 2];
-            out[c] = (float)((int)(b & 15) - 8) * scale_at(w, r / w->brow, c / w->bcol);
-            out[c + 1] = (float)((int)(b >> 4) - 8) * scale_at(w, r / w->brow, (c + 1) / w->bcol);
+            out[c] = (float)((int)(b & 15) - ms_i4_zero(w, r, c / w->bcol)) * scale_at(w, r / w->brow, c / w->bcol);
+            out[c + 1] = (float)((int)(b >> 4) - ms_i4_zero(w, r, (c + 1) / w->bcol)) *
+                         scale_at(w, r / w->brow, (c + 1) / w->bcol);
         }
         break;
     }
@@ -155,6 +160,34 @@ void ms_quant_i4_row(const float *x, int64_t n, int group, int32_t *packed, uint
         for (int64_t i = 0; i < len; i++) {
             float v = d > 0 ? nearbyintf(x[g0 + i] / d) : 0.0f;
             int q = v > 7 ? 7 : v < -8 ? -8 : isnan(v) ? 0 : (int)v;
+            int64_t c = g0 + i;
+            packed[c / 8] |= (int32_t)((uint32_t)(q + 8) << (4 * (c % 8)));
+        }
+    }
+}
+
+void ms_quant_i4z_row(const float *x, int64_t n, int group, int32_t *packed, uint16_t *scale, int8_t *zp) {
+    memset(packed, 0, (size_t)(n / 8) * sizeof *packed);
+    for (int64_t g0 = 0, gi = 0; g0 < n; g0 += group, gi++) {
+        int64_t len = n - g0 < group ? n - g0 : group;
+        float lo = 0, hi = 0;
+        for (int64_t i = 0; i < len; i++) {
+            float v = x[g0 + i];
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        uint16_t s = ms_f32_to_bf16((hi - lo) / 15.0f);
+        float d = ms_bf16_to_f32(s);
+        int z = 0;
+        if (d > 0 && isfinite(d)) {
+            float zf = nearbyintf(-8.0f - lo / d);
+            z = zf > 7 ? 7 : zf < -8 ? -8 : (int)zf;
+        }
+        scale[gi] = s;
+        zp[gi] = (int8_t)z;
+        for (int64_t i = 0; i < len; i++) {
+            float v = d > 0 && isfinite(d) ? nearbyintf(x[g0 + i] / d) + (float)z : (float)z;
+            int q = v > 7 ? 7 : v < -8 ? -8 : isnan(v) ? z : (int)v;
             int64_t c = g0 + i;
             packed[c / 8] |= (int32_t)((uint32_t)(q + 8) << (4 * (c % 8)));
         }

@@ -64,17 +64,17 @@ static void same_plans(const ms_model *a, const ms_model *b, const char *what) {
     CHECK(a->static_bytes == b->static_bytes && a->expert_bytes == b->expert_bytes);
 }
 
-static void one(const char *dir, ms_dtype expert_dtype, int config_only_too) {
+static void one(const char *dir, ms_dtype expert_dtype, int asym, int config_only_too) {
     char cfg[300], out[300], hdr[300], conf[300], p1[600], p2[600];
     snprintf(cfg, sizeof cfg, "%s/in.json", dir);
     FILE *f = fopen(cfg, "w");
     fputs(k_cfg, f);
     fclose(f);
-    snprintf(out, sizeof out, "%s/model%d", dir, (int)expert_dtype);
-    snprintf(hdr, sizeof hdr, "%s/headers%d", dir, (int)expert_dtype);
-    snprintf(conf, sizeof conf, "%s/config%d", dir, (int)expert_dtype);
+    snprintf(out, sizeof out, "%s/model%d%s", dir, (int)expert_dtype, asym ? "z" : "");
+    snprintf(hdr, sizeof hdr, "%s/headers%d%s", dir, (int)expert_dtype, asym ? "z" : "");
+    snprintf(conf, sizeof conf, "%s/config%d%s", dir, (int)expert_dtype, asym ? "z" : "");
     ms_synth_opts so = {.config_path = cfg, .out_dir = out, .seed = 5, .dtype = MS_DT_BF16,
-                        .expert_dtype = expert_dtype, .shard_bytes = 3u << 20};
+                        .expert_dtype = expert_dtype, .int4_asym = asym, .shard_bytes = 3u << 20};
     ms_synth_result sr;
     ms_err e = {0};
     CHECK_MSG(ms_synth(&so, &sr, &e) == 0, "%s", e.msg);
@@ -119,10 +119,11 @@ static void one(const char *dir, ms_dtype expert_dtype, int config_only_too) {
 TEST(plan_from_headers_and_config_equals_full) {
     char dir[] = "/tmp/ms_planmetaXXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    one(dir, MS_DT_BF16, 1);
-    one(dir, MS_DT_F4, 1);
-    one(dir, MS_DT_I4, 1); /* INT4 pack-quantized: the config's targets/ignore say which matrices */
-    one(dir, MS_DT_F8_E4M3, 0); /* synth's FP8 experts keep a BF16 static tier: only the headers know */
+    one(dir, MS_DT_BF16, 0, 1);
+    one(dir, MS_DT_F4, 0, 1);
+    one(dir, MS_DT_I4, 0, 1); /* INT4 pack-quantized: the config's targets/ignore say which matrices */
+    one(dir, MS_DT_I4, 1, 1); /* asymmetric INT4: + weight_zero_point */
+    one(dir, MS_DT_F8_E4M3, 0, 0); /* synth's FP8 experts keep a BF16 static tier: only the headers know */
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

@@ -86,6 +86,12 @@ static void check_model(const char *name, const char *dir, const int32_t *ids, i
             CHECK(!memcmp(v.down.data, r->down.data, (size_t)(r->down.rows * r->down.cols * ms_dtype_bits(r->down.dtype) / 8)));
             CHECK(v.down.rows == r->down.rows && v.down.dtype == r->down.dtype && v.down.brow == r->down.brow);
             CHECK((v.down.scale == NULL) == (r->down.scale == NULL));
+            CHECK((v.down.zero == NULL) == (r->down.zero == NULL)); /* asymmetric INT4: the zero points stream too */
+            if (r->down.zero) {
+                const uint8_t *z = v.down.zero;
+                CHECK(!(z >= mp && z < mp + m.ck.files[0].map.size));
+                CHECK(!memcmp(v.down.zero, r->down.zero, (size_t)((r->down.rows + 7) / 8 * (r->down.cols / r->down.bcol) * 4)));
+            }
             ms_experts_release(src, l);
             break;
         }
@@ -111,17 +117,20 @@ TEST(bit_identical_to_resident) {
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) check_fixture(names[i]);
 }
 
-/* INT4 compressed-tensors experts (synth --expert-dtype int4) on a DeepSeek-V3 and a Kimi
- * Linear model: streamed (every io mode, the smallest cache, a packed store) equals resident. */
+/* INT4 compressed-tensors experts (synth --expert-dtype int4, and int4-asym with zero points)
+ * on a DeepSeek-V3 and a Kimi Linear model: streamed (every io mode, the smallest cache, a
+ * packed store) equals resident. */
 TEST(int4_bit_identical_to_resident) {
-    const char *names[] = {"deepseek_v3", "kimi_linear"};
+    const char *names[] = {"deepseek_v3", "kimi_linear", "deepseek_v3", "kimi_linear"};
     mkdir("build/tmp", 0755);
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char cfg[256], out[256], label[64];
+        int asym = i >= 2;
         snprintf(cfg, sizeof cfg, MS_TEST_FIXTURES "%s/config.json", names[i]);
-        snprintf(out, sizeof out, "build/tmp/int4_stream_%s", names[i]);
-        snprintf(label, sizeof label, "%s_int4", names[i]);
-        ms_synth_opts o = {.config_path = cfg, .out_dir = out, .seed = 11, .dtype = MS_DT_BF16, .expert_dtype = MS_DT_I4};
+        snprintf(out, sizeof out, "build/tmp/int4%s_stream_%s", asym ? "z" : "", names[i]);
+        snprintf(label, sizeof label, "%s_int4%s", names[i], asym ? "_asym" : "");
+        ms_synth_opts o = {.config_path = cfg, .out_dir = out, .seed = 11, .dtype = MS_DT_BF16, .expert_dtype = MS_DT_I4,
+                           .int4_asym = asym};
         ms_synth_result r;
         ms_err err = {0};
         if (ms_synth(&o, &r, &err)) { CHECK_MSG(0, "%s synth: %s", names[i], err.msg); continue; }

@@ -247,13 +247,14 @@ T256 static void q8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0,
 }
 
 /* I4 (core/qmat.h, compressed-tensors pack-quantized): the bytes of the int32 words,
- * low nibble = even column, value (u - 8) * scale; one BF16 scale per bcol (a
+ * low nibble = even column, value (u - uz) * scale (uz 8, or the zero point); one BF16 scale per bcol (a
  * multiple of 32) along a row. Even/odd columns against deinterleaved x, as F4. */
 static int i4_fast(const ms_qmat *w) {
     return w->cols % 32 == 0 && w->scale && w->brow == 1 && w->bcol >= 32 && w->bcol % 32 == 0 && w->cols % w->bcol == 0 &&
            w->scale_dtype == MS_DT_BF16;
 }
-INL __m256 i4_val(__m256i u) { return _mm256_cvtepi32_ps(_mm256_sub_epi32(u, _mm256_set1_epi32(8))); }
+/* (u - uz) as floats; uz the group's unsigned zero point (8: symmetric) */
+INL __m256 i4_val(__m256i u, __m256i uz) { return _mm256_cvtepi32_ps(_mm256_sub_epi32(u, uz)); }
 
 INL void i4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
     const int64_t K = w->cols, ng = K / w->bcol, gb = w->bcol / 32;
@@ -268,7 +269,8 @@ INL void i4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
     UNROLL for (int i = 0; i < NR; i++) a[i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         __m256 b[4];
-        UNROLL for (int i = 0; i < NR; i++) b[i] = _mm256_setzero_ps();
+        __m256i z[4];
+        UNROLL for (int i = 0; i < NR; i++) b[i] = _mm256_setzero_ps(), z[i] = _mm256_set1_epi32(ms_i4_zero(w, r + i, g));
         for (int64_t k = g * w->bcol, ke = k + gb * 32; k < ke; k += 32) {
             __m256 xe0, xo0, xe1, xo1;
             deinterleave(x + k, &xe0, &xo0);
@@ -276,10 +278,10 @@ INL void i4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
             UNROLL for (int i = 0; i < NR; i++) {
                 __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2)));
                 __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2 + 8)));
-                __m256 t = _mm256_mul_ps(i4_val(_mm256_and_si256(v0, m15)), xe0);
-                t = _mm256_fmadd_ps(i4_val(_mm256_srli_epi32(v0, 4)), xo0, t);
-                t = _mm256_fmadd_ps(i4_val(_mm256_and_si256(v1, m15)), xe1, t);
-                b[i] = _mm256_add_ps(b[i], _mm256_fmadd_ps(i4_val(_mm256_srli_epi32(v1, 4)), xo1, t));
+                __m256 t = _mm256_mul_ps(i4_val(_mm256_and_si256(v0, m15), z[i]), xe0);
+                t = _mm256_fmadd_ps(i4_val(_mm256_srli_epi32(v0, 4), z[i]), xo0, t);
+                t = _mm256_fmadd_ps(i4_val(_mm256_and_si256(v1, m15), z[i]), xe1, t);
+                b[i] = _mm256_add_ps(b[i], _mm256_fmadd_ps(i4_val(_mm256_srli_epi32(v1, 4), z[i]), xo1, t));
             }
         }
         UNROLL for (int i = 0; i < NR; i++) a[i] = _mm256_fmadd_ps(b[i], _mm256_set1_ps(ms_bf16_to_f32(s[i][g])), a[i]);
@@ -397,7 +399,8 @@ T256 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int k
             for (int k = 0; k < kc; k += 16) {
                 int64_t c = c0 + k;
                 __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c / 2)));
-                __m256 lo = i4_val(_mm256_and_si256(v, _mm256_set1_epi32(15))), hi = i4_val(_mm256_srli_epi32(v, 4));
+                __m256i zv = _mm256_set1_epi32(ms_i4_zero(w, r0 + i, c / w->bcol));
+                __m256 lo = i4_val(_mm256_and_si256(v, _mm256_set1_epi32(15)), zv), hi = i4_val(_mm256_srli_epi32(v, 4), zv);
                 __m256 sv = _mm256_set1_ps(ms_bf16_to_f32(sc[c / w->bcol]));
                 __m256 ul = _mm256_unpacklo_ps(lo, hi), uh = _mm256_unpackhi_ps(lo, hi);
                 _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_permute2f128_ps(ul, uh, 0x20), sv));

@@ -276,13 +276,14 @@ T512 static void q8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0,
 }
 
 /* I4 (core/qmat.h, compressed-tensors pack-quantized): 16 bytes = 32 values, low
- * nibble = even column, value (u - 8) * scale, one BF16 scale per bcol (a multiple
+ * nibble = even column, value (u - uz) * scale (uz 8, or the zero point), one BF16 scale per bcol (a multiple
  * of 32) along a row. Even/odd columns against x split once per 32, as F4. */
 static int i4_fast(const ms_qmat *w) {
     return w->cols % 32 == 0 && w->scale && w->brow == 1 && w->bcol >= 32 && w->bcol % 32 == 0 && w->cols % w->bcol == 0 &&
            w->scale_dtype == MS_DT_BF16;
 }
-INL __m512 i4_val(__m512i u) { return _mm512_cvtepi32_ps(_mm512_sub_epi32(u, _mm512_set1_epi32(8))); }
+/* (u - uz) as floats; uz the group's unsigned zero point (8: symmetric) */
+INL __m512 i4_val(__m512i u, __m512i uz) { return _mm512_cvtepi32_ps(_mm512_sub_epi32(u, uz)); }
 
 INL void i4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const int NR) {
     const int64_t K = w->cols, ng = K / w->bcol, gb = w->bcol / 32;
@@ -299,14 +300,15 @@ INL void i4_rows(const ms_qmat *w, int64_t r, const float *x, float *out, const 
     UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         __m512 b[4];
-        UNROLL for (int i = 0; i < NR; i++) b[i] = _mm512_setzero_ps();
+        __m512i z[4];
+        UNROLL for (int i = 0; i < NR; i++) b[i] = _mm512_setzero_ps(), z[i] = _mm512_set1_epi32(ms_i4_zero(w, r + i, g));
         for (int64_t k = g * w->bcol, ke = k + gb * 32; k < ke; k += 32) {
             __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
             __m512 xe = _mm512_permutex2var_ps(x0, ie, x1), xo = _mm512_permutex2var_ps(x0, io, x1);
             UNROLL for (int i = 0; i < NR; i++) {
                 __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[i] + k / 2)));
-                __m512 t = _mm512_mul_ps(i4_val(_mm512_and_si512(v, m15)), xe);
-                b[i] = _mm512_add_ps(b[i], _mm512_fmadd_ps(i4_val(_mm512_srli_epi32(v, 4)), xo, t));
+                __m512 t = _mm512_mul_ps(i4_val(_mm512_and_si512(v, m15), z[i]), xe);
+                b[i] = _mm512_add_ps(b[i], _mm512_fmadd_ps(i4_val(_mm512_srli_epi32(v, 4), z[i]), xo, t));
             }
         }
         UNROLL for (int i = 0; i < NR; i++) a[i] = _mm512_fmadd_ps(b[i], _mm512_set1_ps(ms_bf16_to_f32(s[i][g])), a[i]);
@@ -424,7 +426,8 @@ T512 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int k
             for (int k = 0; k < kc; k += 32) {
                 int64_t c = c0 + k;
                 __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + c / 2)));
-                __m512 lo = i4_val(_mm512_and_si512(v, _mm512_set1_epi32(15))), hi = i4_val(_mm512_srli_epi32(v, 4));
+                __m512i zv = _mm512_set1_epi32(ms_i4_zero(w, r0 + i, c / w->bcol));
+                __m512 lo = i4_val(_mm512_and_si512(v, _mm512_set1_epi32(15)), zv), hi = i4_val(_mm512_srli_epi32(v, 4), zv);
                 __m512 sv = _mm512_set1_ps(ms_bf16_to_f32(sc[c / w->bcol]));
                 _mm512_storeu_ps(o + k, _mm512_mul_ps(_mm512_permutex2var_ps(lo, i0, hi), sv));
                 _mm512_storeu_ps(o + k + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, i1, hi), sv));

@@ -76,7 +76,7 @@ void mm_dequant_scalar(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int kc,
                     s = mm_scale_at(w, sr, sc);
                 }
                 uint8_t b = p[c / 2];
-                o[k] = (float)((int)((c & 1) ? b >> 4 : b & 15) - 8) * s;
+                o[k] = (float)((int)((c & 1) ? b >> 4 : b & 15) - ms_i4_zero(w, r, c / w->bcol)) * s;
             }
             break;
         }

@@ -55,10 +55,24 @@ extern const qk_kernels ms_qk_scalar, ms_qk_avx2, ms_qk_avxvnni, ms_qk_avx512, m
 const qk_kernels *ms_qk_for(ms_cpu_isa isa);
 
 /* Whether the Q8 path takes w: MXFP4 (no scale, or E8M0/U8 per 32 with any brow), INT4
- * (BF16 scales, brow 1, group 32..512 a power of 2 dividing cols), Q8 (BF16 per 1x32);
+ * (BF16 scales, brow 1, group 32..512 a power of 2 dividing cols; with or without zero
+ * points), Q8 (BF16 per 1x32);
  * cols a multiple of 32. */
 int ms_qk_ok(const ms_qmat *w);
 static inline qk_layout ms_qk_layout(const ms_qmat *w) { return w->dtype == MS_DT_Q8 ? QK_SPLIT : QK_DEINT; }
+
+/* The unsigned zero points (core/qmat.h I4 zero) of blocks [b0, b0 + n) of row r of an INT4
+ * w, as floats in o[0..lanes) (0 past n): the kernels take sum_b sw_b * uz_b * m_b back out
+ * of the unsigned dot products instead of 8 * sum_b sw_b * m_b. */
+static inline void qk_i4_zeros(const ms_qmat *w, int64_t r, int64_t b0, int n, int lanes, float *o) {
+    /* ms_i4_zero's lookup with the divisions hoisted (bcol / 32 is a power of 2: ms_qk_ok) */
+    const int64_t ng = w->cols / w->bcol;
+    int gsh = 0;
+    while ((32 << gsh) < w->bcol) gsh++;
+    const uint32_t *zw = (const uint32_t *)w->zero + (r >> 3) * ng;
+    const int sh = 4 * (int)(r & 7);
+    for (int i = 0; i < lanes; i++) o[i] = i < n ? (float)((zw[(b0 + i) >> gsh] >> sh) & 15u) : 0.0f;
+}
 
 /* Quantize x[K] (K % 32 == 0) into q[roundup(K, QK_PAD)], d and m[roundup(K, QK_PAD) / 32]:
  * d_b = amax_b / 127, q = round-to-nearest-even(x / d_b) (|q| <= 127; all 0 and d 0 for a

@@ -2,7 +2,8 @@
  * and plain AVX2 (vpmaddubsw + vpmaddwd). A group is 2 blocks: one 32-byte
  * register of the blocks' first halves and one of their second halves (int32
  * lanes 4i..4i+3 hold block i). MXFP4 and INT4 enter the unsigned side as
- * offset integers (12, 8) taken back out through m; Q8 uses the offset 128 with
+ * offset integers (12, 8; INT4 with zero points: its zero point per block) taken
+ * back out through m; Q8 uses the offset 128 with
  * VNNI and the sign trick (|w| against a with w's sign) on AVX2, where
  * vpmaddubsw would saturate. Block scales: 8 at a time, SIMD for full octets. */
 #if defined(__x86_64__) || defined(__i386__)
@@ -73,7 +74,13 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
             }                                                                                                      \
             __m256 dd = _mm256_loadu_ps(a->d + b0), mm = _mm256_loadu_ps(a->m + b0); /* padded with zeros */     \
             __m256 sd = _mm256_mul_ps(sw, dd);                                                                     \
-            if (FMT_ID != 2 || DOTS == 0) corr = _mm256_fmadd_ps(sw, mm, corr);                                   \
+            __m256 swc = sw; /* INT4 zero points: sw_b * uz_b (off 1 below) */                                    \
+            if (FMT_ID == 1 && w->zero) {                                                                          \
+                float zb[8];                                                                                       \
+                qk_i4_zeros(w, r, b0, nbl, 8, zb);                                                                 \
+                swc = _mm256_mul_ps(sw, _mm256_loadu_ps(zb));                                                      \
+            }                                                                                                      \
+            if (FMT_ID != 2 || DOTS == 0) corr = _mm256_fmadd_ps(swc, mm, corr);                                  \
             for (int gi = 0; gi * GB < nbl; gi++) {                                                                \
                 const int64_t b = b0 + gi * GB;                                                                    \
                 const int two = nbl - gi * GB >= 2;                                                                \
@@ -104,7 +111,7 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dv), _mm256_permutevar8x32_ps(sd, sel), acc);             \
             }                                                                                                      \
         }                                                                                                          \
-        const float off = FMT_ID == 0 ? 12.0f : FMT_ID == 1 ? 8.0f : DOTS ? 0.0f : 128.0f;                         \
+        const float off = FMT_ID == 0 ? 12.0f : FMT_ID == 1 ? (w->zero ? 1.0f : 8.0f) : DOTS ? 0.0f : 128.0f;       \
         return hsum8(acc) - off * hsum8(corr);                                                                     \
     }
 

@@ -4,7 +4,7 @@
  * halves, so each int32 lane of the dot holds one block's partial sum (lanes
  * 4i..4i+3 block i). The weights enter the unsigned side as small offset
  * integers u = wq + off (MXFP4 12, INT4 8, Q8 128 with VNNI); the row sum takes
- * off * sum_b sw_b * m_b back out. Without VNNI, Q8 (u up to 255 would saturate
+ * off * sum_b sw_b * m_b back out (INT4 with zero points: sum_b sw_b * uz_b * m_b). Without VNNI, Q8 (u up to 255 would saturate
  * vpmaddubsw) multiplies |wq| by the activation with wq's sign instead. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -92,9 +92,15 @@ static inline __attribute__((always_inline)) TBW __m256i ld_bf16x16(const uint16
                 __m512 g = BF16_16(s16 + (b0 >> gsh), ng);                                \
                 sw = _mm512_permutexvar_ps(gidx, g);                                                               \
             } else sw = BF16_16(s16 + b0, nbl);                                                                     \
+            __m512 swc = sw; /* INT4 zero points: sw_b * uz_b (off 1 below) */                                    \
+            if (FMT_ID == 1 && w->zero) {                                                                          \
+                float zb[16];                                                                                      \
+                qk_i4_zeros(w, r, b0, nbl, 16, zb);                                                                \
+                swc = _mm512_mul_ps(sw, _mm512_loadu_ps(zb));                                                      \
+            }                                                                                                      \
             for (int t = 0; t < NT; t++) {                                                                         \
                 sd[t] = _mm512_mul_ps(sw, _mm512_loadu_ps(a[t].d + b0));                                 \
-                if (FMT_ID != 2 || DOTS == 0) corr[t] = _mm512_fmadd_ps(sw, _mm512_loadu_ps(a[t].m + b0), corr[t]); \
+                if (FMT_ID != 2 || DOTS == 0) corr[t] = _mm512_fmadd_ps(swc, _mm512_loadu_ps(a[t].m + b0), corr[t]); \
             }                                                                                                      \
             for (int gi = 0; gi * GB < nbl; gi++) {                                                                \
                 const int64_t b = b0 + gi * GB;                                                                    \
@@ -129,7 +135,7 @@ static inline __attribute__((always_inline)) TBW __m256i ld_bf16x16(const uint16
                 }                                                                                                  \
             }                                                                                                      \
         }                                                                                                          \
-        const float off = FMT_ID == 0 ? 12.0f : FMT_ID == 1 ? 8.0f : DOTS ? 0.0f : 128.0f;                         \
+        const float off = FMT_ID == 0 ? 12.0f : FMT_ID == 1 ? (w->zero ? 1.0f : 8.0f) : DOTS ? 0.0f : 128.0f;       \
         for (int t = 0; t < NT; t++) out[t] = _mm512_reduce_add_ps(_mm512_fnmadd_ps(corr[t], _mm512_set1_ps(off), acc[t])); \
     }
 

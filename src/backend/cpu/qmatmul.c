@@ -70,7 +70,7 @@ static int wq_at(const ms_qmat *w, int64_t r, int64_t c) {
     }
     case MS_DT_I4: {
         uint8_t b = ((const uint8_t *)w->data)[r * (w->cols / 2) + c / 2];
-        return (int)((c & 1) ? b >> 4 : b & 15) - 8;
+        return (int)((c & 1) ? b >> 4 : b & 15) - ms_i4_zero(w, r, c / w->bcol);
     }
     case MS_DT_Q8: return ((const int8_t *)w->data)[r * w->cols + c];
     default: return 0;

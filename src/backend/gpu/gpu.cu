@@ -200,6 +200,11 @@ int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err) {
     case MS_DT_Q8: /* the requantized static tier: matmul_q.cu (test_gpu matmul_q_*, verify --static-dtype q8) */
         return ms_gpu_qmat_check_q(w, what, err);
     case MS_DT_I4: /* INT4 experts: the dense kernels pass test_gpu, the expert paths are not checked yet */
+        if (w->zero) /* the GPU INT4 kernels take symmetric groups only */
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "%s: asymmetric INT4 weights (compressed-tensors symmetric: false, weight_zero_point) are not "
+                           "supported on the gpu backend; run them with --backend cpu",
+                           what);
         if (ms_gpu_quant_kernels_enabled()) return ms_gpu_qmat_check_q(w, what, err);
         return ms_fail(err, MS_ERR_UNSUPPORTED,
                        "%s: INT4 weights (dtype I4, compressed-tensors pack-quantized) are not supported on the gpu "
