@@ -11,11 +11,12 @@
  * Per case: P = render([user], add_generation_prompt), F = render([user,
  * parse(x)]); F must be P + x + the template's end of turn. The renderers are
  * the real ones: the Jinja templates shipped in tests/data/tokenizers (Qwen3,
- * DeepSeek V3) through the project's interpreter, and the built-in XTML
- * renderer (Kimi K3's encoder). Formats whose template the repository does
- * not hold (Kimi K2, GLM, harmony, DeepSeek V3.1) and cases whose prompt
- * opens reasoning in a template not held here (Qwen3-Thinking, DeepSeek R1)
- * are listed as skipped, not passed. */
+ * DeepSeek V3) through the project's interpreter, the built-in XTML renderer
+ * (Kimi K3's encoder), and Kimi K2 Thinking's template where the shared
+ * reference data is beside the checkout. Formats whose template the repository
+ * does not hold (GLM, harmony, DeepSeek V3.1) and cases whose prompt opens
+ * reasoning in a template not held here (Qwen3-Thinking, DeepSeek R1) are
+ * counted as skipped, not passed. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,9 @@
 typedef struct {
     const char *format;
     const char *tokenizer; /* tests/data/tokenizers/NAME with a Jinja chat_template; NULL = XTML built-in */
+    /* or a Jinja file outside the repository, checked only where present (the shared
+     * reference data's Kimi K2 Thinking template, which made the kimi_k2 cases) */
+    const char *template_file;
     /* What the template writes after the assistant's text. DeepSeek V3's template
      * writes nothing after a single call and "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
      * after every later one (its published form; the cases were cut from it). */
@@ -47,9 +51,10 @@ typedef struct {
 } family;
 
 static const family families[] = {
-    {"qwen3", "qwen3", {"<|im_end|>\n"}, 1, NULL},
-    {"deepseek_v3", "deepseek_v3", {"<｜end▁of▁sentence｜>", ""}, 0, "deepseek_v3_content_and_calls"},
-    {"xtml", NULL, {"<|end_of_msg|>"}, 0, NULL},
+    {"qwen3", "qwen3", NULL, {"<|im_end|>\n"}, 1, NULL},
+    {"deepseek_v3", "deepseek_v3", NULL, {"<｜end▁of▁sentence｜>", ""}, 0, "deepseek_v3_content_and_calls"},
+    {"xtml", NULL, NULL, {"<|end_of_msg|>"}, 0, NULL},
+    {"kimi_k2", NULL, "../shared/reference/kimi-k3/kimi_k2_thinking_chat_template.jinja", {"<|im_end|>"}, 0, NULL},
 };
 
 static cJSON *load_json(const char *path) {
@@ -66,9 +71,9 @@ static cJSON *load_json(const char *path) {
 static char *render(const family *f, const cJSON *cfg, const cJSON *request, ms_err *e) {
     char *req = cJSON_PrintUnformatted(request), *out = NULL;
     size_t out_len = 0;
-    int rc = f->tokenizer
-                 ? ms_chat_render_jinja(cJSON_GetObjectItem(cfg, "chat_template")->valuestring, cfg, req,
-                                        strlen(req), &out, &out_len, e)
+    const cJSON *tpl = cJSON_GetObjectItem(cfg, "chat_template");
+    int rc = tpl ? ms_chat_render_jinja(tpl->valuestring, f->tokenizer ? cfg : NULL, req, strlen(req), &out,
+                                        &out_len, e)
                  : ms_xtml_render(req, strlen(req), &out, &out_len, e);
     free(req);
     return rc ? NULL : out;
@@ -118,7 +123,11 @@ TEST(parse_then_render_gives_the_generated_text_back) {
         const family *f = NULL;
         for (size_t i = 0; i < sizeof families / sizeof *families; i++)
             if (!strcmp(families[i].format, fmtname)) f = &families[i];
-        if (!f || (sir && f->tokenizer)) {
+        char *tfile = NULL;
+        size_t tlen = 0;
+        ms_err fe = {0};
+        if (!f || (sir && (f->tokenizer || f->template_file)) ||
+            (f->template_file && ms_read_file(f->template_file, (size_t)1 << 20, &tfile, &tlen, &fe))) {
             skipped++;
             continue;
         }
@@ -129,6 +138,10 @@ TEST(parse_then_render_gives_the_generated_text_back) {
             cfg = load_json(path);
             CHECK_MSG(cfg != NULL, "%s", path);
             if (!cfg) continue;
+        } else if (tfile) {
+            cfg = cJSON_CreateObject();
+            cJSON_AddStringToObject(cfg, "chat_template", tfile);
+            free(tfile);
         }
         ms_outfmt fmt;
         ms_err e = {0};
