@@ -33,6 +33,11 @@
 /* Qwen3, GLM */
 #define TC_OPEN "<tool_call>"
 #define TC_CLOSE "</tool_call>"
+/* Qwen3's template writes content, then "\n" before the first <tool_call> when
+ * the content is not empty: that newline is the template's, not content, so
+ * parse(text) rendered again gives text back (session/generate.h's canonical
+ * history relies on it). Only one newline: more belong to the content. */
+#define QW_NL_OPEN "\n" TC_OPEN
 #define GLM_KEY "<arg_key>"
 #define GLM_KEY_END "</arg_key>"
 #define GLM_VAL "<arg_value>"
@@ -343,6 +348,9 @@ static int step_text(ms_outparse *p) {
             m[nm++] = KM_CALL_BEGIN;
             break;
         case MS_OUTFMT_QWEN3:
+            m[nm++] = TC_OPEN;
+            m[nm++] = QW_NL_OPEN;
+            break;
         case MS_OUTFMT_GLM: m[nm++] = TC_OPEN; break;
         default: break;
         }
@@ -367,8 +375,8 @@ static int step_text(ms_outparse *p) {
     } else if (!strcmp(mk, DS_CALL_BEGIN) || !strcmp(mk, KM_CALL_BEGIN)) {
         p->block_open = mk;
         p->state = ST_HEAD;
-    } else if (!strcmp(mk, TC_OPEN)) {
-        p->block_open = TC_OPEN;
+    } else if (!strcmp(mk, TC_OPEN) || !strcmp(mk, QW_NL_OPEN)) {
+        p->block_open = mk; /* given back whole (newline too) if not a call */
         p->state = p->fmt == MS_OUTFMT_QWEN3 ? ST_QWEN_HEAD : ST_GLM_NAME;
     } else {
         p->state = ST_SECTION;

@@ -15,7 +15,9 @@
  *   THINK        reasoning in <think>…</think>, no tool calls
  *   DEEPSEEK_V3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>
  *   DEEPSEEK_V31 <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>
- *   QWEN3        <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>
+ *   QWEN3        <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>; the one "\n" the template
+ *                writes between content and the first call is not content, so the parsed message
+ *                renders back to the generated text (tests/unit/test_outparse_roundtrip.c)
  *   KIMI_K2      <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS<|tool_call_end|>…<|tool_calls_section_end|>
  *                (the id of the call is the "functions.NAME:IDX" head, as Kimi's template expects back)
  *   GLM          <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>, newlines between

@@ -233,6 +233,27 @@ TEST(reasoning_markers_and_prompt_detection) {
     CHECK(ms_outfmt_from_name("nope", &f, &e) == MS_ERR_ARG && strstr(e.msg, "qwen3"));
 }
 
+/* Qwen3's template writes "\n" between non-empty content and the first <tool_call>:
+ * that newline is not content (test_outparse_roundtrip renders it back); only one. */
+TEST(qwen3_newline_before_tool_call) {
+    ms_outparse_opts o = {.id_seed = 1};
+    const char *call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+    const char *tail = ",\"tool_calls\":[{\"id\":\"call_910a2dec89025cc1beeb8da1\",\"type\":\"function\","
+                       "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}";
+    char text[256], want[512];
+    snprintf(text, sizeof text, "Checking.\n%s", call);
+    snprintf(want, sizeof want, "{\"role\":\"assistant\",\"content\":\"Checking.\"%s", tail);
+    expect(MS_OUTFMT_QWEN3, &o, text, want);
+    snprintf(text, sizeof text, "Checking.\n\n%s", call);
+    snprintf(want, sizeof want, "{\"role\":\"assistant\",\"content\":\"Checking.\\n\"%s", tail);
+    expect(MS_OUTFMT_QWEN3, &o, text, want);
+    /* not a call: the newline goes back with the marker */
+    expect(MS_OUTFMT_QWEN3, &o, "a\n<tool_call>not json</tool_call>",
+           "{\"role\":\"assistant\",\"content\":\"a\\n<tool_call>not json</tool_call>\"}");
+    /* a newline at the end stays content */
+    expect(MS_OUTFMT_QWEN3, &o, "a\n", "{\"role\":\"assistant\",\"content\":\"a\\n\"}");
+}
+
 TEST(glm_schema_decides_string_values) {
     ms_outparse_opts o = {.tools_json = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
                                         "{\"type\":\"object\",\"properties\":{\"zip\":{\"type\":\"string\"},"
