@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/chat_template.h"
 #include "util/json.h"
 
 int ms_api_fail(ms_api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
@@ -252,14 +253,12 @@ static int parse_messages(const cJSON *root, cJSON *render, ms_api_error *e) {
             snprintf(param, sizeof param, "messages[%d].content", i);
             return BAD(param, "'%s' is required for role '%s'", param, rs);
         }
-        if (!c || cJSON_IsNull(c)) {
-            /* a tool-only assistant turn ("content": null or missing, as OpenAI returns it): templates test
-             * the content as a string ("'</think>' in message.content"), so it is rendered as "" (what
-             * transformers' pipelines and vLLM feed them) */
-            cJSON *empty = cJSON_CreateString("");
-            if (!empty) return NOMEM();
-            if (c) cJSON_ReplaceItemInObjectCaseSensitive(m, "content", empty);
-            else cJSON_AddItemToObject(m, "content", empty);
+        if (!c) {
+            /* a tool-only assistant turn with no "content": as OpenAI returns it, null (templates test
+             * it with "is none"; ms_api_render_chat renders it as "" where a template needs a string) */
+            cJSON *none = cJSON_CreateNull();
+            if (!none) return NOMEM();
+            cJSON_AddItemToObject(m, "content", none);
         }
         if (is_asst && (rc = check_tool_calls(m, i, e))) return rc;
         if (!strcmp(rs, "tool")) {
@@ -326,6 +325,40 @@ int ms_api_set_tools(const cJSON *tools, int use_tools, cJSON *render, ms_api_re
     cJSON_AddItemToObject(render, "tools", copy);
     if (!(r->tools_json = cJSON_PrintUnformatted(tools))) return NOMEM();
     return MS_OK;
+}
+
+/* render_json with every null assistant "content" replaced by "" (malloc'd), or NULL when it has none
+ * (or on a parse failure / no memory: the caller keeps the first render's error). */
+static char *null_contents_emptied(const char *render_json) {
+    cJSON *root = cJSON_Parse(render_json);
+    const cJSON *msgs = root ? cJSON_GetObjectItemCaseSensitive(root, "messages") : NULL;
+    int changed = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant") || !cJSON_IsNull(c)) continue;
+        cJSON *empty = cJSON_CreateString("");
+        if (!empty || !cJSON_ReplaceItemInObjectCaseSensitive((cJSON *)m, "content", empty)) {
+            cJSON_Delete(empty);
+            changed = 0;
+            break;
+        }
+        changed = 1;
+    }
+    char *out = changed ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return out;
+}
+
+int ms_api_render_chat(const char *dir, const char *render_json, char **out, size_t *out_len, ms_err *err) {
+    int rc = ms_chat_render(dir, render_json, strlen(render_json), out, out_len, err);
+    if (rc != MS_ERR_FORMAT) return rc;
+    char *alt = null_contents_emptied(render_json);
+    if (!alt) return rc;
+    ms_err e2 = {0};
+    int rc2 = ms_chat_render(dir, alt, strlen(alt), out, out_len, &e2);
+    free(alt);
+    return rc2 ? rc : MS_OK; /* the first error names the template's complaint about the null */
 }
 
 int ms_api_finish_render(cJSON *render, ms_api_request *r, ms_api_error *e) {

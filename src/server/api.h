@@ -152,10 +152,16 @@ int ms_api_apply_reasoning(ms_api_request *r, ms_api_reasoning sw, ms_api_error 
 /* Responses previous_response_id: put the stored conversation (a JSON array of internal messages)
  * before r's input in render_json (after the instructions). Errors: 400 (malformed), 500 (memory). */
 int ms_api_prepend_messages(ms_api_request *r, const char *messages_json, ms_api_error *e);
+/* Render a request's render_json with the chat template of the model in dir (ms_chat_render): as
+ * sent, and when the template refuses it (MS_ERR_FORMAT) and an assistant turn has "content": null,
+ * once more with those contents "" (templates that test the content as a string, e.g. Qwen3's
+ * "'</think>' in content"; templates that test "is none", e.g. DeepSeek V3's, render a tool-only
+ * turn's calls only from the null). The error is the first render's. */
+int ms_api_render_chat(const char *dir, const char *render_json, char **out, size_t *out_len, ms_err *err);
 
 /* Parse and validate a request body of len bytes (one JSON object; trailing
  * bytes other than whitespace are refused). vocab bounds token-id prompts.
- * An assistant message without content (null or missing) gets "content": "".  On failure e says why (status 400) and req holds nothing.
+ * An assistant message without content (missing) gets "content": null, as OpenAI sends it.  On failure e says why (status 400) and req holds nothing.
  * Returns MS_OK or MS_ERR_ARG (also for out of memory: e is then a 500). */
 int ms_api_parse_request(ms_api_kind kind, const char *body, size_t len, int64_t vocab, ms_api_request *req,
                          ms_api_error *e);

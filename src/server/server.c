@@ -196,7 +196,7 @@ static int prepare(ms_server *s, ms_api_kind kind, const char *body, size_t blen
     if (MS_API_IS_CHATLIKE(kind)) {
         char *prompt = NULL;
         size_t plen = 0;
-        rc = ms_chat_render(s->model_dir, j->req.render_json, strlen(j->req.render_json), &prompt, &plen, &err);
+        rc = ms_api_render_chat(s->model_dir, j->req.render_json, &prompt, &plen, &err);
         if (rc) {
             int client = rc == MS_ERR_FORMAT;
             ms_api_scrub_paths(err.msg, s->model_dir);
