@@ -33,8 +33,8 @@
 typedef struct {
     const char *format;
     const char *tokenizer; /* tests/data/tokenizers/NAME with a Jinja chat_template; NULL = XTML built-in */
-    /* or a Jinja file outside the repository, checked only where present (the shared
-     * reference data's Kimi K2 Thinking template, which made the kimi_k2 cases) */
+    /* or a Jinja template file in the repository (none today: Kimi K2 Thinking's, which made the
+     * kimi_k2 cases, is not kept here until its licence text is, so those cases are skipped) */
     const char *template_file;
     /* What the template writes after the assistant's text. DeepSeek V3's template
      * writes nothing after a single call and "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
@@ -54,7 +54,6 @@ static const family families[] = {
     {"qwen3", "qwen3", NULL, {"<|im_end|>\n"}, 1, NULL},
     {"deepseek_v3", "deepseek_v3", NULL, {"<｜end▁of▁sentence｜>", ""}, 0, "deepseek_v3_content_and_calls"},
     {"xtml", NULL, NULL, {"<|end_of_msg|>"}, 0, NULL},
-    {"kimi_k2", NULL, "../shared/reference/kimi-k3/kimi_k2_thinking_chat_template.jinja", {"<|im_end|>"}, 0, NULL},
 };
 
 static cJSON *load_json(const char *path) {
