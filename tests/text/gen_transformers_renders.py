@@ -8,7 +8,7 @@ additional_special_tokens), then renders with apply_chat_template:
   * a probe template printing the variables transformers passes,
   * every small template of jinja_cases.py (variables as template kwargs),
   * every chat-style template of chat_convs.py over its conversations.
-Writes $OUT/transformers_renders.json; tests/unit/test_chat_template.c checks
+Writes $OUT/transformers_renders.json (committed as tests/text/transformers_renders.json.gz, gzip -9n); tests/unit/test_chat_template.c checks
 moonshine against it.
 
 usage: OUT=DIR python3 tests/text/gen_transformers_renders.py
