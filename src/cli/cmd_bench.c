@@ -122,7 +122,11 @@ int cmd_bench(int argc, char **argv) {
                "reports expert bytes read per token, hit rate, prefetch issued/used, lookahead accuracy,\n"
                "read GB/s vs the drive, and time waiting for reads vs the floor (bytes read / drive GB/s).\n"
                "On a device backend the host cache feeds a device slot arena (--device-expert-mib N):\n"
-               "device_hit_rate, uploads and their bytes per token, time in host acquires and uploads.\n"
+               "device_hit_rate, uploads and their bytes per token, time in host acquires and uploads;\n"
+               "device_missed_bytes (the misses' bytes, each one upload), disk_floor_s (those bytes at the\n"
+               "drive bandwidth measured above), decode_s and disk_floor_fraction (floor / decode time), and\n"
+               "the lookahead gate: guessed, right, forwarded and held experts, its precision, the precision it\n"
+               "needs, the measured gap (guess to acquire) and read time of one expert.\n"
                "--static-load read copies the static tier into huge-page memory at load (default mmap: served from\n"
                "the page-cache mapping); static_copied_bytes and anon_huge_bytes say what it holds. decode_cpu_s is the\n"
                "process CPU time of the decode loop, prefill_cpu_s of the prefill (with --threads 1: the work without\n"
@@ -253,7 +257,7 @@ int cmd_bench(int argc, char **argv) {
     double bytes_tok = (double)per_tok_static + (double)acq * (double)expert_each / (double)G;
     double dec = (double)G / (t3 - t2), pre = (double)P / (t2 - t1);
     double gbs = bytes_tok * dec / 1e9;
-    char sj[2048] = "";
+    char sj[4096] = "";
     if (x.experts) { /* decode-only deltas */
         uint64_t acq_d = ss1.acquires - ss0.acquires, hit_d = ss1.hits - ss0.hits, rd = ss1.bytes_read - ss0.bytes_read;
         uint64_t pi = ss1.prefetch_issued - ss0.prefetch_issued, pu = ss1.prefetch_used - ss0.prefetch_used;
@@ -276,13 +280,26 @@ int cmd_bench(int argc, char **argv) {
     if (x.dev_experts) { /* the device slot arena the host cache feeds (decode-only deltas) */
         size_t k = strlen(sj);
         uint64_t rq = ds1.requests - ds0.requests, h = ds1.hits - ds0.hits, up = ds1.uploads - ds0.uploads;
+        /* the disk floor: the bytes the device missed (each miss is one upload) read at the drive's
+         * O_DIRECT bandwidth measured above, against the decode's wall time */
+        double missed = (double)(ds1.upload_bytes - ds0.upload_bytes), dec_s = t3 - t2;
+        double dfloor = drive_bw > 0 ? missed / drive_bw : 0;
         snprintf(sj + k, sizeof sj - k,
                  ",\"device_slots\":%d,\"device_slot_bytes\":%llu,\"device_hit_rate\":%.4f,"
                  "\"device_uploads_per_token\":%.2f,\"device_upload_bytes_per_token\":%.0f,"
-                 "\"device_host_acquire_s\":%.3f,\"device_upload_s\":%.3f,\"device_pinned\":%d",
+                 "\"device_host_acquire_s\":%.3f,\"device_upload_s\":%.3f,\"device_pinned\":%d,"
+                 "\"device_missed_bytes\":%.0f,\"decode_s\":%.3f,\"disk_floor_s\":%.3f,\"disk_floor_fraction\":%.3f,"
+                 "\"lookahead_guessed\":%llu,\"lookahead_right\":%llu,\"lookahead_forwarded\":%llu,"
+                 "\"lookahead_held\":%llu,\"gate_open\":%d,\"gate_precision\":%.3f,\"gate_need\":%.3f,"
+                 "\"gate_gap_ms\":%.3f,\"gate_read_ms\":%.3f",
                  ds1.n_slots, (unsigned long long)ds1.slot_bytes, rq ? (double)h / (double)rq : 0.0,
                  (double)up / (double)G, (double)(ds1.upload_bytes - ds0.upload_bytes) / (double)G,
-                 ds1.inner_s - ds0.inner_s, ds1.upload_s - ds0.upload_s, ds1.pinned);
+                 ds1.inner_s - ds0.inner_s, ds1.upload_s - ds0.upload_s, ds1.pinned, missed, dec_s, dfloor,
+                 dec_s > 0 ? dfloor / dec_s : 0.0, (unsigned long long)(ds1.pf_guessed - ds0.pf_guessed),
+                 (unsigned long long)(ds1.pf_right - ds0.pf_right),
+                 (unsigned long long)(ds1.pf_forwarded - ds0.pf_forwarded),
+                 (unsigned long long)(ds1.pf_held - ds0.pf_held), ds1.gate_open, ds1.gate_precision, ds1.gate_need,
+                 1e3 * ds1.gate_gap_s, 1e3 * ds1.gate_read_s);
     }
     char pj[4096] = "";
     if (profile && device) { /* G more tokens, each op timed (after the timed run: events cost time) */

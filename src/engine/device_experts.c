@@ -8,6 +8,7 @@
 
 #include "engine/plan.h"
 #include "engine/streaming.h"
+#include "io/prefetch_gate.h"
 
 #define N_ROLES 9
 #define ROLE_ALIGN 256 /* as the GPU backend's placed weights */
@@ -80,6 +81,8 @@ typedef struct dev_src {
     pin_rec *pins;
     int n_pins, cap_pins;
     void *pinned; /* the host cache page-locked through be (unregistered at destroy) */
+    int prefetch_all;
+    ms_pf_gate gate; /* lookahead guesses judged, read time measured (io/prefetch_gate.h) */
     ms_device_experts_stats st;
 } dev_src;
 
@@ -118,24 +121,58 @@ static int upload_view(dev_src *D, int layer, int expert, int slot, const ms_exp
     return MS_OK;
 }
 
+/* One expert of a fill landed in the host cache: its upload is queued at once (the
+ * backend's stream copies it while the host waits for the next read). */
+typedef struct fill_ctx {
+    dev_src *D;
+    int layer;
+    const int *ids, *slots;
+    double upload_s; /* host time queuing the uploads */
+} fill_ctx;
+
+static int on_ready(void *ctx, int i, const ms_expert_view *hv, ms_err *err) {
+    fill_ctx *f = ctx;
+    double t0 = now_s();
+    int rc = upload_view(f->D, f->layer, f->ids[i], f->slots[i], hv, &f->D->views[f->slots[i]], err);
+    f->upload_s += now_s() - t0;
+    return rc;
+}
+
 /* Load the nm missed experts ids[] of layer into their assigned slots[]: host views from the
- * inner source in groups of its max_acquire, uploaded, fenced, released. */
+ * inner source in groups of its max_acquire, uploaded, fenced, released. From a streaming
+ * inner source each expert's upload is queued as its read lands (copies of one expert
+ * overlap the reads of the next); from another source after the group's acquire. */
 static int fill(dev_src *D, int layer, int nm, const int *ids, const int *slots, ms_err *err) {
     int group = D->inner->max_acquire > 0 ? D->inner->max_acquire : nm;
+    int streamed = ms_is_streaming_source(D->inner);
     for (int g = 0; g < nm; g += group) {
         int k = nm - g < group ? nm - g : group;
+        ms_stream_stats h0 = {0}, h1 = {0};
+        if (streamed) ms_streaming_stats(D->inner, &h0);
+        fill_ctx f = {.D = D, .layer = layer, .ids = ids + g, .slots = slots + g};
         double t0 = now_s();
-        int rc = ms_experts_acquire(D->inner, layer, k, ids + g, D->hviews, err);
+        int rc = streamed ? ms_streaming_acquire_each(D->inner, layer, k, ids + g, D->hviews, on_ready, &f, err)
+                          : ms_experts_acquire(D->inner, layer, k, ids + g, D->hviews, err);
+        for (int j = 0; j < k && !rc && !streamed; j++)
+            rc = on_ready(&f, j, &D->hviews[j], err);
         double t1 = now_s();
-        D->st.inner_s += t1 - t0;
-        if (rc) return rc;
-        for (int j = 0; j < k && !rc; j++)
-            rc = upload_view(D, layer, ids[g + j], slots[g + j], &D->hviews[j], &D->views[slots[g + j]], err);
+        D->st.inner_s += t1 - t0 - f.upload_s;
+        if (rc) { /* uploads queued before the failure may still read the host slots */
+            ms_err ignored = {0};
+            D->be->ops->sync(D->be, &ignored);
+            ms_experts_release(D->inner, layer);
+            return rc;
+        }
+        if (streamed) { /* the drive time of one expert: this acquire's reads ran together */
+            ms_streaming_stats(D->inner, &h1);
+            uint64_t hm = h1.misses - h0.misses;
+            if (hm) ms_pf_gate_read(&D->gate, (t1 - t0 - f.upload_s) / (double)hm);
+        }
         /* the uploads may still read the host slots (page-locked memory): the inner source may
          * read other experts into them once released */
-        if (!rc) rc = D->be->ops->sync(D->be, err);
+        rc = D->be->ops->sync(D->be, err);
         ms_experts_release(D->inner, layer);
-        D->st.upload_s += now_s() - t1;
+        D->st.upload_s += f.upload_s + (now_s() - t1);
         if (rc) return rc;
         for (int j = 0; j < k; j++) D->c.slots[slots[g + j]].state = MS_SLOT_READY;
     }
@@ -154,6 +191,7 @@ static int d_acquire(ms_expert_source *s, int layer, int n, const int *ids, ms_e
                        layer, n, D->n_slots, D->n_slots);
     int pins_before = D->n_pins, nm = 0, rc = MS_OK;
     int slot_of[n > 0 ? n : 1];
+    ms_pf_gate_judge(&D->gate, layer, n, ids, now_s());
     ms_ecache_step(&D->c, layer);
     for (int i = 0; i < n && !rc; i++) {
         int e = ids[i], sl = -1;
@@ -196,7 +234,8 @@ static void d_release(ms_expert_source *s, int layer) {
     D->n_pins = k;
 }
 
-/* Lookahead: the host cache reads what the device does not hold, while this layer computes. */
+/* Lookahead: the host cache reads what the device does not hold, while this layer computes,
+ * when the gate finds the guesses worth their drive time (device_experts.h). */
 static void d_prefetch(ms_expert_source *s, int layer, int n, const int *ids) {
     dev_src *D = (dev_src *)s;
     if (layer < 0 || layer >= D->m->cfg.n_layers || !D->m->layers[layer].experts || n < 1) return;
@@ -204,7 +243,9 @@ static void d_prefetch(ms_expert_source *s, int layer, int n, const int *ids) {
     for (int i = 0; i < n; i++)
         if (ids[i] >= 0 && ids[i] < D->m->cfg.n_experts && ms_ecache_lookup(&D->c, layer, ids[i]) < 0)
             want[k++] = ids[i];
-    if (k) ms_experts_prefetch(D->inner, layer, k, want);
+    if (!k) return;
+    int open = ms_pf_gate_guess(&D->gate, layer, k, want, now_s());
+    if (open || D->prefetch_all) ms_experts_prefetch(D->inner, layer, k, want);
 }
 
 static void d_destroy(ms_expert_source *s) {
@@ -230,6 +271,15 @@ void ms_device_experts_stats_get(const ms_expert_source *s, ms_device_experts_st
     out->hits = D->c.st.hits;
     out->misses = D->c.st.misses;
     out->evictions = D->c.st.evictions;
+    const ms_pf_gate *g = &D->gate;
+    out->pf_guessed = g->guessed - (g->layer >= 0 ? (uint64_t)g->n : 0);
+    out->pf_right = g->hits;
+    out->pf_forwarded = D->prefetch_all ? g->forwarded + g->held : g->forwarded;
+    out->pf_held = D->prefetch_all ? 0 : g->held;
+    out->gate_gap_s = g->gap_s;
+    out->gate_read_s = g->read_s;
+    out->gate_precision = ms_pf_gate_precision(g);
+    out->gate_open = D->prefetch_all || ms_pf_gate_open(g, &out->gate_need);
 }
 
 int ms_device_experts_default_budget(const ms_model *m, ms_backend *be, int max_ctx, uint64_t *budget, ms_err *err) {
@@ -283,6 +333,8 @@ int ms_device_experts_create(ms_model *m, ms_backend *be, ms_expert_source *inne
     D->base.max_acquire = (int)n;
     D->base.views_on = be;
     D->m = m, D->be = be, D->inner = inner;
+    D->prefetch_all = o->prefetch_all;
+    ms_pf_gate_init(&D->gate);
     D->n_slots = (int)n;
     D->slot_bytes = slot;
     D->views = calloc((size_t)n, sizeof *D->views);
@@ -317,9 +369,11 @@ int ms_device_experts_create(ms_model *m, ms_backend *be, ms_expert_source *inne
     D->st.n_slots = D->n_slots;
     D->st.slot_bytes = slot;
     if (why && why_cap)
-        snprintf(why, why_cap, "device expert cache on %s: %d slots x %.2f MiB (%.1f MiB, %s; %lld experts in all), %s",
+        snprintf(why, why_cap,
+                 "device expert cache on %s: %d slots x %.2f MiB (%.1f MiB, %s; %lld experts in all), %s, lookahead %s",
                  be->name, D->n_slots, slot / 1048576.0, (double)slot * D->n_slots / 1048576.0,
-                 ms_cache_policy_name(o->policy), (long long)total, pin_note);
+                 ms_cache_policy_name(o->policy), (long long)total, pin_note,
+                 o->prefetch_all ? "forwarded (no gate)" : "gated by its measured worth");
     *out = &D->base;
     return MS_OK;
 }

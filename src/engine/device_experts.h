@@ -11,9 +11,19 @@
  *             the inner source (in groups of its max_acquire), upload every role
  *             (weights, block scales, biases) into the victim slot, sync (the host
  *             slots may be rewritten once released) and release the inner layer.
+ *             From the streaming source (engine/streaming.h) each miss's upload is
+ *             queued as soon as its read lands (ms_streaming_acquire_each), so the
+ *             copy of one expert overlaps the reads of the others; the sync after
+ *             the group is the only wait on the backend.
  *             Views stay valid (the slots pinned) until release(layer).
- *   prefetch  forwarded to the inner source for the experts not on the device, so
- *             lookahead reads of the host cache overlap the compute as on the CPU.
+ *   prefetch  the lookahead's guess, less the experts on the device, is judged at that
+ *             layer's acquire and forwarded to the inner source through a gate
+ *             (io/prefetch_gate.h): forwarded while the guesses' measured precision
+ *             pays for the drive time wrong guesses take from the demand reads
+ *             (p >= 1 - gap / t_read, gap and t_read measured here), held back
+ *             otherwise, so lookahead reads of the host cache overlap the compute as
+ *             on the CPU when they are right and do not queue ahead of the misses
+ *             when they are not.
  * max_acquire is the slot count. The device views have the layout model/place.c
  * gives placed experts (the stored dtype and block scales, each role 256-byte
  * aligned), so the backend's MoE ops run them unchanged, and logits are those of
@@ -36,6 +46,7 @@ typedef struct ms_device_experts_opts {
     ms_cache_policy policy; /* MS_CACHE_LFU_DECAY by default (the same as the host cache) */
     double half_life;       /* LFU-decay half-life in tokens (0 = 64) */
     int no_pin;             /* 1: do not page-lock the host cache (uploads from pageable memory) */
+    int prefetch_all;       /* 1: forward every lookahead guess (no gate; the behaviour before the gate) */
 } ms_device_experts_opts;
 
 typedef struct ms_device_experts_stats {
@@ -47,6 +58,12 @@ typedef struct ms_device_experts_stats {
     int n_slots;
     uint64_t slot_bytes;
     int pinned;      /* 1: the inner source's host cache is page-locked */
+    /* lookahead (experts not on the device when guessed): guessed, later asked for, forwarded to
+     * the inner source, held back by the gate; the gate's running gap (guess to acquire), read
+     * time of one expert, precision and the precision it needs (0: open while warming up) */
+    uint64_t pf_guessed, pf_right, pf_forwarded, pf_held;
+    double gate_gap_s, gate_read_s, gate_precision, gate_need;
+    int gate_open;
 } ms_device_experts_stats;
 
 /* A device expert source for model m (the host model, whose layers[l].experts give the

@@ -134,6 +134,11 @@ static const ms_expert_source_ops k_wrap_ops = {w_acquire, w_release, w_prefetch
 
 int ms_is_streaming_source(const ms_expert_source *s) { return s && s->ops == &k_wrap_ops; }
 
+int ms_streaming_acquire_each(ms_expert_source *s, int layer, int n, const int *ids, ms_expert_view *views,
+                              ms_stream_ready_fn ready, void *ready_ctx, ms_err *err) {
+    return ms_stream_source_acquire_each(((wrap_src *)s)->inner, layer, n, ids, views, ready, ready_ctx, err);
+}
+
 void ms_streaming_host_cache(const ms_expert_source *s, void **p, uint64_t *bytes) {
     ms_stream_source_arena(((const wrap_src *)s)->inner, p, bytes);
 }

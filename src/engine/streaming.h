@@ -33,6 +33,10 @@ int ms_streaming_experts_create(ms_model *m, const ms_streaming_opts *o, ms_expe
                                 size_t why_cap, ms_err *err);
 /* Cache/read statistics of a source from ms_streaming_experts_create. */
 void ms_streaming_stats(const ms_expert_source *s, ms_stream_stats *out);
+/* ms_experts_acquire of s (from ms_streaming_experts_create) handing each expert to ready
+ * as its read lands, while the others are still read (ms_stream_source_acquire_each). */
+int ms_streaming_acquire_each(ms_expert_source *s, int layer, int n, const int *ids, ms_expert_view *views,
+                              ms_stream_ready_fn ready, void *ready_ctx, ms_err *err);
 /* The host cache's memory (the io_uring reader's targets), to page-lock as staging. */
 void ms_streaming_host_cache(const ms_expert_source *s, void **p, uint64_t *bytes);
 /* 1 when s came from ms_streaming_experts_create. */

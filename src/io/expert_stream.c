@@ -256,7 +256,27 @@ static void s_release(ms_expert_source *base, int layer) {
     S->n_pins = k;
 }
 
-static int s_acquire(ms_expert_source *base, int layer, int n, const int *ids, ms_expert_view *views, ms_err *err) {
+/* The view of (li, e) in slot s once its load has landed: the read's failure (checksum:
+ * MS_ERR_MISMATCH) or the binder's view. */
+static int bind_slot(stream_src *S, int layer, int li, int e, int s, ms_expert_view *view, ms_err *err) {
+    const ms_expert_store *st = S->st;
+    if (S->io[s].failed) {
+        int rc = ms_fail(err, MS_ERR_IO, "%s", S->io[s].msg);
+        if (strstr(S->io[s].msg, "checksum")) err->code = rc = MS_ERR_MISMATCH;
+        return rc;
+    }
+    if (S->c.slots[s].key != li * st->n_experts + e || S->c.slots[s].state != MS_SLOT_READY)
+        return ms_fail(err, MS_ERR_IO, "layer %d expert %d: load did not complete", layer, e);
+    uint64_t pb[MS_EXPERT_MAX_ROLES], at[MS_EXPERT_MAX_ROLES];
+    ms_expert_place(st, li, e, pb, at);
+    ms_expert_bytes b = {.layer = layer, .expert = e, .n_roles = st->n_roles, .roles = &st->roles[li * st->n_roles]};
+    const uint8_t *buf = S->arena + (uint64_t)s * S->slot_bytes;
+    for (int r = 0; r < st->n_roles; r++) b.data[r] = at[r] == UINT64_MAX ? NULL : buf + at[r];
+    return S->o.bind(S->o.bind_ctx, &b, view, err);
+}
+
+int ms_stream_source_acquire_each(ms_expert_source *base, int layer, int n, const int *ids, ms_expert_view *views,
+                                  ms_stream_ready_fn ready, void *ready_ctx, ms_err *err) {
     stream_src *S = (stream_src *)base;
     const ms_expert_store *st = S->st;
     if (layer < 0 || layer >= st->n_model_layers || st->store_layer[layer] < 0)
@@ -302,34 +322,25 @@ static int s_acquire(ms_expert_source *base, int layer, int n, const int *ids, m
         slot_of_req[i] = s;
         if ((rc = pin(S, layer, s, err))) break;
     }
-    /* wait for every requested slot */
-    double t0 = now_s();
-    for (int i = 0; i < n && !rc;) {
-        if (i < n && S->c.slots[slot_of_req[i]].state == MS_SLOT_LOADING) {
+    /* wait for the requested slots: bound (and handed to ready) as each load lands, in the
+     * order they land; without ready, in request order once all have landed */
+    uint8_t done[n > 0 ? n : 1];
+    memset(done, 0, sizeof done);
+    int left = n;
+    while (left > 0 && !rc) {
+        int progressed = 0, landed = 1;
+        for (int i = 0; i < n && landed && !ready; i++) landed = S->c.slots[slot_of_req[i]].state != MS_SLOT_LOADING;
+        for (int i = 0; i < n && landed && !rc; i++) {
+            if (done[i] || S->c.slots[slot_of_req[i]].state == MS_SLOT_LOADING) continue;
+            rc = bind_slot(S, layer, li, ids[i], slot_of_req[i], &views[i], err);
+            done[i] = 1, left--, progressed = 1;
+            if (!rc && ready) rc = ready(ready_ctx, i, &views[i], err);
+        }
+        if (left > 0 && !rc && !progressed) {
+            double t0 = now_s();
             rc = reap(S, 1, err);
-            continue;
+            S->stats.wait_s += now_s() - t0;
         }
-        i++;
-    }
-    S->stats.wait_s += now_s() - t0;
-    for (int i = 0; i < n && !rc; i++) {
-        int s = slot_of_req[i];
-        if (S->io[s].failed) {
-            rc = ms_fail(err, MS_ERR_IO, "%s", S->io[s].msg);
-            if (strstr(S->io[s].msg, "checksum")) err->code = rc = MS_ERR_MISMATCH;
-            break;
-        }
-        if (S->c.slots[s].key != li * st->n_experts + ids[i] || S->c.slots[s].state != MS_SLOT_READY) {
-            rc = ms_fail(err, MS_ERR_IO, "layer %d expert %d: load did not complete", layer, ids[i]);
-            break;
-        }
-        uint64_t pb[MS_EXPERT_MAX_ROLES], at[MS_EXPERT_MAX_ROLES];
-        ms_expert_place(st, li, ids[i], pb, at);
-        ms_expert_bytes b = {.layer = layer, .expert = ids[i], .n_roles = st->n_roles,
-                             .roles = &st->roles[li * st->n_roles]};
-        const uint8_t *buf = S->arena + (uint64_t)s * S->slot_bytes;
-        for (int r = 0; r < st->n_roles; r++) b.data[r] = at[r] == UINT64_MAX ? NULL : buf + at[r];
-        rc = S->o.bind(S->o.bind_ctx, &b, &views[i], err);
     }
     if (rc) {
         /* unpin what this call pinned */
@@ -337,6 +348,10 @@ static int s_acquire(ms_expert_source *base, int layer, int n, const int *ids, m
         S->n_pins = pins_before;
     }
     return rc;
+}
+
+static int s_acquire(ms_expert_source *base, int layer, int n, const int *ids, ms_expert_view *views, ms_err *err) {
+    return ms_stream_source_acquire_each(base, layer, n, ids, views, NULL, NULL, err);
 }
 
 static void s_prefetch(ms_expert_source *base, int layer, int n, const int *ids) {

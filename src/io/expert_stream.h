@@ -79,6 +79,18 @@ typedef struct ms_stream_stats {
  * receives the reader's one-line mode description (fallback reason). */
 int ms_stream_source_create(const ms_expert_store *st, const ms_stream_opts *opts, ms_expert_source **out, char *why,
                             size_t why_cap, ms_err *err);
+/* Called by ms_stream_source_acquire_each once per requested expert i as its view
+ * becomes valid (its read landed and was bound); a non-zero return stops the acquire
+ * with that status (the call's pins are dropped as on any failure). */
+typedef int (*ms_stream_ready_fn)(void *ctx, int i, const ms_expert_view *view, ms_err *err);
+/* ms_experts_acquire of a source from ms_stream_source_create, handing each expert to
+ * ready as soon as its read lands (completion order; hits first), while the other reads
+ * are still in flight, so a caller can copy one expert while the next is read. With
+ * ready NULL: ms_experts_acquire itself (views bound once every read has landed). The
+ * views[] and the pins are those of ms_experts_acquire; the cache policy sees the same
+ * requests in the same order either way. */
+int ms_stream_source_acquire_each(ms_expert_source *s, int layer, int n, const int *ids, ms_expert_view *views,
+                                  ms_stream_ready_fn ready, void *ready_ctx, ms_err *err);
 /* Stats so far (s must come from ms_stream_source_create). */
 void ms_stream_source_stats(const ms_expert_source *s, ms_stream_stats *out);
 /* Experts the cache holds at once. */

@@ -6,7 +6,8 @@
  * expert) give logits memcmp-identical to the CPU resident run on every MoE
  * fixture; the views lie in the fake's memory; hits + misses = requests, each
  * miss is one upload, no step uploads more experts than it acquires, and a warm
- * cache that holds everything uploads nothing. */
+ * cache that holds everything uploads nothing. The lookahead gate (held or
+ * forwarded guesses) changes what is read, never the logits. */
 #include <stdint.h>
 
 #include "backend/cpu/be_cpu.h"
@@ -221,14 +222,15 @@ static void check_fixture(const char *name) {
     /* a budget below top-k slots is refused, naming the need */
     ms_device_experts_opts dz = {.budget_bytes = slot * (uint64_t)(m.cfg.top_k - 1) + 1};
     CHECK(host && ms_device_experts_create(&m, be, host, &dz, &dev, why, sizeof why, &err) == MS_ERR_NOMEM && !dev);
-    struct { uint64_t slots; ms_cache_policy pol; int no_pin; } cfgs[] = {
-        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0}, /* the smallest device cache: groups of top-k */
-        {(uint64_t)m.cfg.top_k + 3, MS_CACHE_LRU, 1},
-        {all, MS_CACHE_LFU_DECAY, 0},                    /* every expert fits */
+    struct { uint64_t slots; ms_cache_policy pol; int no_pin, prefetch_all; } cfgs[] = {
+        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 0}, /* the smallest device cache: groups of top-k */
+        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 1}, /* the same, every lookahead guess read */
+        {(uint64_t)m.cfg.top_k + 3, MS_CACHE_LRU, 1, 0},
+        {all, MS_CACHE_LFU_DECAY, 0, 0},                    /* every expert fits */
     };
     for (size_t k = 0; host && base && k < sizeof cfgs / sizeof *cfgs; k++) {
         ms_device_experts_opts dopt = {.budget_bytes = slot * cfgs[k].slots, .policy = cfgs[k].pol,
-                                       .no_pin = cfgs[k].no_pin};
+                                       .no_pin = cfgs[k].no_pin, .prefetch_all = cfgs[k].prefetch_all};
         if (ms_device_experts_create(&m, be, host, &dopt, &dev, why, sizeof why, &err)) {
             CHECK_MSG(0, "%s cfg %zu: %s", name, k, err.msg);
             continue;
@@ -271,6 +273,9 @@ static void check_fixture(const char *name) {
         ms_device_experts_stats st;
         ms_device_experts_stats_get(dev, &st);
         CHECK(st.hits + st.misses == st.requests && st.uploads == st.misses && st.misses > 0);
+        /* the lookahead gate's books: every guess judged is forwarded or held; all forwarded without the gate */
+        CHECK(st.pf_right <= st.pf_guessed && st.pf_forwarded + st.pf_held >= st.pf_guessed);
+        CHECK(!cfgs[k].prefetch_all || (st.pf_held == 0 && st.gate_open));
         CHECK(fk(be)->uploads > up0);
         /* pinned: the uploads read the host cache (the registered staging) */
         if (!cfgs[k].no_pin) CHECK(fk(be)->upload_from_reg > reg0);
@@ -306,6 +311,58 @@ TEST(minimax_m2) { check_fixture("minimax_m2"); }
 TEST(gpt_oss) { check_fixture("gpt_oss"); }
 TEST(gpt_oss_mxfp4) { check_fixture("gpt_oss_mxfp4"); }
 TEST(mimo_v2_flash) { check_fixture("mimo_v2_flash"); }
+
+/* ms_streaming_acquire_each: every requested expert handed over once, as the bytes of the
+ * checkpoint; a callback's failure ends the acquire with its status and pins nothing. */
+typedef struct each_rec { int calls[64]; int fail_at; const ms_model *m; int layer; const int *ids; int bad; } each_rec;
+static int each_cb(void *ctx, int i, const ms_expert_view *v, ms_err *err) {
+    each_rec *r = ctx;
+    r->calls[i]++;
+    const ms_expert_view *ref = &r->m->layers[r->layer].experts[r->ids[i]];
+    size_t db = (size_t)((ref->down.rows * ref->down.cols * ms_dtype_bits(ref->down.dtype) + 7) / 8);
+    if (memcmp(v->down.data, ref->down.data, db) || v->down.rows != ref->down.rows) r->bad++;
+    if (r->fail_at == i) return ms_fail(err, MS_ERR_IO, "callback stops at %d", i);
+    return MS_OK;
+}
+
+TEST(acquire_each) {
+    ms_model m;
+    ms_err err = {0};
+    if (ms_model_load(MS_TEST_FIXTURES "qwen3_moe", &m, &err)) { CHECK_MSG(0, "%s", err.msg); return; }
+    ms_streaming_opts so = {.cache_mib = 0};
+    ms_expert_source *host = NULL;
+    char why[1200];
+    CHECK(ms_streaming_experts_create(&m, &so, &host, why, sizeof why, &err) == 0);
+    int K = (int)m.cfg.top_k, l = 0;
+    while (l < m.cfg.n_layers && !m.layers[l].experts) l++;
+    int ids[64], ids2[64];
+    for (int i = 0; i < K; i++) ids[i] = K - 1 - i, ids2[i] = K + i; /* out of order; then K others */
+    ms_expert_view v[64];
+    each_rec r = {.fail_at = -1, .m = &m, .layer = l, .ids = ids};
+    CHECK(host && K <= 32 && 2 * K <= m.cfg.n_experts);
+    if (host && K <= 32 && 2 * K <= m.cfg.n_experts) {
+        CHECK_MSG(ms_streaming_acquire_each(host, l, K, ids, v, each_cb, &r, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < K; i++) CHECK(r.calls[i] == 1);
+        CHECK(r.bad == 0);
+        ms_experts_release(host, l);
+        /* the callback fails at the second expert handed over: that status, nothing left pinned */
+        each_rec f = {.fail_at = 1, .m = &m, .layer = l, .ids = ids2};
+        CHECK(ms_streaming_acquire_each(host, l, K, ids2, v, each_cb, &f, &err) == MS_ERR_IO);
+        CHECK(strstr(err.msg, "callback stops") != NULL);
+        each_rec g = {.fail_at = -1, .m = &m, .layer = l, .ids = ids};
+        CHECK_MSG(ms_streaming_acquire_each(host, l, K, ids, v, each_cb, &g, &err) == 0, "%s", err.msg);
+        CHECK(g.bad == 0);
+        ms_experts_release(host, l);
+        /* without a callback: ms_experts_acquire's views */
+        ms_expert_view w[64];
+        CHECK(ms_streaming_acquire_each(host, l, K, ids2, v, NULL, NULL, &err) == 0);
+        ms_experts_release(host, l);
+        CHECK(ms_experts_acquire(host, l, K, ids2, w, &err) == 0 && !memcmp(v, w, sizeof *v * (size_t)K));
+        ms_experts_release(host, l);
+    }
+    if (host) host->ops->destroy(host);
+    ms_model_free(&m);
+}
 
 TEST(default_budget) {
     ms_model m;
