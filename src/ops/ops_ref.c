@@ -69,17 +69,21 @@ void ms_qmat_row(const ms_qmat *w, int64_t r, float *out) {
     case MS_DT_F16:
         ms_to_f32(out, (const uint8_t *)w->data + (size_t)(r * C * (ms_dtype_bits(w->dtype) / 8)), w->dtype, C);
         break;
-    case MS_DT_F8_E4M3: {
+    case MS_DT_F8_E4M3: { /* one scale per block of bcol columns (the same products as per value) */
         const uint8_t *row = (const uint8_t *)w->data + r * C;
-        for (int64_t c = 0; c < C; c++) {
-            float s = w->scale ? scale_at(w, r / w->brow, c / w->bcol) : 1.0f;
-            out[c] = ms_fp8_e4m3_to_f32(row[c]) * s;
+        const int64_t bc = w->scale ? w->bcol : C;
+        for (int64_t c0 = 0; c0 < C; c0 += bc) {
+            const float s = w->scale ? scale_at(w, r / w->brow, c0 / w->bcol) : 1.0f;
+            for (int64_t c = c0; c < C && c < c0 + bc; c++) out[c] = ms_fp8_e4m3_to_f32(row[c]) * s;
         }
         break;
     }
     case MS_DT_Q8: {
         const int8_t *row = (const int8_t *)w->data + r * C;
-        for (int64_t c = 0; c < C; c++) out[c] = (float)row[c] * scale_at(w, r / w->brow, c / w->bcol);
+        for (int64_t c0 = 0; c0 < C; c0 += w->bcol) {
+            const float s = scale_at(w, r / w->brow, c0 / w->bcol);
+            for (int64_t c = c0; c < C && c < c0 + w->bcol; c++) out[c] = (float)row[c] * s;
+        }
         break;
     }
     case MS_DT_I4: {

@@ -1,18 +1,19 @@
-/* test_int4_asym.c — asymmetric compressed-tensors INT4 (pack-quantized, symmetric: false,
- * weight_zero_point; core/qmat.h I4 zero).
+/* test_int4_asym.c — compressed-tensors INT4 (pack-quantized; core/qmat.h I4), symmetric as
+ * Kimi K2-Thinking / K2.5 publish and asymmetric (symmetric: false, weight_zero_point).
  *
  * The reference is this file's own float64 dequantization, written from compressed-tensors'
  * format (pack_to_int32 / unpack_from_int32: nibble i of an int32 word is bits 4i..4i+3,
  * stored as value + 8; weights packed along the columns, zero points along the rows;
- * value = (q - z) * scale), sharing no code with the kernels or ms_qmat_row:
+ * value = (q - z) * scale, z = 0 when symmetric), sharing no code with the kernels or ms_qmat_row:
  *  - every CPU dispatch path (scalar, AVX2, AVX-512 where present; F32 activations against
  *    it and against the scalar path, Q8 activations against it on the activations rounded
  *    as ms_qk_quant's contract says), decode and prefill, odd shapes, rows not a
  *    multiple of 8 (a zero-point word's padding rows);
- *  - a synth model (synth --expert-dtype int4-asym) on a DeepSeek-V3 and a Kimi Linear
- *    architecture against the same model with every expert matrix replaced by its
- *    reference dequantization in F32;
- *  - the config parse (symmetric false accepted, mixed groups refused) and the binding.
+ *  - synth models (synth --expert-dtype int4 / int4-asym) on a DeepSeek-V3 (what Kimi K2 is)
+ *    and a Kimi Linear architecture against the same model with every expert matrix replaced
+ *    by its reference dequantization in F32 (one table of cases);
+ *  - the config parse (Kimi K2-Thinking's quantization_config, symmetric false accepted, each
+ *    refusal naming its key: one table) and the binding.
  * Streamed vs resident bit-identity is in test_streaming_engine.c. */
 #include <math.h>
 #include <stdint.h>
@@ -205,50 +206,78 @@ TEST(quant_i4z_row_contract) {
     }
 }
 
-#define N_PROMPT 20
-#define N_STEPS 5
+/* One synth model with INT4 routed experts (synth --expert-dtype int4 / int4-asym) and the
+ * prompt it runs: the same model with every expert matrix replaced by this file's reference
+ * dequantization in F32 (ref_value, not ms_qmat_row) runs the F32 kernels, so the logits must
+ * agree to F32 reduction accuracy. */
+typedef struct {
+    const char *fixture; /* its config.json: DeepSeek-V3 architecture (what Kimi K2 is), Kimi Linear */
+    int asym;            /* 0: symmetric, as Kimi K2-Thinking / K2.5 publish; 1: weight_zero_point */
+    int seed, n_prompt, n_steps;
+    int id_mul, id_add, id_mod; /* prompt id k = (k * id_mul + id_add) % id_mod + 1 */
+    int tok0, tok_step;         /* decode step i feeds tok0 + tok_step * i */
+} model_case;
 
-static float *run(ms_model *m, const int32_t *ids, ms_err *err) {
+static const model_case model_cases[] = {
+    {"deepseek_v3", 0, 3, 24, 6, 53, 11, 250, 7, 31},
+    {"kimi_linear", 0, 3, 24, 6, 53, 11, 250, 7, 31},
+    {"deepseek_v3", 1, 5, 20, 5, 41, 3, 240, 5, 29},
+    {"kimi_linear", 1, 5, 20, 5, 41, 3, 240, 5, 29},
+};
+
+/* Prefill the case's prompt (all logits), then its decode steps of fixed tokens:
+ * [n_prompt + n_steps, vocab], or NULL with err set. */
+static float *run(ms_model *m, const model_case *k, ms_err *err) {
     ms_engine *e;
     ms_engine_opts o = {.max_ctx = 128};
     if (ms_engine_create(m, &o, &e, err)) return NULL;
     int64_t V = m->cfg.vocab;
-    float *out = malloc(sizeof(float) * (size_t)V * (N_PROMPT + N_STEPS));
-    int rc = ms_engine_forward(e, ids, N_PROMPT, out, 1, err);
-    for (int i = 0; i < N_STEPS && !rc; i++) {
-        int32_t tok = (int32_t)(5 + 29 * i);
-        rc = ms_engine_forward(e, &tok, 1, out + (size_t)V * (N_PROMPT + i), 0, err);
+    int32_t ids[64];
+    for (int i = 0; i < k->n_prompt; i++) ids[i] = (int32_t)((i * k->id_mul + k->id_add) % k->id_mod + 1);
+    float *out = malloc(sizeof(float) * (size_t)V * (size_t)(k->n_prompt + k->n_steps));
+    int rc = ms_engine_forward(e, ids, k->n_prompt, out, 1, err);
+    for (int i = 0; i < k->n_steps && !rc; i++) {
+        int32_t tok = (int32_t)(k->tok0 + k->tok_step * i);
+        rc = ms_engine_forward(e, &tok, 1, out + (size_t)V * (size_t)(k->n_prompt + i), 0, err);
     }
     ms_engine_destroy(e);
     if (rc) { free(out); return NULL; }
     return out;
 }
 
-static void check_model(const char *name) {
+static void check_model(const model_case *k) {
+    const char *name = k->fixture, *kind = k->asym ? "int4-asym" : "int4";
     char cfg[256], out[256];
     snprintf(cfg, sizeof cfg, MS_TEST_FIXTURES "%s/config.json", name);
-    snprintf(out, sizeof out, "build/tmp/int4z_ref_%s", name);
+    snprintf(out, sizeof out, "build/tmp/%s_ref_%s", k->asym ? "int4z" : "int4", name);
     mkdir("build/tmp", 0755);
-    ms_synth_opts o = {.config_path = cfg, .out_dir = out, .seed = 5, .dtype = MS_DT_BF16, .expert_dtype = MS_DT_I4,
-                       .int4_asym = 1};
+    ms_synth_opts o = {.config_path = cfg, .out_dir = out, .seed = (uint64_t)k->seed, .dtype = MS_DT_BF16,
+                       .expert_dtype = MS_DT_I4, .int4_asym = k->asym};
     ms_synth_result sr;
     ms_err err = {0};
-    if (ms_synth(&o, &sr, &err)) { CHECK_MSG(0, "%s synth: %s", name, err.msg); return; }
+    if (ms_synth(&o, &sr, &err)) { CHECK_MSG(0, "%s %s synth: %s", name, kind, err.msg); return; }
     ms_model m;
-    if (ms_model_load(out, &m, &err)) { CHECK_MSG(0, "%s load: %s", name, err.msg); return; }
-    CHECK(m.cfg.int4_packed == 1 && m.cfg.int4_asym == 1 && m.cfg.int4_group == 32);
-    int n_zero = 0, n_nonsym = 0;
+    if (ms_model_load(out, &m, &err)) { CHECK_MSG(0, "%s %s load: %s", name, kind, err.msg); return; }
+    CHECK(m.cfg.int4_packed == 1 && m.cfg.int4_asym == k->asym && m.cfg.int4_group == 32);
+    /* the routed experts alone are INT4, bound as views into the mapping; zero points iff asymmetric */
+    int n_i4 = 0, n_other = 0, n_zero = 0, n_nonsym = 0;
     for (int l = 0; l < m.cfg.n_layers; l++) {
-        if (!m.layers[l].experts) continue;
-        const ms_qmat *g = &m.layers[l].experts[0].gate;
+        ms_layer *L = &m.layers[l];
+        if (!L->experts) continue;
+        const ms_qmat *g = &L->experts[0].gate;
+        n_i4 += g->dtype == MS_DT_I4;
+        const uint8_t *p = g->data, *mp = m.ck.files[0].map.data;
+        CHECK(p >= mp && p < mp + m.ck.files[0].map.size);
+        CHECK(g->brow == 1 && g->bcol == 32 && g->scale_dtype == MS_DT_BF16);
+        n_other += L->wo.dtype == MS_DT_I4;
         n_zero += g->dtype == MS_DT_I4 && g->zero != NULL;
-        for (int64_t r = 0; r < g->rows; r++) n_nonsym += ms_i4_zero(g, r, 0) != 8;
+        for (int64_t r = 0; g->zero && r < g->rows; r++) n_nonsym += ms_i4_zero(g, r, 0) != 8;
     }
-    CHECK_MSG(n_zero > 0 && n_nonsym > 0, "%s: %d layers with zero points, %d non-8 zero points", name, n_zero, n_nonsym);
-    int32_t ids[N_PROMPT];
-    for (int k = 0; k < N_PROMPT; k++) ids[k] = (int32_t)((k * 41 + 3) % 240 + 1);
-    float *got = run(&m, ids, &err);
-    CHECK_MSG(got != NULL, "%s int4 asym: %s", name, err.msg);
+    CHECK_MSG(n_i4 > 0 && n_other == 0, "%s %s: %d INT4 expert layers, %d INT4 static matrices", name, kind, n_i4, n_other);
+    CHECK_MSG(k->asym ? n_zero == n_i4 && n_nonsym > 0 : n_zero == 0, "%s %s: %d of %d layers with zero points, %d non-8",
+              name, kind, n_zero, n_i4, n_nonsym);
+    float *got = run(&m, k, &err);
+    CHECK_MSG(got != NULL, "%s %s: %s", name, kind, err.msg);
     /* every I4 expert matrix -> F32 of the reference dequantization */
     float **allocs = NULL;
     int n_allocs = 0;
@@ -256,8 +285,8 @@ static void check_model(const char *name) {
         if (!m.layers[l].experts) continue;
         for (int e = 0; e < m.cfg.n_experts; e++) {
             ms_qmat *mats[3] = {&m.layers[l].experts[e].gate, &m.layers[l].experts[e].up, &m.layers[l].experts[e].down};
-            for (int k = 0; k < 3; k++) {
-                ms_qmat *q = mats[k];
+            for (int j = 0; j < 3; j++) {
+                ms_qmat *q = mats[j];
                 if (q->dtype != MS_DT_I4) continue;
                 float *f = malloc(sizeof(float) * (size_t)(q->rows * q->cols));
                 for (int64_t r = 0; r < q->rows; r++)
@@ -268,20 +297,22 @@ static void check_model(const char *name) {
             }
         }
     }
-    float *ref = run(&m, ids, &err);
-    CHECK_MSG(ref != NULL, "%s f32 reference: %s", name, err.msg);
+    CHECK(n_allocs == n_i4 * m.cfg.n_experts * 3);
+    float *ref = run(&m, k, &err);
+    CHECK_MSG(ref != NULL, "%s %s f32 reference: %s", name, kind, err.msg);
     if (got && ref) {
-        size_t total = (size_t)m.cfg.vocab * (N_PROMPT + N_STEPS);
+        size_t total = (size_t)m.cfg.vocab * (size_t)(k->n_prompt + k->n_steps);
         double max_abs = 0, max_ref = 0;
         for (size_t i = 0; i < total; i++) {
             double d = fabs((double)got[i] - ref[i]);
             max_abs = d > max_abs ? d : max_abs;
             max_ref = fabs(ref[i]) > max_ref ? fabs(ref[i]) : max_ref;
         }
-        CHECK_MSG(max_abs <= 2e-5 * (max_ref + 1e-3), "%s: max |int4 asym - f32 reference| %.3g (max |logit| %.3g)", name,
+        /* F32 reduction order only: a few ulps of the largest logit through the layers */
+        CHECK_MSG(max_abs <= 2e-5 * (max_ref + 1e-3), "%s: max |%s - f32 reference| %.3g (max |logit| %.3g)", name, kind,
                   max_abs, max_ref);
-        printf("%s int4-asym vs f32 reference dequantization: max abs diff %.3g, max |logit| %.3g, %d matrices\n", name,
-               max_abs, max_ref, n_allocs);
+        printf("%s %s vs f32 reference dequantization: max abs diff %.3g, max |logit| %.3g, %d expert matrices\n", name,
+               kind, max_abs, max_ref, n_allocs);
     }
     free(got), free(ref);
     for (int i = 0; i < n_allocs; i++) free(allocs[i]);
@@ -289,9 +320,8 @@ static void check_model(const char *name) {
     ms_model_free(&m);
 }
 
-TEST(int4_asym_experts_match_reference) {
-    check_model("deepseek_v3");
-    check_model("kimi_linear");
+TEST(int4_experts_match_reference) {
+    for (size_t i = 0; i < sizeof model_cases / sizeof *model_cases; i++) check_model(&model_cases[i]);
 }
 
 /* the deepseek_v3 fixture's config.json with quantization_config q */
@@ -305,20 +335,61 @@ static int parse_q(const char *q, ms_config *c, ms_err *err) {
     return ms_config_parse(buf, strlen(buf), "test", c, err);
 }
 
-TEST(int4_asym_config) {
+/* Kimi K2-Thinking's quantization_config (config_groups, targets, ignore) */
+static const char k2_q[] =
+    "{\"quant_method\":\"compressed-tensors\",\"format\":\"pack-quantized\",\"config_groups\":{\"group_0\":{"
+    "\"input_activations\":null,\"output_activations\":null,\"targets\":[\"Linear\"],\"weights\":{\"actorder\":null,"
+    "\"dynamic\":false,\"group_size\":32,\"num_bits\":4,\"observer\":\"minmax\",\"strategy\":\"group\","
+    "\"symmetric\":true,\"type\":\"int\"}}},\"ignore\":[\"lm_head\",\"re:.*self_attn.*\",\"re:.*shared_experts.*\","
+    "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"],\"kv_cache_scheme\":null,\"quantization_status\":\"compressed\"}";
+
+/* The quantization_config parse: what is accepted (symmetric or not) and each refusal naming its key. */
+TEST(int4_config) {
     static ms_config c;
     ms_err err = {0};
-    const char *one = "{\"quant_method\":\"compressed-tensors\",\"format\":\"pack-quantized\",\"config_groups\":{\"group_0\":{"
-                      "\"targets\":[\"Linear\"],\"weights\":{\"group_size\":32,\"num_bits\":4,\"strategy\":\"group\","
-                      "\"symmetric\":false,\"type\":\"int\"}}},\"ignore\":[\"lm_head\"]}";
-    CHECK_MSG(parse_q(one, &c, &err) == 0, "%s", err.msg);
-    CHECK(c.int4_packed == 1 && c.int4_asym == 1 && c.int4_group == 32);
-    const char *mixed = "{\"quant_method\":\"compressed-tensors\",\"format\":\"pack-quantized\",\"config_groups\":{"
-                        "\"a\":{\"targets\":[\"re:.*up_proj\"],\"weights\":{\"group_size\":32,\"num_bits\":4,\"symmetric\":true}},"
-                        "\"b\":{\"targets\":[\"re:.*down_proj\"],\"weights\":{\"group_size\":32,\"num_bits\":4,\"symmetric\":false}}}}";
-    err = (ms_err){0};
-    int rc = parse_q(mixed, &c, &err);
-    CHECK_MSG(rc == MS_ERR_UNSUPPORTED && strstr(err.msg, "symmetric"), "rc %d: %s", rc, err.msg);
+    struct {
+        const char *base, *from, *to; /* base with from replaced by to (from NULL: base as is) */
+        int asym;                     /* accepted: int4_asym; -1: refused */
+        const char *needle;           /* the refusal names it */
+    } cases[] = {
+        {k2_q, NULL, NULL, 0, NULL},
+        {"{\"quant_method\":\"compressed-tensors\",\"format\":\"pack-quantized\",\"config_groups\":{\"group_0\":{"
+         "\"targets\":[\"Linear\"],\"weights\":{\"group_size\":32,\"num_bits\":4,\"strategy\":\"group\","
+         "\"symmetric\":false,\"type\":\"int\"}}},\"ignore\":[\"lm_head\"]}",
+         NULL, NULL, 1, NULL},
+        {k2_q, "\"num_bits\":4", "\"num_bits\":8", -1, "8-bit"},
+        {k2_q, "\"actorder\":null", "\"actorder\":\"group\"", -1, "actorder"},
+        {k2_q, "\"strategy\":\"group\"", "\"strategy\":\"channel\"", -1, "strategy"},
+        {k2_q, "\"input_activations\":null", "\"input_activations\":{\"num_bits\":8}", -1, "input_activations"},
+        {k2_q, "\"format\":\"pack-quantized\"", "\"format\":\"marlin-24\"", -1, "marlin-24"},
+        {"{\"quant_method\":\"compressed-tensors\",\"format\":\"pack-quantized\",\"config_groups\":{"
+         "\"a\":{\"targets\":[\"re:.*up_proj\"],\"weights\":{\"group_size\":32,\"num_bits\":4,\"symmetric\":true}},"
+         "\"b\":{\"targets\":[\"re:.*down_proj\"],\"weights\":{\"group_size\":32,\"num_bits\":4,\"symmetric\":false}}}}",
+         NULL, NULL, -1, "symmetric"}, /* mixed groups */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char q[2048];
+        const char *b = cases[i].base, *at = cases[i].from ? strstr(b, cases[i].from) : NULL;
+        if (cases[i].from) CHECK_MSG(at != NULL, "case %zu: \"%s\" not in its base", i, cases[i].from);
+        if (at) snprintf(q, sizeof q, "%.*s%s%s", (int)(at - b), b, cases[i].to, at + strlen(cases[i].from));
+        else snprintf(q, sizeof q, "%s", b);
+        err = (ms_err){0};
+        int rc = parse_q(q, &c, &err);
+        if (cases[i].asym >= 0)
+            CHECK_MSG(rc == 0 && c.int4_packed == 1 && c.int4_group == 32 && c.int4_asym == cases[i].asym && !c.mxfp4_packed,
+                      "case %zu: rc %d: %s", i, rc, err.msg);
+        else
+            CHECK_MSG(rc == MS_ERR_UNSUPPORTED && strstr(err.msg, cases[i].needle), "case %zu: rc %d: %s", i, rc, err.msg);
+    }
+    /* K2's targets and ignore list: re.match anchors at the start only */
+    CHECK_MSG(parse_q(k2_q, &c, &err) == 0, "%s", err.msg);
+    CHECK(ms_config_ct_quantized(&c, "model.layers.3.mlp.experts.17.gate_proj"));
+    CHECK(ms_config_ct_quantized(&c, "model.layers.3.mlp.experts.17.down_proj"));
+    CHECK(!ms_config_ct_quantized(&c, "model.layers.3.mlp.shared_experts.down_proj"));
+    CHECK(!ms_config_ct_quantized(&c, "model.layers.0.mlp.gate_proj"));
+    CHECK(!ms_config_ct_quantized(&c, "model.layers.3.self_attn.kv_a_proj_with_mqa"));
+    CHECK(!ms_config_ct_quantized(&c, "lm_head"));
+    CHECK(ms_config_ct_quantized(&c, "xmlp.gate_proj") == 0 && ms_config_ct_quantized(&c, "mlp.gate_projection") == 0);
 }
 
 /* The loader binds weight_zero_point as the view's zero (a view into the mapping) and lists it
