@@ -131,6 +131,83 @@ __global__ void k_deq(const deq_job *jobs) {
     }
 }
 
+/* k_deq's arithmetic (value times its block scale, one F32 rounding, then hi and lo) on
+ * eight columns per thread: a row per block iteration (its scale row computed once), one
+ * load of the row's 8 stored values (4 to 32 bytes), the scale once per 8 columns, two
+ * 16-byte stores. For jobs whose layout deq_fast_ok accepts; the same bits as k_deq. */
+__global__ void k_deq8(const deq_job *jobs) {
+    const deq_job jb = jobs[blockIdx.y];
+    const wview &q = jb.q;
+    const int64_t c8n = q.cols / 8, n = jb.rows * q.cols;
+    int bsh = 0;
+    while ((1 << bsh) < q.bcol) bsh++;
+    for (int64_t r = blockIdx.x; r < jb.rows; r += gridDim.x) {
+        const int64_t row = jb.r0 + r, srow = (row / q.brow) * q.scols;
+        for (int64_t k = threadIdx.x; k < c8n; k += blockDim.x) {
+            const int64_t c = 8 * k, i = row * q.cols + c;
+            float v[8];
+            if (q.dt == WD_FP8) {
+                uint2 u = *(const uint2 *)(q.w + i);
+                float2 f0 = ms_fp8x2_e4m3_to_f32x2(u.x & 0xffffu), f1 = ms_fp8x2_e4m3_to_f32x2(u.x >> 16);
+                float2 f2 = ms_fp8x2_e4m3_to_f32x2(u.y & 0xffffu), f3 = ms_fp8x2_e4m3_to_f32x2(u.y >> 16);
+                v[0] = f0.x, v[1] = f0.y, v[2] = f1.x, v[3] = f1.y, v[4] = f2.x, v[5] = f2.y, v[6] = f3.x, v[7] = f3.y;
+            } else if (q.dt == WD_F4) {
+                uint32_t u = *(const uint32_t *)(q.w + i / 2);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = ms_e2m1_to_f32((u >> (4 * e)) & 15u);
+            } else {
+                uint4 u = *(const uint4 *)(q.w + 2 * i);
+                const uint32_t h[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 f = q.dt == WD_BF16 ? ms_bf16x2_to_f32x2(h[e]) : ms_f16x2_to_f32x2(h[e]);
+                    v[2 * e] = f.x, v[2 * e + 1] = f.y;
+                }
+            }
+            if (q.sdt != WS_NONE && q.dt != WD_F16) { /* as wv_at: F16 as stored */
+                int64_t si = srow + (c >> bsh);
+                float sc = q.sdt == WS_F32    ? ((const float *)q.s)[si]
+                           : q.sdt == WS_BF16 ? ms_bf16_to_f32_dev(((const uint16_t *)q.s)[si])
+                                              : ms_e8m0_to_f32_dev(q.s[si]);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] *= sc;
+            }
+            uint32_t hw[4], lw[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                uint16_t h0 = bf16_rn(v[2 * e]), h1 = bf16_rn(v[2 * e + 1]);
+                hw[e] = (uint32_t)h0 | ((uint32_t)h1 << 16);
+                uint16_t l0 = fabsf(v[2 * e]) < 3.0e38f ? bf16_rn(v[2 * e] - bf16_f(h0)) : (uint16_t)0;
+                uint16_t l1 = fabsf(v[2 * e + 1]) < 3.0e38f ? bf16_rn(v[2 * e + 1] - bf16_f(h1)) : (uint16_t)0;
+                lw[e] = (uint32_t)l0 | ((uint32_t)l1 << 16);
+            }
+            int64_t o = r * q.cols + c;
+            *(uint4 *)(jb.out + o) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+            if (jb.nq > 1) *(uint4 *)(jb.out + n + o) = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+        }
+    }
+}
+
+/* Whether k_deq8 takes job j: FP8, MXFP4, BF16 or F16 rows of a multiple of 8 columns, scale
+ * blocks of a power-of-two multiple of 8 columns, the stored rows and the output 16-byte
+ * aligned where k_deq8 reads and writes them whole. */
+static int deq_fast_ok(const deq_job *j) {
+    const wview *q = &j->q;
+    if (q->dt == WD_F32 || q->cols % 8 || (uintptr_t)j->out % 16) return 0;
+    if (q->sdt != WS_NONE && (q->bcol % 8 || (q->bcol & (q->bcol - 1)))) return 0;
+    int eb = q->dt == WD_FP8 ? 8 : q->dt == WD_F4 ? 4 : 16; /* bytes of 8 stored values */
+    return (uintptr_t)q->w % (uintptr_t)eb == 0;
+}
+/* MS_GPU_DEQ=old (read once; A/B measurements): the element-wise dequantization (k_deq). */
+static int deq_old(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MS_GPU_DEQ");
+        v = e && !strcmp(e, "old");
+    }
+    return v;
+}
+
 /* Dense: x [n, K] -> xs [3n, K] (rows t: hi, n + t: mid, 2n + t: lo). */
 __global__ void k_split_dense(const float *x, int64_t n, int64_t K, uint16_t *xs) {
     int64_t tot = n * K;
@@ -328,7 +405,10 @@ extern "C" int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int 
         if (nq) {
             deq_job j = {q, b->ws, r0, rows, np};
             if ((rc = ms_gpu_upload(b->g, b->meta, &j, sizeof j, err))) return rc;
-            k_deq<<<dim3(grid_for(rows * K), 1), 256, 0, b->g->stream>>>((const deq_job *)b->meta);
+            if (!deq_old() && deq_fast_ok(&j))
+                k_deq8<<<dim3((unsigned)(rows < 4096 ? rows : 4096), 1), 128, 0, b->g->stream>>>((const deq_job *)b->meta);
+            else
+                k_deq<<<dim3(grid_for(rows * K), 1), 256, 0, b->g->stream>>>((const deq_job *)b->meta);
             if ((rc = ms_gpu_launched(err, "gemm dequantize"))) return rc;
             A = b->ws;
         }
@@ -622,7 +702,12 @@ static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni,
     const void *const *dbias = (const void *const *)(Dm + o_bias);
     const void **dptr = (const void **)(Dm + o_ptr);
     if (ndj) {
-        k_deq<<<dim3(grid_for(M1 * D) > 1024 ? 1024 : grid_for(M1 * D), ndj), 256, 0, st>>>((const deq_job *)(Dm + o_deq));
+        int fast = !deq_old();
+        for (int q = 0; q < ndj && fast; q++) fast = deq_fast_ok(&dj[q]);
+        if (fast) /* a block per row of each job (gate / up / down of each expert), 8 columns per thread */
+            k_deq8<<<dim3((unsigned)(M1 > D ? M1 : D), ndj), 128, 0, st>>>((const deq_job *)(Dm + o_deq));
+        else
+            k_deq<<<dim3(grid_for(M1 * D) > 1024 ? 1024 : grid_for(M1 * D), ndj), 256, 0, st>>>((const deq_job *)(Dm + o_deq));
         if ((rc = ms_gpu_launched(err, "grouped experts: dequantize"))) return rc;
     }
     const void *const *dscl = (const void *const *)(Dm + o_sc);
