@@ -5,7 +5,8 @@
  *
  * Every weight is replicated into copies that together exceed 1 GiB and the
  * timed launches cycle through them, so the bytes come from HBM, not L2.
- * Usage: gpubench [--peak-gbs 4800] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS] */
+ * Usage: gpubench [--peak-gbs 4800] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS]
+ *                 [--routed DTYPE EXPERTS K HIDDEN INTER] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -176,6 +177,69 @@ static void bench_experts(const bdt *d, int k, int64_t D, int64_t I) {
     free((void *)hg.data), free((void *)hg.scale), free((void *)hd.data), free((void *)hd.scale);
 }
 
+/* One decode token's routed experts (ms_gpu_moe_routed, the backend's decode path): E experts
+ * of [I, D] gate and up and [D, I] down resident, K of them per call from 64 random id sets
+ * (distinct ids per set; E x the expert bytes exceed L2, so the bytes come from HBM). GB/s
+ * of the K experts' weight + scale bytes, against the copy measured in the same run. */
+static void bench_routed(const bdt *d, int E, int K, int64_t D, int64_t I) {
+    enum { SETS = 64 };
+    ms_err err = {0};
+    ms_qmat hg = host_w(d, I, D), hd = host_w(d, D, I);
+    ms_qmat *dg = calloc((size_t)E * 3, sizeof *dg);
+    ms_gpu_ex_ptrs *tab = calloc((size_t)E, sizeof *tab);
+    for (int e = 0; e < E; e++) {
+        for (int m = 0; m < 3; m++) {
+            if (ms_gpu_qmat_upload(G, m == 2 ? &hd : &hg, &dg[3 * e + m], &err)) die("upload", &err);
+            tab[e].w[m] = dg[3 * e + m].data, tab[e].s[m] = dg[3 * e + m].scale;
+        }
+    }
+    int32_t ids[SETS * 32];
+    for (int s = 0; s < SETS; s++)
+        for (int j = 0; j < K; j++) {
+            int id, dup;
+            do {
+                id = (int)(rnd() % (uint64_t)E), dup = 0;
+                for (int q = 0; q < j; q++) dup |= ids[s * K + q] == id;
+            } while (dup);
+            ids[s * K + j] = id;
+        }
+    float wts[32];
+    for (int j = 0; j < 32; j++) wts[j] = 1.0f / (float)K;
+    void *dtab, *dids, *dw, *x, *acc, *scr;
+    if (ms_gpu_alloc(G, (size_t)E * sizeof *tab, &dtab, &err) || ms_gpu_alloc(G, sizeof ids, &dids, &err) ||
+        ms_gpu_alloc(G, sizeof wts, &dw, &err) || ms_gpu_alloc(G, (size_t)D * 4, &x, &err) ||
+        ms_gpu_alloc(G, (size_t)D * 4, &acc, &err) ||
+        ms_gpu_alloc(G, ms_gpu_moe_routed_scratch_floats(K, I, D) * 4, &scr, &err))
+        die("alloc", &err);
+    ms_gpu_upload(G, dtab, tab, (size_t)E * sizeof *tab, &err), ms_gpu_upload(G, dids, ids, sizeof ids, &err);
+    ms_gpu_upload(G, dw, wts, sizeof wts, &err), ms_gpu_zero(G, x, (size_t)D * 4, &err);
+    ms_gpu_glu_params act = {0, 0.0f, 1.0f, 0.0f, 0.0f, 0.0f};
+    int reps = 256;
+    float ms = 0, best = 1e30f;
+    for (int round = 0; round < 5; round++) {
+        ms_gpu_timer_start(G, &err);
+        for (int i = 0; i < reps; i++)
+            if (ms_gpu_moe_routed(G, acc, x, K, (const int32_t *)dids + (i % SETS) * K, dw, dtab, &dg[0], &dg[2], 0, 0,
+                                  &act, scr, &err))
+                die("routed experts", &err);
+        if (ms_gpu_timer_stop(G, &ms, &err)) die("timer", &err);
+        if (round && ms < best) best = ms;
+    }
+    double us = best * 1e3 / reps, bytes = (double)K * (2 * ms_qmat_bytes(&hg) + ms_qmat_bytes(&hd));
+    double gbs = bytes / (us * 1e-6) / 1e9;
+    const char *fp8 = getenv("MS_GPU_FP8_DECODE"), *qx = getenv("MS_GPU_QX");
+    printf("{\"bench\":\"moe_routed\",\"dtype\":\"%s\",\"experts\":%d,\"k\":%d,\"hidden\":%lld,\"inter\":%lld,"
+           "\"fp8_decode\":\"%s\",\"qx\":\"%s\",\"bytes\":%.0f,\"us\":%.2f,\"gbs\":%.1f,\"frac_copy\":%.3f}\n",
+           d->name, E, K, (long long)D, (long long)I, fp8 ? fp8 : "default", qx ? qx : "new", bytes, us, gbs,
+           g_copy > 0 ? gbs / g_copy : 0.0);
+    fflush(stdout);
+    for (int i = 0; i < 3 * E; i++) ms_gpu_qmat_free(G, &dg[i]);
+    ms_gpu_free(G, dtab), ms_gpu_free(G, dids), ms_gpu_free(G, dw), ms_gpu_free(G, x), ms_gpu_free(G, acc);
+    ms_gpu_free(G, scr);
+    free(dg), free(tab);
+    free((void *)hg.data), free((void *)hg.scale), free((void *)hd.data), free((void *)hd.scale);
+}
+
 static void bench_attn(int H, int KV, int hd, int64_t ctx, int window) {
     ms_err err = {0};
     size_t kvb = (size_t)ctx * KV * hd * 4;
@@ -248,7 +312,7 @@ static void bench_gemm(const bdt *d, int64_t rows, int64_t cols) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, one = -1, one_n = 1, gemm = -1;
+    int quick = 0, one = -1, one_n = 1, gemm = -1, routed = -1, r_e = 0, r_k = 0;
     int64_t one_r = 0, one_c = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peak-gbs") && i + 1 < argc) g_peak = atof(argv[++i]);
@@ -271,8 +335,17 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "gpubench: --gemm DTYPE ROWS COLS (dtype bf16|f16|f32|f8_e4m3|mxfp4)\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--routed") && i + 5 < argc) { /* DTYPE EXPERTS K HIDDEN INTER */
+            for (int d = 0; d < 5; d++)
+                if (!strcmp(argv[i + 1], k_dt[d].name)) routed = d;
+            r_e = atoi(argv[i + 2]), r_k = atoi(argv[i + 3]), one_r = atoll(argv[i + 4]), one_c = atoll(argv[i + 5]);
+            i += 5;
+            if (routed < 0 || r_k < 1 || r_k > 32 || r_e < r_k || one_r < 1 || one_c < 1) {
+                fprintf(stderr, "gpubench: --routed DTYPE EXPERTS K HIDDEN INTER (K 1..32 <= EXPERTS)\n");
+                return 2;
+            }
         } else {
-            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS]\n");
+            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS] [--routed DTYPE EXPERTS K HIDDEN INTER]\n");
             return 2;
         }
     }
@@ -286,6 +359,11 @@ int main(int argc, char **argv) {
            info.mem_total / 1073741824.0, info.l2_bytes / 1048576.0, info.peak_gbs, g_peak, info.runtime_version,
            info.driver_version);
     measure_copy();
+    if (routed >= 0) {
+        bench_routed(&k_dt[routed], r_e, r_k, one_r, one_c);
+        ms_gpu_close(G);
+        return 0;
+    }
     if (gemm >= 0) {
         bench_gemm(&k_dt[gemm], one_r, one_c);
         ms_gpu_close(G);

@@ -407,6 +407,10 @@ TEST(backend_gemm) {
     check_gemm_moe("bf16 (qwen3 shape, 128 experts)", &K_BF16, 128, 8, 64, 2048, 768, 0, 0, 0.0f, 0);
     check_gemm_moe("fp8 f32 128x128 scales", &K_FP8, 16, 4, 40, 512, 384, 0, 0, 0.0f, 0);
     check_gemm_moe("fp8 bf16 scales", &K_FP8B, 16, 4, 40, 512, 256, 0, 0, 0.0f, 0);
+    /* FP8 in the row-block form (above: rows a multiple of 128) with fused gate_up, biases and a
+     * limit; and inter rows of a partial block (320: the hi + lo form) */
+    check_gemm_moe("fp8 fused gate_up, biases, limit 7 (row blocks)", &K_FP8, 8, 4, 33, 384, 192, 1, 1, 7.0f, 0);
+    check_gemm_moe("fp8 partial row block (hi + lo)", &K_FP8, 8, 2, 21, 256, 320, 0, 0, 0.0f, 0);
     check_gemm_moe("f16", &K_F16, 8, 2, 33, 256, 128, 0, 0, 0.0f, 0);
     check_gemm_moe("mxfp4 fused gate_up, biases, limit 7", &K_F4, 8, 4, 40, 320, 128, 1, 1, 7.0f, 0);
     check_gemm_moe("bf16 biases, limit 7", &K_BF16, 8, 2, 17, 256, 96, 0, 1, 7.0f, 0);

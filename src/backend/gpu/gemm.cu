@@ -26,6 +26,7 @@ void **ms_gpu_be_gemm(ms_backend *be);
 #define WS_CAP ((size_t)256 << 20) /* dequantized weights, BF16 elements per group (at least one expert) */
 #define MROWS 1024                 /* pairs of one expert per item (more: several items) */
 #define COLPAD 16                  /* columns of an item rounded up to this (GEMM size classes) */
+#define XS_CAP_RB ((size_t)192 << 20) /* split activations of the row-block form (a copy per row block) */
 
 /* BF16 parts of a weight: 0 when it is used as stored (BF16, no scale), 1 when one
  * BF16 matrix holds it exactly (MXFP4: e2m1 times a power of two), 2 otherwise (hi + lo);
@@ -128,6 +129,83 @@ __global__ void k_deq(const deq_job *jobs) {
             jb.out[n + i] = (fabsf(v) < 3.0e38f) ? bf16_rn(rest) : (uint16_t)0;
         }
     }
+}
+
+/* k_deq's arithmetic (value times its block scale, one F32 rounding, then hi and lo) on
+ * eight columns per thread: a row per block iteration (its scale row computed once), one
+ * load of the row's 8 stored values (4 to 32 bytes), the scale once per 8 columns, two
+ * 16-byte stores. For jobs whose layout deq_fast_ok accepts; the same bits as k_deq. */
+__global__ void k_deq8(const deq_job *jobs) {
+    const deq_job jb = jobs[blockIdx.y];
+    const wview &q = jb.q;
+    const int64_t c8n = q.cols / 8, n = jb.rows * q.cols;
+    int bsh = 0;
+    while ((1 << bsh) < q.bcol) bsh++;
+    for (int64_t r = blockIdx.x; r < jb.rows; r += gridDim.x) {
+        const int64_t row = jb.r0 + r, srow = (row / q.brow) * q.scols;
+        for (int64_t k = threadIdx.x; k < c8n; k += blockDim.x) {
+            const int64_t c = 8 * k, i = row * q.cols + c;
+            float v[8];
+            if (q.dt == WD_FP8) {
+                uint2 u = *(const uint2 *)(q.w + i);
+                float2 f0 = ms_fp8x2_e4m3_to_f32x2(u.x & 0xffffu), f1 = ms_fp8x2_e4m3_to_f32x2(u.x >> 16);
+                float2 f2 = ms_fp8x2_e4m3_to_f32x2(u.y & 0xffffu), f3 = ms_fp8x2_e4m3_to_f32x2(u.y >> 16);
+                v[0] = f0.x, v[1] = f0.y, v[2] = f1.x, v[3] = f1.y, v[4] = f2.x, v[5] = f2.y, v[6] = f3.x, v[7] = f3.y;
+            } else if (q.dt == WD_F4) {
+                uint32_t u = *(const uint32_t *)(q.w + i / 2);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = ms_e2m1_to_f32((u >> (4 * e)) & 15u);
+            } else {
+                uint4 u = *(const uint4 *)(q.w + 2 * i);
+                const uint32_t h[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 f = q.dt == WD_BF16 ? ms_bf16x2_to_f32x2(h[e]) : ms_f16x2_to_f32x2(h[e]);
+                    v[2 * e] = f.x, v[2 * e + 1] = f.y;
+                }
+            }
+            if (q.sdt != WS_NONE && q.dt != WD_F16) { /* as wv_at: F16 as stored */
+                int64_t si = srow + (c >> bsh);
+                float sc = q.sdt == WS_F32    ? ((const float *)q.s)[si]
+                           : q.sdt == WS_BF16 ? ms_bf16_to_f32_dev(((const uint16_t *)q.s)[si])
+                                              : ms_e8m0_to_f32_dev(q.s[si]);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] *= sc;
+            }
+            uint32_t hw[4], lw[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                uint16_t h0 = bf16_rn(v[2 * e]), h1 = bf16_rn(v[2 * e + 1]);
+                hw[e] = (uint32_t)h0 | ((uint32_t)h1 << 16);
+                uint16_t l0 = fabsf(v[2 * e]) < 3.0e38f ? bf16_rn(v[2 * e] - bf16_f(h0)) : (uint16_t)0;
+                uint16_t l1 = fabsf(v[2 * e + 1]) < 3.0e38f ? bf16_rn(v[2 * e + 1] - bf16_f(h1)) : (uint16_t)0;
+                lw[e] = (uint32_t)l0 | ((uint32_t)l1 << 16);
+            }
+            int64_t o = r * q.cols + c;
+            *(uint4 *)(jb.out + o) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+            if (jb.nq > 1) *(uint4 *)(jb.out + n + o) = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+        }
+    }
+}
+
+/* Whether k_deq8 takes job j: FP8, MXFP4, BF16 or F16 rows of a multiple of 8 columns, scale
+ * blocks of a power-of-two multiple of 8 columns, the stored rows and the output 16-byte
+ * aligned where k_deq8 reads and writes them whole. */
+static int deq_fast_ok(const deq_job *j) {
+    const wview *q = &j->q;
+    if (q->dt == WD_F32 || q->cols % 8 || (uintptr_t)j->out % 16) return 0;
+    if (q->sdt != WS_NONE && (q->bcol % 8 || (q->bcol & (q->bcol - 1)))) return 0;
+    int eb = q->dt == WD_FP8 ? 8 : q->dt == WD_F4 ? 4 : 16; /* bytes of 8 stored values */
+    return (uintptr_t)q->w % (uintptr_t)eb == 0;
+}
+/* MS_GPU_DEQ=old (read once; A/B measurements): the element-wise dequantization (k_deq). */
+static int deq_old(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MS_GPU_DEQ");
+        v = e && !strcmp(e, "old");
+    }
+    return v;
 }
 
 /* Dense: x [n, K] -> xs [3n, K] (rows t: hi, n + t: mid, 2n + t: lo). */
@@ -281,6 +359,15 @@ static int gemm_bf16(ms_gpu_blas *b, int64_t m, int64_t cols, int64_t k, const v
                    err, "gemm (bf16)");
 }
 
+/* gemm_bf16 with C's leading dimension ldc (>= m: m rows of a taller output). */
+static int gemm_bf16_ld(ms_gpu_blas *b, int64_t m, int64_t cols, int64_t k, const void *A, const void *B, float *C,
+                        int64_t ldc, ms_err *err) {
+    const float one = 1.0f, zero = 0.0f;
+    return blas_ok(b->api.gemm_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)m, (int)cols, (int)k, &one, A, BLAS_R_16BF, (int)k, B,
+                              BLAS_R_16BF, (int)k, &zero, C, BLAS_R_32F, (int)ldc, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT),
+                   err, "gemm (bf16)");
+}
+
 extern "C" int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc,
                                   ms_err *err) {
     if (!b || !y || !x || !w || n < 1) return ms_fail(err, MS_ERR_ARG, "gemm: bad arguments");
@@ -318,7 +405,10 @@ extern "C" int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int 
         if (nq) {
             deq_job j = {q, b->ws, r0, rows, np};
             if ((rc = ms_gpu_upload(b->g, b->meta, &j, sizeof j, err))) return rc;
-            k_deq<<<dim3(grid_for(rows * K), 1), 256, 0, b->g->stream>>>((const deq_job *)b->meta);
+            if (!deq_old() && deq_fast_ok(&j))
+                k_deq8<<<dim3((unsigned)(rows < 4096 ? rows : 4096), 1), 128, 0, b->g->stream>>>((const deq_job *)b->meta);
+            else
+                k_deq<<<dim3(grid_for(rows * K), 1), 256, 0, b->g->stream>>>((const deq_job *)b->meta);
             if ((rc = ms_gpu_launched(err, "gemm dequantize"))) return rc;
             A = b->ws;
         }
@@ -346,6 +436,28 @@ __global__ void k_split_pairs(const float *in, const pair_rec *pr, int64_t D, ui
     const float *src = in + (int64_t)p.tok * D;
     uint16_t *d0 = xs + (int64_t)p.col * D, *d1 = d0 + (int64_t)p.m * D, *d2 = d1 + (int64_t)p.m * D;
     for (int64_t c = threadIdx.x; c < D; c += blockDim.x) split3(src[c], d0 + c, d1 + c, d2 + c);
+}
+
+/* The row-block form of FP8 block-scaled experts (moe_rb_block): the weight's E4M3 values
+ * are exact in BF16 unscaled, and for the rows of one scale row block rb the product is
+ *   y[r] = sum_kb s[rb, kb] sum_{c in kb} q[r, c] x[c] = sum_c q[r, c] (x[c] s[rb, c / bcol]),
+ * so each row block's GEMM takes the activations times that block's scales (one F32
+ * rounding, as the CPU's w s) split into three BF16 parts: one weight part instead of
+ * hi + lo. The scales of a matrix: sdt (WS_F32 / WS_BF16), scols per scale row. */
+static __device__ __forceinline__ float rb_scale(const void *s, int sdt, int64_t i) {
+    return sdt == WS_F32 ? ((const float *)s)[i] : ms_bf16_to_f32_dev(((const uint16_t *)s)[i]);
+}
+/* xs slice z = mt nrb + rb, rows col + j m (j: hi, mid, lo) := split(in[tok] s_mt[rb, c / bcol])
+ * for every pair (blockIdx.x) and slice (blockIdx.y); sc [items][3]: gate, up, down scales. */
+__global__ void k_split_pairs_rb(const float *in, const pair_rec *pr, const void *const *sc, int64_t D, int nrb,
+                                 int64_t cols, int sdt, int64_t scols, int bshift, uint16_t *xs) {
+    pair_rec p = pr[blockIdx.x];
+    int z = blockIdx.y, mt = z / nrb, rb = z % nrb;
+    const void *s = sc[3 * p.item + mt];
+    const float *src = in + (int64_t)p.tok * D;
+    uint16_t *d0 = xs + ((int64_t)z * cols + p.col) * D, *d1 = d0 + (int64_t)p.m * D, *d2 = d1 + (int64_t)p.m * D;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
+        split3(src[c] * rb_scale(s, sdt, rb * scols + (c >> bshift)), d0 + c, d1 + c, d2 + c);
 }
 
 /* The sum of a pair's parts of one output element: cs [parts][cols][ld], rows col + j m. */
@@ -378,6 +490,32 @@ __global__ void k_glu_pairs(const float *cs1, const pair_rec *pr, const void *co
     }
 }
 
+/* k_glu_pairs of the row-block form: the activation h of every pair from the stage-1 outputs
+ * (one part), then for each of the down matrix's nrb2 row blocks its split h s_down[rb2, i / bcol]
+ * into xs slice rb2 (rows [cols][I] per slice). */
+__global__ void k_glu_pairs_rb(const float *cs1, const pair_rec *pr, const void *const *bias, const void *const *sc,
+                               int64_t cols, int64_t I, int64_t M1, int fused, int bdt, ms_gpu_glu_params act, int nrb2,
+                               int sdt, int64_t scols, int bshift, uint16_t *xs) {
+    pair_rec p = pr[blockIdx.x];
+    const void *gb = bias[3 * p.item], *ub = bias[3 * p.item + 1], *sd = sc[3 * p.item + 2];
+    for (int64_t i = threadIdx.x; i < I; i += blockDim.x) {
+        float g, u;
+        if (fused) {
+            g = parts_sum(cs1, cols, M1, 0, 1, p, 2 * i) + ms_bias_at(gb, bdt, 2 * i);
+            u = parts_sum(cs1, cols, M1, 0, 1, p, 2 * i + 1) + ms_bias_at(gb, bdt, 2 * i + 1);
+        } else {
+            g = parts_sum(cs1, cols, M1, 0, 1, p, i) + ms_bias_at(gb, bdt, i);
+            u = parts_sum(cs1, cols, M1, 1, 1, p, i) + ms_bias_at(ub, bdt, i);
+        }
+        float h = ms_glu_apply(g, u, act);
+        for (int rb = 0; rb < nrb2; rb++) {
+            uint16_t *d0 = xs + ((int64_t)rb * cols + p.col) * I + i;
+            split3(h * rb_scale(sd, sdt, rb * scols + (i >> bshift)), d0, d0 + (int64_t)p.m * I,
+                   d0 + 2 * (int64_t)p.m * I);
+        }
+    }
+}
+
 /* acc[tok] += w[p] * (down(p) + bias) over each token's pairs in order (tlist: the
  * tokens, toff: CSR into plist, group pair indices ascending). One block per token. */
 __global__ void k_combine(float *acc, const float *cs2, const pair_rec *pr, const float *pw, const void *const *bias,
@@ -407,27 +545,49 @@ typedef struct {
     int u, p0, m, P, col; /* expert, first pair, pairs, padded columns (3m rounded up), first column */
 } moe_item;
 
+/* The row-block form of a call (0 rows: the hi + lo form): scale row blocks of brow rows,
+ * nrb1 of the gate (and up) rows, nrb2 of the down rows; the scales' dtype (WS_*), scale
+ * columns of gate and down, log2 of the scale block's columns. */
+typedef struct {
+    int brow, nrb1, nrb2, sdt, bshift;
+    int64_t scols1, scols2;
+} moe_rb;
+
 /* n rounded up to a multiple of 8 (pointer alignment in the packed tables). */
 static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+/* Split activation elements per column of a group: the largest of the two stages' (row-block
+ * form: one copy per row block and matrix). */
+static int64_t moe_xrow(const moe_rb *rb, int nmat, int64_t D, int64_t I) {
+    if (!rb->brow) return D > I ? D : I;
+    int64_t a = (int64_t)nmat * rb->nrb1 * D, c = (int64_t)rb->nrb2 * I;
+    return a > c ? a : c;
+}
 
 /* One group (items it[0..ni), columns laid out, nexp distinct experts in order) through
  * the device: upload of its tables, dequantization, split, stage-1 GEMMs per size
  * class, activation, stage-2 GEMMs, combine. tmp: host scratch of ni * (4 + 6 ptrs). */
 static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni, int cols, int nexp, int nq,
-                     int nmat, int64_t M1, int64_t I, int64_t D, int64_t wexp, int bdt, int ntok, ms_err *err) {
+                     int nmat, int64_t M1, int64_t I, int64_t D, int64_t wexp, int bdt, int ntok, const moe_rb *rb,
+                     ms_err *err) {
     int np = nq ? nq : 1, rc;
-    int64_t kmax = D > I ? D : I, wide = nmat * M1 > D ? nmat * M1 : D;
+    int64_t wide = nmat * M1 > D ? nmat * M1 : D;
+    /* GEMM entries per item and matrix: one per weight part (row-block form: per row block);
+     * the split activations' elements per column */
+    int s1 = rb->brow ? rb->nrb1 : np, s2 = rb->brow ? rb->nrb2 : np;
+    int64_t xrow = moe_xrow(rb, nmat, D, I);
     int gp0 = it[0].p0, gpn = it[ni - 1].p0 + it[ni - 1].m - gp0;
-    size_t n1 = (size_t)ni * nmat * np, n2 = (size_t)ni * np;
+    size_t n1 = (size_t)ni * nmat * s1, n2 = (size_t)ni * s2;
     size_t o_w = align8((size_t)gpn * sizeof(pair_rec)), o_tl = align8(o_w + (size_t)gpn * 4);
     size_t o_to = align8(o_tl + (size_t)gpn * 4), o_pl = align8(o_to + (size_t)(gpn + 1) * 4);
-    size_t o_bias = align8(o_pl + (size_t)gpn * 4), o_ptr = o_bias + (size_t)ni * 3 * sizeof(void *);
+    size_t o_bias = align8(o_pl + (size_t)gpn * 4), o_sc = o_bias + (size_t)ni * 3 * sizeof(void *);
+    size_t o_ptr = o_sc + (size_t)ni * 3 * sizeof(void *);
     size_t o_deq = align8(o_ptr + 3 * (n1 + n2) * sizeof(void *));
     size_t total = o_deq + (size_t)nexp * 3 * sizeof(deq_job);
     size_t hwork = (size_t)ni * (sizeof(int) + 6 * sizeof(void *) + 2 * sizeof(int)) + 64;
     if ((rc = grow_host((void **)&b->hmeta, &b->hmeta_cap, total + hwork, err)) ||
         (rc = grow_dev(b->g, &b->meta, &b->meta_cap, total, 1, err)) ||
-        (rc = grow_dev(b->g, (void **)&b->xs, &b->xs_cap, (size_t)cols * (size_t)kmax, 2, err)) ||
+        (rc = grow_dev(b->g, (void **)&b->xs, &b->xs_cap, (size_t)cols * (size_t)xrow, 2, err)) ||
         (rc = grow_dev(b->g, (void **)&b->cs, &b->cs_cap, (size_t)np * (size_t)cols * (size_t)wide, 4, err)) ||
         (nq && (rc = grow_dev(b->g, (void **)&b->ws, &b->ws_cap, (size_t)nexp * (size_t)wexp, 2, err))))
         return rc;
@@ -436,6 +596,7 @@ static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni,
     float *pw = (float *)(H + o_w);
     int *tl = (int *)(H + o_tl), *to = (int *)(H + o_to), *pl = (int *)(H + o_pl);
     const void **bias = (const void **)(H + o_bias), **ptr = (const void **)(H + o_ptr);
+    const void **scl = (const void **)(H + o_sc);
     deq_job *dj = (deq_job *)(H + o_deq);
     int *ord = (int *)(H + align8(total)); /* host work: size-class order, weight pointers, classes */
     const uint16_t **iw = (const uint16_t **)(H + align8(align8(total) + (size_t)ni * sizeof(int)));
@@ -443,6 +604,7 @@ static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni,
     for (int i = 0; i < ni; i++) {
         const ms_expert_view *v = &a->views[it[i].u];
         bias[3 * i] = v->gate_bias, bias[3 * i + 1] = v->up_bias, bias[3 * i + 2] = v->down_bias;
+        scl[3 * i] = v->gate.scale, scl[3 * i + 1] = nmat == 2 ? v->up.scale : NULL, scl[3 * i + 2] = v->down.scale;
         for (int k = 0; k < it[i].m; k++) {
             int p = it[i].p0 + k;
             pr[p - gp0] = (pair_rec){a->tok[p], it[i].col + k, it[i].m, i};
@@ -478,6 +640,7 @@ static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni,
                 const ms_qmat *w = mt == nmat ? &v->down : mt == 0 ? &v->gate : &v->up;
                 deq_job j;
                 if ((rc = wview_of(w, &j.q, err))) return rc;
+                if (rb->brow) j.q.sdt = WS_NONE; /* the row-block form: the E4M3 values unscaled (exact) */
                 j.out = base + (int64_t)np * mt * M1 * D;
                 j.r0 = 0, j.rows = w->rows, j.nq = np;
                 dj[ndj++] = j;
@@ -501,25 +664,37 @@ static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni,
     size_t k1 = 0, k2 = 0;
     int ncls = 0;
     for (int s = 0; s < ni;) {
-        int P = it[ord[s]].P, s1 = s;
-        while (s1 < ni && it[ord[s1]].P == P) s1++;
-        cls[2 * ncls] = s, cls[2 * ncls + 1] = s1, ncls++;
+        int P = it[ord[s]].P, c1 = s;
+        while (c1 < ni && it[ord[c1]].P == P) c1++;
+        cls[2 * ncls] = s, cls[2 * ncls + 1] = c1, ncls++;
         for (int mt = 0; mt < nmat; mt++)
-            for (int q = 0; q < np; q++)
-                for (int k = s; k < s1; k++, k1++) {
+            for (int q = 0; q < s1; q++)
+                for (int k = s; k < c1; k++, k1++) {
                     const moe_item *m = &it[ord[k]];
+                    if (rb->brow) { /* row block q of matrix mt against its scaled activations (slice mt nrb1 + q) */
+                        A1[k1] = iw[(size_t)ord[k] * 6 + 2 * mt] + (int64_t)q * rb->brow * D;
+                        B1[k1] = b->xs + ((int64_t)(mt * rb->nrb1 + q) * cols + m->col) * D;
+                        C1[k1] = b->cs + ((int64_t)mt * cols + m->col) * M1 + (int64_t)q * rb->brow;
+                        continue;
+                    }
                     A1[k1] = iw[(size_t)ord[k] * 6 + 2 * mt + q];
                     B1[k1] = b->xs + (int64_t)m->col * D;
                     C1[k1] = b->cs + ((int64_t)(mt * np + q) * cols + m->col) * M1;
                 }
-        for (int q = 0; q < np; q++)
-            for (int k = s; k < s1; k++, k2++) {
+        for (int q = 0; q < s2; q++)
+            for (int k = s; k < c1; k++, k2++) {
                 const moe_item *m = &it[ord[k]];
+                if (rb->brow) { /* down row block q against h times that block's scales (slice q) */
+                    A2[k2] = iw[(size_t)ord[k] * 6 + 4] + (int64_t)q * rb->brow * I;
+                    B2[k2] = b->xs + ((int64_t)q * cols + m->col) * I;
+                    C2[k2] = b->cs + (int64_t)m->col * D + (int64_t)q * rb->brow;
+                    continue;
+                }
                 A2[k2] = iw[(size_t)ord[k] * 6 + 4 + q];
                 B2[k2] = b->xs + (int64_t)m->col * I;
                 C2[k2] = b->cs + ((int64_t)q * cols + m->col) * D;
             }
-        s = s1;
+        s = c1;
     }
     if ((rc = ms_gpu_upload(b->g, b->meta, b->hmeta, o_deq + (size_t)ndj * sizeof(deq_job), err))) return rc;
     gpuStream_t st = b->g->stream;
@@ -527,35 +702,51 @@ static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni,
     const void *const *dbias = (const void *const *)(Dm + o_bias);
     const void **dptr = (const void **)(Dm + o_ptr);
     if (ndj) {
-        k_deq<<<dim3(grid_for(M1 * D) > 1024 ? 1024 : grid_for(M1 * D), ndj), 256, 0, st>>>((const deq_job *)(Dm + o_deq));
+        int fast = !deq_old();
+        for (int q = 0; q < ndj && fast; q++) fast = deq_fast_ok(&dj[q]);
+        if (fast) /* a block per row of each job (gate / up / down of each expert), 8 columns per thread */
+            k_deq8<<<dim3((unsigned)(M1 > D ? M1 : D), ndj), 128, 0, st>>>((const deq_job *)(Dm + o_deq));
+        else
+            k_deq<<<dim3(grid_for(M1 * D) > 1024 ? 1024 : grid_for(M1 * D), ndj), 256, 0, st>>>((const deq_job *)(Dm + o_deq));
         if ((rc = ms_gpu_launched(err, "grouped experts: dequantize"))) return rc;
     }
-    k_split_pairs<<<gpn, 256, 0, st>>>(a->in, dpr, D, b->xs);
+    const void *const *dscl = (const void *const *)(Dm + o_sc);
+    if (rb->brow)
+        k_split_pairs_rb<<<dim3((unsigned)gpn, (unsigned)(nmat * rb->nrb1)), 256, 0, st>>>(
+            a->in, dpr, dscl, D, rb->nrb1, cols, rb->sdt, rb->scols1, rb->bshift, b->xs);
+    else
+        k_split_pairs<<<gpn, 256, 0, st>>>(a->in, dpr, D, b->xs);
     if ((rc = ms_gpu_launched(err, "grouped experts: split"))) return rc;
     const float one = 1.0f, zero = 0.0f;
     size_t e1 = 0;
     for (int c = 0; c < ncls; c++) {
-        int P = it[ord[cls[2 * c]]].P, cnt1 = (cls[2 * c + 1] - cls[2 * c]) * nmat * np;
-        if (b->api.gemm_batched_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)M1, P, (int)D, &one, dptr + e1, BLAS_R_16BF, (int)D,
+        int P = it[ord[cls[2 * c]]].P, cnt1 = (cls[2 * c + 1] - cls[2 * c]) * nmat * s1;
+        int m1 = rb->brow ? rb->brow : (int)M1; /* rows per GEMM; C's leading dimension stays M1 */
+        if (b->api.gemm_batched_ex(b->h, BLAS_OP_T, BLAS_OP_N, m1, P, (int)D, &one, dptr + e1, BLAS_R_16BF, (int)D,
                               dptr + n1 + e1, BLAS_R_16BF, (int)D, &zero, (void **)(dptr + 2 * n1 + e1), BLAS_R_32F,
                               (int)M1, cnt1, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT) != BLAS_SUCCESS)
             for (int q = 0; q < cnt1; q++) /* a BLAS without this batched form: one GEMM per entry */
-                if ((rc = gemm_bf16(b, M1, P, D, A1[e1 + q], B1[e1 + q], (float *)C1[e1 + q], err))) return rc;
+                if ((rc = gemm_bf16_ld(b, m1, P, D, A1[e1 + q], B1[e1 + q], (float *)C1[e1 + q], M1, err))) return rc;
         e1 += (size_t)cnt1;
     }
     ms_gpu_glu_params act = {a->act->kind == MS_ACT_SITU, a->act->limit, a->act->alpha, a->act->up_offset,
                              a->act->beta, a->act->linear_beta};
-    k_glu_pairs<<<gpn, 256, 0, st>>>(b->cs, dpr, dbias, cols, I, M1, np, nmat == 1, bdt, act, b->xs);
+    if (rb->brow)
+        k_glu_pairs_rb<<<gpn, 256, 0, st>>>(b->cs, dpr, dbias, dscl, cols, I, M1, nmat == 1, bdt, act, rb->nrb2, rb->sdt,
+                                            rb->scols2, rb->bshift, b->xs);
+    else
+        k_glu_pairs<<<gpn, 256, 0, st>>>(b->cs, dpr, dbias, cols, I, M1, np, nmat == 1, bdt, act, b->xs);
     if ((rc = ms_gpu_launched(err, "grouped experts: activation"))) return rc;
     size_t e2 = 0;
     const void **d2 = dptr + 3 * n1;
     for (int c = 0; c < ncls; c++) {
-        int P = it[ord[cls[2 * c]]].P, cnt2 = (cls[2 * c + 1] - cls[2 * c]) * np;
-        if (b->api.gemm_batched_ex(b->h, BLAS_OP_T, BLAS_OP_N, (int)D, P, (int)I, &one, d2 + e2, BLAS_R_16BF, (int)I,
+        int P = it[ord[cls[2 * c]]].P, cnt2 = (cls[2 * c + 1] - cls[2 * c]) * s2;
+        int m2 = rb->brow ? rb->brow : (int)D;
+        if (b->api.gemm_batched_ex(b->h, BLAS_OP_T, BLAS_OP_N, m2, P, (int)I, &one, d2 + e2, BLAS_R_16BF, (int)I,
                               d2 + n2 + e2, BLAS_R_16BF, (int)I, &zero, (void **)(d2 + 2 * n2 + e2), BLAS_R_32F, (int)D,
                               cnt2, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT) != BLAS_SUCCESS)
             for (int q = 0; q < cnt2; q++)
-                if ((rc = gemm_bf16(b, D, P, I, A2[e2 + q], B2[e2 + q], (float *)C2[e2 + q], err))) return rc;
+                if ((rc = gemm_bf16_ld(b, m2, P, I, A2[e2 + q], B2[e2 + q], (float *)C2[e2 + q], D, err))) return rc;
         e2 += (size_t)cnt2;
     }
     k_combine<<<nt, 256, 0, st>>>(a->acc, b->cs, dpr, (const float *)(Dm + o_w), dbias, (const int *)(Dm + o_tl),
@@ -596,6 +787,33 @@ static int moe_layout_of(const ms_moe_args *a, moe_layout *L, ms_err *err) {
     return MS_OK;
 }
 
+/* MS_GPU_FP8_GEMM=split (read once; A/B measurements): FP8 experts keep the hi + lo form. */
+static int fp8_gemm_split(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MS_GPU_FP8_GEMM");
+        v = e && !strcmp(e, "split");
+    }
+    return v;
+}
+
+/* The row-block form for experts of layout L (rb->brow 0: not taken): FP8 E4M3 gate (up) and
+ * down with F32 or BF16 scales in one block shape, brow | rows of both stages, bcol a power
+ * of two. */
+static void moe_rb_of(const ms_moe_args *a, const moe_layout *L, moe_rb *rb) {
+    memset(rb, 0, sizeof *rb);
+    const ms_qmat *g = &a->views[0].gate, *d = &a->views[0].down;
+    if (fp8_gemm_split() || g->dtype != MS_DT_F8_E4M3 || d->dtype != MS_DT_F8_E4M3 || !g->scale || !d->scale) return;
+    if (g->scale_dtype != d->scale_dtype || (g->scale_dtype != MS_DT_F32 && g->scale_dtype != MS_DT_BF16)) return;
+    if (g->brow != d->brow || g->bcol != d->bcol || g->brow < 1 || g->bcol < 1 || (g->bcol & (g->bcol - 1))) return;
+    if (L->M1 % g->brow || L->D % g->brow) return;
+    int sh = 0;
+    while ((1 << sh) < g->bcol) sh++;
+    rb->brow = g->brow, rb->nrb1 = (int)(L->M1 / g->brow), rb->nrb2 = (int)(L->D / g->brow);
+    rb->sdt = g->scale_dtype == MS_DT_F32 ? WS_F32 : WS_BF16, rb->bshift = sh;
+    rb->scols1 = (L->D + g->bcol - 1) / g->bcol, rb->scols2 = (L->I + g->bcol - 1) / g->bcol;
+}
+
 extern "C" int ms_gpu_blas_moe_supported(const ms_moe_args *a, ms_err *err) {
     moe_layout L;
     return moe_layout_of(a, &L, err);
@@ -606,11 +824,15 @@ extern "C" int ms_gpu_blas_moe(ms_gpu_blas *b, const ms_moe_args *a, ms_err *err
     moe_layout L;
     int rc = moe_layout_of(a, &L, err);
     if (rc) return rc;
+    moe_rb rb;
+    moe_rb_of(a, &L, &rb);
+    if (rb.brow) L.nq = 1; /* one BF16 weight part: the E4M3 values unscaled */
     int nq = L.nq, nmat = L.nmat, np = nq ? nq : 1, bdt = L.bdt;
     int64_t D = L.D, I = L.I, M1 = L.M1;
     /* columns per group: bounded by the split rows and by either stage's GEMM outputs */
-    int64_t wide = nmat * M1 > D ? nmat * M1 : D, kmax = D > I ? D : I;
-    int64_t cap = (int64_t)(CS_CAP / ((size_t)np * (size_t)wide)), cap2 = (int64_t)(XS_CAP / (size_t)kmax);
+    int64_t wide = nmat * M1 > D ? nmat * M1 : D, xrow = moe_xrow(&rb, nmat, D, I);
+    int64_t cap = (int64_t)(CS_CAP / ((size_t)np * (size_t)wide));
+    int64_t cap2 = (int64_t)((rb.brow ? XS_CAP_RB : XS_CAP) / (size_t)xrow);
     if (cap2 < cap) cap = cap2;
     if (cap < 3 + COLPAD) cap = 3 + COLPAD;
     int64_t mch = (cap - (COLPAD - 1)) / 3;
@@ -641,7 +863,7 @@ extern "C" int ms_gpu_blas_moe(ms_gpu_blas *b, const ms_moe_args *a, ms_err *err
             nexp += newexp;
             i1++;
         }
-        rc = moe_group(b, a, items + i0, i1 - i0, cols, nexp, nq, nmat, M1, I, D, wexp, bdt, ntok, err);
+        rc = moe_group(b, a, items + i0, i1 - i0, cols, nexp, nq, nmat, M1, I, D, wexp, bdt, ntok, &rb, err);
         i0 = i1;
     }
     free(items);

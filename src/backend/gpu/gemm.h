@@ -6,6 +6,9 @@
  * hi + lo = the F32 value to 2^-17 relative) and each F32 activation row x is split
  * into three BF16 rows x = x_hi + x_mid + x_lo (exact to 2^-27): one GEMM over 3n
  * columns (per weight part) with F32 accumulation, then the parts summed in F32.
+ * Routed FP8 experts whose scale blocks tile their rows take the row-block form: the
+ * E4M3 values unscaled (exact in BF16, one part) and, per scale row block, a GEMM
+ * of those rows against the activations times that block's scales (gemm.cu).
  * F32 weights go through the BLAS's F32 GEMM. Dequantized weights live in a
  * bounded device scratch, one matrix (dense, in row blocks) or one group of experts
  * at a time; nothing is copied at load. */

@@ -128,6 +128,17 @@ static int fp8_decode_mode(void) {
     return mode;
 }
 
+/* MS_GPU_QX=old (read once; A/B measurements): the routed-expert kernels keep 4 warps per
+ * block even when a row has fewer 16-byte chunks than threads (the earlier launch shape). */
+static int qx_old(void) {
+    static int old = -1;
+    if (old < 0) {
+        const char *e = getenv("MS_GPU_QX");
+        old = e && !strcmp(e, "old");
+    }
+    return old;
+}
+
 /* The vector kernel: rows of cols % VEC == 0, 16-byte aligned rows and x.
  * A block owns MM_R rows; its warps split the columns (so short, wide
  * matrices still fill the device); partial sums meet in shared memory. */
@@ -681,7 +692,8 @@ static __device__ __forceinline__ void rx_block_reduce(float (&acc)[MM_R], float
 template <int DT>
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args a) {
     typedef mm_traits<DT> T;
-    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
+    const int VEC = T::VEC, U = 2;
+    const int STEP = (int)blockDim.x; /* 1 to MM_WARPS warps (rx_warps) */
     const int j = blockIdx.y;
     const int64_t i0 = (int64_t)blockIdx.x * 2;
     const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
@@ -720,7 +732,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
         int o = threadIdx.x;
         int64_t i = i0 + o;
         float gt = 0.0f, up = 0.0f;
-        for (int w = 0; w < MM_WARPS; w++) gt += red[w][2 * o], up += red[w][2 * o + 1];
+        for (int w = 0; w < (int)(blockDim.x / MS_WARP); w++) gt += red[w][2 * o], up += red[w][2 * o + 1];
         if (a.fused) {
             gt += ms_bias_at(e.bias[0], a.bias_dt, 2 * i);
             up += ms_bias_at(e.bias[0], a.bias_dt, 2 * i + 1);
@@ -799,10 +811,19 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
     }
 }
 
+/* Warps per block of the gate + up kernel over rows of nch 16-byte chunks: enough for one
+ * chunk per lane, at most MM_WARPS (MXFP4 rows of 2048 columns have 64 chunks: two warps,
+ * not four with half the lanes idle); MS_GPU_QX=old: always MM_WARPS. */
+static int rx_warps(int64_t nch) {
+    int64_t w = (nch + MS_WARP - 1) / MS_WARP;
+    return qx_old() || w > MM_WARPS ? MM_WARPS : w < 1 ? 1 : (int)w;
+}
+
 template <int DT>
 static void launch_rx(const rx_args &gu, const rx_args &dn, gpuStream_t st) {
     dim3 block(MM_WARPS * MS_WARP);
-    rx_gu_kernel<DT><<<dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), block, 0, st>>>(gu);
+    dim3 gblock(rx_warps(gu.cols / mm_traits<DT>::VEC) * MS_WARP);
+    rx_gu_kernel<DT><<<dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st>>>(gu);
     rx_down_kernel<DT><<<(unsigned)((dn.D + MM_R - 1) / MM_R), block, 0, st>>>(dn);
 }
 
