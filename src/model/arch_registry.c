@@ -11,6 +11,7 @@ extern const ms_arch ms_arch_deepseek_v32, ms_arch_glm_moe_dsa, ms_arch_glm5_nex
 extern const ms_arch ms_arch_kimi_k3;
 extern const ms_arch ms_arch_qwen3_next;
 extern const ms_arch ms_arch_deepseek_v4;
+extern const ms_arch ms_arch_qwen3_5_moe, ms_arch_qwen3_5_moe_text, ms_arch_kimi_k25;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -26,6 +27,9 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_kimi_k3,
     &ms_arch_qwen3_next,
     &ms_arch_deepseek_v4,
+    &ms_arch_qwen3_5_moe,
+    &ms_arch_qwen3_5_moe_text,
+    &ms_arch_kimi_k25,
 };
 
 const ms_arch *ms_arch_find(const char *model_type) {

@@ -56,6 +56,7 @@ typedef struct ms_config {
     int kda_full_rank_gate;     /* 1: g_proj; 0: g_a_proj / g_b_proj */
     /* gated DeltaNet layers (MS_ATTN_GDN); the conv kernel is kda_conv */
     int64_t gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim;
+    int gdn_split;              /* projections stored split (in_proj_qkv/z/b/a, Qwen3.5), not fused (in_proj_qkvz/ba) */
     int attn_out_gate;          /* GQA: q_proj rows hold [query hd, gate hd] per head; att *= sigmoid(gate) */
     int shared_expert_gate;     /* MoE: shared experts' output *= sigmoid(shared_expert_gate x) */
     ms_rope rope;
