@@ -13,6 +13,7 @@ extern const ms_arch ms_arch_qwen3_next;
 extern const ms_arch ms_arch_deepseek_v4;
 extern const ms_arch ms_arch_qwen3_5_moe, ms_arch_qwen3_5_moe_text, ms_arch_kimi_k25;
 extern const ms_arch ms_arch_glm4_moe_lite, ms_arch_mixtral, ms_arch_qwen2_moe, ms_arch_olmoe;
+extern const ms_arch ms_arch_qwen3_vl_moe;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -35,6 +36,7 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_mixtral,
     &ms_arch_qwen2_moe,
     &ms_arch_olmoe,
+    &ms_arch_qwen3_vl_moe,
 };
 
 const ms_arch *ms_arch_find(const char *model_type) {

@@ -188,3 +188,64 @@ int ms_bind_ffn(ms_binder *b, ms_model *m, int layer, const char *pfx) {
         return ms_bind_mlp(b, m, layer, pfx, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
     return ms_bind_routed_moe(b, m, layer, pfx);
 }
+
+/* src [E, r, c] -> dst [E, c, r], elements of es bytes. */
+static void transpose_last2(uint8_t *dst, const uint8_t *src, int64_t E, int64_t r, int64_t c, size_t es) {
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < c; j++)
+                memcpy(dst + ((e * c + j) * r + i) * es, src + ((e * r + i) * c + j) * es, es);
+}
+
+int ms_bind_fused_experts(ms_binder *b, ms_model *m, int layer, const char *gate_up, const char *down) {
+    const ms_config *c = b->cfg;
+    ms_layer *L = &m->layers[layer];
+    const int64_t E = c->n_experts, D = c->hidden, I = c->moe_inter;
+    if (b->rc) return b->rc;
+    if (!b->ck) {
+        ms_qmat tmp;
+        ms_bind_tensor(b, &tmp, MS_W_EXPERT, 3, (int64_t[]){E, D, 2 * I}, E * D, 2 * I, 0, "%s", gate_up);
+        ms_bind_tensor(b, &tmp, MS_W_EXPERT, 3, (int64_t[]){E, I, D}, E * I, D, 0, "%s", down);
+        return b->rc;
+    }
+    if (D == I)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED,
+                               "%s: fused experts with moe_intermediate_size equal to hidden_size (%lld): the layout "
+                               "cannot be told from the shapes",
+                               down, (long long)D);
+    char n1[400], n2[400];
+    snprintf(n1, sizeof n1, "%s%s", b->prefix, gate_up);
+    snprintf(n2, sizeof n2, "%s%s", b->prefix, down);
+    const ms_tensor *dn = ms_checkpoint_find(b->ck, n2);
+    if (!dn || dn->ndim != 3)
+        return b->rc = ms_fail(b->err, MS_ERR_FORMAT, "missing tensor \"%s\" (expected [%lld, %lld, %lld] or [%lld, %lld, %lld])",
+                               n2, (long long)E, (long long)D, (long long)I, (long long)E, (long long)I, (long long)D);
+    const int linear = dn->shape[1] == D && dn->shape[2] == I;
+    const ms_tensor *gu = ms_bind_find(b, n1, 3, linear ? (int64_t[]){E, 2 * I, D} : (int64_t[]){E, D, 2 * I});
+    dn = ms_bind_find(b, n2, 3, linear ? (int64_t[]){E, D, I} : (int64_t[]){E, I, D});
+    if (b->rc) return b->rc;
+    if (gu->dtype != dn->dtype || (gu->dtype != MS_DT_BF16 && gu->dtype != MS_DT_F16 && gu->dtype != MS_DT_F32))
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s is not supported for fused experts",
+                               gu->name, ms_dtype_name(gu->dtype));
+    const size_t es = (size_t)ms_dtype_bits(gu->dtype) / 8;
+    const uint8_t *g = gu->data, *d = dn->data;
+    if (!linear) { /* published layout: one transposed copy of both, owned by the layer */
+        uint8_t *own = malloc((size_t)(E * 3 * I * D) * es);
+        if (!own) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory transposing the experts of layer %d", layer);
+        transpose_last2(own, g, E, D, 2 * I, es);
+        transpose_last2(own + (size_t)(E * 2 * I * D) * es, d, E, I, D, es);
+        L->owned = own;
+        g = own;
+        d = own + (size_t)(E * 2 * I * D) * es;
+    }
+    L->experts = calloc((size_t)E, sizeof *L->experts);
+    if (!L->experts) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+    for (int64_t e = 0; e < E; e++) {
+        ms_expert_view *v = &L->experts[e];
+        const uint8_t *ge = g + (size_t)(e * 2 * I * D) * es;
+        v->gate = (ms_qmat){.dtype = gu->dtype, .rows = I, .cols = D, .data = ge};
+        v->up = (ms_qmat){.dtype = gu->dtype, .rows = I, .cols = D, .data = ge + (size_t)(I * D) * es};
+        v->down = (ms_qmat){.dtype = gu->dtype, .rows = D, .cols = I, .data = d + (size_t)(e * D * I) * es};
+    }
+    return b->rc;
+}
