@@ -13,7 +13,7 @@ extern const ms_arch ms_arch_qwen3_next;
 extern const ms_arch ms_arch_deepseek_v4;
 extern const ms_arch ms_arch_qwen3_5_moe, ms_arch_qwen3_5_moe_text, ms_arch_kimi_k25;
 extern const ms_arch ms_arch_glm4_moe_lite, ms_arch_mixtral, ms_arch_qwen2_moe, ms_arch_olmoe;
-extern const ms_arch ms_arch_qwen3_vl_moe;
+extern const ms_arch ms_arch_qwen3_vl_moe, ms_arch_longcat_flash;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -37,6 +37,7 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_qwen2_moe,
     &ms_arch_olmoe,
     &ms_arch_qwen3_vl_moe,
+    &ms_arch_longcat_flash,
 };
 
 const ms_arch *ms_arch_find(const char *model_type) {

@@ -43,26 +43,32 @@ int ms_bind_gqa(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     return b->rc;
 }
 
-int ms_bind_mla(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+int ms_bind_mla_at(ms_binder *b, ms_model *m, int layer, const char *apfx) {
     const ms_config *c = b->cfg;
     ms_layer *L = &m->layers[layer];
     int64_t qk = c->qk_nope_dim + c->qk_rope_dim;
     if (c->q_lora_rank > 0) {
-        ms_bind_mat(b, &L->q_a, MS_W_MATRIX, c->q_lora_rank, c->hidden, "%sself_attn.q_a_proj", pfx);
-        ms_bind_vec(b, &L->q_a_norm, MS_W_NORM, c->q_lora_rank, 0, "%sself_attn.q_a_layernorm.weight", pfx);
-        ms_bind_mat(b, &L->q_b, MS_W_MATRIX, c->n_heads * qk, c->q_lora_rank, "%sself_attn.q_b_proj", pfx);
+        ms_bind_mat(b, &L->q_a, MS_W_MATRIX, c->q_lora_rank, c->hidden, "%sq_a_proj", apfx);
+        ms_bind_vec(b, &L->q_a_norm, MS_W_NORM, c->q_lora_rank, 0, "%sq_a_layernorm.weight", apfx);
+        ms_bind_mat(b, &L->q_b, MS_W_MATRIX, c->n_heads * qk, c->q_lora_rank, "%sq_b_proj", apfx);
     } else {
-        ms_bind_mat(b, &L->wq, MS_W_MATRIX, c->n_heads * qk, c->hidden, "%sself_attn.q_proj", pfx);
+        ms_bind_mat(b, &L->wq, MS_W_MATRIX, c->n_heads * qk, c->hidden, "%sq_proj", apfx);
     }
     ms_bind_mat(b, &L->kv_a, MS_W_MATRIX, c->kv_lora_rank + c->qk_rope_dim, c->hidden,
-                "%sself_attn.kv_a_proj_with_mqa", pfx);
-    ms_bind_vec(b, &L->kv_a_norm, MS_W_NORM, c->kv_lora_rank, 0, "%sself_attn.kv_a_layernorm.weight", pfx);
+                "%skv_a_proj_with_mqa", apfx);
+    ms_bind_vec(b, &L->kv_a_norm, MS_W_NORM, c->kv_lora_rank, 0, "%skv_a_layernorm.weight", apfx);
     ms_bind_mat(b, &L->kv_b, MS_W_MATRIX, c->n_heads * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank,
-                "%sself_attn.kv_b_proj", pfx);
-    ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, c->n_heads * c->v_head_dim, "%sself_attn.o_proj", pfx);
+                "%skv_b_proj", apfx);
+    ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, c->n_heads * c->v_head_dim, "%so_proj", apfx);
     if (c->mla_out_gate)
-        ms_bind_mat(b, &L->mla_gate, MS_W_MATRIX, c->n_heads * c->v_head_dim, c->hidden, "%sself_attn.g_proj", pfx);
+        ms_bind_mat(b, &L->mla_gate, MS_W_MATRIX, c->n_heads * c->v_head_dim, c->hidden, "%sg_proj", apfx);
     return b->rc;
+}
+
+int ms_bind_mla(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    char a[200];
+    snprintf(a, sizeof a, "%sself_attn.", pfx);
+    return ms_bind_mla_at(b, m, layer, a);
 }
 
 int ms_bind_attn_res(ms_binder *b, struct ms_attn_res *out, const char *pfx) {
@@ -155,6 +161,11 @@ static int bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_f
 int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
                     const char *down_fmt) {
     return bind_experts(b, m, layer, gate_fmt, up_fmt, down_fmt, 1);
+}
+
+int ms_bind_layer_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
+                          const char *down_fmt) {
+    return bind_experts(b, m, layer, gate_fmt, up_fmt, down_fmt, 0);
 }
 
 int ms_bind_routed_moe(ms_binder *b, ms_model *m, int layer, const char *pfx) {

@@ -3,12 +3,15 @@
  * split projections (Qwen3.5) give what the fused Qwen3-Next layout gives for
  * the same weights, on the qwen3_5_moe fixture's real layer; and the config
  * rules of each new model_type (what transformers' config classes imply, and
- * what the binds refuse by name). */
+ * what the binds refuse by name); a backend without host memory refuses
+ * zero-computation experts by name. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/linear_attn.h"
+#include "backend/cpu/backend_cpu.h"
+#include "core/backend.h"
 #include "model/model.h"
 #include "test.h"
 
@@ -162,5 +165,42 @@ TEST(new_family_configs) {
     CHECK(c.norm_topk_prob && c.qk_norm == MS_QKNORM_HEAD && c.router == MS_ROUTER_SOFTMAX);
     const char *vl_flat = "{\"model_type\":\"qwen3_vl_moe\"," GQA ",\"moe_intermediate_size\":4,\"num_experts\":4}";
     CHECK(parse(vl_flat, &c, &err) == MS_ERR_FORMAT && strstr(err.msg, "text_config"));
+    /* longcat_flash: two engine layers per decoder layer, the MoE on the first as a shortcut into the second,
+     * the router over the routed plus the zero-computation experts */
+#define LC "\"model_type\":\"longcat_flash\",\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":6," \
+           "\"num_attention_heads\":2,\"q_lora_rank\":4,\"kv_lora_rank\":4,\"qk_nope_head_dim\":4," \
+           "\"qk_rope_head_dim\":2,\"v_head_dim\":4,\"n_routed_experts\":4,\"ffn_hidden_size\":8," \
+           "\"expert_ffn_hidden_size\":4,\"routed_scaling_factor\":6.0"
+    const char *lc = "{" LC ",\"num_layers\":3,\"zero_expert_num\":2,\"moe_topk\":2}";
+    CHECK_MSG(parse(lc, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.n_layers == 6 && c.n_experts == 4 && c.n_zero_experts == 2 && ms_router_width(&c) == 6 &&
+          c.router == MS_ROUTER_SOFTMAX_BIAS && c.router_bias && !c.norm_topk_prob && c.routed_scale == 6.0 &&
+          c.inter == 8 && c.moe_inter == 4 && c.top_k == 2);
+    for (int l = 0; l < 6; l++)
+        CHECK(c.layer_attn[l] == MS_ATTN_MLA && c.layer_shortcut[l] == (l % 2 ? 2 : 1) &&
+              c.layer_mlp[l] == (l % 2 ? MS_MLP_DENSE : MS_MLP_MOE));
+    const char *lc_k = "{" LC ",\"num_layers\":3,\"zero_expert_num\":2,\"moe_topk\":7}";
+    CHECK(parse(lc_k, &c, &err) == MS_ERR_FORMAT && strstr(err.msg, "moe_topk"));
+    const char *lc_n = "{" LC "}";
+    CHECK(parse(lc_n, &c, &err) == MS_ERR_FORMAT && strstr(err.msg, "num_layers"));
+    const char *lc_b = "{" LC ",\"num_layers\":3,\"moe_topk\":2,\"router_bias\":true}";
+    CHECK(parse(lc_b, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "router_bias"));
 }
+TEST(zero_experts_need_host_memory) {
+    ms_config c;
+    ms_err err = {0};
+    const char *lc = "{" LC ",\"num_layers\":1,\"zero_expert_num\":2,\"moe_topk\":2}";
+    CHECK_MSG(parse(lc, &c, &err) == MS_OK, "%s", err.msg);
+    ms_backend *be = NULL;
+    CHECK(ms_backend_cpu_create(NULL, &be, &err) == MS_OK);
+    if (!be) return;
+    CHECK_MSG(ms_backend_require(be, &c, &err) == MS_OK, "%s", err.msg);
+    be->host_memory = 0; /* as a device backend: the identity experts are added on the host */
+    CHECK(ms_backend_require(be, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "zero-computation"));
+    c.n_zero_experts = 0;
+    CHECK(ms_backend_require(be, &c, &err) == MS_OK);
+    be->host_memory = 1;
+    be->ops->destroy(be);
+}
+
 TEST_MAIN()
