@@ -4,7 +4,8 @@
  * group-limited sigmoid router with e_score_correction_bias, shared experts,
  * first_k_dense_replace dense layers), whose routed experts are published as
  * INT4 compressed-tensors pack-quantized (symmetric, groups of 32; bound as
- * I4 views by ms_bind_mat, config under text_config.quantization_config).
+ * I4 views by ms_bind_mat; the quantization_config in text_config, or at the
+ * top level, which config.c then applies to the text model).
  * Config: the text model's under text_config (model_type kimi_k2 or
  * deepseek_v3; transformers reads kimi_k2 as deepseek_v3).
  * Tensor layouts accepted, found by the embedding's name:

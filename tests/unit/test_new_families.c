@@ -121,6 +121,17 @@ TEST(new_family_configs) {
     CHECK_MSG(parse(k25, &c, &err) == MS_OK, "%s", err.msg);
     CHECK(c.layer_attn[0] == MS_ATTN_MLA && c.layer_mlp[0] == MS_MLP_DENSE && c.layer_mlp[1] == MS_MLP_MOE &&
           c.router == MS_ROUTER_SIGMOID && c.router_bias);
+    /* its INT4 quantization_config, in text_config or (when text_config has none) at the top level */
+#define K25Q "\"quantization_config\":{\"quant_method\":\"compressed-tensors\",\"format\":\"pack-quantized\"," \
+             "\"config_groups\":{\"group_0\":{\"targets\":[\"Linear\"],\"weights\":{\"num_bits\":4,\"type\":\"int\"," \
+             "\"symmetric\":true,\"strategy\":\"group\",\"group_size\":32}}},\"ignore\":[\"lm_head\"]}"
+    const char *k25_qin = "{\"model_type\":\"kimi_k25\",\"text_config\":{\"model_type\":\"kimi_k2\"," K25T "," K25Q "}}";
+    CHECK_MSG(parse(k25_qin, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.int4_packed && c.int4_group == 32);
+    const char *k25_qtop = "{\"model_type\":\"kimi_k25\"," K25Q ",\"text_config\":{\"model_type\":\"kimi_k2\"," K25T "}}";
+    CHECK_MSG(parse(k25_qtop, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.int4_packed && c.int4_group == 32);
+    CHECK_MSG(parse(k25, &c, &err) == MS_OK && !c.int4_packed, "%s", err.msg);
     const char *k25_other = "{\"model_type\":\"kimi_k25\",\"text_config\":{\"model_type\":\"kimi_linear\"," K25T "}}";
     CHECK(parse(k25_other, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "kimi_linear"));
     /* glm4_moe_lite: the schedule from mlp_layer_types (default: one dense layer, then MoE) */
