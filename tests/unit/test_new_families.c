@@ -13,6 +13,7 @@
 #include "backend/cpu/backend_cpu.h"
 #include "core/backend.h"
 #include "model/model.h"
+#include "text/outparse.h"
 #include "test.h"
 
 #define Q35 "tests/fixtures/extra/qwen3_5_moe"
@@ -197,6 +198,12 @@ TEST(new_family_configs) {
     const char *lc_b = "{" LC ",\"num_layers\":3,\"moe_topk\":2,\"router_bias\":true}";
     CHECK(parse(lc_b, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "router_bias"));
 }
+/* Kimi K2.5 replies in Kimi K2's format (reasoning, tool-call sections); GLM-4.7-Flash in GLM's. */
+TEST(new_family_output_formats) {
+    CHECK(ms_outfmt_for_model_type("kimi_k25") == MS_OUTFMT_KIMI_K2);
+    CHECK(ms_outfmt_for_model_type("glm4_moe_lite") == MS_OUTFMT_GLM);
+}
+
 TEST(zero_experts_need_host_memory) {
     ms_config c;
     ms_err err = {0};
