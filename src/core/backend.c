@@ -67,6 +67,11 @@ int ms_backend_require(const ms_backend *be, const ms_config *c, ms_err *err) {
             return ms_fail(err, MS_ERR_UNSUPPORTED, "the %s backend has no %s op, which this model needs", be->name,
                            k_needs[i].name);
     }
+    /* zero-computation experts are added on the host (engine/moe.c) */
+    if (c->n_zero_experts > 0 && !be->host_memory)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "the %s backend does not run zero-computation experts (zero_expert_num), which this model needs",
+                       be->name);
     return MS_OK;
 }
 

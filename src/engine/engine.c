@@ -72,6 +72,9 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     BUF(&e->kv, B * kvw * 4, 0);
     BUF(&e->att, B * H * vdim * 4, 0);
     BUF(&e->tmp, B * c->hidden * 4, 0);
+    int shortcut = 0;
+    for (int l = 0; l < c->n_layers; l++) shortcut |= c->layer_shortcut[l] != 0;
+    if (shortcut) BUF(&e->sc, B * c->hidden * 4, 0); /* the held shortcut-MoE output */
     /* logits rows computed on a backend whose memory the caller cannot read (logit_rows at a time) */
     e->logit_rows = 0;
     if (e->be && !e->be->host_memory) {
@@ -91,17 +94,17 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     }
     if (c->mla_out_gate || c->attn_out_gate) BUF(&e->gate_buf, B * H * vdim * 4, 0);
     if (c->n_experts) {
-        BUF(&e->rlog, B * c->n_experts * 4, 0);
+        BUF(&e->rlog, B * ms_router_width(c) * 4, 0);
         BUF(&e->topk_ids, B * c->top_k * sizeof(int), 0);
         BUF(&e->topk_w, B * c->top_k * 4, 0);
-        size_t E = (size_t)c->n_experts, BK = B * (size_t)c->top_k;
+        size_t E = (size_t)c->n_experts, W = (size_t)ms_router_width(c), BK = B * (size_t)c->top_k;
         HBUF(&e->h_ids, BK * sizeof(int));
         HBUF(&e->h_w, BK * 4);
         HBUF(&e->h_fixed, BK * sizeof(int32_t));
-        HBUF(&e->ex_count, (E + 1) * sizeof(int));
+        HBUF(&e->ex_count, (W + 1) * sizeof(int));
         HBUF(&e->ex_tokens, BK * sizeof(int));
         HBUF(&e->ex_w, BK * 4);
-        HBUF(&e->ex_pos, E * sizeof(int));
+        HBUF(&e->ex_pos, W * sizeof(int));
         HBUF(&e->ex_uniq, E * sizeof(int));
         HBUF(&e->ex_off, (E + 1) * sizeof(int));
         HBUF(&e->ex_views, E * sizeof(ms_expert_view));
@@ -395,9 +398,15 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
             be->ops->rmsnorm(be, e->xn, h, L->ffn_norm, n, D, eps);
         }
         e->ffn_in = h;
-        if (c->layer_mlp[l] == MS_MLP_MOE) rc = ms_ffn_moe(e, l, n, e->tmp, err);
-        else rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
+        if (c->layer_shortcut[l] == 1) { /* the MoE beside the dense MLP: held for the next layer */
+            if (!(rc = ms_ffn_moe(e, l, n, e->sc, err))) rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
+        } else if (c->layer_mlp[l] == MS_MLP_MOE) {
+            rc = ms_ffn_moe(e, l, n, e->tmp, err);
+        } else {
+            rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
+        }
         if (rc) break;
+        if (c->layer_shortcut[l] == 2) be->ops->add(be, e->tmp, e->sc, (int64_t)n * D);
         if (fuse && l + 1 < c->n_layers) { /* with the next layer's attention norm */
             be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, m->layers[l + 1].attn_norm, n, D, eps);
             normed = 1;

@@ -45,6 +45,7 @@ struct ms_engine {
     float *kv;     /* [B, max(2*KV*hd, lora+rope, q_lora)] */
     float *att;    /* [B, H * vdim] attention output before o_proj */
     float *tmp;    /* [B, hidden] */
+    float *sc;     /* [B, hidden] the shortcut MoE's output between its two layers (cfg layer_shortcut), or NULL */
     float *logits; /* [logit_rows, vocab] the head's output when the caller cannot read backend memory */
     int logit_rows;
     /* FFN scratch */

@@ -8,6 +8,8 @@
  *   in_proj_qkvz x: per key head g, [q (dk), k (dk), v (r*dv), z (r*dv)];
  *                   value head h = g*r + j takes the j-th dv slice of group g
  *   in_proj_ba x:   per key head g, [b (r), a (r)]
+ *   (or split, Qwen3.5: in_proj_qkv x = [q all heads | k all heads | v all heads],
+ *    in_proj_z x, in_proj_b x, in_proj_a x, each head-major)
  *   [q|k|v] = silu(conv1d over time) (channels: all q heads, all k heads, all v heads)
  *   beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)
  *   o = delta rule (q, k L2-normalised, q scaled by dk^-0.5; v head h reads qk head h / r)
@@ -34,7 +36,11 @@ typedef struct ms_gdn_config {
     float norm_eps;      /* gated RMSNorm epsilon (rms_norm_eps) */
 } ms_gdn_config;
 
-/* Check cfg and every weight's presence and shape. Errors: MS_ERR_ARG
+/* True when w holds the split projections (in_qkv, in_z, in_b, in_a) rather
+ * than the fused in_qkvz / in_ba. */
+static inline int ms_gdn_split(const ms_gdn_weights *w) { return !w->in_qkvz.data && w->in_qkv.data; }
+
+/* Check cfg and every weight's presence and shape (either projection layout). Errors: MS_ERR_ARG
  * (config), MS_ERR_SHAPE / MS_ERR_UNSUPPORTED naming the weight. */
 int ms_gdn_check(const ms_gdn_config *cfg, const ms_gdn_weights *w, ms_err *err);
 

@@ -36,7 +36,7 @@ static int route_layer(ms_engine *e, const ms_layer *L, const float *x, int n, c
                        float *w, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     ms_backend *be = e->be;
-    int64_t E = c->n_experts, K = c->top_k;
+    int64_t E = ms_router_width(c), K = c->top_k;
     be->ops->matmul(be, e->rlog, x, n, &L->router, 0);
     if (L->router_lbias) be->ops->add_bias(be, e->rlog, L->router_lbias, n, E);
     const int32_t *fixed = NULL;
@@ -74,9 +74,12 @@ static int lookahead_prefetch(ms_engine *e, int layer, int n, ms_err *err) {
     /* this layer's expert-major lists are built, its ids no longer needed: reuse them */
     int rc = route_layer(e, N, la_in, 1, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return rc;
-    memcpy(e->la_ids, e->h_ids, (size_t)K * sizeof(int));
+    int nk = 0; /* zero-computation experts have nothing to prefetch */
+    for (int i = 0; i < K; i++)
+        if (e->h_ids[i] < c->n_experts) e->la_ids[nk++] = e->h_ids[i];
+    for (int i = nk; i < K; i++) e->la_ids[i] = -1;
     e->la_layer = next;
-    ms_experts_prefetch(e->experts, next, K, e->la_ids);
+    ms_experts_prefetch(e->experts, next, nk, e->la_ids);
     return MS_OK;
 }
 
@@ -88,16 +91,17 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
-    int E = (int)c->n_experts, K = (int)c->top_k;
+    int E = (int)c->n_experts, K = (int)c->top_k, W = (int)ms_router_width(c);
     int rc = route_layer(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return ms_wrap(err, "layer %d router", layer);
-    /* expert-major lists: counting sort of (token, slot) pairs by expert */
+    /* expert-major lists: counting sort of (token, slot) pairs by expert (zero-computation
+     * experts E..W-1 sort after the routed ones) */
     int *cnt = e->ex_count, *pos = e->ex_pos, *uniq = e->ex_uniq;
     ms_expert_view *views = e->ex_views;
-    memset(cnt, 0, (size_t)(E + 1) * sizeof *cnt);
+    memset(cnt, 0, (size_t)(W + 1) * sizeof *cnt);
     for (int i = 0; i < n * K; i++) cnt[e->h_ids[i] + 1]++;
-    for (int x = 0; x < E; x++) cnt[x + 1] += cnt[x];
-    memcpy(pos, cnt, (size_t)E * sizeof *pos);
+    for (int x = 0; x < W; x++) cnt[x + 1] += cnt[x];
+    memcpy(pos, cnt, (size_t)W * sizeof *pos);
     for (int i = 0; i < n * K; i++) {
         int x = e->h_ids[i];
         e->ex_tokens[pos[x]] = i / K;
@@ -133,6 +137,15 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
         be->ops->moe_experts(be, &ma);
         ms_experts_release(e->experts, layer);
     }
+    if (W > E) { /* zero-computation experts: acc += w * in, in expert order after the routed ones (host memory) */
+        if (!be->host_memory)
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "layer %d: zero-computation experts need a host-memory backend", layer);
+        for (int q = cnt[E]; q < cnt[W]; q++) {
+            const float *x = in + (int64_t)e->ex_tokens[q] * D;
+            float *y = acc + (int64_t)e->ex_tokens[q] * D, wq = e->ex_w[q];
+            for (int64_t d = 0; d < D; d++) y[d] += wq * x[d];
+        }
+    }
     return MS_OK;
 }
 
@@ -155,7 +168,7 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     int rc, routed = 0;
     /* decode with resident experts on a backend that routes on the device: no host round trip */
     if (n == 1 && be->ops->moe_experts_routed && e->experts == e->own_experts && !L->hash_ids && L->experts &&
-        !e->no_routed) {
+        !e->no_routed && !c->n_zero_experts) {
         ms_route_args ra = {.c = c, .logits = e->rlog, .bias = L->router_bias, .n = 1, .ids = e->topk_ids,
                             .w = e->topk_w};
         if (be->ops->router_route && !L->router_lbias) {

@@ -95,12 +95,29 @@ void ms_arch_list(char *buf, size_t cap);
 int ms_bind_trunk(ms_binder *b, struct ms_model *m, const char *embed, const char *final_norm, const char *lm_head);
 int ms_bind_gqa(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 int ms_bind_mla(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* ms_bind_mla with the attention module's own prefix ("model.layers.3.self_attn.0."). */
+int ms_bind_mla_at(ms_binder *b, struct ms_model *m, int layer, const char *apfx);
 int ms_bind_mlp(ms_binder *b, struct ms_model *m, int layer, const char *pfx, int64_t inter, const char *gate,
                 const char *up, const char *down);
 /* Routed experts: names are printf patterns with %d (layer) and %d (expert). */
 int ms_bind_experts(ms_binder *b, struct ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
                     const char *down_fmt);
+/* The same with patterns formatted with the expert alone (%d), bound on engine layer `layer`
+ * (when a checkpoint's layer numbering is not the engine's: LongCat-Flash's two sublayers). */
+int ms_bind_layer_experts(ms_binder *b, struct ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
+                          const char *down_fmt);
 int ms_bind_router(ms_binder *b, struct ms_model *m, int layer, const char *weight, const char *bias);
+/* Routed experts stored fused per layer (Qwen3-VL-MoE): gate_up "GU" and down "DN"
+ * (full names without ".weight"), BF16/F16/F32, in either of two layouts, told
+ * apart by DN's shape (hidden != moe_inter):
+ *   Linear layout (transformers' modules; what save_pretrained writes):
+ *     GU [E, 2*inter, hidden] (gate rows, then up rows), DN [E, hidden, inter];
+ *     bound as views, no copy;
+ *   transposed (the published Qwen3-VL checkpoints): GU [E, hidden, 2*inter],
+ *     DN [E, inter, hidden]; transposed once into a layer-owned buffer in the
+ *     stored dtype (resident; the views point there).
+ * Spec mode records the published layout. */
+int ms_bind_fused_experts(ms_binder *b, struct ms_model *m, int layer, const char *gate_up, const char *down);
 /* The DeepSeek-style MoE of layer `layer` under pfx ("model.layers.N."): router
  * mlp.gate (+ e_score_correction_bias when cfg->router_bias), shared experts
  * mlp.shared_experts.* when cfg->shared_inter, routed experts mlp.experts.E.{gate,up,down}_proj. */

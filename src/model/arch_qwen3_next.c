@@ -123,8 +123,15 @@ static int bind_gdn(ms_binder *b, ms_gdn_weights *w, const char *pfx) {
     const ms_config *c = b->cfg;
     const int64_t Kd = c->gdn_k_heads * c->gdn_k_dim, Vd = c->gdn_v_heads * c->gdn_v_dim, D = c->hidden;
     const int64_t C = 2 * Kd + Vd, K = c->kda_conv, Hv = c->gdn_v_heads;
-    ms_bind_mat(b, &w->in_qkvz, MS_W_MATRIX, 2 * Kd + 2 * Vd, D, "%sin_proj_qkvz", pfx);
-    ms_bind_mat(b, &w->in_ba, MS_W_MATRIX, 2 * Hv, D, "%sin_proj_ba", pfx);
+    if (c->gdn_split) { /* Qwen3.5: [q | k | v], z, b, a as separate matrices */
+        ms_bind_mat(b, &w->in_qkv, MS_W_MATRIX, 2 * Kd + Vd, D, "%sin_proj_qkv", pfx);
+        ms_bind_mat(b, &w->in_z, MS_W_MATRIX, Vd, D, "%sin_proj_z", pfx);
+        ms_bind_mat(b, &w->in_b, MS_W_MATRIX, Hv, D, "%sin_proj_b", pfx);
+        ms_bind_mat(b, &w->in_a, MS_W_MATRIX, Hv, D, "%sin_proj_a", pfx);
+    } else {
+        ms_bind_mat(b, &w->in_qkvz, MS_W_MATRIX, 2 * Kd + 2 * Vd, D, "%sin_proj_qkvz", pfx);
+        ms_bind_mat(b, &w->in_ba, MS_W_MATRIX, 2 * Hv, D, "%sin_proj_ba", pfx);
+    }
     const int64_t conv_shape[3] = {C, 1, K}, hs[1] = {Hv}, ds[1] = {c->gdn_v_dim};
     ms_bind_tensor(b, &w->conv, MS_W_VECTOR, 3, conv_shape, C, K, 0, "%sconv1d.weight", pfx);
     ms_bind_tensor(b, &w->A_log, MS_W_VECTOR, 1, hs, 1, Hv, 0, "%sA_log", pfx);
@@ -136,13 +143,24 @@ static int bind_gdn(ms_binder *b, ms_gdn_weights *w, const char *pfx) {
     return b->rc;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
+/* Bind the Qwen3-Next text model whose modules are under tm ("model." for
+ * Qwen3NextForCausalLM, "model.language_model." for a multimodal wrapper such as
+ * Qwen3.5's): tm embed_tokens, layers.N.*, norm, and the head "lm_head". The
+ * gated DeltaNet projections are fused or split per cfg->gdn_split. Also the
+ * bind of arch_qwen3_5_moe.c. */
+int ms_bind_qwen3_next_text(ms_binder *b, ms_model *m, const char *tm) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    char e[96], fn[96], ge[160], ue[160], de[160];
+    snprintf(e, sizeof e, "%sembed_tokens", tm);
+    snprintf(fn, sizeof fn, "%snorm.weight", tm);
+    snprintf(ge, sizeof ge, "%slayers.%%d.mlp.experts.%%d.gate_proj", tm);
+    snprintf(ue, sizeof ue, "%slayers.%%d.mlp.experts.%%d.up_proj", tm);
+    snprintf(de, sizeof de, "%slayers.%%d.mlp.experts.%%d.down_proj", tm);
+    ms_bind_trunk(b, m, e, fn, "lm_head");
     zero_centred(m->final_norm, c->hidden);
     for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], a[96], w[96];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
+        char p[96], a[128], w[128];
+        snprintf(p, sizeof p, "%slayers.%d.", tm, l);
         ms_layer *L = &m->layers[l];
         ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", p);
         ms_bind_vec(b, &L->ffn_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", p);
@@ -167,10 +185,11 @@ static int bind(ms_binder *b, ms_model *m) {
                         "mlp.shared_expert.down_proj");
             ms_bind_mat(b, &L->shared_gate, MS_W_ROUTER, 1, c->hidden, "%smlp.shared_expert_gate", p);
         }
-        ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.experts.%d.up_proj",
-                        "model.layers.%d.mlp.experts.%d.down_proj");
+        ms_bind_experts(b, m, l, ge, ue, de);
     }
     return b->rc;
 }
+
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_qwen3_next_text(b, m, "model."); }
 
 const ms_arch ms_arch_qwen3_next = {"qwen3_next", configure, bind};

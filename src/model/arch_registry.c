@@ -11,6 +11,9 @@ extern const ms_arch ms_arch_deepseek_v32, ms_arch_glm_moe_dsa, ms_arch_glm5_nex
 extern const ms_arch ms_arch_kimi_k3;
 extern const ms_arch ms_arch_qwen3_next;
 extern const ms_arch ms_arch_deepseek_v4;
+extern const ms_arch ms_arch_qwen3_5_moe, ms_arch_qwen3_5_moe_text, ms_arch_kimi_k25;
+extern const ms_arch ms_arch_glm4_moe_lite, ms_arch_mixtral, ms_arch_qwen2_moe, ms_arch_olmoe;
+extern const ms_arch ms_arch_qwen3_vl_moe, ms_arch_longcat_flash;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -26,6 +29,15 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_kimi_k3,
     &ms_arch_qwen3_next,
     &ms_arch_deepseek_v4,
+    &ms_arch_qwen3_5_moe,
+    &ms_arch_qwen3_5_moe_text,
+    &ms_arch_kimi_k25,
+    &ms_arch_glm4_moe_lite,
+    &ms_arch_mixtral,
+    &ms_arch_qwen2_moe,
+    &ms_arch_olmoe,
+    &ms_arch_qwen3_vl_moe,
+    &ms_arch_longcat_flash,
 };
 
 const ms_arch *ms_arch_find(const char *model_type) {

@@ -22,10 +22,15 @@ typedef struct ms_kda_weights {
     ms_qmat o_proj;                 /* [hidden, H*d] */
 } ms_kda_weights;
 
-/* Gated DeltaNet (engine/gdn_block.h). */
+/* Gated DeltaNet (engine/gdn_block.h). The input projections come in one of
+ * two layouts: fused per key-head group (Qwen3-Next: in_qkvz, in_ba) or split
+ * (Qwen3.5: in_qkv, in_z, in_b, in_a, with in_qkvz.data NULL). */
 typedef struct ms_gdn_weights {
     ms_qmat in_qkvz;     /* [2*Hk*dk + 2*Hv*dv, hidden] */
     ms_qmat in_ba;       /* [2*Hv, hidden] */
+    ms_qmat in_qkv;      /* split: [2*Hk*dk + Hv*dv, hidden], rows [q all heads | k all heads | v all heads] */
+    ms_qmat in_z;        /* split: [Hv*dv, hidden] */
+    ms_qmat in_b, in_a;  /* split: [Hv, hidden] each */
     ms_qmat conv;        /* [2*Hk*dk + Hv*dv, K] (conv1d weight [C, 1, K]) */
     ms_qmat A_log;       /* Hv elements */
     ms_qmat dt_bias;     /* Hv elements */

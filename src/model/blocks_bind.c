@@ -43,26 +43,32 @@ int ms_bind_gqa(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     return b->rc;
 }
 
-int ms_bind_mla(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+int ms_bind_mla_at(ms_binder *b, ms_model *m, int layer, const char *apfx) {
     const ms_config *c = b->cfg;
     ms_layer *L = &m->layers[layer];
     int64_t qk = c->qk_nope_dim + c->qk_rope_dim;
     if (c->q_lora_rank > 0) {
-        ms_bind_mat(b, &L->q_a, MS_W_MATRIX, c->q_lora_rank, c->hidden, "%sself_attn.q_a_proj", pfx);
-        ms_bind_vec(b, &L->q_a_norm, MS_W_NORM, c->q_lora_rank, 0, "%sself_attn.q_a_layernorm.weight", pfx);
-        ms_bind_mat(b, &L->q_b, MS_W_MATRIX, c->n_heads * qk, c->q_lora_rank, "%sself_attn.q_b_proj", pfx);
+        ms_bind_mat(b, &L->q_a, MS_W_MATRIX, c->q_lora_rank, c->hidden, "%sq_a_proj", apfx);
+        ms_bind_vec(b, &L->q_a_norm, MS_W_NORM, c->q_lora_rank, 0, "%sq_a_layernorm.weight", apfx);
+        ms_bind_mat(b, &L->q_b, MS_W_MATRIX, c->n_heads * qk, c->q_lora_rank, "%sq_b_proj", apfx);
     } else {
-        ms_bind_mat(b, &L->wq, MS_W_MATRIX, c->n_heads * qk, c->hidden, "%sself_attn.q_proj", pfx);
+        ms_bind_mat(b, &L->wq, MS_W_MATRIX, c->n_heads * qk, c->hidden, "%sq_proj", apfx);
     }
     ms_bind_mat(b, &L->kv_a, MS_W_MATRIX, c->kv_lora_rank + c->qk_rope_dim, c->hidden,
-                "%sself_attn.kv_a_proj_with_mqa", pfx);
-    ms_bind_vec(b, &L->kv_a_norm, MS_W_NORM, c->kv_lora_rank, 0, "%sself_attn.kv_a_layernorm.weight", pfx);
+                "%skv_a_proj_with_mqa", apfx);
+    ms_bind_vec(b, &L->kv_a_norm, MS_W_NORM, c->kv_lora_rank, 0, "%skv_a_layernorm.weight", apfx);
     ms_bind_mat(b, &L->kv_b, MS_W_MATRIX, c->n_heads * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank,
-                "%sself_attn.kv_b_proj", pfx);
-    ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, c->n_heads * c->v_head_dim, "%sself_attn.o_proj", pfx);
+                "%skv_b_proj", apfx);
+    ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, c->n_heads * c->v_head_dim, "%so_proj", apfx);
     if (c->mla_out_gate)
-        ms_bind_mat(b, &L->mla_gate, MS_W_MATRIX, c->n_heads * c->v_head_dim, c->hidden, "%sself_attn.g_proj", pfx);
+        ms_bind_mat(b, &L->mla_gate, MS_W_MATRIX, c->n_heads * c->v_head_dim, c->hidden, "%sg_proj", apfx);
     return b->rc;
+}
+
+int ms_bind_mla(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    char a[200];
+    snprintf(a, sizeof a, "%sself_attn.", pfx);
+    return ms_bind_mla_at(b, m, layer, a);
 }
 
 int ms_bind_attn_res(ms_binder *b, struct ms_attn_res *out, const char *pfx) {
@@ -157,6 +163,11 @@ int ms_bind_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, 
     return bind_experts(b, m, layer, gate_fmt, up_fmt, down_fmt, 1);
 }
 
+int ms_bind_layer_experts(ms_binder *b, ms_model *m, int layer, const char *gate_fmt, const char *up_fmt,
+                          const char *down_fmt) {
+    return bind_experts(b, m, layer, gate_fmt, up_fmt, down_fmt, 0);
+}
+
 int ms_bind_routed_moe(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     const ms_config *c = b->cfg;
     char w[160], bias[200], g[200], u[200], d[200];
@@ -187,4 +198,65 @@ int ms_bind_ffn(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     if (c->layer_mlp[layer] == MS_MLP_DENSE)
         return ms_bind_mlp(b, m, layer, pfx, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
     return ms_bind_routed_moe(b, m, layer, pfx);
+}
+
+/* src [E, r, c] -> dst [E, c, r], elements of es bytes. */
+static void transpose_last2(uint8_t *dst, const uint8_t *src, int64_t E, int64_t r, int64_t c, size_t es) {
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < c; j++)
+                memcpy(dst + ((e * c + j) * r + i) * es, src + ((e * r + i) * c + j) * es, es);
+}
+
+int ms_bind_fused_experts(ms_binder *b, ms_model *m, int layer, const char *gate_up, const char *down) {
+    const ms_config *c = b->cfg;
+    ms_layer *L = &m->layers[layer];
+    const int64_t E = c->n_experts, D = c->hidden, I = c->moe_inter;
+    if (b->rc) return b->rc;
+    if (!b->ck) {
+        ms_qmat tmp;
+        ms_bind_tensor(b, &tmp, MS_W_EXPERT, 3, (int64_t[]){E, D, 2 * I}, E * D, 2 * I, 0, "%s", gate_up);
+        ms_bind_tensor(b, &tmp, MS_W_EXPERT, 3, (int64_t[]){E, I, D}, E * I, D, 0, "%s", down);
+        return b->rc;
+    }
+    if (D == I)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED,
+                               "%s: fused experts with moe_intermediate_size equal to hidden_size (%lld): the layout "
+                               "cannot be told from the shapes",
+                               down, (long long)D);
+    char n1[400], n2[400];
+    snprintf(n1, sizeof n1, "%s%s", b->prefix, gate_up);
+    snprintf(n2, sizeof n2, "%s%s", b->prefix, down);
+    const ms_tensor *dn = ms_checkpoint_find(b->ck, n2);
+    if (!dn || dn->ndim != 3)
+        return b->rc = ms_fail(b->err, MS_ERR_FORMAT, "missing tensor \"%s\" (expected [%lld, %lld, %lld] or [%lld, %lld, %lld])",
+                               n2, (long long)E, (long long)D, (long long)I, (long long)E, (long long)I, (long long)D);
+    const int linear = dn->shape[1] == D && dn->shape[2] == I;
+    const ms_tensor *gu = ms_bind_find(b, n1, 3, linear ? (int64_t[]){E, 2 * I, D} : (int64_t[]){E, D, 2 * I});
+    dn = ms_bind_find(b, n2, 3, linear ? (int64_t[]){E, D, I} : (int64_t[]){E, I, D});
+    if (b->rc) return b->rc;
+    if (gu->dtype != dn->dtype || (gu->dtype != MS_DT_BF16 && gu->dtype != MS_DT_F16 && gu->dtype != MS_DT_F32))
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s is not supported for fused experts",
+                               gu->name, ms_dtype_name(gu->dtype));
+    const size_t es = (size_t)ms_dtype_bits(gu->dtype) / 8;
+    const uint8_t *g = gu->data, *d = dn->data;
+    if (!linear) { /* published layout: one transposed copy of both, owned by the layer */
+        uint8_t *own = malloc((size_t)(E * 3 * I * D) * es);
+        if (!own) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory transposing the experts of layer %d", layer);
+        transpose_last2(own, g, E, D, 2 * I, es);
+        transpose_last2(own + (size_t)(E * 2 * I * D) * es, d, E, I, D, es);
+        L->owned = own;
+        g = own;
+        d = own + (size_t)(E * 2 * I * D) * es;
+    }
+    L->experts = calloc((size_t)E, sizeof *L->experts);
+    if (!L->experts) return b->rc = ms_fail(b->err, MS_ERR_NOMEM, "out of memory");
+    for (int64_t e = 0; e < E; e++) {
+        ms_expert_view *v = &L->experts[e];
+        const uint8_t *ge = g + (size_t)(e * 2 * I * D) * es;
+        v->gate = (ms_qmat){.dtype = gu->dtype, .rows = I, .cols = D, .data = ge};
+        v->up = (ms_qmat){.dtype = gu->dtype, .rows = I, .cols = D, .data = ge + (size_t)(I * D) * es};
+        v->down = (ms_qmat){.dtype = gu->dtype, .rows = D, .cols = I, .data = d + (size_t)(e * D * I) * es};
+    }
+    return b->rc;
 }

@@ -280,6 +280,12 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
     /* multimodal checkpoints (GLM-5-Next) keep the text model's config under text_config */
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(j, "text_config");
     const cJSON *src = cJSON_IsObject(tc) && !cJSON_GetObjectItemCaseSensitive(j, "vocab_size") ? tc : j;
+    /* multimodal: a quantization_config at the top level applies to the text model when text_config has none */
+    if (!rc && src != j && !cJSON_GetObjectItemCaseSensitive(src, "quantization_config")) {
+        cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+        if (q && !cJSON_AddItemReferenceToObject((cJSON *)src, "quantization_config", q))
+            rc = ms_fail(err, MS_ERR_NOMEM, "%s: out of memory", where);
+    }
     if (!rc) {
         snprintf(c->model_type, sizeof c->model_type, "%s", mt);
         c->arch = arch;

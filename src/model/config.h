@@ -23,7 +23,12 @@ typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
  * bias for the choice), group-limited top-k; TOPK_SOFTMAX: top-k of the logits, then
  * softmax over the k chosen (gpt-oss). */
 /* SQRTSOFTPLUS: scores sqrt(softplus(logit)) (+ correction bias for the choice), plain top-k. */
-typedef enum { MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3, MS_ROUTER_SQRTSOFTPLUS = 4 } ms_router_kind;
+/* SOFTMAX_BIAS (LongCat-Flash): softmax scores, top-k of scores + e_score_correction_bias, weights the
+ * scores (renormalised per norm_topk_prob) times routed_scale. */
+typedef enum {
+    MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3, MS_ROUTER_SQRTSOFTPLUS = 4,
+    MS_ROUTER_SOFTMAX_BIAS = 5
+} ms_router_kind;
 /* Where q/k RMSNorm applies: none, per head (head_dim), or over all heads' projection. */
 typedef enum { MS_QKNORM_NONE = 0, MS_QKNORM_HEAD = 1, MS_QKNORM_FULL = 2 } ms_qknorm_kind;
 /* Gated MLP activation: SwiGLU with the config's act_limit / act_alpha / act_up_offset (plain
@@ -56,6 +61,7 @@ typedef struct ms_config {
     int kda_full_rank_gate;     /* 1: g_proj; 0: g_a_proj / g_b_proj */
     /* gated DeltaNet layers (MS_ATTN_GDN); the conv kernel is kda_conv */
     int64_t gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim;
+    int gdn_split;              /* projections stored split (in_proj_qkv/z/b/a, Qwen3.5), not fused (in_proj_qkvz/ba) */
     int attn_out_gate;          /* GQA: q_proj rows hold [query hd, gate hd] per head; att *= sigmoid(gate) */
     int shared_expert_gate;     /* MoE: shared experts' output *= sigmoid(shared_expert_gate x) */
     ms_rope rope;
@@ -88,6 +94,13 @@ typedef struct ms_config {
     int64_t moe_inter;          /* routed expert width */
     int64_t shared_inter;       /* shared experts' total width (0: none) */
     int64_t n_experts, top_k, n_group, topk_group;
+    /* zero-computation experts (LongCat-Flash): router choices n_experts .. n_experts + n_zero_experts - 1
+     * are the identity (their weight times the FFN input); the router is ms_router_width wide */
+    int64_t n_zero_experts;
+    /* shortcut-connected MoE (LongCat-Flash): 1 on a layer whose MoE (router and experts bound on it)
+     * runs beside its dense MLP (gate/up/down of width inter) on the same normed input, its output
+     * held; 2 on the next layer, which adds the held output to its FFN output; 0 otherwise */
+    uint8_t layer_shortcut[MS_MAX_LAYERS];
     int64_t expert_hidden;      /* width routed experts read and write: hidden, or the latent width
                                    (routed_expert_hidden_size) when latent_moe */
     int latent_moe;             /* routed experts between routed_expert_down_proj / up_proj */
@@ -145,5 +158,8 @@ int ms_config_load(const char *dir, ms_config *c, ms_err *err);
 /* Helpers for architecture files. */
 int ms_config_rope(const cJSON *j, ms_config *c, int64_t rotary_dim, ms_rope_layout layout, const char *where,
                    ms_err *err);
+
+/* Router output width: the routed experts plus the zero-computation ones. */
+static inline int64_t ms_router_width(const ms_config *c) { return c->n_experts + c->n_zero_experts; }
 
 #endif

@@ -86,7 +86,8 @@ static void place_layer(placer *p, const ms_config *c, ms_layer *L, int l, int s
     /* KDA and gated DeltaNet: matrices, convolution weights and parameter vectors are qmats */
     Q(kda.q_proj), Q(kda.k_proj), Q(kda.v_proj), Q(kda.q_conv), Q(kda.k_conv), Q(kda.v_conv), Q(kda.f_a), Q(kda.f_b);
     Q(kda.A_log), Q(kda.dt_bias), Q(kda.b_proj), Q(kda.g_a), Q(kda.g_b), Q(kda.g_proj), Q(kda.o_norm), Q(kda.o_proj);
-    Q(gdn.in_qkvz), Q(gdn.in_ba), Q(gdn.conv), Q(gdn.A_log), Q(gdn.dt_bias), Q(gdn.norm), Q(gdn.out_proj);
+    Q(gdn.in_qkvz), Q(gdn.in_ba), Q(gdn.in_qkv), Q(gdn.in_z), Q(gdn.in_b), Q(gdn.in_a);
+    Q(gdn.conv), Q(gdn.A_log), Q(gdn.dt_bias), Q(gdn.norm), Q(gdn.out_proj);
     /* the DSA indexer (kpool_ape stays a host view: the engine reads it from the host model) */
     Q(dsa.wq_b), Q(dsa.wk), Q(dsa.weights_proj), Q(dsa.kpool_gate), V(dsa.k_norm_w), V(dsa.k_norm_b);
     /* DeepSeek V4 compressed attention, its compressors and CSA indexer */

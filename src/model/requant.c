@@ -72,6 +72,15 @@ int ms_rq_collect(ms_model *m, ms_rq_ref *out) {
         ADD(&L->gdn.in_ba, l, "in_proj_ba");
         ADD(&L->gdn.out_proj, l, "out_proj");
     }
+    /* the split gated DeltaNet projections (Qwen3.5) come after every other entry, and only in
+     * models that have them, so the order and count of every other model's list is unchanged */
+    for (int l = 0; m->layers && m->cfg.gdn_split && l < m->cfg.n_layers; l++) {
+        ms_layer *L = &m->layers[l];
+        ADD(&L->gdn.in_qkv, l, "in_proj_qkv");
+        ADD(&L->gdn.in_z, l, "in_proj_z");
+        ADD(&L->gdn.in_b, l, "in_proj_b");
+        ADD(&L->gdn.in_a, l, "in_proj_a");
+    }
 #undef ADD
     return n;
 }

@@ -113,7 +113,7 @@ static void tmp_path(char *out, size_t cap, const char *tag) {
 /* The architectures whose state is only per-position caches (GQA / MLA, DSA
  * without recurrent layers): the ones ms_engine_truncate must accept. */
 static int expect_truncatable(const char *name) {
-    static const char *no[] = {"kimi_linear", "kimi_k3", "glm5_next", "qwen3_next", "deepseek_v4"};
+    static const char *no[] = {"kimi_linear", "kimi_k3", "glm5_next", "qwen3_next", "deepseek_v4", "qwen3_5_moe"};
     for (size_t i = 0; i < sizeof no / sizeof *no; i++)
         if (!strncmp(name, no[i], strlen(no[i]))) return 0;
     return 1;

@@ -62,7 +62,7 @@ static cpu_scratch_dims dims_of(const ms_config *c) {
     d.lora = MAX2(c->kv_lora_rank, 1);
     d.row = MAX2(MAX2(c->kv_lora_rank, c->hidden), MAX2(qdim, vdim)) + 16;
     d.mla_block = c->kv_lora_rank > 0 ? c->kv_lora_rank + c->qk_nope_dim + c->v_head_dim : 0;
-    d.small = MAX2(2 * c->n_experts + 64, c->hidden + ares_blocks + 64); /* router 2E floats, AttnRes */
+    d.small = MAX2(2 * ms_router_width(c) + 64, c->hidden + ares_blocks + 64); /* router 2E floats, AttnRes */
     d.ca_window = d.ca_rate = 0;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;

@@ -32,7 +32,7 @@ static void topk(const float *v, int n, int k, int *idx) {
  * fixed: the token's row of a hash-routed layer's table (ids given, only weighed), or NULL. */
 static void route_one(const ms_config *c, const float *logits, const float *bias, const int32_t *fixed, float *scratch,
                       int *ids, float *w) {
-    int E = (int)c->n_experts, K = (int)c->top_k;
+    int E = (int)ms_router_width(c), K = (int)c->top_k;
     float *scores = scratch, *choice = scratch + E;
     if (c->router == MS_ROUTER_SQRTSOFTPLUS) { /* DeepSeek-V4: sqrt(softplus), always renormalized */
         for (int i = 0; i < E; i++) {
@@ -51,6 +51,11 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
         topk(scores, E, K, ids);
+    } else if (c->router == MS_ROUTER_SOFTMAX_BIAS) {
+        memcpy(scores, logits, (size_t)E * 4);
+        ms_softmax(scores, E);
+        for (int i = 0; i < E; i++) choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
+        topk(choice, E, K, ids);
     } else if (c->router == MS_ROUTER_TOPK_SOFTMAX) {
         topk(logits, E, K, ids);
         for (int i = 0; i < K; i++) w[i] = logits[ids[i]];
@@ -93,7 +98,7 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
 
 void ms_route_host(const ms_route_args *a, float *scratch) {
     const ms_config *c = a->c;
-    int64_t E = c->n_experts, K = c->top_k;
+    int64_t E = ms_router_width(c), K = c->top_k;
     for (int t = 0; t < a->n; t++)
         route_one(c, a->logits + t * E, a->bias, a->fixed ? a->fixed + t * K : NULL, scratch, a->ids + t * K,
                   a->w + t * K);

@@ -39,9 +39,16 @@ int ms_gdn_check(const ms_gdn_config *c, const ms_gdn_weights *w, ms_err *err) {
     if (!(c->norm_eps >= 0)) return ms_fail(err, MS_ERR_ARG, "gated DeltaNet config: norm eps %g", c->norm_eps);
     const int64_t Kd = (int64_t)c->k_heads * c->k_dim, Vd = (int64_t)c->v_heads * c->v_dim, D = c->hidden;
     int rc;
-    if ((rc = want_mat(&w->in_qkvz, 2 * Kd + 2 * Vd, D, "in_proj_qkvz", err)) ||
-        (rc = want_mat(&w->in_ba, 2 * (int64_t)c->v_heads, D, "in_proj_ba", err)) ||
-        (rc = want_mat(&w->conv, 2 * Kd + Vd, c->conv_kernel, "conv1d", err)) ||
+    if (ms_gdn_split(w)) {
+        if ((rc = want_mat(&w->in_qkv, 2 * Kd + Vd, D, "in_proj_qkv", err)) ||
+            (rc = want_mat(&w->in_z, Vd, D, "in_proj_z", err)) ||
+            (rc = want_mat(&w->in_b, c->v_heads, D, "in_proj_b", err)) ||
+            (rc = want_mat(&w->in_a, c->v_heads, D, "in_proj_a", err)))
+            return rc;
+    } else if ((rc = want_mat(&w->in_qkvz, 2 * Kd + 2 * Vd, D, "in_proj_qkvz", err)) ||
+               (rc = want_mat(&w->in_ba, 2 * (int64_t)c->v_heads, D, "in_proj_ba", err)))
+        return rc;
+    if ((rc = want_mat(&w->conv, 2 * Kd + Vd, c->conv_kernel, "conv1d", err)) ||
         (rc = want_vec(&w->A_log, c->v_heads, "A_log", err)) ||
         (rc = want_vec(&w->dt_bias, c->v_heads, "dt_bias", err)) ||
         (rc = want_vec(&w->norm, c->v_dim, "norm", err)) || (rc = want_mat(&w->out_proj, D, Vd, "out_proj", err)))
@@ -116,9 +123,16 @@ int ms_gdn_forward(ms_pool *pool, const ms_gdn_config *c, const ms_gdn_weights *
     for (int t0 = 0; t0 < n && !rc; t0 += slice) {
         const int m = n - t0 < slice ? n - t0 : slice;
         const float *xs = x + (size_t)t0 * c->hidden;
-        ms_matmul(pool, qkvz, xs, m, &w->in_qkvz);
-        ms_matmul(pool, ba, xs, m, &w->in_ba);
-        split_rows(c, m, qkvz, ba, qkv, z, b, a);
+        if (ms_gdn_split(w)) { /* split projections write the rows in the order the block uses */
+            ms_matmul(pool, qkv, xs, m, &w->in_qkv);
+            ms_matmul(pool, z, xs, m, &w->in_z);
+            ms_matmul(pool, b, xs, m, &w->in_b);
+            ms_matmul(pool, a, xs, m, &w->in_a);
+        } else {
+            ms_matmul(pool, qkvz, xs, m, &w->in_qkvz);
+            ms_matmul(pool, ba, xs, m, &w->in_ba);
+            split_rows(c, m, qkvz, ba, qkv, z, b, a);
+        }
         if ((rc = ms_short_conv(pool, qkv, C, qkv, C, m, (int)C, &w->conv, st->conv, 1, err))) break;
         if ((rc = ms_decay_gate(pool, a, Hv, m, Hv, 1, &w->A_log, &w->dt_bias, MS_DECAY_SOFTPLUS, 0.0f, err))) break;
         ms_sigmoid_rows(b, Hv, m, Hv);

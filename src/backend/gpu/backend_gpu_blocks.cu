@@ -396,11 +396,17 @@ static int b_gdn_forward(ms_backend *be, const ms_gdn_config *c, const ms_gdn_we
     for (int t0 = 0; t0 < n; t0 += slice) {
         const int m = n - t0 < slice ? n - t0 : slice;
         const float *xs = x + (size_t)t0 * c->hidden;
-        if ((rc = ms_gpu_matmul(g, qkvz, xs, m, &w->in_qkvz, 0, err)) || (rc = ms_gpu_matmul(g, ba, xs, m, &w->in_ba, 0, err)))
-            break;
-        k_gdn_split<<<grid_for((int64_t)m * P, 256), 256, 0, g->stream>>>(qkv, z, b, a, qkvz, ba, m, Hk, Hv, dk, dv);
-        if ((rc = ms_gpu_launched(err, "gated DeltaNet split")) ||
-            (rc = conv_launch(be, qkv, C, m, (int)C, &w->conv, st->conv, "gated DeltaNet conv1d", err)) ||
+        if (ms_gdn_split(w)) { /* split projections (Qwen3.5) write the rows in the order the block uses */
+            if ((rc = ms_gpu_matmul(g, qkv, xs, m, &w->in_qkv, 0, err)) || (rc = ms_gpu_matmul(g, z, xs, m, &w->in_z, 0, err)) ||
+                (rc = ms_gpu_matmul(g, b, xs, m, &w->in_b, 0, err)) || (rc = ms_gpu_matmul(g, a, xs, m, &w->in_a, 0, err)))
+                break;
+        } else {
+            if ((rc = ms_gpu_matmul(g, qkvz, xs, m, &w->in_qkvz, 0, err)) || (rc = ms_gpu_matmul(g, ba, xs, m, &w->in_ba, 0, err)))
+                break;
+            k_gdn_split<<<grid_for((int64_t)m * P, 256), 256, 0, g->stream>>>(qkv, z, b, a, qkvz, ba, m, Hk, Hv, dk, dv);
+            if ((rc = ms_gpu_launched(err, "gated DeltaNet split"))) break;
+        }
+        if ((rc = conv_launch(be, qkv, C, m, (int)C, &w->conv, st->conv, "gated DeltaNet conv1d", err)) ||
             (rc = gate_launch(be, a, Hv, m, Hv, 1, &w->A_log, &w->dt_bias, 0, 0.0f, err)))
             break;
         k_sigmoid_rows<<<grid_for((int64_t)m * Hv, 256), 256, 0, g->stream>>>(b, Hv, m, Hv);

@@ -1,0 +1,160 @@
+/* arch_classic_moe.c — three GQA MoE families whose blocks are all shared
+ * ones, each with its own configure and bind:
+ *   mixtral    Mixtral 8x7B / 8x22B: GQA, full RoPE, no q/k norm; router
+ *              softmax over the top-k logits; experts
+ *              block_sparse_moe.experts.E.{w1,w3,w2} of width intermediate_size.
+ *              transformers: models/mixtral.
+ *   qwen2_moe  Qwen1.5-MoE / Qwen2-57B-A14B: GQA with q/k/v biases (qkv_bias),
+ *              softmax router (norm_topk_prob, default off), one shared expert
+ *              scaled by sigmoid(shared_expert_gate x), decoder_sparse_step /
+ *              mlp_only_layers dense layers. transformers: models/qwen2_moe.
+ *   olmoe      OLMoE: GQA with RMSNorm over the whole q and k projections,
+ *              softmax router without renormalisation (norm_topk_prob), experts
+ *              of width intermediate_size. transformers: models/olmoe.
+ * Sliding-window attention (Mixtral, Qwen2 use_sliding_window) and OLMoE's
+ * clip_qkv are refused. */
+#include <math.h>
+#include <stdio.h>
+
+#include "model/arch_common.h"
+#include "model/model.h"
+
+/* The GQA + full rotate-half RoPE part all three share. */
+static int gqa_rope(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int rc;
+    if ((rc = ms_arch_check_gqa(c, where, err))) return rc;
+    int64_t rd;
+    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
+        return rc;
+    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    c->n_group = c->topk_group = 1;
+    c->routed_scale = 1.0;
+    for (int l = 0; l < c->n_layers; l++) {
+        c->layer_attn[l] = MS_ATTN_GQA;
+        c->layer_mlp[l] = MS_MLP_MOE;
+    }
+    return MS_OK;
+}
+
+/* A sliding_window that is set (not null, not 0) is refused: these binds run full attention. */
+static int no_window(const cJSON *j, const char *key, const char *where, ms_err *err) {
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (w && !cJSON_IsNull(w) && !cJSON_IsFalse(w) && !(cJSON_IsNumber(w) && w->valuedouble == 0))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: %s is not supported (full attention only)", where, key);
+    return MS_OK;
+}
+
+static int configure_mixtral(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int rc;
+    if ((rc = ms_json_int(j, "num_local_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = no_window(j, "sliding_window", where, err)))
+        return rc;
+    c->moe_inter = c->inter; /* experts use intermediate_size */
+    c->router = MS_ROUTER_TOPK_SOFTMAX;
+    if ((rc = gqa_rope(j, c, where, err))) return rc;
+    return ms_arch_check_moe(c, where, err);
+}
+
+static int bind_mixtral(ms_binder *b, ms_model *m) {
+    const ms_config *c = b->cfg;
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[64], w[96];
+        snprintf(p, sizeof p, "model.layers.%d.", l);
+        ms_bind_layer_norms(b, m, l, p);
+        ms_bind_gqa(b, m, l, p);
+        snprintf(w, sizeof w, "%sblock_sparse_moe.gate", p);
+        ms_bind_router(b, m, l, w, NULL);
+        ms_bind_experts(b, m, l, "model.layers.%d.block_sparse_moe.experts.%d.w1",
+                        "model.layers.%d.block_sparse_moe.experts.%d.w3", "model.layers.%d.block_sparse_moe.experts.%d.w2");
+    }
+    return b->rc;
+}
+
+static int configure_qwen2_moe(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int64_t step = 1;
+    int qkv_bias = 1, rc;
+    if ((rc = ms_json_int(j, "num_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_int(j, "decoder_sparse_step", 1, MS_MAX_LAYERS, &step, where, err)) ||
+        (rc = ms_json_opt_int(j, "shared_expert_intermediate_size", 0, 1 << 24, &c->shared_inter, where, err)) ||
+        (rc = ms_json_opt_bool(j, "qkv_bias", &qkv_bias, where, err)))
+        return rc;
+    int sw = 0;
+    if ((rc = ms_json_opt_bool(j, "use_sliding_window", &sw, where, err))) return rc;
+    if (sw) return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: use_sliding_window is not supported (full attention only)", where);
+    c->router = MS_ROUTER_SOFTMAX;
+    c->attn_bias = qkv_bias;
+    c->shared_expert_gate = c->shared_inter > 0;
+    if ((rc = gqa_rope(j, c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
+    uint8_t mlp_only[MS_MAX_LAYERS] = {0};
+    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
+    if (mo && !cJSON_IsNull(mo)) {
+        if (!cJSON_IsArray(mo)) return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_only_layers must be a list", where);
+        for (const cJSON *e = mo->child; e; e = e->next) {
+            if (!ms_json_is_int(e, 0, c->n_layers - 1))
+                return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_only_layers entry out of range", where);
+            mlp_only[(int)e->valuedouble] = 1;
+        }
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        c->layer_mlp[l] = (!mlp_only[l] && (l + 1) % step == 0) ? MS_MLP_MOE : MS_MLP_DENSE;
+        if (c->layer_mlp[l] == MS_MLP_DENSE && c->inter < 1)
+            return ms_fail(err, MS_ERR_FORMAT, "%s: dense layers need intermediate_size", where);
+    }
+    return MS_OK;
+}
+
+static int bind_qwen2_moe(ms_binder *b, ms_model *m) {
+    const ms_config *c = b->cfg;
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[64], w[96];
+        snprintf(p, sizeof p, "model.layers.%d.", l);
+        ms_layer *L = &m->layers[l];
+        ms_bind_layer_norms(b, m, l, p);
+        ms_bind_gqa(b, m, l, p);
+        if (c->layer_mlp[l] == MS_MLP_DENSE) {
+            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+            continue;
+        }
+        snprintf(w, sizeof w, "%smlp.gate", p);
+        ms_bind_router(b, m, l, w, NULL);
+        if (c->shared_inter) {
+            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+                        "mlp.shared_expert.down_proj");
+            ms_bind_mat(b, &L->shared_gate, MS_W_ROUTER, 1, c->hidden, "%smlp.shared_expert_gate", p);
+        }
+        ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.experts.%d.up_proj",
+                        "model.layers.%d.mlp.experts.%d.down_proj");
+    }
+    return b->rc;
+}
+
+static int configure_olmoe(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int rc;
+    if ((rc = ms_json_int(j, "num_experts", 1, 65536, &c->n_experts, where, err))) return rc;
+    const cJSON *clip = cJSON_GetObjectItemCaseSensitive(j, "clip_qkv");
+    if (clip && !cJSON_IsNull(clip)) return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: clip_qkv is not supported", where);
+    c->moe_inter = c->inter; /* experts use intermediate_size */
+    c->router = MS_ROUTER_SOFTMAX;
+    c->qk_norm = MS_QKNORM_FULL;
+    if ((rc = gqa_rope(j, c, where, err))) return rc;
+    return ms_arch_check_moe(c, where, err);
+}
+
+static int bind_olmoe(ms_binder *b, ms_model *m) {
+    const ms_config *c = b->cfg;
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[64];
+        snprintf(p, sizeof p, "model.layers.%d.", l);
+        ms_bind_layer_norms(b, m, l, p);
+        ms_bind_gqa(b, m, l, p);
+        ms_bind_routed_moe(b, m, l, p);
+    }
+    return b->rc;
+}
+
+const ms_arch ms_arch_mixtral = {"mixtral", configure_mixtral, bind_mixtral};
+const ms_arch ms_arch_qwen2_moe = {"qwen2_moe", configure_qwen2_moe, bind_qwen2_moe};
+const ms_arch ms_arch_olmoe = {"olmoe", configure_olmoe, bind_olmoe};
