@@ -297,6 +297,7 @@ void ms_engine_destroy(ms_engine *e) {
         }
         free(specs);
     }
+    ms_engine_step_free(e);
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
@@ -344,7 +345,8 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return ms_fail(err, MS_ERR_ARG, "token id %d is out of range [0, %lld)", tokens[t], (long long)c->vocab);
-    be->ops->embed(be, e->x, &m->embed, tokens, n);
+    if (e->step_mode) be->ops->embed_at(be, e->x, &m->embed, e->step); /* the replayable step: the id in e->step */
+    else be->ops->embed(be, e->x, &m->embed, tokens, n);
     int rc = MS_OK;
     e->chunk_tokens = tokens;
     e->seqs = seqs;
@@ -427,6 +429,10 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         be->ops->matmul(be, logits, e->xn, nt, &m->lm_head, 0);
         return MS_OK;
     }
+    if (e->step_mode) { /* the replayable step: the head into e->logits, downloaded after the step ran */
+        be->ops->matmul(be, e->logits, e->xn, 1, &m->lm_head, 0);
+        return MS_OK;
+    }
     int64_t V = c->vocab;
     for (int t = 0; t < nt; t += e->logit_rows) {
         int k = nt - t < e->logit_rows ? nt - t : e->logit_rows;
@@ -440,6 +446,9 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
 static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
     ms_fwd_seq one = {e, 0, n};
     return forward_rows(e, &one, 1, tokens, n, logits, all_logits, err);
+}
+int ms_engine_forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
+    return forward_chunk(e, tokens, n, logits, all_logits, err);
 }
 
 /* What every forward of n tokens onto e checks and prepares before its chunks: the
@@ -477,6 +486,10 @@ static int forward_begin(ms_engine *e, const int32_t *tokens, int n, ms_err *err
 int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
     int rc = forward_begin(e, tokens, n, err);
     if (rc) return rc;
+    if (n == 1 && logits) { /* decode: the replayable step where the backend and the model have it */
+        rc = ms_engine_step(e, tokens[0], logits, err);
+        if (rc != MS_ERR_UNSUPPORTED) return rc;
+    }
     int64_t V = e->m->cfg.vocab;
     for (int s = 0; s < n; s += e->max_batch) {
         int k = n - s < e->max_batch ? n - s : e->max_batch;

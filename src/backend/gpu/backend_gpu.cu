@@ -68,6 +68,12 @@ typedef struct gpu_backend {
     int *prof_cls;
     struct prof_class *prof_classes;
     int prof_nc;
+    /* the replayable decode step (graph_begin .. graph_end): recording now; the failure state
+     * before it (restored when the recording fails); gen counts the moves of scratch buffers and
+     * table slots that a recorded graph has baked in (graph_launch refuses a stale graph) */
+    int capturing, cap_failed;
+    ms_err cap_fail;
+    unsigned gen;
 } gpu_backend;
 
 static gpu_backend *gb(ms_backend *be) { return (gpu_backend *)be->impl; }
@@ -104,6 +110,9 @@ static unsigned blocks_for(int64_t n, int threads) {
 /* Device scratch of at least `floats` (grown; the old contents are not kept). */
 static int grow(gpu_backend *b, float **p, size_t *cap, size_t floats, ms_err *err) {
     if (*cap >= floats) return MS_OK;
+    if (b->capturing) /* a recorded graph would keep the old address */
+        return ms_fail(err, MS_ERR_LIMIT, "gpu: device scratch grows during a recorded step");
+    b->gen++;
     if (*p) ms_gpu_free(b->g, *p);
     *p = NULL;
     *cap = 0;
@@ -163,7 +172,7 @@ static int prof_begin(gpu_backend *b, size_t off) {
     /* a stalled profile (MS_GPU_PROFILE_STALL_US): each token's first op (the embedding) waits
      * behind a spin on the device, so the host queues the token's ops meanwhile and the events
      * time device work alone, not the host's launches; the spins have their own class "stall" */
-    if (b->prof_stall && !strcmp(name, "embed")) {
+    if (b->prof_stall && (!strcmp(name, "embed") || !strcmp(name, "embed_at"))) {
         int sc = prof_class_of(b, "stall");
         if (sc >= 0) {
             if (b->prof_n == PROF_PAIRS) prof_harvest(b);
@@ -247,7 +256,7 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
     PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
-    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix);
+    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix); PROF_WRAP(embed_at); PROF_WRAP(qkv_at);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -606,9 +615,14 @@ static const float *rope_table(gpu_backend *b, const ms_rope *r) {
     for (int i = 0; i < ROPE_SLOTS && slot < 0; i++)
         if (b->rope_half[i] == half && !memcmp(inv, b->rope_host[i], (size_t)half * 4)) slot = i;
     if (slot < 0) { /* a new table: into the next slot (the stream orders it after the kernels reading the old one) */
+        ms_err e = {0};
+        if (b->capturing) { /* a recorded graph reads the slots as they are */
+            note(b, ms_fail(&e, MS_ERR_LIMIT, "gpu: a new RoPE table during a recorded step"), &e);
+            return NULL;
+        }
+        b->gen++;
         slot = b->rope_next;
         b->rope_next = (b->rope_next + 1) % ROPE_SLOTS;
-        ms_err e = {0};
         int rc = ms_gpu_upload(b->g, b->rope_inv + slot * 512, inv, (size_t)half * 4, &e);
         if (!rc) rc = ms_gpu_sync(b->g, &e); /* the host table is a local */
         if (rc) {
@@ -684,24 +698,11 @@ static void g_rope(ms_backend *be, const ms_rope *r, float *x, int n, int64_t to
         ms_err e = {0};
         return note(b, ms_fail(&e, MS_ERR_UNSUPPORTED, "rope: %d rotary dims (at most 1024)", r->dim), &e);
     }
-    float inv[512];
-    for (int i = 0; i < half; i++) inv[i] = (float)r->inv_freq[i];
-    int slot = -1;
-    for (int i = 0; i < ROPE_SLOTS && slot < 0; i++)
-        if (b->rope_half[i] == half && !memcmp(inv, b->rope_host[i], (size_t)half * 4)) slot = i;
-    if (slot < 0) { /* a new table: into the next slot (the stream orders it after the kernels reading the old one) */
-        slot = b->rope_next;
-        b->rope_next = (b->rope_next + 1) % ROPE_SLOTS;
-        ms_err e = {0};
-        int rc = ms_gpu_upload(b->g, b->rope_inv + slot * 512, inv, (size_t)half * 4, &e);
-        if (!rc) rc = ms_gpu_sync(b->g, &e); /* the host table is a local */
-        if (rc) return note(b, rc, &e);
-        memcpy(b->rope_host[slot], inv, (size_t)half * 4);
-        b->rope_half[slot] = half;
-    }
+    const float *inv = rope_table(b, r);
+    if (!inv) return;
     int64_t total = (int64_t)n * heads * half;
     k_rope<<<(unsigned)((total + 255) / 256), 256, 0, b->g->stream>>>(x, n, tok_stride, heads, head_stride, offset, half,
-                                                                     r->layout == MS_ROPE_INTERLEAVED, b->rope_inv + slot * 512,
+                                                                     r->layout == MS_ROPE_INTERLEAVED, inv,
                                                                      r->attn_factor, pos0, sign);
     launched(b, "rope");
 }
@@ -806,6 +807,10 @@ static int g_attn_gqa(ms_backend *be, const ms_attn_gqa_args *a, ms_err *err) {
     if (rc) return rc;
     ms_gpu_attn_cfg c = {(int)a->H, (int)a->KV, (int)a->hd, (int)a->vd, (int)a->window, a->scale};
     if ((rc = grow(b, &b->attn_scr, &b->attn_cap, ms_gpu_attn_scratch_floats(ATT_TOK, &c), err))) return rc;
+    if (a->pos_dev) /* a replayable step: one token at the position in device memory, n_past its bound */
+        return a->n != 1 ? ms_fail(err, MS_ERR_ARG, "attn_gqa: a device position takes one token, not %d", a->n)
+                         : ms_gpu_attn_gqa_at(b->g, a->out, a->q, a->k, a->v, a->sinks, a->n_past, a->pos_dev, &c,
+                                              b->attn_scr, err);
     for (int t0 = 0; t0 < a->n; t0 += ATT_TOK) {
         int k = a->n - t0 < ATT_TOK ? a->n - t0 : ATT_TOK;
         rc = ms_gpu_attn_gqa(b->g, a->out + (int64_t)t0 * a->H * a->vd, a->q + (int64_t)t0 * a->H * a->hd, a->k, a->v,
@@ -1196,6 +1201,8 @@ static int g_moe_experts_routed(ms_backend *be, const ms_moe_routed_args *a, ms_
     rx_table *t = NULL;
     for (int i = 0; i < b->n_rx && !t; i++)
         if (b->rx[i].key == a->all && b->rx[i].E == a->E && b->rx[i].key_w == a->all[0].gate.data) t = &b->rx[i];
+    if (!t && b->capturing) /* the table's upload would be recorded, not run */
+        return ms_fail(err, MS_ERR_LIMIT, "moe_experts_routed: a layer's first call during a recorded step");
     if (!t) {
         if (b->n_rx == b->cap_rx) {
             int nc = b->cap_rx ? 2 * b->cap_rx : 64;
@@ -1272,6 +1279,151 @@ static void g_attn_res_mix(ms_backend *be, float *out, const float *blocks, int 
     launched(gb(be), "attn_res_mix");
 }
 
+/* ---------------------------------------------------------- the replayable decode step */
+
+/* x = the embedding row of token step[1] (core/backend.h embed_at) */
+__global__ void k_embed_at(float *x, qview q, const int64_t *step) {
+    int64_t id = step[1];
+    for (int64_t c = threadIdx.x; c < q.cols; c += blockDim.x) x[c] = qv_at(q, id, c);
+}
+static void g_embed_at(ms_backend *be, float *x, const ms_qmat *table, const int64_t *step) {
+    gpu_backend *b = gb(be);
+    qview q;
+    ms_err e = {0};
+    int rc = qview_of(table, &q, &e);
+    if (rc) return note(b, rc, &e);
+    k_embed_at<<<1, 256, 0, b->g->stream>>>(x, q, step);
+    launched(b, "embed_at");
+}
+
+/* qkv_at (core/backend.h): block h < qh a query head in place, qh <= h < qh + kh a key head
+ * into its cache row, the blocks after them a value head copied into its cache row; 128
+ * threads. The norm and the rotation are k_qk_norm_rope's arithmetic (norm 0: the rotation
+ * alone, as k_rope's). */
+__global__ void k_qkv_at(float *q, int64_t qh, const float *wq, const float *k, int64_t kh, const float *wk,
+                         const float *v, int64_t vd, float *kc, float *vc, int hd, int norm, float eps, int half,
+                         int interleaved, const float *inv, double attn_factor, const int64_t *step) {
+    extern __shared__ float hv[];
+    __shared__ float sh[32];
+    const int64_t h = blockIdx.x, pos = step[0];
+    if (h >= qh + kh) { /* a value head */
+        int64_t j = h - qh - kh;
+        for (int64_t i = threadIdx.x; i < vd; i += blockDim.x) vc[pos * kh * vd + j * vd + i] = v[j * vd + i];
+        return;
+    }
+    const int isq = h < qh;
+    const float *src = isq ? q + h * hd : k + (h - qh) * hd;
+    float *dst = isq ? q + h * hd : kc + pos * kh * hd + (h - qh) * hd;
+    const float *w = isq ? wq : wk;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float x = src[i];
+        hv[i] = x;
+        ss = fmaf(x, x, ss);
+    }
+    if (norm) {
+        ss = ms_warp_sum(ss);
+        const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+        if (lane == 0) sh[warp] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+        for (int i = 0; i < nw; i++) tot += sh[i];
+        float r = 1.0f / sqrtf(tot / (float)hd + eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = hv[i] * r * (w ? w[i] : 1.0f);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) /* dims past the rotary ones (both layouts: 2 half of them) */
+        if (i >= 2 * half) dst[i] = hv[i];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float ang = (float)pos * inv[i];
+        float c = (float)(cos((double)ang) * attn_factor), s = (float)(sin((double)ang) * attn_factor);
+        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+        float a = hv[ia], bb = hv[ib];
+        dst[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
+        dst[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
+    }
+}
+static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k, int64_t kh,
+                     const float *wk, const float *v, int64_t vd, float *k_cache, float *v_cache, int64_t hd, int norm,
+                     float eps, const int64_t *step) {
+    gpu_backend *b = gb(be);
+    if (qh + kh < 1 || hd < 1) return;
+    int half = r->dim / 2;
+    if (2 * half > hd) {
+        ms_err e = {0};
+        return note(b, ms_fail(&e, MS_ERR_ARG, "qkv_at: %d rotary dims in heads of %lld", r->dim, (long long)hd), &e);
+    }
+    const float *inv = half > 0 ? rope_table(b, r) : b->rope_inv;
+    if (!inv) return;
+    k_qkv_at<<<(unsigned)(qh + 2 * kh), 128, (size_t)hd * 4, b->g->stream>>>(
+        q, qh, wq, k, kh, wk, v, vd, k_cache, v_cache, (int)hd, norm, eps, half, r->layout == MS_ROPE_INTERLEAVED, inv,
+        r->attn_factor, step);
+    launched(b, "qkv_at");
+}
+
+/* A recorded step: the instantiated graph, and what it baked in (the backend's gen, the
+ * arrival counters' address). */
+typedef struct step_graph {
+    gpuGraphExec_t exec;
+    unsigned gen;
+    const int *cnt;
+} step_graph;
+
+static int g_graph_begin(ms_backend *be, ms_err *err) {
+    gpu_backend *b = gb(be);
+    if (b->prof) return ms_fail(err, MS_ERR_UNSUPPORTED, "graph: not while profiling (the ops' events)");
+    if (b->capturing) return ms_fail(err, MS_ERR_ARG, "graph: already recording");
+    int rc = report(b, err);
+    if (rc) return rc;
+    if (gpuStreamBeginCapture(b->g->stream, gpuStreamCaptureModeThreadLocal) != gpuSuccess) {
+        (void)gpuGetLastError();
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "graph: the stream cannot record");
+    }
+    b->capturing = 1;
+    b->cap_failed = b->failed;
+    b->cap_fail = b->fail;
+    return MS_OK;
+}
+static int g_graph_end(ms_backend *be, void **graph, ms_err *err) {
+    gpu_backend *b = gb(be);
+    *graph = NULL;
+    if (!b->capturing) return ms_fail(err, MS_ERR_ARG, "graph: not recording");
+    b->capturing = 0;
+    gpuGraph_t gr = NULL;
+    gpuError_t ge = gpuStreamEndCapture(b->g->stream, &gr);
+    int bad = ge != gpuSuccess || !gr || (b->failed && !b->cap_failed);
+    gpuGraphExec_t ex = NULL;
+    if (!bad && gpuGraphInstantiateWithFlags(&ex, gr, 0) != gpuSuccess) bad = 1, ex = NULL;
+    if (gr) (void)gpuGraphDestroy(gr);
+    (void)gpuGetLastError();
+    step_graph *sg = bad ? NULL : (step_graph *)calloc(1, sizeof *sg);
+    if (!sg) {
+        if (ex) (void)gpuGraphExecDestroy(ex);
+        b->failed = b->cap_failed, b->fail = b->cap_fail; /* the ops' failures were the recording's */
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "graph: the step could not be recorded");
+    }
+    sg->exec = ex, sg->gen = b->gen, sg->cnt = b->g->cnt;
+    *graph = sg;
+    return MS_OK;
+}
+static int g_graph_launch(ms_backend *be, void *graph, ms_err *err) {
+    gpu_backend *b = gb(be);
+    step_graph *sg = (step_graph *)graph;
+    if (!sg) return ms_fail(err, MS_ERR_ARG, "graph: none");
+    if (b->prof) return ms_fail(err, MS_ERR_UNSUPPORTED, "graph: not while profiling (the ops' events)");
+    if (sg->gen != b->gen || sg->cnt != b->g->cnt)
+        return ms_fail(err, MS_ERR_LIMIT, "graph: the backend's scratch moved since the recording");
+    int rc = report(b, err);
+    if (rc) return rc;
+    return ms_gpu_check(gpuGraphLaunch(sg->exec, b->g->stream), err, "launching a recorded step");
+}
+static void g_graph_free(ms_backend *be, void *graph) {
+    step_graph *sg = (step_graph *)graph;
+    if (!sg) return;
+    (void)gpuGraphExecDestroy(sg->exec);
+    free(sg);
+}
+
 /* ---------------------------------------------------------- the table */
 
 /* the table, filled by name (fields are added to core/backend.h as ops land; unset ones stay NULL) */
@@ -1317,6 +1469,12 @@ static void fill_ops(ms_backend_ops *o) {
     o->host_register = g_host_register;
     o->host_unregister = g_host_unregister;
     o->mem_info = g_mem_info;
+    o->embed_at = g_embed_at;
+    o->qkv_at = g_qkv_at;
+    o->graph_begin = g_graph_begin;
+    o->graph_end = g_graph_end;
+    o->graph_launch = g_graph_launch;
+    o->graph_free = g_graph_free;
     ms_gpu_blocks_fill(o);
 }
 
@@ -1335,6 +1493,8 @@ extern "C" int ms_backend_gpu_create(int device, ms_backend **out, ms_err *err) 
     gpu_backend *b = (gpu_backend *)calloc(1, sizeof *b);
     if (!b) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     fill_ops(&b->ops);
+    const char *gr = getenv("MS_GPU_GRAPH"); /* MS_GPU_GRAPH=0: no replayable decode step (A/B) */
+    if (gr && !strcmp(gr, "0")) b->ops.graph_begin = NULL, b->ops.graph_end = NULL, b->ops.graph_launch = NULL;
     b->base.impl = b;
     int rc = ms_gpu_open(device, &b->g, err);
     if (!rc) {
