@@ -397,6 +397,10 @@ typedef struct ms_backend_ops {
     int (*graph_end)(ms_backend *be, void **graph, ms_err *err);
     int (*graph_launch)(ms_backend *be, void *graph, ms_err *err);
     void (*graph_free)(ms_backend *be, void *graph);
+    /* optional (NULL: the caller downloads x): *out (backend memory) = the greedy pick of x [n], the
+     * first index of the largest value as `if (x[v] > x[best]) best = v` from best = 0 finds it
+     * (NaN never wins; a NaN x[0] gives 0) */
+    void (*argmax)(ms_backend *be, const float *x, int64_t n, int32_t *out);
 } ms_backend_ops;
 
 struct ms_backend {

@@ -153,5 +153,6 @@ int ms_engine_step(ms_engine *e, int32_t token, float *logits, ms_err *err) {
         if ((rc = step_forward(e, token, err))) return rc;
         e->step_warm = bucket;
     }
+    if (!logits) return MS_OK; /* ms_engine_decode_greedy picks from e->logits */
     return be->ops->download(be, logits, e->logits, (size_t)e->m->cfg.vocab * 4, err);
 }

@@ -298,6 +298,7 @@ void ms_engine_destroy(ms_engine *e) {
         free(specs);
     }
     ms_engine_step_free(e);
+    if (e->pick && e->be) e->be->ops->free(e->be, e->pick);
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
@@ -429,7 +430,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         be->ops->matmul(be, logits, e->xn, nt, &m->lm_head, 0);
         return MS_OK;
     }
-    if (e->step_mode) { /* the replayable step: the head into e->logits, downloaded after the step ran */
+    if (e->step_mode || (e->keep_logits && nt == 1)) { /* the head into e->logits, downloaded (or picked from) later */
         be->ops->matmul(be, e->logits, e->xn, 1, &m->lm_head, 0);
         return MS_OK;
     }
@@ -500,6 +501,28 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
         if ((rc = forward_chunk(e, tokens + s, k, lg, all_logits, err))) return rc;
     }
     return MS_OK;
+}
+
+int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *err) {
+    ms_backend *be = e->be;
+    if (be->host_memory || !be->ops->argmax || !e->logits)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "decode_greedy: the %s backend picks no token on the device", be->name);
+    if (!e->pick && be->ops->alloc(be, sizeof(int32_t), (void **)&e->pick, err)) {
+        e->pick = NULL;
+        return err->code;
+    }
+    int rc = forward_begin(e, &token, 1, err);
+    if (rc) return rc;
+    rc = ms_engine_step(e, token, NULL, err); /* NULL: the logits stay in e->logits */
+    if (rc == MS_ERR_UNSUPPORTED) {
+        float dummy = 0;
+        e->keep_logits = 1;
+        rc = forward_chunk(e, &token, 1, &dummy, 0, err);
+        e->keep_logits = 0;
+    }
+    if (rc) return rc;
+    be->ops->argmax(be, e->logits, e->m->cfg.vocab, e->pick);
+    return be->ops->download(be, next, e->pick, sizeof(int32_t), err);
 }
 
 int ms_engine_decode_batch(ms_engine *const *es, int k, const int32_t *tokens, float *logits, ms_err *err) {

@@ -94,6 +94,8 @@ struct ms_engine {
     int64_t step_bound, step_bucket, step_warm;
     void *step_graph;
     ms_engine_stats step_delta; /* what one recorded step adds to stats */
+    int keep_logits;            /* a device forward leaves the head's output in e->logits (no download) */
+    int32_t *pick;              /* [be] the greedy pick of ms_engine_decode_greedy */
 };
 
 /* One allocation of the engine: where its pointer goes (NULL when only
@@ -134,7 +136,8 @@ int ms_dsa_engine_ready(ms_engine *e, ms_err *err);
 int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err);
 /* One decode token through the replayable step (engine/decode_step.c): MS_ERR_UNSUPPORTED, with
  * nothing done, when the model, the backend or the token do not qualify (the caller then runs
- * forward_chunk); else the token forwarded (n_past + 1) with its logits [vocab] in logits. */
+ * forward_chunk); else the token forwarded (n_past + 1) with its logits [vocab] in logits (NULL:
+ * left in e->logits). */
 int ms_engine_step(ms_engine *e, int32_t token, float *logits, ms_err *err);
 /* forward_chunk of engine.c, for decode_step.c */
 int ms_engine_forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err);

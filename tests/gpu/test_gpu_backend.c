@@ -1303,6 +1303,32 @@ TEST(backend_step) {
         if (ds) gfree(ds);
         free(kc), free(vc), free(q0), free(knew), free(vnew), free(sinks), free(ref);
     }
+    { /* argmax: the greedy pick of the host loop (first index of the largest; NaN never wins; NaN
+       * at 0 gives 0) on vocabulary rows: plain, a coarse grid (ties), NaNs, NaN at 0, -inf, tiny */
+        int32_t *dpick = NULL;
+        CHECK(G->ops->alloc(G, 4, (void **)&dpick, &err) == MS_OK);
+        int64_t ns[7] = {151936, 151936, 151936, 151936, 129280, 1, 1500};
+        for (int f = 0; f < 7; f++) {
+            int64_t n = ns[f];
+            float *x = randv(n, 3.0f);
+            if (f == 1 || f == 6) for (int64_t i = 0; i < n; i++) x[i] = roundf(x[i]); /* many ties */
+            if (f == 2) for (int64_t i = 0; i < n; i += 7) x[i] = NAN;
+            if (f == 3) x[0] = NAN;
+            if (f == 4) for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
+            int64_t best = 0;
+            for (int64_t v = 0; v < n; v++)
+                if (x[v] > x[best]) best = v;
+            float *dx = bup(x, n);
+            G->ops->argmax(G, dx, n, dpick);
+            int32_t got1 = -1;
+            CHECK(G->ops->download(G, &got1, dpick, 4, &err) == MS_OK);
+            CHECK_MSG(got1 == best, "argmax case %d (n %lld): %d, the host loop %lld", f, (long long)n, got1,
+                      (long long)best);
+            printf("  backend argmax case %d (n %lld): %d %s\n", f, (long long)n, got1, got1 == best ? "ok" : "WRONG");
+            gfree(dx), free(x);
+        }
+        gfree(dpick);
+    }
     { /* a recording with a host round trip in it: refused, the backend still works */
         float h[4] = {1, 2, 3, 4}, back[4] = {0};
         float *d = bup(h, 4);

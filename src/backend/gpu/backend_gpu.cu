@@ -256,7 +256,7 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
     PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
-    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix); PROF_WRAP(embed_at); PROF_WRAP(qkv_at);
+    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix); PROF_WRAP(embed_at); PROF_WRAP(qkv_at); PROF_WRAP(argmax);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -1361,6 +1361,40 @@ static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, con
     launched(b, "qkv_at");
 }
 
+/* The greedy pick (core/backend.h argmax): one block of 1024 threads, each the first index of
+ * its own largest value over a strided slice (strict >, so NaN never wins), then the largest
+ * value and the smallest index holding it; a NaN x[0] gives 0 as the host loop. */
+__global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int32_t *out) {
+    __shared__ float sm[1024 / MS_WARP];
+    __shared__ int64_t si[1024 / MS_WARP];
+    const float x0 = x[0];
+    float m = x0;
+    int64_t bi = 0;
+    for (int64_t v = threadIdx.x; v < n; v += blockDim.x) {
+        float y = x[v];
+        if (y > m) m = y, bi = v;
+    }
+    for (int o = MS_WARP / 2; o > 0; o /= 2) { /* (m, bi) pairs: larger value, then smaller index */
+        float om = ms_shfl_xor(m, o);
+        int64_t oi = ((int64_t)ms_shfl_xor_i((int)(bi >> 32), o) << 32) | (uint32_t)ms_shfl_xor_i((int)bi, o);
+        if (om > m || (om == m && oi < bi)) m = om, bi = oi;
+    }
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    if (lane == 0) sm[warp] = m, si[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x / MS_WARP); w++)
+            if (sm[w] > m || (sm[w] == m && si[w] < bi)) m = sm[w], bi = si[w];
+        *out = x0 != x0 ? 0 : (int32_t)bi;
+    }
+}
+static void g_argmax(ms_backend *be, const float *x, int64_t n, int32_t *out) {
+    gpu_backend *b = gb(be);
+    if (n < 1) return;
+    k_argmax<<<1, 1024, 0, b->g->stream>>>(x, n, out);
+    launched(b, "argmax");
+}
+
 /* A recorded step: the instantiated graph, and what it baked in (the backend's gen, the
  * arrival counters' address). */
 typedef struct step_graph {
@@ -1475,6 +1509,7 @@ static void fill_ops(ms_backend_ops *o) {
     o->graph_end = g_graph_end;
     o->graph_launch = g_graph_launch;
     o->graph_free = g_graph_free;
+    o->argmax = g_argmax;
     ms_gpu_blocks_fill(o);
 }
 
@@ -1495,6 +1530,8 @@ extern "C" int ms_backend_gpu_create(int device, ms_backend **out, ms_err *err) 
     fill_ops(&b->ops);
     const char *gr = getenv("MS_GPU_GRAPH"); /* MS_GPU_GRAPH=0: no replayable decode step (A/B) */
     if (gr && !strcmp(gr, "0")) b->ops.graph_begin = NULL, b->ops.graph_end = NULL, b->ops.graph_launch = NULL;
+    const char *am = getenv("MS_GPU_ARGMAX"); /* MS_GPU_ARGMAX=0: no device greedy pick (A/B) */
+    if (am && !strcmp(am, "0")) b->ops.argmax = NULL;
     b->base.impl = b;
     int rc = ms_gpu_open(device, &b->g, err);
     if (!rc) {

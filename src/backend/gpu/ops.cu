@@ -270,7 +270,7 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
 #define AT_WARPS 4
 #define AT_MAXD 512
 #define AT_MAXS 64 /* key splits */
-#define AT_VB 8    /* value rows loaded together */
+#define AT_VB 8    /* value rows loaded together at PV > 4 (16 at PV <= 4: VB below) */
 
 /* Flash-decoding over a GQA cache. Grid: (q-head groups, tokens, key splits).
  * A block takes GB query heads that share one kv head, so each K/V row is read
@@ -286,6 +286,7 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
     __shared__ float qs[GB][AT_MAXD];
     __shared__ float wm[AT_WARPS][GB], wl[AT_WARPS][GB];
     __shared__ float wo[AT_WARPS][GB][PV * MS_WARP];
+    constexpr int VB = PV <= 4 ? 2 * AT_VB : AT_VB; /* more rows in flight where registers allow (short contexts) */
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
     const int H = c.n_heads, hd = c.head_dim, vd = c.v_head_dim, G = H / c.n_kv_heads;
     const int h0 = blockIdx.x * GB, kvh = h0 / G, t = blockIdx.y, split = blockIdx.z;
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
         for (int g = 0; g < GB; g++) sc[g] = 0.0f;
         if (valid) {
             const float4 *kr = (const float4 *)(K + s * kd + (int64_t)kvh * hd);
-#pragma unroll 8
+#pragma unroll 16
             for (int d4 = 0; d4 < hd / 4; d4++) {
                 float4 kv = kr[d4];
 #pragma unroll
@@ -340,10 +341,10 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
         const int nt = a1 - tb + 1 < MS_WARP ? (int)(a1 - tb + 1) : MS_WARP;
         /* value rows AT_VB at a time: their loads in flight together (the probabilities of keys
          * past nt are 0 and their rows read as 0, so a partial group adds exact zeros) */
-        for (int j0 = 0; j0 < nt; j0 += AT_VB) {
-            float vv[AT_VB][PV];
+        for (int j0 = 0; j0 < nt; j0 += VB) {
+            float vv[VB][PV];
 #pragma unroll
-            for (int jj = 0; jj < AT_VB; jj++) {
+            for (int jj = 0; jj < VB; jj++) {
                 const float *vr = V + (tb + j0 + jj) * vtot + (int64_t)kvh * vd;
 #pragma unroll
                 for (int i = 0; i < PV; i++) {
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
                 }
             }
 #pragma unroll
-            for (int jj = 0; jj < AT_VB; jj++)
+            for (int jj = 0; jj < VB; jj++)
 #pragma unroll
                 for (int g = 0; g < GB; g++) {
                     float pj = ms_shfl_idx(pr[g], (j0 + jj) % MS_WARP);
