@@ -17,6 +17,7 @@ extern "C" {
 }
 #include "backend/gpu/backend_gpu.h"
 #include "backend/gpu/backend_gpu_blocks.h" /* the linear / sparse / compressed attention and mHC ops */
+#include "backend/gpu/backend_gpu_step.h"   /* the replayable decode step's ops */
 #include "backend/gpu/gemm.h"               /* prefill GEMMs through the vendor BLAS */
 
 #define ARENA_CHUNK ((size_t)256 << 20) /* placed weights: one device allocation per 256 MiB */
@@ -68,12 +69,7 @@ typedef struct gpu_backend {
     int *prof_cls;
     struct prof_class *prof_classes;
     int prof_nc;
-    /* the replayable decode step (graph_begin .. graph_end): recording now; the failure state
-     * before it (restored when the recording fails); gen counts the moves of scratch buffers and
-     * table slots that a recorded graph has baked in (graph_launch refuses a stale graph) */
-    int capturing, cap_failed;
-    ms_err cap_fail;
-    unsigned gen;
+    ms_gpu_step_state step; /* the replayable decode step (backend_gpu_step.h) */
 } gpu_backend;
 
 static gpu_backend *gb(ms_backend *be) { return (gpu_backend *)be->impl; }
@@ -101,6 +97,10 @@ void ms_gpu_be_note(ms_backend *be, int rc, const ms_err *e) { note(gb(be), rc, 
 int ms_gpu_be_report(ms_backend *be, ms_err *err) { return report(gb(be), err); }
 void **ms_gpu_be_blocks(ms_backend *be) { return &gb(be)->blocks; }
 void **ms_gpu_be_gemm(ms_backend *be) { return &gb(be)->gemm; }
+/* for backend_gpu_step.cu (backend_gpu_step.h) */
+ms_gpu_step_state *ms_gpu_be_step(ms_backend *be) { return &gb(be)->step; }
+int ms_gpu_be_profiling(ms_backend *be) { return gb(be)->prof; }
+void ms_gpu_be_fail_state(ms_backend *be, int **failed, ms_err **fail) { *failed = &gb(be)->failed, *fail = &gb(be)->fail; }
 
 static unsigned blocks_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
@@ -110,9 +110,9 @@ static unsigned blocks_for(int64_t n, int threads) {
 /* Device scratch of at least `floats` (grown; the old contents are not kept). */
 static int grow(gpu_backend *b, float **p, size_t *cap, size_t floats, ms_err *err) {
     if (*cap >= floats) return MS_OK;
-    if (b->capturing) /* a recorded graph would keep the old address */
+    if (b->step.capturing) /* a recorded graph would keep the old address */
         return ms_fail(err, MS_ERR_LIMIT, "gpu: device scratch grows during a recorded step");
-    b->gen++;
+    b->step.gen++;
     if (*p) ms_gpu_free(b->g, *p);
     *p = NULL;
     *cap = 0;
@@ -616,11 +616,11 @@ static const float *rope_table(gpu_backend *b, const ms_rope *r) {
         if (b->rope_half[i] == half && !memcmp(inv, b->rope_host[i], (size_t)half * 4)) slot = i;
     if (slot < 0) { /* a new table: into the next slot (the stream orders it after the kernels reading the old one) */
         ms_err e = {0};
-        if (b->capturing) { /* a recorded graph reads the slots as they are */
+        if (b->step.capturing) { /* a recorded graph reads the slots as they are */
             note(b, ms_fail(&e, MS_ERR_LIMIT, "gpu: a new RoPE table during a recorded step"), &e);
             return NULL;
         }
-        b->gen++;
+        b->step.gen++;
         slot = b->rope_next;
         b->rope_next = (b->rope_next + 1) % ROPE_SLOTS;
         int rc = ms_gpu_upload(b->g, b->rope_inv + slot * 512, inv, (size_t)half * 4, &e);
@@ -633,6 +633,10 @@ static const float *rope_table(gpu_backend *b, const ms_rope *r) {
         b->rope_half[slot] = half;
     }
     return b->rope_inv + slot * 512;
+}
+
+const float *ms_gpu_be_rope_table(ms_backend *be, const ms_rope *r) {
+    return r->dim / 2 > 0 ? rope_table(gb(be), r) : gb(be)->rope_inv;
 }
 
 /* Per-head RMSNorm then RoPE of q's qh and k's kh heads (block (head, token), 128 threads):
@@ -1201,7 +1205,7 @@ static int g_moe_experts_routed(ms_backend *be, const ms_moe_routed_args *a, ms_
     rx_table *t = NULL;
     for (int i = 0; i < b->n_rx && !t; i++)
         if (b->rx[i].key == a->all && b->rx[i].E == a->E && b->rx[i].key_w == a->all[0].gate.data) t = &b->rx[i];
-    if (!t && b->capturing) /* the table's upload would be recorded, not run */
+    if (!t && b->step.capturing) /* the table's upload would be recorded, not run */
         return ms_fail(err, MS_ERR_LIMIT, "moe_experts_routed: a layer's first call during a recorded step");
     if (!t) {
         if (b->n_rx == b->cap_rx) {
@@ -1296,168 +1300,6 @@ static void g_embed_at(ms_backend *be, float *x, const ms_qmat *table, const int
     launched(b, "embed_at");
 }
 
-/* qkv_at (core/backend.h): block h < qh a query head in place, qh <= h < qh + kh a key head
- * into its cache row, the blocks after them a value head copied into its cache row; 128
- * threads. The norm and the rotation are k_qk_norm_rope's arithmetic (norm 0: the rotation
- * alone, as k_rope's). */
-__global__ void k_qkv_at(float *q, int64_t qh, const float *wq, const float *k, int64_t kh, const float *wk,
-                         const float *v, int64_t vd, float *kc, float *vc, int hd, int norm, float eps, int half,
-                         int interleaved, const float *inv, double attn_factor, const int64_t *step) {
-    extern __shared__ float hv[];
-    __shared__ float sh[32];
-    const int64_t h = blockIdx.x, pos = step[0];
-    if (h >= qh + kh) { /* a value head */
-        int64_t j = h - qh - kh;
-        for (int64_t i = threadIdx.x; i < vd; i += blockDim.x) vc[pos * kh * vd + j * vd + i] = v[j * vd + i];
-        return;
-    }
-    const int isq = h < qh;
-    const float *src = isq ? q + h * hd : k + (h - qh) * hd;
-    float *dst = isq ? q + h * hd : kc + pos * kh * hd + (h - qh) * hd;
-    const float *w = isq ? wq : wk;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float x = src[i];
-        hv[i] = x;
-        ss = fmaf(x, x, ss);
-    }
-    if (norm) {
-        ss = ms_warp_sum(ss);
-        const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
-        if (lane == 0) sh[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-        for (int i = 0; i < nw; i++) tot += sh[i];
-        float r = 1.0f / sqrtf(tot / (float)hd + eps);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = hv[i] * r * (w ? w[i] : 1.0f);
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) /* dims past the rotary ones (both layouts: 2 half of them) */
-        if (i >= 2 * half) dst[i] = hv[i];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float ang = (float)pos * inv[i];
-        float c = (float)(cos((double)ang) * attn_factor), s = (float)(sin((double)ang) * attn_factor);
-        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-        float a = hv[ia], bb = hv[ib];
-        dst[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
-        dst[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
-    }
-}
-static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k, int64_t kh,
-                     const float *wk, const float *v, int64_t vd, float *k_cache, float *v_cache, int64_t hd, int norm,
-                     float eps, const int64_t *step) {
-    gpu_backend *b = gb(be);
-    if (qh + kh < 1 || hd < 1) return;
-    int half = r->dim / 2;
-    if (2 * half > hd) {
-        ms_err e = {0};
-        return note(b, ms_fail(&e, MS_ERR_ARG, "qkv_at: %d rotary dims in heads of %lld", r->dim, (long long)hd), &e);
-    }
-    const float *inv = half > 0 ? rope_table(b, r) : b->rope_inv;
-    if (!inv) return;
-    k_qkv_at<<<(unsigned)(qh + 2 * kh), 128, (size_t)hd * 4, b->g->stream>>>(
-        q, qh, wq, k, kh, wk, v, vd, k_cache, v_cache, (int)hd, norm, eps, half, r->layout == MS_ROPE_INTERLEAVED, inv,
-        r->attn_factor, step);
-    launched(b, "qkv_at");
-}
-
-/* The greedy pick (core/backend.h argmax): one block of 1024 threads, each the first index of
- * its own largest value over a strided slice (strict >, so NaN never wins), then the largest
- * value and the smallest index holding it; a NaN x[0] gives 0 as the host loop. */
-__global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int32_t *out) {
-    __shared__ float sm[1024 / MS_WARP];
-    __shared__ int64_t si[1024 / MS_WARP];
-    const float x0 = x[0];
-    float m = x0;
-    int64_t bi = 0;
-    for (int64_t v = threadIdx.x; v < n; v += blockDim.x) {
-        float y = x[v];
-        if (y > m) m = y, bi = v;
-    }
-    for (int o = MS_WARP / 2; o > 0; o /= 2) { /* (m, bi) pairs: larger value, then smaller index */
-        float om = ms_shfl_xor(m, o);
-        int64_t oi = ((int64_t)ms_shfl_xor_i((int)(bi >> 32), o) << 32) | (uint32_t)ms_shfl_xor_i((int)bi, o);
-        if (om > m || (om == m && oi < bi)) m = om, bi = oi;
-    }
-    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
-    if (lane == 0) sm[warp] = m, si[warp] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x / MS_WARP); w++)
-            if (sm[w] > m || (sm[w] == m && si[w] < bi)) m = sm[w], bi = si[w];
-        *out = x0 != x0 ? 0 : (int32_t)bi;
-    }
-}
-static void g_argmax(ms_backend *be, const float *x, int64_t n, int32_t *out) {
-    gpu_backend *b = gb(be);
-    if (n < 1) return;
-    k_argmax<<<1, 1024, 0, b->g->stream>>>(x, n, out);
-    launched(b, "argmax");
-}
-
-/* A recorded step: the instantiated graph, and what it baked in (the backend's gen, the
- * arrival counters' address). */
-typedef struct step_graph {
-    gpuGraphExec_t exec;
-    unsigned gen;
-    const int *cnt;
-} step_graph;
-
-static int g_graph_begin(ms_backend *be, ms_err *err) {
-    gpu_backend *b = gb(be);
-    if (b->prof) return ms_fail(err, MS_ERR_UNSUPPORTED, "graph: not while profiling (the ops' events)");
-    if (b->capturing) return ms_fail(err, MS_ERR_ARG, "graph: already recording");
-    int rc = report(b, err);
-    if (rc) return rc;
-    if (gpuStreamBeginCapture(b->g->stream, gpuStreamCaptureModeThreadLocal) != gpuSuccess) {
-        (void)gpuGetLastError();
-        return ms_fail(err, MS_ERR_UNSUPPORTED, "graph: the stream cannot record");
-    }
-    b->capturing = 1;
-    b->cap_failed = b->failed;
-    b->cap_fail = b->fail;
-    return MS_OK;
-}
-static int g_graph_end(ms_backend *be, void **graph, ms_err *err) {
-    gpu_backend *b = gb(be);
-    *graph = NULL;
-    if (!b->capturing) return ms_fail(err, MS_ERR_ARG, "graph: not recording");
-    b->capturing = 0;
-    gpuGraph_t gr = NULL;
-    gpuError_t ge = gpuStreamEndCapture(b->g->stream, &gr);
-    int bad = ge != gpuSuccess || !gr || (b->failed && !b->cap_failed);
-    gpuGraphExec_t ex = NULL;
-    if (!bad && gpuGraphInstantiateWithFlags(&ex, gr, 0) != gpuSuccess) bad = 1, ex = NULL;
-    if (gr) (void)gpuGraphDestroy(gr);
-    (void)gpuGetLastError();
-    step_graph *sg = bad ? NULL : (step_graph *)calloc(1, sizeof *sg);
-    if (!sg) {
-        if (ex) (void)gpuGraphExecDestroy(ex);
-        b->failed = b->cap_failed, b->fail = b->cap_fail; /* the ops' failures were the recording's */
-        return ms_fail(err, MS_ERR_UNSUPPORTED, "graph: the step could not be recorded");
-    }
-    sg->exec = ex, sg->gen = b->gen, sg->cnt = b->g->cnt;
-    *graph = sg;
-    return MS_OK;
-}
-static int g_graph_launch(ms_backend *be, void *graph, ms_err *err) {
-    gpu_backend *b = gb(be);
-    step_graph *sg = (step_graph *)graph;
-    if (!sg) return ms_fail(err, MS_ERR_ARG, "graph: none");
-    if (b->prof) return ms_fail(err, MS_ERR_UNSUPPORTED, "graph: not while profiling (the ops' events)");
-    if (sg->gen != b->gen || sg->cnt != b->g->cnt)
-        return ms_fail(err, MS_ERR_LIMIT, "graph: the backend's scratch moved since the recording");
-    int rc = report(b, err);
-    if (rc) return rc;
-    return ms_gpu_check(gpuGraphLaunch(sg->exec, b->g->stream), err, "launching a recorded step");
-}
-static void g_graph_free(ms_backend *be, void *graph) {
-    step_graph *sg = (step_graph *)graph;
-    if (!sg) return;
-    (void)gpuGraphExecDestroy(sg->exec);
-    free(sg);
-}
-
 /* ---------------------------------------------------------- the table */
 
 /* the table, filled by name (fields are added to core/backend.h as ops land; unset ones stay NULL) */
@@ -1504,12 +1346,7 @@ static void fill_ops(ms_backend_ops *o) {
     o->host_unregister = g_host_unregister;
     o->mem_info = g_mem_info;
     o->embed_at = g_embed_at;
-    o->qkv_at = g_qkv_at;
-    o->graph_begin = g_graph_begin;
-    o->graph_end = g_graph_end;
-    o->graph_launch = g_graph_launch;
-    o->graph_free = g_graph_free;
-    o->argmax = g_argmax;
+    ms_gpu_step_fill(o); /* qkv_at, graph_*, argmax */
     ms_gpu_blocks_fill(o);
 }
 
