@@ -141,7 +141,9 @@ int cmd_bench(int argc, char **argv) {
                "with every op timed by device events: \"profile\" holds microseconds and calls per token by op,\n"
                "their sum, and the device time span (gaps between ops included); with MS_GPU_PROFILE_STALL_US=N\n"
                "each token's ops wait behind an N-microsecond device spin, so the events time the device alone.\n"
-               "argmax_us_per_token: the host time of the greedy pick between decoded tokens (part of decode).\n"
+               "argmax_us_per_token: the host time of the greedy pick between decoded tokens (part of decode);\n"
+               "a device backend picks on the device (ms_engine_decode_greedy, greedy_on_device 1: one id per\n"
+               "token comes back instead of the logits; MS_GPU_ARGMAX=0 turns it off).\n"
                "There the timed prefill follows\n"
                "one untimed warm-up prefill of the same prompt (kernel loading, the BLAS handle, scratch growth).\n"
                "--static-compare q8|fp8 opens the model twice, with the stored static tier and with it in that\n"
@@ -232,11 +234,16 @@ int cmd_bench(int argc, char **argv) {
     if (x.dev_experts) ms_device_experts_stats_get(x.dev_experts, &ds0);
     double c2 = cpu_seconds(); /* = end of the prefill */
     double argmax_s = 0;
-    for (int64_t i = 0; i < G; i++) {
+    int picked = 0; /* device backends: the engine picks the greedy token where the logits are (one id down) */
+    for (int64_t i = 0, dev_pick = device, best = 0; i < G; i++) {
         double ta = ms_now();
-        int32_t best = greedy(logits, c->vocab);
+        if (!picked) best = greedy(logits, c->vocab);
         argmax_s += ms_now() - ta;
-        if (ms_engine_forward(x.engine, &best, 1, logits, 0, &err)) goto fail;
+        int32_t tok = (int32_t)best, nx = 0;
+        int rc2 = dev_pick ? ms_engine_decode_greedy(x.engine, tok, &nx, &err) : MS_ERR_UNSUPPORTED;
+        if (rc2 == MS_ERR_UNSUPPORTED) dev_pick = 0, picked = 0, rc2 = ms_engine_forward(x.engine, &tok, 1, logits, 0, &err);
+        else if (!rc2) picked = 1, best = nx;
+        if (rc2) goto fail;
     }
     double t3 = ms_now(), c3 = cpu_seconds();
     if (x.experts) ms_streaming_stats(x.experts, &ss1);
@@ -316,13 +323,13 @@ int cmd_bench(int argc, char **argv) {
            "\"gen_tokens\":%lld,\"decode_tok_s\":%.3f,\"weight_bytes_per_token\":%.0f,\"achieved_gb_s\":%.2f,"
            "\"mem_bw_gb_s\":%.2f,\"bw_fraction\":%.3f,\"static_bytes\":%llu,\"expert_bytes\":%llu,"
            "\"static_load\":\"%s\",\"static_copied_bytes\":%llu,\"anon_huge_bytes\":%llu,\"decode_cpu_s\":%.3f,"
-           "\"decode_tok_per_cpu_s\":%.3f,\"prefill_cpu_s\":%.3f,\"argmax_us_per_token\":%.1f,\"backend\":\"%s\","
-           "\"bw_source\":\"%s\"%s%s}\n",
+           "\"decode_tok_per_cpu_s\":%.3f,\"prefill_cpu_s\":%.3f,\"argmax_us_per_token\":%.1f,\"greedy_on_device\":%d,"
+           "\"backend\":\"%s\",\"bw_source\":\"%s\"%s%s}\n",
            dir, c->model_type, x.threads, load_s, (long long)P, pre, (long long)G, dec, bytes_tok, gbs, bw,
            bw > 0 ? gbs / bw : 0.0, (unsigned long long)x.model.static_bytes, (unsigned long long)x.model.expert_bytes,
            x.static_load == MS_STATIC_READ ? "read" : "mmap", (unsigned long long)x.model.static_copied,
            (unsigned long long)anon_huge_bytes(), c3 - c2, c3 > c2 ? (double)G / (c3 - c2) : 0.0, c2 - c1,
-           G > 0 ? 1e6 * argmax_s / (double)G : 0.0, device ? x.backend->name : "cpu", device ? "device_copy" : "host_read", sj, pj);
+           G > 0 ? 1e6 * argmax_s / (double)G : 0.0, picked, device ? x.backend->name : "cpu", device ? "device_copy" : "host_read", sj, pj);
     rc = 0;
     goto done;
 fail:

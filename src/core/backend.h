@@ -64,6 +64,9 @@ typedef struct ms_attn_gqa_args {
     int64_t H, KV, hd, vd, window;
     const float *sinks;
     float scale;
+    /* a replayable decode step (optional ops below): n = 1 at the position *pos_dev (backend
+     * memory, int64), n_past then an upper bound of it (the backend sizes its grid by it) */
+    const int64_t *pos_dev;
 } ms_attn_gqa_args;
 
 /* MLA attention (DeepSeek V3 family) over the latent cache.
@@ -369,6 +372,35 @@ typedef struct ms_backend_ops {
     void (*host_unregister)(ms_backend *be, void *p);
     /* Free and total bytes of the backend's memory now (the device expert source's default budget). */
     int (*mem_info)(ms_backend *be, uint64_t *free_bytes, uint64_t *total_bytes, ms_err *err);
+
+    /* ---- optional: the replayable decode step (NULL on the CPU backend; engine/decode_step.c) ----
+     * One decode token whose per-token values are read from backend memory, so that one recorded
+     * step replays for the next tokens: step [2] int64 = {position, token id} (backend memory,
+     * written by an upload before each step).
+     * embed_at: x [table->cols] = the embedding row of token step[1] (any stored dtype).
+     * qkv_at: q [qh * hd] and k [kh * hd] of one token, each head RMS-normed with wq / wk when norm
+     *   is 1 (as rmsnorm with eps), then the first r->dim dims of every head rotated by r at position
+     *   step[0] (as rope); then k and v [kh * vd] written into row step[0] of k_cache [., kh * hd]
+     *   and v_cache [., kh * vd]. k and v are scratch rows (k is changed).
+     * attn_gqa reads the position from a->pos_dev when it is set (ms_attn_gqa_args).
+     * graph_begin: the ops that follow are recorded, not run, until graph_end, which gives the
+     *   recording as a replayable graph in *graph (MS_ERR_UNSUPPORTED when recording is off (the
+     *   profile) or failed: then nothing ran, and the ops' failures during it are not kept).
+     * graph_launch: runs it; MS_ERR_LIMIT when the backend's scratch or tables moved since it was
+     *   recorded (record again), MS_ERR_UNSUPPORTED when replays are off (the profile).
+     * graph_free: releases it (NULL is a no-op). */
+    void (*embed_at)(ms_backend *be, float *x, const ms_qmat *table, const int64_t *step);
+    void (*qkv_at)(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k, int64_t kh,
+                   const float *wk, const float *v, int64_t vd, float *k_cache, float *v_cache, int64_t hd, int norm,
+                   float eps, const int64_t *step);
+    int (*graph_begin)(ms_backend *be, ms_err *err);
+    int (*graph_end)(ms_backend *be, void **graph, ms_err *err);
+    int (*graph_launch)(ms_backend *be, void *graph, ms_err *err);
+    void (*graph_free)(ms_backend *be, void *graph);
+    /* optional (NULL: the caller downloads x): *out (backend memory) = the greedy pick of x [n], the
+     * first index of the largest value as `if (x[v] > x[best]) best = v` from best = 0 finds it
+     * (NaN never wins; a NaN x[0] gives 0) */
+    void (*argmax)(ms_backend *be, const float *x, int64_t n, int32_t *out);
 } ms_backend_ops;
 
 struct ms_backend {

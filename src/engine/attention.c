@@ -20,7 +20,7 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_rope *rope = c->layer_rope[layer] ? &c->rope_alt : &c->rope;
     /* one sequence: keys and values are computed in its cache rows (positions n_past..); several
      * (a batched decode step): in scratch, then copied into each sequence's cache */
-    int direct = e->n_seqs == 1;
+    int direct = e->n_seqs == 1 && !e->step_mode; /* the replayable step: scratch, then qkv_at's append */
     ms_engine *s0 = e->seqs[0].e;
     float *q = e->q;
     float *k = direct ? s0->k_cache[layer] + (int64_t)s0->n_past * kd : e->kv;
@@ -36,7 +36,7 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     }
     float eps = (float)c->rms_eps;
     if (c->v_scale != 0 && c->v_scale != 1) be->ops->scale(be, v, (float)c->v_scale, n * vtot);
-    int fused = c->qk_norm == MS_QKNORM_HEAD && be->ops->qk_norm_rope; /* one op where the backend has it */
+    int fused = c->qk_norm == MS_QKNORM_HEAD && (be->ops->qk_norm_rope || e->step_mode); /* one op where it can */
     if (!fused && c->qk_norm == MS_QKNORM_HEAD) {
         be->ops->rmsnorm(be, q, q, L->q_norm, n * H, hd, eps);
         be->ops->rmsnorm(be, k, k, L->k_norm, n * KV, hd, eps);
@@ -49,6 +49,17 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         ms_engine *se = sq->e;
         int sn = sq->n;
         float *qs = q + (int64_t)sq->row * qd, *ks = k + (int64_t)sq->row * kd, *vs = v + (int64_t)sq->row * vtot;
+        if (e->step_mode) { /* one token at the position in e->step: norms, RoPE and the cache rows in one op */
+            be->ops->qkv_at(be, rope, qs, H, L->q_norm, ks, KV, L->k_norm, vs, vd, se->k_cache[layer],
+                            se->v_cache[layer], hd, fused, eps, e->step);
+            ms_attn_gqa_args a = {.out = e->att, .q = qs, .k = se->k_cache[layer], .v = se->v_cache[layer], .n = 1,
+                                  .n_past = e->step_bound, .H = H, .KV = KV, .hd = hd, .vd = vd,
+                                  .window = c->layer_window[layer], .sinks = L->sinks, .scale = (float)c->attn_scale,
+                                  .pos_dev = e->step};
+            int rc = be->ops->attn_gqa(be, &a, err);
+            if (rc) return ms_wrap(err, "layer %d", layer);
+            continue;
+        }
         if (fused) {
             be->ops->qk_norm_rope(be, rope, qs, H, L->q_norm, ks, KV, L->k_norm, sn, hd, eps, se->n_past);
         } else {

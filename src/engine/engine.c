@@ -300,6 +300,8 @@ void ms_engine_destroy(ms_engine *e) {
         }
         free(specs);
     }
+    ms_engine_step_free(e);
+    if (e->pick && e->be) e->be->ops->free(e->be, e->pick);
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
@@ -347,7 +349,8 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return ms_fail(err, MS_ERR_ARG, "token id %d is out of range [0, %lld)", tokens[t], (long long)c->vocab);
-    be->ops->embed(be, e->x, &m->embed, tokens, n);
+    if (e->step_mode) be->ops->embed_at(be, e->x, &m->embed, e->step); /* the replayable step: the id in e->step */
+    else be->ops->embed(be, e->x, &m->embed, tokens, n);
     int rc = MS_OK;
     e->chunk_tokens = tokens;
     e->seqs = seqs;
@@ -436,6 +439,10 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         be->ops->matmul(be, logits, e->xn, nt, &m->lm_head, 0);
         return MS_OK;
     }
+    if (e->step_mode || (e->keep_logits && nt == 1)) { /* the head into e->logits, downloaded (or picked from) later */
+        be->ops->matmul(be, e->logits, e->xn, 1, &m->lm_head, 0);
+        return MS_OK;
+    }
     int64_t V = c->vocab;
     for (int t = 0; t < nt; t += e->logit_rows) {
         int k = nt - t < e->logit_rows ? nt - t : e->logit_rows;
@@ -449,6 +456,9 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
 static int forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
     ms_fwd_seq one = {e, 0, n};
     return forward_rows(e, &one, 1, tokens, n, logits, all_logits, err);
+}
+int ms_engine_forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
+    return forward_chunk(e, tokens, n, logits, all_logits, err);
 }
 
 /* What every forward of n tokens onto e checks and prepares before its chunks: the
@@ -486,6 +496,10 @@ static int forward_begin(ms_engine *e, const int32_t *tokens, int n, ms_err *err
 int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err) {
     int rc = forward_begin(e, tokens, n, err);
     if (rc) return rc;
+    if (n == 1 && logits) { /* decode: the replayable step where the backend and the model have it */
+        rc = ms_engine_step(e, tokens[0], logits, err);
+        if (rc != MS_ERR_UNSUPPORTED) return rc;
+    }
     int64_t V = e->m->cfg.vocab;
     for (int s = 0; s < n; s += e->max_batch) {
         int k = n - s < e->max_batch ? n - s : e->max_batch;
@@ -496,6 +510,28 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
         if ((rc = forward_chunk(e, tokens + s, k, lg, all_logits, err))) return rc;
     }
     return MS_OK;
+}
+
+int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *err) {
+    ms_backend *be = e->be;
+    if (be->host_memory || !be->ops->argmax || !e->logits)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "decode_greedy: the %s backend picks no token on the device", be->name);
+    if (!e->pick && be->ops->alloc(be, sizeof(int32_t), (void **)&e->pick, err)) {
+        e->pick = NULL;
+        return err->code;
+    }
+    int rc = forward_begin(e, &token, 1, err);
+    if (rc) return rc;
+    rc = ms_engine_step(e, token, NULL, err); /* NULL: the logits stay in e->logits */
+    if (rc == MS_ERR_UNSUPPORTED) {
+        float dummy = 0;
+        e->keep_logits = 1;
+        rc = forward_chunk(e, &token, 1, &dummy, 0, err);
+        e->keep_logits = 0;
+    }
+    if (rc) return rc;
+    be->ops->argmax(be, e->logits, e->m->cfg.vocab, e->pick);
+    return be->ops->download(be, next, e->pick, sizeof(int32_t), err);
 }
 
 int ms_engine_decode_batch(ms_engine *const *es, int k, const int32_t *tokens, float *logits, ms_err *err) {

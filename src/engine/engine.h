@@ -68,6 +68,12 @@ uint64_t ms_engine_state_bytes_per_token(const ms_model *m);
  * it receives [n, vocab] (all_logits) or [1, vocab] for the last token.
  * Fails when the context would exceed max_ctx or a token id is out of range. */
 int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err);
+/* One decode token (as ms_engine_forward(e, &token, 1, logits, 0)) whose greedy successor is
+ * picked where the logits are: *next = the first index of the largest logit (NaN never wins; a
+ * NaN logit 0 gives 0), with one id downloaded instead of the vocabulary's logits.
+ * MS_ERR_UNSUPPORTED, with nothing done, on a backend that cannot pick (host-memory backends:
+ * the caller forwards and picks itself). */
+int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *err);
 
 /* One decode step of k sequences together: token tokens[i] is appended to
  * es[i] at its position n_past. The engines share the model and the backend

@@ -86,6 +86,17 @@ struct ms_engine {
     int la_layer;
     const float *ffn_in; /* [n, hidden] the current layer's FFN input before its norm (the lookahead re-norms it) */
     int la_ids[MS_LOOKAHEAD_MAX_K];
+    /* the replayable decode step (engine/decode_step.c): step [be] {position, token id} of the
+     * token in flight when step_mode is 1 (the ops read them from there); the recorded graph
+     * of the context bucket step_bucket; step_warm: the bucket whose eager step-mode run
+     * prepared the backend; step_off: 1 never again (the model or the backend does not qualify) */
+    int64_t *step;
+    int step_mode, step_off;
+    int64_t step_bound, step_bucket, step_warm;
+    void *step_graph;
+    ms_engine_stats step_delta; /* what one recorded step adds to stats */
+    int keep_logits;            /* a device forward leaves the head's output in e->logits (no download) */
+    int32_t *pick;              /* [be] the greedy pick of ms_engine_decode_greedy */
 };
 
 /* One allocation of the engine: where its pointer goes (NULL when only
@@ -124,6 +135,14 @@ int ms_dsa_engine_ready(ms_engine *e, ms_err *err);
 /* Sublayers: read e->xn [n, hidden], write the sublayer output into out [n, hidden];
  * e is the lead of the forward in flight (e->seqs: which rows belong to which sequence). */
 int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err);
+/* One decode token through the replayable step (engine/decode_step.c): MS_ERR_UNSUPPORTED, with
+ * nothing done, when the model, the backend or the token do not qualify (the caller then runs
+ * forward_chunk); else the token forwarded (n_past + 1) with its logits [vocab] in logits (NULL:
+ * left in e->logits). */
+int ms_engine_step(ms_engine *e, int32_t token, float *logits, ms_err *err);
+/* forward_chunk of engine.c, for decode_step.c */
+int ms_engine_forward_chunk(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err);
+void ms_engine_step_free(ms_engine *e);
 int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err);
 int ms_attn_kda(ms_engine *e, int layer, int n, float *out, ms_err *err);
 int ms_attn_gdn(ms_engine *e, int layer, int n, float *out, ms_err *err);

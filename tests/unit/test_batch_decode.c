@@ -299,6 +299,9 @@ TEST(batch_refusals) {
     CHECK(ms_engine_decode_batch(ok, 2, bad, lg, &err) == MS_ERR_ARG);
     CHECK(ms_engine_decode_batch(ok, 2, t, lg, &err) == MS_OK);
     CHECK(ms_engine_n_past(a) == 1 && ms_engine_n_past(b) == 1);
+    /* the device greedy pick: a host-memory (CPU) backend has none, refused with nothing done */
+    int32_t nx = -1;
+    CHECK(ms_engine_decode_greedy(a, 5, &nx, &err) == MS_ERR_UNSUPPORTED && nx == -1 && ms_engine_n_past(a) == 1);
     free(lg);
     ms_engine_destroy(a), ms_engine_destroy(b), ms_engine_destroy(c);
     ms_model_free(&m), ms_model_free(&m2);

@@ -17,6 +17,7 @@ extern "C" {
 }
 #include "backend/gpu/backend_gpu.h"
 #include "backend/gpu/backend_gpu_blocks.h" /* the linear / sparse / compressed attention and mHC ops */
+#include "backend/gpu/backend_gpu_step.h"   /* the replayable decode step's ops */
 #include "backend/gpu/gemm.h"               /* prefill GEMMs through the vendor BLAS */
 
 #define ARENA_CHUNK ((size_t)256 << 20) /* placed weights: one device allocation per 256 MiB */
@@ -68,6 +69,7 @@ typedef struct gpu_backend {
     int *prof_cls;
     struct prof_class *prof_classes;
     int prof_nc;
+    ms_gpu_step_state step; /* the replayable decode step (backend_gpu_step.h) */
 } gpu_backend;
 
 static gpu_backend *gb(ms_backend *be) { return (gpu_backend *)be->impl; }
@@ -95,6 +97,10 @@ void ms_gpu_be_note(ms_backend *be, int rc, const ms_err *e) { note(gb(be), rc, 
 int ms_gpu_be_report(ms_backend *be, ms_err *err) { return report(gb(be), err); }
 void **ms_gpu_be_blocks(ms_backend *be) { return &gb(be)->blocks; }
 void **ms_gpu_be_gemm(ms_backend *be) { return &gb(be)->gemm; }
+/* for backend_gpu_step.cu (backend_gpu_step.h) */
+ms_gpu_step_state *ms_gpu_be_step(ms_backend *be) { return &gb(be)->step; }
+int ms_gpu_be_profiling(ms_backend *be) { return gb(be)->prof; }
+void ms_gpu_be_fail_state(ms_backend *be, int **failed, ms_err **fail) { *failed = &gb(be)->failed, *fail = &gb(be)->fail; }
 
 static unsigned blocks_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
@@ -104,6 +110,9 @@ static unsigned blocks_for(int64_t n, int threads) {
 /* Device scratch of at least `floats` (grown; the old contents are not kept). */
 static int grow(gpu_backend *b, float **p, size_t *cap, size_t floats, ms_err *err) {
     if (*cap >= floats) return MS_OK;
+    if (b->step.capturing) /* a recorded graph would keep the old address */
+        return ms_fail(err, MS_ERR_LIMIT, "gpu: device scratch grows during a recorded step");
+    b->step.gen++;
     if (*p) ms_gpu_free(b->g, *p);
     *p = NULL;
     *cap = 0;
@@ -163,7 +172,7 @@ static int prof_begin(gpu_backend *b, size_t off) {
     /* a stalled profile (MS_GPU_PROFILE_STALL_US): each token's first op (the embedding) waits
      * behind a spin on the device, so the host queues the token's ops meanwhile and the events
      * time device work alone, not the host's launches; the spins have their own class "stall" */
-    if (b->prof_stall && !strcmp(name, "embed")) {
+    if (b->prof_stall && (!strcmp(name, "embed") || !strcmp(name, "embed_at"))) {
         int sc = prof_class_of(b, "stall");
         if (sc >= 0) {
             if (b->prof_n == PROF_PAIRS) prof_harvest(b);
@@ -247,7 +256,7 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
     PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
-    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix);
+    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix); PROF_WRAP(embed_at); PROF_WRAP(qkv_at); PROF_WRAP(argmax);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -606,9 +615,14 @@ static const float *rope_table(gpu_backend *b, const ms_rope *r) {
     for (int i = 0; i < ROPE_SLOTS && slot < 0; i++)
         if (b->rope_half[i] == half && !memcmp(inv, b->rope_host[i], (size_t)half * 4)) slot = i;
     if (slot < 0) { /* a new table: into the next slot (the stream orders it after the kernels reading the old one) */
+        ms_err e = {0};
+        if (b->step.capturing) { /* a recorded graph reads the slots as they are */
+            note(b, ms_fail(&e, MS_ERR_LIMIT, "gpu: a new RoPE table during a recorded step"), &e);
+            return NULL;
+        }
+        b->step.gen++;
         slot = b->rope_next;
         b->rope_next = (b->rope_next + 1) % ROPE_SLOTS;
-        ms_err e = {0};
         int rc = ms_gpu_upload(b->g, b->rope_inv + slot * 512, inv, (size_t)half * 4, &e);
         if (!rc) rc = ms_gpu_sync(b->g, &e); /* the host table is a local */
         if (rc) {
@@ -619,6 +633,10 @@ static const float *rope_table(gpu_backend *b, const ms_rope *r) {
         b->rope_half[slot] = half;
     }
     return b->rope_inv + slot * 512;
+}
+
+const float *ms_gpu_be_rope_table(ms_backend *be, const ms_rope *r) {
+    return r->dim / 2 > 0 ? rope_table(gb(be), r) : gb(be)->rope_inv;
 }
 
 /* Per-head RMSNorm then RoPE of q's qh and k's kh heads (block (head, token), 128 threads):
@@ -684,24 +702,11 @@ static void g_rope(ms_backend *be, const ms_rope *r, float *x, int n, int64_t to
         ms_err e = {0};
         return note(b, ms_fail(&e, MS_ERR_UNSUPPORTED, "rope: %d rotary dims (at most 1024)", r->dim), &e);
     }
-    float inv[512];
-    for (int i = 0; i < half; i++) inv[i] = (float)r->inv_freq[i];
-    int slot = -1;
-    for (int i = 0; i < ROPE_SLOTS && slot < 0; i++)
-        if (b->rope_half[i] == half && !memcmp(inv, b->rope_host[i], (size_t)half * 4)) slot = i;
-    if (slot < 0) { /* a new table: into the next slot (the stream orders it after the kernels reading the old one) */
-        slot = b->rope_next;
-        b->rope_next = (b->rope_next + 1) % ROPE_SLOTS;
-        ms_err e = {0};
-        int rc = ms_gpu_upload(b->g, b->rope_inv + slot * 512, inv, (size_t)half * 4, &e);
-        if (!rc) rc = ms_gpu_sync(b->g, &e); /* the host table is a local */
-        if (rc) return note(b, rc, &e);
-        memcpy(b->rope_host[slot], inv, (size_t)half * 4);
-        b->rope_half[slot] = half;
-    }
+    const float *inv = rope_table(b, r);
+    if (!inv) return;
     int64_t total = (int64_t)n * heads * half;
     k_rope<<<(unsigned)((total + 255) / 256), 256, 0, b->g->stream>>>(x, n, tok_stride, heads, head_stride, offset, half,
-                                                                     r->layout == MS_ROPE_INTERLEAVED, b->rope_inv + slot * 512,
+                                                                     r->layout == MS_ROPE_INTERLEAVED, inv,
                                                                      r->attn_factor, pos0, sign);
     launched(b, "rope");
 }
@@ -806,6 +811,10 @@ static int g_attn_gqa(ms_backend *be, const ms_attn_gqa_args *a, ms_err *err) {
     if (rc) return rc;
     ms_gpu_attn_cfg c = {(int)a->H, (int)a->KV, (int)a->hd, (int)a->vd, (int)a->window, a->scale};
     if ((rc = grow(b, &b->attn_scr, &b->attn_cap, ms_gpu_attn_scratch_floats(ATT_TOK, &c), err))) return rc;
+    if (a->pos_dev) /* a replayable step: one token at the position in device memory, n_past its bound */
+        return a->n != 1 ? ms_fail(err, MS_ERR_ARG, "attn_gqa: a device position takes one token, not %d", a->n)
+                         : ms_gpu_attn_gqa_at(b->g, a->out, a->q, a->k, a->v, a->sinks, a->n_past, a->pos_dev, &c,
+                                              b->attn_scr, err);
     for (int t0 = 0; t0 < a->n; t0 += ATT_TOK) {
         int k = a->n - t0 < ATT_TOK ? a->n - t0 : ATT_TOK;
         rc = ms_gpu_attn_gqa(b->g, a->out + (int64_t)t0 * a->H * a->vd, a->q + (int64_t)t0 * a->H * a->hd, a->k, a->v,
@@ -1196,6 +1205,8 @@ static int g_moe_experts_routed(ms_backend *be, const ms_moe_routed_args *a, ms_
     rx_table *t = NULL;
     for (int i = 0; i < b->n_rx && !t; i++)
         if (b->rx[i].key == a->all && b->rx[i].E == a->E && b->rx[i].key_w == a->all[0].gate.data) t = &b->rx[i];
+    if (!t && b->step.capturing) /* the table's upload would be recorded, not run */
+        return ms_fail(err, MS_ERR_LIMIT, "moe_experts_routed: a layer's first call during a recorded step");
     if (!t) {
         if (b->n_rx == b->cap_rx) {
             int nc = b->cap_rx ? 2 * b->cap_rx : 64;
@@ -1272,6 +1283,23 @@ static void g_attn_res_mix(ms_backend *be, float *out, const float *blocks, int 
     launched(gb(be), "attn_res_mix");
 }
 
+/* ---------------------------------------------------------- the replayable decode step */
+
+/* x = the embedding row of token step[1] (core/backend.h embed_at) */
+__global__ void k_embed_at(float *x, qview q, const int64_t *step) {
+    int64_t id = step[1];
+    for (int64_t c = threadIdx.x; c < q.cols; c += blockDim.x) x[c] = qv_at(q, id, c);
+}
+static void g_embed_at(ms_backend *be, float *x, const ms_qmat *table, const int64_t *step) {
+    gpu_backend *b = gb(be);
+    qview q;
+    ms_err e = {0};
+    int rc = qview_of(table, &q, &e);
+    if (rc) return note(b, rc, &e);
+    k_embed_at<<<1, 256, 0, b->g->stream>>>(x, q, step);
+    launched(b, "embed_at");
+}
+
 /* ---------------------------------------------------------- the table */
 
 /* the table, filled by name (fields are added to core/backend.h as ops land; unset ones stay NULL) */
@@ -1317,6 +1345,8 @@ static void fill_ops(ms_backend_ops *o) {
     o->host_register = g_host_register;
     o->host_unregister = g_host_unregister;
     o->mem_info = g_mem_info;
+    o->embed_at = g_embed_at;
+    ms_gpu_step_fill(o); /* qkv_at, graph_*, argmax */
     ms_gpu_blocks_fill(o);
 }
 
@@ -1335,6 +1365,10 @@ extern "C" int ms_backend_gpu_create(int device, ms_backend **out, ms_err *err) 
     gpu_backend *b = (gpu_backend *)calloc(1, sizeof *b);
     if (!b) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     fill_ops(&b->ops);
+    const char *gr = getenv("MS_GPU_GRAPH"); /* MS_GPU_GRAPH=0: no replayable decode step (A/B) */
+    if (gr && !strcmp(gr, "0")) b->ops.graph_begin = NULL, b->ops.graph_end = NULL, b->ops.graph_launch = NULL;
+    const char *am = getenv("MS_GPU_ARGMAX"); /* MS_GPU_ARGMAX=0: no device greedy pick (A/B) */
+    if (am && !strcmp(am, "0")) b->ops.argmax = NULL;
     b->base.impl = b;
     int rc = ms_gpu_open(device, &b->g, err);
     if (!rc) {

@@ -163,6 +163,11 @@ typedef struct ms_gpu_attn_cfg {
 size_t ms_gpu_attn_scratch_floats(int n, const ms_gpu_attn_cfg *cfg);
 int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
                     const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *cfg, float *scratch, ms_err *err);
+/* The same for one query token (a replayable decode step) at the position *pos_dev (device
+ * memory, read when the kernel runs, <= pos_bound): the key splits are sized for pos_bound. */
+int ms_gpu_attn_gqa_at(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
+                       const float *sinks, int64_t pos_bound, const int64_t *pos_dev, const ms_gpu_attn_cfg *cfg,
+                       float *scratch, ms_err *err);
 
 /* One routed expert, device views (core/expert_source.h's ms_expert_view with
  * device pointers): gate/up [I, D], down [D, I]; up.data NULL means gate is

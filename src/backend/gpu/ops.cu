@@ -270,7 +270,7 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
 #define AT_WARPS 4
 #define AT_MAXD 512
 #define AT_MAXS 64 /* key splits */
-#define AT_VB 8    /* value rows loaded together */
+#define AT_VB 8    /* value rows loaded together at PV > 4 (16 at PV <= 4: VB below) */
 
 /* Flash-decoding over a GQA cache. Grid: (q-head groups, tokens, key splits).
  * A block takes GB query heads that share one kv head, so each K/V row is read
@@ -281,16 +281,17 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
  * (max, sum, unnormalized output) per head for attn_combine_kernel. */
 template <int GB, int PV>
 __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
-    attn_split_kernel(float *part, const float *q, const float *K, const float *V, int64_t pos0, int splits,
-                      ms_gpu_attn_cfg c) {
+    attn_split_kernel(float *part, const float *q, const float *K, const float *V, int64_t pos0,
+                      const int64_t *pos_dev, int splits, ms_gpu_attn_cfg c) {
     __shared__ float qs[GB][AT_MAXD];
     __shared__ float wm[AT_WARPS][GB], wl[AT_WARPS][GB];
     __shared__ float wo[AT_WARPS][GB][PV * MS_WARP];
+    constexpr int VB = PV <= 4 ? 2 * AT_VB : AT_VB; /* more rows in flight where registers allow (short contexts) */
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
     const int H = c.n_heads, hd = c.head_dim, vd = c.v_head_dim, G = H / c.n_kv_heads;
     const int h0 = blockIdx.x * GB, kvh = h0 / G, t = blockIdx.y, split = blockIdx.z;
     const int64_t kd = (int64_t)c.n_kv_heads * hd, vtot = (int64_t)c.n_kv_heads * vd;
-    const int64_t p = pos0 + t;
+    const int64_t p = (pos_dev ? *pos_dev : pos0) + t; /* a replayable step: the position from device memory */
     const int64_t s0 = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0, nkeys = p - s0 + 1;
     const int64_t per = (nkeys + splits - 1) / splits, a0 = s0 + split * per;
     const int64_t a1 = a0 + per - 1 < p ? a0 + per - 1 : p; /* inclusive */
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
         for (int g = 0; g < GB; g++) sc[g] = 0.0f;
         if (valid) {
             const float4 *kr = (const float4 *)(K + s * kd + (int64_t)kvh * hd);
-#pragma unroll 8
+#pragma unroll 16
             for (int d4 = 0; d4 < hd / 4; d4++) {
                 float4 kv = kr[d4];
 #pragma unroll
@@ -340,10 +341,10 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
         const int nt = a1 - tb + 1 < MS_WARP ? (int)(a1 - tb + 1) : MS_WARP;
         /* value rows AT_VB at a time: their loads in flight together (the probabilities of keys
          * past nt are 0 and their rows read as 0, so a partial group adds exact zeros) */
-        for (int j0 = 0; j0 < nt; j0 += AT_VB) {
-            float vv[AT_VB][PV];
+        for (int j0 = 0; j0 < nt; j0 += VB) {
+            float vv[VB][PV];
 #pragma unroll
-            for (int jj = 0; jj < AT_VB; jj++) {
+            for (int jj = 0; jj < VB; jj++) {
                 const float *vr = V + (tb + j0 + jj) * vtot + (int64_t)kvh * vd;
 #pragma unroll
                 for (int i = 0; i < PV; i++) {
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
                 }
             }
 #pragma unroll
-            for (int jj = 0; jj < AT_VB; jj++)
+            for (int jj = 0; jj < VB; jj++)
 #pragma unroll
                 for (int g = 0; g < GB; g++) {
                     float pj = ms_shfl_idx(pr[g], (j0 + jj) % MS_WARP);
@@ -412,17 +413,17 @@ __global__ void attn_combine_kernel(float *out, const float *part, const float *
 
 template <int GB, int PV>
 static void launch_attn(dim3 grid, gpuStream_t st, float *part, const float *q, const float *K, const float *V,
-                        int64_t pos0, int splits, const ms_gpu_attn_cfg &c) {
-    attn_split_kernel<GB, PV><<<grid, AT_WARPS * MS_WARP, 0, st>>>(part, q, K, V, pos0, splits, c);
+                        int64_t pos0, const int64_t *pos_dev, int splits, const ms_gpu_attn_cfg &c) {
+    attn_split_kernel<GB, PV><<<grid, AT_WARPS * MS_WARP, 0, st>>>(part, q, K, V, pos0, pos_dev, splits, c);
 }
 
 extern "C" size_t ms_gpu_attn_scratch_floats(int n, const ms_gpu_attn_cfg *c) {
     return (size_t)n * (size_t)c->n_heads * AT_MAXS * (size_t)(c->v_head_dim + 2);
 }
 
-extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
-                               const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *c, float *scratch,
-                               ms_err *err) {
+static int attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
+                    const float *sinks, int n, int64_t pos0, const int64_t *pos_dev, const ms_gpu_attn_cfg *c,
+                    float *scratch, ms_err *err) {
     MS_GPU_CHECK_CTX(g, err);
     if (!out || !q || !k_cache || !v_cache || !c || !scratch || n < 1 || pos0 < 0)
         return ms_fail(err, MS_ERR_ARG, "ms_gpu_attn_gqa: NULL argument, n < 1 or pos0 < 0");
@@ -452,7 +453,8 @@ extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const floa
     if (splits > AT_MAXS) splits = AT_MAXS;
     dim3 grid((unsigned)(c->n_heads / gb), (unsigned)n, (unsigned)splits);
 #define AT_CASE(GBV, PVV) \
-    if (gb == GBV && pv == PVV) launch_attn<GBV, PVV>(grid, g->stream, scratch, q, k_cache, v_cache, pos0, splits, *c)
+    if (gb == GBV && pv == PVV)                                                                                       \
+        launch_attn<GBV, PVV>(grid, g->stream, scratch, q, k_cache, v_cache, pos0, pos_dev, splits, *c)
     AT_CASE(1, 2); else AT_CASE(2, 2); else AT_CASE(4, 2); else AT_CASE(8, 2);
     else AT_CASE(1, 4); else AT_CASE(2, 4); else AT_CASE(4, 4); else AT_CASE(8, 4);
     else AT_CASE(1, 8); else AT_CASE(2, 8); else AT_CASE(4, 8);
@@ -464,4 +466,17 @@ extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const floa
     attn_combine_kernel<<<dim3((unsigned)c->n_heads, (unsigned)n), 128, 0, g->stream>>>(out, scratch, sinks, splits,
                                                                                       c->n_heads, c->v_head_dim);
     return ms_gpu_launched(err, "attention (combine)");
+}
+
+extern "C" int ms_gpu_attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
+                               const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *c, float *scratch,
+                               ms_err *err) {
+    return attn_gqa(g, out, q, k_cache, v_cache, sinks, n, pos0, NULL, c, scratch, err);
+}
+
+extern "C" int ms_gpu_attn_gqa_at(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
+                                  const float *sinks, int64_t pos_bound, const int64_t *pos_dev,
+                                  const ms_gpu_attn_cfg *c, float *scratch, ms_err *err) {
+    if (!pos_dev) return ms_fail(err, MS_ERR_ARG, "ms_gpu_attn_gqa_at: no device position");
+    return attn_gqa(g, out, q, k_cache, v_cache, sinks, 1, pos_bound, pos_dev, c, scratch, err);
 }
