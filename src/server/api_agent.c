@@ -202,6 +202,19 @@ static int anthropic_message(const cJSON *m, int i, cJSON *out, ms_api_error *e)
     return MS_OK;
 }
 
+/* A tool as chat completions' tools[] holds it (what ms_api_set_tools takes):
+ * {"type": "function", "function": {"name", "description" (when d is a string), "parameters" (a
+ * copy of params, when it is an object)}}. */
+static cJSON *function_tool(const char *name, const cJSON *d, const cJSON *params) {
+    cJSON *f = cJSON_CreateObject(), *w = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "name", name);
+    if (cJSON_IsString(d)) cJSON_AddStringToObject(f, "description", d->valuestring);
+    if (cJSON_IsObject(params)) cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(params, 1));
+    cJSON_AddStringToObject(w, "type", "function");
+    cJSON_AddItemToObject(w, "function", f);
+    return w;
+}
+
 static int anthropic_tools(const cJSON *root, cJSON *render, ms_api_request *r, ms_api_error *e) {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools"), *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     int use = 1, rc;
@@ -244,13 +257,7 @@ static int anthropic_tools(const cJSON *root, cJSON *render, ms_api_request *r, 
             cJSON_Delete(conv);
             return BAD(p, "'%s' must have a non-empty string 'name' and an 'input_schema' object", p);
         }
-        cJSON *f = cJSON_CreateObject(), *w = cJSON_CreateObject();
-        cJSON_AddStringToObject(f, "name", n->valuestring);
-        if (cJSON_IsString(d)) cJSON_AddStringToObject(f, "description", d->valuestring);
-        cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(s, 1));
-        cJSON_AddStringToObject(w, "type", "function");
-        cJSON_AddItemToObject(w, "function", f);
-        cJSON_AddItemToArray(conv, w);
+        cJSON_AddItemToArray(conv, function_tool(n->valuestring, d, s));
     }
     rc = ms_api_set_tools(conv, use, render, r, e);
     cJSON_Delete(conv);
@@ -339,13 +346,7 @@ static int responses_tools(const cJSON *root, cJSON *render, cJSON *echo, ms_api
             cJSON_Delete(conv);
             return BAD(p, "'%s' must have a non-empty string 'name' and 'parameters' a JSON Schema object", p);
         }
-        cJSON *f = cJSON_CreateObject(), *w = cJSON_CreateObject();
-        cJSON_AddStringToObject(f, "name", n->valuestring);
-        if (cJSON_IsString(d)) cJSON_AddStringToObject(f, "description", d->valuestring);
-        if (cJSON_IsObject(ps)) cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(ps, 1));
-        cJSON_AddStringToObject(w, "type", "function");
-        cJSON_AddItemToObject(w, "function", f);
-        cJSON_AddItemToArray(conv, w);
+        cJSON_AddItemToArray(conv, function_tool(n->valuestring, d, ps));
     }
     cJSON_AddItemToObject(echo, "tools", cJSON_Duplicate(tools, 1));
     rc = ms_api_set_tools(conv, use, render, r, e);
