@@ -3,10 +3,10 @@
 // env: as test.mjs, plus KEY_BASE (http://127.0.0.1:PORT of the server run with --api-key KEY_VALUE).
 // Prints "N passed, N failed".
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
+import { test, finish, promptTokens as harnessPromptTokens } from './harness.mjs';
 
 const { BASE, FORCED_BASE, FORCED_EXPECT, MODEL_NAME, MOONSHINE, MODEL_DIR, KEY_BASE, KEY_VALUE } = process.env;
 const root = (b) => b.replace(/\/v1$/, '');
@@ -17,24 +17,8 @@ const anthForced = new Anthropic({ baseURL: root(FORCED_BASE), apiKey: 'none', .
 const oai = new OpenAI({ baseURL: BASE, apiKey: 'none', ...opts });
 const oaiForced = new OpenAI({ baseURL: FORCED_BASE, apiKey: 'none', ...opts });
 const expect = JSON.parse(readFileSync(FORCED_EXPECT, 'utf8'));
-let passed = 0, failed = 0;
 
-async function test(name, fn) {
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name}`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
-  }
-}
-
-// the prompt's token count by moonshine's own CLI (chat template + tokenizer) for internal messages
-function promptTokens(request) {
-  const text = execFileSync(MOONSHINE, ['render', MODEL_DIR], { input: JSON.stringify({ ...request, add_generation_prompt: true }) });
-  return JSON.parse(execFileSync(MOONSHINE, ['tokenize', MODEL_DIR], { input: text }).toString()).length;
-}
+const promptTokens = (request) => harnessPromptTokens(MOONSHINE, MODEL_DIR, request);
 const trimWs = (s) => s.replace(/^[ \t\r\n]+|[ \t\r\n]+$/g, '');
 
 const sys = 'You are terse.';
@@ -330,5 +314,4 @@ await test('anthropic tool_choice tool / any: a tool_use block whose input valid
   check(fm.content.find((b) => b.type === 'tool_use').input);
 });
 
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish();
