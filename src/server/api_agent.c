@@ -513,6 +513,7 @@ int ms_api_parse_responses(const cJSON *root, ms_api_request *r, ms_api_error *e
         cJSON_AddBoolToObject(echo, "parallel_tool_calls", r->parallel_tool_calls);
         cJSON_AddNumberToObject(echo, "temperature", r->sampling.temperature);
         cJSON_AddNumberToObject(echo, "top_p", r->sampling.top_p);
+        cJSON_AddNumberToObject(echo, "top_logprobs", r->top_logprobs);
         if (r->max_tokens) cJSON_AddNumberToObject(echo, "max_output_tokens", r->max_tokens);
         else cJSON_AddNullToObject(echo, "max_output_tokens");
         cJSON *re = cJSON_AddObjectToObject(echo, "reasoning");
@@ -722,6 +723,30 @@ static int start(ms_api_resp *r) {
     return ev(r, "response.in_progress", d);
 }
 
+/* Responses logprobs. A token's entry is recorded before its text reaches the output parser
+ * (ms_api_resp_logprob); each text delta takes the entries recorded since the previous delta of
+ * any kind, so an output_text delta carries the entries of the tokens whose text it is (text the
+ * parser held back takes its tokens' entries along when it goes out), and a part's first delta
+ * the newest of them that cover its bytes. Entries of reasoning or function-call text, of markup
+ * (</think>, <tool_call>) and of whitespace dropped before or after a part are not output text
+ * and are not reported. */
+
+/* The open output_text part's entries (what its "logprobs" hold), a copy; [] without logprobs. */
+static cJSON *part_logprobs(ms_api_resp *r) {
+    return r->o.logprobs && r->a.lp_text ? cJSON_Duplicate(r->a.lp_text, 1) : cJSON_CreateArray();
+}
+
+/* The same entries as the streamed events show them (ResponseTextDeltaEvent.Logprob: token,
+ * logprob, top_logprobs of token and logprob; no bytes). */
+static cJSON *event_logprobs(const cJSON *entries) {
+    cJSON *out = cJSON_Duplicate(entries, 1), *x, *t;
+    cJSON_ArrayForEach(x, out) {
+        cJSON_DeleteItemFromObjectCaseSensitive(x, "bytes");
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(x, "top_logprobs")) cJSON_DeleteItemFromObjectCaseSensitive(t, "bytes");
+    }
+    return out;
+}
+
 /* The item/block as it stands (acc = its text or arguments). */
 static cJSON *block(ms_api_resp *r, int done) {
     agent_state *a = &r->a;
@@ -771,7 +796,7 @@ static cJSON *block(ms_api_resp *r, int done) {
             cJSON *p = typed("output_text");
             cJSON_AddStringToObject(p, "text", t);
             cJSON_AddArrayToObject(p, "annotations");
-            cJSON_AddArrayToObject(p, "logprobs");
+            cJSON_AddItemToObject(p, "logprobs", part_logprobs(r));
             cJSON_AddItemToArray(arr, p);
         }
     } else {
@@ -790,7 +815,7 @@ static cJSON *part(ms_api_resp *r, int done) {
     cJSON_AddStringToObject(p, "text", done && r->a.acc ? r->a.acc : "");
     if (r->a.open == 2) {
         cJSON_AddArrayToObject(p, "annotations");
-        cJSON_AddArrayToObject(p, "logprobs");
+        cJSON_AddItemToObject(p, "logprobs", done ? part_logprobs(r) : cJSON_CreateArray());
     }
     return p;
 }
@@ -855,7 +880,11 @@ static int close_block(ms_api_resp *r) {
             const char *name = a->open == 1 ? "response.reasoning_text.done" : "response.output_text.done";
             cJSON *d = at(r, name, 1);
             cJSON_AddStringToObject(d, "text", txt);
-            if (a->open == 2) cJSON_AddArrayToObject(d, "logprobs");
+            if (a->open == 2) {
+                cJSON *l = part_logprobs(r);
+                cJSON_AddItemToObject(d, "logprobs", event_logprobs(l));
+                cJSON_Delete(l);
+            }
             rc = ev(r, name, d);
             if (!rc) {
                 d = at(r, "response.content_part.done", 1);
@@ -871,6 +900,8 @@ static int close_block(ms_api_resp *r) {
         }
     }
     a->open = 0;
+    cJSON_Delete(a->lp_text);
+    a->lp_text = NULL;
     return rc;
 }
 
@@ -891,7 +922,24 @@ static int delta(ms_api_resp *r, const char *s, size_t n) {
                                                                                    : "response.function_call_arguments.delta";
     d = at(r, name, a->open != 3);
     cJSON_AddItemToObject(d, "delta", ms_api_string_n(s, n));
-    if (a->open == 2) cJSON_AddArrayToObject(d, "logprobs");
+    cJSON *l = r->o.logprobs ? ms_api_resp_take_logprobs(r) : NULL; /* the entries of this text's tokens */
+    if (l && a->open == 2 && !a->lp_text) {
+        /* a part's first text: the newest entries whose bytes cover it; older ones were markup
+         * (a closing </think>) or whitespace before the part, not its text */
+        size_t covered = 0;
+        cJSON *keep = l->child ? l->child->prev : NULL; /* cJSON: the first item's prev is the last */
+        while (keep && covered + (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(keep, "bytes")) < n &&
+               keep != l->child)
+            covered += (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(keep, "bytes")), keep = keep->prev;
+        while (keep && l->child != keep) cJSON_DeleteItemFromArray(l, 0);
+    }
+    if (a->open == 2) {
+        cJSON_AddItemToObject(d, "logprobs", l ? event_logprobs(l) : cJSON_CreateArray());
+        if (l && !a->lp_text) a->lp_text = cJSON_CreateArray();
+        cJSON *x;
+        while (l && (x = l->child)) cJSON_AddItemToArray(a->lp_text, cJSON_DetachItemViaPointer(l, x));
+    }
+    cJSON_Delete(l);
     return ev(r, name, d);
 }
 
@@ -1001,5 +1049,6 @@ void ms_api_agent_free(ms_api_resp *r) {
     free(r->a.ws);
     free(r->a.stop_sequence);
     free(r->a.echo);
+    cJSON_Delete(r->a.lp_text);
     memset(&r->a, 0, sizeof r->a);
 }
