@@ -301,34 +301,28 @@ await test('responses logprobs with reasoning and function calls: the message pa
   assert.deepEqual(deltas, eventShape(part.logprobs));
 });
 
+// a Responses request refused with a 400 whose param names the field
+async function badResponses(req, param) {
+  try { await oai.responses.create({ model, input: 'x', ...req }); } catch (e) {
+    assert.ok(e instanceof OpenAI.BadRequestError, e.message);
+    assert.equal(e.param, param);
+    return;
+  }
+  assert.fail('no error');
+}
+
 await test('responses logprobs: refusals name the field', async () => {
-  const bad = async (req, param) => {
-    try { await oai.responses.create({ model, input: 'x', ...req }); } catch (e) {
-      assert.ok(e instanceof OpenAI.BadRequestError, e.message);
-      assert.equal(e.param, param);
-      return;
-    }
-    assert.fail('no error');
-  };
-  await bad({ top_logprobs: 21 }, 'top_logprobs');
-  await bad({ top_logprobs: -1 }, 'top_logprobs');
-  await bad({ include: 'message.output_text.logprobs' }, 'include');
-  await bad({ include: [7] }, 'include');
-  await bad({ logprobs: true }, 'logprobs');
+  await badResponses({ top_logprobs: 21 }, 'top_logprobs');
+  await badResponses({ top_logprobs: -1 }, 'top_logprobs');
+  await badResponses({ include: 'message.output_text.logprobs' }, 'include');
+  await badResponses({ include: [7] }, 'include');
+  await badResponses({ logprobs: true }, 'logprobs');
 });
 
 await test('responses: refusals name the field (unsupported schema keyword, hosted tools)', async () => {
-  const bad = async (req, param) => {
-    try { await oai.responses.create({ model, input: 'x', ...req }); } catch (e) {
-      assert.ok(e instanceof OpenAI.BadRequestError, e.message);
-      assert.equal(e.param, param);
-      return;
-    }
-    assert.fail('no error');
-  };
-  await bad({ text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { a: { type: 'string', pattern: 'x' } } } } } }, 'text.format');
-  await bad({ tools: [{ type: 'web_search' }] }, 'tools[0]');
-  await bad({ reasoning: { effort: 'extreme' } }, 'reasoning.effort');
+  await badResponses({ text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { a: { type: 'string', pattern: 'x' } } } } } }, 'text.format');
+  await badResponses({ tools: [{ type: 'web_search' }] }, 'tools[0]');
+  await badResponses({ reasoning: { effort: 'extreme' } }, 'reasoning.effort');
 });
 
 
