@@ -99,7 +99,7 @@ typedef struct ms_api_request {
     char *schema_json;         /* SCHEMA: the JSON Schema (owned) */
     char *forced_tool;         /* TOOL: the function to call (owned), NULL: any of tools_json */
     const char *constrain_param; /* the field it came from ("response_format", "text.format", "tool_choice"; static) */
-    /* logprobs (chat, completions) and logit_bias */
+    /* logprobs (chat, completions, Responses) and logit_bias (chat, completions) */
     int64_t vocab;             /* the model's vocabulary (ms_api_parse_request's): bounds token ids */
     int logprobs;              /* report log-probabilities of the sampled tokens */
     int top_logprobs;          /* with that many alternatives (0..20) */
@@ -184,7 +184,7 @@ typedef struct ms_api_resp_opts {
     const char *previous_response_id; /* RESPONSES */
     int single_tool_call;    /* 1 (parallel_tool_calls false): only the first tool call is reported */
     const ms_outparse_opts *parse; /* chat: parser options (start_in_reasoning, tools_json, id_seed); may be NULL */
-    int logprobs;            /* chat, completion: choices carry logprobs (ms_api_resp_logprob's entries) */
+    int logprobs;            /* chat, completion: choices carry logprobs (ms_api_resp_logprob's entries); Responses: output_text parts and their events do */
     const ms_tokenizer *tok; /* with logprobs: the tokens' text and bytes */
 } ms_api_resp_opts;
 

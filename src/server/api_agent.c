@@ -202,6 +202,19 @@ static int anthropic_message(const cJSON *m, int i, cJSON *out, ms_api_error *e)
     return MS_OK;
 }
 
+/* A tool as chat completions' tools[] holds it (what ms_api_set_tools takes):
+ * {"type": "function", "function": {"name", "description" (when d is a string), "parameters" (a
+ * copy of params, when it is an object)}}. */
+static cJSON *function_tool(const char *name, const cJSON *d, const cJSON *params) {
+    cJSON *f = cJSON_CreateObject(), *w = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "name", name);
+    if (cJSON_IsString(d)) cJSON_AddStringToObject(f, "description", d->valuestring);
+    if (cJSON_IsObject(params)) cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(params, 1));
+    cJSON_AddStringToObject(w, "type", "function");
+    cJSON_AddItemToObject(w, "function", f);
+    return w;
+}
+
 static int anthropic_tools(const cJSON *root, cJSON *render, ms_api_request *r, ms_api_error *e) {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools"), *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     int use = 1, rc;
@@ -244,13 +257,7 @@ static int anthropic_tools(const cJSON *root, cJSON *render, ms_api_request *r, 
             cJSON_Delete(conv);
             return BAD(p, "'%s' must have a non-empty string 'name' and an 'input_schema' object", p);
         }
-        cJSON *f = cJSON_CreateObject(), *w = cJSON_CreateObject();
-        cJSON_AddStringToObject(f, "name", n->valuestring);
-        if (cJSON_IsString(d)) cJSON_AddStringToObject(f, "description", d->valuestring);
-        cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(s, 1));
-        cJSON_AddStringToObject(w, "type", "function");
-        cJSON_AddItemToObject(w, "function", f);
-        cJSON_AddItemToArray(conv, w);
+        cJSON_AddItemToArray(conv, function_tool(n->valuestring, d, s));
     }
     rc = ms_api_set_tools(conv, use, render, r, e);
     cJSON_Delete(conv);
@@ -339,13 +346,7 @@ static int responses_tools(const cJSON *root, cJSON *render, cJSON *echo, ms_api
             cJSON_Delete(conv);
             return BAD(p, "'%s' must have a non-empty string 'name' and 'parameters' a JSON Schema object", p);
         }
-        cJSON *f = cJSON_CreateObject(), *w = cJSON_CreateObject();
-        cJSON_AddStringToObject(f, "name", n->valuestring);
-        if (cJSON_IsString(d)) cJSON_AddStringToObject(f, "description", d->valuestring);
-        if (cJSON_IsObject(ps)) cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(ps, 1));
-        cJSON_AddStringToObject(w, "type", "function");
-        cJSON_AddItemToObject(w, "function", f);
-        cJSON_AddItemToArray(conv, w);
+        cJSON_AddItemToArray(conv, function_tool(n->valuestring, d, ps));
     }
     cJSON_AddItemToObject(echo, "tools", cJSON_Duplicate(tools, 1));
     rc = ms_api_set_tools(conv, use, render, r, e);
@@ -512,6 +513,7 @@ int ms_api_parse_responses(const cJSON *root, ms_api_request *r, ms_api_error *e
         cJSON_AddBoolToObject(echo, "parallel_tool_calls", r->parallel_tool_calls);
         cJSON_AddNumberToObject(echo, "temperature", r->sampling.temperature);
         cJSON_AddNumberToObject(echo, "top_p", r->sampling.top_p);
+        cJSON_AddNumberToObject(echo, "top_logprobs", r->top_logprobs);
         if (r->max_tokens) cJSON_AddNumberToObject(echo, "max_output_tokens", r->max_tokens);
         else cJSON_AddNullToObject(echo, "max_output_tokens");
         cJSON *re = cJSON_AddObjectToObject(echo, "reasoning");
@@ -721,6 +723,30 @@ static int start(ms_api_resp *r) {
     return ev(r, "response.in_progress", d);
 }
 
+/* Responses logprobs. A token's entry is recorded before its text reaches the output parser
+ * (ms_api_resp_logprob); each text delta takes the entries recorded since the previous delta of
+ * any kind, so an output_text delta carries the entries of the tokens whose text it is (text the
+ * parser held back takes its tokens' entries along when it goes out), and a part's first delta
+ * the newest of them that cover its bytes. Entries of reasoning or function-call text, of markup
+ * (</think>, <tool_call>) and of whitespace dropped before or after a part are not output text
+ * and are not reported. */
+
+/* The open output_text part's entries (what its "logprobs" hold), a copy; [] without logprobs. */
+static cJSON *part_logprobs(ms_api_resp *r) {
+    return r->o.logprobs && r->a.lp_text ? cJSON_Duplicate(r->a.lp_text, 1) : cJSON_CreateArray();
+}
+
+/* The same entries as the streamed events show them (ResponseTextDeltaEvent.Logprob: token,
+ * logprob, top_logprobs of token and logprob; no bytes). */
+static cJSON *event_logprobs(const cJSON *entries) {
+    cJSON *out = cJSON_Duplicate(entries, 1), *x, *t;
+    cJSON_ArrayForEach(x, out) {
+        cJSON_DeleteItemFromObjectCaseSensitive(x, "bytes");
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(x, "top_logprobs")) cJSON_DeleteItemFromObjectCaseSensitive(t, "bytes");
+    }
+    return out;
+}
+
 /* The item/block as it stands (acc = its text or arguments). */
 static cJSON *block(ms_api_resp *r, int done) {
     agent_state *a = &r->a;
@@ -770,7 +796,7 @@ static cJSON *block(ms_api_resp *r, int done) {
             cJSON *p = typed("output_text");
             cJSON_AddStringToObject(p, "text", t);
             cJSON_AddArrayToObject(p, "annotations");
-            cJSON_AddArrayToObject(p, "logprobs");
+            cJSON_AddItemToObject(p, "logprobs", part_logprobs(r));
             cJSON_AddItemToArray(arr, p);
         }
     } else {
@@ -789,7 +815,7 @@ static cJSON *part(ms_api_resp *r, int done) {
     cJSON_AddStringToObject(p, "text", done && r->a.acc ? r->a.acc : "");
     if (r->a.open == 2) {
         cJSON_AddArrayToObject(p, "annotations");
-        cJSON_AddArrayToObject(p, "logprobs");
+        cJSON_AddItemToObject(p, "logprobs", done ? part_logprobs(r) : cJSON_CreateArray());
     }
     return p;
 }
@@ -854,7 +880,11 @@ static int close_block(ms_api_resp *r) {
             const char *name = a->open == 1 ? "response.reasoning_text.done" : "response.output_text.done";
             cJSON *d = at(r, name, 1);
             cJSON_AddStringToObject(d, "text", txt);
-            if (a->open == 2) cJSON_AddArrayToObject(d, "logprobs");
+            if (a->open == 2) {
+                cJSON *l = part_logprobs(r);
+                cJSON_AddItemToObject(d, "logprobs", event_logprobs(l));
+                cJSON_Delete(l);
+            }
             rc = ev(r, name, d);
             if (!rc) {
                 d = at(r, "response.content_part.done", 1);
@@ -870,6 +900,8 @@ static int close_block(ms_api_resp *r) {
         }
     }
     a->open = 0;
+    cJSON_Delete(a->lp_text);
+    a->lp_text = NULL;
     return rc;
 }
 
@@ -890,7 +922,24 @@ static int delta(ms_api_resp *r, const char *s, size_t n) {
                                                                                    : "response.function_call_arguments.delta";
     d = at(r, name, a->open != 3);
     cJSON_AddItemToObject(d, "delta", ms_api_string_n(s, n));
-    if (a->open == 2) cJSON_AddArrayToObject(d, "logprobs");
+    cJSON *l = r->o.logprobs ? ms_api_resp_take_logprobs(r) : NULL; /* the entries of this text's tokens */
+    if (l && a->open == 2 && !a->lp_text) {
+        /* a part's first text: the newest entries whose bytes cover it; older ones were markup
+         * (a closing </think>) or whitespace before the part, not its text */
+        size_t covered = 0;
+        cJSON *keep = l->child ? l->child->prev : NULL; /* cJSON: the first item's prev is the last */
+        while (keep && covered + (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(keep, "bytes")) < n &&
+               keep != l->child)
+            covered += (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(keep, "bytes")), keep = keep->prev;
+        while (keep && l->child != keep) cJSON_DeleteItemFromArray(l, 0);
+    }
+    if (a->open == 2) {
+        cJSON_AddItemToObject(d, "logprobs", l ? event_logprobs(l) : cJSON_CreateArray());
+        if (l && !a->lp_text) a->lp_text = cJSON_CreateArray();
+        cJSON *x;
+        while (l && (x = l->child)) cJSON_AddItemToArray(a->lp_text, cJSON_DetachItemViaPointer(l, x));
+    }
+    cJSON_Delete(l);
     return ev(r, name, d);
 }
 
@@ -1000,5 +1049,6 @@ void ms_api_agent_free(ms_api_resp *r) {
     free(r->a.ws);
     free(r->a.stop_sequence);
     free(r->a.echo);
+    cJSON_Delete(r->a.lp_text);
     memset(&r->a, 0, sizeof r->a);
 }

@@ -50,6 +50,7 @@ typedef struct agent_state {
     int out_tokens;
     char *stop_sequence; /* the stop string that ended the generation (owned) */
     char *echo;          /* Responses: the request fields echoed in the response object (JSON text) */
+    cJSON *lp_text;      /* Responses with logprobs: the open output_text part's entries */
 } agent_state;
 
 struct ms_api_resp {
@@ -70,12 +71,16 @@ struct ms_api_resp {
 };
 
 /* ---- logprobs (api_logprobs.c) ---- */
-/* logprobs / top_logprobs (chat: a boolean and 0..20; completions: logprobs 0..5) and logit_bias
- * (token id -> [-100, 100], ids inside r->vocab) into r and r->sampling; other kinds refuse them. */
+/* logprobs / top_logprobs (chat: a boolean and 0..20; completions: logprobs 0..5; Responses:
+ * top_logprobs 0..20 and include "message.output_text.logprobs") and logit_bias (chat,
+ * completions: token id -> [-100, 100], ids inside r->vocab) into r and r->sampling; other kinds
+ * refuse them. */
 int ms_api_parse_logprobs(const cJSON *root, ms_api_request *r, ms_api_error *e);
 /* choice.logprobs: the entries gathered so far (stream: since the last chunk), or null when the
  * request did not ask for them. */
 void ms_api_resp_add_logprobs(ms_api_resp *r, cJSON *choice);
+/* Responses: the entries recorded since the last call (an array, empty when none), detached. */
+cJSON *ms_api_resp_take_logprobs(ms_api_resp *r);
 void ms_api_resp_free_logprobs(ms_api_resp *r);
 
 int ms_api_send_raw(ms_api_resp *r, const char *s, size_t len);

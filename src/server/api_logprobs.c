@@ -4,6 +4,9 @@
  *                [{"token","logprob","bytes"}]}], "refusal": null}
  *   completions: choices[0].logprobs = {"tokens","token_logprobs","top_logprobs": [{TOKEN: LP}],
  *                "text_offset"} (offsets in characters of the completion text)
+ *   responses:   output_text parts' "logprobs" = chat's entries; the streamed
+ *                response.output_text.delta / .done events the same without "bytes"
+ *                (api_agent.c assigns the entries to the text their tokens became)
  * Streamed, each chunk carries the entries of the tokens generated since the previous chunk
  * (text the output parser holds back delays its entries, never drops them); the final chunk
  * carries the rest. The values come from the generation loop (ms_gen_logprob_fn): the model's
@@ -36,6 +39,26 @@ int ms_api_parse_logprobs(const cJSON *root, ms_api_request *r, ms_api_error *e)
         r->top_logprobs = (int)k;
         if (tl && !cJSON_IsNull(tl))
             return BAD("top_logprobs", "'top_logprobs' is a chat field; completions take 'logprobs': N (0 to 5)");
+    } else if (r->kind == MS_API_RESPONSES) {
+        /* include: ["message.output_text.logprobs"] or top_logprobs (0..20) asks for the entries */
+        const cJSON *inc = cJSON_GetObjectItemCaseSensitive(root, "include"), *x;
+        int64_t k = 0;
+        int has = 0, want = 0;
+        if ((rc = ms_api_get_int(root, "top_logprobs", 0, MS_GEN_TOP_LOGPROBS_MAX, &k, &has, e))) return rc;
+        if (inc && !cJSON_IsNull(inc)) {
+            if (!cJSON_IsArray(inc)) return BAD("include", "'include' must be an array of strings, got %s", ms_api_type_name(inc));
+            cJSON_ArrayForEach(x, inc) {
+                if (!cJSON_IsString(x)) return BAD("include", "'include' must be an array of strings");
+                want |= !strcmp(x->valuestring, "message.output_text.logprobs");
+            }
+        }
+        if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp))
+            return UNSUPPORTED("logprobs", "the Responses API takes 'top_logprobs' and include: [\"message.output_text.logprobs\"], not 'logprobs'");
+        if (lb && !cJSON_IsNull(lb) && !(cJSON_IsObject(lb) && !lb->child))
+            return UNSUPPORTED("logit_bias", "'logit_bias' is not supported on this endpoint");
+        r->logprobs = want || has;
+        r->top_logprobs = (int)k;
+        return MS_OK;
     } else {
         if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp)) return UNSUPPORTED("logprobs", "'logprobs' is not supported on this endpoint");
         if (tl && !cJSON_IsNull(tl)) return UNSUPPORTED("top_logprobs", "'top_logprobs' is not supported on this endpoint");
@@ -126,7 +149,7 @@ static cJSON *lp_new_completion(void) {
 /* Append one token's entry to dst (chat: an array of entries; completion: the object of arrays). */
 static int lp_append(ms_api_resp *r, cJSON *dst, int32_t id, float lp, const int32_t *top, const float *tlp, int n, int offset) {
     const ms_tokenizer *t = r->o.tok;
-    if (r->o.kind == MS_API_CHAT) {
+    if (r->o.kind != MS_API_COMPLETION) { /* chat and Responses entries have the same fields */
         cJSON *e = cJSON_CreateObject(), *bytes = NULL;
         if (!e) return MS_ERR_NOMEM;
         cJSON_AddItemToObject(e, "token", tok_string(t, id, &bytes, NULL));
@@ -157,9 +180,11 @@ static int lp_append(ms_api_resp *r, cJSON *dst, int32_t id, float lp, const int
 }
 
 int ms_api_resp_logprob(ms_api_resp *r, int32_t id, float logprob, const int32_t *top, const float *tlp, int n_top) {
-    if (!r->o.logprobs || (r->o.kind != MS_API_CHAT && r->o.kind != MS_API_COMPLETION)) return MS_OK;
-    cJSON **dst = r->o.stream ? &r->lp_pend : &r->lp_all;
-    if (!*dst) *dst = r->o.kind == MS_API_CHAT ? cJSON_CreateArray() : lp_new_completion();
+    int kind = r->o.kind;
+    if (!r->o.logprobs || (kind != MS_API_CHAT && kind != MS_API_COMPLETION && kind != MS_API_RESPONSES)) return MS_OK;
+    /* Responses: pending until the builder knows which text the token went to (ms_api_resp_take_logprobs) */
+    cJSON **dst = r->o.stream || kind == MS_API_RESPONSES ? &r->lp_pend : &r->lp_all;
+    if (!*dst) *dst = kind == MS_API_COMPLETION ? lp_new_completion() : cJSON_CreateArray();
     if (!*dst) return MS_ERR_NOMEM;
     int chars = 0;
     cJSON *tmp = tok_string(r->o.tok, id, NULL, &chars);
@@ -185,6 +210,12 @@ void ms_api_resp_add_logprobs(ms_api_resp *r, cJSON *choice) {
     } else {
         cJSON_AddItemToObject(choice, "logprobs", v ? v : lp_new_completion());
     }
+}
+
+cJSON *ms_api_resp_take_logprobs(ms_api_resp *r) {
+    cJSON *v = r->lp_pend;
+    r->lp_pend = NULL;
+    return v ? v : cJSON_CreateArray();
 }
 
 void ms_api_resp_free_logprobs(ms_api_resp *r) {

@@ -919,17 +919,25 @@ static int step_x_text(ms_outparse *p) {
     return 1;
 }
 
-static int step_x_open(ms_outparse *p) {
+/* The head of a tag opened by `opener` (X_OPEN or X_CLOSE, already consumed): 1 with *pos at its
+ * X_SEP; 0 when more text is needed; HEAD_ABSENT when the window holds no X_SEP: then it was not a
+ * tag, exactly the head's budget went back as content and the state is ST_X_TOP again. */
+static int x_tag_head(ms_outparse *p, const char *opener, size_t *pos) {
     const char *m[] = {X_SEP};
-    size_t pos = 0;
-    int w = find_head(p, m, 1, &pos);
-    if (w == HEAD_ABSENT) { /* not a tag: exactly the head's budget goes back */
-        p->block_open = X_OPEN;
+    int w = find_head(p, m, 1, pos);
+    if (w == HEAD_ABSENT) {
+        p->block_open = opener;
         give_back_head(p);
         p->state = ST_X_TOP;
-        return 1;
+        return HEAD_ABSENT;
     }
-    if (w < 0) return 0;
+    return w >= 0;
+}
+
+static int step_x_open(ms_outparse *p) {
+    size_t pos = 0;
+    int h = x_tag_head(p, X_OPEN, &pos);
+    if (h != 1) return h == HEAD_ABSENT; /* given back: progress; else wait for more */
     const char *t = p->pend.data;
     size_t n = pos;
     ms_textbuf a = {0};
@@ -969,16 +977,9 @@ static int step_x_open(ms_outparse *p) {
 }
 
 static int step_x_close(ms_outparse *p) {
-    const char *m[] = {X_SEP};
     size_t pos = 0;
-    int w = find_head(p, m, 1, &pos);
-    if (w == HEAD_ABSENT) { /* not a tag: exactly the head's budget goes back */
-        p->block_open = X_CLOSE;
-        give_back_head(p);
-        p->state = ST_X_TOP;
-        return 1;
-    }
-    if (w < 0) return 0;
+    int h = x_tag_head(p, X_CLOSE, &pos);
+    if (h != 1) return h == HEAD_ABSENT; /* given back: progress; else wait for more */
     if (x_tag_is(p->pend.data, pos, "call") && p->in_call) x_end_call(p);
     consume(p, pos + strlen(X_SEP));
     p->state = ST_X_TOP;

@@ -55,6 +55,17 @@ static size_t tr_prop(const char *p, size_t n, ms_buf *o) {
     return (size_t)(close - p) + 1;
 }
 
+/* Any other escape at p (p[0] == '\\', n >= 2): \p{...}/\P{...} translated by tr_prop, the rest
+ * (and a \p that is not a property) copied as its two bytes. Returns the bytes consumed. */
+static size_t tr_escape(const char *p, size_t n, ms_buf *o) {
+    size_t k = p[1] == 'p' || p[1] == 'P' ? tr_prop(p, n, o) : 0;
+    if (!k) {
+        ms_buf_add(o, p, 2);
+        k = 2;
+    }
+    return k;
+}
+
 /* Translate a class body item-by-item until the matching ']' (not included).
  * Returns the index of the ']' in p, or (size_t)-1 on error. Top-level '&&'
  * operands are written separated by a NUL byte into o; *n_ops counts them. */
@@ -73,16 +84,8 @@ static size_t tr_class_body(const char *p, size_t n, size_t i, ms_buf *o, int *n
             } else if (d == 'h') {
                 ms_buf_add(o, "0-9a-fA-F", 9);
                 i += 2;
-            } else if (d == 'p' || d == 'P') {
-                size_t k = tr_prop(p + i, n - i, o);
-                if (!k) {
-                    ms_buf_add(o, p + i, 2);
-                    k = 2;
-                }
-                i += k;
             } else {
-                ms_buf_add(o, p + i, 2);
-                i += 2;
+                i += tr_escape(p + i, n - i, o);
             }
         } else if (c == '&' && i + 1 < n && p[i + 1] == '&') {
             ms_buf_add(o, "", 1); /* operand separator (NUL) */
@@ -158,16 +161,8 @@ static int translate(const char *p, size_t n, ms_buf *o, ms_err *err) {
             } else if (d == 'h' || d == 'H') {
                 ms_buf_add(o, d == 'h' ? "[0-9a-fA-F]" : "[^0-9a-fA-F]", d == 'h' ? 11 : 12);
                 i += 2;
-            } else if (d == 'p' || d == 'P') {
-                size_t k = tr_prop(p + i, n - i, o);
-                if (!k) {
-                    ms_buf_add(o, p + i, 2);
-                    k = 2;
-                }
-                i += k;
             } else {
-                ms_buf_add(o, p + i, 2);
-                i += 2;
+                i += tr_escape(p + i, n - i, o);
             }
         } else if (c == '[') {
             size_t j = i + 1;

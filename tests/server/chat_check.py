@@ -12,29 +12,19 @@ import json
 import sys
 import urllib.request
 
+import tally
+
 saved, out_path, base, model = sys.argv[1:5]
 msgs = json.load(open(saved, encoding="utf-8"))["messages"]
 out = open(out_path, encoding="utf-8").read()
-ok = bad = 0
 
-
-def check(cond, what):
-    global ok, bad
-    if cond:
-        ok += 1
-    else:
-        bad += 1
-        print("FAIL", what)
-
-
-check([m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"], f"roles {[m['role'] for m in msgs]}")
+tally.check([m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"], f"roles {[m['role'] for m in msgs]}")
 for i, m in enumerate(msgs):
     if m["role"] != "assistant":
         continue
-    check(m["content"] in out, f"reply {i} not printed")
+    tally.check(m["content"] in out, f"reply {i} not printed")
     body = json.dumps({"model": model, "messages": msgs[:i], "max_tokens": 5, "temperature": 0}).encode()
     req = urllib.request.Request(base + "/chat/completions", body, {"Content-Type": "application/json"})
     got = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"]
-    check(got == m["content"], f"reply {i}: chat {m['content']!r} vs server {got!r}")
-print(f"{ok} passed, {bad} failed")
-sys.exit(1 if bad else 0)
+    tally.check(got == m["content"], f"reply {i}: chat {m['content']!r} vs server {got!r}")
+tally.finish()

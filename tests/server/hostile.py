@@ -15,28 +15,18 @@ import socket
 import sys
 import time
 
+import tally
+
 PORT, PID, KEY = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 CHECK_RSS = "--no-rss" not in sys.argv
 RSS_MARGIN_KIB = int(sys.argv[sys.argv.index("--rss-margin-mib") + 1]) * 1024 if "--rss-margin-mib" in sys.argv else 4096
 AUTH = {"Authorization": "Bearer " + KEY}
 JSON = {"Content-Type": "application/json", **AUTH}
-passed = failed = 0
 
 
 def case(name):
-    def wrap(fn):
-        global passed, failed
-        t0 = time.time()
-        try:
-            note = fn()
-            assert_alive()
-            passed += 1
-            print(f"ok   {name} ({time.time() - t0:.1f}s){' ' + note if note else ''}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report and go on
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-        return fn
-    return wrap
+    """A case (tally.case): after it the server must still answer /health (assert_alive)."""
+    return tally.case(name, after=lambda: assert_alive())
 
 
 def conn(timeout=10):
@@ -445,5 +435,4 @@ def _():
     return f"RSS {a} -> {b} KiB ({b - a:+d}), {1000 / (time.time() - t0):.0f} req/s"
 
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

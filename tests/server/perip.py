@@ -10,17 +10,13 @@ import socket
 import sys
 import time
 
+import tally
+
 PORT = int(sys.argv[1])
-passed = failed = 0
 
 
 def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL perip:", what, flush=True)
+    tally.check(cond, what, "FAIL perip:")
 
 
 def ask(path, src="127.0.0.1"):
@@ -65,5 +61,4 @@ check(ok, "127.0.0.1 is served again once its idle connections closed")
 st, _, body = ask("/metrics")
 m = re.search(rb"^moonshine_connections_refused_per_ip_total (\d+)$", body, re.M)
 check(st == 200 and m and int(m.group(1)) >= 1, "the per-address refusals are counted")
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

@@ -7,9 +7,10 @@ hit vs cold prefill (printed: docs/performance.md).
 usage: prefix_disk.py SERVER MODEL OTHER_MODEL WORKDIR [--ttft]"""
 import json, os, re, shutil, signal, stat, subprocess, sys, time, urllib.request
 
+import tally
+
 SERVER, MODEL, OTHER, W = sys.argv[1:5]
 TTFT = "--ttft" in sys.argv
-passed = failed = 0
 procs = []
 
 
@@ -22,12 +23,7 @@ def _kill():
 
 
 def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL prefix_disk:", what, flush=True)
+    tally.check(cond, what, "FAIL prefix_disk:")
 
 
 def start(model, d, log, extra=()):
@@ -152,5 +148,4 @@ if TTFT:
     check(cached(u2) >= u["prompt_tokens"], f"ttft: disk hit of {cached(u2)} tokens")
     print(f"ttft: {u2['prompt_tokens']}-token conversation, cold {cold:.3f} s ({u['prompt_tokens']} tokens prefilled), "
           f"restarted with a disk hit {warm:.3f} s ({cached(u2)} cached): {cold / warm:.1f}x")
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

@@ -20,27 +20,19 @@ import sys
 import threading
 import time
 
+import tally
+
 PORT = int(sys.argv[1])
 KDA_PORT = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 JSON = {"Content-Type": "application/json"}
 SLOTS, QUEUE = 3, 2
-passed = failed = 0
 
 
 def case(name):
-    def wrap(fn):
-        global passed, failed
-        t0 = time.time()
-        try:
-            note = fn()
-            assert wait_idle(30), "the slots did not empty after the case"
-            passed += 1
-            print(f"ok   {name} ({time.time() - t0:.1f}s){' ' + note if note else ''}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report and go on
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-        return fn
-    return wrap
+    """A case (tally.case): after it every slot must be idle again within 30 s."""
+    def idle():
+        assert wait_idle(30), "the slots did not empty after the case"
+    return tally.case(name, after=idle)
 
 
 def req(method, path, body=None, timeout=120):
@@ -312,5 +304,4 @@ def deadline_after():
     assert metric("moonshine_deadline_after_first_token_total") == d0 + 2
 
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

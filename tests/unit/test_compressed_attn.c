@@ -9,6 +9,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "ops/compress.h"
+#include "fixture.h"
 #include "test.h"
 
 static unsigned rng_state = 12345;
@@ -80,61 +81,8 @@ TEST(compress_pool_rejects_bad_arguments) {
 
 #define FIX "tests/data/fixtures/models/deepseek_v4"
 
-static void run(int max_batch, int threads, int piece) {
-    ms_checkpoint ref;
-    ms_model m;
-    ms_err err = {0};
-    int rc = ms_checkpoint_open(FIX "/reference.safetensors", &ref, &err);
-    CHECK_MSG(rc == MS_OK, "%s", err.msg);
-    if (rc) return;
-    rc = ms_model_load(FIX, &m, &err);
-    CHECK_MSG(rc == MS_OK, "%s", err.msg);
-    if (rc) {
-        ms_checkpoint_close(&ref);
-        return;
-    }
-    ms_pool *pool = threads > 1 ? ms_pool_create(threads) : NULL;
-    ms_engine_opts o = {.max_ctx = 96, .max_batch = max_batch, .pool = pool};
-    ms_engine *e = NULL;
-    rc = ms_engine_create(&m, &o, &e, &err);
-    CHECK_MSG(rc == MS_OK, "%s", err.msg);
-    const ms_tensor *in = ms_checkpoint_find(&ref, "input_ids"), *lg = ms_checkpoint_find(&ref, "logits");
-    const ms_tensor *gp = ms_checkpoint_find(&ref, "gen_prompt"), *gi = ms_checkpoint_find(&ref, "gen_ids");
-    const ms_tensor *gl = ms_checkpoint_find(&ref, "gen_logits");
-    CHECK(in && lg && gp && gi && gl);
-    if (!rc && in && lg && gp && gi && gl) {
-        int64_t V = m.cfg.vocab;
-        int n_in = (int)in->nelem, n_gp = (int)gp->nelem, n_gen = (int)gi->nelem;
-        float *buf = malloc(sizeof(float) * (size_t)n_in * V);
-        CHECK(ms_engine_forward(e, in->data, n_in, buf, 1, &err) == MS_OK);
-        double e1 = ms_test_max_abs(buf, lg->data, (int64_t)n_in * V);
-        CHECK_MSG(e1 < 1e-4, "batch %d: prefill logits differ by %g", max_batch, e1);
-        ms_engine_reset(e);
-        const int32_t *pr = gp->data, *ids = gi->data;
-        for (int s = 0; s < n_gp; s += piece) {
-            int k = n_gp - s < piece ? n_gp - s : piece;
-            CHECK(ms_engine_forward(e, pr + s, k, buf, 0, &err) == MS_OK);
-        }
-        double e2 = 0;
-        int match = 1;
-        for (int i = 0; i < n_gen; i++) {
-            double d = ms_test_max_abs(buf, (const float *)gl->data + (int64_t)i * V, V);
-            if (d > e2) e2 = d;
-            int best = 0;
-            for (int64_t v = 1; v < V; v++)
-                if (buf[v] > buf[best]) best = (int)v;
-            match &= best == ids[i];
-            CHECK(ms_engine_forward(e, &ids[i], 1, buf, 0, &err) == MS_OK);
-        }
-        CHECK_MSG(e2 < 1e-4 && match, "batch %d, pieces of %d: decode logits differ by %g, ids match %d", max_batch,
-                  piece, e2, match);
-        free(buf);
-    }
-    ms_engine_destroy(e);
-    if (pool) ms_pool_destroy(pool);
-    ms_model_free(&m);
-    ms_checkpoint_close(&ref);
-}
+/* prefill, then the prompt in pieces and decode, against the fixture's references (fixture.h) */
+static void run(int max_batch, int threads, int piece) { ms_test_prefill_and_decode(FIX, 96, max_batch, threads, piece); }
 
 TEST(engine_chunks_and_pieces_match_reference) {
     run(256, 1, 1000); /* whole forwards */

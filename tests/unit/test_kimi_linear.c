@@ -10,48 +10,14 @@
 #include "engine/engine.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "fixture.h"
 #include "test.h"
 
 static void run_pieces(const char *dir, const int *pieces, int np, int max_batch, int threads) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    ms_checkpoint ref;
-    ms_model m;
-    ms_err err = {0};
-    if (ms_checkpoint_open(path, &ref, &err) || ms_model_load(dir, &m, &err)) {
-        CHECK_MSG(0, "%s", err.msg);
-        return;
-    }
-    const ms_tensor *in = ms_checkpoint_find(&ref, "input_ids"), *lg = ms_checkpoint_find(&ref, "logits");
-    CHECK(in && lg && in->dtype == MS_DT_I32 && lg->dtype == MS_DT_F32);
-    ms_pool *pool = threads > 1 ? ms_pool_create(threads) : NULL;
-    ms_engine_opts o = {.max_ctx = 64, .max_batch = max_batch, .pool = pool};
-    ms_engine *e = NULL;
-    CHECK(ms_engine_create(&m, &o, &e, &err) == MS_OK);
-    const int n = (int)in->shape[0];
-    const int64_t V = m.cfg.vocab;
-    float *out = malloc(sizeof(float) * (size_t)n * V);
     /* a first, unrelated sequence, then reset: the state must not leak */
-    int32_t junk[5] = {3, 1, 4, 1, 5};
-    CHECK(ms_engine_forward(e, junk, 5, NULL, 0, &err) == MS_OK);
-    ms_engine_reset(e);
-    int t = 0;
-    for (int i = 0; i < np && t < n; i++) {
-        int k = pieces[i] < n - t ? pieces[i] : n - t;
-        CHECK_MSG(ms_engine_forward(e, (const int32_t *)in->data + t, k, out + (size_t)t * V, 1, &err) == MS_OK, "%s",
-                  err.msg);
-        t += k;
-    }
-    CHECK(t == n);
-    double md = 0;
-    const float *rl = lg->data;
-    for (size_t i = 0; i < (size_t)n * V; i++) md = fmax(md, fabs(out[i] - rl[i]));
+    static const int32_t junk[5] = {3, 1, 4, 1, 5};
+    double md = ms_test_logits_in_pieces(dir, NULL, pieces, np, max_batch, threads, junk, 5);
     CHECK_MSG(md <= 1e-4, "%s: pieces max |logit - ref| %.3g", dir, md);
-    free(out);
-    ms_engine_destroy(e);
-    if (pool) ms_pool_destroy(pool);
-    ms_model_free(&m);
-    ms_checkpoint_close(&ref);
 }
 
 TEST(kimi_linear_in_pieces) {

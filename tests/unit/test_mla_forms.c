@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "fixture.h"
 #include "test.h"
 
 static double max_mag(const float *a, int64_t n) {
@@ -67,20 +68,10 @@ out:
 
 /* The fixture's input_ids in chunks of `chunk`, expanded form forced: the reference logits. */
 static void against_reference(const char *dir, ms_pool *pool, int chunk) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     ms_checkpoint ref;
     ms_model m;
     ms_err err = {0};
-    int rc = ms_checkpoint_open(path, &ref, &err);
-    CHECK_MSG(rc == MS_OK, "%s", err.msg);
-    if (rc) return;
-    rc = ms_model_load(dir, &m, &err);
-    CHECK_MSG(rc == MS_OK, "%s", err.msg);
-    if (rc) {
-        ms_checkpoint_close(&ref);
-        return;
-    }
+    if (ms_test_fixture_open(dir, NULL, &m, &ref)) return;
     ms_engine *e = engine(&m, pool, chunk, MS_MLA_EXPANDED);
     const ms_tensor *in = ms_checkpoint_find(&ref, "input_ids"), *lg = ms_checkpoint_find(&ref, "logits");
     CHECK(e && in && lg);
@@ -100,8 +91,7 @@ static void against_reference(const char *dir, ms_pool *pool, int chunk) {
         free(buf);
     }
     ms_engine_destroy(e);
-    ms_model_free(&m);
-    ms_checkpoint_close(&ref);
+    ms_test_fixture_close(&m, &ref);
 }
 
 static const char *dirs[] = {

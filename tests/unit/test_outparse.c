@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "outparse_check.h"
 #include "test.h"
 #include "text/outparse.h"
 #include "text/pyjson.h"
@@ -16,18 +17,6 @@
 
 #define REF_FILE "tests/data/outparse_cases.json"
 
-static int utf8_ok(const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
-        if (!k || i + k > n) return 0;
-        for (size_t j = 1; j < k; j++)
-            if ((s[i + j] & 0xC0) != 0x80) return 0;
-        i += k;
-    }
-    return 1;
-}
-
 typedef struct {
     ms_outmsg *m;
     int bad_utf8, bad_order, open_call;
@@ -35,7 +24,7 @@ typedef struct {
 
 static int check_ev(void *user, const ms_outev *ev) {
     checker *c = user;
-    if ((ev->type == MS_OUTEV_CONTENT || ev->type == MS_OUTEV_REASONING) && !utf8_ok(ev->text, ev->len))
+    if ((ev->type == MS_OUTEV_CONTENT || ev->type == MS_OUTEV_REASONING) && !ms_test_utf8_ok(ev->text, ev->len))
         c->bad_utf8++;
     if (ev->type == MS_OUTEV_TOOL_START) c->bad_order += c->open_call, c->open_call = 1;
     if (ev->type == MS_OUTEV_TOOL_ARGS) c->bad_order += !c->open_call;
@@ -50,19 +39,7 @@ static char *parse_chunked(ms_outfmt f, const ms_outparse_opts *o, const char *t
     ms_err e = {0};
     if (ms_outparse_new(f, o, &p, &e)) return NULL;
     checker c = {.m = ms_outmsg_new()};
-    uint64_t s = chunk;
-    int st = 0;
-    for (size_t i = 0; i < n && !st;) {
-        size_t k = chunk == 0 ? n : chunk == 1 ? 1 : 0;
-        if (!k) {
-            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-            k = 1 + s % 7;
-        }
-        if (k > n - i) k = n - i;
-        st = ms_outparse_feed(p, t + i, k, check_ev, &c, &e);
-        i += k;
-    }
-    if (!st) st = ms_outparse_finish(p, check_ev, &c, &e);
+    int st = ms_test_outparse_chunked(p, t, n, chunk, chunk, 7, check_ev, &c, &e);
     char *js = NULL;
     if (!st) ms_outmsg_json(c.m, &js, &e);
     if (bad) *bad = c.bad_utf8 + c.bad_order + c.open_call;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "outparse_check.h"
 #include "test.h"
 #include "text/outparse.h"
 #include "text/pyjson.h"
@@ -33,18 +34,7 @@ static result run_parse(ms_outfmt f, const ms_outparse_opts *o, const char *t, s
     r.st = ms_outparse_new(f, o, &p, &e);
     if (r.st) return r;
     ms_outmsg *m = ms_outmsg_new();
-    uint64_t s = chunk | 1;
-    for (size_t i = 0; i < n && !r.st;) {
-        size_t k = chunk == 0 ? n : chunk == 1 ? 1 : 0;
-        if (!k) {
-            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-            k = 1 + s % max;
-        }
-        if (k > n - i) k = n - i;
-        r.st = ms_outparse_feed(p, t + i, k, ms_outmsg_collect, m, &e);
-        i += k;
-    }
-    if (!r.st) r.st = ms_outparse_finish(p, ms_outmsg_collect, m, &e);
+    r.st = ms_test_outparse_chunked(p, t, n, chunk, chunk | 1, max, ms_outmsg_collect, m, &e);
     if (!r.st) ms_outmsg_json(m, &r.json, &e);
     ms_outmsg_free(m);
     ms_outparse_free(p);
@@ -150,18 +140,6 @@ TEST(heads_at_the_window_edge) {
     ms_textbuf_free(&b);
 }
 
-static int utf8_ok(const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
-        if (!k || i + k > n) return 0;
-        for (size_t j = 1; j < k; j++)
-            if ((s[i + j] & 0xC0) != 0x80) return 0;
-        i += k;
-    }
-    return 1;
-}
-
 typedef struct {
     ms_outmsg *m;
     int bad;
@@ -169,7 +147,7 @@ typedef struct {
 
 static int check_utf8(void *user, const ms_outev *ev) {
     utf8_check *c = user;
-    if ((ev->type == MS_OUTEV_CONTENT || ev->type == MS_OUTEV_REASONING) && !utf8_ok(ev->text, ev->len)) c->bad++;
+    if ((ev->type == MS_OUTEV_CONTENT || ev->type == MS_OUTEV_REASONING) && !ms_test_utf8_ok(ev->text, ev->len)) c->bad++;
     return ms_outmsg_collect(c->m, ev);
 }
 

@@ -12,8 +12,11 @@
 #include "session/prefix_cache.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "fixture.h"
 #include "test.h"
 
+/* A fixture (fixture.h) with two engines on its model: `e` under test and `fresh`, fed the same
+ * pieces without the cache, for the bit-for-bit comparisons. */
 typedef struct {
     const char *name;
     ms_model m;
@@ -21,36 +24,8 @@ typedef struct {
     const int32_t *ids; /* input_ids [40] */
     const float *logits; /* [40, V] */
     int64_t V;
+    ms_engine *e, *fresh;
 } fixture;
-
-static int open_fixture(fixture *f, const char *name) {
-    char dir[256], path[300];
-    memset(f, 0, sizeof *f);
-    f->name = name;
-    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", name);
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    ms_err err = {0};
-    if (ms_checkpoint_open(path, &f->ref, &err)) {
-        CHECK_MSG(0, "%s", err.msg);
-        return -1;
-    }
-    if (ms_model_load(dir, &f->m, &err)) {
-        CHECK_MSG(0, "%s", err.msg);
-        ms_checkpoint_close(&f->ref);
-        return -1;
-    }
-    const ms_tensor *in = ms_checkpoint_find(&f->ref, "input_ids"), *lg = ms_checkpoint_find(&f->ref, "logits");
-    CHECK(in && lg && in->nelem == 40);
-    f->ids = in->data;
-    f->logits = lg->data;
-    f->V = f->m.cfg.vocab;
-    return in && lg && in->nelem == 40 ? 0 : -1;
-}
-
-static void close_fixture(fixture *f) {
-    ms_model_free(&f->m);
-    ms_checkpoint_close(&f->ref);
-}
 
 static ms_engine *engine(fixture *f) {
     ms_engine_opts o = {.max_ctx = 64, .max_batch = 16};
@@ -60,11 +35,38 @@ static ms_engine *engine(fixture *f) {
     return e;
 }
 
+/* Open the fixture and its two engines; -1 (nothing left open) where any of it fails. */
+static int open_fixture(fixture *f, const char *name) {
+    char dir[256];
+    memset(f, 0, sizeof *f);
+    f->name = name;
+    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", name);
+    if (ms_test_fixture_open(dir, NULL, &f->m, &f->ref)) return -1;
+    const ms_tensor *in = ms_checkpoint_find(&f->ref, "input_ids"), *lg = ms_checkpoint_find(&f->ref, "logits");
+    CHECK(in && lg && in->nelem == 40);
+    f->ids = in ? in->data : NULL;
+    f->logits = lg ? lg->data : NULL;
+    f->V = f->m.cfg.vocab;
+    f->e = engine(f);
+    f->fresh = engine(f);
+    if (in && lg && in->nelem == 40 && f->e && f->fresh) return 0;
+    ms_engine_destroy(f->e);
+    ms_engine_destroy(f->fresh);
+    ms_test_fixture_close(&f->m, &f->ref);
+    return -1;
+}
+
+static void close_fixture(fixture *f) {
+    ms_engine_destroy(f->e);
+    ms_engine_destroy(f->fresh);
+    ms_test_fixture_close(&f->m, &f->ref);
+}
+
 /* The cache API directly: longest prefix, no match, refresh, eviction, byte limit. */
 static void direct(const char *name) {
     fixture f;
     if (open_fixture(&f, name)) return;
-    ms_engine *e = engine(&f), *fresh = engine(&f);
+    ms_engine *e = f.e, *fresh = f.fresh;
     ms_prefix_cache *pc = NULL;
     ms_err err = {0};
     int64_t V = f.V;
@@ -73,7 +75,7 @@ static void direct(const char *name) {
     for (int i = 0; i < 10; i++) other[i] = (f.ids[i] + 11) % (int32_t)V;
     int r = -1;
     CHECK(ms_prefix_cache_new(2, (uint64_t)1 << 30, &pc, &err) == MS_OK);
-    if (!e || !fresh || !pc) goto out;
+    if (!pc) goto out;
     CHECK(ms_engine_forward(e, f.ids, 20, NULL, 0, &err) == MS_OK);
     CHECK(ms_prefix_cache_save(pc, e, f.ids, 20, &err) == MS_OK);
     CHECK(ms_engine_forward(e, f.ids + 20, 10, NULL, 0, &err) == MS_OK);
@@ -116,8 +118,6 @@ out:
     ms_prefix_cache_free(pc);
     free(lg);
     free(lf);
-    ms_engine_destroy(e);
-    ms_engine_destroy(fresh);
     close_fixture(&f);
 }
 
@@ -126,7 +126,7 @@ out:
 static void through_generator(const char *name) {
     fixture f;
     if (open_fixture(&f, name)) return;
-    ms_engine *e = engine(&f), *fresh = engine(&f);
+    ms_engine *e = f.e, *fresh = f.fresh;
     ms_prefix_cache *pc = NULL;
     ms_generator *g = NULL;
     ms_err err = {0};
@@ -134,7 +134,7 @@ static void through_generator(const char *name) {
     float *lg = malloc(sizeof(float) * V), *lf = malloc(sizeof(float) * V);
     CHECK(ms_prefix_cache_new(8, (uint64_t)1 << 30, &pc, &err) == MS_OK);
     ms_gen_snapshots hooks = {.user = pc, .restore = ms_prefix_cache_restore_hook, .save = ms_prefix_cache_save_hook};
-    if (!e || !fresh || !pc || ms_generator_new(e, NULL, V, &hooks, &g, &err)) {
+    if (!pc || ms_generator_new(e, NULL, V, &hooks, &g, &err)) {
         CHECK_MSG(0, "%s: %s", name, err.msg);
         goto out;
     }
@@ -156,8 +156,6 @@ out:
     ms_prefix_cache_free(pc);
     free(lg);
     free(lf);
-    ms_engine_destroy(e);
-    ms_engine_destroy(fresh);
     close_fixture(&f);
 }
 
@@ -198,7 +196,7 @@ static void greedy(ms_generator *g, const int32_t *prompt, int n, greedy_out *o,
 static void checkpoints(const char *name) {
     fixture f;
     if (open_fixture(&f, name)) return;
-    ms_engine *e = engine(&f), *fresh = engine(&f);
+    ms_engine *e = f.e, *fresh = f.fresh;
     ms_prefix_cache *pc = NULL, *small = NULL, *none = NULL;
     ms_generator *g = NULL, *cold = NULL, *gs = NULL;
     ms_err err = {0};
@@ -207,7 +205,7 @@ static void checkpoints(const char *name) {
     CHECK(ms_prefix_cache_new(64, (uint64_t)1 << 30, &pc, &err) == MS_OK);
     CHECK(ms_prefix_cache_new(3, (uint64_t)1 << 30, &small, &err) == MS_OK);
     CHECK(ms_prefix_cache_new(64, (uint64_t)1 << 30, &none, &err) == MS_OK);
-    if (!e || !fresh || !pc || !small || !none) goto out;
+    if (!pc || !small || !none) goto out;
     ms_gen_snapshots h = ms_prefix_cache_snapshots(pc), hn = ms_prefix_cache_snapshots(none), hs = ms_prefix_cache_snapshots(small);
     h.every = hn.every = hs.every = 8;
     hn.save = NULL; /* the cold run: the same pieces, nothing kept */
@@ -265,8 +263,6 @@ out:
     ms_prefix_cache_free(none);
     free(w.first);
     free(c.first);
-    ms_engine_destroy(e);
-    ms_engine_destroy(fresh);
     close_fixture(&f);
 }
 
@@ -279,7 +275,7 @@ static void disk_tier(const char *name) {
     if (open_fixture(&f, name)) return;
     const char *dir = "build/tmp/test_prefix_cache_disk";
     CHECK(system("rm -rf build/tmp/test_prefix_cache_disk && mkdir -p build/tmp") == 0);
-    ms_engine *e = engine(&f), *fresh = engine(&f);
+    ms_engine *e = f.e, *fresh = f.fresh;
     ms_prefix_cache *pc = NULL;
     ms_err err = {0};
     int64_t V = f.V;
@@ -287,7 +283,7 @@ static void disk_tier(const char *name) {
     ms_prefix_cache_opts o = {.max_entries = 2, .max_bytes = (uint64_t)1 << 30, .dir = dir, .model = &f.m,
                               .disk_entries = 8, .queue = 1};
     CHECK_MSG(ms_prefix_cache_open(&o, &pc, &err) == MS_OK, "%s", err.msg);
-    if (!e || !fresh || !pc) goto out;
+    if (!pc) goto out;
     CHECK(ms_engine_forward(e, f.ids, 10, NULL, 0, &err) == MS_OK && ms_prefix_cache_save(pc, e, f.ids, 10, &err) == MS_OK);
     for (int n = 15; n <= 35; n += 5)
         CHECK(ms_engine_forward(e, f.ids + n - 5, 5, NULL, 0, &err) == MS_OK && ms_prefix_cache_save(pc, e, f.ids, n, &err) == MS_OK);
@@ -322,8 +318,6 @@ out:
     ms_prefix_cache_free(pc);
     free(lg);
     free(lf);
-    ms_engine_destroy(e);
-    ms_engine_destroy(fresh);
     close_fixture(&f);
 }
 

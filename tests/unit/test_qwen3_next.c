@@ -13,47 +13,15 @@
 #include "backend/cpu/linear_attn.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "fixture.h"
 #include "test.h"
 
 #define DIR "tests/data/fixtures/models/qwen3_next"
 
 static void logits_in_pieces(const int *pieces, int np, int max_batch, int threads) {
-    ms_checkpoint ref;
-    ms_model m;
-    ms_err err = {0};
-    if (ms_checkpoint_open(DIR "/reference.safetensors", &ref, &err) || ms_model_load(DIR, &m, &err)) {
-        CHECK_MSG(0, "%s", err.msg);
-        return;
-    }
-    const ms_tensor *in = ms_checkpoint_find(&ref, "input_ids"), *lg = ms_checkpoint_find(&ref, "logits");
-    CHECK(in && lg && in->dtype == MS_DT_I32 && lg->dtype == MS_DT_F32);
-    ms_pool *pool = threads > 1 ? ms_pool_create(threads) : NULL;
-    ms_engine_opts o = {.max_ctx = 64, .max_batch = max_batch, .pool = pool};
-    ms_engine *e = NULL;
-    CHECK(ms_engine_create(&m, &o, &e, &err) == MS_OK);
-    const int n = (int)in->shape[0];
-    const int64_t V = m.cfg.vocab;
-    float *out = calloc((size_t)n * V, sizeof *out);
-    int32_t other[6] = {7, 2, 9, 4, 4, 1}; /* an unrelated sequence first: reset must clear every state */
-    CHECK(ms_engine_forward(e, other, 6, NULL, 0, &err) == MS_OK);
-    ms_engine_reset(e);
-    int t = 0;
-    for (int i = 0; i < np && t < n; i++) {
-        int k = pieces[i] < n - t ? pieces[i] : n - t;
-        CHECK_MSG(ms_engine_forward(e, (const int32_t *)in->data + t, k, out + (size_t)t * V, 1, &err) == MS_OK, "%s",
-                  err.msg);
-        t += k;
-    }
-    CHECK(t == n);
-    double md = 0;
-    const float *rl = lg->data;
-    for (size_t i = 0; i < (size_t)n * V; i++) md = fmax(md, fabs(out[i] - rl[i]));
+    static const int32_t other[6] = {7, 2, 9, 4, 4, 1}; /* an unrelated sequence first: reset must clear every state */
+    double md = ms_test_logits_in_pieces(DIR, NULL, pieces, np, max_batch, threads, other, 6);
     CHECK_MSG(md <= 1e-4, "pieces: max |logit - ref| %.3g", md);
-    free(out);
-    ms_engine_destroy(e);
-    if (pool) ms_pool_destroy(pool);
-    ms_model_free(&m);
-    ms_checkpoint_close(&ref);
 }
 
 TEST(qwen3_next_in_pieces) {

@@ -11,6 +11,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "session/slots.h"
+#include "fixture.h"
 #include "test.h"
 
 #define NREQ 7
@@ -36,17 +37,12 @@ static void on_done(void *user, int rc, const ms_gen_result *res, const ms_err *
 }
 
 static void run_model(const char *name, int n_slots, int chunk) {
-    char dir[256], refp[300];
+    char dir[256];
     snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", name);
-    snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
     ms_model m;
-    ms_err err = {0};
-    if (ms_model_load(dir, &m, &err)) {
-        CHECK_MSG(0, "%s: %s", name, err.msg);
-        return;
-    }
     ms_checkpoint ref;
-    CHECK(ms_checkpoint_open(refp, &ref, &err) == 0);
+    ms_err err = {0};
+    if (ms_test_fixture_open(dir, NULL, &m, &ref)) return;
     const ms_tensor *in = ms_checkpoint_find(&ref, "input_ids");
     int n_in = (int)in->shape[0];
     const int32_t *ids = in->data;
@@ -133,8 +129,7 @@ static void run_model(const char *name, int n_slots, int chunk) {
                (unsigned long long)st.prefill_chunks);
     }
     ms_sched_free(s);
-    ms_checkpoint_close(&ref);
-    ms_model_free(&m);
+    ms_test_fixture_close(&m, &ref);
 }
 
 TEST(slots_equal_one_at_a_time) {
@@ -147,17 +142,12 @@ TEST(slots_equal_one_at_a_time) {
  * slot; B's free slot copies them (cached 20) and B's greedy ids equal B served after A in one
  * slot (one at a time, where B reuses A's prefix by rollback). */
 static void share_model(const char *name) {
-    char dir[256], refp[300];
+    char dir[256];
     snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", name);
-    snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
     ms_model m;
-    ms_err err = {0};
-    if (ms_model_load(dir, &m, &err)) {
-        CHECK_MSG(0, "%s: %s", name, err.msg);
-        return;
-    }
     ms_checkpoint ref;
-    CHECK(ms_checkpoint_open(refp, &ref, &err) == 0);
+    ms_err err = {0};
+    if (ms_test_fixture_open(dir, NULL, &m, &ref)) return;
     const int32_t *ids = ms_checkpoint_find(&ref, "input_ids")->data;
     int64_t V = m.cfg.vocab;
     int32_t a[30], b[26];
@@ -198,8 +188,7 @@ static void share_model(const char *name) {
         CHECK_MSG(got[r].n == want[r].n && !memcmp(got[r].ids, want[r].ids, sizeof(int32_t) * (size_t)want[r].n),
                   "%s request %d: ids with a shared prefix differ from one at a time", name, r);
     ms_sched_free(s);
-    ms_checkpoint_close(&ref);
-    ms_model_free(&m);
+    ms_test_fixture_close(&m, &ref);
 }
 
 TEST(slots_share_prefix_across_slots) {

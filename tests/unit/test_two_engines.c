@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "fixture.h"
 #include "test.h"
 
 #define FIXTURES MS_TEST_FIXTURES
@@ -28,22 +29,18 @@ typedef struct {
     int loaded;
 } fix;
 
+/* The fixture (fixture.h): its model stays loaded in f, its first input_ids are copied. */
 static int fix_load(fix *f, const char *name) {
     memset(f, 0, sizeof *f);
     f->name = name;
-    char dir[512], path[600];
+    char dir[512];
     snprintf(dir, sizeof dir, FIXTURES "%s", name);
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     ms_checkpoint ref;
-    ms_err err = {0};
-    if (ms_checkpoint_open(path, &ref, &err)) {
-        CHECK_MSG(0, "%s: %s", name, err.msg);
-        return -1;
-    }
+    if (ms_test_fixture_open(dir, NULL, &f->m, &ref)) return -1;
     const ms_tensor *in = ms_checkpoint_find(&ref, "input_ids");
     CHECK(in && in->dtype == MS_DT_I32);
     if (!in || in->dtype != MS_DT_I32) {
-        ms_checkpoint_close(&ref);
+        ms_test_fixture_close(&f->m, &ref);
         return -1;
     }
     f->n_ids = (int)in->shape[0];
@@ -51,11 +48,6 @@ static int fix_load(fix *f, const char *name) {
     f->ids = malloc(sizeof *f->ids * (size_t)f->n_ids);
     memcpy(f->ids, in->data, sizeof *f->ids * (size_t)f->n_ids);
     ms_checkpoint_close(&ref);
-    if (ms_model_load(dir, &f->m, &err)) {
-        CHECK_MSG(0, "%s: %s", name, err.msg);
-        free(f->ids);
-        return -1;
-    }
     CHECK(f->n_ids > PREFILL);
     f->loaded = 1;
     return 0;

@@ -46,18 +46,31 @@ static void show_diff(const char *name, const char *a, size_t al, const char *b,
     fprintf(stderr, "    reference: %.*s\n", (int)((bl - from) < 160 ? bl - from : 160), b + from);
 }
 
-TEST(corpus_matches_reference_encoder) {
-    size_t rlen = 0;
-    char *ref = NULL;
+/* Read and parse the JSON file at path, both CHECKs; *text keeps the file's bytes (freed by the
+ * caller, after the value). NULL where either step failed (*text NULL where the read did). */
+static ms_py *read_json(const char *path, char **text) {
+    size_t len = 0;
     ms_err err = {0};
-    CHECK_MSG(ms_read_file(REF_CORPUS, 64 << 20, &ref, &rlen, &err) == MS_OK, "%s", err.msg);
+    *text = NULL;
+    CHECK_MSG(ms_read_file(path, 64 << 20, text, &len, &err) == MS_OK, "%s: %s", path, err.msg);
+    if (!*text) return NULL;
+    ms_py *v = NULL;
+    CHECK_MSG(ms_py_parse(*text, len, 64, path, &v, &err) == MS_OK, "%s: %s", path, err.msg);
+    return v;
+}
+
+/* A corpus entry's request as the renderers take it: its "raw" text, else its "request" dumped. */
+static void request_text(const ms_py *c, ms_textbuf *req) {
+    const ms_py *rawv = ms_py_get(c, "raw");
+    if (rawv) ms_textbuf_append(req, rawv->s, rawv->slen);
+    else ms_py_dumps(req, ms_py_get(c, "request"), 0);
+}
+
+TEST(corpus_matches_reference_encoder) {
+    char *ref = NULL, *corpus_text = NULL;
+    ms_py *refs = read_json(REF_CORPUS, &ref), *corpus = NULL;
     if (!ref) return;
-    char *corpus_text = NULL;
-    size_t clen = 0;
-    CHECK(ms_read_file(CORPUS, 64 << 20, &corpus_text, &clen, &err) == MS_OK);
-    ms_py *corpus = NULL, *refs = NULL;
-    CHECK(ms_py_parse(corpus_text, clen, 64, CORPUS, &corpus, &err) == MS_OK);
-    CHECK(ms_py_parse(ref, rlen, 64, "reference output", &refs, &err) == MS_OK);
+    corpus = read_json(CORPUS, &corpus_text);
     if (!corpus || !refs) goto out;
     CHECK(corpus->n >= 50);
     CHECK(refs->n == corpus->n);
@@ -68,9 +81,7 @@ TEST(corpus_matches_reference_encoder) {
         const ms_py *name = ms_py_get(c, "name");
         CHECK(ms_py_str_eq(ms_py_get(r, "name"), name->s));
         ms_textbuf req = {0};
-        const ms_py *rawv = ms_py_get(c, "raw");
-        if (rawv) ms_textbuf_append(&req, rawv->s, rawv->slen);
-        else ms_py_dumps(&req, ms_py_get(c, "request"), 0);
+        request_text(c, &req);
         char *out = NULL;
         size_t olen = 0;
         ms_err e = {0};
@@ -102,9 +113,7 @@ TEST(corpus_matches_reference_encoder) {
         const ms_py *want = ms_py_get(refs->items[i], "text");
         if (!want) continue;
         ms_textbuf req = {0};
-        const ms_py *rawv = ms_py_get(corpus->items[i], "raw");
-        if (rawv) ms_textbuf_append(&req, rawv->s, rawv->slen);
-        else ms_py_dumps(&req, ms_py_get(corpus->items[i], "request"), 0);
+        request_text(corpus->items[i], &req);
         char *out = NULL;
         size_t olen = 0;
         ms_err e = {0};
@@ -128,13 +137,9 @@ out:
  * rendered by the reference side (tests/data/xtml/reference_random.json);
  * moonshine must agree on each. */
 TEST(random_requests_match_reference_encoder) {
-    size_t rlen = 0;
     char *ref = NULL;
-    ms_err err = {0};
-    CHECK_MSG(ms_read_file(REF_RANDOM, 64 << 20, &ref, &rlen, &err) == MS_OK, "%s", err.msg);
+    ms_py *refs = read_json(REF_RANDOM, &ref);
     if (!ref) return;
-    ms_py *refs = NULL;
-    CHECK(ms_py_parse(ref, rlen, 64, "reference output", &refs, &err) == MS_OK);
     size_t texts = 0, errors = 0;
     for (size_t i = 0; refs && i < refs->n; i++) {
         const ms_py *r = refs->items[i];

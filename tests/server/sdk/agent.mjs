@@ -3,10 +3,10 @@
 // env: as test.mjs, plus KEY_BASE (http://127.0.0.1:PORT of the server run with --api-key KEY_VALUE).
 // Prints "N passed, N failed".
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
+import { test, finish, promptTokens as harnessPromptTokens } from './harness.mjs';
 
 const { BASE, FORCED_BASE, FORCED_EXPECT, MODEL_NAME, MOONSHINE, MODEL_DIR, KEY_BASE, KEY_VALUE } = process.env;
 const root = (b) => b.replace(/\/v1$/, '');
@@ -17,24 +17,8 @@ const anthForced = new Anthropic({ baseURL: root(FORCED_BASE), apiKey: 'none', .
 const oai = new OpenAI({ baseURL: BASE, apiKey: 'none', ...opts });
 const oaiForced = new OpenAI({ baseURL: FORCED_BASE, apiKey: 'none', ...opts });
 const expect = JSON.parse(readFileSync(FORCED_EXPECT, 'utf8'));
-let passed = 0, failed = 0;
 
-async function test(name, fn) {
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name}`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
-  }
-}
-
-// the prompt's token count by moonshine's own CLI (chat template + tokenizer) for internal messages
-function promptTokens(request) {
-  const text = execFileSync(MOONSHINE, ['render', MODEL_DIR], { input: JSON.stringify({ ...request, add_generation_prompt: true }) });
-  return JSON.parse(execFileSync(MOONSHINE, ['tokenize', MODEL_DIR], { input: text }).toString()).length;
-}
+const promptTokens = (request) => harnessPromptTokens(MOONSHINE, MODEL_DIR, request);
 const trimWs = (s) => s.replace(/^[ \t\r\n]+|[ \t\r\n]+$/g, '');
 
 const sys = 'You are terse.';
@@ -239,18 +223,106 @@ await test('responses: function_call_output turn via previous_response_id = the 
   }
 });
 
+// Responses logprobs in the SDK's shapes: ResponseOutputText.logprobs (token, bytes, logprob,
+// top_logprobs of token, bytes, logprob) and the streamed ResponseTextDeltaEvent / ResponseTextDoneEvent
+// logprobs (token, logprob, top_logprobs; no bytes)
+function checkPartLogprobs(lp, k) {
+  assert.ok(Array.isArray(lp) && lp.length > 0, 'output_text.logprobs');
+  for (const e of lp) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(Array.isArray(e.bytes) && e.bytes.every((b) => Number.isInteger(b) && b >= 0 && b < 256));
+    assert.ok(e.logprob <= 0 && Number.isFinite(e.logprob));
+    assert.equal(e.top_logprobs.length, k);
+    for (let i = 1; i < k; i++) assert.ok(e.top_logprobs[i].logprob <= e.top_logprobs[i - 1].logprob);
+    for (const t of e.top_logprobs) assert.ok(typeof t.token === 'string' && Array.isArray(t.bytes) && t.logprob <= 0);
+    assert.ok(e.top_logprobs.reduce((a, t) => a + Math.exp(t.logprob), 0) <= 1 + 1e-4);
+    if (!e.token.startsWith('bytes:')) assert.equal(Buffer.from(e.bytes).toString('utf8'), e.token);
+  }
+}
+const spelled = (lp) => Buffer.concat(lp.map((e) => Buffer.from(e.bytes))).toString('utf8');
+const eventShape = (lp) => lp.map((e) => ({ token: e.token, logprob: e.logprob,
+  top_logprobs: e.top_logprobs.map((t) => ({ token: t.token, logprob: t.logprob })) }));
+
+await test('responses logprobs (top_logprobs + include): output_text entries, greedy = the top token; streamed the same', async () => {
+  const req = { model, input: hello[0].content, max_output_tokens: 12, temperature: 0, top_logprobs: 3,
+                include: ['message.output_text.logprobs'] };
+  const r = await oai.responses.create(req);
+  assert.equal(r.top_logprobs, 3);
+  const part = r.output.find((o) => o.type === 'message').content[0];
+  checkPartLogprobs(part.logprobs, 3);
+  for (const e of part.logprobs) assert.equal(e.token, e.top_logprobs[0].token);
+  assert.ok(part.logprobs.length <= r.usage.output_tokens);
+  assert.ok(spelled(part.logprobs).includes(part.text.trim()), 'the tokens spell the text');
+  // streamed: every output_text.delta carries its tokens' entries; together they are the done
+  // event's and the final part's (the same request: near-ties of the random model may differ, so
+  // the stream is checked against itself). The final part is the one of response.incomplete (max
+  // tokens): the SDK's snapshot, kept when no response.completed comes, does not gather logprobs
+  const deltas = [], dones = [];
+  let last = null;
+  const s = oai.responses.stream(req);
+  s.on('response.output_text.delta', (ev) => deltas.push(...ev.logprobs));
+  s.on('response.output_text.done', (ev) => dones.push(ev));
+  s.on('event', (ev) => { if (ev.type === 'response.completed' || ev.type === 'response.incomplete') last = ev.response; });
+  await s.finalResponse();
+  assert.ok(last, 'no response.completed / response.incomplete');
+  const fpart = last.output.find((o) => o.type === 'message').content[0];
+  checkPartLogprobs(fpart.logprobs, 3);
+  assert.ok(deltas.every((e) => !('bytes' in e) && e.top_logprobs.every((t) => !('bytes' in t))));
+  assert.deepEqual(deltas, eventShape(fpart.logprobs));
+  assert.equal(dones.length, 1);
+  assert.deepEqual(dones[0].logprobs, eventShape(fpart.logprobs));
+  assert.ok(spelled(fpart.logprobs).includes(fpart.text.trim()), 'streamed: the tokens spell the text');
+  // not asked: empty; top_logprobs 0: entries without alternatives
+  const none = await oai.responses.create({ model, input: 'x', max_output_tokens: 3, temperature: 0 });
+  assert.deepEqual(none.output.find((o) => o.type === 'message').content[0].logprobs, []);
+  const k0 = await oai.responses.create({ ...req, top_logprobs: 0, max_output_tokens: 3 });
+  const p0 = k0.output.find((o) => o.type === 'message').content[0];
+  checkPartLogprobs(p0.logprobs, 0);
+  const inc = await oai.responses.create({ model, input: 'x', max_output_tokens: 3, include: ['message.output_text.logprobs'] });
+  checkPartLogprobs(inc.output.find((o) => o.type === 'message').content[0].logprobs, 0);
+});
+
+await test('responses logprobs with reasoning and function calls: the message part has exactly its own tokens', async () => {
+  const req = { model, input: weatherQ, tools: respTools, top_logprobs: 2, include: ['message.output_text.logprobs'] };
+  const r = await oaiForced.responses.create(req);
+  checkToolResponse(r);
+  const part = r.output[1].content[0];
+  checkPartLogprobs(part.logprobs, 2);
+  // no </think>, whitespace or tool-call markup: the content's tokens (the last one may end in the
+  // whitespace dropped at the part's end)
+  assert.equal(spelled(part.logprobs).trimEnd(), expect.content);
+  assert.ok(spelled(part.logprobs).startsWith(expect.content));
+  const deltas = [];
+  const s = oaiForced.responses.stream(req);
+  s.on('response.output_text.delta', (ev) => deltas.push(...ev.logprobs));
+  const f = await s.finalResponse();
+  checkToolResponse(f);
+  assert.deepEqual(f.output[1].content[0].logprobs, part.logprobs);
+  assert.deepEqual(deltas, eventShape(part.logprobs));
+});
+
+// a Responses request refused with a 400 whose param names the field
+async function badResponses(req, param) {
+  try { await oai.responses.create({ model, input: 'x', ...req }); } catch (e) {
+    assert.ok(e instanceof OpenAI.BadRequestError, e.message);
+    assert.equal(e.param, param);
+    return;
+  }
+  assert.fail('no error');
+}
+
+await test('responses logprobs: refusals name the field', async () => {
+  await badResponses({ top_logprobs: 21 }, 'top_logprobs');
+  await badResponses({ top_logprobs: -1 }, 'top_logprobs');
+  await badResponses({ include: 'message.output_text.logprobs' }, 'include');
+  await badResponses({ include: [7] }, 'include');
+  await badResponses({ logprobs: true }, 'logprobs');
+});
+
 await test('responses: refusals name the field (unsupported schema keyword, hosted tools)', async () => {
-  const bad = async (req, param) => {
-    try { await oai.responses.create({ model, input: 'x', ...req }); } catch (e) {
-      assert.ok(e instanceof OpenAI.BadRequestError, e.message);
-      assert.equal(e.param, param);
-      return;
-    }
-    assert.fail('no error');
-  };
-  await bad({ text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { a: { type: 'string', pattern: 'x' } } } } } }, 'text.format');
-  await bad({ tools: [{ type: 'web_search' }] }, 'tools[0]');
-  await bad({ reasoning: { effort: 'extreme' } }, 'reasoning.effort');
+  await badResponses({ text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { a: { type: 'string', pattern: 'x' } } } } } }, 'text.format');
+  await badResponses({ tools: [{ type: 'web_search' }] }, 'tools[0]');
+  await badResponses({ reasoning: { effort: 'extreme' } }, 'reasoning.effort');
 });
 
 
@@ -330,5 +402,4 @@ await test('anthropic tool_choice tool / any: a tool_use block whose input valid
   check(fm.content.find((b) => b.type === 'tool_use').input);
 });
 
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish();

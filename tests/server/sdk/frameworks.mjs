@@ -9,19 +9,9 @@ import { ChatOpenAI } from '@langchain/openai';
 import { createOpenAI } from '@ai-sdk/openai';
 import { generateObject, generateText, Output } from 'ai';
 import { z } from 'zod';
+import { test, finish } from './harness.mjs';
 
 const { BASE, MODEL_NAME } = process.env;
-let passed = 0, failed = 0;
-async function test(name, fn) {
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name}`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
-  }
-}
 
 const Weather = z.object({ city: z.string().max(12), unit: z.enum(['c', 'f']), days: z.number().int() });
 const check = (o) => {
@@ -61,5 +51,4 @@ await test('Vercel AI SDK generateObject / generateText + Output.object, chat an
   }
 });
 
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish();

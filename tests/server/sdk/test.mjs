@@ -6,28 +6,13 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
+import { test, finish, promptTokens as harnessPromptTokens } from './harness.mjs';
 
 const { BASE, FORCED_BASE, KDA_BASE, FORCED_EXPECT, MODEL_NAME, MOONSHINE, MODEL_DIR } = process.env;
 const client = new OpenAI({ baseURL: BASE, apiKey: 'none', maxRetries: 0, timeout: 60000 });
 const model = MODEL_NAME;
-let passed = 0, failed = 0;
 
-async function test(name, fn) {
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name}`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
-  }
-}
-
-// The prompt's token count by moonshine's own CLI: render (chat template) + tokenize.
-function promptTokens(request) {
-  const text = execFileSync(MOONSHINE, ['render', MODEL_DIR], { input: JSON.stringify({ ...request, add_generation_prompt: true }) });
-  return JSON.parse(execFileSync(MOONSHINE, ['tokenize', MODEL_DIR], { input: text }).toString()).length;
-}
+const promptTokens = (request) => harnessPromptTokens(MOONSHINE, MODEL_DIR, request);
 
 async function collect(stream) {
   let content = '', reasoning = '', finish = null, usage = null, chunks = 0, role = null;
@@ -506,5 +491,4 @@ await test('logit_bias: -100 bans the greedy first token, +100 forces one; bad i
   await expectError(OpenAI.BadRequestError, 400, "needs 'logprobs': true", () => client.chat.completions.create({ model, messages: hello, max_tokens: 1, top_logprobs: 2 }), 'top_logprobs');
 });
 
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish();

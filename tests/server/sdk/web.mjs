@@ -5,13 +5,10 @@
 // CHROMIUM (default: chromium), SHOT. Prints "N passed, N failed".
 import assert from 'node:assert/strict';
 import puppeteer from 'puppeteer-core';
+import { test, finish } from './harness.mjs';
 
 const { BASE, FORCED_BASE, KEY_BASE, KEY_VALUE, MODEL_NAME, SHOT } = process.env;
 const root = BASE.replace(/\/v1$/, '');
-let passed = 0, failed = 0;
-async function test(name, fn) {
-  try { await fn(); passed++; console.log(`ok   ${name}`); } catch (e) { failed++; console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`); }
-}
 const queued = async () => (await (await fetch(`${root}/health`)).json()).queued;
 
 const browser = await puppeteer.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', headless: true,
@@ -80,5 +77,4 @@ try {
 } finally {
   await browser.close();
 }
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish();
