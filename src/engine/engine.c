@@ -57,6 +57,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
             linear_state_lens(c, (int)l, &conv_len, &S_len);
             BUF(e->kda ? &e->kda[l].conv : NULL, (size_t)(conv_len + 1) * 4, 1);
             BUF(e->kda ? &e->kda[l].S : NULL, (size_t)S_len * 4, 1);
+            if (b) b[n - 1].layer = b[n - 2].layer = (int)l; /* the placement's per-layer state */
         }
     }
     int64_t H = c->n_heads, qdim = MAX2(c->head_dim, c->qk_nope_dim + c->qk_rope_dim);
@@ -161,6 +162,27 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
     /* the backend's own scratch (the CPU backend: per-thread attention and router scratch) */
     if (opts && opts->backend) *workspace += opts->backend->ops->workspace_bytes(opts->backend, &m->cfg, (int64_t)T, (int64_t)B);
     else *workspace += ms_backend_cpu_workspace_bytes(&m->cfg, (int64_t)T, (int64_t)B, threads > 0 ? threads : 1);
+}
+
+void ms_engine_layer_state_bytes(const ms_model *m, const ms_engine_opts *opts, uint64_t *per_layer, uint64_t *other,
+                                 uint64_t *workspace) {
+    size_t T, B;
+    engine_dims(m, opts, &T, &B);
+    ms_engine tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.be = opts ? opts->backend : NULL;
+    ms_buf_spec *specs;
+    int n = engine_table(&tmp, &m->cfg, T, B, 1, &specs);
+    for (int l = 0; l < m->cfg.n_layers; l++) per_layer[l] = 0;
+    *other = 0;
+    for (int i = 0; i < n; i++) {
+        if (!specs[i].state) continue;
+        if (specs[i].layer >= 0 && specs[i].layer < m->cfg.n_layers) per_layer[specs[i].layer] += specs[i].bytes;
+        else *other += specs[i].bytes;
+    }
+    free(specs);
+    uint64_t st;
+    ms_engine_plan_bytes(m, opts, 1, &st, workspace);
 }
 
 /* What a backend without host memory cannot run yet, beyond its ops table: an

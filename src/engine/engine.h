@@ -61,6 +61,11 @@ const ms_model *ms_engine_model(const ms_engine *e);
  * lines of the memory plan. */
 void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int threads, uint64_t *state,
                           uint64_t *workspace);
+/* The causal state of ms_engine_plan_bytes by layer: per_layer[n_layers] (caches and
+ * recurrent states of layer l), *other (module caches of no one layer), and the workspace
+ * as ms_engine_plan_bytes counts it for one thread (engine/placement.h's input). */
+void ms_engine_layer_state_bytes(const ms_model *m, const ms_engine_opts *opts, uint64_t *per_layer, uint64_t *other,
+                                 uint64_t *workspace);
 /* Bytes of causal state per token (all layers). */
 uint64_t ms_engine_state_bytes_per_token(const ms_model *m);
 
