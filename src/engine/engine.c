@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend/cpu/backend_cpu.h"
+#include "core/comm.h"
 #include "engine/engine_internal.h"
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
@@ -45,6 +46,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     HBUF(&e->kda, L * sizeof *e->kda);
     if (!with_layers) return n;
     for (size_t l = 0; l < L; l++) {
+        if (e->staged && ((int)l < e->l0 || (int)l >= e->l1)) continue; /* another stage's layer */
         if (c->layer_attn[l] == MS_ATTN_GQA) {
             size_t kvh = (size_t)(c->layer_kv_heads[l] ? c->layer_kv_heads[l] : c->n_kv_heads);
             size_t vd = (size_t)(c->v_head_dim ? c->v_head_dim : c->head_dim);
@@ -106,6 +108,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         HBUF(&e->ex_uniq, E * sizeof(int));
         HBUF(&e->ex_off, (E + 1) * sizeof(int));
         HBUF(&e->ex_views, E * sizeof(ms_expert_view));
+        if (e->staged) HBUF(&e->ex_rank, 3 * E * sizeof(int));
     }
     n = ms_dsa_engine_buffers(e, c, T, B, b, n);
     n = ms_cattn_engine_buffers(e, c, T, B, b, n);
@@ -202,12 +205,16 @@ static int device_supported(const ms_backend *be, const ms_config *c, const ms_e
     return MS_OK;
 }
 
-int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err) {
+/* One engine: the whole model on opts->backend, or stage `stage` of opts->stages. */
+static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms_engine **out, ms_err *err) {
     const ms_config *c = &m->cfg;
     ms_engine *e = calloc(1, sizeof *e);
     if (!e) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     e->m = m;
     e->w = m;
+    const ms_stages *sg = opts ? opts->stages : NULL;
+    e->l0 = 0, e->l1 = c->n_layers;
+    if (sg) e->staged = 1, e->stage = stage, e->stages = sg, e->l0 = sg->layer_begin[stage], e->l1 = sg->layer_end[stage];
     e->la_layer = -1;
     e->pool = opts ? opts->pool : NULL;
     e->n_threads = ms_pool_size(e->pool);
@@ -217,7 +224,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     e->max_batch = (int)B;
     e->experts = opts ? opts->experts : NULL;
     e->mla_form = opts ? opts->mla_form : MS_MLA_AUTO;
-    e->be = opts ? opts->backend : NULL;
+    e->be = sg ? sg->bes[stage] : opts ? opts->backend : NULL;
     int rc;
     if (!e->be) {
         if ((rc = ms_backend_cpu_create(e->pool, &e->own_be, err))) {
@@ -232,6 +239,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         return rc;
     }
     const ms_engine *share = opts ? opts->weights_from : NULL;
+    if (share && sg) share = share->stage_e && share->stages && share->stages->n == sg->n ? share->stage_e[stage] : NULL;
     if (share && (share->m != m || (!e->be->host_memory && (share->be != e->be || (share->experts != share->own_experts) !=
                                                                                   (e->experts != NULL))))) {
         ms_engine_destroy(e);
@@ -239,8 +247,11 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     }
     if (!e->be->host_memory && share) { /* the weights as the other engine placed them */
         e->w = share->w;
-    } else if (!e->be->host_memory) { /* the weights move into the backend's memory */
-        if ((rc = ms_model_place(m, e->be, e->experts != NULL, &e->placed, err))) {
+    } else if (!e->be->host_memory) { /* the weights move into the backend's memory (a stage: its part) */
+        ms_place_part part = {.layer_begin = e->l0, .layer_end = e->l1, .embed = !sg || stage == 0,
+                              .head = !sg || stage == sg->n - 1, .skip_experts = e->experts != NULL,
+                              .expert_devs = sg && sg->expert_home ? sg->expert_devs : NULL, .dev = stage};
+        if ((rc = ms_model_place_part(m, e->be, &part, &e->placed, err))) {
             ms_wrap(err, "placing the weights on the %s backend", e->be->name);
             ms_engine_destroy(e);
             return rc;
@@ -294,6 +305,52 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     return MS_OK;
 }
 
+/* Why a model cannot run split into stages (its state or streams span layers), or NULL. */
+static const char *unstageable(const ms_config *c, const ms_engine_opts *o) {
+    if (c->hc_mult > 1) return "mHC hyper-connection streams";
+    if (c->attn_res_block) return "Attention Residuals block states";
+    if (o->experts) return "an external expert source (streamed experts)";
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_dsa[l]) return "DSA indexer state";
+        if (c->layer_attn[l] == MS_ATTN_COMPRESSED) return "compressed attention";
+    }
+    return NULL;
+}
+
+int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err) {
+    const ms_stages *sg = opts ? opts->stages : NULL;
+    if (!sg) return engine_create1(m, opts, 0, out, err);
+    *out = NULL;
+    if (sg->n < 1 || !sg->bes || !sg->comm || !sg->layer_begin || !sg->layer_end || sg->comm->n != sg->n)
+        return ms_fail(err, MS_ERR_ARG, "stages: %d stages without backends, comm or layer ranges", sg->n);
+    for (int s = 0, at = 0; s < sg->n; s++) {
+        if (sg->layer_begin[s] != at || sg->layer_end[s] < at || sg->layer_end[s] > m->cfg.n_layers)
+            return ms_fail(err, MS_ERR_ARG, "stages: stage %d's layers [%d, %d) do not follow the previous stage's", s,
+                           sg->layer_begin[s], sg->layer_end[s]);
+        at = sg->layer_end[s];
+        if (s == sg->n - 1 && at != m->cfg.n_layers)
+            return ms_fail(err, MS_ERR_ARG, "stages: the stages end at layer %d of %d", at, (int)m->cfg.n_layers);
+    }
+    const char *why = sg->n > 1 ? unstageable(&m->cfg, opts) : NULL;
+    if (why) return ms_fail(err, MS_ERR_UNSUPPORTED, "splitting the model over %d devices: %s are not supported across stages yet", sg->n, why);
+    ms_engine **st = calloc((size_t)sg->n, sizeof *st);
+    if (!st) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    int rc = MS_OK;
+    for (int s = 0; s < sg->n && !rc; s++) {
+        rc = engine_create1(m, opts, s, &st[s], err);
+        if (rc) ms_wrap(err, "stage %d (layers %d..%d)", s, sg->layer_begin[s], sg->layer_end[s] - 1);
+        else st[s]->stage_e = st;
+    }
+    if (rc) {
+        for (int s = sg->n - 1; s >= 0; s--)
+            if (st[s]) st[s]->stage_e = NULL, ms_engine_destroy(st[s]);
+        free(st);
+        return rc;
+    }
+    *out = st[0];
+    return MS_OK;
+}
+
 /* The linear-attention layers' states (backend memory) back to a fresh sequence. */
 static void kda_states_reset(ms_engine *e) {
     for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) {
@@ -305,6 +362,12 @@ static void kda_states_reset(ms_engine *e) {
 
 void ms_engine_destroy(ms_engine *e) {
     if (!e) return;
+    if (e->stage_e && e->stage == 0) { /* the lead: its later stages, then the table of them */
+        ms_engine **st = e->stage_e;
+        for (int s = e->stages->n - 1; s >= 1; s--) st[s]->stage_e = NULL, ms_engine_destroy(st[s]);
+        free(st);
+        e->stage_e = NULL;
+    }
     if (e->be) { /* every buffer of the table: backend memory through the backend, the rest with free */
         size_t T, B;
         ms_engine_opts o = {.max_ctx = e->max_ctx, .max_batch = e->max_batch};
@@ -329,11 +392,17 @@ void ms_engine_destroy(ms_engine *e) {
 }
 
 void ms_engine_reset(ms_engine *e) {
+    if (e->stage_e && e->stage == 0)
+        for (int s = 1; s < e->stages->n; s++) ms_engine_reset(e->stage_e[s]);
     e->n_past = 0;
     ms_dsa_engine_reset(e);
     ms_cattn_engine_reset(e);
     e->la_layer = -1;
     kda_states_reset(e);
+}
+void ms_engine_stages_at(ms_engine *e) {
+    for (int s = 1; e->stage_e && e->stage == 0 && s < e->stages->n; s++)
+        e->stage_e[s]->n_past = e->n_past, e->stage_e[s]->la_layer = -1;
 }
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
 int ms_engine_max_ctx(const ms_engine *e) { return e->max_ctx; }
@@ -353,6 +422,30 @@ static int fused_add_norm(const ms_engine *e) {
     return e->be->ops->add_rmsnorm && !e->mhc && !e->m->cfg.attn_res_block;
 }
 
+static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const int32_t *tokens, int n, float *logits,
+                        int all_logits, ms_err *err);
+
+/* The pipeline hand-off: the chunk's residual rows from stage e to the next stage's
+ * activations (comm), then the next stage's layers over the same sequences' engines of
+ * that stage. */
+static int forward_next_stage(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const int32_t *tokens, int n,
+                              float *logits, int all_logits, ms_err *err) {
+    int s = e->stage + 1;
+    ms_engine *nx = e->stage_e[s];
+    int rc = e->stages->comm->ops->copy(e->stages->comm, s, nx->x, e->stage, e->x,
+                                        (size_t)n * (size_t)e->m->cfg.hidden * 4, err);
+    if (rc) {
+        ms_wrap(err, "handing the residual from stage %d to stage %d", e->stage, s);
+        return rc;
+    }
+    ms_fwd_seq stack_seqs[16], *sq = nseq <= 16 ? stack_seqs : malloc((size_t)nseq * sizeof *sq);
+    if (!sq) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nseq; i++) sq[i] = (ms_fwd_seq){seqs[i].e->stage_e[s], seqs[i].row, seqs[i].n};
+    rc = forward_rows(nx, sq, nseq, tokens, n, logits, all_logits, err);
+    if (sq != stack_seqs) free(sq);
+    return rc;
+}
+
 /* One chunk of n <= max_batch rows through the model on the lead engine e's
  * activations: the rows of seqs[0..nseq) (each on its own engine's causal state,
  * at its own position; together n rows, in row order). logits: all rows
@@ -366,7 +459,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return ms_fail(err, MS_ERR_ARG, "token id %d is out of range [0, %lld)", tokens[t], (long long)c->vocab);
-    be->ops->embed(be, e->x, &m->embed, tokens, n);
+    if (e->stage == 0) be->ops->embed(be, e->x, &m->embed, tokens, n); /* a later stage: e->x came from the previous */
     int rc = MS_OK;
     e->chunk_tokens = tokens;
     e->seqs = seqs;
@@ -379,7 +472,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     int nb = 0;
     const int64_t BS = (int64_t)e->max_batch * D;
     int fuse = fused_add_norm(e), normed = 0; /* normed: e->xn already holds this layer's attention input */
-    for (int l = 0; l < c->n_layers && !rc; l++) {
+    for (int l = e->l0; l < e->l1 && !rc; l++) {
         const ms_layer *L = &m->layers[l];
         if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 0, n, &in, err))) break;
         const float *h = in;
@@ -420,7 +513,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         if (c->layer_mlp[l] == MS_MLP_MOE) rc = ms_ffn_moe(e, l, n, e->tmp, err);
         else rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
         if (rc) break;
-        if (fuse && l + 1 < c->n_layers) { /* with the next layer's attention norm */
+        if (fuse && l + 1 < e->l1) { /* with the next layer's attention norm (on this stage) */
             be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, m->layers[l + 1].attn_norm, n, D, eps);
             normed = 1;
         } else {
@@ -435,6 +528,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         seqs[i].e->n_past += seqs[i].n;
         seqs[i].e->stats.tokens += (uint64_t)seqs[i].n;
     }
+    if (e->staged && e->stage + 1 < e->stages->n) return forward_next_stage(e, seqs, nseq, tokens, n, logits, all_logits, err);
     if (!logits) return MS_OK;
     int t0 = all_logits ? 0 : n - 1, nt = n - t0;
     const float *h = e->x + (int64_t)t0 * D;
@@ -551,29 +645,33 @@ static int add_part(ms_state_part *parts, int n, int cap, ms_state_part p) {
 
 int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap) {
     const ms_config *c = &e->m->cfg;
-    ms_engine view = *e; /* the table writes a few sizes into its engine: a copy; the per-layer arrays are e's */
-    ms_buf_spec *specs;
-    int ns = engine_table(&view, c, (size_t)e->max_ctx, (size_t)e->max_batch, 1, &specs), n = 0;
-    if (ns < 0) return MS_ERR_NOMEM;
-    for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table (the modules list their own parts) */
-        if (!specs[i].tag) continue;
-        ms_state_part p = {.kind = MS_PART_ROWS, .data = *specs[i].ptr, .row_bytes = specs[i].row, .per = 1,
-                           .cap_rows = e->max_ctx};
-        snprintf(p.name, sizeof p.name, "L%d.%s", specs[i].layer, specs[i].tag);
-        n = add_part(parts, n, cap, p);
-    }
-    free(specs);
-    for (int l = 0; e->kda && l < c->n_layers; l++) { /* KDA / gated DeltaNet: conv tails + recurrent state */
-        if (!e->kda[l].S) continue;
-        const char *why = c->layer_attn[l] == MS_ATTN_GDN ? "a gated DeltaNet layer's recurrent state"
-                                                           : "a KDA layer's recurrent state";
-        ms_state_part p = {.kind = MS_PART_FIXED, .data = e->kda[l].conv, .row_bytes = (uint64_t)e->kda[l].conv_len * 4,
-                           .no_truncate = why};
-        snprintf(p.name, sizeof p.name, "L%d.conv", l);
-        n = add_part(parts, n, cap, p);
-        p.data = e->kda[l].S, p.row_bytes = (uint64_t)e->kda[l].S_len * 4;
-        snprintf(p.name, sizeof p.name, "L%d.recurrent", l);
-        n = add_part(parts, n, cap, p);
+    int n = 0, n_st = e->stage_e ? e->stages->n : 1;
+    for (int s = 0; s < n_st; s++) { /* split over stages: each stage's layers' state is in its engine */
+        const ms_engine *se = e->stage_e ? e->stage_e[s] : e;
+        ms_engine view = *se; /* the table writes a few sizes into its engine: a copy; the per-layer arrays are se's */
+        ms_buf_spec *specs;
+        int ns = engine_table(&view, c, (size_t)se->max_ctx, (size_t)se->max_batch, 1, &specs);
+        if (ns < 0) return MS_ERR_NOMEM;
+        for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table (the modules list their own parts) */
+            if (!specs[i].tag) continue;
+            ms_state_part p = {.kind = MS_PART_ROWS, .data = *specs[i].ptr, .row_bytes = specs[i].row, .per = 1,
+                               .cap_rows = se->max_ctx};
+            snprintf(p.name, sizeof p.name, "L%d.%s", specs[i].layer, specs[i].tag);
+            n = add_part(parts, n, cap, p);
+        }
+        free(specs);
+        for (int l = se->l0; se->kda && l < se->l1; l++) { /* KDA / gated DeltaNet: conv tails + recurrent state */
+            if (!se->kda[l].S) continue;
+            const char *why = c->layer_attn[l] == MS_ATTN_GDN ? "a gated DeltaNet layer's recurrent state"
+                                                               : "a KDA layer's recurrent state";
+            ms_state_part p = {.kind = MS_PART_FIXED, .data = se->kda[l].conv,
+                               .row_bytes = (uint64_t)se->kda[l].conv_len * 4, .no_truncate = why};
+            snprintf(p.name, sizeof p.name, "L%d.conv", l);
+            n = add_part(parts, n, cap, p);
+            p.data = se->kda[l].S, p.row_bytes = (uint64_t)se->kda[l].S_len * 4;
+            snprintf(p.name, sizeof p.name, "L%d.recurrent", l);
+            n = add_part(parts, n, cap, p);
+        }
     }
     n = ms_dsa_engine_parts(e, parts, n, cap);
     n = ms_cattn_engine_parts(e, parts, n, cap);

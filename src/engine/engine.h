@@ -21,6 +21,24 @@
  * absorbed form. */
 typedef enum { MS_MLA_AUTO = 0, MS_MLA_ABSORBED = 1, MS_MLA_EXPANDED = 2 } ms_mla_form;
 
+struct ms_comm;
+
+/* Several devices of one process (engine/placement.h decides the split): stage s runs
+ * layers [layer_begin[s], layer_end[s]) on backend bes[s], the embedding on stage 0, the
+ * final norm and head on stage n - 1; the residual rows move from stage to stage through
+ * comm (core/comm.h). Borrowed: must outlive the engine. */
+typedef struct ms_stages {
+    int n;
+    ms_backend *const *bes;
+    struct ms_comm *comm;
+    const int *layer_begin, *layer_end;
+    /* [n_layers * n_experts] expert parallelism: the stage whose backend holds and runs expert
+     * e of layer l (engine/placement.h expert_home); NULL: a layer's experts run on its stage.
+     * Each stage's backend must hold the experts homed there (ms_place_part.expert_devs). */
+    const int *expert_home;
+    const uint32_t *expert_devs; /* [n_layers * n_experts] bit s: stage s holds a copy (placed there) */
+} ms_stages;
+
 typedef struct ms_engine_opts {
     int max_ctx;            /* tokens of causal state to allocate (default 4096, capped by max_pos) */
     int max_batch;          /* prefill chunk (default 256) */
@@ -33,6 +51,12 @@ typedef struct ms_engine_opts {
      * this one uses as they are placed instead of placing its own copy: the engines of one
      * batch (ms_engine_decode_batch) on a device backend share one placement. */
     const struct ms_engine *weights_from;
+    /* NULL: one backend (opts->backend). Else the pipeline split over stages->n backends
+     * (opts->backend ignored): one engine per stage behind this one, each with its stage's
+     * layers' weights placed on its backend and their causal state there. Resident experts
+     * only (experts NULL); models with mHC, Attention Residuals, DSA or compressed attention
+     * are refused (MS_ERR_UNSUPPORTED: their state spans layers). */
+    const ms_stages *stages;
 } ms_engine_opts;
 
 typedef struct ms_engine_stats {

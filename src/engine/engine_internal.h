@@ -62,6 +62,8 @@ struct ms_engine {
     int *ex_off;              /* [E + 1]: an acquired group's pair offsets (ms_moe_args.off) */
     int no_routed;            /* the backend refused moe_experts_routed: the lists from then on */
     ms_expert_view *ex_views; /* [E] */
+    int *ex_rank;             /* [3E] staged with expert parallelism: each expert's rank in (device, id) order, the
+                               * inverse, and the device that runs it (its home, or this stage holding a replica) */
     /* Kimi K3 options */
     float *ares;   /* [n_blocks][B, hidden] Attention Residuals block states of the chunk's tokens */
     int ares_blocks;
@@ -85,7 +87,16 @@ struct ms_engine {
     int la_layer;
     const float *ffn_in; /* [n, hidden] the current layer's FFN input before its norm (the lookahead re-norms it) */
     int la_ids[MS_LOOKAHEAD_MAX_K];
+    /* the pipeline split (ms_engine_opts.stages): this engine runs layers [l0, l1) (0, n_layers
+     * without one); staged: only those layers' causal state is allocated */
+    int l0, l1, staged, stage;
+    const ms_stages *stages;
+    struct ms_engine **stage_e; /* [stages->n] the lead's stage engines (stage_e[0] = the lead); shared by all stages */
 };
+
+/* A lead split over stages (ms_engine_opts.stages): its later stages' engines take its
+ * position (state.c after a restore or truncation); nothing without stages. */
+void ms_engine_stages_at(ms_engine *e);
 
 /* One allocation of the engine: where its pointer goes (NULL when only
  * counting, as the memory plan does), how big, whether it is causal state

@@ -275,3 +275,11 @@ int ms_place_input_of(const ms_model *m, int context, int max_batch, int slots, 
     in->replicate_hot = replicate_hot;
     return MS_OK;
 }
+
+void ms_stages_of(const ms_placement *p, ms_backend *const *bes, struct ms_comm *comm, int expert_parallel,
+                  int *begin, int *end, ms_stages *out) {
+    for (int d = 0; d < p->n_dev; d++) begin[d] = p->dev[d].layer_begin, end[d] = p->dev[d].layer_end;
+    *out = (ms_stages){.n = p->n_dev, .bes = bes, .comm = comm, .layer_begin = begin, .layer_end = end,
+                       .expert_home = expert_parallel && p->n_experts > 0 ? p->expert_home : NULL,
+                       .expert_devs = expert_parallel && p->n_experts > 0 ? p->expert_devs : NULL};
+}

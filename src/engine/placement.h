@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/engine.h"
 #include "model/model.h"
 #include "util/err.h"
 
@@ -89,6 +90,14 @@ void ms_placement_json(const ms_placement *p, char *buf, size_t cap);
 int ms_place_input_of(const ms_model *m, int context, int max_batch, int slots, ms_expert_split split,
                       int replicate_hot, ms_place_input *in, ms_err *err);
 void ms_place_input_free(ms_place_input *in);
+
+/* The engine's stages (engine.h ms_stages) of placement p over backends bes[p->n_dev] and
+ * comm: stage d runs device d's layers; expert_parallel 1 runs each routed expert on its
+ * home device (or on the layer's device where that holds a replica), 0 on the layer's device
+ * (a placement made with MS_EXPERTS_WITH_LAYER, or sharded bytes ignored). begin, end
+ * [p->n_dev]: the caller's arrays the stages point into (as p's arrays: keep them alive). */
+void ms_stages_of(const ms_placement *p, ms_backend *const *bes, struct ms_comm *comm, int expert_parallel,
+                  int *begin, int *end, ms_stages *out);
 
 /* Parse a device list: "N" (devices 0..N-1) or "a,b,..." (ids, repeats allowed: "0,0" two
  * stages on one device). Into ids[cap]; returns the count, or MS_ERR_ARG naming the problem. */

@@ -124,6 +124,7 @@ static int apply_sections(ms_engine *e, int64_t n_past, const sec_in *s, const m
     }
     e->n_past = (int)n_past;
     e->la_layer = -1;
+    ms_engine_stages_at(e);
     ms_dsa_engine_restored(e, n_past);
     ms_cattn_engine_restored(e, n_past);
     return MS_OK;
@@ -226,6 +227,7 @@ int ms_engine_truncate(ms_engine *e, int n_past, ms_err *err) {
     ms_dsa_engine_rollback(e, n_past); /* index keys and recorded tie rows from n_past on */
     e->n_past = n_past;
     e->la_layer = -1;
+    ms_engine_stages_at(e);
     return MS_OK;
 }
 
