@@ -3,12 +3,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/backend_cpu.h"
 #include "core/comm.h"
 #include "engine/engine_internal.h"
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* Element counts of layer l's linear-attention state (KDA or gated DeltaNet); 0 for other layers. */
 static void linear_state_lens(const ms_config *c, int l, int64_t *conv_len, int64_t *S_len) {
@@ -309,7 +316,7 @@ static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms
 static const char *unstageable(const ms_config *c, const ms_engine_opts *o) {
     if (c->hc_mult > 1) return "mHC hyper-connection streams";
     if (c->attn_res_block) return "Attention Residuals block states";
-    if (o->experts) return "an external expert source (streamed experts)";
+    if (o->experts) return "an external expert source (streamed experts)"; /* not a cross-layer state, but refused alike */
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_dsa[l]) return "DSA indexer state";
         if (c->layer_attn[l] == MS_ATTN_COMPRESSED) return "compressed attention";
@@ -332,7 +339,10 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
             return ms_fail(err, MS_ERR_ARG, "stages: the stages end at layer %d of %d", at, (int)m->cfg.n_layers);
     }
     const char *why = sg->n > 1 ? unstageable(&m->cfg, opts) : NULL;
-    if (why) return ms_fail(err, MS_ERR_UNSUPPORTED, "splitting the model over %d devices: %s are not supported across stages yet", sg->n, why);
+    if (why)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "splitting the model over %d devices is not supported yet with %s (state across layers)", sg->n,
+                       why);
     ms_engine **st = calloc((size_t)sg->n, sizeof *st);
     if (!st) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     int rc = MS_OK;
@@ -408,6 +418,11 @@ int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
 int ms_engine_max_ctx(const ms_engine *e) { return e->max_ctx; }
 const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e) { return &e->stats; }
+int ms_engine_n_stages(const ms_engine *e) { return e->stage_e ? e->stages->n : 1; }
+const ms_engine_stats *ms_engine_stage_stats(const ms_engine *e, int s) {
+    if (s < 0 || s >= ms_engine_n_stages(e)) return NULL;
+    return e->stage_e ? &e->stage_e[s]->stats : &e->stats;
+}
 
 /* A sublayer's output y [n, D] joins the residual stream (or the hyper-connection streams). */
 static void residual_add(ms_engine *e, int n, const float *y) {
@@ -424,6 +439,7 @@ static int fused_add_norm(const ms_engine *e) {
 
 static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const int32_t *tokens, int n, float *logits,
                         int all_logits, ms_err *err);
+static int forward_head(ms_engine *e, int nb, int64_t BS, int n, float *logits, int all_logits, ms_err *err);
 
 /* The pipeline hand-off: the chunk's residual rows from stage e to the next stage's
  * activations (comm), then the next stage's layers over the same sequences' engines of
@@ -459,6 +475,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return ms_fail(err, MS_ERR_ARG, "token id %d is out of range [0, %lld)", tokens[t], (long long)c->vocab);
+    double t_stage = e->staged ? now_s() : 0;
     if (e->stage == 0) be->ops->embed(be, e->x, &m->embed, tokens, n); /* a later stage: e->x came from the previous */
     int rc = MS_OK;
     e->chunk_tokens = tokens;
@@ -528,7 +545,28 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         seqs[i].e->n_past += seqs[i].n;
         seqs[i].e->stats.tokens += (uint64_t)seqs[i].n;
     }
-    if (e->staged && e->stage + 1 < e->stages->n) return forward_next_stage(e, seqs, nseq, tokens, n, logits, all_logits, err);
+    if (e->staged && e->stage + 1 < e->stages->n) { /* this stage's work done (synced: timed), then the next */
+        if ((rc = be->ops->sync(be, err))) return rc;
+        e->stats.stage_s += now_s() - t_stage;
+        return forward_next_stage(e, seqs, nseq, tokens, n, logits, all_logits, err);
+    }
+    if (e->staged) { /* the last stage: its time includes the head and the logits' download */
+        rc = forward_head(e, nb, BS, n, logits, all_logits, err);
+        if (!rc) rc = be->ops->sync(be, err);
+        e->stats.stage_s += now_s() - t_stage;
+        return rc;
+    }
+    return forward_head(e, nb, BS, n, logits, all_logits, err);
+}
+
+/* The final norm and the head of forward_rows' chunk (rows of e->x) into logits (NULL: none). */
+static int forward_head(ms_engine *e, int nb, int64_t BS, int n, float *logits, int all_logits, ms_err *err) {
+    const ms_model *m = e->w;
+    const ms_config *c = &m->cfg;
+    ms_backend *be = e->be;
+    int64_t D = c->hidden;
+    float eps = (float)c->rms_eps;
+    int rc = MS_OK;
     if (!logits) return MS_OK;
     int t0 = all_logits ? 0 : n - 1, nt = n - t0;
     const float *h = e->x + (int64_t)t0 * D;
@@ -655,7 +693,7 @@ int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap) {
         for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table (the modules list their own parts) */
             if (!specs[i].tag) continue;
             ms_state_part p = {.kind = MS_PART_ROWS, .data = *specs[i].ptr, .row_bytes = specs[i].row, .per = 1,
-                               .cap_rows = se->max_ctx};
+                               .cap_rows = se->max_ctx, .be = se->be};
             snprintf(p.name, sizeof p.name, "L%d.%s", specs[i].layer, specs[i].tag);
             n = add_part(parts, n, cap, p);
         }
@@ -665,7 +703,7 @@ int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap) {
             const char *why = c->layer_attn[l] == MS_ATTN_GDN ? "a gated DeltaNet layer's recurrent state"
                                                                : "a KDA layer's recurrent state";
             ms_state_part p = {.kind = MS_PART_FIXED, .data = se->kda[l].conv,
-                               .row_bytes = (uint64_t)se->kda[l].conv_len * 4, .no_truncate = why};
+                               .row_bytes = (uint64_t)se->kda[l].conv_len * 4, .no_truncate = why, .be = se->be};
             snprintf(p.name, sizeof p.name, "L%d.conv", l);
             n = add_part(parts, n, cap, p);
             p.data = se->kda[l].S, p.row_bytes = (uint64_t)se->kda[l].S_len * 4;

@@ -65,6 +65,10 @@ typedef struct ms_engine_stats {
     uint64_t experts_acquired;   /* unique experts requested from the source, summed over layers/steps */
     uint64_t lookahead_predicted, lookahead_correct; /* decode: experts predicted one layer early, and right */
     uint64_t mla_chunks, mla_expanded; /* MLA (layer, chunk) computations, and how many used the expanded form */
+    /* split over stages (ms_engine_opts.stages), per stage engine: wall seconds its layers took
+     * (its backend synced at the hand-off, so the device's work is in it), and of that, seconds
+     * its experts ran for tokens of other stages (expert parallelism) */
+    double stage_s, remote_experts_s;
 } ms_engine_stats;
 
 typedef struct ms_engine ms_engine;
@@ -115,6 +119,10 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
 int ms_engine_decode_batch(ms_engine *const *es, int k, const int32_t *tokens, float *logits, ms_err *err);
 
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e);
+/* Stages of a split engine (1 without ms_engine_opts.stages), and stage s's statistics
+ * (stage 0: e's own; NULL when s is out of range). */
+int ms_engine_n_stages(const ms_engine *e);
+const ms_engine_stats *ms_engine_stage_stats(const ms_engine *e, int s);
 
 /* The resident expert source: views onto the mapped checkpoint. */
 int ms_resident_experts_create(ms_model *m, ms_expert_source **out, ms_err *err);

@@ -205,6 +205,8 @@ typedef struct ms_state_part {
     void *data;             /* ROWS, FIXED: the engine memory: backend memory (state.c copies it with
                              * download / upload), or host memory when host is set */
     int host;               /* ROWS, FIXED: data is the engine's own host memory */
+    ms_backend *be;         /* ROWS, FIXED: the backend whose memory data is (NULL: the engine's; a split
+                             * engine's later stages: theirs) */
     uint64_t row_bytes;     /* ROWS: bytes per row; FIXED: bytes */
     int64_t per;            /* ROWS: positions per row (>= 1) */
     int64_t cap_rows;       /* ROWS: rows data has room for */

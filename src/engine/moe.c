@@ -3,6 +3,7 @@
  * the resident expert source. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/comm.h"
 #include "engine/engine_internal.h"
@@ -50,6 +51,12 @@ static int route_layer(ms_engine *e, const ms_layer *L, const float *x, int n, c
     int rc = be->ops->download(be, e->h_ids, ids, (size_t)(n * K) * sizeof(int), err);
     if (!rc) rc = be->ops->download(be, e->h_w, w, (size_t)(n * K) * 4, err);
     return rc;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Decode lookahead: apply the next MoE layer's router to this layer's FFN input and
@@ -152,6 +159,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
         ms_backend *xb = x->be;
         const float *xin = in;
         float *xacc = acc;
+        double t_remote = x != e ? now_s() : 0;
         if (x != e) { /* dispatch: the chunk's rows to device d (its FFN input and sum buffers are free now) */
             float *rin = c->latent_moe ? x->lat_in : x->xn;
             xacc = c->latent_moe ? x->lat_out : x->tmp;
@@ -180,6 +188,8 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
             ms_experts_release(x->experts, layer);
         }
         if (x != e) { /* combine: device d's weighted sum back, added to this device's */
+            if ((rc = xb->ops->sync(xb, err))) return rc;
+            x->stats.remote_experts_s += now_s() - t_remote;
             rc = e->stages->comm->ops->copy(e->stages->comm, e->stage, e->ys, d, xacc, (size_t)(n * D) * 4, err);
             if (rc) return ms_wrap(err, "layer %d: expert sums from device %d", layer, d);
             be->ops->add(be, acc, e->ys, (int64_t)n * D);

@@ -164,10 +164,13 @@ void ms_placement_format(const ms_placement *p, const char *const *names, char *
         char nb[32], bb[48];
         if (g->budget) snprintf(bb, sizeof bb, " of %.1f MiB", mib(g->budget));
         else bb[0] = 0;
+        char lb[32];
+        if (g->layer_end > g->layer_begin) snprintf(lb, sizeof lb, "layers %d..%d", g->layer_begin, g->layer_end - 1);
+        else snprintf(lb, sizeof lb, "no layers");
         int k = snprintf(buf + o, cap - o,
-                         "%-10s layers %d..%d: static %.1f, experts %.1f (%d home, %d replicas), state %.1f, "
+                         "%-10s %s: static %.1f, experts %.1f (%d home, %d replicas), state %.1f, "
                          "workspace %.1f, overhead %.1f = %.1f MiB%s\n",
-                         dev_name(names, d, nb, sizeof nb), g->layer_begin, g->layer_end - 1, mib(g->static_bytes),
+                         dev_name(names, d, nb, sizeof nb), lb, mib(g->static_bytes),
                          mib(g->expert_bytes), g->n_experts_home, g->n_replicas, mib(g->state_bytes),
                          mib(g->workspace_bytes), mib(g->overhead_bytes), mib(g->total), bb);
         if (k < 0) break;
@@ -248,8 +251,8 @@ void ms_place_input_free(ms_place_input *in) {
     memset(in, 0, sizeof *in);
 }
 
-int ms_place_input_of(const ms_model *m, int context, int max_batch, int slots, ms_expert_split split,
-                      int replicate_hot, ms_place_input *in, ms_err *err) {
+int ms_place_input_of(const ms_model *m, ms_backend *be, int context, int max_batch, int slots,
+                      ms_expert_split split, int replicate_hot, ms_place_input *in, ms_err *err) {
     memset(in, 0, sizeof *in);
     const ms_config *c = &m->cfg;
     int L = c->n_layers;
@@ -261,7 +264,7 @@ int ms_place_input_of(const ms_model *m, int context, int max_batch, int slots, 
     }
     ms_model_place_bytes(m, ls, xb, &in->embed_bytes, &in->head_bytes, &in->head_tied);
     uint64_t other = 0, workspace = 0;
-    ms_engine_opts eo = {.max_ctx = context, .max_batch = max_batch};
+    ms_engine_opts eo = {.max_ctx = context, .max_batch = max_batch, .backend = be};
     ms_engine_layer_state_bytes(m, &eo, st, &other, &workspace);
     int k = slots > 1 ? slots : 1;
     for (int l = 0; l < L; l++) st[l] *= (uint64_t)k;

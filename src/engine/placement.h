@@ -86,9 +86,9 @@ void ms_placement_json(const ms_placement *p, char *buf, size_t cap);
 
 /* The input of model m: its layers' bytes as placed (ms_model_place_bytes), the causal state
  * per layer for `context` tokens and `slots` slots and the workspace as the memory plan counts
- * them (engine/plan.h). The arrays are allocated into *in (ms_place_input_free). */
-int ms_place_input_of(const ms_model *m, int context, int max_batch, int slots, ms_expert_split split,
-                      int replicate_hot, ms_place_input *in, ms_err *err);
+ * them on backend be (its own workspace included; NULL: a CPU backend of one thread) (engine/plan.h). The arrays are allocated into *in (ms_place_input_free). */
+int ms_place_input_of(const ms_model *m, ms_backend *be, int context, int max_batch, int slots,
+                      ms_expert_split split, int replicate_hot, ms_place_input *in, ms_err *err);
 void ms_place_input_free(ms_place_input *in);
 
 /* The engine's stages (engine.h ms_stages) of placement p over backends bes[p->n_dev] and

@@ -71,7 +71,8 @@ static int part_get(const ms_engine *e, const ms_state_part *p, uint8_t *out, ms
         memcpy(out, p->data, n);
         return MS_OK;
     }
-    return e->be->ops->download(e->be, out, p->data, n, err);
+    ms_backend *be = p->be ? p->be : e->be; /* a split engine: the backend of the part's stage */
+    return be->ops->download(be, out, p->data, n, err);
 }
 
 /* Check sections s[0..ns) for a state at n_past against e's parts (reserving
@@ -118,7 +119,8 @@ static int apply_sections(ms_engine *e, int64_t n_past, const sec_in *s, const m
         if (p[i].kind == MS_PART_CUSTOM) p[i].put(e, p[i].layer, s[i].data, s[i].size);
         else if (s[i].size && p[i].host) memcpy(p[i].data, s[i].data, s[i].size);
         else if (s[i].size) {
-            int rc = e->be->ops->upload(e->be, p[i].data, s[i].data, s[i].size, err);
+            ms_backend *be = p[i].be ? p[i].be : e->be;
+            int rc = be->ops->upload(be, p[i].data, s[i].data, s[i].size, err);
             if (rc) return ms_wrap(err, "restoring \"%s\"", p[i].name);
         }
     }

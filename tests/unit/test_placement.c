@@ -306,7 +306,7 @@ TEST(input_of_a_fixture_model) {
         return;
     }
     ms_place_input in;
-    CHECK(ms_place_input_of(&m, 64, 8, 1, MS_EXPERTS_SHARDED, 0, &in, &err) == MS_OK);
+    CHECK(ms_place_input_of(&m, NULL, 64, 8, 1, MS_EXPERTS_SHARDED, 0, &in, &err) == MS_OK);
     uint64_t experts = 0, statics = in.embed_bytes + (in.head_tied ? 0 : in.head_bytes), state = in.state0_bytes;
     for (int l = 0; l < in.n_layers; l++) {
         experts += in.expert_bytes[l] * (uint64_t)in.n_experts;

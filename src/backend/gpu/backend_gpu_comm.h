@@ -16,8 +16,8 @@ extern "C" {
  * devices form one NCCL communicator (ncclCommInitAll, one rank each, driven from this one
  * thread with grouped ncclSend / ncclRecv on the comm's own stream per entry). NVLink
  * multicast stays off: NCCL_NVLS_ENABLE=0 is set before the communicator is made.
- * A copy waits for the source backend's queued work (its sync) and returns when the bytes
- * have arrived. Errors: MS_ERR_UNSUPPORTED (NCCL not loadable, or its message; a build
+ * A copy waits for both backends' queued work (their sync) and returns when the bytes
+ * have arrived (the stages run one after another; overlap is not attempted). Errors: MS_ERR_UNSUPPORTED (NCCL not loadable, or its message; a build
  * without it), MS_ERR_ARG, MS_ERR_NOMEM. bes is borrowed. */
 int ms_comm_gpu_create(ms_backend *const *bes, const int *devices, int n, ms_comm **out, ms_err *err);
 

@@ -90,7 +90,9 @@ static int nccl_copy(ms_comm *c, int to, void *dst, int from, const void *src, s
         return ms_fail(err, MS_ERR_ARG, "comm: rank %d -> %d of %d", from, to, c->n);
     if (!bytes) return MS_OK;
     double t0 = now_s();
-    int rc = c->bes[from]->ops->sync(c->bes[from], err); /* the source's queued work has written src */
+    /* the source's queued work has written src; the destination's no longer reads or writes dst */
+    int rc = c->bes[from]->ops->sync(c->bes[from], err);
+    if (!rc && to != from) rc = c->bes[to]->ops->sync(c->bes[to], err);
     if (rc) return rc;
     if (k->dev[to] == k->dev[from]) { /* one physical device: a device-to-device copy */
         if ((rc = rt_check(gpuSetDevice(k->dev[from]), "set device", err)) ||
