@@ -232,6 +232,7 @@ static int place_stages(const char *cmd, const ms_cli_opts *eo, int ctx, ms_cli_
     for (int i = 0; i < n; i++) {
         ms_backend *be = x->stage_bes[i];
         uint64_t fr = 0, tot = 0;
+        if (x->comm->ops->activate) x->comm->ops->activate(x->comm, i); /* mem_info reads the current device */
         if (be->ops->mem_info && !be->ops->mem_info(be, &fr, &tot, &err)) {
             int share = 0;
             for (int j = 0; j < n; j++) share += x->gpu_ids[j] == x->gpu_ids[i];

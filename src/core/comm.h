@@ -21,6 +21,10 @@ typedef struct ms_comm_ops {
      * (MS_ERR_UNSUPPORTED with its message), MS_ERR_ARG for a rank out of range. */
     int (*copy)(ms_comm *c, int to, void *dst, int from, const void *src, size_t bytes, ms_err *err);
     void (*destroy)(ms_comm *c);
+    /* Optional (NULL: nothing to do, as on the CPU): make rank's device the calling thread's
+     * current device before work is queued on bes[rank] (GPU runtimes launch kernels and
+     * allocate on the current device; the GPU backend selects its device only when made). */
+    void (*activate)(ms_comm *c, int rank);
 } ms_comm_ops;
 
 struct ms_comm {

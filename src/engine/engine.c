@@ -222,6 +222,7 @@ static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms
     const ms_stages *sg = opts ? opts->stages : NULL;
     e->l0 = 0, e->l1 = c->n_layers;
     if (sg) e->staged = 1, e->stage = stage, e->stages = sg, e->l0 = sg->layer_begin[stage], e->l1 = sg->layer_end[stage];
+    ms_stage_activate(e, stage); /* its allocations and placed weights on its device */
     e->la_layer = -1;
     e->pool = opts ? opts->pool : NULL;
     e->n_threads = ms_pool_size(e->pool);
@@ -315,7 +316,6 @@ static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms
 /* Why a model cannot run split into stages (its state or streams span layers), or NULL. */
 static const char *unstageable(const ms_config *c, const ms_engine_opts *o) {
     if (c->hc_mult > 1) return "mHC hyper-connection streams";
-    if (c->attn_res_block) return "Attention Residuals block states";
     if (o->experts) return "an external expert source (streamed experts)"; /* not a cross-layer state, but refused alike */
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_dsa[l]) return "DSA indexer state";
@@ -372,11 +372,13 @@ static void kda_states_reset(ms_engine *e) {
 
 void ms_engine_destroy(ms_engine *e) {
     if (!e) return;
+    if (e->staged) ms_stage_activate(e, e->stage);
     if (e->stage_e && e->stage == 0) { /* the lead: its later stages, then the table of them */
         ms_engine **st = e->stage_e;
         for (int s = e->stages->n - 1; s >= 1; s--) st[s]->stage_e = NULL, ms_engine_destroy(st[s]);
         free(st);
         e->stage_e = NULL;
+        ms_stage_activate(e, 0);
     }
     if (e->be) { /* every buffer of the table: backend memory through the backend, the rest with free */
         size_t T, B;
@@ -444,12 +446,17 @@ static int forward_head(ms_engine *e, int nb, int64_t BS, int n, float *logits, 
 /* The pipeline hand-off: the chunk's residual rows from stage e to the next stage's
  * activations (comm), then the next stage's layers over the same sequences' engines of
  * that stage. */
-static int forward_next_stage(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const int32_t *tokens, int n,
+static int forward_next_stage(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const int32_t *tokens, int n, int nb,
                               float *logits, int all_logits, ms_err *err) {
     int s = e->stage + 1;
     ms_engine *nx = e->stage_e[s];
-    int rc = e->stages->comm->ops->copy(e->stages->comm, s, nx->x, e->stage, e->x,
-                                        (size_t)n * (size_t)e->m->cfg.hidden * 4, err);
+    size_t row_bytes = (size_t)n * (size_t)e->m->cfg.hidden * 4;
+    int rc = e->stages->comm->ops->copy(e->stages->comm, s, nx->x, e->stage, e->x, row_bytes, err);
+    /* Attention Residuals: the completed block states of the chunk's rows go along */
+    const int64_t BS = (int64_t)e->max_batch * e->m->cfg.hidden;
+    for (int i = 0; i < nb && !rc; i++)
+        rc = e->stages->comm->ops->copy(e->stages->comm, s, nx->ares + i * BS, e->stage, e->ares + i * BS, row_bytes, err);
+    nx->ares_nb = nb;
     if (rc) {
         ms_wrap(err, "handing the residual from stage %d to stage %d", e->stage, s);
         return rc;
@@ -476,6 +483,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return ms_fail(err, MS_ERR_ARG, "token id %d is out of range [0, %lld)", tokens[t], (long long)c->vocab);
     double t_stage = e->staged ? now_s() : 0;
+    ms_stage_activate(e, e->stage);
     if (e->stage == 0) be->ops->embed(be, e->x, &m->embed, tokens, n); /* a later stage: e->x came from the previous */
     int rc = MS_OK;
     e->chunk_tokens = tokens;
@@ -486,7 +494,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     if (e->mhc) ms_mhc_engine_begin(e, n);
     /* Attention Residuals (attn_res_block > 0; never with mHC): e->x is the current
      * block's partial sum, e->ares the completed block states; each sublayer reads their mixture. */
-    int nb = 0;
+    int nb = e->staged && e->stage > 0 ? e->ares_nb : 0; /* a later stage: the blocks handed on */
     const int64_t BS = (int64_t)e->max_batch * D;
     int fuse = fused_add_norm(e), normed = 0; /* normed: e->xn already holds this layer's attention input */
     for (int l = e->l0; l < e->l1 && !rc; l++) {
@@ -548,7 +556,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     if (e->staged && e->stage + 1 < e->stages->n) { /* this stage's work done (synced: timed), then the next */
         if ((rc = be->ops->sync(be, err))) return rc;
         e->stats.stage_s += now_s() - t_stage;
-        return forward_next_stage(e, seqs, nseq, tokens, n, logits, all_logits, err);
+        return forward_next_stage(e, seqs, nseq, tokens, n, nb, logits, all_logits, err);
     }
     if (e->staged) { /* the last stage: its time includes the head and the logits' download */
         rc = forward_head(e, nb, BS, n, logits, all_logits, err);

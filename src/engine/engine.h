@@ -54,8 +54,9 @@ typedef struct ms_engine_opts {
     /* NULL: one backend (opts->backend). Else the pipeline split over stages->n backends
      * (opts->backend ignored): one engine per stage behind this one, each with its stage's
      * layers' weights placed on its backend and their causal state there. Resident experts
-     * only (experts NULL); models with mHC, Attention Residuals, DSA or compressed attention
-     * are refused (MS_ERR_UNSUPPORTED: their state spans layers). */
+     * only (experts NULL); models with mHC, DSA or compressed attention are refused
+     * (MS_ERR_UNSUPPORTED: their state spans layers). Attention Residuals' block states go
+     * along with the residual. */
     const ms_stages *stages;
 } ms_engine_opts;
 

@@ -3,6 +3,7 @@
 #define MS_ENGINE_INTERNAL_H
 
 #include "core/backend.h"
+#include "core/comm.h"
 #include "engine/engine.h"
 #include "engine/gdn_block.h"
 #include "engine/kda_block.h"
@@ -90,9 +91,16 @@ struct ms_engine {
     /* the pipeline split (ms_engine_opts.stages): this engine runs layers [l0, l1) (0, n_layers
      * without one); staged: only those layers' causal state is allocated */
     int l0, l1, staged, stage;
+    int ares_nb;          /* a later stage: Attention Residuals blocks completed by the stages before it */
     const ms_stages *stages;
     struct ms_engine **stage_e; /* [stages->n] the lead's stage engines (stage_e[0] = the lead); shared by all stages */
 };
+
+/* A split engine: stage s's backend made current before work is queued on it (the comm's
+ * activate: a GPU's device); nothing for an engine without stages. */
+static inline void ms_stage_activate(const ms_engine *e, int s) {
+    if (e->staged && e->stages->comm->ops->activate) e->stages->comm->ops->activate(e->stages->comm, s);
+}
 
 /* A lead split over stages (ms_engine_opts.stages): its later stages' engines take its
  * position (state.c after a restore or truncation); nothing without stages. */

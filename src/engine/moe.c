@@ -166,6 +166,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
             rc = e->stages->comm->ops->copy(e->stages->comm, d, rin, e->stage, in, (size_t)(n * D) * 4, err);
             if (rc) return ms_wrap(err, "layer %d: tokens to device %d", layer, d);
             xin = rin;
+            ms_stage_activate(e, d); /* device d's kernels */
             xb->ops->zero(xb, xacc, (size_t)(n * D) * 4);
         }
         int ids[1024];
@@ -192,6 +193,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
             x->stats.remote_experts_s += now_s() - t_remote;
             rc = e->stages->comm->ops->copy(e->stages->comm, e->stage, e->ys, d, xacc, (size_t)(n * D) * 4, err);
             if (rc) return ms_wrap(err, "layer %d: expert sums from device %d", layer, d);
+            ms_stage_activate(e, e->stage);
             be->ops->add(be, acc, e->ys, (int64_t)n * D);
         }
     }

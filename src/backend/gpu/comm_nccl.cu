@@ -131,7 +131,12 @@ static void nccl_destroy(ms_comm *c) {
     free(c);
 }
 
-static const ms_comm_ops nccl_ops = {nccl_copy, nccl_destroy};
+static void nccl_activate(ms_comm *c, int rank) {
+    nccl_comm *k = (nccl_comm *)c->impl;
+    if (rank >= 0 && rank < k->n) (void)gpuSetDevice(k->dev[rank]);
+}
+
+static const ms_comm_ops nccl_ops = {nccl_copy, nccl_destroy, nccl_activate};
 #endif
 
 extern "C" int ms_comm_gpu_create(ms_backend *const *bes, const int *devices, int n, ms_comm **out, ms_err *err) {
@@ -164,6 +169,7 @@ extern "C" int ms_comm_gpu_create(ms_backend *const *bes, const int *devices, in
         if (!(rc = rt_check(gpuSetDevice(k->dev[i]), "set device", err)))
             rc = rt_check(gpuStreamCreateWithFlags(&k->stream[i], gpuStreamNonBlocking), "stream", err);
     if (!rc && k->n_ranks > 1) { /* NCCL only where two physical devices talk */
+        /* ncclCommInitAll makes one rank per listed device from this thread */
         setenv("NCCL_NVLS_ENABLE", "0", 1); /* no NVLink multicast (the lent machines must keep it off) */
         if (!(rc = nccl_load(&k->api, err)))
             rc = nccl_check(k, k->api.comm_init_all(k->comm, k->n_ranks, k->uniq), "ncclCommInitAll", err);
@@ -172,6 +178,7 @@ extern "C" int ms_comm_gpu_create(ms_backend *const *bes, const int *devices, in
         nccl_destroy(c);
         return rc;
     }
+    (void)gpuSetDevice(k->dev[0]);
     *out = c;
     return MS_OK;
 #endif
