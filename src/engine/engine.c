@@ -315,11 +315,9 @@ static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms
 
 /* Why a model cannot run split into stages (its state or streams span layers), or NULL. */
 static const char *unstageable(const ms_config *c, const ms_engine_opts *o) {
-    if (c->hc_mult > 1) return "mHC hyper-connection streams";
     if (o->experts) return "an external expert source (streamed experts)"; /* not a cross-layer state, but refused alike */
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_dsa[l]) return "DSA indexer state";
-        if (c->layer_attn[l] == MS_ATTN_COMPRESSED) return "compressed attention";
     }
     return NULL;
 }
@@ -413,8 +411,10 @@ void ms_engine_reset(ms_engine *e) {
     kda_states_reset(e);
 }
 void ms_engine_stages_at(ms_engine *e) {
-    for (int s = 1; e->stage_e && e->stage == 0 && s < e->stages->n; s++)
+    for (int s = 1; e->stage_e && e->stage == 0 && s < e->stages->n; s++) {
         e->stage_e[s]->n_past = e->n_past, e->stage_e[s]->la_layer = -1;
+        ms_cattn_engine_restored(e->stage_e[s], e->n_past);
+    }
 }
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
 int ms_engine_max_ctx(const ms_engine *e) { return e->max_ctx; }
@@ -451,7 +451,12 @@ static int forward_next_stage(ms_engine *e, const ms_fwd_seq *seqs, int nseq, co
     int s = e->stage + 1;
     ms_engine *nx = e->stage_e[s];
     size_t row_bytes = (size_t)n * (size_t)e->m->cfg.hidden * 4;
-    int rc = e->stages->comm->ops->copy(e->stages->comm, s, nx->x, e->stage, e->x, row_bytes, err);
+    int rc;
+    if (e->mhc) /* mHC: the hyper-connection streams are the residual */
+        rc = e->stages->comm->ops->copy(e->stages->comm, s, ms_mhc_engine_streams(nx), e->stage,
+                                        ms_mhc_engine_streams(e), row_bytes * (size_t)e->m->cfg.hc_mult, err);
+    else
+        rc = e->stages->comm->ops->copy(e->stages->comm, s, nx->x, e->stage, e->x, row_bytes, err);
     /* Attention Residuals: the completed block states of the chunk's rows go along */
     const int64_t BS = (int64_t)e->max_batch * e->m->cfg.hidden;
     for (int i = 0; i < nb && !rc; i++)
@@ -491,7 +496,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     e->n_seqs = nseq;
     float eps = (float)c->rms_eps;
     const float *in = e->x; /* a sublayer's input before its norm: the residual, or the streams' collapse (mHC) */
-    if (e->mhc) ms_mhc_engine_begin(e, n);
+    if (e->mhc && e->stage == 0) ms_mhc_engine_begin(e, n); /* a later stage: the streams came along */
     /* Attention Residuals (attn_res_block > 0; never with mHC): e->x is the current
      * block's partial sum, e->ares the completed block states; each sublayer reads their mixture. */
     int nb = e->staged && e->stage > 0 ? e->ares_nb : 0; /* a later stage: the blocks handed on */
@@ -548,7 +553,8 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     e->seqs = NULL;
     e->n_seqs = 0;
     if (rc) return rc;
-    if (e->mhc && (rc = ms_mhc_engine_end(e, n, err))) return rc;
+    int last = !e->staged || e->stage + 1 == e->stages->n;
+    if (e->mhc && last && (rc = ms_mhc_engine_end(e, n, err))) return rc;
     for (int i = 0; i < nseq; i++) {
         seqs[i].e->n_past += seqs[i].n;
         seqs[i].e->stats.tokens += (uint64_t)seqs[i].n;
@@ -720,6 +726,6 @@ int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap) {
         }
     }
     n = ms_dsa_engine_parts(e, parts, n, cap);
-    n = ms_cattn_engine_parts(e, parts, n, cap);
+    for (int s = 0; s < n_st; s++) n = ms_cattn_engine_parts(e->stage_e ? e->stage_e[s] : e, parts, n, cap);
     return n;
 }

@@ -193,6 +193,9 @@ void ms_mhc_engine_free(ms_engine *e);
 void ms_mhc_engine_begin(ms_engine *e, int n);
 int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **collapsed, ms_err *err);
 void ms_mhc_engine_post(ms_engine *e, int n, const float *y);
+/* The current streams [B, hc, hidden] (backend memory; NULL without mHC): a split engine hands
+ * them to the next stage instead of the residual. */
+float *ms_mhc_engine_streams(ms_engine *e);
 int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err);
 
 /* ---- causal state as engine/state.c sees it (snapshots, state files, truncation) ----
