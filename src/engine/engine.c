@@ -316,9 +316,6 @@ static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms
 /* Why a model cannot run split into stages (its state or streams span layers), or NULL. */
 static const char *unstageable(const ms_config *c, const ms_engine_opts *o) {
     if (o->experts) return "an external expert source (streamed experts)"; /* not a cross-layer state, but refused alike */
-    for (int l = 0; l < c->n_layers; l++) {
-        if (c->layer_dsa[l]) return "DSA indexer state";
-    }
     return NULL;
 }
 
@@ -414,6 +411,7 @@ void ms_engine_stages_at(ms_engine *e) {
     for (int s = 1; e->stage_e && e->stage == 0 && s < e->stages->n; s++) {
         e->stage_e[s]->n_past = e->n_past, e->stage_e[s]->la_layer = -1;
         ms_cattn_engine_restored(e->stage_e[s], e->n_past);
+        ms_dsa_engine_restored(e->stage_e[s], e->n_past);
     }
 }
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
@@ -462,13 +460,18 @@ static int forward_next_stage(ms_engine *e, const ms_fwd_seq *seqs, int nseq, co
     for (int i = 0; i < nb && !rc; i++)
         rc = e->stages->comm->ops->copy(e->stages->comm, s, nx->ares + i * BS, e->stage, e->ares + i * BS, row_bytes, err);
     nx->ares_nb = nb;
+    ms_dsa_engine_hand_on(e, nx, n); /* DSA: the selection a later layer may share */
     if (rc) {
         ms_wrap(err, "handing the residual from stage %d to stage %d", e->stage, s);
         return rc;
     }
     ms_fwd_seq stack_seqs[16], *sq = nseq <= 16 ? stack_seqs : malloc((size_t)nseq * sizeof *sq);
     if (!sq) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < nseq; i++) sq[i] = (ms_fwd_seq){seqs[i].e->stage_e[s], seqs[i].row, seqs[i].n};
+    for (int i = 0; i < nseq; i++) {
+        sq[i] = (ms_fwd_seq){seqs[i].e->stage_e[s], seqs[i].row, seqs[i].n};
+        sq[i].e->fwd_len = seqs[i].e->fwd_len; /* the forward whose top-k tie choices are reproduced */
+    }
+    nx->fwd_len = e->fwd_len;
     rc = forward_rows(nx, sq, nseq, tokens, n, logits, all_logits, err);
     if (sq != stack_seqs) free(sq);
     return rc;
@@ -626,12 +629,23 @@ static int forward_begin(ms_engine *e, const int32_t *tokens, int n, ms_err *err
     e->fwd_len = (int64_t)e->n_past + n;
     if (e->dsa) { /* DSA: redo the positions whose tied top-k choice this longer forward changes */
         int64_t from = -1, end = e->n_past;
-        int rc = ms_dsa_engine_replay_from(e, e->fwd_len, &from, err);
-        if (rc) return rc;
+        int n_st = ms_engine_n_stages(e);
+        for (int s = 0; s < n_st; s++) { /* a split engine: the earliest position any stage's layers re-choose */
+            ms_engine *se = e->stage_e ? e->stage_e[s] : e;
+            int64_t f = -1;
+            ms_stage_activate(se, s);
+            int rc = ms_dsa_engine_replay_from(se, e->fwd_len, &f, err);
+            if (rc) return rc;
+            if (f >= 0 && (from < 0 || f < from)) from = f;
+        }
+        int rc = MS_OK;
         if (from >= 0) {
-            ms_dsa_engine_rollback(e, from);
-            if (from == 0) kda_states_reset(e);
-            e->n_past = (int)from;
+            for (int s = 0; s < n_st; s++) {
+                ms_engine *se = e->stage_e ? e->stage_e[s] : e;
+                ms_dsa_engine_rollback(se, from);
+                if (from == 0) kda_states_reset(se);
+                se->n_past = (int)from;
+            }
             for (int64_t s = from; s < end; s += e->max_batch) {
                 int k = end - s < e->max_batch ? (int)(end - s) : e->max_batch;
                 if ((rc = forward_chunk(e, ms_dsa_engine_tokens(e) + s, k, NULL, 0, err))) return rc;
@@ -725,7 +739,7 @@ int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap) {
             n = add_part(parts, n, cap, p);
         }
     }
-    n = ms_dsa_engine_parts(e, parts, n, cap);
+    for (int s = 0; s < n_st; s++) n = ms_dsa_engine_parts(e->stage_e ? e->stage_e[s] : e, parts, n, cap);
     for (int s = 0; s < n_st; s++) n = ms_cattn_engine_parts(e->stage_e ? e->stage_e[s] : e, parts, n, cap);
     return n;
 }

@@ -54,9 +54,9 @@ typedef struct ms_engine_opts {
     /* NULL: one backend (opts->backend). Else the pipeline split over stages->n backends
      * (opts->backend ignored): one engine per stage behind this one, each with its stage's
      * layers' weights placed on its backend and their causal state there. Resident experts
-     * only (experts NULL); models with DSA are refused (MS_ERR_UNSUPPORTED: the indexer's
-     * selections and tie replays span layers). Attention Residuals' block states go along
-     * with the residual, mHC's streams are the residual handed on. */
+     * only (experts NULL: MS_ERR_UNSUPPORTED otherwise). What spans layers goes along at
+     * each hand-off: Attention Residuals' block states, mHC's streams (the residual then), the
+     * chunk's DSA selection; DSA tie replays cover every stage. */
     const ms_stages *stages;
 } ms_engine_opts;
 

@@ -183,6 +183,9 @@ int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_e
 void ms_dsa_engine_rollback(ms_engine *e, int64_t pos);
 void ms_dsa_engine_note_tokens(ms_engine *e, const int32_t *tokens, int n);
 const int32_t *ms_dsa_engine_tokens(const ms_engine *e);
+/* A split engine's hand-off: the chunk's current selection (n rows; host arrays) from one stage
+ * to the next, for a later layer that shares an earlier one's (layer_dsa 2). */
+void ms_dsa_engine_hand_on(const ms_engine *from, ms_engine *to, int n);
 /* mHC (hc_mult > 1): init/free the streams; begin: e->x [n, hidden] (the
  * embeddings) becomes hc copies; pre: the collapsed input of a sublayer
  * (ffn 0: attention, 1: feed-forward) from the streams; post: mix the sublayer
@@ -229,6 +232,8 @@ typedef struct ms_state_part {
     void (*get)(const ms_engine *e, int layer, uint8_t *out);
     int (*check)(ms_engine *e, int layer, const uint8_t *in, uint64_t n, int64_t n_past, ms_err *err);
     void (*put)(ms_engine *e, int layer, const uint8_t *in, uint64_t n);
+    ms_engine *eng;         /* CUSTOM: the engine the hooks get (NULL: the one saved or restored; a split
+                             * engine's later stage: its own) */
 } ms_state_part;
 
 /* The engine's state parts into parts[0..cap) (parts may be NULL to count);

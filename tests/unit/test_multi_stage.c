@@ -7,7 +7,9 @@
  * the per-device sums, and the same greedy ids; snapshots and batched decode see every
  * stage's state; replicated experts run where the layer is; Attention Residuals' block states
  * travel with the residual (kimi_k3), mHC's streams are the residual handed on and compressed
- * attention's rings stay with their layer (deepseek_v4); DSA models are refused. Fixtures:
+ * attention's rings stay with their layer (deepseek_v4), DSA's index keys stay with their layer
+ * and the chunk's selection goes along for layers that share it, tie replays span the stages
+ * (deepseek_v32, glm_moe_dsa, glm5_next). Fixtures:
  * tests/data/fixtures/models/<name>. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -164,6 +166,9 @@ TEST(kda_kimi_linear) { check_model("kimi_linear"); }
 TEST(gdn_qwen3_next) { check_model("qwen3_next"); }
 TEST(attention_residuals_kimi_k3) { check_model("kimi_k3"); }
 TEST(mhc_compressed_deepseek_v4) { check_model("deepseek_v4"); }
+TEST(dsa_deepseek_v32) { check_model("deepseek_v32"); }
+TEST(dsa_glm_moe) { check_model("glm_moe_dsa"); }
+TEST(mhc_dsa_glm5_next) { check_model("glm5_next"); }
 
 /* Replicas: the hottest experts held on every stage run where the layer is; the result is
  * the sharded one's (same tolerance), and fewer bytes cross between stages. */
@@ -238,28 +243,26 @@ TEST(batched_decode_over_stages) {
     ms_model_free(&m);
 }
 
-/* What cannot be split yet is refused by name, before anything is allocated. */
-TEST(refuses_cross_layer_state) {
-    const char *names[] = {"glm_moe_dsa", "deepseek_v32"};
-    for (int i = 0; i < 2; i++) {
-        ms_model m;
-        ms_err err = {0};
-        char dir[512];
-        snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", names[i]);
-        if (ms_model_load(dir, &m, &err)) {
-            CHECK_MSG(0, "%s: %s", names[i], err.msg);
-            continue;
-        }
-        split s;
-        CHECK(split_open(&s, &m, 2, MS_EXPERTS_WITH_LAYER, 0, &err) == 0);
-        ms_engine_opts so = {.max_ctx = CTX, .max_batch = 8, .stages = &s.st};
-        ms_engine *e = NULL;
-        CHECK(ms_engine_create(&m, &so, &e, &err) == MS_ERR_UNSUPPORTED);
-        CHECK_MSG(strstr(err.msg, "not supported yet"), "%s: %s", names[i], err.msg);
-        CHECK(e == NULL);
-        split_close(&s);
-        ms_model_free(&m);
+/* An expert source from outside (streamed experts) is refused by name, before anything is allocated. */
+TEST(refuses_an_external_expert_source) {
+    ms_model m;
+    ms_err err = {0};
+    if (ms_model_load(MS_TEST_FIXTURES "qwen3_moe", &m, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
     }
+    split s;
+    CHECK(split_open(&s, &m, 2, MS_EXPERTS_WITH_LAYER, 0, &err) == 0);
+    ms_expert_source *src = NULL;
+    CHECK(ms_resident_experts_create(&m, &src, &err) == MS_OK);
+    ms_engine_opts so = {.max_ctx = CTX, .max_batch = 8, .stages = &s.st, .experts = src};
+    ms_engine *e = NULL;
+    CHECK(ms_engine_create(&m, &so, &e, &err) == MS_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(err.msg, "not supported yet"), "%s", err.msg);
+    CHECK(e == NULL);
+    if (src) src->ops->destroy(src);
+    split_close(&s);
+    ms_model_free(&m);
 }
 
 TEST_MAIN()
