@@ -313,9 +313,10 @@ static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms
     return MS_OK;
 }
 
-/* Why a model cannot run split into stages (its state or streams span layers), or NULL. */
-static const char *unstageable(const ms_config *c, const ms_engine_opts *o) {
-    if (o->experts) return "an external expert source (streamed experts)"; /* not a cross-layer state, but refused alike */
+/* Why a configuration cannot run split into stages, or NULL: an expert source from outside
+ * (streamed experts: its cache and views are one backend's). */
+static const char *unstageable(const ms_engine_opts *o) {
+    if (o->experts) return "an external expert source (streamed experts)";
     return NULL;
 }
 
@@ -333,11 +334,10 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         if (s == sg->n - 1 && at != m->cfg.n_layers)
             return ms_fail(err, MS_ERR_ARG, "stages: the stages end at layer %d of %d", at, (int)m->cfg.n_layers);
     }
-    const char *why = sg->n > 1 ? unstageable(&m->cfg, opts) : NULL;
+    const char *why = sg->n > 1 ? unstageable(opts) : NULL;
     if (why)
         return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "splitting the model over %d devices is not supported yet with %s (state across layers)", sg->n,
-                       why);
+                       "splitting the model over %d devices is not supported yet with %s", sg->n, why);
     ms_engine **st = calloc((size_t)sg->n, sizeof *st);
     if (!st) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     int rc = MS_OK;

@@ -4,8 +4,8 @@
 #   tests/scripts/verify_gpus.sh 0,0 --backend cuda          (two stages on one GPU)
 #   tests/scripts/verify_gpus.sh 2 --backend cuda --experts-split layer
 #   tests/scripts/verify_gpus.sh 3 --backend cpu              (CPU backends as the devices)
-# Lines with streaming flags are skipped (--gpus holds every expert resident); a model the split
-# refuses by name ("not supported yet": state across layers) counts as refused, not failed.
+# Lines with streaming flags are skipped (--gpus holds every expert resident); a configuration the
+# split refuses by name ("not supported yet") counts as refused, not failed.
 gpus=${1:?usage: verify_gpus.sh GPUS [FLAGS...]}; shift
 pass=0; fail=0; refused=0; skipped=0
 for list in tests/fixtures.list tests/fixtures-demo.list; do
@@ -18,5 +18,5 @@ while read -r dir flags; do
     else fail=$((fail+1)); echo "FAIL $dir $flags --gpus $gpus $*"; printf '%s\n' "$out" | tail -n 5; fi
 done < $list
 done
-echo "verify --gpus $gpus $*: $pass passed, $fail failed, $refused refused (state across layers), $skipped skipped (streaming lines)"
+echo "verify --gpus $gpus $*: $pass passed, $fail failed, $refused refused, $skipped skipped (streaming lines)"
 [ $fail -eq 0 ]

@@ -24,13 +24,13 @@ extern "C" {
 #define NCCL_LIBRARY "libnccl.so.2"
 #endif
 
+#if MS_GPU_HAVE_NCCL
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-#if MS_GPU_HAVE_NCCL
 /* The NCCL entry points this file calls, resolved from NCCL_LIBRARY. */
 typedef struct {
     void *lib;
