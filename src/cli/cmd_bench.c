@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/comm.h"
 #include "engine/device_experts.h"
 #include "engine/streaming.h"
 #include "io/reader.h"
@@ -217,7 +218,7 @@ int cmd_bench(int argc, char **argv) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((s >> 33) % (uint64_t)c->vocab);
     }
-    int device = x.backend != NULL;
+    int device = x.backend != NULL && !x.backend->host_memory;
     double bw = device ? ms_cli_device_copy_bw(&x) / 1e9 : ms_measure_read_bandwidth(x.pool, 0);
     if (device) { /* an untimed warm-up prefill: kernel loading, the BLAS handle, scratch growth */
         if (ms_engine_forward(x.engine, toks, (int)P, logits, 0, &err)) goto fail;
@@ -232,6 +233,12 @@ int cmd_bench(int argc, char **argv) {
     if (x.experts) ms_streaming_stats(x.experts, &ss0);
     ms_device_experts_stats ds0 = {0}, ds1 = {0};
     if (x.dev_experts) ms_device_experts_stats_get(x.dev_experts, &ds0);
+    /* --gpus: each stage's and the comm's counters before the decode */
+    double st0[MS_MAX_DEVICES] = {0}, rx0[MS_MAX_DEVICES] = {0}, cs0 = 0;
+    uint64_t cb0 = 0, cc0 = 0;
+    for (int i = 0; x.stages && i < ms_engine_n_stages(x.engine); i++)
+        st0[i] = ms_engine_stage_stats(x.engine, i)->stage_s, rx0[i] = ms_engine_stage_stats(x.engine, i)->remote_experts_s;
+    if (x.comm) cb0 = x.comm->bytes, cc0 = x.comm->calls, cs0 = x.comm->seconds;
     double c2 = cpu_seconds(); /* = end of the prefill */
     double argmax_s = 0;
     int picked = 0; /* device backends: the engine picks the greedy token where the logits are (one id down) */
@@ -307,6 +314,26 @@ int cmd_bench(int argc, char **argv) {
                  (unsigned long long)(ds1.pf_forwarded - ds0.pf_forwarded),
                  (unsigned long long)(ds1.pf_held - ds0.pf_held), ds1.gate_open, ds1.gate_precision, ds1.gate_need,
                  1e3 * ds1.gate_gap_s, 1e3 * ds1.gate_read_s);
+    }
+    if (x.stages) { /* per device: decode seconds per token of its stage (synced at its hand-off), of that its
+                     * experts' work for other stages, its ledger; the comm's bytes, calls and seconds per token */
+        size_t k = strlen(sj);
+        k += (size_t)snprintf(sj + k, sizeof sj - k, ",\"gpus\":\"%s\",\"devices\":[", eo.gpus);
+        for (int i = 0; i < ms_engine_n_stages(x.engine) && k < sizeof sj; i++) {
+            const ms_engine_stats *st = ms_engine_stage_stats(x.engine, i);
+            const ms_dev_ledger *g = &x.placement.dev[i];
+            k += (size_t)snprintf(sj + k, sizeof sj - k,
+                                  "%s{\"device\":%d,\"layer_begin\":%d,\"layer_end\":%d,\"decode_s_per_token\":%.6f,"
+                                  "\"remote_experts_s_per_token\":%.6f,\"total_bytes\":%llu,\"expert_bytes\":%llu}",
+                                  i ? "," : "", x.gpu_ids[i], g->layer_begin, g->layer_end,
+                                  (st->stage_s - st0[i]) / (double)G, (st->remote_experts_s - rx0[i]) / (double)G,
+                                  (unsigned long long)g->total, (unsigned long long)g->expert_bytes);
+        }
+        if (k < sizeof sj)
+            snprintf(sj + k, sizeof sj - k,
+                     "],\"comm_bytes_per_token\":%.0f,\"comm_calls_per_token\":%.2f,\"comm_s_per_token\":%.6f",
+                     (double)(x.comm->bytes - cb0) / (double)G, (double)(x.comm->calls - cc0) / (double)G,
+                     (x.comm->seconds - cs0) / (double)G);
     }
     char pj[4096] = "";
     if (profile && device) { /* G more tokens, each op timed (after the timed run: events cost time) */

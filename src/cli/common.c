@@ -5,14 +5,17 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/cpu/backend_cpu.h"
 #include "backend/cpu/cpu.h"
 #include "cli/args.h"
 #include "engine/device_experts.h"
 #include "engine/plan.h"
 #include "cli/progress.h"
+#include "core/comm.h"
 #include "util/hf_cache.h"
 #ifdef MS_WITH_GPU
 #include "backend/gpu/backend_gpu.h"
+#include "backend/gpu/backend_gpu_comm.h"
 #endif
 
 const char *ms_cli_model_arg(const char *cmd, const char *arg) {
@@ -135,10 +138,158 @@ int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
         fprintf(stderr, "moonshine: --backend \"%s\": expected cpu, cuda, hip or auto\n", o->backend);
         return -1;
     }
+    o->gpus = ms_arg_str(argc, argv, "--gpus");
+    const char *es = ms_arg_str(argc, argv, "--experts-split");
+    int64_t rh = 0;
+    if (ms_arg_int(argc, argv, "--replicate-hot", 0, 1 << 20, &rh)) return -1;
+    o->replicate_hot = (int)rh;
+    if (es && strcmp(es, "sharded") && strcmp(es, "layer")) {
+        fprintf(stderr, "moonshine: --experts-split \"%s\": expected sharded or layer\n", es);
+        return -1;
+    }
+    o->experts_split = es && !strcmp(es, "layer") ? MS_EXPERTS_WITH_LAYER : MS_EXPERTS_SHARDED;
+    if (!o->gpus && (es || rh)) {
+        fprintf(stderr, "moonshine: --experts-split and --replicate-hot need --gpus\n");
+        return -1;
+    }
     o->threads = (int)t;
     o->ctx = (int)c;
     o->prefill_chunk = (int)pc;
     return 0;
+}
+
+/* --gpus: a backend per entry of the device list and the comm over them (x->stage_bes,
+ * x->comm; x->backend = the first). GPU backends on a GPU build, or CPU backends over the
+ * pool with --backend cpu. */
+static int open_stages(const char *cmd, const ms_cli_opts *eo, ms_cli_ctx *x) {
+    ms_err err = {0};
+    int n = ms_parse_device_list(eo->gpus, x->gpu_ids, MS_MAX_DEVICES, &err);
+    if (n < 0) {
+        fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+        return 1;
+    }
+    int cpu = eo->backend && !strcmp(eo->backend, "cpu");
+#ifdef MS_WITH_GPU
+    int have = ms_backend_gpu_count();
+    if (!cpu && strcmp(eo->backend, "auto") && strcmp(eo->backend, MS_GPU_KIND)) {
+        fprintf(stderr, "moonshine %s: --backend %s: this build's GPU backend is %s\n", cmd, eo->backend, MS_GPU_KIND);
+        return 1;
+    }
+    if (!cpu && !strcmp(eo->backend, "auto") && have < 1) cpu = 1;
+#else
+    if (!cpu && strcmp(eo->backend, "auto")) {
+        fprintf(stderr, "moonshine %s: --backend %s: this build has no GPU backend (built without nvcc/hipcc)\n", cmd,
+                eo->backend);
+        return 1;
+    }
+    cpu = 1;
+#endif
+    x->n_stages = n;
+    for (int i = 0; i < n; i++) {
+        int rc;
+        if (cpu) {
+            rc = ms_backend_cpu_create(x->pool, &x->stage_bes[i], &err);
+        } else {
+#ifdef MS_WITH_GPU
+            if (x->gpu_ids[i] >= have) {
+                fprintf(stderr, "moonshine %s: --gpus %s: there is no device %d (%d present)\n", cmd, eo->gpus,
+                        x->gpu_ids[i], have);
+                return 1;
+            }
+            rc = ms_backend_gpu_create(x->gpu_ids[i], &x->stage_bes[i], &err);
+#else
+            rc = MS_ERR_UNSUPPORTED;
+#endif
+        }
+        if (rc) {
+            fprintf(stderr, "moonshine %s: --gpus %s: device %d: %s\n", cmd, eo->gpus, x->gpu_ids[i], err.msg);
+            return 1;
+        }
+    }
+    int rc = MS_OK;
+#ifdef MS_WITH_GPU
+    if (!cpu) rc = ms_comm_gpu_create(x->stage_bes, x->gpu_ids, n, &x->comm, &err);
+    else
+#endif
+        rc = ms_comm_host_create(x->stage_bes, n, &x->comm, &err);
+    if (rc) {
+        fprintf(stderr, "moonshine %s: --gpus %s: %s\n", cmd, eo->gpus, err.msg);
+        return 1;
+    }
+    x->backend = x->stage_bes[0];
+    fprintf(stderr, "moonshine %s: %d stage%s on %s backends (--gpus %s)\n", cmd, n, n == 1 ? "" : "s", x->backend->name,
+            eo->gpus);
+    return 0;
+}
+
+/* --gpus: the placement over the stages' devices (budgets: each device's free memory shared
+ * by the list's entries on it, at most --memory-mib each), refused before the engine
+ * allocates; the ledger to stderr; the engine's stages into x->stages. */
+static int place_stages(const char *cmd, const ms_cli_opts *eo, int ctx, ms_cli_ctx *x) {
+    ms_err err = {0};
+    int n = x->n_stages;
+    uint64_t budgets[MS_MAX_DEVICES] = {0};
+    for (int i = 0; i < n; i++) {
+        ms_backend *be = x->stage_bes[i];
+        uint64_t fr = 0, tot = 0;
+        if (x->comm->ops->activate) x->comm->ops->activate(x->comm, i); /* mem_info reads the current device */
+        if (be->ops->mem_info && !be->ops->mem_info(be, &fr, &tot, &err)) {
+            int share = 0;
+            for (int j = 0; j < n; j++) share += x->gpu_ids[j] == x->gpu_ids[i];
+            budgets[i] = fr / (uint64_t)(share ? share : 1);
+        }
+        if (eo->memory_mib > 0 && (!budgets[i] || budgets[i] > ((uint64_t)eo->memory_mib << 20)))
+            budgets[i] = (uint64_t)eo->memory_mib << 20;
+    }
+    ms_place_input in;
+    int context = ctx > 0 ? ctx : 4096;
+    if (context > x->model.cfg.max_pos) context = (int)x->model.cfg.max_pos;
+    if (ms_place_input_of(&x->model, x->stage_bes[0], context, eo->prefill_chunk, 1, (ms_expert_split)eo->experts_split,
+                          eo->replicate_hot, &in, &err) ||
+        ms_placement_make(&in, n, budgets, &x->placement, &err)) {
+        ms_place_input_free(&in);
+        fprintf(stderr, "moonshine %s: --gpus %s: %s\n", cmd, eo->gpus, err.msg);
+        return 1;
+    }
+    ms_place_input_free(&in);
+    char names[MS_MAX_DEVICES][24];
+    const char *np[MS_MAX_DEVICES];
+    for (int i = 0; i < n; i++) { /* "GPU 1", or "GPU 0 #1" for the second stage of a device named twice */
+        int dup = 0;
+        for (int j = 0; j < n; j++) dup += x->gpu_ids[j] == x->gpu_ids[i];
+        if (x->backend->host_memory) snprintf(names[i], sizeof names[i], "cpu #%d", i);
+        else if (dup > 1) snprintf(names[i], sizeof names[i], "GPU %d #%d", x->gpu_ids[i], i);
+        else snprintf(names[i], sizeof names[i], "GPU %d", x->gpu_ids[i]);
+        np[i] = names[i];
+    }
+    if (ms_placement_check(&x->placement, np, &err)) { /* the message holds the ledger */
+        fprintf(stderr, "moonshine %s: --gpus %s: %s", cmd, eo->gpus, err.msg);
+        return 1;
+    }
+    char ledger[4096];
+    ms_placement_format(&x->placement, np, ledger, sizeof ledger);
+    fprintf(stderr, "moonshine %s: placement (%s experts):\n%s", cmd,
+            eo->experts_split == MS_EXPERTS_WITH_LAYER ? "layer-local" : "sharded", ledger);
+    ms_stages_of(&x->placement, x->stage_bes, x->comm, eo->experts_split == MS_EXPERTS_SHARDED, x->stage_begin,
+                 x->stage_end, &x->stages_v);
+    x->stages = &x->stages_v;
+    return 0;
+}
+
+/* The backends of x (one, or the stages' with their comm), after the engine is gone. */
+static void close_backends(ms_cli_ctx *x) {
+    if (x->comm) x->comm->ops->destroy(x->comm);
+    x->comm = NULL;
+    if (x->n_stages) {
+        for (int i = x->n_stages - 1; i >= 0; i--)
+            if (x->stage_bes[i]) x->stage_bes[i]->ops->destroy(x->stage_bes[i]);
+        x->n_stages = 0;
+    } else if (x->backend) {
+        x->backend->ops->destroy(x->backend);
+    }
+    x->backend = NULL;
+    x->stages = NULL;
+    ms_placement_free(&x->placement);
 }
 
 /* The backend `name` (--backend) names, into x->backend (NULL: the engine's own CPU backend).
@@ -171,7 +322,7 @@ double ms_cli_device_copy_bw(ms_cli_ctx *x) {
 #ifdef MS_WITH_GPU
     double bw = 0;
     ms_err err = {0};
-    if (x->backend && ms_backend_gpu_copy_bandwidth(x->backend, &bw, &err)) {
+    if (x->backend && !x->backend->host_memory && ms_backend_gpu_copy_bandwidth(x->backend, &bw, &err)) {
         fprintf(stderr, "moonshine: device copy bandwidth: %s\n", err.msg);
         return 0;
     }
@@ -185,7 +336,7 @@ double ms_cli_device_copy_bw(ms_cli_ctx *x) {
 int ms_cli_profile(ms_cli_ctx *x, int on) {
 #ifdef MS_WITH_GPU
     ms_err err = {0};
-    if (x->backend && ms_backend_gpu_profile(x->backend, on, &err)) {
+    if (x->backend && !x->backend->host_memory && ms_backend_gpu_profile(x->backend, on, &err)) {
         fprintf(stderr, "moonshine: profile: %s\n", err.msg);
         return 1;
     }
@@ -198,7 +349,7 @@ int ms_cli_profile(ms_cli_ctx *x, int on) {
 int ms_cli_profile_json(ms_cli_ctx *x, int per, char *buf, size_t cap) {
     if (cap) buf[0] = 0;
 #ifdef MS_WITH_GPU
-    if (x->backend) return ms_backend_gpu_profile_json(x->backend, per, buf, cap);
+    if (x->backend && !x->backend->host_memory) return ms_backend_gpu_profile_json(x->backend, per, buf, cap);
 #else
     (void)x, (void)per;
 #endif
@@ -230,7 +381,12 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
         fprintf(stderr, "moonshine %s: --cpu-activations: %s\n", cmd, err.msg);
         goto fail;
     }
-    if (open_backend(cmd, eo->backend, x)) goto fail;
+    if (eo->gpus && eo->stream) {
+        fprintf(stderr, "moonshine %s: --gpus: streamed experts (the streaming options) are not split over devices "
+                        "yet: the split holds every expert resident\n", cmd);
+        goto fail;
+    }
+    if (eo->gpus ? open_stages(cmd, eo, x) : open_backend(cmd, eo->backend, x)) goto fail;
     if (x->experts && x->backend && !x->backend->host_memory) { /* the host cache feeds a device slot arena */
         char why[1024];
         /* --device-expert-mib N; 0: the smallest arena (top-k slots); not given: what the device has free */
@@ -262,7 +418,7 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
                 eo->static_store, ms_static_dtype_name((ms_static_dtype)x->model.static_dtype), before / 1048576.0,
                 x->model.static_bytes / 1048576.0, ms_now() - ts);
     }
-    if (eo->memory_mib > 0) { /* plan first; refuse what does not fit, before allocating */
+    if (eo->memory_mib > 0 && !eo->gpus) { /* plan first; refuse what does not fit, before allocating */
         ms_plan p;
         int64_t cache = -1;
         if (x->experts) {
@@ -291,6 +447,11 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
                 ms_now() - tq);
     }
     if (!eo->defer_static_load && ms_cli_static_load(cmd, x)) goto fail;
+    if (eo->gpus) { /* the per-device plan (refused before allocating), then the engine over the stages */
+        if (place_stages(cmd, eo, ctx, x)) goto fail;
+        o.stages = x->stages;
+        o.backend = NULL;
+    }
     if (ms_engine_create(&x->model, &o, &x->engine, &err)) {
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
         goto fail;
@@ -300,8 +461,7 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
 fail:
     if (x->dev_experts) x->dev_experts->ops->destroy(x->dev_experts);
     x->dev_experts = NULL;
-    if (x->backend) x->backend->ops->destroy(x->backend);
-    x->backend = NULL;
+    close_backends(x);
     ms_pool_destroy(x->pool);
     if (x->experts) x->experts->ops->destroy(x->experts);
     ms_model_free(&x->model);
@@ -336,7 +496,7 @@ void ms_cli_close(ms_cli_ctx *x) {
     if (x->engine) ms_cli_print_stream_stats(x);
     ms_engine_destroy(x->engine);
     if (x->dev_experts) x->dev_experts->ops->destroy(x->dev_experts);
-    if (x->backend) x->backend->ops->destroy(x->backend);
+    close_backends(x);
     if (x->experts) x->experts->ops->destroy(x->experts);
     ms_pool_destroy(x->pool);
     ms_model_free(&x->model);

@@ -3,6 +3,7 @@
 #define MS_CLI_COMMON_H
 
 #include "engine/engine.h"
+#include "engine/placement.h"
 #include "engine/streaming.h"
 #include "model/model.h"
 
@@ -16,6 +17,16 @@ typedef struct ms_cli_ctx {
     ms_static_load static_load; /* --static-load */
     ms_backend *backend;        /* --backend: the GPU backend, or NULL (the engine's own CPU backend) */
     ms_expert_source *dev_experts; /* streaming on a device backend: the device expert source over experts */
+    /* --gpus: one backend per entry of the device list (backend is stage_bes[0]), the comm
+     * between them, the placement and the engine's stages over them; stages NULL otherwise */
+    int n_stages;
+    int gpu_ids[MS_MAX_DEVICES];
+    ms_backend *stage_bes[MS_MAX_DEVICES];
+    struct ms_comm *comm;
+    ms_placement placement;
+    int stage_begin[MS_MAX_DEVICES], stage_end[MS_MAX_DEVICES];
+    ms_stages stages_v;
+    const ms_stages *stages;
 } ms_cli_ctx;
 
 /* The engine options of one invocation: parsed by ms_cli_engine_args, applied by ms_cli_open. */
@@ -35,6 +46,9 @@ typedef struct ms_cli_opts {
     ms_streaming_opts stream_opts;
     int64_t device_expert_mib;    /* --device-expert-mib (a streaming option; 0: top-k slots), -1 when not given:
                                    * the default budget (ms_device_experts_default_budget) */
+    const char *gpus;             /* --gpus N | a,b,...: the model split over these devices (NULL: one) */
+    int experts_split;            /* --experts-split sharded|layer (ms_expert_split; default sharded) */
+    int replicate_hot;            /* --replicate-hot N: the N lowest-id experts of each layer on every device */
 } ms_cli_opts;
 
 /* The defaults (what ms_cli_engine_args gives for an argv without engine flags). */
@@ -53,7 +67,13 @@ void ms_cli_opts_init(ms_cli_opts *o);
  * --backend cpu|cuda|hip|auto: where the forward runs (auto, the default: the GPU backend
  * when this build has one (MS_WITH_GPU) and a device is present, else the CPU), and
  * --prefill-chunk N: the most tokens one forward chunk takes (the engine's max_batch; larger
- * chunks amortize the prefill GEMMs' weight reads on a device backend).
+ * chunks amortize the prefill GEMMs' weight reads on a device backend), and
+ * --gpus N | a,b,...: the model split over several devices (engine/placement.h: layers in
+ * stages, routed experts sharded over the devices per --experts-split sharded|layer, the
+ * --replicate-hot N lowest-id experts of each layer on every device); with --backend cpu
+ * the "devices" are CPU backends (the split checked on the CPU); a list may name a device
+ * twice (0,0: two stages on one GPU, copies instead of NCCL). Refused before allocating when
+ * a device's share exceeds its free memory (or --memory-mib per device).
  * Prints the error and returns nonzero on a bad flag. */
 int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o);
 /* Load dir and create pool + engine as *o says; prints the error and returns nonzero on failure. */

@@ -70,17 +70,21 @@ int ms_cattn_engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B
 #define SCRATCH(f, floats) (n = ms_buf_add(b, n, P(f), (floats) * 4, 0, 0))
     for (int l = 0; l < c->n_layers; l++) { /* window keys, raw rows, entries */
         if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
+        if (e && e->staged && (l < e->l0 || l >= e->l1)) continue; /* another stage's layer */
         size_t W = (size_t)MAX2(c->layer_window[l], 1), rate = c->layer_compress[l];
+        int first = n;
         STATE(s->L[l].win, W * hd);
         if (!rate) continue;
         size_t cw = (c->layer_csa[l] ? 2 : 1) * hd, ne = T / rate + 1;
         STATE(s->L[l].craw_kv, 2 * rate * cw);
         STATE(s->L[l].craw_g, 2 * rate * cw);
         STATE(s->L[l].comp, ne * hd);
-        if (!c->layer_csa[l]) continue;
-        STATE(s->L[l].iraw_kv, 2 * rate * 2 * ihd);
-        STATE(s->L[l].iraw_g, 2 * rate * 2 * ihd);
-        STATE(s->L[l].icomp, ne * ihd);
+        if (c->layer_csa[l]) {
+            STATE(s->L[l].iraw_kv, 2 * rate * 2 * ihd);
+            STATE(s->L[l].iraw_g, 2 * rate * 2 * ihd);
+            STATE(s->L[l].icomp, ne * ihd);
+        }
+        for (int i = first; b && i < n; i++) b[i].layer = l; /* the placement's per-layer state */
     }
     size_t G = (size_t)MAX2(c->o_groups, 1), R = (size_t)c->o_lora_rank;
     SCRATCH(s->qr, B * (size_t)c->q_lora_rank);
@@ -223,6 +227,7 @@ int ms_cattn_engine_parts(const ms_engine *e, ms_state_part *parts, int n, int c
     const char *why = "a compressed-attention layer's rings (key window, raw compressor rows)";
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_attn[l] != MS_ATTN_COMPRESSED) continue;
+        if (e->staged && (l < e->l0 || l >= e->l1)) continue; /* another stage engine's */
         ca_layer *L = &s->L[l];
         uint64_t hd = (uint64_t)c->head_dim, ihd = (uint64_t)MAX2(c->dsa_head_dim, 1);
         uint64_t W = (uint64_t)MAX2(c->layer_window[l], 1), rate = c->layer_compress[l];
@@ -241,7 +246,8 @@ int ms_cattn_engine_parts(const ms_engine *e, ms_state_part *parts, int n, int c
             if (parts && n < cap) {
                 parts[n] = (ms_state_part){.kind = P[i].per ? MS_PART_ROWS : MS_PART_FIXED, .data = P[i].data,
                                            .row_bytes = P[i].bytes, .per = P[i].per ? P[i].per : 1,
-                                           .cap_rows = e->max_ctx / (P[i].per ? P[i].per : 1) + 1, .no_truncate = why};
+                                           .cap_rows = e->max_ctx / (P[i].per ? P[i].per : 1) + 1, .no_truncate = why,
+                                           .be = e->be};
                 snprintf(parts[n].name, sizeof parts[n].name, "L%d.ca.%s", l, P[i].tag);
             }
             n++;

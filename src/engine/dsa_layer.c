@@ -56,7 +56,7 @@ int ms_dsa_engine_init(ms_engine *e, ms_err *err) {
     for (int l = 0; l < c->n_layers; l++) s->replay_ok &= c->layer_attn[l] == MS_ATTN_MLA || c->layer_attn[l] == MS_ATTN_GQA;
     int64_t kp = s->cfg.kpool > 1 ? s->cfg.kpool : 1;
     for (int l = 0; l < c->n_layers; l++) /* empty caches with room for the whole context (ms_dsa_cache_init's layout) */
-        if (c->layer_dsa[l] == 1)
+        if (c->layer_dsa[l] == 1 && !(e->staged && (l < e->l0 || l >= e->l1))) /* a split engine: its stage's */
             s->cache[l] = (ms_dsa_cache){.head_dim = s->cfg.head_dim, .kpool = (int)kp, .cap = e->max_ctx};
     return MS_OK;
 }
@@ -79,6 +79,7 @@ int ms_dsa_engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     n = ms_buf_add(b, n, P(s->g), sizeof(float) * B * D, 0, 0);
     for (int l = 0; l < c->n_layers; l++) { /* index keys (KPool: + gate logits and pooled keys) */
         if (c->layer_dsa[l] != 1) continue;
+        if (e && e->staged && (l < e->l0 || l >= e->l1)) continue; /* another stage's layer */
         n = ms_buf_add(b, n, P(s->cache[l].keys), sizeof(float) * T * D, 1, 0);
         if (kp <= 1) continue;
         n = ms_buf_add(b, n, P(s->cache[l].gates), sizeof(float) * T * D, 1, 0);
@@ -94,7 +95,7 @@ int ms_dsa_engine_ready(ms_engine *e, ms_err *err) {
     if (!s || s->cfg.kpool <= 1) return MS_OK;
     int64_t kp = s->cfg.kpool, D = s->cfg.head_dim;
     for (int l = 0; l < e->m->cfg.n_layers; l++) {
-        if (e->m->cfg.layer_dsa[l] != 1) continue;
+        if (e->m->cfg.layer_dsa[l] != 1 || !s->cache[l].head_dim) continue; /* (another stage's) */
         const ms_qmat *ape = &e->m->layers[l].dsa.kpool_ape; /* zeros when absent (the allocation is zeroed) */
         if (!ape->data) continue;
         float *apef = malloc(sizeof(float) * (size_t)(kp * D));
@@ -201,6 +202,12 @@ void ms_dsa_engine_note_tokens(ms_engine *e, const int32_t *tokens, int n) {
 }
 
 const int32_t *ms_dsa_engine_tokens(const ms_engine *e) { return e->dsa->tokens; }
+
+void ms_dsa_engine_hand_on(const ms_engine *from, ms_engine *to, int n) {
+    if (!from->dsa || !to->dsa) return;
+    memcpy(to->dsa->idx, from->dsa->idx, sizeof(int32_t) * (size_t)n * (size_t)from->dsa->width);
+    memcpy(to->dsa->cnt, from->dsa->cnt, sizeof(int32_t) * (size_t)n);
+}
 
 int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, const float *xn, ms_err *err) {
     ms_dsa_state *s = e->dsa;
@@ -347,24 +354,27 @@ int ms_dsa_engine_parts(const ms_engine *e, ms_state_part *parts, int n, int cap
     for (int l = 0; l < e->m->cfg.n_layers; l++) {
         ms_dsa_cache *c = &s->cache[l];
         if (c->head_dim) {
-            PART(.kind = MS_PART_ROWS, .data = c->keys, .row_bytes = D4, .per = 1, .cap_rows = c->cap, .no_truncate = why);
+            PART(.kind = MS_PART_ROWS, .data = c->keys, .row_bytes = D4, .per = 1, .cap_rows = c->cap, .no_truncate = why,
+                 .be = e->be);
             NAME("L%d.dsa.keys", l);
             if (c->kpool > 1) {
                 PART(.kind = MS_PART_ROWS, .data = c->gates, .row_bytes = D4, .per = 1, .cap_rows = c->cap,
-                     .no_truncate = why);
+                     .no_truncate = why, .be = e->be);
                 NAME("L%d.dsa.gates", l);
                 PART(.kind = MS_PART_ROWS, .data = c->pooled, .row_bytes = D4, .per = c->kpool,
-                     .cap_rows = c->cap / c->kpool + 1, .no_truncate = why);
+                     .cap_rows = c->cap / c->kpool + 1, .no_truncate = why, .be = e->be);
                 NAME("L%d.dsa.pooled", l);
             }
             PART(.kind = MS_PART_CUSTOM, .layer = l, .no_truncate = why, .size = amb_size, .get = amb_get,
-                 .check = amb_check, .put = amb_put);
+                 .check = amb_check, .put = amb_put, .eng = (ms_engine *)e);
             NAME("L%d.dsa.ties", l);
         }
     }
-    PART(.kind = MS_PART_ROWS, .data = s->tokens, .host = 1, .row_bytes = 4, .per = 1, .cap_rows = e->max_ctx,
-         .no_truncate = why);
-    NAME("%s", "dsa.tokens");
+    if (!(e->staged && e->stage > 0)) { /* the sequence once: the lead's (a split engine's replays start there) */
+        PART(.kind = MS_PART_ROWS, .data = s->tokens, .host = 1, .row_bytes = 4, .per = 1, .cap_rows = e->max_ctx,
+             .no_truncate = why);
+        NAME("%s", "dsa.tokens");
+    }
 #undef PART
 #undef NAME
     return n;

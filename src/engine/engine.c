@@ -3,11 +3,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/backend_cpu.h"
+#include "core/comm.h"
 #include "engine/engine_internal.h"
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* Element counts of layer l's linear-attention state (KDA or gated DeltaNet); 0 for other layers. */
 static void linear_state_lens(const ms_config *c, int l, int64_t *conv_len, int64_t *S_len) {
@@ -45,6 +53,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
     HBUF(&e->kda, L * sizeof *e->kda);
     if (!with_layers) return n;
     for (size_t l = 0; l < L; l++) {
+        if (e->staged && ((int)l < e->l0 || (int)l >= e->l1)) continue; /* another stage's layer */
         if (c->layer_attn[l] == MS_ATTN_GQA) {
             size_t kvh = (size_t)(c->layer_kv_heads[l] ? c->layer_kv_heads[l] : c->n_kv_heads);
             size_t vd = (size_t)(c->v_head_dim ? c->v_head_dim : c->head_dim);
@@ -57,6 +66,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
             linear_state_lens(c, (int)l, &conv_len, &S_len);
             BUF(e->kda ? &e->kda[l].conv : NULL, (size_t)(conv_len + 1) * 4, 1);
             BUF(e->kda ? &e->kda[l].S : NULL, (size_t)S_len * 4, 1);
+            if (b) b[n - 1].layer = b[n - 2].layer = (int)l; /* the placement's per-layer state */
         }
     }
     int64_t H = c->n_heads, qdim = MAX2(c->head_dim, c->qk_nope_dim + c->qk_rope_dim);
@@ -108,6 +118,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         HBUF(&e->ex_uniq, E * sizeof(int));
         HBUF(&e->ex_off, (E + 1) * sizeof(int));
         HBUF(&e->ex_views, E * sizeof(ms_expert_view));
+        if (e->staged) HBUF(&e->ex_rank, 3 * E * sizeof(int));
     }
     n = ms_dsa_engine_buffers(e, c, T, B, b, n);
     n = ms_cattn_engine_buffers(e, c, T, B, b, n);
@@ -166,6 +177,27 @@ void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int thr
     else *workspace += ms_backend_cpu_workspace_bytes(&m->cfg, (int64_t)T, (int64_t)B, threads > 0 ? threads : 1);
 }
 
+void ms_engine_layer_state_bytes(const ms_model *m, const ms_engine_opts *opts, uint64_t *per_layer, uint64_t *other,
+                                 uint64_t *workspace) {
+    size_t T, B;
+    engine_dims(m, opts, &T, &B);
+    ms_engine tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.be = opts ? opts->backend : NULL;
+    ms_buf_spec *specs;
+    int n = engine_table(&tmp, &m->cfg, T, B, 1, &specs);
+    for (int l = 0; l < m->cfg.n_layers; l++) per_layer[l] = 0;
+    *other = 0;
+    for (int i = 0; i < n; i++) {
+        if (!specs[i].state) continue;
+        if (specs[i].layer >= 0 && specs[i].layer < m->cfg.n_layers) per_layer[specs[i].layer] += specs[i].bytes;
+        else *other += specs[i].bytes;
+    }
+    free(specs);
+    uint64_t st;
+    ms_engine_plan_bytes(m, opts, 1, &st, workspace);
+}
+
 /* What a backend without host memory cannot run yet, beyond its ops table: an
  * expert source whose views are not in its memory (a host cache: wrap it in the
  * device expert source, engine/device_experts.h). MS_ERR_UNSUPPORTED naming it. */
@@ -183,12 +215,17 @@ static int device_supported(const ms_backend *be, const ms_config *c, const ms_e
     return MS_OK;
 }
 
-int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err) {
+/* One engine: the whole model on opts->backend, or stage `stage` of opts->stages. */
+static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms_engine **out, ms_err *err) {
     const ms_config *c = &m->cfg;
     ms_engine *e = calloc(1, sizeof *e);
     if (!e) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     e->m = m;
     e->w = m;
+    const ms_stages *sg = opts ? opts->stages : NULL;
+    e->l0 = 0, e->l1 = c->n_layers;
+    if (sg) e->staged = 1, e->stage = stage, e->stages = sg, e->l0 = sg->layer_begin[stage], e->l1 = sg->layer_end[stage];
+    ms_stage_activate(e, stage); /* its allocations and placed weights on its device */
     e->la_layer = -1;
     e->pool = opts ? opts->pool : NULL;
     e->n_threads = ms_pool_size(e->pool);
@@ -198,7 +235,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     e->max_batch = (int)B;
     e->experts = opts ? opts->experts : NULL;
     e->mla_form = opts ? opts->mla_form : MS_MLA_AUTO;
-    e->be = opts ? opts->backend : NULL;
+    e->be = sg ? sg->bes[stage] : opts ? opts->backend : NULL;
     int rc;
     if (!e->be) {
         if ((rc = ms_backend_cpu_create(e->pool, &e->own_be, err))) {
@@ -213,6 +250,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         return rc;
     }
     const ms_engine *share = opts ? opts->weights_from : NULL;
+    if (share && sg) share = share->stage_e && share->stages && share->stages->n == sg->n ? share->stage_e[stage] : NULL;
     if (share && (share->m != m || (!e->be->host_memory && (share->be != e->be || (share->experts != share->own_experts) !=
                                                                                   (e->experts != NULL))))) {
         ms_engine_destroy(e);
@@ -220,8 +258,11 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     }
     if (!e->be->host_memory && share) { /* the weights as the other engine placed them */
         e->w = share->w;
-    } else if (!e->be->host_memory) { /* the weights move into the backend's memory */
-        if ((rc = ms_model_place(m, e->be, e->experts != NULL, &e->placed, err))) {
+    } else if (!e->be->host_memory) { /* the weights move into the backend's memory (a stage: its part) */
+        ms_place_part part = {.layer_begin = e->l0, .layer_end = e->l1, .embed = !sg || stage == 0,
+                              .head = !sg || stage == sg->n - 1, .skip_experts = e->experts != NULL,
+                              .expert_devs = sg && sg->expert_home ? sg->expert_devs : NULL, .dev = stage};
+        if ((rc = ms_model_place_part(m, e->be, &part, &e->placed, err))) {
             ms_wrap(err, "placing the weights on the %s backend", e->be->name);
             ms_engine_destroy(e);
             return rc;
@@ -275,6 +316,52 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     return MS_OK;
 }
 
+/* Why a configuration cannot run split into stages, or NULL: an expert source from outside
+ * (streamed experts: its cache and views are one backend's); a shortcut-connected MoE (the
+ * MoE sum held for the next layer, e->sc, is not handed from stage to stage). */
+static const char *unstageable(const ms_engine_opts *o, const ms_config *c) {
+    if (o->experts) return "an external expert source (streamed experts)";
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_shortcut[l]) return "a shortcut-connected MoE (layer_shortcut)";
+    return NULL;
+}
+
+int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, ms_err *err) {
+    const ms_stages *sg = opts ? opts->stages : NULL;
+    if (!sg) return engine_create1(m, opts, 0, out, err);
+    *out = NULL;
+    if (sg->n < 1 || !sg->bes || !sg->comm || !sg->layer_begin || !sg->layer_end || sg->comm->n != sg->n)
+        return ms_fail(err, MS_ERR_ARG, "stages: %d stages without backends, comm or layer ranges", sg->n);
+    for (int s = 0, at = 0; s < sg->n; s++) {
+        if (sg->layer_begin[s] != at || sg->layer_end[s] < at || sg->layer_end[s] > m->cfg.n_layers)
+            return ms_fail(err, MS_ERR_ARG, "stages: stage %d's layers [%d, %d) do not follow the previous stage's", s,
+                           sg->layer_begin[s], sg->layer_end[s]);
+        at = sg->layer_end[s];
+        if (s == sg->n - 1 && at != m->cfg.n_layers)
+            return ms_fail(err, MS_ERR_ARG, "stages: the stages end at layer %d of %d", at, (int)m->cfg.n_layers);
+    }
+    const char *why = sg->n > 1 ? unstageable(opts, &m->cfg) : NULL;
+    if (why)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "splitting the model over %d devices is not supported yet with %s", sg->n, why);
+    ms_engine **st = calloc((size_t)sg->n, sizeof *st);
+    if (!st) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    int rc = MS_OK;
+    for (int s = 0; s < sg->n && !rc; s++) {
+        rc = engine_create1(m, opts, s, &st[s], err);
+        if (rc) ms_wrap(err, "stage %d (layers %d..%d)", s, sg->layer_begin[s], sg->layer_end[s] - 1);
+        else st[s]->stage_e = st;
+    }
+    if (rc) {
+        for (int s = sg->n - 1; s >= 0; s--)
+            if (st[s]) st[s]->stage_e = NULL, ms_engine_destroy(st[s]);
+        free(st);
+        return rc;
+    }
+    *out = st[0];
+    return MS_OK;
+}
+
 /* The linear-attention layers' states (backend memory) back to a fresh sequence. */
 static void kda_states_reset(ms_engine *e) {
     for (int l = 0; e->kda && l < e->m->cfg.n_layers; l++) {
@@ -286,6 +373,14 @@ static void kda_states_reset(ms_engine *e) {
 
 void ms_engine_destroy(ms_engine *e) {
     if (!e) return;
+    if (e->staged) ms_stage_activate(e, e->stage);
+    if (e->stage_e && e->stage == 0) { /* the lead: its later stages, then the table of them */
+        ms_engine **st = e->stage_e;
+        for (int s = e->stages->n - 1; s >= 1; s--) st[s]->stage_e = NULL, ms_engine_destroy(st[s]);
+        free(st);
+        e->stage_e = NULL;
+        ms_stage_activate(e, 0);
+    }
     if (e->be) { /* every buffer of the table: backend memory through the backend, the rest with free */
         size_t T, B;
         ms_engine_opts o = {.max_ctx = e->max_ctx, .max_batch = e->max_batch};
@@ -312,16 +407,30 @@ void ms_engine_destroy(ms_engine *e) {
 }
 
 void ms_engine_reset(ms_engine *e) {
+    if (e->stage_e && e->stage == 0)
+        for (int s = 1; s < e->stages->n; s++) ms_engine_reset(e->stage_e[s]);
     e->n_past = 0;
     ms_dsa_engine_reset(e);
     ms_cattn_engine_reset(e);
     e->la_layer = -1;
     kda_states_reset(e);
 }
+void ms_engine_stages_at(ms_engine *e) {
+    for (int s = 1; e->stage_e && e->stage == 0 && s < e->stages->n; s++) {
+        e->stage_e[s]->n_past = e->n_past, e->stage_e[s]->la_layer = -1;
+        ms_cattn_engine_restored(e->stage_e[s], e->n_past);
+        ms_dsa_engine_restored(e->stage_e[s], e->n_past);
+    }
+}
 int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
 int ms_engine_max_ctx(const ms_engine *e) { return e->max_ctx; }
 const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e) { return &e->stats; }
+int ms_engine_n_stages(const ms_engine *e) { return e->stage_e ? e->stages->n : 1; }
+const ms_engine_stats *ms_engine_stage_stats(const ms_engine *e, int s) {
+    if (s < 0 || s >= ms_engine_n_stages(e)) return NULL;
+    return e->stage_e ? &e->stage_e[s]->stats : &e->stats;
+}
 
 /* A sublayer's output y [n, D] joins the residual stream (or the hyper-connection streams). */
 static void residual_add(ms_engine *e, int n, const float *y) {
@@ -334,6 +443,46 @@ static void residual_add(ms_engine *e, int n, const float *y) {
  * Attention Residuals, whose next input is not the residual itself). */
 static int fused_add_norm(const ms_engine *e) {
     return e->be->ops->add_rmsnorm && !e->mhc && !e->m->cfg.attn_res_block;
+}
+
+static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const int32_t *tokens, int n, float *logits,
+                        int all_logits, ms_err *err);
+static int forward_head(ms_engine *e, int nb, int64_t BS, int n, float *logits, int all_logits, ms_err *err);
+
+/* The pipeline hand-off: the chunk's residual rows from stage e to the next stage's
+ * activations (comm), then the next stage's layers over the same sequences' engines of
+ * that stage. */
+static int forward_next_stage(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const int32_t *tokens, int n, int nb,
+                              float *logits, int all_logits, ms_err *err) {
+    int s = e->stage + 1;
+    ms_engine *nx = e->stage_e[s];
+    size_t row_bytes = (size_t)n * (size_t)e->m->cfg.hidden * 4;
+    int rc;
+    if (e->mhc) /* mHC: the hyper-connection streams are the residual */
+        rc = e->stages->comm->ops->copy(e->stages->comm, s, ms_mhc_engine_streams(nx), e->stage,
+                                        ms_mhc_engine_streams(e), row_bytes * (size_t)e->m->cfg.hc_mult, err);
+    else
+        rc = e->stages->comm->ops->copy(e->stages->comm, s, nx->x, e->stage, e->x, row_bytes, err);
+    /* Attention Residuals: the completed block states of the chunk's rows go along */
+    const int64_t BS = (int64_t)e->max_batch * e->m->cfg.hidden;
+    for (int i = 0; i < nb && !rc; i++)
+        rc = e->stages->comm->ops->copy(e->stages->comm, s, nx->ares + i * BS, e->stage, e->ares + i * BS, row_bytes, err);
+    nx->ares_nb = nb;
+    ms_dsa_engine_hand_on(e, nx, n); /* DSA: the selection a later layer may share */
+    if (rc) {
+        ms_wrap(err, "handing the residual from stage %d to stage %d", e->stage, s);
+        return rc;
+    }
+    ms_fwd_seq stack_seqs[16], *sq = nseq <= 16 ? stack_seqs : malloc((size_t)nseq * sizeof *sq);
+    if (!sq) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nseq; i++) {
+        sq[i] = (ms_fwd_seq){seqs[i].e->stage_e[s], seqs[i].row, seqs[i].n};
+        sq[i].e->fwd_len = seqs[i].e->fwd_len; /* the forward whose top-k tie choices are reproduced */
+    }
+    nx->fwd_len = e->fwd_len;
+    rc = forward_rows(nx, sq, nseq, tokens, n, logits, all_logits, err);
+    if (sq != stack_seqs) free(sq);
+    return rc;
 }
 
 /* One chunk of n <= max_batch rows through the model on the lead engine e's
@@ -349,21 +498,25 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return ms_fail(err, MS_ERR_ARG, "token id %d is out of range [0, %lld)", tokens[t], (long long)c->vocab);
-    if (e->step_mode) be->ops->embed_at(be, e->x, &m->embed, e->step); /* the replayable step: the id in e->step */
-    else be->ops->embed(be, e->x, &m->embed, tokens, n);
+    double t_stage = e->staged ? now_s() : 0;
+    ms_stage_activate(e, e->stage);
+    if (e->stage == 0) { /* a later stage: e->x came from the previous */
+        if (e->step_mode) be->ops->embed_at(be, e->x, &m->embed, e->step); /* the replayable step: the id in e->step */
+        else be->ops->embed(be, e->x, &m->embed, tokens, n);
+    }
     int rc = MS_OK;
     e->chunk_tokens = tokens;
     e->seqs = seqs;
     e->n_seqs = nseq;
     float eps = (float)c->rms_eps;
     const float *in = e->x; /* a sublayer's input before its norm: the residual, or the streams' collapse (mHC) */
-    if (e->mhc) ms_mhc_engine_begin(e, n);
+    if (e->mhc && e->stage == 0) ms_mhc_engine_begin(e, n); /* a later stage: the streams came along */
     /* Attention Residuals (attn_res_block > 0; never with mHC): e->x is the current
      * block's partial sum, e->ares the completed block states; each sublayer reads their mixture. */
-    int nb = 0;
+    int nb = e->staged && e->stage > 0 ? e->ares_nb : 0; /* a later stage: the blocks handed on */
     const int64_t BS = (int64_t)e->max_batch * D;
     int fuse = fused_add_norm(e), normed = 0; /* normed: e->xn already holds this layer's attention input */
-    for (int l = 0; l < c->n_layers && !rc; l++) {
+    for (int l = e->l0; l < e->l1 && !rc; l++) {
         const ms_layer *L = &m->layers[l];
         if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 0, n, &in, err))) break;
         const float *h = in;
@@ -410,7 +563,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         }
         if (rc) break;
         if (c->layer_shortcut[l] == 2) be->ops->add(be, e->tmp, e->sc, (int64_t)n * D);
-        if (fuse && l + 1 < c->n_layers) { /* with the next layer's attention norm */
+        if (fuse && l + 1 < e->l1) { /* with the next layer's attention norm (on this stage) */
             be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, m->layers[l + 1].attn_norm, n, D, eps);
             normed = 1;
         } else {
@@ -420,11 +573,34 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     e->seqs = NULL;
     e->n_seqs = 0;
     if (rc) return rc;
-    if (e->mhc && (rc = ms_mhc_engine_end(e, n, err))) return rc;
+    int last = !e->staged || e->stage + 1 == e->stages->n;
+    if (e->mhc && last && (rc = ms_mhc_engine_end(e, n, err))) return rc;
     for (int i = 0; i < nseq; i++) {
         seqs[i].e->n_past += seqs[i].n;
         seqs[i].e->stats.tokens += (uint64_t)seqs[i].n;
     }
+    if (e->staged && e->stage + 1 < e->stages->n) { /* this stage's work done (synced: timed), then the next */
+        if ((rc = be->ops->sync(be, err))) return rc;
+        e->stats.stage_s += now_s() - t_stage;
+        return forward_next_stage(e, seqs, nseq, tokens, n, nb, logits, all_logits, err);
+    }
+    if (e->staged) { /* the last stage: its time includes the head and the logits' download */
+        rc = forward_head(e, nb, BS, n, logits, all_logits, err);
+        if (!rc) rc = be->ops->sync(be, err);
+        e->stats.stage_s += now_s() - t_stage;
+        return rc;
+    }
+    return forward_head(e, nb, BS, n, logits, all_logits, err);
+}
+
+/* The final norm and the head of forward_rows' chunk (rows of e->x) into logits (NULL: none). */
+static int forward_head(ms_engine *e, int nb, int64_t BS, int n, float *logits, int all_logits, ms_err *err) {
+    const ms_model *m = e->w;
+    const ms_config *c = &m->cfg;
+    ms_backend *be = e->be;
+    int64_t D = c->hidden;
+    float eps = (float)c->rms_eps;
+    int rc = MS_OK;
     if (!logits) return MS_OK;
     int t0 = all_logits ? 0 : n - 1, nt = n - t0;
     const float *h = e->x + (int64_t)t0 * D;
@@ -477,12 +653,23 @@ static int forward_begin(ms_engine *e, const int32_t *tokens, int n, ms_err *err
     e->fwd_len = (int64_t)e->n_past + n;
     if (e->dsa) { /* DSA: redo the positions whose tied top-k choice this longer forward changes */
         int64_t from = -1, end = e->n_past;
-        int rc = ms_dsa_engine_replay_from(e, e->fwd_len, &from, err);
-        if (rc) return rc;
+        int n_st = ms_engine_n_stages(e);
+        for (int s = 0; s < n_st; s++) { /* a split engine: the earliest position any stage's layers re-choose */
+            ms_engine *se = e->stage_e ? e->stage_e[s] : e;
+            int64_t f = -1;
+            ms_stage_activate(se, s);
+            int rc = ms_dsa_engine_replay_from(se, e->fwd_len, &f, err);
+            if (rc) return rc;
+            if (f >= 0 && (from < 0 || f < from)) from = f;
+        }
+        int rc = MS_OK;
         if (from >= 0) {
-            ms_dsa_engine_rollback(e, from);
-            if (from == 0) kda_states_reset(e);
-            e->n_past = (int)from;
+            for (int s = 0; s < n_st; s++) {
+                ms_engine *se = e->stage_e ? e->stage_e[s] : e;
+                ms_dsa_engine_rollback(se, from);
+                if (from == 0) kda_states_reset(se);
+                se->n_past = (int)from;
+            }
             for (int64_t s = from; s < end; s += e->max_batch) {
                 int k = end - s < e->max_batch ? (int)(end - s) : e->max_batch;
                 if ((rc = forward_chunk(e, ms_dsa_engine_tokens(e) + s, k, NULL, 0, err))) return rc;
@@ -574,31 +761,35 @@ static int add_part(ms_state_part *parts, int n, int cap, ms_state_part p) {
 
 int ms_engine_state_parts(const ms_engine *e, ms_state_part *parts, int cap) {
     const ms_config *c = &e->m->cfg;
-    ms_engine view = *e; /* the table writes a few sizes into its engine: a copy; the per-layer arrays are e's */
-    ms_buf_spec *specs;
-    int ns = engine_table(&view, c, (size_t)e->max_ctx, (size_t)e->max_batch, 1, &specs), n = 0;
-    if (ns < 0) return MS_ERR_NOMEM;
-    for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table (the modules list their own parts) */
-        if (!specs[i].tag) continue;
-        ms_state_part p = {.kind = MS_PART_ROWS, .data = *specs[i].ptr, .row_bytes = specs[i].row, .per = 1,
-                           .cap_rows = e->max_ctx};
-        snprintf(p.name, sizeof p.name, "L%d.%s", specs[i].layer, specs[i].tag);
-        n = add_part(parts, n, cap, p);
+    int n = 0, n_st = e->stage_e ? e->stages->n : 1;
+    for (int s = 0; s < n_st; s++) { /* split over stages: each stage's layers' state is in its engine */
+        const ms_engine *se = e->stage_e ? e->stage_e[s] : e;
+        ms_engine view = *se; /* the table writes a few sizes into its engine: a copy; the per-layer arrays are se's */
+        ms_buf_spec *specs;
+        int ns = engine_table(&view, c, (size_t)se->max_ctx, (size_t)se->max_batch, 1, &specs);
+        if (ns < 0) return MS_ERR_NOMEM;
+        for (int i = 0; i < ns; i++) { /* every per-position cache of the buffer table (the modules list their own parts) */
+            if (!specs[i].tag) continue;
+            ms_state_part p = {.kind = MS_PART_ROWS, .data = *specs[i].ptr, .row_bytes = specs[i].row, .per = 1,
+                               .cap_rows = se->max_ctx, .be = se->be};
+            snprintf(p.name, sizeof p.name, "L%d.%s", specs[i].layer, specs[i].tag);
+            n = add_part(parts, n, cap, p);
+        }
+        free(specs);
+        for (int l = se->l0; se->kda && l < se->l1; l++) { /* KDA / gated DeltaNet: conv tails + recurrent state */
+            if (!se->kda[l].S) continue;
+            const char *why = c->layer_attn[l] == MS_ATTN_GDN ? "a gated DeltaNet layer's recurrent state"
+                                                               : "a KDA layer's recurrent state";
+            ms_state_part p = {.kind = MS_PART_FIXED, .data = se->kda[l].conv,
+                               .row_bytes = (uint64_t)se->kda[l].conv_len * 4, .no_truncate = why, .be = se->be};
+            snprintf(p.name, sizeof p.name, "L%d.conv", l);
+            n = add_part(parts, n, cap, p);
+            p.data = se->kda[l].S, p.row_bytes = (uint64_t)se->kda[l].S_len * 4;
+            snprintf(p.name, sizeof p.name, "L%d.recurrent", l);
+            n = add_part(parts, n, cap, p);
+        }
     }
-    free(specs);
-    for (int l = 0; e->kda && l < c->n_layers; l++) { /* KDA / gated DeltaNet: conv tails + recurrent state */
-        if (!e->kda[l].S) continue;
-        const char *why = c->layer_attn[l] == MS_ATTN_GDN ? "a gated DeltaNet layer's recurrent state"
-                                                           : "a KDA layer's recurrent state";
-        ms_state_part p = {.kind = MS_PART_FIXED, .data = e->kda[l].conv, .row_bytes = (uint64_t)e->kda[l].conv_len * 4,
-                           .no_truncate = why};
-        snprintf(p.name, sizeof p.name, "L%d.conv", l);
-        n = add_part(parts, n, cap, p);
-        p.data = e->kda[l].S, p.row_bytes = (uint64_t)e->kda[l].S_len * 4;
-        snprintf(p.name, sizeof p.name, "L%d.recurrent", l);
-        n = add_part(parts, n, cap, p);
-    }
-    n = ms_dsa_engine_parts(e, parts, n, cap);
-    n = ms_cattn_engine_parts(e, parts, n, cap);
+    for (int s = 0; s < n_st; s++) n = ms_dsa_engine_parts(e->stage_e ? e->stage_e[s] : e, parts, n, cap);
+    for (int s = 0; s < n_st; s++) n = ms_cattn_engine_parts(e->stage_e ? e->stage_e[s] : e, parts, n, cap);
     return n;
 }

@@ -21,6 +21,24 @@
  * absorbed form. */
 typedef enum { MS_MLA_AUTO = 0, MS_MLA_ABSORBED = 1, MS_MLA_EXPANDED = 2 } ms_mla_form;
 
+struct ms_comm;
+
+/* Several devices of one process (engine/placement.h decides the split): stage s runs
+ * layers [layer_begin[s], layer_end[s]) on backend bes[s], the embedding on stage 0, the
+ * final norm and head on stage n - 1; the residual rows move from stage to stage through
+ * comm (core/comm.h). Borrowed: must outlive the engine. */
+typedef struct ms_stages {
+    int n;
+    ms_backend *const *bes;
+    struct ms_comm *comm;
+    const int *layer_begin, *layer_end;
+    /* [n_layers * n_experts] expert parallelism: the stage whose backend holds and runs expert
+     * e of layer l (engine/placement.h expert_home); NULL: a layer's experts run on its stage.
+     * Each stage's backend must hold the experts homed there (ms_place_part.expert_devs). */
+    const int *expert_home;
+    const uint32_t *expert_devs; /* [n_layers * n_experts] bit s: stage s holds a copy (placed there) */
+} ms_stages;
+
 typedef struct ms_engine_opts {
     int max_ctx;            /* tokens of causal state to allocate (default 4096, capped by max_pos) */
     int max_batch;          /* prefill chunk (default 256) */
@@ -33,6 +51,13 @@ typedef struct ms_engine_opts {
      * this one uses as they are placed instead of placing its own copy: the engines of one
      * batch (ms_engine_decode_batch) on a device backend share one placement. */
     const struct ms_engine *weights_from;
+    /* NULL: one backend (opts->backend). Else the pipeline split over stages->n backends
+     * (opts->backend ignored): one engine per stage behind this one, each with its stage's
+     * layers' weights placed on its backend and their causal state there. Resident experts
+     * only (experts NULL: MS_ERR_UNSUPPORTED otherwise). What spans layers goes along at
+     * each hand-off: Attention Residuals' block states, mHC's streams (the residual then), the
+     * chunk's DSA selection; DSA tie replays cover every stage. */
+    const ms_stages *stages;
 } ms_engine_opts;
 
 typedef struct ms_engine_stats {
@@ -41,6 +66,10 @@ typedef struct ms_engine_stats {
     uint64_t experts_acquired;   /* unique experts requested from the source, summed over layers/steps */
     uint64_t lookahead_predicted, lookahead_correct; /* decode: experts predicted one layer early, and right */
     uint64_t mla_chunks, mla_expanded; /* MLA (layer, chunk) computations, and how many used the expanded form */
+    /* split over stages (ms_engine_opts.stages), per stage engine: wall seconds its layers took
+     * (its backend synced at the hand-off, so the device's work is in it), and of that, seconds
+     * its experts ran for tokens of other stages (expert parallelism) */
+    double stage_s, remote_experts_s;
 } ms_engine_stats;
 
 typedef struct ms_engine ms_engine;
@@ -61,6 +90,11 @@ const ms_model *ms_engine_model(const ms_engine *e);
  * lines of the memory plan. */
 void ms_engine_plan_bytes(const ms_model *m, const ms_engine_opts *opts, int threads, uint64_t *state,
                           uint64_t *workspace);
+/* The causal state of ms_engine_plan_bytes by layer: per_layer[n_layers] (caches and
+ * recurrent states of layer l), *other (module caches of no one layer), and the workspace
+ * as ms_engine_plan_bytes counts it for one thread (engine/placement.h's input). */
+void ms_engine_layer_state_bytes(const ms_model *m, const ms_engine_opts *opts, uint64_t *per_layer, uint64_t *other,
+                                 uint64_t *workspace);
 /* Bytes of causal state per token (all layers). */
 uint64_t ms_engine_state_bytes_per_token(const ms_model *m);
 
@@ -92,6 +126,10 @@ int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *
 int ms_engine_decode_batch(ms_engine *const *es, int k, const int32_t *tokens, float *logits, ms_err *err);
 
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e);
+/* Stages of a split engine (1 without ms_engine_opts.stages), and stage s's statistics
+ * (stage 0: e's own; NULL when s is out of range). */
+int ms_engine_n_stages(const ms_engine *e);
+const ms_engine_stats *ms_engine_stage_stats(const ms_engine *e, int s);
 
 /* The resident expert source: views onto the mapped checkpoint. */
 int ms_resident_experts_create(ms_model *m, ms_expert_source **out, ms_err *err);

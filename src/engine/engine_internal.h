@@ -3,6 +3,7 @@
 #define MS_ENGINE_INTERNAL_H
 
 #include "core/backend.h"
+#include "core/comm.h"
 #include "engine/engine.h"
 #include "engine/gdn_block.h"
 #include "engine/kda_block.h"
@@ -63,6 +64,8 @@ struct ms_engine {
     int *ex_off;              /* [E + 1]: an acquired group's pair offsets (ms_moe_args.off) */
     int no_routed;            /* the backend refused moe_experts_routed: the lists from then on */
     ms_expert_view *ex_views; /* [E] */
+    int *ex_rank;             /* [3E] staged with expert parallelism: each expert's rank in (device, id) order, the
+                               * inverse, and the device that runs it (its home, or this stage holding a replica) */
     /* Kimi K3 options */
     float *ares;   /* [n_blocks][B, hidden] Attention Residuals block states of the chunk's tokens */
     int ares_blocks;
@@ -97,7 +100,23 @@ struct ms_engine {
     ms_engine_stats step_delta; /* what one recorded step adds to stats */
     int keep_logits;            /* a device forward leaves the head's output in e->logits (no download) */
     int32_t *pick;              /* [be] the greedy pick of ms_engine_decode_greedy */
+    /* the pipeline split (ms_engine_opts.stages): this engine runs layers [l0, l1) (0, n_layers
+     * without one); staged: only those layers' causal state is allocated */
+    int l0, l1, staged, stage;
+    int ares_nb;          /* a later stage: Attention Residuals blocks completed by the stages before it */
+    const ms_stages *stages;
+    struct ms_engine **stage_e; /* [stages->n] the lead's stage engines (stage_e[0] = the lead); shared by all stages */
 };
+
+/* A split engine: stage s's backend made current before work is queued on it (the comm's
+ * activate: a GPU's device); nothing for an engine without stages. */
+static inline void ms_stage_activate(const ms_engine *e, int s) {
+    if (e->staged && e->stages->comm->ops->activate) e->stages->comm->ops->activate(e->stages->comm, s);
+}
+
+/* A lead split over stages (ms_engine_opts.stages): its later stages' engines take its
+ * position (state.c after a restore or truncation); nothing without stages. */
+void ms_engine_stages_at(ms_engine *e);
 
 /* One allocation of the engine: where its pointer goes (NULL when only
  * counting, as the memory plan does), how big, whether it is causal state
@@ -184,6 +203,9 @@ int ms_dsa_engine_replay_from(ms_engine *e, int64_t fwd_len, int64_t *from, ms_e
 void ms_dsa_engine_rollback(ms_engine *e, int64_t pos);
 void ms_dsa_engine_note_tokens(ms_engine *e, const int32_t *tokens, int n);
 const int32_t *ms_dsa_engine_tokens(const ms_engine *e);
+/* A split engine's hand-off: the chunk's current selection (n rows; host arrays) from one stage
+ * to the next, for a later layer that shares an earlier one's (layer_dsa 2). */
+void ms_dsa_engine_hand_on(const ms_engine *from, ms_engine *to, int n);
 /* mHC (hc_mult > 1): init/free the streams; begin: e->x [n, hidden] (the
  * embeddings) becomes hc copies; pre: the collapsed input of a sublayer
  * (ffn 0: attention, 1: feed-forward) from the streams; post: mix the sublayer
@@ -194,6 +216,9 @@ void ms_mhc_engine_free(ms_engine *e);
 void ms_mhc_engine_begin(ms_engine *e, int n);
 int ms_mhc_engine_pre(ms_engine *e, int layer, int ffn, int n, const float **collapsed, ms_err *err);
 void ms_mhc_engine_post(ms_engine *e, int n, const float *y);
+/* The current streams [B, hc, hidden] (backend memory; NULL without mHC): a split engine hands
+ * them to the next stage instead of the residual. */
+float *ms_mhc_engine_streams(ms_engine *e);
 int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err);
 
 /* ---- causal state as engine/state.c sees it (snapshots, state files, truncation) ----
@@ -214,6 +239,8 @@ typedef struct ms_state_part {
     void *data;             /* ROWS, FIXED: the engine memory: backend memory (state.c copies it with
                              * download / upload), or host memory when host is set */
     int host;               /* ROWS, FIXED: data is the engine's own host memory */
+    ms_backend *be;         /* ROWS, FIXED: the backend whose memory data is (NULL: the engine's; a split
+                             * engine's later stages: theirs) */
     uint64_t row_bytes;     /* ROWS: bytes per row; FIXED: bytes */
     int64_t per;            /* ROWS: positions per row (>= 1) */
     int64_t cap_rows;       /* ROWS: rows data has room for */
@@ -225,6 +252,8 @@ typedef struct ms_state_part {
     void (*get)(const ms_engine *e, int layer, uint8_t *out);
     int (*check)(ms_engine *e, int layer, const uint8_t *in, uint64_t n, int64_t n_past, ms_err *err);
     void (*put)(ms_engine *e, int layer, const uint8_t *in, uint64_t n);
+    ms_engine *eng;         /* CUSTOM: the engine the hooks get (NULL: the one saved or restored; a split
+                             * engine's later stage: its own) */
 } ms_state_part;
 
 /* The engine's state parts into parts[0..cap) (parts may be NULL to count);

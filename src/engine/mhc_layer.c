@@ -71,6 +71,8 @@ void ms_mhc_engine_post(ms_engine *e, int n, const float *y) {
     s->s2 = t;
 }
 
+float *ms_mhc_engine_streams(ms_engine *e) { return e->mhc ? e->mhc->s : NULL; }
+
 int ms_mhc_engine_end(ms_engine *e, int n, ms_err *err) {
     const ms_model *m = e->w;
     const ms_config *c = &e->m->cfg;

@@ -3,7 +3,9 @@
  * the resident expert source. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "core/comm.h"
 #include "engine/engine_internal.h"
 
 /* The gated activation of kind (the config's act for dense MLPs and shared
@@ -51,6 +53,12 @@ static int route_layer(ms_engine *e, const ms_layer *L, const float *x, int n, c
     return rc;
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Decode lookahead: apply the next MoE layer's router to this layer's FFN input and
  * prefetch the experts it picks, so their reads overlap this layer's compute. Only
  * for sources that prefetch (streaming); uses rlog/xs and the routing lists, free once
@@ -60,7 +68,7 @@ static int lookahead_prefetch(ms_engine *e, int layer, int n, ms_err *err) {
     int K = (int)c->top_k;
     if (n != 1 || !e->experts->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return MS_OK;
     int next = -1;
-    for (int l = layer + 1; l < c->n_layers && next < 0; l++)
+    for (int l = layer + 1; l < e->l1 && next < 0; l++) /* within this engine's stage */
         if (c->layer_mlp[l] == MS_MLP_MOE) next = l;
     if (next < 0) return MS_OK;
     const ms_layer *N = &e->w->layers[next];
@@ -95,20 +103,39 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     int rc = route_layer(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return ms_wrap(err, "layer %d router", layer);
     /* expert-major lists: counting sort of (token, slot) pairs by expert (zero-computation
-     * experts E..W-1 sort after the routed ones) */
+     * experts E..W-1 sort after the routed ones); split over devices
+     * (expert parallelism) by key = the expert's rank in (home device, id) order, so each
+     * device's experts are one run of the lists */
+    const int *home = NULL; /* expert parallelism: where each expert runs (its home, or here when replicated here) */
+    int *rank = NULL, *inv = NULL;
+    if (e->staged && e->stages->expert_home) {
+        const int *h = e->stages->expert_home + (int64_t)layer * E;
+        const uint32_t *devs = e->stages->expert_devs ? e->stages->expert_devs + (int64_t)layer * E : NULL;
+        int *run = e->ex_rank + 2 * E;
+        rank = e->ex_rank, inv = e->ex_rank + E;
+        for (int x = 0; x < E; x++) run[x] = devs && (devs[x] >> e->stage & 1u) ? e->stage : h[x];
+        home = run;
+        int r = 0;
+        for (int d = 0; d < e->stages->n; d++)
+            for (int x = 0; x < E; x++)
+                if (home[x] == d) inv[r] = x, rank[x] = r++;
+        if (r != E) return ms_fail(err, MS_ERR_ARG, "layer %d: %d of %d experts have a home device", layer, r, E);
+    }
+#define KEY(x) (rank && (x) < E ? rank[x] : (x))
+#define EXPERT(k) (inv && (k) < E ? inv[k] : (k))
     int *cnt = e->ex_count, *pos = e->ex_pos, *uniq = e->ex_uniq;
     ms_expert_view *views = e->ex_views;
     memset(cnt, 0, (size_t)(W + 1) * sizeof *cnt);
-    for (int i = 0; i < n * K; i++) cnt[e->h_ids[i] + 1]++;
+    for (int i = 0; i < n * K; i++) cnt[KEY(e->h_ids[i]) + 1]++;
     for (int x = 0; x < W; x++) cnt[x + 1] += cnt[x];
     memcpy(pos, cnt, (size_t)W * sizeof *pos);
     for (int i = 0; i < n * K; i++) {
-        int x = e->h_ids[i];
+        int x = KEY(e->h_ids[i]);
         e->ex_tokens[pos[x]] = i / K;
         e->ex_w[pos[x]] = e->h_w[i];
         pos[x]++;
     }
-    int nu = 0;
+    int nu = 0; /* uniq: keys in order; their experts EXPERT(key) */
     for (int x = 0; x < E; x++)
         if (cnt[x + 1] > cnt[x]) uniq[nu++] = x;
     /* lookahead accounting: how many of this token's experts the previous layer predicted */
@@ -121,21 +148,58 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     e->stats.experts_acquired += (uint64_t)nu;
     e->stats.expert_activations += (uint64_t)n * K;
     be->ops->zero(be, acc, (size_t)(n * D) * 4);
-    /* a bounded expert cache serves at most max_acquire experts at once: groups, in expert order
-     * (the same accumulation order as one acquire, so results do not depend on the cache size) */
-    int group = e->experts->max_acquire > 0 ? e->experts->max_acquire : nu;
-    for (int g0 = 0; g0 < nu; g0 += group) {
-        int gn = nu - g0 < group ? nu - g0 : group;
-        if ((rc = ms_experts_acquire(e->experts, layer, gn, uniq + g0, views, err))) return rc;
-        if (g0 == 0 && (rc = lookahead_prefetch(e, layer, n, err))) return rc;
-        /* the group's pairs: expert uniq[g0 + u] holds pairs cnt[x]..cnt[x + 1) */
-        for (int u = 0; u < gn; u++) e->ex_off[u] = cnt[uniq[g0 + u]];
-        e->ex_off[gn] = cnt[uniq[g0 + gn - 1] + 1];
-        ms_moe_args ma = {.in = in, .acc = acc, .D = D, .act = act, .nu = gn, .views = views, .off = e->ex_off,
-                          .tok = e->ex_tokens, .w = e->ex_w, .max_batch = e->max_batch, .xs = e->xs, .g = e->g,
-                          .u = e->u, .ys = e->ys};
-        be->ops->moe_experts(be, &ma);
-        ms_experts_release(e->experts, layer);
+    /* this device's run of the lists (all of them without expert parallelism), then each other
+     * device's: its tokens' rows sent there, its experts run there, the sum sent back and added */
+    int n_dev = home ? e->stages->n : 1;
+    for (int step = 0; step < n_dev; step++) {
+        int d = home ? (e->stage + step) % n_dev : 0; /* local first */
+        int u0 = 0, u1 = nu;
+        if (home) {
+            while (u0 < nu && home[EXPERT(uniq[u0])] != d) u0++;
+            for (u1 = u0; u1 < nu && home[EXPERT(uniq[u1])] == d;) u1++;
+        }
+        if (u1 == u0) continue;
+        ms_engine *x = home ? e->stage_e[d] : e; /* the engine whose backend, experts and scratch run the run */
+        ms_backend *xb = x->be;
+        const float *xin = in;
+        float *xacc = acc;
+        double t_remote = x != e ? now_s() : 0;
+        if (x != e) { /* dispatch: the chunk's rows to device d (its FFN input and sum buffers are free now) */
+            float *rin = c->latent_moe ? x->lat_in : x->xn;
+            xacc = c->latent_moe ? x->lat_out : x->tmp;
+            rc = e->stages->comm->ops->copy(e->stages->comm, d, rin, e->stage, in, (size_t)(n * D) * 4, err);
+            if (rc) return ms_wrap(err, "layer %d: tokens to device %d", layer, d);
+            xin = rin;
+            ms_stage_activate(e, d); /* device d's kernels */
+            xb->ops->zero(xb, xacc, (size_t)(n * D) * 4);
+        }
+        int ids[1024];
+        /* a bounded expert cache serves at most max_acquire experts at once: groups, in expert order
+         * (the same accumulation order as one acquire, so results do not depend on the cache size) */
+        int group = x->experts->max_acquire > 0 ? x->experts->max_acquire : u1 - u0;
+        if (group > (int)(sizeof ids / sizeof *ids)) group = (int)(sizeof ids / sizeof *ids);
+        for (int g0 = u0; g0 < u1; g0 += group) {
+            int gn = u1 - g0 < group ? u1 - g0 : group;
+            for (int u = 0; u < gn; u++) ids[u] = EXPERT(uniq[g0 + u]);
+            if ((rc = ms_experts_acquire(x->experts, layer, gn, ids, views, err))) return rc;
+            if (g0 == 0 && x == e && (rc = lookahead_prefetch(e, layer, n, err))) return rc;
+            /* the group's pairs: key uniq[g0 + u] holds pairs cnt[k]..cnt[k + 1) */
+            for (int u = 0; u < gn; u++) e->ex_off[u] = cnt[uniq[g0 + u]];
+            e->ex_off[gn] = cnt[uniq[g0 + gn - 1] + 1];
+            ms_moe_args ma = {.in = xin, .acc = xacc, .D = D, .act = act, .nu = gn, .views = views, .off = e->ex_off,
+                              .tok = e->ex_tokens, .w = e->ex_w, .max_batch = e->max_batch, .xs = x->xs, .g = x->g,
+                              .u = x->u, .ys = x->ys};
+            xb->ops->moe_experts(xb, &ma);
+            ms_experts_release(x->experts, layer);
+        }
+        if (x != e) { /* combine: device d's weighted sum back, added to this device's */
+            if ((rc = xb->ops->sync(xb, err))) return rc;
+            x->stats.remote_experts_s += now_s() - t_remote;
+            rc = e->stages->comm->ops->copy(e->stages->comm, e->stage, e->ys, d, xacc, (size_t)(n * D) * 4, err);
+            if (rc) return ms_wrap(err, "layer %d: expert sums from device %d", layer, d);
+            ms_stage_activate(e, e->stage);
+            be->ops->add(be, acc, e->ys, (int64_t)n * D);
+        }
     }
     if (W > E) { /* zero-computation experts: acc += w * in, in expert order after the routed ones (host memory) */
         if (!be->host_memory)
@@ -146,6 +210,8 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
             for (int64_t d = 0; d < D; d++) y[d] += wq * x[d];
         }
     }
+#undef KEY
+#undef EXPERT
     return MS_OK;
 }
 
@@ -168,7 +234,7 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     int rc, routed = 0;
     /* decode with resident experts on a backend that routes on the device: no host round trip */
     if (n == 1 && be->ops->moe_experts_routed && e->experts == e->own_experts && !L->hash_ids && L->experts &&
-        !e->no_routed && !c->n_zero_experts) {
+        !e->no_routed && !c->n_zero_experts && !(e->staged && e->stages->expert_home)) { /* split experts: the lists dispatch them */
         ms_route_args ra = {.c = c, .logits = e->rlog, .bias = L->router_bias, .n = 1, .ids = e->topk_ids,
                             .w = e->topk_w};
         if (be->ops->router_route && !L->router_lbias) {

@@ -56,13 +56,13 @@ static int get_parts(const ms_engine *e, ms_state_part **out, int *n, ms_err *er
 static uint64_t part_bytes(const ms_engine *e, const ms_state_part *p) {
     if (p->kind == MS_PART_ROWS) return (uint64_t)(e->n_past / p->per) * p->row_bytes;
     if (p->kind == MS_PART_FIXED) return p->row_bytes;
-    return p->size(e, p->layer);
+    return p->size(p->eng ? p->eng : e, p->layer);
 }
 
 /* A part's bytes into out: backend memory through download, host memory directly. */
 static int part_get(const ms_engine *e, const ms_state_part *p, uint8_t *out, ms_err *err) {
     if (p->kind == MS_PART_CUSTOM) {
-        p->get(e, p->layer, out);
+        p->get(p->eng ? p->eng : e, p->layer, out);
         return MS_OK;
     }
     uint64_t n = part_bytes(e, p);
@@ -71,7 +71,8 @@ static int part_get(const ms_engine *e, const ms_state_part *p, uint8_t *out, ms
         memcpy(out, p->data, n);
         return MS_OK;
     }
-    return e->be->ops->download(e->be, out, p->data, n, err);
+    ms_backend *be = p->be ? p->be : e->be; /* a split engine: the backend of the part's stage */
+    return be->ops->download(be, out, p->data, n, err);
 }
 
 /* Check sections s[0..ns) for a state at n_past against e's parts (reserving
@@ -93,7 +94,7 @@ static int check_sections(ms_engine *e, int64_t n_past, const sec_in *s, int ns,
     for (int i = 0; i < np; i++) {
         const ms_state_part *q = &p[i];
         if (q->kind == MS_PART_CUSTOM) {
-            int rc = q->check(e, q->layer, s[i].data, s[i].size, n_past, err);
+            int rc = q->check(q->eng ? q->eng : e, q->layer, s[i].data, s[i].size, n_past, err);
             if (rc) return ms_wrap(err, "%s: section \"%s\"", where, q->name);
             continue;
         }
@@ -115,15 +116,17 @@ static int check_sections(ms_engine *e, int64_t n_past, const sec_in *s, int ns,
 static int apply_sections(ms_engine *e, int64_t n_past, const sec_in *s, const ms_state_part *p, int np,
                           ms_err *err) {
     for (int i = 0; i < np; i++) {
-        if (p[i].kind == MS_PART_CUSTOM) p[i].put(e, p[i].layer, s[i].data, s[i].size);
+        if (p[i].kind == MS_PART_CUSTOM) p[i].put(p[i].eng ? p[i].eng : e, p[i].layer, s[i].data, s[i].size);
         else if (s[i].size && p[i].host) memcpy(p[i].data, s[i].data, s[i].size);
         else if (s[i].size) {
-            int rc = e->be->ops->upload(e->be, p[i].data, s[i].data, s[i].size, err);
+            ms_backend *be = p[i].be ? p[i].be : e->be;
+            int rc = be->ops->upload(be, p[i].data, s[i].data, s[i].size, err);
             if (rc) return ms_wrap(err, "restoring \"%s\"", p[i].name);
         }
     }
     e->n_past = (int)n_past;
     e->la_layer = -1;
+    ms_engine_stages_at(e);
     ms_dsa_engine_restored(e, n_past);
     ms_cattn_engine_restored(e, n_past);
     return MS_OK;
@@ -226,6 +229,7 @@ int ms_engine_truncate(ms_engine *e, int n_past, ms_err *err) {
     ms_dsa_engine_rollback(e, n_past); /* index keys and recorded tie rows from n_past on */
     e->n_past = n_past;
     e->la_layer = -1;
+    ms_engine_stages_at(e);
     return MS_OK;
 }
 

@@ -208,4 +208,26 @@ int ms_static_store_open(ms_model *m, const char *dir, ms_static_dtype want, ms_
 int ms_model_place(const ms_model *m, ms_backend *be, int skip_experts, ms_model **placed, ms_err *err);
 void ms_model_placed_free(ms_model *placed);
 
+/* A part of a multi-device placement (engine/placement.h): the static weights of layers
+ * [layer_begin, layer_end), the embedding (embed), the head side (head: final norm, lm_head,
+ * output AttnRes, hyper head; a tied lm_head placed as its own copy unless embed is placed
+ * too), and the routed experts: with expert_devs ([n_layers * n_experts]) those of every layer
+ * whose bit `dev` is set (the others' views zeroed), else those of the part's own layers.
+ * Layers outside the range keep the host model's views (never run on be). ms_model_place is
+ * the part of everything. Errors as ms_model_place. */
+typedef struct ms_place_part {
+    int layer_begin, layer_end;
+    int embed, head;
+    const uint32_t *expert_devs;
+    int dev;
+    int skip_experts;
+} ms_place_part;
+int ms_model_place_part(const ms_model *m, ms_backend *be, const ms_place_part *part, ms_model **placed, ms_err *err);
+/* What ms_model_place would put on a device, in bytes (the multi-device placement's input):
+ * per layer its static weights (layer_static[n_layers]) and one routed expert of it
+ * (expert_bytes[n_layers], 0 for a layer without), the embedding, the head side, and whether
+ * lm_head is the embedding (*tied). */
+void ms_model_place_bytes(const ms_model *m, uint64_t *layer_static, uint64_t *expert_bytes, uint64_t *embed_bytes,
+                          uint64_t *head_bytes, int *tied);
+
 #endif

@@ -16,11 +16,12 @@ typedef struct {
 } vec_entry;
 
 typedef struct {
-    ms_backend *be;
+    ms_backend *be;  /* NULL: count the bytes into *count instead (ms_model_place_bytes) */
     vec_entry *vecs;
     int n_vecs;
     ms_err *err;
     int rc;
+    uint64_t *count;
 } placer;
 
 static int vec_cmp(const void *a, const void *b) {
@@ -30,6 +31,10 @@ static int vec_cmp(const void *a, const void *b) {
 
 static void place_qmat(placer *p, ms_qmat *w, const char *what, int layer) {
     if (p->rc || !w->data) return;
+    if (!p->be) {
+        *p->count += ms_qmat_bytes(w);
+        return;
+    }
     ms_qmat out;
     if ((p->rc = p->be->ops->place_qmat(p->be, w, &out, p->err))) {
         if (layer >= 0) ms_wrap(p->err, "placing layer %d %s", layer, what);
@@ -49,6 +54,10 @@ static void place_vec(placer *p, float **v, const char *what, int layer) {
                         what, layer);
         return;
     }
+    if (!p->be) { /* counting: each vector once */
+        if (!e->placed) *p->count += e->bytes, e->placed = (const float *)e->host;
+        return;
+    }
     if (!e->placed && (p->rc = p->be->ops->place_vec(p->be, (const float *)e->host, (int64_t)(e->bytes / 4),
                                                      &e->placed, p->err))) {
         ms_wrap(p->err, "placing %s (layer %d)", what, layer);
@@ -62,7 +71,7 @@ static void place_raw(placer *p, const void **v, ms_dtype dt, int64_t n, const c
     if (p->rc || !*v) return;
     ms_qmat w = {.dtype = dt, .rows = 1, .cols = n, .data = *v};
     place_qmat(p, &w, what, layer);
-    if (!p->rc) *v = w.data;
+    if (!p->rc && p->be) *v = w.data;
 }
 
 static void place_expert(placer *p, ms_expert_view *x, int layer) {
@@ -75,7 +84,7 @@ static void place_expert(placer *p, ms_expert_view *x, int layer) {
     place_raw(p, &x->down_bias, x->bias_dtype, down_rows, "expert down bias", layer);
 }
 
-static void place_layer(placer *p, const ms_config *c, ms_layer *L, int l, int skip_experts) {
+static void place_layer_static(placer *p, ms_layer *L, int l) {
 #define Q(f) place_qmat(p, &L->f, #f, l)
 #define V(f) place_vec(p, &L->f, #f, l)
     Q(wq), Q(wk), Q(wv), Q(wo), Q(q_a), Q(q_b), Q(kv_a), Q(kv_b), Q(mla_gate);
@@ -98,23 +107,64 @@ static void place_layer(placer *p, const ms_config *c, ms_layer *L, int l, int s
     Q(hc_attn_fn), Q(hc_ffn_fn), V(hc_attn_base), V(hc_attn_scale), V(hc_ffn_base), V(hc_ffn_scale);
 #undef Q
 #undef V
+}
+
+/* The layer's routed experts: those with bit `dev` in mask[i] (mask NULL: all) placed, the
+ * others' views zeroed (a part of a multi-device placement holds only its share). */
+static void place_layer_experts(placer *p, const ms_config *c, ms_layer *L, int l, const uint32_t *mask, int dev) {
     /* hash_ids, owned and expert_tensors stay host memory (the engine reads them). */
-    if (L->experts && !p->rc && !skip_experts) {
-        ms_expert_view *x = malloc((size_t)c->n_experts * sizeof *x);
-        if (!x) {
-            p->rc = ms_fail(p->err, MS_ERR_NOMEM, "out of memory placing the experts of layer %d", l);
-            L->experts = NULL;
-            return;
-        }
-        memcpy(x, L->experts, (size_t)c->n_experts * sizeof *x);
-        L->experts = x;
-        for (int64_t i = 0; i < c->n_experts && !p->rc; i++) place_expert(p, &x[i], l);
-    } else {
+    if (!L->experts || p->rc) {
         L->experts = NULL;
+        return;
+    }
+    ms_expert_view *x = malloc((size_t)c->n_experts * sizeof *x);
+    if (!x) {
+        p->rc = ms_fail(p->err, MS_ERR_NOMEM, "out of memory placing the experts of layer %d", l);
+        L->experts = NULL;
+        return;
+    }
+    memcpy(x, L->experts, (size_t)c->n_experts * sizeof *x);
+    L->experts = x;
+    for (int64_t i = 0; i < c->n_experts && !p->rc; i++) {
+        if (mask && !(mask[i] & (1u << dev))) memset(&x[i], 0, sizeof x[i]);
+        else place_expert(p, &x[i], l);
     }
 }
 
 int ms_model_place(const ms_model *m, ms_backend *be, int skip_experts, ms_model **placed, ms_err *err) {
+    ms_place_part all = {.layer_begin = 0, .layer_end = m->cfg.n_layers, .embed = 1, .head = 1,
+                         .skip_experts = skip_experts};
+    return ms_model_place_part(m, be, &all, placed, err);
+}
+
+/* The sorted table of the model's bound F32 vectors (place_vec finds lengths there). */
+static int vec_table(const ms_model *m, placer *p) {
+    p->n_vecs = m->n_allocs;
+    p->vecs = calloc((size_t)m->n_allocs + 1, sizeof *p->vecs);
+    if (!p->vecs) return -1;
+    for (int i = 0; i < m->n_allocs; i++) p->vecs[i] = (vec_entry){m->allocs[i], m->alloc_bytes ? m->alloc_bytes[i] : 0, NULL};
+    if (p->n_vecs > 1) qsort(p->vecs, (size_t)p->n_vecs, sizeof *p->vecs, vec_cmp);
+    return 0;
+}
+
+static int head_tied(const ms_model *m) {
+    return m->lm_head.data == m->embed.data && m->lm_head.rows == m->embed.rows && m->lm_head.cols == m->embed.cols;
+}
+
+/* The head side: the final norm, lm_head, the output AttnRes vectors, the hyper head. */
+static void place_head(placer *p, ms_model *w, int tied_to_placed) {
+    if (tied_to_placed) w->lm_head = w->embed;
+    else place_qmat(p, &w->lm_head, "lm_head", -1);
+    place_vec(p, &w->final_norm, "the final norm", -1);
+    place_vec(p, &w->out_res.norm, "the output AttnRes norm", -1);
+    place_vec(p, &w->out_res.proj, "the output AttnRes projection", -1);
+    place_qmat(p, &w->hc_head_fn, "the hyper head fn", -1);
+    place_vec(p, &w->hc_head_base, "the hyper head base", -1);
+    place_vec(p, &w->hc_head_scale, "the hyper head scale", -1);
+}
+
+int ms_model_place_part(const ms_model *m, ms_backend *be, const ms_place_part *part, ms_model **placed,
+                        ms_err *err) {
     *placed = NULL;
     ms_model *w = malloc(sizeof *w);
     if (!w) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
@@ -123,29 +173,24 @@ int ms_model_place(const ms_model *m, ms_backend *be, int skip_experts, ms_model
     w->quant_allocs = NULL, w->n_quant_allocs = 0;
     w->static_store_map = NULL, w->static_store_len = 0;
     w->layers = calloc((size_t)(m->cfg.n_layers > 0 ? m->cfg.n_layers : 1), sizeof *w->layers);
-    placer p = {.be = be, .n_vecs = m->n_allocs, .err = err};
-    p.vecs = calloc((size_t)m->n_allocs + 1, sizeof *p.vecs);
-    if (!w->layers || !p.vecs) {
+    placer p = {.be = be, .err = err};
+    if (!w->layers || vec_table(m, &p)) {
         free(w->layers), free(w), free(p.vecs);
         return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     }
-    for (int i = 0; i < m->n_allocs; i++) p.vecs[i] = (vec_entry){m->allocs[i], m->alloc_bytes ? m->alloc_bytes[i] : 0, NULL};
-    if (p.n_vecs > 1) qsort(p.vecs, (size_t)p.n_vecs, sizeof *p.vecs, vec_cmp);
-    int l = 0;
+    int l = 0, E = (int)m->cfg.n_experts;
     for (; l < m->cfg.n_layers && !p.rc; l++) {
         w->layers[l] = m->layers[l];
-        place_layer(&p, &m->cfg, &w->layers[l], l, skip_experts);
+        int mine = l >= part->layer_begin && l < part->layer_end;
+        if (mine) place_layer_static(&p, &w->layers[l], l);
+        /* experts: the mask's share of every layer, else those of the part's own layers */
+        if (part->skip_experts || (!part->expert_devs && !mine)) w->layers[l].experts = NULL;
+        else place_layer_experts(&p, &m->cfg, &w->layers[l], l,
+                                 part->expert_devs ? part->expert_devs + (int64_t)l * E : NULL, part->dev);
     }
-    int tied = m->lm_head.data == m->embed.data && m->lm_head.rows == m->embed.rows && m->lm_head.cols == m->embed.cols;
-    place_qmat(&p, &w->embed, "the embedding", -1);
-    if (tied && !p.rc) w->lm_head = w->embed;
-    else place_qmat(&p, &w->lm_head, "lm_head", -1);
-    place_vec(&p, &w->final_norm, "the final norm", -1);
-    place_vec(&p, &w->out_res.norm, "the output AttnRes norm", -1);
-    place_vec(&p, &w->out_res.proj, "the output AttnRes projection", -1);
-    place_qmat(&p, &w->hc_head_fn, "the hyper head fn", -1);
-    place_vec(&p, &w->hc_head_base, "the hyper head base", -1);
-    place_vec(&p, &w->hc_head_scale, "the hyper head scale", -1);
+    int tied = head_tied(m);
+    if (part->embed) place_qmat(&p, &w->embed, "the embedding", -1);
+    if (part->head && !p.rc) place_head(&p, w, tied && part->embed);
     free(p.vecs);
     if (p.rc) {
         for (int i = l; i < m->cfg.n_layers; i++) w->layers[i].experts = NULL; /* never copied */
@@ -154,6 +199,33 @@ int ms_model_place(const ms_model *m, ms_backend *be, int skip_experts, ms_model
     }
     *placed = w;
     return MS_OK;
+}
+
+void ms_model_place_bytes(const ms_model *m, uint64_t *layer_static, uint64_t *expert_bytes, uint64_t *embed_bytes,
+                          uint64_t *head_bytes, int *tied) {
+    placer p = {.be = NULL};
+    uint64_t count = 0;
+    p.count = &count;
+    *embed_bytes = *head_bytes = 0;
+    *tied = head_tied(m);
+    if (vec_table(m, &p)) p.n_vecs = 0; /* no table: vectors are not counted */
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        ms_layer L = m->layers[l];
+        count = 0;
+        place_layer_static(&p, &L, l);
+        layer_static[l] = count;
+        count = 0;
+        if (L.experts && m->cfg.n_experts > 0) place_expert(&p, &L.experts[0], l);
+        expert_bytes[l] = count;
+    }
+    ms_model w = *m;
+    count = 0;
+    place_qmat(&p, &w.embed, "the embedding", -1);
+    *embed_bytes = count;
+    count = 0;
+    place_head(&p, &w, 0);
+    *head_bytes = count;
+    free(p.vecs);
 }
 
 void ms_model_placed_free(ms_model *w) {

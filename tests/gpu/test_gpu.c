@@ -170,6 +170,7 @@ int main(void) {
     int pass = 0, fail = 0;
     test_gpu_run_kernels(&pass, &fail);
     test_gpu_run_backend(&pass, &fail);
+    test_gpu_run_comm(&pass, &fail);
     printf("%d passed, %d failed\n", pass, fail);
     return fail ? 1 : 0;
 }

@@ -65,5 +65,7 @@ double dot_bound(int64_t N);
  * backend op by op against the CPU backend. */
 void test_gpu_run_kernels(int *pass, int *fail);
 void test_gpu_run_backend(int *pass, int *fail);
+/* test_gpu_comm.c: several GPU backends in one process (the comm, a split engine). */
+void test_gpu_run_comm(int *pass, int *fail);
 
 #endif

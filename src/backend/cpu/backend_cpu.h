@@ -1,8 +1,8 @@
 /* backend_cpu.h — the CPU backend: today's kernels (src/backend/cpu) and the
  * thread pool behind the backend interface (core/backend.h). Its results are
  * the reference every other backend is checked against. */
-#ifndef MS_BACKEND_CPU_H
-#define MS_BACKEND_CPU_H
+#ifndef MS_BACKEND_CPU_IFACE_H
+#define MS_BACKEND_CPU_IFACE_H
 
 #include "core/backend.h"
 #include "util/threadpool.h"
