@@ -280,6 +280,7 @@ typedef struct gcfg {
 } gcfg;
 typedef struct gnode {
     int32_t s, p, dep;
+    uint32_t h; /* hash of the stack's states from this node down (equal stacks, equal h) */
 } gnode;
 typedef struct arena {
     gnode *n;
@@ -295,6 +296,16 @@ typedef struct gcache {
     int32_t maxdep;  /* deepest call stack of the walk (frames above the state's own) */
 } gcache;
 
+/* A hash index over one configuration set (the set being built, or the closure's seen
+ * set): slot -> index into the set, valid when its stamp is the current one; reset in O(1)
+ * by a new stamp. Sized for max_configs at half load. Keeps the membership test O(1)
+ * instead of a scan of the set per insertion (quadratic: 4096^2 stack compares per byte). */
+typedef struct cfg_index {
+    uint32_t *stamp;
+    int32_t *at;
+    uint32_t cur, mask;
+} cfg_index;
+
 typedef struct walk {
     const ms_grammar *g;
     arena *ar;
@@ -305,6 +316,7 @@ typedef struct walk {
     gcfg *work;
     int nwork, capwork;
     size_t out_off; /* where the set being built starts in sb */
+    cfg_index ix_out, ix_seen; /* over sb[out_off..nsb) and seen[0..nseen) */
     int esc, done, rc;
     int32_t maxdep; /* deepest node pushed */
 } walk;
@@ -361,7 +373,8 @@ static int32_t node_push(walk *w, int32_t s, int32_t p) {
         a->n = nn;
         a->cap = nc;
     }
-    a->n[a->len] = (gnode){s, p, dep};
+    uint32_t h = (p >= 0 ? a->n[p].h : (uint32_t)p) * 0x9E3779B1u ^ (uint32_t)s * 0x85EBCA6Bu;
+    a->n[a->len] = (gnode){s, p, dep, h ^ h >> 15};
     if (dep > w->maxdep) w->maxdep = dep;
     return a->len++;
 }
@@ -376,19 +389,50 @@ static inline int node_eq(const arena *a, int32_t x, int32_t y) {
     return 1;
 }
 
-static inline int cfg_in(const arena *a, const gcfg *set, size_t n, int32_t s, int32_t p) {
-    for (size_t i = 0; i < n; i++)
-        if (set[i].s == s && (set[i].p == p || node_eq(a, set[i].p, p))) return 1;
+static inline uint32_t stack_hash(const arena *a, int32_t p) { return p >= 0 ? a->n[p].h : (uint32_t)p; }
+
+/* Allocate ix for n_max entries (a power of two of at least twice that). 0 or -1. */
+static int ix_init(cfg_index *ix, int n_max) {
+    uint32_t cap = 64;
+    while (cap < 2u * (uint32_t)n_max) cap *= 2;
+    ix->stamp = calloc(cap, sizeof *ix->stamp);
+    ix->at = malloc(cap * sizeof *ix->at);
+    ix->mask = cap - 1;
+    ix->cur = 1;
+    return ix->stamp && ix->at ? 0 : -1;
+}
+static void ix_free(cfg_index *ix) { free(ix->stamp), free(ix->at); }
+/* Empty ix (a new set starts). */
+static void ix_reset(cfg_index *ix) {
+    if (++ix->cur == 0) { /* the stamps wrapped: clear them once */
+        memset(ix->stamp, 0, (size_t)(ix->mask + 1) * sizeof *ix->stamp);
+        ix->cur = 1;
+    }
+}
+/* Whether (s, p) (a stack equal to p's counts) is in set, indexed by ix; if not and add,
+ * index it as set[n] (the caller appends it there). */
+static int ix_find(cfg_index *ix, const arena *a, const gcfg *set, int32_t n, int32_t s, int32_t p, int add) {
+    uint32_t hp = stack_hash(a, p), k = (hp ^ (uint32_t)s * 0xC2B2AE35u) & ix->mask;
+    for (; ix->stamp[k] == ix->cur; k = (k + 1) & ix->mask) {
+        const gcfg *c = &set[ix->at[k]];
+        if (c->s == s && (c->p == p || (stack_hash(a, c->p) == hp && node_eq(a, c->p, p)))) return 1;
+    }
+    if (add) ix->stamp[k] = ix->cur, ix->at[k] = n;
     return 0;
+}
+/* The sets start: the one being built at sb[out_off], and the closure's seen set. */
+static void sets_reset(walk *w) {
+    ix_reset(&w->ix_out);
+    ix_reset(&w->ix_seen);
 }
 
 static void out_add(walk *w, int32_t s, int32_t p) {
     size_t n = w->nsb - w->out_off;
-    if (cfg_in(w->ar, w->sb + w->out_off, n, s, p)) return;
-    if ((int)n >= w->g->o.max_configs) {
-        w->rc = MS_ERR_LIMIT;
+    if ((int)n >= w->g->o.max_configs) { /* full: (s, p) may still be in it */
+        if (!ix_find(&w->ix_out, w->ar, w->sb + w->out_off, (int32_t)n, s, p, 0)) w->rc = MS_ERR_LIMIT;
         return;
     }
+    if (ix_find(&w->ix_out, w->ar, w->sb + w->out_off, (int32_t)n, s, p, 1)) return;
     if (grow((void **)&w->sb, w->nsb + 1, &w->capsb, sizeof *w->sb)) {
         w->rc = MS_ERR_NOMEM;
         return;
@@ -416,11 +460,12 @@ static void visit(walk *w, int32_t s, int32_t p) {
             out_add(w, c.s, c.p);
             continue;
         }
-        if (cfg_in(w->ar, w->seen, (size_t)w->nseen, c.s, c.p)) continue;
         if (w->nseen >= g->o.max_configs) {
+            if (ix_find(&w->ix_seen, w->ar, w->seen, w->nseen, c.s, c.p, 0)) continue;
             w->rc = MS_ERR_LIMIT;
             return;
         }
+        if (ix_find(&w->ix_seen, w->ar, w->seen, w->nseen, c.s, c.p, 1)) continue;
         if (growi((void **)&w->seen, w->nseen + 1, &w->capseen, sizeof *w->seen)) {
             w->rc = MS_ERR_NOMEM;
             return;
@@ -453,6 +498,7 @@ static int step(walk *w, size_t in_off, size_t nin, int x) {
     int ncls = g->n_cls, cl = g->cls[x], raw = 0;
     w->out_off = w->nsb;
     w->nseen = 0;
+    sets_reset(w);
     w->esc = w->done = 0;
     for (size_t i = 0; i < nin; i++) {
         gcfg c = w->sb[in_off + i];
@@ -657,6 +703,7 @@ static int start(ms_matcher *m) {
     w->rc = 0;
     w->out_off = 0;
     w->nseen = 0;
+    sets_reset(w);
     w->esc = w->done = 0;
     visit(w, m->g->rule_start[m->g->root], ROOT);
     if (w->rc) return w->rc;
@@ -698,7 +745,8 @@ int ms_matcher_new(ms_grammar *g, const ms_gvocab *v, ms_matcher **out, ms_err *
     m->mark = malloc(dn * sizeof *m->mark);
     if (!b || !m->setoff || !m->setlen || !m->mark || grow((void **)&m->w.sb, 64, &m->w.capsb, sizeof *m->w.sb) ||
         growi((void **)&m->w.seen, 64, &m->w.capseen, sizeof *m->w.seen) ||
-        growi((void **)&m->w.work, 64, &m->w.capwork, sizeof *m->w.work)) {
+        growi((void **)&m->w.work, 64, &m->w.capwork, sizeof *m->w.work) || ix_init(&m->w.ix_out, g->o.max_configs) ||
+        ix_init(&m->w.ix_seen, g->o.max_configs)) {
         ms_matcher_free(m);
         return ms_fail(err, MS_ERR_NOMEM, "grammar matcher: out of memory");
     }
@@ -715,6 +763,7 @@ void ms_matcher_free(ms_matcher *m) {
     if (!m) return;
     free(m->ar.n), free(m->tmp.n), free(m->cur);
     free(m->w.sb), free(m->w.seen), free(m->w.work);
+    ix_free(&m->w.ix_out), ix_free(&m->w.ix_seen);
     free(m->setoff), free(m->setlen), free(m->mark), free(m->acc), free(m->escv);
     free(m);
 }
@@ -893,6 +942,7 @@ int ms_matcher_mask(ms_matcher *m, uint32_t *bits, ms_err *err) {
             w->nsb = 0;
             w->out_off = 0;
             w->nseen = 0;
+            sets_reset(w);
             w->esc = w->done = 0;
             visit(w, m->ar.n[c.p].s, m->ar.n[c.p].p);
             size_t np = w->nsb;
