@@ -16,7 +16,15 @@
  * default 0.2 ms) for the ones still running, then sleeps on a futex on `done`
  * (the worker finishing the last task wakes it): a spinning caller would keep
  * its core from the preempted worker, which then waits a whole time slice on
- * the other core behind the machine's other load. */
+ * the other core behind the machine's other load.
+ *
+ * That wait can still cost more than the parallelism gains: on a loaded machine a worker
+ * preempted inside its task holds the run for the rest of a scheduler slice. So the caller
+ * keeps score (ADAPT_RUNS runs at a time): the wall time of each parallel run against what it
+ * would have taken alone (the time the caller spent on its own tasks, times n_tasks over the
+ * number it ran). When the runs together were slower than alone, the next ADAPT_SOLO_NS of runs
+ * go on the caller only (the same tasks with the same indices, so the results do not change),
+ * then parallel runs are scored again. MS_POOL_ADAPT=0 turns this off. */
 #include "util/threadpool.h"
 
 #include <linux/futex.h>
@@ -25,6 +33,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,7 +57,16 @@ struct ms_pool {
     pthread_cond_t cv;
     int64_t spin_ns;
     int64_t wait_spin_ns; /* caller: spin this long for running tasks, then sleep */
+    /* adaptive fallback (caller-only state; see the top comment) */
+    int adapt;
+    int scored;             /* parallel runs scored in this window */
+    int64_t wall_ns, solo_ns; /* their wall time, and the estimate of running them alone */
+    int64_t solo_until;     /* run on the caller only until this time (now_ns) */
+    uint64_t solo_runs;     /* runs the fallback put on the caller (for tests and tuning) */
 };
+
+enum { ADAPT_RUNS = 32 };
+#define ADAPT_SOLO_NS 20000000 /* 20 ms */
 
 struct worker_arg {
     ms_pool *p;
@@ -74,14 +92,15 @@ static void futex_wait(atomic_int *addr, int val) {
 }
 static void futex_wake_all(atomic_int *addr) { syscall(SYS_futex, (int *)addr, FUTEX_WAKE_PRIVATE, 1 << 30, NULL, NULL, 0); }
 
-/* Claim and run tasks of generation g until none are left. */
-static void drain(ms_pool *p, uint32_t g, int tid) {
+/* Claim and run tasks of generation g until none are left; returns how many it ran. */
+static int drain(ms_pool *p, uint32_t g, int tid) {
+    int ran = 0;
     for (;;) {
         uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
-        if ((uint32_t)(w >> 32) != g) return;
+        if ((uint32_t)(w >> 32) != g) return ran;
         uint32_t i = (uint32_t)w;
         int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
-        if (i >= (uint32_t)n) return; /* also the closed marker UINT32_MAX */
+        if (i >= (uint32_t)n) return ran; /* also the closed marker UINT32_MAX */
         ms_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
         void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
         /* Pairs with the release fence in ms_pool_run: if fn/ctx/n above were
@@ -91,6 +110,7 @@ static void drain(ms_pool *p, uint32_t g, int tid) {
         if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acq_rel, memory_order_acquire))
             continue;
         fn(ctx, (int)i, tid);
+        ran++;
         /* seq_cst: pairs with the caller's caller_waits store and done load */
         if (atomic_fetch_add(&p->done, 1) + 1 == n && tid != 0 && atomic_load(&p->caller_waits)) futex_wake_all(&p->done);
     }
@@ -143,6 +163,8 @@ ms_pool *ms_pool_create(int n_threads) {
         long us = strtol(env, NULL, 10);
         if (us >= 0 && us <= 1000000) p->spin_ns = (int64_t)us * 1000;
     }
+    env = getenv("MS_POOL_ADAPT");
+    p->adapt = !(env && !strcmp(env, "0"));
     env = getenv("MS_POOL_WAIT_SPIN_US");
     if (env && *env) {
         long us = strtol(env, NULL, 10);
@@ -201,9 +223,28 @@ void ms_pool_set_act(ms_pool *p, int act) {
     if (p) p->act = act;
 }
 
+unsigned long long ms_pool_solo_runs(const ms_pool *p) { return p ? (unsigned long long)p->solo_runs : 0; }
+
+/* Sleep until `done` reaches n_tasks (the worker ending the last task wakes us). */
+static void wait_done(ms_pool *p, int n_tasks) {
+    for (;;) {
+        atomic_store(&p->caller_waits, 1);
+        int d = atomic_load(&p->done);
+        if (d >= n_tasks) break;
+        futex_wait(&p->done, d);
+    }
+    atomic_store_explicit(&p->caller_waits, 0, memory_order_relaxed);
+}
+
 void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx) {
     if (n_tasks <= 0) return;
     if (!p || p->n == 1 || n_tasks == 1) {
+        for (int i = 0; i < n_tasks; i++) fn(ctx, i, 0);
+        return;
+    }
+    int64_t t0 = p->adapt ? now_ns() : 0;
+    if (p->adapt && t0 < p->solo_until) {
+        p->solo_runs++;
         for (int i = 0; i < n_tasks; i++) fn(ctx, i, 0);
         return;
     }
@@ -224,19 +265,24 @@ void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx) {
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
-    drain(p, g, 0);
+    int mine = drain(p, g, 0);
+    int64_t t1 = p->adapt ? now_ns() : 0;
     /* the remaining tasks are running on workers: spin a little, then sleep until the last one ends */
-    if (atomic_load_explicit(&p->done, memory_order_acquire) >= n_tasks) return;
-    int64_t t0 = now_ns();
-    for (unsigned it = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; it++) {
-        cpu_relax();
-        if ((it & 63) == 0 && now_ns() - t0 > p->wait_spin_ns) break;
+    if (atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks) {
+        int64_t ts = now_ns();
+        for (unsigned it = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; it++) {
+            cpu_relax();
+            if ((it & 63) == 0 && now_ns() - ts > p->wait_spin_ns) break;
+        }
+        wait_done(p, n_tasks);
     }
-    for (;;) {
-        atomic_store(&p->caller_waits, 1);
-        int d = atomic_load(&p->done);
-        if (d >= n_tasks) break;
-        futex_wait(&p->done, d);
+    if (p->adapt && mine > 0) {
+        int64_t t2 = now_ns();
+        p->wall_ns += t2 - t0;
+        p->solo_ns += (t1 - t0) * n_tasks / mine;
+        if (++p->scored == ADAPT_RUNS) {
+            if (p->wall_ns > p->solo_ns) p->solo_until = t2 + ADAPT_SOLO_NS;
+            p->scored = 0, p->wall_ns = p->solo_ns = 0;
+        }
     }
-    atomic_store_explicit(&p->caller_waits, 0, memory_order_relaxed);
 }

@@ -15,6 +15,9 @@ ms_pool *ms_pool_create(int n_threads);
 void ms_pool_destroy(ms_pool *p);
 int ms_pool_size(const ms_pool *p);
 void ms_pool_run(ms_pool *p, int n_tasks, ms_task_fn fn, void *ctx);
+/* How many runs the pool put on the caller alone because parallel runs were scoring
+ * slower than one thread (a loaded machine; threadpool.c). 0 for NULL. */
+unsigned long long ms_pool_solo_runs(const ms_pool *p);
 
 /* The instruction set the CPU kernels run on this pool use (an ms_cpu_isa of
  * backend/cpu/cpu.h; set it through ms_cpu_set_isa there, which checks it),

@@ -91,4 +91,53 @@ TEST(dispatch_latency) {
     ms_pool_destroy(p);
 }
 
+/* A worker that stalls 2 ms in every task it takes (a preempted worker on a loaded machine):
+ * parallel runs then score slower than the caller alone, the pool puts the following runs on
+ * the caller (ms_pool_solo_runs > 0), and every run still runs each task exactly once, on
+ * valid tids. With MS_POOL_ADAPT=0 it never does. */
+typedef struct {
+    job j;
+    int stall_us;
+} stall_job;
+
+static void stall_task(void *ctx, int i, int tid) {
+    stall_job *s = ctx;
+    if (tid != 0) {
+        struct timespec ts = {0, (long)s->stall_us * 1000};
+        nanosleep(&ts, NULL);
+    }
+    task(&s->j, i, tid);
+}
+
+static int stall_runs(ms_pool *p, int runs, int n_tasks) {
+    int bad = 0;
+    for (int r = 0; r < runs; r++) {
+        stall_job s = {.stall_us = 2000};
+        for (int i = 0; i < 64; i++) atomic_init(&s.j.hits[i], 0);
+        atomic_init(&s.j.bad_tid, 0);
+        s.j.n_threads = ms_pool_size(p);
+        ms_pool_run(p, n_tasks, stall_task, &s);
+        int ok = atomic_load(&s.j.bad_tid) == 0;
+        for (int i = 0; i < 64; i++) ok &= atomic_load(&s.j.hits[i]) == (i < n_tasks ? 1 : 0);
+        bad += !ok;
+    }
+    return bad;
+}
+
+TEST(stalled_worker_falls_back_to_caller) {
+    ms_pool *p = ms_pool_create(2);
+    CHECK(ms_pool_solo_runs(p) == 0);
+    int bad = stall_runs(p, 200, 16);
+    CHECK_MSG(bad == 0, "%d bad runs", bad);
+    CHECK_MSG(ms_pool_solo_runs(p) > 0, "no run went to the caller alone (%llu)", ms_pool_solo_runs(p));
+    ms_pool_destroy(p);
+    setenv("MS_POOL_ADAPT", "0", 1);
+    p = ms_pool_create(2);
+    unsetenv("MS_POOL_ADAPT");
+    CHECK(stall_runs(p, 40, 16) == 0);
+    CHECK(ms_pool_solo_runs(p) == 0);
+    ms_pool_destroy(p);
+    CHECK(ms_pool_solo_runs(NULL) == 0);
+}
+
 TEST_MAIN()

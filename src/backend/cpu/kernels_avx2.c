@@ -33,12 +33,6 @@ INL __m256i f8_to_h16_16(const uint8_t *p) {
 }
 
 INL __m256 fp4_mag(void) { return _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f); }
-/* nibble in the low 4 bits of each lane (higher bits must be zero) -> e2m1 value:
- * magnitude from bits 0-2 by an 8-entry permute, sign from bit 3 */
-INL __m256 fp4_val(__m256i nib, __m256 mag) {
-    __m256i sign = _mm256_and_si256(_mm256_slli_epi32(nib, 28), _mm256_set1_epi32((int)0x80000000u));
-    return _mm256_or_ps(_mm256_permutevar8x32_ps(mag, nib), _mm256_castsi256_ps(sign));
-}
 INL float e8m0(uint8_t e) {
     uint32_t u = e == 0xff ? 0x7fc00000u : e == 0 ? 0x00400000u : (uint32_t)e << 23;
     float f;
@@ -159,30 +153,66 @@ T256 static void f4_x_prep(const ms_qmat *w, const float *x, float *xs) {
 
 #define F4_PF 3072 /* prefetch distance per weight stream, bytes (a line per 64) */
 
-/* MXFP4 rows r..r+NR-1 against the rewritten x (f4_x_prep). */
+/* e2m1 decode with one permute and two integer ops per 8 values: the table holds
+ * mag[j] ^ (j << 28) (j = 0..7, the bit pattern of a float; never used as one before the xor),
+ * so permute(table, u) ^ (u << 28) for a lane u whose bits 0-3 are the nibble is mag[u & 7]
+ * with bit 31 = bit 3 of u: the bits 28-30 the shift brings cancel the table's, and the
+ * bits of u above 3 leave through the shift (so the low nibble of a byte needs no mask).
+ * Bit for bit the values of the and/shift/or decode it replaced (-0 for nibble 8 included). */
+INL __m256i fp4_xtab(void) {
+    const __m256i mag = _mm256_castps_si256(fp4_mag());
+    return _mm256_xor_si256(mag, _mm256_slli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), 28));
+}
+INL __m256 fp4_xval(__m256i u, __m256i xtab) {
+    return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_permutevar8x32_epi32(xtab, u), _mm256_slli_epi32(u, 28)));
+}
+/* 8 E8M0 scales -> floats (e8m0() of each) */
+INL __m256 e8m0_8(const uint8_t *s) {
+    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s));
+    __m256i u = _mm256_slli_epi32(e, 23);
+    u = _mm256_blendv_epi8(u, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+    u = _mm256_blendv_epi8(u, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(0xff)));
+    return _mm256_castsi256_ps(u);
+}
+
+/* MXFP4 rows r..r+NR-1 against the rewritten x (f4_x_prep). Per 32 columns
+ * b = lo0 * xe0 + hi0 * xo0 + lo1 * xe1 + hi1 * xo1 (in that order), then a += b * scale
+ * (scale 1 without scales: the same sum as a + b); the scales of 8 blocks are decoded at once. */
 INL void f4_rows(const ms_qmat *w, int64_t r, const float *xp, float *out, const int NR) {
     const int64_t K = w->cols;
-    const __m256 mag = fp4_mag();
+    const __m256i xtab = fp4_xtab();
     const uint8_t *p[4], *s[4];
     const int64_t nsc = K / 32;
+    float sb[4][8] __attribute__((aligned(32)));
     UNROLL for (int i = 0; i < NR; i++) {
         p[i] = (const uint8_t *)w->data + (r + i) * (K / 2);
         s[i] = w->scale ? (const uint8_t *)w->scale + ((r + i) / w->brow) * nsc : NULL;
+        if (!s[i]) _mm256_store_ps(sb[i], _mm256_set1_ps(1.0f));
     }
     __m256 a[4];
     UNROLL for (int i = 0; i < NR; i++) a[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32) {
-        __m256 xe0 = _mm256_loadu_ps(xp + k), xo0 = _mm256_loadu_ps(xp + k + 8);
-        __m256 xe1 = _mm256_loadu_ps(xp + k + 16), xo1 = _mm256_loadu_ps(xp + k + 24);
-        if ((k & 127) == 0) UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(p[i] + k / 2 + F4_PF), _MM_HINT_T0);
+    for (int64_t g0 = 0; g0 < nsc; g0 += 8) {
+        const int ng = nsc - g0 < 8 ? (int)(nsc - g0) : 8;
         UNROLL for (int i = 0; i < NR; i++) {
-            __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2)));
-            __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2 + 8)));
-            __m256 b = _mm256_mul_ps(fp4_val(_mm256_and_si256(v0, _mm256_set1_epi32(15)), mag), xe0);
-            b = _mm256_fmadd_ps(fp4_val(_mm256_srli_epi32(v0, 4), mag), xo0, b);
-            b = _mm256_fmadd_ps(fp4_val(_mm256_and_si256(v1, _mm256_set1_epi32(15)), mag), xe1, b);
-            b = _mm256_fmadd_ps(fp4_val(_mm256_srli_epi32(v1, 4), mag), xo1, b);
-            a[i] = s[i] ? _mm256_fmadd_ps(b, _mm256_set1_ps(e8m0(s[i][k / 32])), a[i]) : _mm256_add_ps(b, a[i]);
+            if (!s[i]) continue;
+            if (ng == 8) _mm256_store_ps(sb[i], e8m0_8(s[i] + g0));
+            else
+                for (int j = 0; j < ng; j++) sb[i][j] = e8m0(s[i][g0 + j]);
+        }
+        for (int j = 0; j < ng; j++) {
+            const int64_t k = (g0 + j) * 32;
+            __m256 xe0 = _mm256_loadu_ps(xp + k), xo0 = _mm256_loadu_ps(xp + k + 8);
+            __m256 xe1 = _mm256_loadu_ps(xp + k + 16), xo1 = _mm256_loadu_ps(xp + k + 24);
+            if ((j & 3) == 0) UNROLL for (int i = 0; i < NR; i++) _mm_prefetch((const char *)(p[i] + k / 2 + F4_PF), _MM_HINT_T0);
+            UNROLL for (int i = 0; i < NR; i++) {
+                __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2)));
+                __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p[i] + k / 2 + 8)));
+                __m256 b = _mm256_mul_ps(fp4_xval(v0, xtab), xe0);
+                b = _mm256_fmadd_ps(fp4_xval(_mm256_srli_epi32(v0, 4), xtab), xo0, b);
+                b = _mm256_fmadd_ps(fp4_xval(v1, xtab), xe1, b);
+                b = _mm256_fmadd_ps(fp4_xval(_mm256_srli_epi32(v1, 4), xtab), xo1, b);
+                a[i] = _mm256_fmadd_ps(b, _mm256_broadcast_ss(&sb[i][j]), a[i]);
+            }
         }
     }
     UNROLL for (int i = 0; i < NR; i++) out[i] = hsum(a[i]);
@@ -410,15 +440,14 @@ T256 static void dequant(const ms_qmat *w, int64_t r0, int nr, int64_t c0, int k
         return;
     case MS_DT_F4: {
         if (!f4_fast(w) || c0 % 32 || kc % 32) break;
-        const __m256 mag = fp4_mag();
+        const __m256i xtab = fp4_xtab();
         for (int i = 0; i < nr; i++) {
             float *o = buf + (int64_t)i * ld;
             const uint8_t *p = (const uint8_t *)w->data + (r0 + i) * (K / 2);
             for (int k = 0; k < kc; k += 16) {
                 int64_t c = c0 + k;
                 __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c / 2)));
-                __m256 lo = fp4_val(_mm256_and_si256(v, _mm256_set1_epi32(15)), mag);
-                __m256 hi = fp4_val(_mm256_srli_epi32(v, 4), mag);
+                __m256 lo = fp4_xval(v, xtab), hi = fp4_xval(_mm256_srli_epi32(v, 4), xtab);
                 __m256 sv = _mm256_set1_ps(mm_scale_at(w, (r0 + i) / (w->scale ? w->brow : 1), c / 32));
                 __m256 ul = _mm256_unpacklo_ps(lo, hi), uh = _mm256_unpackhi_ps(lo, hi);
                 _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_permute2f128_ps(ul, uh, 0x20), sv));
