@@ -123,6 +123,10 @@ int cmd_bench(int argc, char **argv) {
                "read GB/s vs the drive, and time waiting for reads vs the floor (bytes read / drive GB/s).\n"
                "On a device backend the host cache feeds a device slot arena (--device-expert-mib N):\n"
                "device_hit_rate, uploads and their bytes per token, time in host acquires and uploads.\n"
+               "Hybrid (--experts-on cpu|gpu|auto, --cpu-moe-layers N; docs/gpu.md): the probes' figures\n"
+               "(pcie_h2d_gb_s pinned and pcie_pageable_gb_s, ram_read_gb_s, cpu_expert_gb_s), cpu_moe_layers\n"
+               "and per decoded token the CPU layers' time in expert sums (hybrid_cpu_s_per_token), waiting\n"
+               "for the device's router output, the upload tail, and the expert bytes the CPU read.\n"
                "--static-load read copies the static tier into huge-page memory at load (default mmap: served from\n"
                "the page-cache mapping); static_copied_bytes and anon_huge_bytes say what it holds. decode_cpu_s is the\n"
                "process CPU time of the decode loop, prefill_cpu_s of the prefill (with --threads 1: the work without\n"
@@ -174,6 +178,7 @@ int cmd_bench(int argc, char **argv) {
     double t0 = ms_now();
     eo.defer_static_load = 1; /* after the page-cache drop below */
     if (!eo.ctx) eo.ctx = (int)(P + (profile ? 2 : 1) * G + 1);
+    eo.hybrid_probe = eo.experts_on_given; /* the bandwidth probes go into the JSON line */
     if (ms_cli_open("bench", dir, &eo, &x)) return 1;
     double drive_bw = 0;
     if (x.experts) { /* streaming: the static tier in memory, the experts on the drive */
@@ -226,6 +231,8 @@ int cmd_bench(int argc, char **argv) {
     if (x.experts) ms_streaming_stats(x.experts, &ss0);
     ms_device_experts_stats ds0 = {0}, ds1 = {0};
     if (x.dev_experts) ms_device_experts_stats_get(x.dev_experts, &ds0);
+    ms_hybrid_stats hs0, hs1;
+    ms_engine_hybrid_stats(x.engine, &hs0);
     double c2 = cpu_seconds(); /* = end of the prefill */
     double argmax_s = 0;
     for (int64_t i = 0; i < G; i++) {
@@ -237,6 +244,7 @@ int cmd_bench(int argc, char **argv) {
     double t3 = ms_now(), c3 = cpu_seconds();
     if (x.experts) ms_streaming_stats(x.experts, &ss1);
     if (x.dev_experts) ms_device_experts_stats_get(x.dev_experts, &ds1);
+    ms_engine_hybrid_stats(x.engine, &hs1);
     const ms_engine_stats *es1 = ms_engine_get_stats(x.engine);
     uint64_t acq = ms_engine_get_stats(x.engine)->experts_acquired - acq0;
     /* static tier read per token + experts actually used (per-expert bytes from layer tensors) */
@@ -283,6 +291,19 @@ int cmd_bench(int argc, char **argv) {
                  ds1.n_slots, (unsigned long long)ds1.slot_bytes, rq ? (double)h / (double)rq : 0.0,
                  (double)up / (double)G, (double)(ds1.upload_bytes - ds0.upload_bytes) / (double)G,
                  ds1.inner_s - ds0.inner_s, ds1.upload_s - ds0.upload_s, ds1.pinned);
+    }
+    if (x.measured || hs1.cpu_layers) { /* hybrid execution: the probes and the CPU layers' decode deltas */
+        size_t k = strlen(sj);
+        double cs = hs1.cpu_s - hs0.cpu_s, eb = (double)(hs1.expert_bytes - hs0.expert_bytes);
+        snprintf(sj + k, sizeof sj - k,
+                 ",\"experts_on\":\"%s\",\"cpu_moe_layers\":%d,\"pcie_h2d_gb_s\":%.3f,\"pcie_pageable_gb_s\":%.3f,"
+                 "\"ram_read_gb_s\":%.3f,\"cpu_expert_gb_s\":%.3f,\"auto_device_budget_mib\":%.1f,"
+                 "\"hybrid_cpu_s_per_token\":%.6f,\"hybrid_wait_s_per_token\":%.6f,\"hybrid_tail_s_per_token\":%.6f,"
+                 "\"hybrid_cpu_expert_bytes_per_token\":%.0f,\"hybrid_cpu_gb_s\":%.3f",
+                 ms_experts_on_name(eo.experts_on), hs1.cpu_layers, x.measure.pcie_h2d_gb_s,
+                 x.measure.pcie_pageable_gb_s, x.measure.ram_read_gb_s, x.measure.cpu_expert_gb_s,
+                 x.device_budget / 1048576.0, cs / (double)G, (hs1.wait_s - hs0.wait_s) / (double)G,
+                 (hs1.tail_s - hs0.tail_s) / (double)G, eb / (double)G, cs > 0 ? eb / cs / 1e9 : 0.0);
     }
     char pj[4096] = "";
     if (profile && device) { /* G more tokens, each op timed (after the timed run: events cost time) */

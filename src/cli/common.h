@@ -3,6 +3,7 @@
 #define MS_CLI_COMMON_H
 
 #include "engine/engine.h"
+#include "engine/hybrid_experts.h"
 #include "engine/streaming.h"
 #include "model/model.h"
 
@@ -16,6 +17,13 @@ typedef struct ms_cli_ctx {
     ms_static_load static_load; /* --static-load */
     ms_backend *backend;        /* --backend: the GPU backend, or NULL (the engine's own CPU backend) */
     ms_expert_source *dev_experts; /* streaming on a device backend: the device expert source over experts */
+    /* hybrid execution (--experts-on, --cpu-moe-layers) on a device backend */
+    uint8_t *cpu_layers;        /* [n_layers] the MoE layers whose experts run on the CPU, or NULL */
+    int n_cpu_layers;
+    int measured;               /* 1: measure holds the probes' figures (auto, or hybrid_probe) */
+    ms_hybrid_measure measure;
+    uint64_t device_budget;     /* the device's bytes for experts the auto rule used */
+    ms_hybrid_opts hybrid;      /* what ms_cli_open gave its engine (ms_cli_hybrid) */
 } ms_cli_ctx;
 
 /* The engine options of one invocation: parsed by ms_cli_engine_args, applied by ms_cli_open. */
@@ -35,6 +43,11 @@ typedef struct ms_cli_opts {
     ms_streaming_opts stream_opts;
     int64_t device_expert_mib;    /* --device-expert-mib (a streaming option; 0: top-k slots), -1 when not given:
                                    * the default budget (ms_device_experts_default_budget) */
+    ms_experts_on experts_on;     /* --experts-on cpu|gpu|auto (default gpu) */
+    int experts_on_given;         /* 1: --experts-on was given */
+    int hybrid_probe;             /* 1: run the bandwidth probes on a device backend (auto always does;
+                                   * bench sets it with --experts-on, to report them) */
+    int cpu_moe_layers;           /* --cpu-moe-layers N: the first N MoE layers on the CPU; -1 when not given */
 } ms_cli_opts;
 
 /* The defaults (what ms_cli_engine_args gives for an argv without engine flags). */
@@ -53,12 +66,20 @@ void ms_cli_opts_init(ms_cli_opts *o);
  * --backend cpu|cuda|hip|auto: where the forward runs (auto, the default: the GPU backend
  * when this build has one (MS_WITH_GPU) and a device is present, else the CPU), and
  * --prefill-chunk N: the most tokens one forward chunk takes (the engine's max_batch; larger
- * chunks amortize the prefill GEMMs' weight reads on a device backend).
+ * chunks amortize the prefill GEMMs' weight reads on a device backend), and hybrid execution
+ * on a device backend (engine/hybrid_experts.h): --experts-on cpu|gpu|auto (cpu: the routed
+ * experts of every MoE layer, or of the first N with --cpu-moe-layers N, computed on the CPU
+ * from host memory; auto: per layer by ms_hybrid_auto_layers from measured bandwidths; gpu,
+ * the default: on the device) and --cpu-moe-layers N alone (the first N on the CPU).
  * Prints the error and returns nonzero on a bad flag. */
 int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o);
 /* Load dir and create pool + engine as *o says; prints the error and returns nonzero on failure. */
 int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *o, ms_cli_ctx *x);
 void ms_cli_close(ms_cli_ctx *x);
+/* For engines a command creates itself (serve's slots): the hybrid options ms_cli_open used
+ * (NULL when no layer's experts run on the CPU) and the engine's expert source. */
+const ms_hybrid_opts *ms_cli_hybrid(const ms_cli_ctx *x);
+ms_expert_source *ms_cli_engine_experts(const ms_cli_ctx *x);
 /* --static-load read (the default is mmap): ms_cli_open moves the static tier into huge-page
  * memory (ms_model_static_read) after the memory plan, unless o->defer_static_load; then the
  * caller does it with ms_cli_static_load (bench drops the page cache first: dropping after

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/backend_cpu.h"
 #include "engine/engine_internal.h"
+#include "engine/hybrid_experts.h"
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 
@@ -218,7 +219,8 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
     if (!e->be->host_memory && share) { /* the weights as the other engine placed them */
         e->w = share->w;
     } else if (!e->be->host_memory) { /* the weights move into the backend's memory */
-        if ((rc = ms_model_place(m, e->be, e->experts != NULL, &e->placed, err))) {
+        const uint8_t *cpu_layers = opts && opts->hybrid ? opts->hybrid->cpu_layer : NULL;
+        if ((rc = ms_hybrid_place(m, e->be, cpu_layers, e->experts != NULL, &e->placed, err))) {
             ms_wrap(err, "placing the weights on the %s backend", e->be->name);
             ms_engine_destroy(e);
             return rc;
@@ -264,7 +266,7 @@ int ms_engine_create(ms_model *m, const ms_engine_opts *opts, ms_engine **out, m
         return ms_fail(err, MS_ERR_NOMEM, "out of memory allocating engine state (context %zu, batch %zu, %.1f MiB of cache)",
                        T, B, (double)T * (double)ms_engine_state_bytes_per_token(m) / 1048576.0);
     }
-    if ((rc = ms_dsa_engine_ready(e, err))) {
+    if ((rc = ms_dsa_engine_ready(e, err)) || (rc = ms_hybrid_init(e, opts ? opts->hybrid : NULL, err))) {
         ms_engine_destroy(e);
         return rc;
     }
@@ -300,6 +302,7 @@ void ms_engine_destroy(ms_engine *e) {
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
+    ms_hybrid_free(e);
     if (e->own_experts) e->own_experts->ops->destroy(e->own_experts);
     ms_model_placed_free(e->placed);
     if (e->own_be) e->own_be->ops->destroy(e->own_be);

@@ -33,6 +33,10 @@ typedef struct ms_engine_opts {
      * this one uses as they are placed instead of placing its own copy: the engines of one
      * batch (ms_engine_decode_batch) on a device backend share one placement. */
     const struct ms_engine *weights_from;
+    /* borrowed (copied at create); NULL: none. Hybrid execution on a backend without host memory
+     * (engine/hybrid_experts.h): the flagged MoE layers' routed experts are computed on the CPU
+     * from host memory and never placed on the backend. Ignored on a host-memory backend. */
+    const struct ms_hybrid_opts *hybrid;
 } ms_engine_opts;
 
 typedef struct ms_engine_stats {

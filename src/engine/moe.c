@@ -5,12 +5,13 @@
 #include <string.h>
 
 #include "engine/engine_internal.h"
+#include "engine/hybrid_experts.h"
 
 /* The gated activation of kind (the config's act for dense MLPs and shared
  * experts, expert_act for routed experts): one SwiGLU parameterized by the
  * config (plain, gpt-oss's clamped (up + 1) form, GLM-5-Next / DeepSeek-V4's
  * clamp), or SiTU. */
-static ms_glu glu_of(const ms_config *c, ms_act_kind kind) {
+ms_glu ms_moe_glu(const ms_config *c, ms_act_kind kind) {
     ms_glu a = {.kind = kind, .limit = (float)c->act_limit, .alpha = (float)c->act_alpha,
                 .up_offset = (float)c->act_up_offset, .beta = (float)c->situ_beta,
                 .linear_beta = (float)c->situ_linear_beta};
@@ -21,7 +22,7 @@ int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_
                  float *out, int accumulate) {
     ms_backend *be = e->be;
     int64_t I = gate->rows;
-    ms_glu act = glu_of(&e->m->cfg, e->m->cfg.act);
+    ms_glu act = ms_moe_glu(&e->m->cfg, e->m->cfg.act);
     be->ops->matmul(be, e->g, in, n, gate, 0);
     be->ops->matmul(be, e->u, in, n, up, 0);
     be->ops->glu(be, &act, e->g, e->u, (int64_t)n * I);
@@ -32,7 +33,7 @@ int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_
 /* Router logits [n, E] of layer L's router over x, its Linear bias added, routed
  * into ids/w [n, K] (backend memory) and downloaded into e->h_ids / e->h_w.
  * tokens: the chunk's ids (hash-routed layers look their experts up by token). */
-static int route_layer(ms_engine *e, const ms_layer *L, const float *x, int n, const int32_t *tokens, int *ids,
+int ms_moe_route(ms_engine *e, const ms_layer *L, const float *x, int n, const int32_t *tokens, int *ids,
                        float *w, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     ms_backend *be = e->be;
@@ -55,14 +56,16 @@ static int route_layer(ms_engine *e, const ms_layer *L, const float *x, int n, c
  * prefetch the experts it picks, so their reads overlap this layer's compute. Only
  * for sources that prefetch (streaming); uses rlog/xs and the routing lists, free once
  * this layer is routed. */
-static int lookahead_prefetch(ms_engine *e, int layer, int n, ms_err *err) {
+int ms_moe_lookahead(ms_engine *e, int layer, int n, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     int K = (int)c->top_k;
-    if (n != 1 || !e->experts->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return MS_OK;
     int next = -1;
     for (int l = layer + 1; l < c->n_layers && next < 0; l++)
         if (c->layer_mlp[l] == MS_MLP_MOE) next = l;
     if (next < 0) return MS_OK;
+    /* hybrid: a CPU layer's experts come from the host source */
+    ms_expert_source *src = ms_hybrid_layer(e, next) ? ms_hybrid_host(e) : e->experts;
+    if (n != 1 || !src->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return MS_OK;
     const ms_layer *N = &e->w->layers[next];
     /* the next router sees the residual normed by ITS layer's FFN norm: re-norm this
      * layer's FFN input with that weight (the residual itself moves little in one layer) */
@@ -72,28 +75,22 @@ static int lookahead_prefetch(ms_engine *e, int layer, int n, ms_err *err) {
         la_in = e->xs;
     }
     /* this layer's expert-major lists are built, its ids no longer needed: reuse them */
-    int rc = route_layer(e, N, la_in, 1, e->chunk_tokens, e->topk_ids, e->topk_w, err);
+    int rc = ms_moe_route(e, N, la_in, 1, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return rc;
     memcpy(e->la_ids, e->h_ids, (size_t)K * sizeof(int));
     e->la_layer = next;
-    ms_experts_prefetch(e->experts, next, K, e->la_ids);
+    ms_experts_prefetch(src, next, K, e->la_ids);
     return MS_OK;
 }
 
-/* The routed experts of layer over n tokens through host lists: the router's ids
- * downloaded, expert-major lists (counting sort of (token, slot) pairs by expert),
- * acquired in groups from the expert source, run by the backend's moe_experts. */
-static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc, int64_t D, const ms_glu *act,
-                     ms_err *err) {
+/* The expert-major lists of the routing in e->h_ids / e->h_w (n tokens): a counting sort
+ * of (token, slot) pairs by expert into ex_count (offsets [E + 1]), ex_tokens, ex_w, the
+ * unique experts into ex_uniq; lookahead accounting and stats. Returns the unique count. */
+int ms_moe_build_lists(ms_engine *e, int layer, int n) {
     const ms_config *c = &e->m->cfg;
-    const ms_layer *L = &e->w->layers[layer];
-    ms_backend *be = e->be;
     int E = (int)c->n_experts, K = (int)c->top_k;
-    int rc = route_layer(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
-    if (rc) return ms_wrap(err, "layer %d router", layer);
     /* expert-major lists: counting sort of (token, slot) pairs by expert */
     int *cnt = e->ex_count, *pos = e->ex_pos, *uniq = e->ex_uniq;
-    ms_expert_view *views = e->ex_views;
     memset(cnt, 0, (size_t)(E + 1) * sizeof *cnt);
     for (int i = 0; i < n * K; i++) cnt[e->h_ids[i] + 1]++;
     for (int x = 0; x < E; x++) cnt[x + 1] += cnt[x];
@@ -116,6 +113,21 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     e->la_layer = -1;
     e->stats.experts_acquired += (uint64_t)nu;
     e->stats.expert_activations += (uint64_t)n * K;
+    return nu;
+}
+
+/* The routed experts of layer over n tokens through host lists: the router's ids
+ * downloaded, expert-major lists (counting sort of (token, slot) pairs by expert),
+ * acquired in groups from the expert source, run by the backend's moe_experts. */
+static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc, int64_t D, const ms_glu *act,
+                     ms_err *err) {
+    const ms_layer *L = &e->w->layers[layer];
+    ms_backend *be = e->be;
+    int rc = ms_moe_route(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
+    if (rc) return ms_wrap(err, "layer %d router", layer);
+    int nu = ms_moe_build_lists(e, layer, n);
+    int *cnt = e->ex_count, *uniq = e->ex_uniq;
+    ms_expert_view *views = e->ex_views;
     be->ops->zero(be, acc, (size_t)(n * D) * 4);
     /* a bounded expert cache serves at most max_acquire experts at once: groups, in expert order
      * (the same accumulation order as one acquire, so results do not depend on the cache size) */
@@ -123,7 +135,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     for (int g0 = 0; g0 < nu; g0 += group) {
         int gn = nu - g0 < group ? nu - g0 : group;
         if ((rc = ms_experts_acquire(e->experts, layer, gn, uniq + g0, views, err))) return rc;
-        if (g0 == 0 && (rc = lookahead_prefetch(e, layer, n, err))) return rc;
+        if (g0 == 0 && (rc = ms_moe_lookahead(e, layer, n, err))) return rc;
         /* the group's pairs: expert uniq[g0 + u] holds pairs cnt[x]..cnt[x + 1) */
         for (int u = 0; u < gn; u++) e->ex_off[u] = cnt[uniq[g0 + u]];
         e->ex_off[gn] = cnt[uniq[g0 + gn - 1] + 1];
@@ -137,6 +149,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
 }
 
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
+    if (ms_hybrid_layer(e, layer)) return ms_hybrid_ffn_moe(e, layer, n, out, err); /* experts on the CPU */
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
@@ -151,7 +164,7 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         in = e->lat_in;
         acc = e->lat_out;
     }
-    ms_glu act = glu_of(c, c->expert_act);
+    ms_glu act = ms_moe_glu(c, c->expert_act);
     int rc, routed = 0;
     /* decode with resident experts on a backend that routes on the device: no host round trip */
     if (n == 1 && be->ops->moe_experts_routed && e->experts == e->own_experts && !L->hash_ids && L->experts &&
