@@ -325,7 +325,9 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     }
     /* hybrid: the host source (x->experts) serves the CPU layers; the device's layers use the arena or
      * their placed experts */
-    x->hybrid = (ms_hybrid_opts){.cpu_layer = x->cpu_layers, .host = x->experts};
+    /* MS_HYBRID_COMPOSED=1: the CPU layers' decode experts one by one (the A/B of the one-row form) */
+    const char *hc = getenv("MS_HYBRID_COMPOSED");
+    x->hybrid = (ms_hybrid_opts){.cpu_layer = x->cpu_layers, .host = x->experts, .composed = hc && atoi(hc) > 0};
     ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = ms_cli_engine_experts(x), .mla_form = eo->mla_form,
                         .backend = x->backend, .max_batch = eo->prefill_chunk, .hybrid = ms_cli_hybrid(x)};
     if (eo->static_store) { /* mapped, checked, bound: the plan below counts its dtype */

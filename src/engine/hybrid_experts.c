@@ -26,6 +26,9 @@ struct ms_hybrid {
     int in_reg, acc_reg;       /* registered with the device backend */
     float *xs, *ys, *g, *u;    /* the CPU moe_experts scratch: [B, D] x2, [B, 2 inter] x2 */
     float *gate;               /* [be] [B] the shared-expert gate logits (rlog is the lookahead's) */
+    int64_t inter2;            /* floats per row of g / u */
+    int composed;              /* ms_hybrid_opts.composed */
+    ms_matmul_job *jobs;       /* [2 B] the one-row form's products */
     ms_hybrid_stats st;
 };
 
@@ -110,7 +113,7 @@ void ms_hybrid_free(ms_engine *e) {
     if (!h) return;
     if (h->in_reg) e->be->ops->host_unregister(e->be, h->in);
     if (h->acc_reg) e->be->ops->host_unregister(e->be, h->acc);
-    free(h->in), free(h->acc), free(h->xs), free(h->ys), free(h->g), free(h->u);
+    free(h->in), free(h->acc), free(h->xs), free(h->ys), free(h->g), free(h->u), free(h->jobs);
     if (h->gate) e->be->ops->free(e->be, h->gate);
     if (h->own_host) h->own_host->ops->destroy(h->own_host);
     if (h->cpu) h->cpu->ops->destroy(h->cpu);
@@ -151,7 +154,10 @@ int ms_hybrid_init(ms_engine *e, const ms_hybrid_opts *o, ms_err *err) {
     h->in = host_rows(h->rows_bytes), h->acc = host_rows(h->rows_bytes);
     h->xs = host_rows(B * (size_t)D * 4), h->ys = host_rows(B * (size_t)D * 4);
     h->g = host_rows(B * (size_t)inter * 4), h->u = host_rows(B * (size_t)inter * 4);
-    if (!h->in || !h->acc || !h->xs || !h->ys || !h->g || !h->u)
+    h->inter2 = inter;
+    h->composed = o->composed;
+    h->jobs = malloc(2 * B * sizeof *h->jobs);
+    if (!h->in || !h->acc || !h->xs || !h->ys || !h->g || !h->u || !h->jobs)
         return ms_fail(err, MS_ERR_NOMEM, "out of memory for the CPU experts' rows (batch %zu)", B);
     if (c->shared_inter && c->shared_expert_gate && (rc = e->be->ops->alloc(e->be, B * 4, (void **)&h->gate, err)))
         return rc;
@@ -161,6 +167,56 @@ int ms_hybrid_init(ms_engine *e, const ms_hybrid_opts *o, ms_err *err) {
         h->acc_reg = e->be->ops->host_register(e->be, h->acc, h->rows_bytes, &ignore) == MS_OK;
     }
     return MS_OK;
+}
+
+/* The experts of a (acquired views, host rows) when each takes exactly one row (decode):
+ * every gate / up product in one matmul_many pass, biases and activations, every down
+ * product in a second pass, then the weighted adds in expert order with the CPU backend's
+ * scatter_add_rows, one row each. The same products, activations and adds in the same
+ * order as ms_moe_experts_composed (one row per expert: no gather changes a value), in 2
+ * pool runs instead of 3 per expert. Expert u uses rows u of g / u / ys. Returns 0 (nothing
+ * done) when some expert has another row count or there are more experts than rows. */
+static int experts_one_row(struct ms_hybrid *h, const ms_moe_args *a, int B) {
+    ms_backend *cpu = h->cpu;
+    int nu = a->nu, nj = 0;
+    if (nu > B) return 0;
+    for (int u = 0; u < nu; u++)
+        if (a->off[u + 1] - a->off[u] != 1) return 0;
+    for (int u = 0; u < nu; u++) {
+        const ms_expert_view *v = &a->views[u];
+        const float *x = a->in + (int64_t)a->tok[a->off[u]] * a->D;
+        float *g = h->g + u * h->inter2, *up = h->u + u * h->inter2;
+        if (!v->up.data) {
+            h->jobs[nj++] = (ms_matmul_job){up, x, 1, &v->gate, 0};
+        } else {
+            h->jobs[nj++] = (ms_matmul_job){g, x, 1, &v->gate, 0};
+            h->jobs[nj++] = (ms_matmul_job){up, x, 1, &v->up, 0};
+        }
+    }
+    cpu->ops->matmul_many(cpu, h->jobs, nj);
+    nj = 0;
+    for (int u = 0; u < nu; u++) {
+        const ms_expert_view *v = &a->views[u];
+        int64_t I = v->down.cols;
+        float *g = h->g + u * h->inter2, *up = h->u + u * h->inter2;
+        if (!v->up.data) {
+            if (v->gate_bias) cpu->ops->add_bias_any(cpu, up, v->gate_bias, v->bias_dtype, 1, 2 * I);
+            cpu->ops->split_gate_up(cpu, g, up, 1, I);
+        } else {
+            if (v->gate_bias) cpu->ops->add_bias_any(cpu, g, v->gate_bias, v->bias_dtype, 1, I);
+            if (v->up_bias) cpu->ops->add_bias_any(cpu, up, v->up_bias, v->bias_dtype, 1, I);
+        }
+        cpu->ops->glu(cpu, a->act, g, up, I);
+        h->jobs[nj++] = (ms_matmul_job){h->ys + u * a->D, g, 1, &v->down, 0};
+    }
+    cpu->ops->matmul_many(cpu, h->jobs, nj);
+    for (int u = 0; u < nu; u++) {
+        const ms_expert_view *v = &a->views[u];
+        float *y = h->ys + u * a->D;
+        if (v->down_bias) cpu->ops->add_bias_any(cpu, y, v->down_bias, v->bias_dtype, 1, v->down.rows);
+        cpu->ops->scatter_add_rows(cpu, a->acc, y, a->tok + a->off[u], a->w + a->off[u], 1, a->D);
+    }
+    return 1;
 }
 
 int ms_hybrid_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
@@ -205,7 +261,7 @@ int ms_hybrid_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         ms_moe_args ma = {.in = h->in, .acc = h->acc, .D = D, .act = &act, .nu = gn, .views = e->ex_views,
                           .off = e->ex_off, .tok = e->ex_tokens, .w = e->ex_w, .max_batch = e->max_batch,
                           .xs = h->xs, .g = h->g, .u = h->u, .ys = h->ys};
-        h->cpu->ops->moe_experts(h->cpu, &ma);
+        if (h->composed || !experts_one_row(h, &ma, e->max_batch)) h->cpu->ops->moe_experts(h->cpu, &ma);
         ms_experts_release(h->host, layer);
     }
     double t2 = now_s();
@@ -290,7 +346,12 @@ int ms_hybrid_measure_run(const ms_model *m, ms_backend *dev, ms_pool *pool, ms_
     float *w = malloc((size_t)K * 4);
     if (!x || !acc || !xs || !ys || !g || !u || !views || !off || !tok || !w) {
         rc = ms_fail(err, MS_ERR_NOMEM, "out of memory (expert-rate probe)");
-    } else if (!(rc = cpu->ops->reserve(cpu, c, 1, 1, err))) {
+    } else if (!(rc = cpu->ops->reserve(cpu, c, 1, K, err))) {
+        /* the hybrid layer's decode form (experts_one_row) over rows of its own */
+        struct ms_hybrid ph = {.cpu = cpu, .inter2 = inter};
+        ph.g = host_rows((size_t)K * (size_t)inter * 4), ph.u = host_rows((size_t)K * (size_t)inter * 4);
+        ph.ys = host_rows((size_t)K * (size_t)D * 4);
+        ph.jobs = malloc(2 * (size_t)K * sizeof *ph.jobs);
         for (int64_t i = 0; i < D; i++) x[i] = (float)((i % 17) - 8) * 0.01f;
         ms_glu act = ms_moe_glu(c, c->expert_act);
         double t[6];
@@ -306,9 +367,10 @@ int ms_hybrid_measure_run(const ms_model *m, ms_backend *dev, ms_pool *pool, ms_
             ms_moe_args ma = {.in = x, .acc = acc, .D = D, .act = &act, .nu = K, .views = views, .off = off,
                               .tok = tok, .w = w, .max_batch = 1, .xs = xs, .g = g, .u = u, .ys = ys};
             double t0 = now_s();
-            cpu->ops->moe_experts(cpu, &ma);
+            if (!ph.g || !ph.u || !ph.ys || !ph.jobs || !experts_one_row(&ph, &ma, K)) cpu->ops->moe_experts(cpu, &ma);
             t[r] = now_s() - t0;
         }
+        free(ph.g), free(ph.u), free(ph.ys), free(ph.jobs);
         qsort(t + 1, 5, sizeof *t, cmp_d);
         out->cpu_expert_gb_s = t[3] > 0 ? (double)bytes / t[3] / 1e9 : 0;
     }

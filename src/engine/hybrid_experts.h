@@ -46,6 +46,9 @@ typedef struct ms_hybrid_opts {
     const uint8_t *cpu_layer; /* [n_layers]: 1 = that MoE layer's routed experts run on the CPU (copied) */
     ms_expert_source *host;   /* borrowed, views in host memory (views_on NULL), serving the CPU layers;
                                * NULL: resident views of the host model's mapping (own source) */
+    int composed;             /* 1: every expert through the composed form one by one (ms_moe_experts_composed),
+                               * also in decode; 0 (default): experts of one row each (decode) in two
+                               * matmul_many passes (all gate/up products, then all down products) */
 } ms_hybrid_opts;
 
 /* Counters of the CPU layers since engine creation. */
