@@ -80,8 +80,9 @@ typedef struct ms_hybrid_measure {
     double pcie_h2d_gb_s;   /* host -> device upload of 64 MiB from page-locked memory (1e9 B/s) */
     double pcie_pageable_gb_s; /* the same from pageable memory (the mapping: what an unregistered copy gets) */
     double ram_read_gb_s;   /* ms_measure_read_bandwidth over 512 MiB with the pool's threads */
-    double cpu_expert_gb_s; /* expert bytes per second of the CPU backend's moe_experts on one decode
-                             * token's top-k of the first MoE layer (median of 5, after a warm-up) */
+    double cpu_expert_gb_s; /* expert bytes per second of the CPU layers' decode form on one token's
+                             * top-k of the first MoE layer: 6 rounds of distinct experts, mapped by
+                             * an untimed pass, then timed (the median) */
     int threads;
 } ms_hybrid_measure;
 
