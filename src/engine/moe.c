@@ -33,8 +33,8 @@ int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_
 /* Router logits [n, E] of layer L's router over x, its Linear bias added, routed
  * into ids/w [n, K] (backend memory) and downloaded into e->h_ids / e->h_w.
  * tokens: the chunk's ids (hash-routed layers look their experts up by token). */
-int ms_moe_route(ms_engine *e, const ms_layer *L, const float *x, int n, const int32_t *tokens, int *ids,
-                       float *w, ms_err *err) {
+int ms_moe_route(ms_engine *e, const ms_layer *L, const float *x, int n, const int32_t *tokens, int *ids, float *w,
+                 ms_err *err) {
     const ms_config *c = &e->m->cfg;
     ms_backend *be = e->be;
     int64_t E = c->n_experts, K = c->top_k;
