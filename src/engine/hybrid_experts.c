@@ -32,6 +32,7 @@ struct ms_hybrid {
     ms_hybrid_stats st;
 };
 
+/* Monotonic seconds. */
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -59,6 +60,7 @@ int ms_hybrid_first_layers(const ms_config *c, int n, uint8_t *flags) {
     return set;
 }
 
+/* Bytes a pass over expert v reads: its matrices (with block scales) and biases. */
 static uint64_t view_bytes(const ms_expert_view *v) {
     uint64_t b = ms_qmat_bytes(&v->gate) + (v->up.data ? ms_qmat_bytes(&v->up) : 0) + ms_qmat_bytes(&v->down);
     uint64_t bb = (uint64_t)ms_dtype_bits(v->bias_dtype) / 8;
@@ -101,6 +103,7 @@ int ms_hybrid_place(const ms_model *m, ms_backend *be, const uint8_t *cpu_layer,
     return rc;
 }
 
+/* Zeroed page-aligned host memory of bytes (page-aligned so that host_register can lock it), or NULL. */
 static float *host_rows(size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, 4096, bytes ? bytes : 4096)) return NULL;
@@ -301,6 +304,7 @@ static int time_upload(ms_backend *dev, void *dst, const void *src, size_t bytes
     return rc;
 }
 
+/* qsort order of doubles, ascending. */
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
