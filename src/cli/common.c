@@ -83,6 +83,7 @@ static int stream_args(int argc, char **argv, ms_cli_opts *o) {
         return -1;
     }
     o->stream = mib >= 0 || io || store || pol || trace || no_pf || dmib >= 0;
+    o->host_cache_given = mib >= 0 || store;
     so->trace_path = trace;
     so->no_prefetch = no_pf;
     so->cache_mib = mib > 0 ? mib : 0;
@@ -266,7 +267,8 @@ static int hybrid_setup(const char *cmd, const ms_cli_opts *eo, ms_cli_ctx *x) {
     int n_moe = 0;
     for (int l = 0; l < c->n_layers; l++) n_moe += c->layer_mlp[l] == MS_MLP_MOE;
     fprintf(stderr, "moonshine %s: routed experts of %d of %d MoE layers on the CPU (from %s), the rest on %s\n", cmd,
-            x->n_cpu_layers, n_moe, x->experts ? "the host expert cache" : "the mapped checkpoint", x->backend->name);
+            x->n_cpu_layers, n_moe, x->experts && eo->host_cache_given ? "the host expert cache" : "the mapped checkpoint",
+            x->backend->name);
     if (!x->n_cpu_layers) {
         free(x->cpu_layers);
         x->cpu_layers = NULL;
@@ -327,7 +329,10 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
      * their placed experts */
     /* MS_HYBRID_COMPOSED=1: the CPU layers' decode experts one by one (the A/B of the one-row form) */
     const char *hc = getenv("MS_HYBRID_COMPOSED");
-    x->hybrid = (ms_hybrid_opts){.cpu_layer = x->cpu_layers, .host = x->experts, .composed = hc && atoi(hc) > 0};
+    /* the CPU layers read the host cache when the user sized one, else the mapping (a cache made only
+     * as the device arena's inner source has top-k slots: every CPU expert would be a read) */
+    x->hybrid = (ms_hybrid_opts){.cpu_layer = x->cpu_layers, .host = eo->host_cache_given ? x->experts : NULL,
+                                 .composed = hc && atoi(hc) > 0};
     ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = ms_cli_engine_experts(x), .mla_form = eo->mla_form,
                         .backend = x->backend, .max_batch = eo->prefill_chunk, .hybrid = ms_cli_hybrid(x)};
     if (eo->static_store) { /* mapped, checked, bound: the plan below counts its dtype */

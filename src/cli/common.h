@@ -40,6 +40,8 @@ typedef struct ms_cli_opts {
     const char *backend;          /* --backend cpu|cuda|hip|auto (default auto) */
     int prefill_chunk;            /* --prefill-chunk N: tokens per forward chunk (0: the engine's 256) */
     int stream;                   /* 1: one of the streaming options was given */
+    int host_cache_given;         /* 1: --expert-cache-mib or --store was given: hybrid CPU layers read that host
+                                   * cache; else (--device-expert-mib, --io alone) they read the mapping */
     ms_streaming_opts stream_opts;
     int64_t device_expert_mib;    /* --device-expert-mib (a streaming option; 0: top-k slots), -1 when not given:
                                    * the default budget (ms_device_experts_default_budget) */
