@@ -221,7 +221,7 @@ int ms_cli_profile_json(ms_cli_ctx *x, int per, char *buf, size_t cap) {
     return 0;
 }
 
-/* --experts-on / --cpu-moe-layers on a device backend: the probes (when --experts-on was given),
+/* --experts-on / --cpu-moe-layers on a device backend: the probes (auto, or eo->hybrid_probe),
  * then x->cpu_layers by the mode (NULL when no layer's experts run on the CPU). On the CPU
  * backend the options change nothing (the experts are computed there anyway). */
 static int hybrid_setup(const char *cmd, const ms_cli_opts *eo, ms_cli_ctx *x) {
@@ -325,9 +325,7 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     } else if (eo->device_expert_mib >= 0 && !x->cpu_layers) {
         fprintf(stderr, "moonshine %s: --device-expert-mib ignored: the experts are used in host memory\n", cmd);
     }
-    /* hybrid: the host source (x->experts) serves the CPU layers; the device's layers use the arena or
-     * their placed experts */
-    /* MS_HYBRID_COMPOSED=1: the CPU layers' decode experts one by one (the A/B of the one-row form) */
+    /* hybrid: the device's layers use the arena or their placed experts. MS_HYBRID_COMPOSED=1: the CPU layers' decode experts one by one (the A/B of the one-row form) */
     const char *hc = getenv("MS_HYBRID_COMPOSED");
     /* the CPU layers read the host cache when the user sized one, else the mapping (a cache made only
      * as the device arena's inner source has top-k slots: every CPU expert would be a read) */
