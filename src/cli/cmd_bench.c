@@ -128,6 +128,10 @@ int cmd_bench(int argc, char **argv) {
                "drive bandwidth measured above), decode_s and disk_floor_fraction (floor / decode time), and\n"
                "the lookahead gate: guessed, right, forwarded and held experts, its precision, the precision it\n"
                "needs, the measured gap (guess to acquire) and read time of one expert.\n"
+                              "Hybrid (--experts-on cpu|gpu|auto, --cpu-moe-layers N; docs/gpu.md): the probes' figures\n"
+               "(pcie_h2d_gb_s pinned and pcie_pageable_gb_s, ram_read_gb_s, cpu_expert_gb_s), cpu_moe_layers\n"
+               "and per decoded token the CPU layers' time in expert sums (hybrid_cpu_s_per_token), waiting\n"
+               "for the device's router output, the upload tail, and the expert bytes the CPU read.\n"
                "--static-load read copies the static tier into huge-page memory at load (default mmap: served from\n"
                "the page-cache mapping); static_copied_bytes and anon_huge_bytes say what it holds. decode_cpu_s is the\n"
                "process CPU time of the decode loop, prefill_cpu_s of the prefill (with --threads 1: the work without\n"
@@ -181,6 +185,7 @@ int cmd_bench(int argc, char **argv) {
     double t0 = ms_now();
     eo.defer_static_load = 1; /* after the page-cache drop below */
     if (!eo.ctx) eo.ctx = (int)(P + (profile ? 2 : 1) * G + 1);
+    eo.hybrid_probe = eo.experts_on_given; /* the bandwidth probes go into the JSON line */
     if (ms_cli_open("bench", dir, &eo, &x)) return 1;
     double drive_bw = 0;
     if (x.experts) { /* streaming: the static tier in memory, the experts on the drive */
@@ -239,6 +244,8 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; x.stages && i < ms_engine_n_stages(x.engine); i++)
         st0[i] = ms_engine_stage_stats(x.engine, i)->stage_s, rx0[i] = ms_engine_stage_stats(x.engine, i)->remote_experts_s;
     if (x.comm) cb0 = x.comm->bytes, cc0 = x.comm->calls, cs0 = x.comm->seconds;
+    ms_hybrid_stats hs0, hs1;
+    ms_engine_hybrid_stats(x.engine, &hs0);
     double c2 = cpu_seconds(); /* = end of the prefill */
     double argmax_s = 0;
     int picked = 0; /* device backends: the engine picks the greedy token where the logits are (one id down) */
@@ -255,6 +262,7 @@ int cmd_bench(int argc, char **argv) {
     double t3 = ms_now(), c3 = cpu_seconds();
     if (x.experts) ms_streaming_stats(x.experts, &ss1);
     if (x.dev_experts) ms_device_experts_stats_get(x.dev_experts, &ds1);
+    ms_engine_hybrid_stats(x.engine, &hs1);
     const ms_engine_stats *es1 = ms_engine_get_stats(x.engine);
     uint64_t acq = ms_engine_get_stats(x.engine)->experts_acquired - acq0;
     /* static tier read per token + experts actually used (per-expert bytes from layer tensors) */
@@ -334,6 +342,19 @@ int cmd_bench(int argc, char **argv) {
                      "],\"comm_bytes_per_token\":%.0f,\"comm_calls_per_token\":%.2f,\"comm_s_per_token\":%.6f",
                      (double)(x.comm->bytes - cb0) / (double)G, (double)(x.comm->calls - cc0) / (double)G,
                      (x.comm->seconds - cs0) / (double)G);
+    }
+    if (x.measured || hs1.cpu_layers) { /* hybrid execution: the probes and the CPU layers' decode deltas */
+        size_t k = strlen(sj);
+        double cs = hs1.cpu_s - hs0.cpu_s, eb = (double)(hs1.expert_bytes - hs0.expert_bytes);
+        snprintf(sj + k, sizeof sj - k,
+                 ",\"experts_on\":\"%s\",\"cpu_moe_layers\":%d,\"pcie_h2d_gb_s\":%.3f,\"pcie_pageable_gb_s\":%.3f,"
+                 "\"ram_read_gb_s\":%.3f,\"cpu_expert_gb_s\":%.3f,\"auto_device_budget_mib\":%.1f,"
+                 "\"hybrid_cpu_s_per_token\":%.6f,\"hybrid_wait_s_per_token\":%.6f,\"hybrid_tail_s_per_token\":%.6f,"
+                 "\"hybrid_cpu_expert_bytes_per_token\":%.0f,\"hybrid_cpu_gb_s\":%.3f",
+                 ms_experts_on_name(eo.experts_on), hs1.cpu_layers, x.measure.pcie_h2d_gb_s,
+                 x.measure.pcie_pageable_gb_s, x.measure.ram_read_gb_s, x.measure.cpu_expert_gb_s,
+                 x.device_budget / 1048576.0, cs / (double)G, (hs1.wait_s - hs0.wait_s) / (double)G,
+                 (hs1.tail_s - hs0.tail_s) / (double)G, eb / (double)G, cs > 0 ? eb / cs / 1e9 : 0.0);
     }
     char pj[4096] = "";
     if (profile && device) { /* G more tokens, each op timed (after the timed run: events cost time) */

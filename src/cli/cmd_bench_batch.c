@@ -133,9 +133,9 @@ int cmd_bench_batch(int argc, char **argv) {
     /* the sequences' engines: the same model, pool, backend and expert source; es[0] (the lead) holds kmax rows */
     for (int i = 0; i < kmax; i++) {
         ms_engine_opts o = {.max_ctx = eo.ctx, .max_batch = kmax > 16 ? kmax : 16, .pool = x.pool,
-                            .experts = x.experts, .mla_form = eo.mla_form, .backend = x.backend,
+                            .experts = ms_cli_engine_experts(&x), .mla_form = eo.mla_form, .backend = x.backend,
                             .weights_from = i ? es[0] : NULL, /* one placement of the weights on a device */
-                            .stages = x.stages};
+                            .stages = x.stages, .hybrid = ms_cli_hybrid(&x)};
         if (ms_engine_create(&x.model, &o, &es[i], &err)) goto fail;
     }
     char load0[64] = "";

@@ -331,8 +331,8 @@ int cmd_serve(int argc, char **argv) {
     if (plan_slots(&x, &eo, (int)n_slots, (int)chunk, &slots)) goto done;
     /* the slots' engines replace the one ms_cli_open made (its memory is given back first) */
     ms_engine_opts seo = {.max_ctx = eo.ctx, .max_batch = (int)chunk, .pool = x.pool,
-                          .experts = x.dev_experts ? x.dev_experts : x.experts, .mla_form = eo.mla_form, .backend = x.backend,
-                          .stages = x.stages};
+                          .experts = ms_cli_engine_experts(&x), .mla_form = eo.mla_form, .backend = x.backend,
+                          .stages = x.stages, .hybrid = ms_cli_hybrid(&x)};
     ms_engine_destroy(x.engine);
     x.engine = NULL;
     ms_sched_opts sco = {.n_slots = slots, .chunk = (int)chunk, .engine = seo, .tok = tok, .snaps = pc ? &snaps : NULL};

@@ -50,6 +50,8 @@ void ms_cli_opts_init(ms_cli_opts *o) {
     o->mla_form = MS_MLA_AUTO;
     o->backend = "auto";
     o->device_expert_mib = -1;
+    o->experts_on = MS_EXPERTS_ON_GPU;
+    o->cpu_moe_layers = -1;
 }
 
 int ms_cli_static_load(const char *cmd, ms_cli_ctx *x) {
@@ -84,6 +86,7 @@ static int stream_args(int argc, char **argv, ms_cli_opts *o) {
         return -1;
     }
     o->stream = mib >= 0 || io || store || pol || trace || no_pf || dmib >= 0;
+    o->host_cache_given = mib >= 0 || store;
     so->trace_path = trace;
     so->no_prefetch = no_pf;
     so->cache_mib = mib > 0 ? mib : 0;
@@ -131,6 +134,19 @@ int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
         o->cpu_act = act;
     }
     if (stream_args(argc, argv, o)) return -1;
+    const char *xo = ms_arg_str(argc, argv, "--experts-on");
+    if (xo && ms_experts_on_parse(xo, &o->experts_on, &serr)) {
+        fprintf(stderr, "moonshine: %s\n", serr.msg);
+        return -1;
+    }
+    o->experts_on_given = xo != NULL;
+    int64_t cml = -1;
+    if (ms_arg_int(argc, argv, "--cpu-moe-layers", 0, 1 << 20, &cml)) return -1;
+    o->cpu_moe_layers = (int)cml;
+    if (cml >= 0 && xo && o->experts_on != MS_EXPERTS_ON_CPU) {
+        fprintf(stderr, "moonshine: --cpu-moe-layers goes with --experts-on cpu (or alone), not %s\n", xo);
+        return -1;
+    }
     const char *bk = ms_arg_str(argc, argv, "--backend");
     o->backend = bk ? bk : "auto";
     if (strcmp(o->backend, "auto") && strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda") &&
@@ -356,6 +372,61 @@ int ms_cli_profile_json(ms_cli_ctx *x, int per, char *buf, size_t cap) {
     return 0;
 }
 
+/* --experts-on / --cpu-moe-layers on a device backend: the probes (auto, or eo->hybrid_probe),
+ * then x->cpu_layers by the mode (NULL when no layer's experts run on the CPU). On the CPU
+ * backend the options change nothing (the experts are computed there anyway). */
+static int hybrid_setup(const char *cmd, const ms_cli_opts *eo, ms_cli_ctx *x) {
+    int want = eo->experts_on != MS_EXPERTS_ON_GPU || eo->cpu_moe_layers >= 0;
+    if (!x->backend || x->backend->host_memory) {
+        if (want) fprintf(stderr, "moonshine %s: --experts-on / --cpu-moe-layers ignored: the CPU backend computes "
+                                  "every expert\n", cmd);
+        return 0;
+    }
+    ms_err err = {0};
+    const ms_config *c = &x->model.cfg;
+    if (eo->experts_on == MS_EXPERTS_ON_AUTO || eo->hybrid_probe) {
+        if (ms_hybrid_measure_run(&x->model, x->backend, x->pool, &x->measure, &err)) {
+            fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+            return 1;
+        }
+        x->measured = 1;
+        fprintf(stderr, "moonshine %s: PCIe host-to-device %.2f GB/s pinned, %.2f GB/s pageable; RAM read %.2f GB/s; CPU "
+                "experts %.2f GB/s (%d threads)\n", cmd, x->measure.pcie_h2d_gb_s, x->measure.pcie_pageable_gb_s,
+                x->measure.ram_read_gb_s, x->measure.cpu_expert_gb_s, x->measure.threads);
+    }
+    if (!want) return 0;
+    x->cpu_layers = calloc((size_t)(c->n_layers > 0 ? c->n_layers : 1), 1);
+    if (!x->cpu_layers) {
+        fprintf(stderr, "moonshine %s: out of memory\n", cmd);
+        return 1;
+    }
+    char why[512] = "";
+    if (eo->experts_on == MS_EXPERTS_ON_AUTO) {
+        uint64_t budget = eo->device_expert_mib >= 0 ? (uint64_t)eo->device_expert_mib << 20 : 0;
+        if (eo->device_expert_mib < 0 &&
+            ms_device_experts_default_budget(&x->model, x->backend, eo->ctx, &budget, &err)) {
+            fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
+            return 1;
+        }
+        x->device_budget = budget;
+        x->n_cpu_layers = ms_hybrid_auto_layers(&x->model, &x->measure, budget, x->experts != NULL, x->cpu_layers,
+                                                why, sizeof why);
+        fprintf(stderr, "moonshine %s: %s\n", cmd, why);
+    } else {
+        x->n_cpu_layers = ms_hybrid_first_layers(c, eo->cpu_moe_layers, x->cpu_layers);
+    }
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layers; l++) n_moe += c->layer_mlp[l] == MS_MLP_MOE;
+    fprintf(stderr, "moonshine %s: routed experts of %d of %d MoE layers on the CPU (from %s), the rest on %s\n", cmd,
+            x->n_cpu_layers, n_moe, x->experts && eo->host_cache_given ? "the host expert cache" : "the mapped checkpoint",
+            x->backend->name);
+    if (!x->n_cpu_layers) {
+        free(x->cpu_layers);
+        x->cpu_layers = NULL;
+    }
+    return 0;
+}
+
 int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_ctx *x) {
     memset(x, 0, sizeof *x);
     const int ctx = eo->ctx;
@@ -386,8 +457,18 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
                         "yet: the split holds every expert resident\n", cmd);
         goto fail;
     }
+    if (eo->gpus && (eo->experts_on != MS_EXPERTS_ON_GPU || eo->cpu_moe_layers >= 0)) {
+        fprintf(stderr, "moonshine %s: --gpus with hybrid execution (--experts-on cpu|auto, --cpu-moe-layers) is not "
+                        "supported yet\n", cmd);
+        goto fail;
+    }
     if (eo->gpus ? open_stages(cmd, eo, x) : open_backend(cmd, eo->backend, x)) goto fail;
-    if (x->experts && x->backend && !x->backend->host_memory) { /* the host cache feeds a device slot arena */
+    if (!eo->gpus && hybrid_setup(cmd, eo, x)) goto fail;
+    int n_moe = 0;
+    for (int l = 0; l < x->model.cfg.n_layers; l++) n_moe += x->model.cfg.layer_mlp[l] == MS_MLP_MOE;
+    /* every MoE layer's experts on the CPU: the host cache (if any) serves them, no device arena */
+    if (x->experts && x->backend && !x->backend->host_memory && x->n_cpu_layers < n_moe) {
+        /* the host cache feeds a device slot arena */
         char why[1024];
         /* --device-expert-mib N; 0: the smallest arena (top-k slots); not given: what the device has free */
         uint64_t budget = eo->device_expert_mib > 0 ? (uint64_t)eo->device_expert_mib << 20 : 0;
@@ -402,11 +483,17 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
             goto fail;
         }
         fprintf(stderr, "moonshine %s: %s%s\n", cmd, why, eo->device_expert_mib >= 0 ? "" : " (default budget)");
-    } else if (eo->device_expert_mib >= 0) {
+    } else if (eo->device_expert_mib >= 0 && !x->cpu_layers) {
         fprintf(stderr, "moonshine %s: --device-expert-mib ignored: the experts are used in host memory\n", cmd);
     }
-    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = x->dev_experts ? x->dev_experts : x->experts,
-                        .mla_form = eo->mla_form, .backend = x->backend, .max_batch = eo->prefill_chunk};
+    /* hybrid: the device's layers use the arena or their placed experts. MS_HYBRID_COMPOSED=1: the CPU layers' decode experts one by one (the A/B of the one-row form) */
+    const char *hc = getenv("MS_HYBRID_COMPOSED");
+    /* the CPU layers read the host cache when the user sized one, else the mapping (a cache made only
+     * as the device arena's inner source has top-k slots: every CPU expert would be a read) */
+    x->hybrid = (ms_hybrid_opts){.cpu_layer = x->cpu_layers, .host = eo->host_cache_given ? x->experts : NULL,
+                                 .composed = hc && atoi(hc) > 0};
+    ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = ms_cli_engine_experts(x), .mla_form = eo->mla_form,
+                        .backend = x->backend, .max_batch = eo->prefill_chunk, .hybrid = ms_cli_hybrid(x)};
     if (eo->static_store) { /* mapped, checked, bound: the plan below counts its dtype */
         double ts = ms_now();
         uint64_t before = x->model.static_bytes;
@@ -459,6 +546,8 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     x->load_seconds = ms_now() - t0;
     return 0;
 fail:
+    free(x->cpu_layers);
+    x->cpu_layers = NULL;
     if (x->dev_experts) x->dev_experts->ops->destroy(x->dev_experts);
     x->dev_experts = NULL;
     close_backends(x);
@@ -492,9 +581,16 @@ void ms_cli_print_stream_stats(const ms_cli_ctx *x) {
     }
 }
 
+const ms_hybrid_opts *ms_cli_hybrid(const ms_cli_ctx *x) { return x->cpu_layers ? &x->hybrid : NULL; }
+
+ms_expert_source *ms_cli_engine_experts(const ms_cli_ctx *x) {
+    return x->dev_experts ? x->dev_experts : x->cpu_layers ? NULL : x->experts;
+}
+
 void ms_cli_close(ms_cli_ctx *x) {
     if (x->engine) ms_cli_print_stream_stats(x);
     ms_engine_destroy(x->engine);
+    free(x->cpu_layers);
     if (x->dev_experts) x->dev_experts->ops->destroy(x->dev_experts);
     close_backends(x);
     if (x->experts) x->experts->ops->destroy(x->experts);

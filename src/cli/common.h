@@ -4,6 +4,7 @@
 
 #include "engine/engine.h"
 #include "engine/placement.h"
+#include "engine/hybrid_experts.h"
 #include "engine/streaming.h"
 #include "model/model.h"
 
@@ -27,6 +28,13 @@ typedef struct ms_cli_ctx {
     int stage_begin[MS_MAX_DEVICES], stage_end[MS_MAX_DEVICES];
     ms_stages stages_v;
     const ms_stages *stages;
+    /* hybrid execution (--experts-on, --cpu-moe-layers) on a device backend */
+    uint8_t *cpu_layers;        /* [n_layers] the MoE layers whose experts run on the CPU, or NULL */
+    int n_cpu_layers;
+    int measured;               /* 1: measure holds the probes' figures (auto, or hybrid_probe) */
+    ms_hybrid_measure measure;
+    uint64_t device_budget;     /* the device's bytes for experts the auto rule used */
+    ms_hybrid_opts hybrid;      /* what ms_cli_open gave its engine (ms_cli_hybrid) */
 } ms_cli_ctx;
 
 /* The engine options of one invocation: parsed by ms_cli_engine_args, applied by ms_cli_open. */
@@ -43,12 +51,19 @@ typedef struct ms_cli_opts {
     const char *backend;          /* --backend cpu|cuda|hip|auto (default auto) */
     int prefill_chunk;            /* --prefill-chunk N: tokens per forward chunk (0: the engine's 256) */
     int stream;                   /* 1: one of the streaming options was given */
+    int host_cache_given;         /* 1: --expert-cache-mib or --store was given: hybrid CPU layers read that host
+                                   * cache; else (--device-expert-mib, --io alone) they read the mapping */
     ms_streaming_opts stream_opts;
     int64_t device_expert_mib;    /* --device-expert-mib (a streaming option; 0: top-k slots), -1 when not given:
                                    * the default budget (ms_device_experts_default_budget) */
     const char *gpus;             /* --gpus N | a,b,...: the model split over these devices (NULL: one) */
     int experts_split;            /* --experts-split sharded|layer (ms_expert_split; default sharded) */
     int replicate_hot;            /* --replicate-hot N: the N lowest-id experts of each layer on every device */
+    ms_experts_on experts_on;     /* --experts-on cpu|gpu|auto (default gpu) */
+    int experts_on_given;         /* 1: --experts-on was given */
+    int hybrid_probe;             /* 1: run the bandwidth probes on a device backend (auto always does;
+                                   * bench sets it with --experts-on, to report them) */
+    int cpu_moe_layers;           /* --cpu-moe-layers N: the first N MoE layers on the CPU; -1 when not given */
 } ms_cli_opts;
 
 /* The defaults (what ms_cli_engine_args gives for an argv without engine flags). */
@@ -73,12 +88,21 @@ void ms_cli_opts_init(ms_cli_opts *o);
  * --replicate-hot N lowest-id experts of each layer on every device); with --backend cpu
  * the "devices" are CPU backends (the split checked on the CPU); a list may name a device
  * twice (0,0: two stages on one GPU, copies instead of NCCL). Refused before allocating when
- * a device's share exceeds its free memory (or --memory-mib per device).
+ * a device's share exceeds its free memory (or --memory-mib per device);
+ * and hybrid execution
+ * on a device backend (engine/hybrid_experts.h): --experts-on cpu|gpu|auto (cpu: the routed
+ * experts of every MoE layer, or of the first N with --cpu-moe-layers N, computed on the CPU
+ * from host memory; auto: per layer by ms_hybrid_auto_layers from measured bandwidths; gpu,
+ * the default: on the device) and --cpu-moe-layers N alone (the first N on the CPU).
  * Prints the error and returns nonzero on a bad flag. */
 int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o);
 /* Load dir and create pool + engine as *o says; prints the error and returns nonzero on failure. */
 int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *o, ms_cli_ctx *x);
 void ms_cli_close(ms_cli_ctx *x);
+/* For engines a command creates itself (serve's slots): the hybrid options ms_cli_open used
+ * (NULL when no layer's experts run on the CPU) and the engine's expert source. */
+const ms_hybrid_opts *ms_cli_hybrid(const ms_cli_ctx *x);
+ms_expert_source *ms_cli_engine_experts(const ms_cli_ctx *x);
 /* --static-load read (the default is mmap): ms_cli_open moves the static tier into huge-page
  * memory (ms_model_static_read) after the memory plan, unless o->defer_static_load; then the
  * caller does it with ms_cli_static_load (bench drops the page cache first: dropping after

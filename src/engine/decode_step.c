@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "engine/engine_internal.h"
+#include "engine/hybrid_experts.h"
 
 #define STEP_BUCKET 256
 
@@ -36,6 +37,7 @@ static int step_qualifies(const ms_engine *e) {
         return 0;
     if (e->mhc || e->dsa || e->cattn || c->attn_res_block || c->latent_moe) return 0;
     if (e->staged) return 0; /* a pipeline stage (several devices): its hand-offs are host-driven copies */
+    if (ms_engine_hybrid_active(e)) return 0; /* experts on the CPU: their sums come from the host */
     if (e->experts != e->own_experts) return 0; /* streamed experts: router ids go to the host */
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_attn[l] != MS_ATTN_GQA) return 0;

@@ -8,6 +8,7 @@
 #include "backend/cpu/backend_cpu.h"
 #include "core/comm.h"
 #include "engine/engine_internal.h"
+#include "engine/hybrid_experts.h"
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 
@@ -258,11 +259,14 @@ static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms
     }
     if (!e->be->host_memory && share) { /* the weights as the other engine placed them */
         e->w = share->w;
-    } else if (!e->be->host_memory) { /* the weights move into the backend's memory (a stage: its part) */
+    } else if (!e->be->host_memory) { /* the weights move into the backend's memory (a stage: its part;
+                                        * hybrid: all but the CPU layers' experts) */
+        const uint8_t *cpu_layers = opts && opts->hybrid ? opts->hybrid->cpu_layer : NULL;
         ms_place_part part = {.layer_begin = e->l0, .layer_end = e->l1, .embed = !sg || stage == 0,
                               .head = !sg || stage == sg->n - 1, .skip_experts = e->experts != NULL,
                               .expert_devs = sg && sg->expert_home ? sg->expert_devs : NULL, .dev = stage};
-        if ((rc = ms_model_place_part(m, e->be, &part, &e->placed, err))) {
+        if ((rc = cpu_layers ? ms_hybrid_place(m, e->be, cpu_layers, e->experts != NULL, &e->placed, err)
+                             : ms_model_place_part(m, e->be, &part, &e->placed, err))) {
             ms_wrap(err, "placing the weights on the %s backend", e->be->name);
             ms_engine_destroy(e);
             return rc;
@@ -308,7 +312,7 @@ static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms
         return ms_fail(err, MS_ERR_NOMEM, "out of memory allocating engine state (context %zu, batch %zu, %.1f MiB of cache)",
                        T, B, (double)T * (double)ms_engine_state_bytes_per_token(m) / 1048576.0);
     }
-    if ((rc = ms_dsa_engine_ready(e, err))) {
+    if ((rc = ms_dsa_engine_ready(e, err)) || (rc = ms_hybrid_init(e, opts ? opts->hybrid : NULL, err))) {
         ms_engine_destroy(e);
         return rc;
     }
@@ -321,6 +325,7 @@ static int engine_create1(ms_model *m, const ms_engine_opts *opts, int stage, ms
  * MoE sum held for the next layer, e->sc, is not handed from stage to stage). */
 static const char *unstageable(const ms_engine_opts *o, const ms_config *c) {
     if (o->experts) return "an external expert source (streamed experts)";
+    if (o->hybrid && o->hybrid->cpu_layer) return "hybrid execution (routed experts on the CPU)";
     for (int l = 0; l < c->n_layers; l++)
         if (c->layer_shortcut[l]) return "a shortcut-connected MoE (layer_shortcut)";
     return NULL;
@@ -400,6 +405,7 @@ void ms_engine_destroy(ms_engine *e) {
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
+    ms_hybrid_free(e);
     if (e->own_experts) e->own_experts->ops->destroy(e->own_experts);
     ms_model_placed_free(e->placed);
     if (e->own_be) e->own_be->ops->destroy(e->own_be);

@@ -58,6 +58,10 @@ typedef struct ms_engine_opts {
      * each hand-off: Attention Residuals' block states, mHC's streams (the residual then), the
      * chunk's DSA selection; DSA tie replays cover every stage. */
     const ms_stages *stages;
+    /* borrowed (copied at create); NULL: none. Hybrid execution on a backend without host memory
+     * (engine/hybrid_experts.h): the flagged MoE layers' routed experts are computed on the CPU
+     * from host memory and never placed on the backend. Ignored on a host-memory backend. */
+    const struct ms_hybrid_opts *hybrid;
 } ms_engine_opts;
 
 typedef struct ms_engine_stats {

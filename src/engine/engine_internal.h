@@ -76,6 +76,7 @@ struct ms_engine {
     struct ms_dsa_state *dsa;
     struct ms_mhc_state *mhc; /* hyper-connection streams (engine/mhc_layer.c), NULL for hc_mult <= 1 */
     struct ms_cattn_state *cattn; /* compressed-attention caches (engine/compressed_attn.c), NULL without */
+    struct ms_hybrid *hyb;        /* hybrid execution (engine/hybrid_experts.c): CPU expert layers, else NULL */
     const int32_t *chunk_tokens;  /* token ids of the chunk in flight (hash-routed MoE layers) */
     /* the sequences of the chunk in flight (this engine is their lead: its activations hold
      * every row). Per-token work (projections, norms, router, experts, the head) runs once
@@ -180,6 +181,29 @@ void ms_kda_config_of(const ms_config *c, ms_kda_config *out);
 int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_qmat *down, int n, const float *in,
                  float *out, int accumulate);
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err);
+/* Pieces of the MoE layer (engine/moe.c) the hybrid layer shares: the gated activation of
+ * kind; layer L's router over x [n, hidden] into ids / w [n, K] (backend memory), downloaded
+ * into e->h_ids / e->h_w; the expert-major lists of that routing (returns the unique
+ * experts: e->ex_uniq, offsets e->ex_count); the decode lookahead prefetch of the next MoE
+ * layer (into the source that serves it). */
+ms_glu ms_moe_glu(const ms_config *c, ms_act_kind kind);
+int ms_moe_route(ms_engine *e, const ms_layer *L, const float *x, int n, const int32_t *tokens, int *ids, float *w,
+                 ms_err *err);
+int ms_moe_build_lists(ms_engine *e, int layer, int n, const int *rank);
+int ms_moe_lookahead(ms_engine *e, int layer, int n, ms_err *err);
+
+/* Hybrid execution (engine/hybrid_experts.h). init after the engine's table (o NULL or
+ * without CPU layers, or a host-memory backend: nothing, e->hyb stays NULL); free; whether
+ * layer's experts run on the CPU; the host source serving those layers; the MoE sublayer of
+ * a CPU layer (as ms_ffn_moe); the placement of m's weights on be without the CPU layers'
+ * experts (ms_model_place otherwise; cpu_layer NULL: all layers as skip_experts says). */
+int ms_hybrid_init(ms_engine *e, const struct ms_hybrid_opts *o, ms_err *err);
+void ms_hybrid_free(ms_engine *e);
+int ms_hybrid_layer(const ms_engine *e, int layer);
+ms_expert_source *ms_hybrid_host(const ms_engine *e);
+int ms_hybrid_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err);
+int ms_hybrid_place(const ms_model *m, ms_backend *be, const uint8_t *cpu_layer, int skip_experts, ms_model **placed,
+                    ms_err *err);
 
 /* DSA: state for the model's indexers (a no-op for models without), its
  * reset, and the selection of a chunk for an MLA layer with layer_dsa != 0:

@@ -7,12 +7,13 @@
 
 #include "core/comm.h"
 #include "engine/engine_internal.h"
+#include "engine/hybrid_experts.h"
 
 /* The gated activation of kind (the config's act for dense MLPs and shared
  * experts, expert_act for routed experts): one SwiGLU parameterized by the
  * config (plain, gpt-oss's clamped (up + 1) form, GLM-5-Next / DeepSeek-V4's
  * clamp), or SiTU. */
-static ms_glu glu_of(const ms_config *c, ms_act_kind kind) {
+ms_glu ms_moe_glu(const ms_config *c, ms_act_kind kind) {
     ms_glu a = {.kind = kind, .limit = (float)c->act_limit, .alpha = (float)c->act_alpha,
                 .up_offset = (float)c->act_up_offset, .beta = (float)c->situ_beta,
                 .linear_beta = (float)c->situ_linear_beta};
@@ -23,7 +24,7 @@ int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_
                  float *out, int accumulate) {
     ms_backend *be = e->be;
     int64_t I = gate->rows;
-    ms_glu act = glu_of(&e->m->cfg, e->m->cfg.act);
+    ms_glu act = ms_moe_glu(&e->m->cfg, e->m->cfg.act);
     be->ops->matmul(be, e->g, in, n, gate, 0);
     be->ops->matmul(be, e->u, in, n, up, 0);
     be->ops->glu(be, &act, e->g, e->u, (int64_t)n * I);
@@ -34,8 +35,8 @@ int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_
 /* Router logits [n, E] of layer L's router over x, its Linear bias added, routed
  * into ids/w [n, K] (backend memory) and downloaded into e->h_ids / e->h_w.
  * tokens: the chunk's ids (hash-routed layers look their experts up by token). */
-static int route_layer(ms_engine *e, const ms_layer *L, const float *x, int n, const int32_t *tokens, int *ids,
-                       float *w, ms_err *err) {
+int ms_moe_route(ms_engine *e, const ms_layer *L, const float *x, int n, const int32_t *tokens, int *ids, float *w,
+                 ms_err *err) {
     const ms_config *c = &e->m->cfg;
     ms_backend *be = e->be;
     int64_t E = ms_router_width(c), K = c->top_k;
@@ -63,14 +64,16 @@ static double now_s(void) {
  * prefetch the experts it picks, so their reads overlap this layer's compute. Only
  * for sources that prefetch (streaming); uses rlog/xs and the routing lists, free once
  * this layer is routed. */
-static int lookahead_prefetch(ms_engine *e, int layer, int n, ms_err *err) {
+int ms_moe_lookahead(ms_engine *e, int layer, int n, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     int K = (int)c->top_k;
-    if (n != 1 || !e->experts->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return MS_OK;
     int next = -1;
     for (int l = layer + 1; l < e->l1 && next < 0; l++) /* within this engine's stage */
         if (c->layer_mlp[l] == MS_MLP_MOE) next = l;
     if (next < 0) return MS_OK;
+    /* hybrid: a CPU layer's experts come from the host source */
+    ms_expert_source *src = ms_hybrid_layer(e, next) ? ms_hybrid_host(e) : e->experts;
+    if (n != 1 || !src->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return MS_OK;
     const ms_layer *N = &e->w->layers[next];
     /* the next router sees the residual normed by ITS layer's FFN norm: re-norm this
      * layer's FFN input with that weight (the residual itself moves little in one layer) */
@@ -80,15 +83,52 @@ static int lookahead_prefetch(ms_engine *e, int layer, int n, ms_err *err) {
         la_in = e->xs;
     }
     /* this layer's expert-major lists are built, its ids no longer needed: reuse them */
-    int rc = route_layer(e, N, la_in, 1, e->chunk_tokens, e->topk_ids, e->topk_w, err);
+    int rc = ms_moe_route(e, N, la_in, 1, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return rc;
     int nk = 0; /* zero-computation experts have nothing to prefetch */
     for (int i = 0; i < K; i++)
         if (e->h_ids[i] < c->n_experts) e->la_ids[nk++] = e->h_ids[i];
     for (int i = nk; i < K; i++) e->la_ids[i] = -1;
     e->la_layer = next;
-    ms_experts_prefetch(e->experts, next, nk, e->la_ids);
+    ms_experts_prefetch(src, next, nk, e->la_ids);
     return MS_OK;
+}
+
+/* The expert-major lists of the routing in e->h_ids / e->h_w (n tokens): a counting sort of
+ * (token, slot) pairs by key into ex_count (offsets [W + 1], W = ms_router_width: the
+ * zero-computation experts E..W-1 sort after the routed ones), ex_tokens, ex_w; the keys of
+ * the routed experts present into ex_uniq, in order. rank: NULL (key = expert id), or [E] the
+ * key of each routed expert (expert parallelism: by (home device, id), so each device's experts
+ * are one run of the lists). Lookahead accounting and stats. Returns the unique count. */
+int ms_moe_build_lists(ms_engine *e, int layer, int n, const int *rank) {
+    const ms_config *c = &e->m->cfg;
+    int E = (int)c->n_experts, K = (int)c->top_k, W = (int)ms_router_width(c);
+#define KEY(x) (rank && (x) < E ? rank[x] : (x))
+    int *cnt = e->ex_count, *pos = e->ex_pos, *uniq = e->ex_uniq;
+    memset(cnt, 0, (size_t)(W + 1) * sizeof *cnt);
+    for (int i = 0; i < n * K; i++) cnt[KEY(e->h_ids[i]) + 1]++;
+    for (int x = 0; x < W; x++) cnt[x + 1] += cnt[x];
+    memcpy(pos, cnt, (size_t)W * sizeof *pos);
+    for (int i = 0; i < n * K; i++) {
+        int x = KEY(e->h_ids[i]);
+        e->ex_tokens[pos[x]] = i / K;
+        e->ex_w[pos[x]] = e->h_w[i];
+        pos[x]++;
+    }
+    int nu = 0; /* uniq: keys in order */
+    for (int x = 0; x < E; x++)
+        if (cnt[x + 1] > cnt[x]) uniq[nu++] = x;
+    /* lookahead accounting: how many of this token's experts the previous layer predicted */
+    if (n == 1 && e->la_layer == layer) {
+        for (int i = 0; i < K; i++)
+            for (int j = 0; j < K; j++) e->stats.lookahead_correct += e->h_ids[i] == e->la_ids[j];
+        e->stats.lookahead_predicted += (uint64_t)K;
+    }
+    e->la_layer = -1;
+    e->stats.experts_acquired += (uint64_t)nu;
+    e->stats.expert_activations += (uint64_t)n * K;
+#undef KEY
+    return nu;
 }
 
 /* The routed experts of layer over n tokens through host lists: the router's ids
@@ -99,13 +139,11 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
-    int E = (int)c->n_experts, K = (int)c->top_k, W = (int)ms_router_width(c);
-    int rc = route_layer(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
+    int E = (int)c->n_experts, W = (int)ms_router_width(c);
+    int rc = ms_moe_route(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return ms_wrap(err, "layer %d router", layer);
-    /* expert-major lists: counting sort of (token, slot) pairs by expert (zero-computation
-     * experts E..W-1 sort after the routed ones); split over devices
-     * (expert parallelism) by key = the expert's rank in (home device, id) order, so each
-     * device's experts are one run of the lists */
+    /* split over devices (expert parallelism): keys by the expert's rank in (home device, id)
+     * order, so each device's experts are one run of the lists */
     const int *home = NULL; /* expert parallelism: where each expert runs (its home, or here when replicated here) */
     int *rank = NULL, *inv = NULL;
     if (e->staged && e->stages->expert_home) {
@@ -121,32 +159,10 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
                 if (home[x] == d) inv[r] = x, rank[x] = r++;
         if (r != E) return ms_fail(err, MS_ERR_ARG, "layer %d: %d of %d experts have a home device", layer, r, E);
     }
-#define KEY(x) (rank && (x) < E ? rank[x] : (x))
 #define EXPERT(k) (inv && (k) < E ? inv[k] : (k))
-    int *cnt = e->ex_count, *pos = e->ex_pos, *uniq = e->ex_uniq;
+    int nu = ms_moe_build_lists(e, layer, n, rank);
+    int *cnt = e->ex_count, *uniq = e->ex_uniq;
     ms_expert_view *views = e->ex_views;
-    memset(cnt, 0, (size_t)(W + 1) * sizeof *cnt);
-    for (int i = 0; i < n * K; i++) cnt[KEY(e->h_ids[i]) + 1]++;
-    for (int x = 0; x < W; x++) cnt[x + 1] += cnt[x];
-    memcpy(pos, cnt, (size_t)W * sizeof *pos);
-    for (int i = 0; i < n * K; i++) {
-        int x = KEY(e->h_ids[i]);
-        e->ex_tokens[pos[x]] = i / K;
-        e->ex_w[pos[x]] = e->h_w[i];
-        pos[x]++;
-    }
-    int nu = 0; /* uniq: keys in order; their experts EXPERT(key) */
-    for (int x = 0; x < E; x++)
-        if (cnt[x + 1] > cnt[x]) uniq[nu++] = x;
-    /* lookahead accounting: how many of this token's experts the previous layer predicted */
-    if (n == 1 && e->la_layer == layer) {
-        for (int i = 0; i < K; i++)
-            for (int j = 0; j < K; j++) e->stats.lookahead_correct += e->h_ids[i] == e->la_ids[j];
-        e->stats.lookahead_predicted += (uint64_t)K;
-    }
-    e->la_layer = -1;
-    e->stats.experts_acquired += (uint64_t)nu;
-    e->stats.expert_activations += (uint64_t)n * K;
     be->ops->zero(be, acc, (size_t)(n * D) * 4);
     /* this device's run of the lists (all of them without expert parallelism), then each other
      * device's: its tokens' rows sent there, its experts run there, the sum sent back and added */
@@ -182,7 +198,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
             int gn = u1 - g0 < group ? u1 - g0 : group;
             for (int u = 0; u < gn; u++) ids[u] = EXPERT(uniq[g0 + u]);
             if ((rc = ms_experts_acquire(x->experts, layer, gn, ids, views, err))) return rc;
-            if (g0 == 0 && x == e && (rc = lookahead_prefetch(e, layer, n, err))) return rc;
+            if (g0 == 0 && x == e && (rc = ms_moe_lookahead(e, layer, n, err))) return rc;
             /* the group's pairs: key uniq[g0 + u] holds pairs cnt[k]..cnt[k + 1) */
             for (int u = 0; u < gn; u++) e->ex_off[u] = cnt[uniq[g0 + u]];
             e->ex_off[gn] = cnt[uniq[g0 + gn - 1] + 1];
@@ -210,12 +226,12 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
             for (int64_t d = 0; d < D; d++) y[d] += wq * x[d];
         }
     }
-#undef KEY
 #undef EXPERT
     return MS_OK;
 }
 
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
+    if (ms_hybrid_layer(e, layer)) return ms_hybrid_ffn_moe(e, layer, n, out, err); /* experts on the CPU */
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
@@ -230,7 +246,7 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         in = e->lat_in;
         acc = e->lat_out;
     }
-    ms_glu act = glu_of(c, c->expert_act);
+    ms_glu act = ms_moe_glu(c, c->expert_act);
     int rc, routed = 0;
     /* decode with resident experts on a backend that routes on the device: no host round trip */
     if (n == 1 && be->ops->moe_experts_routed && e->experts == e->own_experts && !L->hash_ids && L->experts &&
