@@ -79,9 +79,11 @@ static int argmax(const float *x, int64_t n) {
     return b;
 }
 
-/* The fixture's first 8 ids, then 4 greedy steps: logits [5, V] into out. */
+/* 8 prompt ids (spread over the vocabulary, each < V), then 4 greedy steps: logits [5, V] into out. */
 static int run_steps(ms_engine *e, int64_t V, float *out, ms_err *err) {
-    int32_t ids[8] = {1, 17, 301, 4, 99, 1000, 7, 23};
+    static const int32_t raw[8] = {1, 17, 301, 4, 99, 1000, 7, 23};
+    int32_t ids[8];
+    for (int i = 0; i < 8; i++) ids[i] = (int32_t)(raw[i] % V);
     int rc = ms_engine_forward(e, ids, 8, out, 0, err);
     for (int s = 1; !rc && s < 5; s++) {
         int32_t t = argmax(out + (s - 1) * V, V);
