@@ -709,6 +709,8 @@ int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *
     ms_backend *be = e->be;
     if (be->host_memory || !be->ops->argmax || !e->logits)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "decode_greedy: the %s backend picks no token on the device", be->name);
+    if (e->staged) /* the head runs on the last stage and its logits come to the host */
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "decode_greedy: a model split over devices picks on the host");
     if (!e->pick && be->ops->alloc(be, sizeof(int32_t), (void **)&e->pick, err)) {
         e->pick = NULL;
         return err->code;

@@ -110,7 +110,7 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
  * picked where the logits are: *next = the first index of the largest logit (NaN never wins; a
  * NaN logit 0 gives 0), with one id downloaded instead of the vocabulary's logits.
  * MS_ERR_UNSUPPORTED, with nothing done, on a backend that cannot pick (host-memory backends:
- * the caller forwards and picks itself). */
+ * the caller forwards and picks itself; a model split over devices, --gpus). */
 int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *err);
 
 /* One decode step of k sequences together: token tokens[i] is appended to
