@@ -191,6 +191,10 @@ int ms_moe_route(ms_engine *e, const ms_layer *L, const float *x, int n, const i
                  ms_err *err);
 int ms_moe_build_lists(ms_engine *e, int layer, int n, const int *rank);
 int ms_moe_lookahead(ms_engine *e, int layer, int n, ms_err *err);
+/* The routed experts' input / accumulator rows and their width (the latent ones queue
+ * lat_down), and the latent sum's norm + up projection into out (moe.c). */
+int64_t ms_moe_io(ms_engine *e, const ms_layer *L, int n, float *out, const float **in, float **acc);
+void ms_moe_latent_up(ms_engine *e, const ms_layer *L, int n, float *acc, float *out);
 
 /* Hybrid execution (engine/hybrid_experts.h). init after the engine's table (o NULL or
  * without CPU layers, or a host-memory backend: nothing, e->hyb stays NULL); free; whether

@@ -227,14 +227,9 @@ int ms_hybrid_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
-    int64_t D = c->latent_moe ? c->expert_hidden : c->hidden;
-    const float *in = e->xn;
-    float *acc = out;
-    if (c->latent_moe) {
-        be->ops->matmul(be, e->lat_in, e->xn, n, &L->lat_down, 0);
-        in = e->lat_in;
-        acc = e->lat_out;
-    }
+    const float *in;
+    float *acc;
+    int64_t D = ms_moe_io(e, L, n, out, &in, &acc);
     ms_glu act = ms_moe_glu(c, c->expert_act);
     double t0 = now_s();
     /* the router's choice and the experts' input rows come down (each download waits for the stream) */
@@ -271,10 +266,7 @@ int ms_hybrid_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     /* the sum goes up into the layer's accumulator; the device adds the rest in stream order */
     if ((rc = be->ops->upload(be, acc, h->acc, (size_t)n * (size_t)D * 4, err)))
         return ms_wrap(err, "layer %d experts' sum upload", layer);
-    if (c->latent_moe) {
-        if (c->latent_moe_norm) be->ops->rmsnorm(be, acc, acc, L->lat_norm, n, D, (float)c->rms_eps);
-        be->ops->matmul(be, out, acc, n, &L->lat_up, 0);
-    }
+    ms_moe_latent_up(e, L, n, acc, out);
     if (c->shared_inter && c->shared_expert_gate) be->ops->add_gated_rows(be, out, e->ys, h->gate, n, c->hidden);
     else if (c->shared_inter) be->ops->add(be, out, e->ys, (int64_t)n * c->hidden);
     double t3 = now_s();

@@ -230,22 +230,38 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     return MS_OK;
 }
 
+/* The routed experts' rows: they read *in and sum into *acc, rows of the returned width D:
+ * the hidden stream (in = e->xn, acc = out), or the latent width between
+ * routed_expert_down_proj and up_proj (Kimi K3: in = lat_down e->xn, queued here; acc = e->lat_out). */
+int64_t ms_moe_io(ms_engine *e, const ms_layer *L, int n, float *out, const float **in, float **acc) {
+    const ms_config *c = &e->m->cfg;
+    *in = e->xn;
+    *acc = out;
+    if (!c->latent_moe) return c->hidden;
+    e->be->ops->matmul(e->be, e->lat_in, e->xn, n, &L->lat_down, 0);
+    *in = e->lat_in;
+    *acc = e->lat_out;
+    return c->expert_hidden;
+}
+
+/* Latent MoE (ms_moe_io's latent rows): the experts' sum acc [n, expert_hidden] through its norm
+ * (latent_moe_norm; in place) and up projection into out [n, hidden]. Nothing otherwise. */
+void ms_moe_latent_up(ms_engine *e, const ms_layer *L, int n, float *acc, float *out) {
+    const ms_config *c = &e->m->cfg;
+    if (!c->latent_moe) return;
+    if (c->latent_moe_norm) e->be->ops->rmsnorm(e->be, acc, acc, L->lat_norm, n, c->expert_hidden, (float)c->rms_eps);
+    e->be->ops->matmul(e->be, out, acc, n, &L->lat_up, 0);
+}
+
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     if (ms_hybrid_layer(e, layer)) return ms_hybrid_ffn_moe(e, layer, n, out, err); /* experts on the CPU */
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
     int E = (int)c->n_experts, K = (int)c->top_k;
-    /* experts read `in` and sum into `acc`, rows of D: the hidden stream, or the
-     * latent width between routed_expert_down_proj and up_proj (Kimi K3) */
-    int64_t D = c->latent_moe ? c->expert_hidden : c->hidden;
-    const float *in = e->xn;
-    float *acc = out;
-    if (c->latent_moe) {
-        be->ops->matmul(be, e->lat_in, e->xn, n, &L->lat_down, 0);
-        in = e->lat_in;
-        acc = e->lat_out;
-    }
+    const float *in;
+    float *acc;
+    int64_t D = ms_moe_io(e, L, n, out, &in, &acc);
     ms_glu act = ms_moe_glu(c, c->expert_act);
     int rc, routed = 0;
     /* decode with resident experts on a backend that routes on the device: no host round trip */
@@ -274,10 +290,7 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         }
     }
     if (!routed && (rc = moe_lists(e, layer, n, in, acc, D, &act, err))) return rc;
-    if (c->latent_moe) {
-        if (c->latent_moe_norm) be->ops->rmsnorm(be, acc, acc, L->lat_norm, n, D, (float)c->rms_eps);
-        be->ops->matmul(be, out, acc, n, &L->lat_up, 0);
-    }
+    ms_moe_latent_up(e, L, n, acc, out);
     if (c->shared_inter && c->shared_expert_gate) { /* out += sigmoid(shared_expert_gate x) * shared(x) */
         ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->ys, 0);
         be->ops->matmul(be, e->rlog, e->xn, n, &L->shared_gate, 0); /* [n, 1]; router logits are used up */
