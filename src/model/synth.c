@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/strmap.h"
+#include "util/threadpool.h"
 
 typedef struct {
     char name[200];
@@ -224,6 +226,46 @@ done:
     return rc;
 }
 
+/* One shard's tensors written by a pool: task k writes ts[items[k]] (with its scales) at its
+ * own offsets, so the bytes do not depend on the order or the thread count. The first failure (in
+ * task order it is whichever fails first in time) is kept in rc / err; later tasks then skip. */
+typedef struct {
+    int fd;
+    const char *path;
+    synth_tensor *ts;
+    const int *items; /* [n_items] indices of the shard's weights (scales go with their weight) */
+    int n, n_items;
+    uint64_t data_start;
+    const ms_synth_opts *o;
+    pthread_mutex_t mu; /* guards rc, err, *total and the progress callback */
+    int rc;
+    uint64_t *total, all;
+    ms_err *err;
+} shard_job;
+
+static void write_job(void *ctx, int task, int tid) {
+    (void)tid;
+    shard_job *j = ctx;
+    int i = j->items[task];
+    pthread_mutex_lock(&j->mu);
+    int failed = j->rc;
+    pthread_mutex_unlock(&j->mu);
+    if (failed) return;
+    ms_err e = {0};
+    int rc = write_tensor(j->fd, j->path, j->ts, i, j->data_start, j->o->seed, j->o->int4_asym, &e);
+    uint64_t bytes = j->ts[i].nbytes;
+    for (int f = i + 1; f < j->n && j->ts[f].scale_of == i; f++) bytes += j->ts[f].nbytes;
+    pthread_mutex_lock(&j->mu);
+    if (rc && !j->rc) {
+        j->rc = rc;
+        *j->err = e;
+    } else if (!rc && !j->rc) {
+        *j->total += bytes;
+        ms_progress_report(j->o->progress, "synth", MS_PROGRESS_BYTES, *j->total, j->all);
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
 static int copy_file(const char *src, const char *dst, ms_err *err) {
     char *buf;
     size_t len;
@@ -314,7 +356,8 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
     cJSON *cj = NULL;
     synth_tensor *ts = NULL;
     ms_tensor_spec *specs = NULL;
-    int n_specs = 0, rc;
+    int n_specs = 0, rc, *items = NULL;
+    ms_pool *pool = NULL;
     memset(res, 0, sizeof *res);
     if (o->dtype != MS_DT_F32 && o->dtype != MS_DT_BF16 && o->dtype != MS_DT_F16)
         return ms_fail(err, MS_ERR_ARG, "synth: --dtype must be f32, bf16 or f16");
@@ -487,6 +530,13 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         rc = ms_fail(err, MS_ERR_IO, "%s: cannot create directory: %s", o->out_dir, strerror(errno));
         goto out;
     }
+    /* the tensor writers: o->threads workers (the caller included); NULL pool = the caller alone */
+    pool = o->threads > 1 ? ms_pool_create(o->threads) : NULL;
+    items = malloc((size_t)(n ? n : 1) * sizeof *items);
+    if (!items || (o->threads > 1 && !pool)) {
+        rc = ms_fail(err, MS_ERR_NOMEM, "synth: out of memory for %d writer threads", o->threads);
+        goto out;
+    }
     cJSON *index = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(index, "metadata"),
           *wmap = cJSON_AddObjectToObject(index, "weight_map");
     uint64_t total = 0, all = 0;
@@ -528,12 +578,15 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         }
         rc = pwrite_all(fd, hb, 8 + padded, 0, path, err);
         free(hb);
-        for (int i = 0; i < n && !rc; i++) {
-            if (ts[i].shard != s || ts[i].scale_of >= 0) continue;
-            rc = write_tensor(fd, path, ts, i, 8 + padded, o->seed, o->int4_asym, err);
-            total += ts[i].nbytes;
-            for (int f = i + 1; f < n && ts[f].scale_of == i; f++) total += ts[f].nbytes;
-            if (!rc) ms_progress_report(o->progress, "synth", MS_PROGRESS_BYTES, total, all);
+        if (!rc) {
+            shard_job job = {.fd = fd, .path = path, .ts = ts, .items = items, .n = n, .data_start = 8 + padded,
+                             .o = o, .total = &total, .all = all, .err = err};
+            pthread_mutex_init(&job.mu, NULL);
+            for (int i = 0; i < n; i++)
+                if (ts[i].shard == s && ts[i].scale_of < 0) items[job.n_items++] = i;
+            ms_pool_run(pool, job.n_items, write_job, &job);
+            pthread_mutex_destroy(&job.mu);
+            rc = job.rc;
         }
         if (!rc && fsync(fd) != 0) rc = ms_fail(err, MS_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
         close(fd);
@@ -574,6 +627,8 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
     res->n_shards = shards;
     res->bytes = total;
 out:
+    ms_pool_destroy(pool);
+    free(items);
     free(text);
     free(ts);
     free(specs);

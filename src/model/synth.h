@@ -1,6 +1,7 @@
 /* synth.h — deterministic random-weight checkpoints of any supported
  * architecture, in the original checkpoint layout, written in streaming
- * fashion (memory use is bounded by one 128-row block of the widest matrix). */
+ * fashion (memory use is bounded by one 128-row block of the widest matrix
+ * per writer thread). */
 #ifndef MS_SYNTH_H
 #define MS_SYNTH_H
 
@@ -19,7 +20,10 @@ typedef struct ms_synth_opts {
     int int4_asym;            /* I4: asymmetric (symmetric false, weight_zero_point; ms_quant_i4z_row) */
     uint64_t shard_bytes;     /* max bytes per shard (0: 4 GiB) */
     const char *tokenizer_dir;/* optional: tokenizer files copied from here */
-    const ms_progress *progress; /* optional: bytes of tensor data written (util/progress.h) */
+    const ms_progress *progress; /* optional: bytes of tensor data written (util/progress.h); called
+                                  * from the writer threads, one call at a time */
+    int threads;              /* tensor writers (<= 1: the caller alone); the bytes written do not
+                               * depend on it (each tensor is drawn from (seed, name) alone) */
 } ms_synth_opts;
 
 typedef struct ms_synth_result {

@@ -48,6 +48,35 @@ TEST(synth_roundtrip) {
     CHECK(system(cmd) == 0);
 }
 
+/* Writer threads change nothing: the files of 1 and 3 writers are byte-identical, for every
+ * expert dtype (FP8 / MXFP4 / INT4 carry scale tensors written with their weight) and with
+ * several shards. */
+TEST(synth_threads_same_bytes) {
+    const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8_E4M3, MS_DT_F4, MS_DT_I4};
+    for (size_t k = 0; k < sizeof dts / sizeof *dts; k++) {
+        for (int sharded = 0; sharded < 2; sharded++) {
+            char d1[] = "/tmp/ms_synth4XXXXXX", d2[] = "/tmp/ms_synth5XXXXXX";
+            CHECK(mkdtemp(d1) && mkdtemp(d2));
+            ms_err e = {0};
+            ms_synth_result r1, r2;
+            ms_synth_opts o = {.config_path = MS_TEST_FIXTURES "deepseek_v3/config.json", .out_dir = d1, .seed = 3,
+                               .dtype = MS_DT_BF16, .expert_dtype = dts[k], .threads = 1,
+                               .shard_bytes = sharded ? 100 * 1024 : 0};
+            CHECK_MSG(ms_synth(&o, &r1, &e) == 0, "%s", e.msg);
+            o.out_dir = d2;
+            o.threads = 3;
+            CHECK_MSG(ms_synth(&o, &r2, &e) == 0, "%s", e.msg);
+            CHECK(r1.n_shards == r2.n_shards && r1.bytes == r2.bytes && r1.n_tensors == r2.n_tensors);
+            CHECK(sharded ? r1.n_shards > 2 : r1.n_shards == 1);
+            char cmd[200];
+            snprintf(cmd, sizeof cmd, "diff -r %s %s >/dev/null", d1, d2);
+            CHECK_MSG(system(cmd) == 0, "expert dtype %d, sharded %d: 1 and 3 writers differ", (int)dts[k], sharded);
+            snprintf(cmd, sizeof cmd, "rm -rf %s %s", d1, d2);
+            CHECK(system(cmd) == 0);
+        }
+    }
+}
+
 TEST(synth_rejects_bad_config) {
     char d[] = "/tmp/ms_synth3XXXXXX";
     CHECK(mkdtemp(d) != NULL);
