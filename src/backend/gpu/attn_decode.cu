@@ -117,7 +117,7 @@ template <int GB> static __device__ void ad_combine(const ad_args &a, int t, int
         const int g = it / vd4, c4 = it % vd4;
         const float4 *src = (const float4 *)a.po + ((int64_t)t * H + h0 + g) * S * vd4 + c4;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
+#pragma unroll 16 /* the loads of 16 splits in flight */
         for (int s = 0; s < S; s++) f4_fma(o, cw[g][s], ms_load_cg4(src + (int64_t)s * vd4));
         f4_scale(o, cinv[g]);
         ((float4 *)a.out)[((int64_t)t * H + h0 + g) * vd4 + c4] = o;
