@@ -319,13 +319,14 @@ int ms_gpu_attn_dec(ms_gpu *g, float *out, const float *q, const float *k_cache,
     while (gb < G && gb < cap) gb *= 2;
     const int ngrp = (G + gb - 1) / gb, kt = ad_kt(gb, nc, ncv);
     /* splits: a tile of the block's warps at least per split, enough blocks for ~8 per SM, at most
-     * MS_GPU_ATTN_MAXS; sized by the key count (of the bound, for a device position) */
+     * MS_GPU_ATTN_MAXS (or MS_GPU_ATTN_SPLITS, for A/B runs); sized by the key count (of the bound,
+     * for a device position) */
     int64_t keys = pos0 + n;
     if (c->window > 0 && keys > c->window) keys = c->window;
     const int64_t bx = (int64_t)c->n_kv_heads * ngrp, blocks = bx * n, tile = (int64_t)AD_WARPS * kt;
     int64_t splits = (keys + tile - 1) / tile, want = (8 * (int64_t)g->prop.multiProcessorCount + blocks - 1) / blocks;
     if (splits > want) splits = want;
-    if (splits > MS_GPU_ATTN_MAXS) splits = MS_GPU_ATTN_MAXS;
+    if (splits > (g->attn_splits ? g->attn_splits : MS_GPU_ATTN_MAXS)) splits = g->attn_splits ? g->attn_splits : MS_GPU_ATTN_MAXS;
     if (splits < 1) splits = 1;
     if (bx > 65535) return -1;
     ad_args a;
