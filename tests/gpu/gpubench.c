@@ -262,9 +262,10 @@ static void bench_attn(int H, int KV, int hd, int64_t ctx, int window) {
     }
     int64_t keys = window > 0 && window < ctx ? window : ctx;
     double us = best * 1e3 / reps, bytes = 2.0 * keys * KV * hd * 4, gbs = bytes / (us * 1e-6) / 1e9;
+    const char *mode = getenv("MS_GPU_ATTN");
     printf("{\"bench\":\"attn_gqa_decode\",\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,\"ctx\":%lld,\"window\":%d,"
-           "\"kv_bytes\":%.0f,\"us\":%.2f,\"gbs\":%.1f,\"frac_peak\":%.3f}\n",
-           H, KV, hd, (long long)ctx, window, bytes, us, gbs, gbs / g_peak);
+           "\"mode\":\"%s\",\"kv_bytes\":%.0f,\"us\":%.2f,\"gbs\":%.1f,\"frac_peak\":%.3f}\n",
+           H, KV, hd, (long long)ctx, window, mode ? mode : "default", bytes, us, gbs, gbs / g_peak);
     fflush(stdout);
     ms_gpu_free(G, q), ms_gpu_free(G, k), ms_gpu_free(G, v), ms_gpu_free(G, o), ms_gpu_free(G, scr);
 }
@@ -313,7 +314,8 @@ static void bench_gemm(const bdt *d, int64_t rows, int64_t cols) {
 
 int main(int argc, char **argv) {
     int quick = 0, one = -1, one_n = 1, gemm = -1, routed = -1, r_e = 0, r_k = 0;
-    int64_t one_r = 0, one_c = 0;
+    int64_t one_r = 0, one_c = 0, a_ctx[8];
+    int a_h[8], a_kv[8], a_hd[8], n_attn = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peak-gbs") && i + 1 < argc) g_peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -344,8 +346,17 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "gpubench: --routed DTYPE EXPERTS K HIDDEN INTER (K 1..32 <= EXPERTS)\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--attn") && i + 4 < argc && n_attn < 8) { /* HEADS KV_HEADS HEAD_DIM KEYS */
+            int j = n_attn++;
+            a_h[j] = atoi(argv[i + 1]), a_kv[j] = atoi(argv[i + 2]), a_hd[j] = atoi(argv[i + 3]);
+            a_ctx[j] = atoll(argv[i + 4]);
+            i += 4;
+            if (a_h[j] < 1 || a_kv[j] < 1 || a_h[j] % a_kv[j] || a_hd[j] < 4 || a_ctx[j] < 1) {
+                fprintf(stderr, "gpubench: --attn HEADS KV_HEADS HEAD_DIM KEYS (KV_HEADS | HEADS; up to 8 of them)\n");
+                return 2;
+            }
         } else {
-            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS] [--routed DTYPE EXPERTS K HIDDEN INTER]\n");
+            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS] [--routed DTYPE EXPERTS K HIDDEN INTER] [--attn HEADS KV_HEADS HEAD_DIM KEYS]\n");
             return 2;
         }
     }
@@ -359,6 +370,11 @@ int main(int argc, char **argv) {
            info.mem_total / 1073741824.0, info.l2_bytes / 1048576.0, info.peak_gbs, g_peak, info.runtime_version,
            info.driver_version);
     measure_copy();
+    if (n_attn) {
+        for (int j = 0; j < n_attn; j++) bench_attn(a_h[j], a_kv[j], a_hd[j], a_ctx[j], 0);
+        ms_gpu_close(G);
+        return 0;
+    }
     if (routed >= 0) {
         bench_routed(&k_dt[routed], r_e, r_k, one_r, one_c);
         ms_gpu_close(G);

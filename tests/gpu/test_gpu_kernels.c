@@ -395,31 +395,70 @@ TEST(router_kinds) {
 
 /* ---------------------------------------------------------- attention */
 
-static void check_attn(const char *what, int H, int KV, int hd, int vd, int window, int with_sinks, int64_t ctx, int n) {
+/* The attention kernels by MS_GPU_ATTN mode (read when a context opens): 0 the default (the
+ * decode kernel, its splits combined by the last block), 1 "combine" (the same kernel, the
+ * combine as its own launch), 2 "old" (the earlier split kernel). Each mode's context is opened
+ * once (device memory is shared between them; streams are not: callers sync gpu() first). */
+static ms_gpu *attn_ctx(int mode) {
+    static ms_gpu *ctx[3];
+    static const char *word[3] = {NULL, "combine", "old"};
+    if (!mode) return gpu();
+    if (ctx[mode]) return ctx[mode];
+    const char *prev = getenv("MS_GPU_ATTN");
+    char keep[64] = "";
+    if (prev) snprintf(keep, sizeof keep, "%s", prev);
+    setenv("MS_GPU_ATTN", word[mode], 1);
+    ms_err err = {0};
+    if (ms_gpu_open(0, &ctx[mode], &err)) {
+        fprintf(stderr, "test_gpu: GPU context (MS_GPU_ATTN=%s): %s\n", word[mode], err.msg);
+        exit(1);
+    }
+    if (prev) setenv("MS_GPU_ATTN", keep, 1);
+    else unsetenv("MS_GPU_ATTN");
+    return ctx[mode];
+}
+
+/* One attention case against the CPU twin (a CPU backend reserved for ctx keys when the shared one
+ * is too small), in every mode of attn_ctx, and for one token also through ms_gpu_attn_gqa_at at a
+ * device position with the grid of a larger bound (ctx - 1 + bound_extra). The default and
+ * "combine" modes must give the same bits (one function combines in both), and a second run of
+ * the default the same bits again. */
+static void check_attn_b(const char *what, int H, int KV, int hd, int vd, int window, int with_sinks, int64_t ctx,
+                         int n, int64_t bound_extra) {
     int64_t pos0 = ctx - n, kd = (int64_t)KV * hd, vt = (int64_t)KV * vd;
     float *q = randv((int64_t)n * H * hd, 1.0f), *k = randv(ctx * kd, 1.0f), *v = randv(ctx * vt, 1.0f);
     float *sinks = with_sinks ? randv(H, 2.0f) : NULL;
-    float *ref = malloc((size_t)n * H * vd * 4), *got = malloc((size_t)n * H * vd * 4), *sc = malloc((size_t)ctx * 4);
+    size_t ob = (size_t)n * H * vd * 4;
+    float *ref = malloc(ob), *got = malloc(ob), *first = malloc(ob);
     float scale = 1.0f / sqrtf((float)hd);
     ms_attn_gqa_args ga = {.out = ref, .q = q, .k = k, .v = v, .n = n, .n_past = pos0, .H = H, .KV = KV, .hd = hd,
-                           .vd = vd, .window = window, .sinks = sinks, .scale = 0};
-    ga.scale = 1.0f / sqrtf((float)hd);
+                           .vd = vd, .window = window, .sinks = sinks, .scale = scale};
     ms_err cerr = {0};
-    CHECK_MSG(cpu()->ops->attn_gqa(cpu(), &ga, &cerr) == MS_OK, "CPU attention: %s", cerr.msg);
+    ms_backend *cb = cpu(), *own = NULL;
+    if (ctx > 9000) {
+        ms_config cc;
+        memset(&cc, 0, sizeof cc);
+        cc.hidden = 8192, cc.head_dim = 512, cc.v_head_dim = 512, cc.n_layers = 1;
+        CHECK_MSG(ms_backend_cpu_create(NULL, &own, &cerr) == MS_OK &&
+                      own->ops->reserve(own, &cc, ctx + 1, 32, &cerr) == MS_OK,
+                  "CPU backend for %lld keys: %s", (long long)ctx, cerr.msg);
+        cb = own;
+    }
+    CHECK_MSG(cb->ops->attn_gqa(cb, &ga, &cerr) == MS_OK, "CPU attention: %s", cerr.msg);
+    if (own) own->ops->destroy(own);
     float *dq = dup_dev(q, (size_t)n * H * hd * 4), *dk = dup_dev(k, (size_t)(ctx * kd) * 4),
           *dv = dup_dev(v, (size_t)(ctx * vt) * 4), *ds = sinks ? dup_dev(sinks, (size_t)H * 4) : NULL,
-          *dout = alloc_dev((size_t)n * H * vd * 4);
+          *dout = alloc_dev(ob);
+    int64_t hpos = pos0, *dpos = dup_dev(&hpos, 8);
     ms_gpu_attn_cfg c = {H, KV, hd, vd, window, scale};
     float *dscr = alloc_dev(ms_gpu_attn_scratch_floats(n, &c) * 4);
-    ms_err err = {0};
-    int rc = ms_gpu_attn_gqa(gpu(), dout, dq, dk, dv, ds, n, pos0, &c, dscr, &err);
-    CHECK_MSG(rc == MS_OK, "%s: %s", what, err.msg);
-    get(got, dout, (size_t)n * H * vd * 4);
     /* out = sum_s p_s v_s with |v| <= vmax: a relative error e_s of each p_s moves it by
-     * at most max_s e_s * vmax. Scores: the GPU sums q.k in one lane, (hd + 3) u
-     * sum|q_i k_i| <= (hd + 3) u hd qmax kmax, times scale; e_s <= 2 |dscore| + the
-     * exp/rescaling roundings (8 u); the value sums run over at most keys/4 keys per
-     * lane chain ((keys/4 + 16) u); the CPU twin's float sums over keys add as much. */
+     * at most max_s e_s * vmax. Scores: the GPU sums q.k in one lane (the earlier kernel) or
+     * as per-lane chains of 4-16 terms and a 5-6 level tree (the decode kernel), either within
+     * (hd + 3) u sum|q_i k_i| <= (hd + 3) u hd qmax kmax, times scale; e_s <= 2 |dscore| + the
+     * exp/rescaling roundings (8 u); the value sums run over at most keys/4 keys per lane chain
+     * (the decode kernel: keys / (8 splits) per lane, + 8 warps + 64 splits; the rescales one per
+     * tile of 32 keys) ((keys/4 + 16) u); the CPU twin's float sums over keys add as much. */
     double vmax = 0;
     for (int64_t i = 0; i < ctx * vt; i++) vmax = fmax(vmax, fabs(v[i]));
     double qk = 0;
@@ -429,18 +468,40 @@ static void check_attn(const char *what, int H, int KV, int hd, int vd, int wind
     double keys = window > 0 && window < ctx ? window : (double)ctx;
     double ds_ = (hd + 3) * U32 * hd * qk * kmax * scale;
     double tol = (2 * ds_ + 2 * (keys / 4 + 16) * U32 + 8 * U32) * vmax;
-    double worst = 0;
-    int bad = 0;
-    for (int64_t i = 0; i < (int64_t)n * H * vd; i++) {
-        double e = fabs(got[i] - ref[i]) / tol;
-        if (!(e <= 1)) bad++;
-        if (e > worst) worst = e;
+    CHECK(ms_gpu_sync(gpu(), &cerr) == MS_OK);
+    static const char *mname[3] = {"default", "combine", "old"};
+    for (int run = 0; run < (n == 1 ? 8 : 4); run++) {
+        const int mode = run % 4 == 3 ? 0 : run % 4, at = run >= 4; /* modes 0 1 2 0, then the same at pos_dev */
+        ms_gpu *g = attn_ctx(mode);
+        ms_err err = {0};
+        int rc = at ? ms_gpu_attn_gqa_at(g, dout, dq, dk, dv, ds, pos0 + bound_extra, dpos, &c, dscr, &err)
+                    : ms_gpu_attn_gqa(g, dout, dq, dk, dv, ds, n, pos0, &c, dscr, &err);
+        CHECK_MSG(rc == MS_OK, "%s (%s%s): %s", what, mname[mode], at ? ", device position" : "", err.msg);
+        rc = ms_gpu_download(g, got, dout, ob, &err);
+        CHECK_MSG(rc == MS_OK, "download: %s", err.msg);
+        double worst = 0;
+        int bad = 0;
+        for (int64_t i = 0; i < (int64_t)n * H * vd; i++) {
+            double e = fabs(got[i] - ref[i]) / tol;
+            if (!(e <= 1)) bad++;
+            if (e > worst) worst = e;
+        }
+        if (run % 4 == 0) memcpy(first, got, ob);
+        else if (run % 4 != 2)
+            CHECK_MSG(!memcmp(first, got, ob), "%s: %s%s not bit-identical to the default", what,
+                      run % 4 == 1 ? "combine" : "a second default run", at ? " (device position)" : "");
+        if (run % 4 != 3)
+            printf("  attn %-44s ctx %-6lld n=%d %-7s%s max err/bound %.3f (bound %.2e)\n", what, (long long)ctx, n,
+                   mname[mode], at ? " at" : "   ", worst, tol);
+        CHECK_MSG(bad == 0, "%s (%s%s): %d outputs out of bound", what, mname[mode], at ? ", device position" : "",
+                  bad);
     }
-    printf("  attn %-46s ctx %-6lld n=%d max err/bound %.3f (bound %.2e)\n", what, (long long)ctx, n, worst, tol);
-    CHECK_MSG(bad == 0, "%s: %d outputs out of bound", what, bad);
     ms_gpu_free(gpu(), dq), ms_gpu_free(gpu(), dk), ms_gpu_free(gpu(), dv), ms_gpu_free(gpu(), ds),
-        ms_gpu_free(gpu(), dout), ms_gpu_free(gpu(), dscr);
-    free(q), free(k), free(v), free(sinks), free(ref), free(got), free(sc);
+        ms_gpu_free(gpu(), dout), ms_gpu_free(gpu(), dscr), ms_gpu_free(gpu(), dpos);
+    free(q), free(k), free(v), free(sinks), free(ref), free(got), free(first);
+}
+static void check_attn(const char *what, int H, int KV, int hd, int vd, int window, int with_sinks, int64_t ctx, int n) {
+    check_attn_b(what, H, KV, hd, vd, window, with_sinks, ctx, n, 255);
 }
 
 TEST(attention_gqa) {
@@ -454,6 +515,34 @@ TEST(attention_gqa) {
     check_attn("32 / 32 (MHA), hd 128, 5 tokens", 32, 32, 128, 128, 0, 0, 300, 5);
     check_attn("8 / 1, qk 512, v 512, window 33", 8, 1, 512, 512, 33, 1, 2000, 4);
     check_attn("2 / 1, qk 64, v 32", 2, 1, 64, 32, 0, 0, 77, 1);
+}
+
+/* The decode kernel's shapes (attn_decode.cu): key counts around its tiles (32 keys a block
+ * step at 8 heads per block) and splits (1 .. 64), real GQA groups and head dims, sinks,
+ * windows, a group that is not a power of two, prefill chunks of 16 tokens, 40000 keys. */
+TEST(attention_decode) {
+    SKIP_UNLESS_SELECTED("attention_decode");
+    static const int64_t short_keys[] = {1, 2, 31, 32, 33, 100, 640, 700};
+    for (size_t i = 0; i < sizeof short_keys / sizeof short_keys[0]; i++)
+        check_attn("32 / 4, hd 128 (qwen3 30B-A3B)", 32, 4, 128, 128, 0, 0, short_keys[i], 1);
+    check_attn("32 / 4, hd 128, 4096 keys", 32, 4, 128, 128, 0, 0, 4096, 1);
+    check_attn("32 / 4, hd 128, 40000 keys", 32, 4, 128, 128, 0, 0, 40000, 1);
+    check_attn("64 / 8, hd 128, 640 keys", 64, 8, 128, 128, 0, 0, 640, 1);
+    check_attn("64 / 8, hd 128, sinks, 40000 keys", 64, 8, 128, 128, 0, 1, 40000, 1);
+    check_attn("64 / 8, hd 64, sinks, window 128, 40000 keys", 64, 8, 64, 64, 128, 1, 40000, 1);
+    check_attn("64 / 8, hd 64, sinks, window 128, 129 keys", 64, 8, 64, 64, 128, 1, 129, 1);
+    check_attn("8 / 1, hd 256, sinks", 8, 1, 256, 256, 0, 1, 640, 1);
+    check_attn("8 / 1, hd 256, window 1000", 8, 1, 256, 256, 1000, 0, 3000, 1);
+    check_attn("8 / 1, hd 64, 1 key", 8, 1, 64, 64, 0, 0, 1, 1);
+    check_attn("8 / 1, hd 64, sinks, window 17", 8, 1, 64, 64, 17, 1, 900, 1);
+    check_attn("12 / 1, hd 128 (group of 12: 8 + 4 padded)", 12, 1, 128, 128, 0, 1, 777, 1);
+    check_attn("6 / 2, hd 128 (group of 3)", 6, 2, 128, 128, 0, 0, 333, 1);
+    check_attn("16 / 1, hd 128 (group of 16: two blocks)", 16, 1, 128, 128, 0, 0, 640, 1);
+    check_attn("16 / 16, qk 192, v 128 (MLA expanded)", 16, 16, 192, 128, 0, 0, 2000, 1);
+    check_attn("32 / 4, hd 128, prefill 16 tokens", 32, 4, 128, 128, 0, 0, 4096, 16);
+    check_attn("64 / 8, hd 64, sinks, window 128, 16 tokens", 64, 8, 64, 64, 128, 1, 1000, 16);
+    check_attn("8 / 1, hd 256, 9 tokens from the start", 8, 1, 256, 256, 0, 1, 9, 9);
+    check_attn_b("32 / 4, hd 128, bound 64 splits above", 32, 4, 128, 128, 0, 0, 513, 1, 40000);
 }
 
 /* ---------------------------------------------------------- expert FFN */

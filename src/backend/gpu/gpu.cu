@@ -37,6 +37,12 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     if (!g) return ms_fail(err, MS_ERR_NOMEM, "ms_gpu_open: out of host memory");
     g->device = device;
     g->legacy = legacy_bits(getenv("MS_GPU_LEGACY_DECODE"));
+    const char *am = getenv("MS_GPU_ATTN");
+    g->attn_mode = am && !strcmp(am, "old") ? MS_GPU_ATTN_OLD : am && !strcmp(am, "combine") ? MS_GPU_ATTN_COMBINE
+                                                                                            : MS_GPU_ATTN_FOLD;
+    const char *as = getenv("MS_GPU_ATTN_SPLITS");
+    g->attn_splits = as ? atoi(as) : 0;
+    if (g->attn_splits < 0 || g->attn_splits > MS_GPU_ATTN_MAXS) g->attn_splits = 0;
     int rc;
     if ((rc = ms_gpu_check(gpuSetDevice(device), err, "selecting the device")) ||
         (rc = ms_gpu_check(gpuGetDeviceProperties(&g->prop, device), err, "reading device properties")) ||

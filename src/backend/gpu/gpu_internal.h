@@ -45,7 +45,15 @@ struct ms_gpu {
     int cnt_n;
     int legacy; /* MS_GPU_LEGACY_DECODE at open (A/B measurements): "1" or "all" every earlier decode kernel,
                  * else a comma list of experts, route, norm, router (MS_GPU_LEG_* bits) */
+    int attn_mode; /* MS_GPU_ATTN at open (A/B measurements): MS_GPU_ATTN_* below */
+    int attn_splits; /* MS_GPU_ATTN_SPLITS at open: the decode kernel's splits at most (0: MS_GPU_ATTN_MAXS) */
 };
+
+/* ms_gpu.attn_mode: which GQA attention kernels ms_gpu_attn_gqa takes */
+#define MS_GPU_ATTN_FOLD 0    /* attn_decode.cu's kernel, the last block of a head group combines the splits */
+#define MS_GPU_ATTN_COMBINE 1 /* the same kernel, the combine in its own launch (MS_GPU_ATTN=combine) */
+#define MS_GPU_ATTN_OLD 2     /* ops.cu's earlier split kernel (a lane per key) + combine (MS_GPU_ATTN=old) */
+#define MS_GPU_ATTN_MAXS 64   /* key splits at most: ms_gpu_attn_scratch_floats holds this many per head */
 
 /* ms_gpu.legacy bits: which decode paths take the earlier kernels */
 #define MS_GPU_LEG_EXPERTS 1 /* routed experts in four launches */
@@ -83,6 +91,18 @@ static inline int ms_gpu_dtype_bits(ms_dtype dt) {
  * short). A kernel whose blocks count their arrivals there leaves each counter it used at zero
  * again, so launches on the stream share them. NULL after a failure (err set). */
 int *ms_gpu_counters(ms_gpu *g, int64_t n, ms_err *err);
+
+/* attn_decode.cu: ms_gpu_attn_gqa's contract (gpu.h; pos_dev NULL or the device position of
+ * ms_gpu_attn_gqa_at, pos0 then its bound) through the decode kernel: warps own keys, lanes own
+ * float4 chunks of the head dim, all query heads of a KV head (up to 8) in one block, the keys
+ * split over blocks by the bound's key count, the splits combined by the last block of each
+ * head group (g->attn_mode MS_GPU_ATTN_FOLD) or by a second launch. Returns -1, having done
+ * nothing, for what it does not take (value dim not a multiple of 4, v or out not 16-byte
+ * aligned, more than 16 query tokens); the caller then runs ops.cu's kernel. Arguments were
+ * validated by the caller. */
+int ms_gpu_attn_dec(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
+                    const float *sinks, int n, int64_t pos0, const int64_t *pos_dev, const ms_gpu_attn_cfg *c,
+                    float *scratch, ms_err *err);
 
 /* Validate a weight view for the kernels (dtype, shape, scale layout); `what` names it.
  * I4 passes only with MS_GPU_QUANT_KERNELS=1 (ms_gpu_quant_kernels_enabled). */

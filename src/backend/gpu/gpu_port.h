@@ -202,6 +202,16 @@ static __device__ __forceinline__ float ms_load_cg(const float *p) {
 #endif
 }
 
+/* Four floats another block wrote in this launch (16-byte aligned), as ms_load_cg. */
+static __device__ __forceinline__ float4 ms_load_cg4(const float4 *p) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP)
+    const volatile float *f = (const volatile float *)p;
+    return make_float4(f[0], f[1], f[2], f[3]);
+#else
+    return __ldcg(p);
+#endif
+}
+
 /* Sum / max over the lanes of one warp (every lane gets the result). */
 static __device__ __forceinline__ float ms_warp_sum(float v) {
 #pragma unroll

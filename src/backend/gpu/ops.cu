@@ -269,10 +269,11 @@ extern "C" int ms_gpu_route(ms_gpu *g, int32_t *ids, float *weights, const float
 
 #define AT_WARPS 4
 #define AT_MAXD 512
-#define AT_MAXS 64 /* key splits */
+#define AT_MAXS MS_GPU_ATTN_MAXS /* key splits */
 #define AT_VB 8    /* value rows loaded together at PV > 4 (16 at PV <= 4: VB below) */
 
-/* Flash-decoding over a GQA cache. Grid: (q-head groups, tokens, key splits).
+/* The earlier form (MS_GPU_ATTN=old, and the shapes attn_decode.cu declines).
+ * Flash-decoding over a GQA cache. Grid: (q-head groups, tokens, key splits).
  * A block takes GB query heads that share one kv head, so each K/V row is read
  * once for all of them, and one slice of the keys. Warps take tiles of
  * MS_WARP keys: lane j scores key j against the GB queries (q in shared
@@ -435,6 +436,10 @@ static int attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache,
                        c->n_heads, c->n_kv_heads, c->head_dim, AT_MAXD, c->v_head_dim, AT_MAXD, c->window);
     if (((uintptr_t)k_cache | (uintptr_t)q) % 16)
         return ms_fail(err, MS_ERR_ARG, "ms_gpu_attn_gqa: q and the key cache must be 16-byte aligned");
+    if (g->attn_mode != MS_GPU_ATTN_OLD) { /* the decode kernel (attn_decode.cu) where it takes the shape */
+        int rc = ms_gpu_attn_dec(g, out, q, k_cache, v_cache, sinks, n, pos0, pos_dev, c, scratch, err);
+        if (rc >= 0) return rc;
+    }
     int G = c->n_heads / c->n_kv_heads;
     int pv = (c->v_head_dim + MS_WARP - 1) / MS_WARP;
     pv = pv <= 2 ? 2 : pv <= 4 ? 4 : pv <= 8 ? 8 : 16;
