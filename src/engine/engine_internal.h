@@ -101,6 +101,7 @@ struct ms_engine {
     ms_engine_stats step_delta; /* what one recorded step adds to stats */
     int keep_logits;            /* a device forward leaves the head's output in e->logits (no download) */
     int32_t *pick;              /* [be] the greedy pick of ms_engine_decode_greedy */
+    float *host_logits;         /* [vocab] host memory: ms_engine_decode_greedy's logits on a host-memory backend */
     /* the pipeline split (ms_engine_opts.stages): this engine runs layers [l0, l1) (0, n_layers
      * without one); staged: only those layers' causal state is allocated */
     int l0, l1, staged, stage;
