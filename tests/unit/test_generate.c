@@ -9,6 +9,7 @@
 
 #include "session/generate.h"
 #include "io/safetensors.h"
+#include "text/tokenizer.h"
 #include "test.h"
 
 static double *probs_of(const ms_sampler_params *p, const float *logits, int V, void (*hist)(ms_sampler *)) {
@@ -523,6 +524,34 @@ static int collect_pick(void *user, int32_t id, const char *text, size_t len) {
     c->null_logits += ms_generator_logits(c->g) == NULL;
     return 0;
 }
+/* A byte-level BPE tokenizer of the 256 byte tokens (ids = byte values), written to build/. */
+static ms_tokenizer *byte_tokenizer(void) {
+    const char *dir = "build/tokenizers/bytes256";
+    char path[128];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (system("mkdir -p build/tokenizers/bytes256")) return NULL;
+    FILE *f = fopen(path, "w");
+    if (!f) return NULL;
+    fputs("{\"version\":\"1.0\",\"added_tokens\":[],\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+          "\"use_regex\":true},\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"merges\":[],\"vocab\":{", f);
+    int extra = 0;
+    for (int b = 0; b < 256; b++) { /* GPT-2's bytes_to_unicode: printable bytes are themselves */
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        int cp = printable ? b : 256 + extra++;
+        fputs(b ? ",\"" : "\"", f);
+        if (cp == '"' || cp == '\\') fputc('\\', f);
+        if (cp < 0x80) fputc(cp, f);
+        else fputc(0xC0 | (cp >> 6), f), fputc(0x80 | (cp & 0x3F), f);
+        fprintf(f, "\":%d", b);
+    }
+    fputs("}}}", f);
+    fclose(f);
+    ms_tokenizer *t = NULL;
+    ms_err err = {0};
+    CHECK_MSG(ms_tok_load_dir(dir, &t, &err) == 0 && ms_tok_vocab_size(t) == 256, "%s", err.msg);
+    return t;
+}
+
 TEST(greedy_engine_pick) {
     char dir[256];
     snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", "qwen3_moe");
@@ -560,6 +589,30 @@ TEST(greedy_engine_pick) {
                   c.null_logits);
         CHECK(res.completion_tokens == N && res.finish == MS_FINISH_LENGTH);
     }
+    /* a tokenizer of 256 byte tokens under the fixture's 512 logits: a pick past them falls back to
+     * the step's logits (ms_engine_greedy_logits), and both runs give the sampler's ids over [0, 256) */
+    ms_tokenizer *t = byte_tokenizer();
+    ms_generator *gt = NULL;
+    CHECK(t && ms_generator_new(e, t, V, NULL, &gt, &err) == 0);
+    int32_t tids[2][N];
+    int nulls = 0;
+    for (int host = 1; gt && host >= 0; host--) {
+        gp.host_logits = host;
+        picked c = {.g = gt};
+        ms_generator_reset(gt);
+        CHECK_MSG(ms_generate(gt, prompt, 5, &gp, collect_pick, &c, &res, &err) == 0, "%s", err.msg);
+        CHECK(c.n == N);
+        memcpy(tids[host], c.ids, sizeof tids[host]);
+        for (int k = 0; k < N; k++) CHECK(c.ids[k] < 256);
+        nulls = c.null_logits;
+    }
+    if (gt) {
+        CHECK_MSG(!memcmp(tids[0], tids[1], sizeof tids[0]), "256-token tokenizer: ids differ with the engine's pick");
+        /* both kinds of step happened: picks that served, and picks past the tokenizer's ids */
+        CHECK_MSG(nulls > 0 && nulls < N - 1, "256-token tokenizer: %d of %d steps took the engine's pick", nulls, N - 1);
+    }
+    ms_generator_free(gt);
+    ms_tok_free(t);
     /* a repetition penalty reads the logits: the run forwards with them (never NULL) */
     gp.host_logits = 0;
     gp.sampling.repetition_penalty = 1.3;
