@@ -263,7 +263,7 @@ static int on_event(void *user, const ms_outev *ev) {
 
 static int on_token(void *user, int32_t id, const float *logits, int64_t vocab) {
     chat *c = user;
-    if (c->logits_out && !c->first_logits_written) {
+    if (c->logits_out && !c->first_logits_written && logits) { /* the first token's: from the prefill, on the host */
         c->first_logits_written = 1;
         if (fwrite(logits, sizeof *logits, (size_t)vocab, c->logits_out) != (size_t)vocab || fflush(c->logits_out))
             fprintf(stderr, "moonshine chat: --logits-out: write failed\n");

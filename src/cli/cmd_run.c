@@ -112,17 +112,29 @@ int cmd_run(int argc, char **argv) {
     }
     if (ms_engine_forward(x.engine, ids, n, logits, 0, &err)) goto fail;
     t1 = ms_now();
-    for (k = 0; k < max_new;) {
-        int32_t best = 0;
-        for (int64_t i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = (int32_t)i;
+    int32_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = (int32_t)i;
+    /* the engine picks each next id (on a device: one id comes down, not the logits); where it
+     * cannot (a model split over devices), forward with the logits and pick here */
+    for (int pick = 1; k < max_new;) {
         gen[k++] = best;
         if (!json) {
             printf(k > 1 ? ",%d" : "%d", best);
             fflush(stdout);
         }
         if (best == x.model.cfg.eos_id || k == max_new) break;
-        if (ms_engine_forward(x.engine, &best, 1, logits, 0, &err)) goto fail;
+        int32_t nx = 0;
+        int prc = pick ? ms_engine_decode_greedy(x.engine, best, &nx, &err) : MS_ERR_UNSUPPORTED;
+        if (prc == MS_ERR_UNSUPPORTED) {
+            pick = 0;
+            if (ms_engine_forward(x.engine, &best, 1, logits, 0, &err)) goto fail;
+            for (int64_t i = 1; i < V; i++)
+                if (logits[i] > logits[nx]) nx = (int32_t)i;
+        } else if (prc) {
+            goto fail;
+        }
+        best = nx;
     }
     double t2 = ms_now();
     if (save) { /* the state after every token: feed the last generated one too */

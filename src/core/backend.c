@@ -13,6 +13,7 @@ static int always(const ms_config *c) { return 1; }
 static int has_gqa(const ms_config *c) { return any_attn(c, MS_ATTN_GQA); }
 static int has_mla(const ms_config *c) { return any_attn(c, MS_ATTN_MLA); }
 static int has_moe(const ms_config *c) { return c->n_experts > 0; }
+static int has_zero_experts(const ms_config *c) { return c->n_zero_experts > 0; }
 static int has_kda(const ms_config *c) { return any_attn(c, MS_ATTN_KDA); }
 static int has_gdn(const ms_config *c) { return any_attn(c, MS_ATTN_GDN); }
 static int has_mhc(const ms_config *c) { return c->hc_mult > 1; }
@@ -49,7 +50,7 @@ static const op_need k_needs[] = {
     OP(rope, always),         OP(glu, always),           OP(embed, always),        OP(attn_gqa, has_gqa),
     OP(attn_mla, has_mla),    OP(route, has_moe),        OP(gather_rows, has_moe), OP(scatter_add_rows, has_moe),
     OP(add_bias_any, has_moe), OP(split_gate_up, has_moe), OP(add_gated_rows, has_moe), OP(moe_experts, has_moe),
-    OP(kda_forward, has_kda),  OP(gdn_forward, has_gdn),
+    OP(scale_add_rows, has_zero_experts), OP(kda_forward, has_kda), OP(gdn_forward, has_gdn),
     OP(dsa_index, has_dsa),    OP(dsa_recheck, has_dsa),
     OP(compress_append, has_compressor), OP(attn_compressed, has_cattn),
     OP(mhc_pre, has_mhc),      OP(mhc_post, has_mhc),      OP(mhc_expand, has_mhc),
@@ -67,11 +68,6 @@ int ms_backend_require(const ms_backend *be, const ms_config *c, ms_err *err) {
             return ms_fail(err, MS_ERR_UNSUPPORTED, "the %s backend has no %s op, which this model needs", be->name,
                            k_needs[i].name);
     }
-    /* zero-computation experts are added on the host (engine/moe.c) */
-    if (c->n_zero_experts > 0 && !be->host_memory)
-        return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "the %s backend does not run zero-computation experts (zero_expert_num), which this model needs",
-                       be->name);
     return MS_OK;
 }
 

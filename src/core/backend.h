@@ -300,6 +300,11 @@ typedef struct ms_backend_ops {
     /* dst[rows[i]] += w[i] * src[i] for i < m in order (rows, w: host arrays) */
     void (*scatter_add_rows)(ms_backend *be, float *dst, const float *src, const int *rows, const float *w, int m,
                              int64_t d);
+    /* dst[rows[i]] += w[i] * src[rows[i]] for i < m in order, rows of d floats (rows, w: host
+     * arrays; dst and src distinct buffers): zero-computation experts (LongCat-Flash), whose
+     * output is their weight times the FFN input src, added after the routed experts' sum dst */
+    void (*scale_add_rows)(ms_backend *be, float *dst, const float *src, const int *rows, const float *w, int m,
+                           int64_t d);
     /* x [m, d] += bias (a stored F32/F16/BF16 vector [d], host or placed) */
     void (*add_bias_any)(ms_backend *be, float *x, const void *bias, ms_dtype dt, int64_t m, int64_t d);
     /* interleaved fused gate/up rows [m, 2I] in u → gate g [m, I], up u [m, I] (in place in u) */

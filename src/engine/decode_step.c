@@ -35,7 +35,7 @@ static int step_qualifies(const ms_engine *e) {
     if (e->be->host_memory || !o->embed_at || !o->qkv_at || !o->graph_begin || !o->graph_end || !o->graph_launch ||
         !o->graph_free || !e->logits)
         return 0;
-    if (e->mhc || e->dsa || e->cattn || c->attn_res_block || c->latent_moe) return 0;
+    if (e->mhc || e->dsa || e->cattn || c->attn_res_block || c->latent_moe || c->n_zero_experts) return 0;
     if (e->staged) return 0; /* a pipeline stage (several devices): its hand-offs are host-driven copies */
     if (ms_engine_hybrid_active(e)) return 0; /* experts on the CPU: their sums come from the host */
     if (e->experts != e->own_experts) return 0; /* streamed experts: router ids go to the host */

@@ -402,6 +402,7 @@ void ms_engine_destroy(ms_engine *e) {
     }
     ms_engine_step_free(e);
     if (e->pick && e->be) e->be->ops->free(e->be, e->pick);
+    free(e->host_logits);
     ms_dsa_engine_free(e);
     ms_mhc_engine_free(e);
     ms_cattn_engine_free(e);
@@ -707,7 +708,19 @@ int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits,
 
 int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *err) {
     ms_backend *be = e->be;
-    if (be->host_memory || !be->ops->argmax || !e->logits)
+    int64_t V = e->m->cfg.vocab;
+    if (be->host_memory) { /* the logits are host memory: forward into the engine's row, pick here */
+        if (!e->host_logits && !(e->host_logits = malloc((size_t)V * sizeof *e->host_logits)))
+            return ms_fail(err, MS_ERR_NOMEM, "decode_greedy: out of memory for %lld logits", (long long)V);
+        int rc = ms_engine_forward(e, &token, 1, e->host_logits, 0, err);
+        if (rc) return rc;
+        int32_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (e->host_logits[v] > e->host_logits[best]) best = (int32_t)v;
+        *next = best;
+        return MS_OK;
+    }
+    if (!be->ops->argmax || !e->logits)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "decode_greedy: the %s backend picks no token on the device", be->name);
     if (e->staged) /* the head runs on the last stage and its logits come to the host */
         return ms_fail(err, MS_ERR_UNSUPPORTED, "decode_greedy: a model split over devices picks on the host");
@@ -725,8 +738,19 @@ int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *
         e->keep_logits = 0;
     }
     if (rc) return rc;
-    be->ops->argmax(be, e->logits, e->m->cfg.vocab, e->pick);
+    be->ops->argmax(be, e->logits, V, e->pick);
     return be->ops->download(be, next, e->pick, sizeof(int32_t), err);
+}
+
+int ms_engine_greedy_logits(ms_engine *e, float *logits, ms_err *err) {
+    size_t bytes = (size_t)e->m->cfg.vocab * sizeof *logits;
+    if (e->be->host_memory) {
+        if (!e->host_logits) return ms_fail(err, MS_ERR_ARG, "greedy_logits: no greedy step was decoded");
+        memcpy(logits, e->host_logits, bytes);
+        return MS_OK;
+    }
+    if (!e->logits || e->staged) return ms_fail(err, MS_ERR_ARG, "greedy_logits: no greedy step was decoded");
+    return e->be->ops->download(e->be, logits, e->logits, bytes, err);
 }
 
 int ms_engine_decode_batch(ms_engine *const *es, int k, const int32_t *tokens, float *logits, ms_err *err) {

@@ -108,10 +108,16 @@ uint64_t ms_engine_state_bytes_per_token(const ms_model *m);
 int ms_engine_forward(ms_engine *e, const int32_t *tokens, int n, float *logits, int all_logits, ms_err *err);
 /* One decode token (as ms_engine_forward(e, &token, 1, logits, 0)) whose greedy successor is
  * picked where the logits are: *next = the first index of the largest logit (NaN never wins; a
- * NaN logit 0 gives 0), with one id downloaded instead of the vocabulary's logits.
- * MS_ERR_UNSUPPORTED, with nothing done, on a backend that cannot pick (host-memory backends:
- * the caller forwards and picks itself; a model split over devices, --gpus). */
+ * NaN logit 0 gives 0). A device backend downloads one id instead of the vocabulary's logits; a
+ * host-memory backend forwards into the engine's own logits row and picks on the host (the same
+ * rule, the same logits as ms_engine_forward). MS_ERR_UNSUPPORTED, with nothing done, where it
+ * cannot pick (a device backend without argmax; a model split over devices, --gpus): the caller
+ * forwards and picks itself. */
 int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *err);
+/* The logits [vocab] of the token the last successful ms_engine_decode_greedy forwarded, into
+ * logits (host memory; a device backend downloads them), for a caller whose pick needs them after
+ * all (an id past its tokenizer's). Valid until the next forward. MS_ERR_ARG when there are none. */
+int ms_engine_greedy_logits(ms_engine *e, float *logits, ms_err *err);
 
 /* One decode step of k sequences together: token tokens[i] is appended to
  * es[i] at its position n_past. The engines share the model and the backend

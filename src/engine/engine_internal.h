@@ -101,6 +101,7 @@ struct ms_engine {
     ms_engine_stats step_delta; /* what one recorded step adds to stats */
     int keep_logits;            /* a device forward leaves the head's output in e->logits (no download) */
     int32_t *pick;              /* [be] the greedy pick of ms_engine_decode_greedy */
+    float *host_logits;         /* [vocab] host memory: ms_engine_decode_greedy's logits on a host-memory backend */
     /* the pipeline split (ms_engine_opts.stages): this engine runs layers [l0, l1) (0, n_layers
      * without one); staged: only those layers' causal state is allocated */
     int l0, l1, staged, stage;
@@ -191,6 +192,9 @@ int ms_moe_route(ms_engine *e, const ms_layer *L, const float *x, int n, const i
                  ms_err *err);
 int ms_moe_build_lists(ms_engine *e, int layer, int n, const int *rank);
 int ms_moe_lookahead(ms_engine *e, int layer, int n, ms_err *err);
+/* The zero-computation experts' pairs of the lists ms_moe_build_lists made: acc += w * in rows,
+ * through be's scale_add_rows (in, acc: be's memory, rows of D), after the routed experts (moe.c). */
+void ms_moe_zero_experts(ms_engine *e, ms_backend *be, const float *in, float *acc, int64_t D);
 /* The routed experts' input / accumulator rows and their width (the latent ones queue
  * lat_down), and the latent sum's norm + up projection into out (moe.c). */
 int64_t ms_moe_io(ms_engine *e, const ms_layer *L, int n, float *out, const float **in, float **acc);

@@ -262,6 +262,7 @@ int ms_hybrid_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         if (h->composed || !experts_one_row(h, &ma, e->max_batch)) h->cpu->ops->moe_experts(h->cpu, &ma);
         ms_experts_release(h->host, layer);
     }
+    ms_moe_zero_experts(e, h->cpu, h->in, h->acc, D); /* the identity experts, as the CPU engine adds them */
     double t2 = now_s();
     /* the sum goes up into the layer's accumulator; the device adds the rest in stream order */
     if ((rc = be->ops->upload(be, acc, h->acc, (size_t)n * (size_t)D * 4, err)))

@@ -131,6 +131,16 @@ int ms_moe_build_lists(ms_engine *e, int layer, int n, const int *rank) {
     return nu;
 }
 
+/* Zero-computation experts: keys E..W-1 of the lists (after the routed experts; per token in
+ * ascending id), each pair acc[t] += w * in[t] in list order, one scale_add_rows of be. */
+void ms_moe_zero_experts(ms_engine *e, ms_backend *be, const float *in, float *acc, int64_t D) {
+    const ms_config *c = &e->m->cfg;
+    int E = (int)c->n_experts, W = (int)ms_router_width(c);
+    if (W == E) return;
+    int q0 = e->ex_count[E], m = e->ex_count[W] - q0;
+    if (m > 0) be->ops->scale_add_rows(be, acc, in, e->ex_tokens + q0, e->ex_w + q0, m, D);
+}
+
 /* The routed experts of layer over n tokens through host lists: the router's ids
  * downloaded, expert-major lists (counting sort of (token, slot) pairs by expert),
  * acquired in groups from the expert source, run by the backend's moe_experts. */
@@ -139,7 +149,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
-    int E = (int)c->n_experts, W = (int)ms_router_width(c);
+    int E = (int)c->n_experts;
     int rc = ms_moe_route(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return ms_wrap(err, "layer %d router", layer);
     /* split over devices (expert parallelism): keys by the expert's rank in (home device, id)
@@ -217,15 +227,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
             be->ops->add(be, acc, e->ys, (int64_t)n * D);
         }
     }
-    if (W > E) { /* zero-computation experts: acc += w * in, in expert order after the routed ones (host memory) */
-        if (!be->host_memory)
-            return ms_fail(err, MS_ERR_UNSUPPORTED, "layer %d: zero-computation experts need a host-memory backend", layer);
-        for (int q = cnt[E]; q < cnt[W]; q++) {
-            const float *x = in + (int64_t)e->ex_tokens[q] * D;
-            float *y = acc + (int64_t)e->ex_tokens[q] * D, wq = e->ex_w[q];
-            for (int64_t d = 0; d < D; d++) y[d] += wq * x[d];
-        }
-    }
+    ms_moe_zero_experts(e, be, in, acc, D); /* after every routed expert, as the lists order them */
 #undef EXPERT
     return MS_OK;
 }

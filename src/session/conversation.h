@@ -75,7 +75,9 @@ typedef struct ms_conv_sink {
      * Nonzero stops the generation (finish abort). */
     int (*event)(void *user, const ms_outev *ev);
     /* Each sampled id with the logits [vocab] it was drawn from (valid during the
-     * call), before its text is parsed. Nonzero stops the generation (finish abort). */
+     * call; NULL after a turn's first token when greedy ids are picked by the engine,
+     * ms_gen_params.host_logits), before its text is parsed. Nonzero stops the generation
+     * (finish abort). */
     int (*token)(void *user, int32_t id, const float *logits, int64_t vocab);
 } ms_conv_sink;
 

@@ -485,7 +485,9 @@ struct ms_generator {
     ms_gen_snapshots snaps;
     int32_t *hist; /* tokens in the engine */
     int n_hist, cap;
-    float *logits; /* [vocab] of the last token fed */
+    float *logits; /* [vocab] of the last token fed (stale while has_pick) */
+    int has_pick;  /* the last token fed went through ms_generator_decode_greedy: its successor is pick */
+    int32_t pick;
     int checkpoints; /* prefill checkpoints saved (ms_gen_snapshots.every / at_boundaries) */
 };
 
@@ -532,6 +534,7 @@ void ms_generator_free(ms_generator *g) {
 
 void ms_generator_reset(ms_generator *g) {
     g->n_hist = 0;
+    g->has_pick = 0;
     ms_engine_reset(g->e);
 }
 
@@ -569,7 +572,7 @@ const int32_t *ms_generator_history(const ms_generator *g, int *n) {
 
 int ms_generator_max_ctx(const ms_generator *g) { return ms_engine_max_ctx(g->e); }
 
-const float *ms_generator_logits(const ms_generator *g) { return g->logits; }
+const float *ms_generator_logits(const ms_generator *g) { return g->has_pick ? NULL : g->logits; }
 
 int ms_generator_adopt(ms_generator *g, const int32_t *ids, int n, ms_err *err) {
     int bad = n < 0 || n > g->cap || n != ms_engine_n_past(g->e) || (n > 0 && !ids);
@@ -586,11 +589,13 @@ int ms_generator_adopt(ms_generator *g, const int32_t *ids, int n, ms_err *err) 
     }
     if (n) memcpy(g->hist, ids, (size_t)n * sizeof *ids);
     g->n_hist = n;
+    g->has_pick = 0;
     return MS_OK;
 }
 
 /* Feed ids into the engine, keeping the history in step. */
 static int feed(ms_generator *g, const int32_t *ids, int n, ms_err *err) {
+    g->has_pick = 0;
     int rc = ms_engine_forward(g->e, ids, n, g->logits, 0, err);
     if (rc) {
         ms_generator_reset(g);
@@ -598,6 +603,21 @@ static int feed(ms_generator *g, const int32_t *ids, int n, ms_err *err) {
     }
     memcpy(g->hist + g->n_hist, ids, (size_t)n * sizeof *ids);
     g->n_hist += n;
+    return MS_OK;
+}
+
+int ms_generator_decode_greedy(ms_generator *g, int32_t id, ms_err *err) {
+    if (g->n_hist >= g->cap) return feed(g, &id, 1, err); /* the engine names the full context */
+    int32_t next = -1;
+    int rc = ms_engine_decode_greedy(g->e, id, &next, err);
+    if (rc == MS_ERR_UNSUPPORTED) return feed(g, &id, 1, err); /* nothing done: forward with the logits */
+    if (rc) {
+        ms_generator_reset(g);
+        return rc;
+    }
+    g->hist[g->n_hist++] = id;
+    g->has_pick = 1;
+    g->pick = next;
     return MS_OK;
 }
 
@@ -710,6 +730,7 @@ int ms_generator_accept(ms_generator *g, int32_t id, const float *logits, ms_err
     }
     g->hist[g->n_hist++] = id;
     memcpy(g->logits, logits, (size_t)g->vocab * sizeof *logits);
+    g->has_pick = 0;
     return MS_OK;
 }
 
@@ -744,6 +765,7 @@ struct ms_gen_run {
     ms_matcher *m;
     uint32_t *mask;  /* [mask words] */
     float *mlog;     /* [vocab] masked logits */
+    int greedy;      /* ids need no logits (ms_gen_run_greedy) */
     int phase;       /* 0 prefix, 1 grammar, 2 suffix */
     int pos;         /* forced ids emitted in the current phase */
     int64_t sv;      /* ids the sampler covers (the tokenizer's, at most the logits) */
@@ -774,6 +796,9 @@ int ms_gen_run_new(ms_generator *g, const int32_t *prompt, int n, const ms_gen_p
     int64_t sv = g->vocab;
     if (g->t && (int64_t)ms_tok_vocab_size(g->t) < sv) sv = ms_tok_vocab_size(g->t);
     r->sv = sv;
+    const ms_sampler_params *sp = &p->sampling;
+    r->greedy = !p->host_logits && sp->temperature == 0 && sp->repetition_penalty == 1.0 && sp->presence_penalty == 0 &&
+                sp->frequency_penalty == 0 && !sp->n_bias && !p->logprob_fn && !p->constraint && !p->forced_ids;
     int rc = ms_sampler_new(&p->sampling, sv, &r->sp, err);
     if (!rc && (p->top_logprobs < 0 || p->top_logprobs > MS_GEN_TOP_LOGPROBS_MAX))
         rc = ms_fail(err, MS_ERR_ARG, "top_logprobs must be in [0, %d], got %d", MS_GEN_TOP_LOGPROBS_MAX, p->top_logprobs);
@@ -912,7 +937,14 @@ int ms_gen_run_next(ms_gen_run *r, int32_t *feed_id, int *done, ms_err *err) {
     if (r->done) return MS_OK;
     if (!r->prefilled) return ms_fail(err, MS_ERR_ARG, "generate: the prompt is not prefilled yet");
     int32_t id = -1; /* set by every branch below that does not end the run */
-    if (r->c) {
+    int use_pick = g->has_pick && r->greedy && g->pick >= 0 && g->pick < r->sv;
+    if (g->has_pick && !use_pick) { /* the engine's pick does not serve (an id past the sampler's): the logits */
+        if ((rc = ms_engine_greedy_logits(g->e, g->logits, err))) return rc;
+        g->has_pick = 0;
+    }
+    if (use_pick) {
+        id = g->pick; /* the sampler's greedy choice: the first largest logit */
+    } else if (r->c) {
         int end = 0;
         if (r->phase == 2 && r->pos >= r->c->n_suffix) end = 1;
         else if ((rc = constrained_next(r, &id, &end, err))) return rc;
@@ -981,6 +1013,7 @@ out:
 }
 
 const ms_gen_result *ms_gen_run_result(const ms_gen_run *r) { return &r->res; }
+int ms_gen_run_greedy(const ms_gen_run *r) { return r->greedy; }
 ms_generator *ms_gen_run_generator(const ms_gen_run *r) { return r->g; }
 
 int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_params *p, ms_gen_token_fn fn,
@@ -1010,7 +1043,7 @@ int ms_generate(ms_generator *g, const int32_t *prompt, int n, const ms_gen_para
         int32_t id;
         if ((rc = ms_gen_run_next(r, &id, &done, err))) goto fail;
         if (done) break;
-        if ((rc = feed(g, &id, 1, err))) goto fail;
+        if ((rc = r->greedy ? ms_generator_decode_greedy(g, id, err) : feed(g, &id, 1, err))) goto fail;
     }
     rc = ms_gen_run_finish(r, res, err);
     ms_gen_run_free(r);

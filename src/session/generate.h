@@ -205,6 +205,13 @@ typedef struct ms_gen_params {
     const ms_progress *prefill_progress;
     ms_gen_logprob_fn logprob_fn;  /* NULL: none */
     int top_logprobs;              /* 0..MS_GEN_TOP_LOGPROBS_MAX alternatives per token for logprob_fn */
+    /* 0: a greedy run whose ids need no logits (temperature 0; no penalties, logit_bias,
+     * logprob_fn, constraint or forced ids) takes the engine's pick (ms_engine_decode_greedy:
+     * on a device backend one id comes down instead of the logits), so ms_generator_logits is
+     * NULL in its callbacks after the first token; the ids are the sampler's (the first largest
+     * logit), but a NaN logit is not reported as an error there. 1: every step's logits come
+     * to the host. */
+    int host_logits;
 } ms_gen_params;
 #define MS_GEN_TOP_LOGPROBS_MAX 20
 
@@ -272,6 +279,12 @@ ms_engine *ms_generator_engine(const ms_generator *g);
  * output row. Errors: MS_ERR_ARG (the engine does not hold exactly one token more
  * than the history; the history is then forgotten and the engine reset). */
 int ms_generator_accept(ms_generator *g, int32_t id, const float *logits, ms_err *err);
+/* Forward id (the feed_id of a greedy run, ms_gen_run_greedy) on the generator's engine and
+ * take the engine's greedy pick of its successor (ms_engine_decode_greedy: no logits come down
+ * on a device backend); the run's next ms_gen_run_next emits that pick. Where the engine cannot
+ * pick (MS_ERR_UNSUPPORTED) id is forwarded with its logits as ms_generate feeds. Errors: the
+ * engine's (the history is then forgotten and the engine reset). */
+int ms_generator_decode_greedy(ms_generator *g, int32_t id, ms_err *err);
 
 /* Run one request: prefill the prompt, then sample (only ids below the
  * tokenizer's vocabulary size when it is smaller than the model's) until an EOS id, a stop
@@ -303,6 +316,9 @@ int ms_gen_run_finish(ms_gen_run *r, ms_gen_result *res, ms_err *err);
 void ms_gen_run_free(ms_gen_run *r);
 /* The result so far (counts, finish), and the run's generator. */
 const ms_gen_result *ms_gen_run_result(const ms_gen_run *r);
+/* 1 when the run's ids need no logits (ms_gen_params.host_logits): its caller may forward each
+ * *feed_id with ms_generator_decode_greedy instead of with the logits (ms_generate does). */
+int ms_gen_run_greedy(const ms_gen_run *r);
 ms_generator *ms_gen_run_generator(const ms_gen_run *r);
 
 /* Tokens the engine currently holds (the history), and its length. */
@@ -311,7 +327,8 @@ const int32_t *ms_generator_history(const ms_generator *g, int *n);
 int ms_generator_max_ctx(const ms_generator *g);
 /* The logits [vocab] of the last token fed (owned by the generator; valid until
  * the next prefill or generate). Inside an ms_generate callback for a sampled
- * id (id >= 0) they are the logits that id was drawn from. */
+ * id (id >= 0) they are the logits that id was drawn from. NULL when the last token went
+ * through ms_generator_decode_greedy (the engine picked its successor; ms_gen_params.host_logits). */
 const float *ms_generator_logits(const ms_generator *g);
 /* The caller put the engine into the state after ids[0..n) (ms_engine_state_load,
  * ms_engine_restore): make that the history, so the next prefill reuses it. The

@@ -240,7 +240,19 @@ int ms_sched_step(ms_sched *s, ms_err *err) {
             s->who[k++] = i;
         }
     int ret = MS_OK;
-    if (k) {
+    if (k == 1 && ms_gen_run_greedy(s->s[s->who[0]].run)) { /* one greedy slot: the engine picks (no logits down) */
+        slot *sl = &s->s[s->who[0]];
+        ms_err e = {0};
+        int rc = ms_generator_decode_greedy(sl->g, s->tok[0], &e);
+        s->st.decode_steps++;
+        s->st.decode_rows++;
+        if (rc) {
+            slot_fail(sl, rc, &e);
+            if (err) *err = e;
+            return rc < 0 ? rc : -rc;
+        }
+        slot_next(sl);
+    } else if (k) {
         ms_err e = {0};
         int rc = ms_engine_decode_batch(s->batch, k, s->tok, s->logits, &e);
         s->st.decode_steps++;

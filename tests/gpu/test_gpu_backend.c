@@ -421,18 +421,23 @@ TEST(backend_gemm) {
 TEST(backend_route) {
     SKIP_UNLESS_SELECTED("backend_route");
     ms_backend *C = cpu(), *G = gbe();
-    struct { const char *what; ms_router_kind k; int E, K, G_, TG, norm, fixed; float scale; } cs[] = {
-        {"route sigmoid groups (device kernel)", MS_ROUTER_SIGMOID, 256, 8, 8, 4, 1, 0, 2.5f},
-        {"route softmax (device kernel)", MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 0, 1.0f},
-        {"route sqrt-softplus (host)", MS_ROUTER_SQRTSOFTPLUS, 256, 6, 1, 1, 1, 0, 1.5f},
-        {"route sqrt-softplus hash ids (host)", MS_ROUTER_SQRTSOFTPLUS, 256, 6, 1, 1, 1, 1, 1.5f},
+    /* Z: zero-computation experts past the E routed ones (the router is E + Z wide) */
+    struct { const char *what; ms_router_kind k; int E, K, G_, TG, norm, fixed; float scale; int Z; } cs[] = {
+        {"route sigmoid groups (device kernel)", MS_ROUTER_SIGMOID, 256, 8, 8, 4, 1, 0, 2.5f, 0},
+        {"route softmax (device kernel)", MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 0, 1.0f, 0},
+        {"route sqrt-softplus (host)", MS_ROUTER_SQRTSOFTPLUS, 256, 6, 1, 1, 1, 0, 1.5f, 0},
+        {"route sqrt-softplus hash ids (host)", MS_ROUTER_SQRTSOFTPLUS, 256, 6, 1, 1, 1, 1, 1.5f, 0},
+        /* LongCat-Flash: 512 routed + 256 zero-computation experts, top 12 of softmax + bias */
+        {"route softmax + bias, zero experts (host)", MS_ROUTER_SOFTMAX_BIAS, 512, 12, 1, 1, 0, 0, 6.0f, 256},
+        {"route softmax, zero experts (host)", MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 0, 1.0f, 64},
     };
     for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
         ms_config c;
         memset(&c, 0, sizeof c);
         c.router = cs[ci].k, c.n_experts = cs[ci].E, c.top_k = cs[ci].K, c.n_group = cs[ci].G_;
         c.topk_group = cs[ci].TG, c.norm_topk_prob = cs[ci].norm, c.routed_scale = cs[ci].scale;
-        int n = 20, E = cs[ci].E, K = cs[ci].K;
+        c.n_zero_experts = cs[ci].Z;
+        int n = 20, E = cs[ci].E + cs[ci].Z, K = cs[ci].K;
         float *lg = randv((int64_t)n * E, 2.0f), *bias = randv(E, 0.3f), *w = malloc((size_t)n * K * 4);
         int *ids = malloc((size_t)n * K * 4), *gid = malloc((size_t)n * K * 4);
         int32_t *fx = malloc((size_t)n * K * 4);
@@ -453,6 +458,40 @@ TEST(backend_route) {
         cmpv(cs[ci].what, gw, w, (int64_t)n * K, 4 * (E / 256.0 + 16) * U32 + 2e-6, 1e-30);
         gfree(dl), gfree(dbias), gfree(dw), gfree(did);
         free(lg), free(bias), free(w), free(ids), free(gid), free(fx), free(gw);
+    }
+}
+
+/* scale_add_rows (zero-computation experts: acc[t] += w * x[t] per (token, weight) pair, in
+ * order; a token repeats, once per zero expert it picked) against the CPU backend: LongCat-Flash's
+ * hidden 6144 and odd 1001, more pairs than one launch takes (ROW_BATCH 256). Each += may be one
+ * fused multiply-add on the GPU: per pair at most u (|acc| + |w x|) apart (|acc| grows by |w x| <= 2 |x|
+ * a pair), r pairs of a row. */
+TEST(backend_zero_experts) {
+    SKIP_UNLESS_SELECTED("backend_zero_experts");
+    ms_backend *C = cpu(), *G = gbe();
+    const int64_t ds[] = {6144, 1001};
+    for (size_t di = 0; di < sizeof ds / sizeof *ds; di++) {
+        int64_t d = ds[di];
+        int n = 160, Z = 4, m = 0, reps = 0;
+        int *tok = malloc((size_t)n * Z * sizeof *tok), *per = calloc((size_t)n, sizeof *per);
+        float *w = malloc((size_t)n * Z * 4);
+        for (int z = 0; z < Z; z++) /* expert-major lists: zero expert z's tokens in order */
+            for (int t = 0; t < n; t++)
+                if (rnd() % 8 < 5) tok[m] = t, w[m] = (float)unif() * 2.0f, per[t]++, m++;
+        for (int t = 0; t < n; t++) reps = per[t] > reps ? per[t] : reps;
+        float *x = randv((int64_t)n * d, 1.0f), *acc = randv((int64_t)n * d, 3.0f);
+        float *dx = bup(x, (int64_t)n * d), *dacc = bup(acc, (int64_t)n * d);
+        C->ops->scale_add_rows(C, acc, x, tok, w, m, d);
+        G->ops->scale_add_rows(G, dacc, dx, tok, w, m, d);
+        float *got = bget(dacc, (int64_t)n * d);
+        char what[96];
+        snprintf(what, sizeof what, "scale_add_rows (d %lld, %d pairs, <= %d a row)", (long long)d, m, reps);
+        cmpv(what, got, acc, (int64_t)n * d, 0, 2 * reps * U32 * (maxabs(acc, (int64_t)n * d) + 2.0 * (reps + 1) * maxabs(x, (int64_t)n * d))),
+        free(got);
+        /* x unchanged */
+        got = bget(dx, (int64_t)n * d), cmpv("scale_add_rows (its input)", got, x, (int64_t)n * d, 0, 0), free(got);
+        gfree(dx), gfree(dacc);
+        free(tok), free(per), free(w), free(x), free(acc);
     }
 }
 

@@ -299,9 +299,24 @@ TEST(batch_refusals) {
     CHECK(ms_engine_decode_batch(ok, 2, bad, lg, &err) == MS_ERR_ARG);
     CHECK(ms_engine_decode_batch(ok, 2, t, lg, &err) == MS_OK);
     CHECK(ms_engine_n_past(a) == 1 && ms_engine_n_past(b) == 1);
-    /* the device greedy pick: a host-memory (CPU) backend has none, refused with nothing done */
-    int32_t nx = -1;
-    CHECK(ms_engine_decode_greedy(a, 5, &nx, &err) == MS_ERR_UNSUPPORTED && nx == -1 && ms_engine_n_past(a) == 1);
+    /* the greedy pick on a host-memory (CPU) backend: forwarded as ms_engine_forward, picked on the
+     * host (the first largest logit); ms_engine_greedy_logits gives that step's logits, bit for bit */
+    int32_t nx = -1, five = 5;
+    float *lg2 = malloc(sizeof(float) * (size_t)m.cfg.vocab);
+    ms_engine *d, *f;
+    CHECK(ms_engine_create(&m, &o, &d, &err) == 0 && ms_engine_create(&m, &o, &f, &err) == 0);
+    CHECK(ms_engine_forward(d, t, 1, NULL, 0, &err) == 0 && ms_engine_forward(f, t, 1, NULL, 0, &err) == 0);
+    CHECK(ms_engine_greedy_logits(d, lg, &err) == MS_ERR_ARG); /* none decoded yet */
+    CHECK(ms_engine_decode_greedy(d, 5, &nx, &err) == MS_OK && ms_engine_n_past(d) == 2);
+    CHECK(ms_engine_greedy_logits(d, lg, &err) == MS_OK);
+    CHECK(ms_engine_forward(f, &five, 1, lg2, 0, &err) == 0);
+    CHECK(!memcmp(lg, lg2, sizeof(float) * (size_t)m.cfg.vocab));
+    int32_t best = 0;
+    for (int64_t v = 1; v < m.cfg.vocab; v++)
+        if (lg2[v] > lg2[best]) best = (int32_t)v;
+    CHECK(nx == best);
+    ms_engine_destroy(d), ms_engine_destroy(f);
+    free(lg2);
     free(lg);
     ms_engine_destroy(a), ms_engine_destroy(b), ms_engine_destroy(c);
     ms_model_free(&m), ms_model_free(&m2);

@@ -63,7 +63,7 @@ static float *run(ms_model *m, ms_backend *be, ms_expert_source *src, const int3
 
 static void check_fixture(const char *name) {
     char dir[256], refp[300];
-    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", name);
+    snprintf(dir, sizeof dir, strchr(name, '/') ? "%s" : MS_TEST_FIXTURES "%s", name); /* a name, or a fixture's dir */
     snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
     ms_model m;
     ms_err err = {0};
@@ -186,6 +186,7 @@ TEST(minimax_m2) { check_fixture("minimax_m2"); }
 TEST(gpt_oss) { check_fixture("gpt_oss"); }
 TEST(gpt_oss_mxfp4) { check_fixture("gpt_oss_mxfp4"); }
 TEST(mimo_v2_flash) { check_fixture("mimo_v2_flash"); }
+TEST(longcat_flash) { check_fixture("tests/fixtures/extra/longcat_flash"); } /* zero-computation experts */
 
 /* ms_streaming_acquire_each: every requested expert handed over once, as the bytes of the
  * checkpoint; a callback's failure ends the acquire with its status and pins nothing. */

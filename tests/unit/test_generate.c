@@ -9,6 +9,7 @@
 
 #include "session/generate.h"
 #include "io/safetensors.h"
+#include "text/tokenizer.h"
 #include "test.h"
 
 static double *probs_of(const ms_sampler_params *p, const float *logits, int V, void (*hist)(ms_sampler *)) {
@@ -506,6 +507,122 @@ TEST(logprobs_and_logit_bias) {
     ms_generator_free(g);
     ms_engine_destroy(e);
     ms_engine_destroy(fresh);
+    ms_model_free(&m);
+}
+
+/* Greedy generation through the engine's pick (ms_gen_params.host_logits 0: each id forwarded
+ * with ms_generator_decode_greedy, on the CPU the engine's own row picked on the host) gives the
+ * ids of the logits path (host_logits 1: the sampler's greedy choice of every step's logits) and
+ * of the plain loop (forward, then the first largest logit), and only the logits path hands its
+ * callbacks logits after the first token; a run that needs its logits (repetition penalty) is
+ * not greedy-picked. */
+typedef struct { ms_generator *g; int32_t ids[64]; int n, null_logits; } picked;
+static int collect_pick(void *user, int32_t id, const char *text, size_t len) {
+    picked *c = user;
+    if (id < 0) return 0;
+    if (c->n < 64) c->ids[c->n++] = id;
+    c->null_logits += ms_generator_logits(c->g) == NULL;
+    return 0;
+}
+/* A byte-level BPE tokenizer of the 256 byte tokens (ids = byte values), written to build/. */
+static ms_tokenizer *byte_tokenizer(void) {
+    const char *dir = "build/tokenizers/bytes256";
+    char path[128];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (system("mkdir -p build/tokenizers/bytes256")) return NULL;
+    FILE *f = fopen(path, "w");
+    if (!f) return NULL;
+    fputs("{\"version\":\"1.0\",\"added_tokens\":[],\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+          "\"use_regex\":true},\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"merges\":[],\"vocab\":{", f);
+    int extra = 0;
+    for (int b = 0; b < 256; b++) { /* GPT-2's bytes_to_unicode: printable bytes are themselves */
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        int cp = printable ? b : 256 + extra++;
+        fputs(b ? ",\"" : "\"", f);
+        if (cp == '"' || cp == '\\') fputc('\\', f);
+        if (cp < 0x80) fputc(cp, f);
+        else fputc(0xC0 | (cp >> 6), f), fputc(0x80 | (cp & 0x3F), f);
+        fprintf(f, "\":%d", b);
+    }
+    fputs("}}}", f);
+    fclose(f);
+    ms_tokenizer *t = NULL;
+    ms_err err = {0};
+    CHECK_MSG(ms_tok_load_dir(dir, &t, &err) == 0 && ms_tok_vocab_size(t) == 256, "%s", err.msg);
+    return t;
+}
+
+TEST(greedy_engine_pick) {
+    char dir[256];
+    snprintf(dir, sizeof dir, MS_TEST_FIXTURES "%s", "qwen3_moe");
+    ms_model m;
+    ms_err err = {0};
+    if (ms_model_load(dir, &m, &err)) { CHECK_MSG(0, "%s", err.msg); return; }
+    int64_t V = m.cfg.vocab;
+    enum { N = 40 };
+    ms_engine *e, *ref;
+    ms_engine_opts o = {.max_ctx = 128};
+    CHECK(ms_engine_create(&m, &o, &e, &err) == 0 && ms_engine_create(&m, &o, &ref, &err) == 0);
+    int32_t prompt[5] = {1, 2, 3, 4, 5}, want[N];
+    float *lf = malloc(sizeof(float) * V);
+    CHECK(ms_engine_forward(ref, prompt, 5, lf, 0, &err) == 0);
+    for (int k = 0; k < N; k++) { /* the plain loop */
+        int32_t best = 0;
+        for (int64_t i = 1; i < V; i++)
+            if (lf[i] > lf[best]) best = (int32_t)i;
+        want[k] = best;
+        if (k + 1 < N) CHECK(ms_engine_forward(ref, &best, 1, lf, 0, &err) == 0);
+    }
+    ms_generator *g;
+    CHECK(ms_generator_new(e, NULL, V, NULL, &g, &err) == 0);
+    ms_gen_params gp = {.max_tokens = N};
+    ms_sampler_defaults(&gp.sampling);
+    gp.sampling.temperature = 0;
+    ms_gen_result res;
+    for (int host = 1; host >= 0; host--) {
+        gp.host_logits = host;
+        picked c = {.g = g};
+        ms_generator_reset(g);
+        CHECK_MSG(ms_generate(g, prompt, 5, &gp, collect_pick, &c, &res, &err) == 0, "%s", err.msg);
+        CHECK_MSG(c.n == N && !memcmp(c.ids, want, sizeof want), "host_logits %d: ids differ from the plain loop", host);
+        CHECK_MSG(c.null_logits == (host ? 0 : N - 1), "host_logits %d: %d callbacks without logits", host,
+                  c.null_logits);
+        CHECK(res.completion_tokens == N && res.finish == MS_FINISH_LENGTH);
+    }
+    /* a tokenizer of 256 byte tokens under the fixture's 512 logits: a pick past them falls back to
+     * the step's logits (ms_engine_greedy_logits), and both runs give the sampler's ids over [0, 256) */
+    ms_tokenizer *t = byte_tokenizer();
+    ms_generator *gt = NULL;
+    CHECK(t && ms_generator_new(e, t, V, NULL, &gt, &err) == 0);
+    int32_t tids[2][N];
+    int nulls = 0;
+    for (int host = 1; gt && host >= 0; host--) {
+        gp.host_logits = host;
+        picked c = {.g = gt};
+        ms_generator_reset(gt);
+        CHECK_MSG(ms_generate(gt, prompt, 5, &gp, collect_pick, &c, &res, &err) == 0, "%s", err.msg);
+        CHECK(c.n == N);
+        memcpy(tids[host], c.ids, sizeof tids[host]);
+        for (int k = 0; k < N; k++) CHECK(c.ids[k] < 256);
+        nulls = c.null_logits;
+    }
+    if (gt) {
+        CHECK_MSG(!memcmp(tids[0], tids[1], sizeof tids[0]), "256-token tokenizer: ids differ with the engine's pick");
+        /* both kinds of step happened: picks that served, and picks past the tokenizer's ids */
+        CHECK_MSG(nulls > 0 && nulls < N - 1, "256-token tokenizer: %d of %d steps took the engine's pick", nulls, N - 1);
+    }
+    ms_generator_free(gt);
+    ms_tok_free(t);
+    /* a repetition penalty reads the logits: the run forwards with them (never NULL) */
+    gp.host_logits = 0;
+    gp.sampling.repetition_penalty = 1.3;
+    picked c = {.g = g};
+    ms_generator_reset(g);
+    CHECK(ms_generate(g, prompt, 5, &gp, collect_pick, &c, &res, &err) == 0 && c.n == N && c.null_logits == 0);
+    free(lf);
+    ms_generator_free(g);
+    ms_engine_destroy(e);
+    ms_engine_destroy(ref);
     ms_model_free(&m);
 }
 

@@ -183,6 +183,14 @@ static void cpu_scatter_add_rows(ms_backend *be, float *dst, const float *src, c
         for (int64_t k = 0; k < d; k++) o[k] += wi * y[k];
     }
 }
+static void cpu_scale_add_rows(ms_backend *be, float *dst, const float *src, const int *rows, const float *w, int m,
+                               int64_t d) {
+    for (int i = 0; i < m; i++) {
+        float wi = w[i], *o = dst + (int64_t)rows[i] * d;
+        const float *x = src + (int64_t)rows[i] * d;
+        for (int64_t k = 0; k < d; k++) o[k] += wi * x[k];
+    }
+}
 static void cpu_add_bias_any(ms_backend *be, float *x, const void *bias, ms_dtype dt, int64_t m, int64_t d) {
     float *b = cpu_thread_buf(cpu_of(be), 0); /* d <= the scratch row (>= hidden, 2 * inter is not: chunk it) */
     size_t cap = cpu_of(be)->th_stride;
@@ -268,6 +276,7 @@ static const ms_backend_ops k_cpu_ops = {
     .route = ms_cpu_route,
     .gather_rows = cpu_gather_rows,
     .scatter_add_rows = cpu_scatter_add_rows,
+    .scale_add_rows = cpu_scale_add_rows,
     .add_bias_any = cpu_add_bias_any,
     .split_gate_up = cpu_split_gate_up,
     .add_gated_rows = cpu_add_gated_rows,

@@ -252,7 +252,7 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(matmul); PROF_WRAP(matmul_many); PROF_WRAP(rmsnorm); PROF_WRAP(add_bias); PROF_WRAP(add);
     PROF_WRAP(scale); PROF_WRAP(mul_sigmoid); PROF_WRAP(rope); PROF_WRAP(glu); PROF_WRAP(embed);
     PROF_WRAP(attn_gqa); PROF_WRAP(attn_mla); PROF_WRAP(route); PROF_WRAP(router_route); PROF_WRAP(gather_rows);
-    PROF_WRAP(scatter_add_rows); PROF_WRAP(add_bias_any); PROF_WRAP(split_gate_up); PROF_WRAP(add_gated_rows);
+    PROF_WRAP(scatter_add_rows); PROF_WRAP(scale_add_rows); PROF_WRAP(add_bias_any); PROF_WRAP(split_gate_up); PROF_WRAP(add_gated_rows);
     PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
     PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
@@ -1000,12 +1000,13 @@ static int g_attn_mla(ms_backend *be, const ms_attn_mla_args *a, ms_err *err) {
 static void g_route(ms_backend *be, const ms_route_args *a) {
     gpu_backend *b = gb(be);
     const ms_config *c = a->c;
-    int E = (int)c->n_experts, K = (int)c->top_k, G = (int)(c->n_group > 1 ? c->n_group : 1);
+    int E = (int)ms_router_width(c), K = (int)c->top_k, G = (int)(c->n_group > 1 ? c->n_group : 1);
     int TG = (int)(c->topk_group > 0 ? c->topk_group : G);
     ms_err e = {0};
     int rc;
     if (a->n < 1) return;
-    int device = !a->fixed && c->router >= MS_ROUTER_SOFTMAX && c->router <= MS_ROUTER_TOPK_SOFTMAX && E <= 1024 &&
+    /* zero-computation experts: the router's width E counts them; their kind is routed on the host */
+    int device = !a->fixed && !c->n_zero_experts && c->router >= MS_ROUTER_SOFTMAX && c->router <= MS_ROUTER_TOPK_SOFTMAX && E <= 1024 &&
                  K <= 32 && K <= E && (c->router != MS_ROUTER_SIGMOID || (E % G == 0 && TG <= G && G <= 256));
     if (device) {
         ms_gpu_route_cfg rc_ = {(ms_gpu_router)c->router, E, K, c->router == MS_ROUTER_SIGMOID ? G : 1,
@@ -1014,7 +1015,7 @@ static void g_route(ms_backend *be, const ms_route_args *a) {
         rc = ms_gpu_route(b->g, (int32_t *)a->ids, a->w, a->logits, a->bias, a->n, &rc_, &e);
         return note(b, rc, &e);
     }
-    /* on the host: the kinds the kernel lacks (sqrt-softplus, hash-routed ids) */
+    /* on the host: the kinds the kernel lacks (sqrt-softplus, softmax + bias, hash-routed ids) */
     size_t need = (size_t)a->n * E + (size_t)E + 2 * (size_t)E + 2 * (size_t)a->n * K;
     if (b->host_cap < need) {
         float *p = (float *)realloc(b->host, need * 4);
@@ -1041,7 +1042,7 @@ static void g_router_route(ms_backend *be, const ms_route_args *a, const float *
     gpu_backend *b = gb(be);
     const ms_config *c = a->c;
     int E = (int)c->n_experts, K = (int)c->top_k;
-    if (a->n == 1 && !a->fixed && (c->router == MS_ROUTER_SOFTMAX || c->router == MS_ROUTER_TOPK_SOFTMAX ||
+    if (a->n == 1 && !a->fixed && !c->n_zero_experts && (c->router == MS_ROUTER_SOFTMAX || c->router == MS_ROUTER_TOPK_SOFTMAX ||
                                    (c->router == MS_ROUTER_SIGMOID && c->n_group <= 1))) {
         ms_gpu_route_cfg rc_ = {(ms_gpu_router)c->router, E, K, 1, 1, c->norm_topk_prob ? 1 : 0, (float)c->routed_scale};
         ms_err e = {0};
@@ -1061,10 +1062,12 @@ __global__ void k_gather(float *dst, const float *src, rows_arg a, int64_t d) {
     int i = blockIdx.x;
     for (int64_t k = threadIdx.x; k < d; k += blockDim.x) dst[(int64_t)i * d + k] = src[(int64_t)a.row[i] * d + k];
 }
-/* in order over i for each column, as the CPU (a row may repeat) */
-__global__ void k_scatter_add(float *dst, const float *src, rows_arg a, int64_t d) {
+/* in order over i for each column, as the CPU (a row may repeat); the source row: i, or row[i]
+ * (by_row: scale_add_rows) */
+__global__ void k_scatter_add(float *dst, const float *src, rows_arg a, int64_t d, int by_row) {
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < d; k += (int64_t)gridDim.x * blockDim.x)
-        for (int i = 0; i < a.m; i++) dst[(int64_t)a.row[i] * d + k] += a.w[i] * src[(int64_t)i * d + k];
+        for (int i = 0; i < a.m; i++)
+            dst[(int64_t)a.row[i] * d + k] += a.w[i] * src[(int64_t)(by_row ? a.row[i] : i) * d + k];
 }
 static void g_gather_rows(ms_backend *be, float *dst, const float *src, const int *rows, int m, int64_t d) {
     gpu_backend *b = gb(be);
@@ -1076,17 +1079,25 @@ static void g_gather_rows(ms_backend *be, float *dst, const float *src, const in
     }
     launched(b, "gather_rows");
 }
-static void g_scatter_add_rows(ms_backend *be, float *dst, const float *src, const int *rows, const float *w, int m,
-                               int64_t d) {
-    gpu_backend *b = gb(be);
+static void scatter_rows(gpu_backend *b, float *dst, const float *src, const int *rows, const float *w, int m,
+                         int64_t d, int by_row) {
     for (int i0 = 0; i0 < m; i0 += ROW_BATCH) {
         rows_arg a;
         a.m = m - i0 < ROW_BATCH ? m - i0 : ROW_BATCH;
         memcpy(a.row, rows + i0, (size_t)a.m * 4);
         memcpy(a.w, w + i0, (size_t)a.m * 4);
-        k_scatter_add<<<blocks_for(d, 256), 256, 0, b->g->stream>>>(dst, src + (int64_t)i0 * d, a, d);
+        k_scatter_add<<<blocks_for(d, 256), 256, 0, b->g->stream>>>(dst, by_row ? src : src + (int64_t)i0 * d, a, d,
+                                                                     by_row);
     }
-    launched(b, "scatter_add_rows");
+    launched(b, by_row ? "scale_add_rows" : "scatter_add_rows");
+}
+static void g_scatter_add_rows(ms_backend *be, float *dst, const float *src, const int *rows, const float *w, int m,
+                               int64_t d) {
+    scatter_rows(gb(be), dst, src, rows, w, m, d, 0);
+}
+static void g_scale_add_rows(ms_backend *be, float *dst, const float *src, const int *rows, const float *w, int m,
+                             int64_t d) {
+    scatter_rows(gb(be), dst, src, rows, w, m, d, 1);
 }
 
 __global__ void k_add_bias_any(float *x, const void *bias, int dt, int64_t m, int64_t d) {
@@ -1334,6 +1345,7 @@ static void fill_ops(ms_backend_ops *o) {
     o->router_route = g_router_route;
     o->gather_rows = g_gather_rows;
     o->scatter_add_rows = g_scatter_add_rows;
+    o->scale_add_rows = g_scale_add_rows;
     o->add_bias_any = g_add_bias_any;
     o->split_gate_up = g_split_gate_up;
     o->add_gated_rows = g_add_gated_rows;
