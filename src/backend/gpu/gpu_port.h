@@ -69,6 +69,8 @@ typedef hipGraphExec_t gpuGraphExec_t;
 #define gpuEventElapsedTime hipEventElapsedTime
 #define gpuRuntimeGetVersion hipRuntimeGetVersion
 #define gpuDriverGetVersion hipDriverGetVersion
+#define gpuFuncSetAttribute hipFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 
 /* lane shuffles: HIP has no mask argument */
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor(v, m, MS_WARP); }
@@ -148,6 +150,8 @@ typedef cudaGraphExec_t gpuGraphExec_t;
 #define gpuEventElapsedTime cudaEventElapsedTime
 #define gpuRuntimeGetVersion cudaRuntimeGetVersion
 #define gpuDriverGetVersion cudaDriverGetVersion
+#define gpuFuncSetAttribute cudaFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
 static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
