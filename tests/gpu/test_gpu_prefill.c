@@ -1,7 +1,7 @@
 /* test_gpu_prefill.c — the tiled prefill attention (backend/gpu/attn_prefill.h) in both inner
  * product forms (F32 FMA, split-TF32 tensor cores) against the CPU backend's attn_gqa, and
  * its timing against the split-K kernel (ms_gpu_attn_gqa in chunks of 16 tokens, the
- * backend's earlier prefill path).
+ * backend's earlier prefill path). MS_GPU_TEST_FA=fma or mma runs that form alone.
  *
  * Bound. out = sum_s p_s v_s / sum_s p_s over the keys a row sees. A score error d moves each
  * normalized probability by a relative 2 max|d| at first order, so |dout| <= (2 (dc + dg) +
@@ -89,7 +89,9 @@ static void check_fa(const char *what, int H, int KV, int hd, int vd, int window
     CHECK(ms_gpu_alloc(gpu(), (size_t)no * 4, (void **)&dout, &err) == MS_OK);
     ms_gpu_attn_cfg c = {H, KV, hd, vd, window, scale};
     float *got[3] = {NULL, NULL, NULL}; /* by form */
+    const char *only = getenv("MS_GPU_TEST_FA"); /* "fma" or "mma": that form alone (a fault stays in its run) */
     for (int form = MS_GPU_FA_FMA; form <= MS_GPU_FA_MMA; form++) {
+        if (only && strcmp(only, form == MS_GPU_FA_MMA ? "mma" : "fma")) continue;
         CHECK(ms_gpu_zero(gpu(), dout, (size_t)no * 4, &err) == MS_OK);
         int rc = ms_gpu_attn_prefill(gpu(), dout, dq, dk, dv, ds, n, pos0, &c, form, &err);
         if (rc == MS_ERR_UNSUPPORTED && form == MS_GPU_FA_MMA) {
@@ -143,6 +145,7 @@ static void check_fa(const char *what, int H, int KV, int hd, int vd, int window
         CHECK_MSG(bad[form] == 0, "%s (%s): %d outputs out of bound", what, form == MS_GPU_FA_MMA ? "mma" : "fma",
                   bad[form]);
     }
+    fflush(stdout);
     if (time) {
         float *scr = NULL;
         CHECK(ms_gpu_alloc(gpu(), ms_gpu_attn_scratch_floats(16, &c) * 4, (void **)&scr, &err) == MS_OK);
@@ -156,10 +159,11 @@ static void check_fa(const char *what, int H, int KV, int hd, int vd, int window
                            : old_path(dout, dq, dk, dv, ds, n, pos0, &c, scr, &err);
                 ms_gpu_timer_stop(gpu(), &ms, &err);
                 CHECK_MSG(rc == MS_OK, "timing %s: %s", what, err.msg);
+                fflush(stdout);
                 if (ms < best[f]) best[f] = ms;
             }
         printf("  prefill attn time %-44s ctx %-5lld n=%-4d split-K %.3f ms, fma %.3f ms, mma %.3f ms\n", what,
-               (long long)ctx, n, best[0], best[1], got[2] ? best[2] : 0.0f);
+               (long long)ctx, n, best[0], got[1] ? best[1] : 0.0f, got[2] ? best[2] : 0.0f);
         ms_gpu_free(gpu(), scr);
     }
     ms_gpu_free(gpu(), dq), ms_gpu_free(gpu(), dk), ms_gpu_free(gpu(), dv), ms_gpu_free(gpu(), ds),
