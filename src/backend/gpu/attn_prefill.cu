@@ -58,25 +58,28 @@ static __device__ __forceinline__ void fa_load_q(float *Qs, const fa_args &a, in
     }
 }
 
+/* rows 0 .. 63 of cols4 float4 each from src (row stride sstride floats) into dst (stride dstride):
+ * rows >= nvalid as zeros, never read. The linear index r cols4 + c steps by the block size with
+ * one division up front. */
+static __device__ __forceinline__ void fa_copy_tile(float *dst, int dstride, const float *src, int64_t sstride,
+                                                    int cols4, int64_t nvalid) {
+    const int step_r = FA_THREADS / cols4, step_c = FA_THREADS % cols4;
+    int r = threadIdx.x / cols4, c = threadIdx.x % cols4;
+    while (r < FA_KEYS) {
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < nvalid) x = *(const float4 *)(src + r * sstride + 4 * c);
+        *(float4 *)(dst + r * dstride + 4 * c) = x;
+        r += step_r, c += step_c;
+        if (c >= cols4) c -= cols4, r++;
+    }
+}
+
 /* keys k0 .. k0 + 63 of kv head kvh and their values (zeros past s_end: never read from the cache) */
 static __device__ __forceinline__ void fa_load_kv(float *Ks, float *Vs, const fa_args &a, int kvh, int64_t k0,
                                                   int64_t s_end) {
-    const int hd4 = a.hd / 4, vd4 = a.vd / 4, hdp = a.hd + 4, vdp = a.vd + 4;
-    const int64_t kd = (int64_t)a.KV * a.hd, vt = (int64_t)a.KV * a.vd;
-    for (int i = threadIdx.x; i < FA_KEYS * hd4; i += FA_THREADS) {
-        int j = i / hd4, c = i % hd4;
-        int64_t s = k0 + j;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (s <= s_end) x = *(const float4 *)(a.k + s * kd + (int64_t)kvh * a.hd + 4 * c);
-        *(float4 *)(Ks + j * hdp + 4 * c) = x;
-    }
-    for (int i = threadIdx.x; i < FA_KEYS * vd4; i += FA_THREADS) {
-        int j = i / vd4, c = i % vd4;
-        int64_t s = k0 + j;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (s <= s_end) x = *(const float4 *)(a.v + s * vt + (int64_t)kvh * a.vd + 4 * c);
-        *(float4 *)(Vs + j * vdp + 4 * c) = x;
-    }
+    const int64_t kd = (int64_t)a.KV * a.hd, vt = (int64_t)a.KV * a.vd, nvalid = s_end - k0 + 1;
+    fa_copy_tile(Ks, a.hd + 4, a.k + k0 * kd + (int64_t)kvh * a.hd, kd, a.hd / 4, nvalid);
+    fa_copy_tile(Vs, a.vd + 4, a.v + k0 * vt + (int64_t)kvh * a.vd, vt, a.vd / 4, nvalid);
 }
 
 /* the tile's key range: [s_begin, s_end] covers every key a row of it sees */
