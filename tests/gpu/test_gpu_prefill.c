@@ -207,7 +207,7 @@ TEST(prefill_attention_time) {
     check_fa("32 / 4, hd 128 (qwen3 30B)", 32, 4, 128, 128, 0, 0, 512, 512, 4, 1);
     check_fa("32 / 4, hd 128, chunk 512 at 3584", 32, 4, 128, 128, 0, 0, 4096, 512, 4, 1);
     check_fa("64 / 8, hd 64, window 128, sinks (gpt-oss)", 64, 8, 64, 64, 128, 1, 4096, 4096, 4, 1);
-    check_fa("128 / 128, qk 192, v 128 (deepseek expanded)", 128, 128, 192, 128, 0, 0, 1024, 1024, 2, 1);
+    check_fa("128 / 128, qk 192, v 128 (deepseek expanded)", 128, 128, 192, 128, 0, 0, 512, 512, 2, 1);
 }
 
 TEST_GPU_RUNNER(test_gpu_run_prefill)
