@@ -189,8 +189,10 @@ TEST(prefill_attention) {
     check_fa("4 / 1, hd 96, 5 tokens from 0, sinks", 4, 1, 96, 96, 0, 1, 5, 5, 0, 0);
     check_fa("2 / 1, hd 8, v 16, 70 tokens", 2, 1, 8, 16, 0, 0, 70, 70, 0, 0);
     check_fa("4 / 2, hd 256, v 64, window 70", 4, 2, 256, 64, 70, 0, 400, 130, 0, 0);
+    check_fa("16 / 2, hd 256, v 256 (two value slices)", 16, 2, 256, 256, 0, 0, 700, 300, 0, 0);
+    check_fa("8 / 4, hd 128, v 192 (slices of 128 and 64), sinks", 8, 4, 128, 192, 0, 1, 333, 333, 0, 0);
     /* refused shapes: no launch, MS_ERR_UNSUPPORTED (the backend then runs the split-K kernel) */
-    ms_gpu_attn_cfg c = {8, 8, 256, 256, 0, 0.1f};
+    ms_gpu_attn_cfg c = {8, 8, 256, 520, 0, 0.1f};
     ms_err err = {0};
     float *d = NULL;
     CHECK(ms_gpu_alloc(gpu(), 1 << 20, (void **)&d, &err) == MS_OK);

@@ -25,7 +25,8 @@
 #define FA_KEYS 64     /* keys per tile */
 #define FA_THREADS 128 /* four groups of 32 lanes */
 #define FA_MAXD 256
-#define FA_MAXV 128
+#define FA_MAXV 128 /* value columns per block: wider values take blockIdx.z slices (scores recomputed) */
+#define FA_MAXVD 512
 #define FA_PS (FA_KEYS + 1) /* row stride of the FMA form's probabilities */
 
 struct fa_args {
@@ -36,10 +37,11 @@ struct fa_args {
     float scale;
 };
 
-/* floats of shared memory: Q [64][hd + 4], K [64][hd + 4], V [64][vd + 4], and the FMA form's
- * probabilities [4][16][65]. Row strides of 4 mod 32 words keep the fragment loads (8 rows x 4
+/* floats of shared memory: Q [64][hd + 4], K [64][hd + 4], V [64][vb + 4] (vb = min(vd, 128): a
+ * block's slice of the value columns), and the FMA form's probabilities [4][16][65]. Row strides of 4 mod 32 words keep the fragment loads (8 rows x 4
  * columns per warp) on distinct banks. */
 static size_t fa_smem_floats(int hd, int vd, int form) {
+    if (vd > FA_MAXV) vd = FA_MAXV;
     return (size_t)FA_ROWS * (hd + 4) + (size_t)FA_KEYS * (hd + 4) + (size_t)FA_KEYS * (vd + 4) +
            (form == MS_GPU_FA_FMA ? (size_t)4 * 16 * FA_PS : 0);
 }
@@ -74,12 +76,13 @@ static __device__ __forceinline__ void fa_copy_tile(float *dst, int dstride, con
     }
 }
 
-/* keys k0 .. k0 + 63 of kv head kvh and their values (zeros past s_end: never read from the cache) */
+/* keys k0 .. k0 + 63 of kv head kvh and value columns v0 .. v0 + vb - 1 of them (row stride vdp in
+ * Vs; zeros past s_end: never read from the cache) */
 static __device__ __forceinline__ void fa_load_kv(float *Ks, float *Vs, const fa_args &a, int kvh, int64_t k0,
-                                                  int64_t s_end) {
+                                                  int64_t s_end, int v0, int vb, int vdp) {
     const int64_t kd = (int64_t)a.KV * a.hd, vt = (int64_t)a.KV * a.vd, nvalid = s_end - k0 + 1;
     fa_copy_tile(Ks, a.hd + 4, a.k + k0 * kd + (int64_t)kvh * a.hd, kd, a.hd / 4, nvalid);
-    fa_copy_tile(Vs, a.vd + 4, a.v + k0 * vt + (int64_t)kvh * a.vd, vt, a.vd / 4, nvalid);
+    fa_copy_tile(Vs, vdp, a.v + k0 * vt + (int64_t)kvh * a.vd + v0, vt, vb / 4, nvalid);
 }
 
 /* the tile's key range: [s_begin, s_end] covers every key a row of it sees */
@@ -125,7 +128,8 @@ template <int NC>
 __global__ void __launch_bounds__(FA_THREADS) fa_fma_kernel(fa_args a) {
     extern __shared__ float4 fa_sh4[];
     float *sh = (float *)fa_sh4;
-    const int hd = a.hd, vd = a.vd, hdp = hd + 4, vdp = vd + 4;
+    const int hd = a.hd, vd = a.vd, hdp = hd + 4, v0 = blockIdx.z * FA_MAXV, vb = min(FA_MAXV, vd - v0);
+    const int vdp = min(FA_MAXV, vd) + 4;
     float *Qs = sh, *Ks = Qs + FA_ROWS * hdp, *Vs = Ks + FA_KEYS * hdp, *Ps = Vs + FA_KEYS * vdp;
     const int tile = (int)gridDim.x - 1 - (int)blockIdx.x, kvh = blockIdx.y, r0 = tile * FA_ROWS;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, rg = lane >> 3, kg = lane & 7;
@@ -143,7 +147,7 @@ __global__ void __launch_bounds__(FA_THREADS) fa_fma_kernel(fa_args a) {
     }
     for (int64_t k0 = s_begin; k0 <= s_end; k0 += FA_KEYS) {
         __syncthreads(); /* the previous tile's K, V, P reads are done */
-        fa_load_kv(Ks, Vs, a, kvh, k0, s_end);
+        fa_load_kv(Ks, Vs, a, kvh, k0, s_end, v0, vb, vdp);
         __syncthreads();
         float s[4][8];
 #pragma unroll
@@ -202,7 +206,7 @@ __global__ void __launch_bounds__(FA_THREADS) fa_fma_kernel(fa_args a) {
             const float *vr = Vs + j * vdp + kg;
 #pragma unroll
             for (int c = 0; c < NC; c++)
-                if (8 * c < vd) {
+                if (8 * c < vb) {
                     float vv = vr[8 * c];
 #pragma unroll
                     for (int i = 0; i < 4; i++) t[i][c] = fmaf(pj[i], vv, t[i][c]);
@@ -222,10 +226,10 @@ __global__ void __launch_bounds__(FA_THREADS) fa_fma_kernel(fa_args a) {
         if (gr >= a.rows) continue;
         int tk = gr / a.G, h = kvh * a.G + gr % a.G;
         float inv = fa_inv(a, h, m[i], l[i]);
-        float *dst = a.out + ((int64_t)tk * a.H + h) * vd + kg;
+        float *dst = a.out + ((int64_t)tk * a.H + h) * vd + v0 + kg;
 #pragma unroll
         for (int c = 0; c < NC; c++)
-            if (8 * c < vd) dst[8 * c] = o[i][c] * inv;
+            if (8 * c < vb) dst[8 * c] = o[i][c] * inv;
     }
 }
 
@@ -261,7 +265,8 @@ __global__ void __launch_bounds__(FA_THREADS) fa_mma_kernel(fa_args a) {
 #if FA_HAVE_MMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ float4 fa_sh4[];
     float *sh = (float *)fa_sh4;
-    const int hd = a.hd, vd = a.vd, hdp = hd + 4, vdp = vd + 4;
+    const int hd = a.hd, vd = a.vd, hdp = hd + 4, v0 = blockIdx.z * FA_MAXV, vb = min(FA_MAXV, vd - v0);
+    const int vdp = min(FA_MAXV, vd) + 4;
     float *Qs = sh, *Ks = Qs + FA_ROWS * hdp, *Vs = Ks + FA_KEYS * hdp;
     const int tile = (int)gridDim.x - 1 - (int)blockIdx.x, kvh = blockIdx.y, r0 = tile * FA_ROWS;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
@@ -275,7 +280,7 @@ __global__ void __launch_bounds__(FA_THREADS) fa_mma_kernel(fa_args a) {
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     for (int64_t k0 = s_begin; k0 <= s_end; k0 += FA_KEYS) {
         __syncthreads();
-        fa_load_kv(Ks, Vs, a, kvh, k0, s_end);
+        fa_load_kv(Ks, Vs, a, kvh, k0, s_end, v0, vb, vdp);
         __syncthreads();
         float s[8][4], sx[8][4];
 #pragma unroll
@@ -337,7 +342,7 @@ __global__ void __launch_bounds__(FA_THREADS) fa_mma_kernel(fa_args a) {
             const float *vr = Vs + (8 * j + 2 * tq) * vdp + gq;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
-                if (8 * nt < vd) {
+                if (8 * nt < vb) {
                     uint32_t vh0, vl0, vh1, vl1;
                     fa_split(vr[8 * nt], vh0, vl0);
                     fa_split(vr[vdp + 8 * nt], vh1, vl1);
@@ -362,10 +367,10 @@ __global__ void __launch_bounds__(FA_THREADS) fa_mma_kernel(fa_args a) {
         if (gr >= a.rows) continue;
         int tk = gr / a.G, h = kvh * a.G + gr % a.G;
         float inv = fa_inv(a, h, m[i], l[i]);
-        float *dst = a.out + ((int64_t)tk * a.H + h) * vd + 2 * tq;
+        float *dst = a.out + ((int64_t)tk * a.H + h) * vd + v0 + 2 * tq;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            if (8 * nt < vd) *(float2 *)(dst + 8 * nt) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+            if (8 * nt < vb) *(float2 *)(dst + 8 * nt) = make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
     }
 #elif defined(__CUDA_ARCH__)
     __trap(); /* built for a device without mma.sync TF32: the host never picks this form there */
@@ -421,10 +426,10 @@ extern "C" int ms_gpu_attn_prefill(ms_gpu *g, float *out, const float *q, const 
     if (form == MS_GPU_FA_MMA && !fa_device_mma(g))
         return ms_fail(err, MS_ERR_UNSUPPORTED, "prefill attention: no TF32 tensor cores on this device");
     if (c->n_heads < 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->head_dim < 8 || c->head_dim % 8 ||
-        c->head_dim > FA_MAXD || c->v_head_dim < 8 || c->v_head_dim % 8 || c->v_head_dim > FA_MAXV || c->window < 0)
+        c->head_dim > FA_MAXD || c->v_head_dim < 8 || c->v_head_dim % 8 || c->v_head_dim > FA_MAXVD || c->window < 0)
         return ms_fail(err, MS_ERR_UNSUPPORTED,
                        "prefill attention: %d heads over %d, head dims %d / %d (multiples of 8, <= %d / %d), window %d",
-                       c->n_heads, c->n_kv_heads, c->head_dim, c->v_head_dim, FA_MAXD, FA_MAXV, c->window);
+                       c->n_heads, c->n_kv_heads, c->head_dim, c->v_head_dim, FA_MAXD, FA_MAXVD, c->window);
     if (((uintptr_t)out | (uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) % 16)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "prefill attention: q, out and the caches must be 16-byte aligned");
     int G = c->n_heads / c->n_kv_heads;
@@ -443,7 +448,8 @@ extern "C" int ms_gpu_attn_prefill(ms_gpu *g, float *out, const float *q, const 
     a.out = out, a.q = q, a.k = k_cache, a.v = v_cache, a.sinks = sinks, a.pos0 = pos0;
     a.rows = (int)rows, a.H = c->n_heads, a.KV = c->n_kv_heads, a.G = G, a.hd = c->head_dim, a.vd = c->v_head_dim;
     a.window = c->window, a.scale = c->scale;
-    dim3 grid((unsigned)((rows + FA_ROWS - 1) / FA_ROWS), (unsigned)c->n_kv_heads);
+    dim3 grid((unsigned)((rows + FA_ROWS - 1) / FA_ROWS), (unsigned)c->n_kv_heads,
+              (unsigned)((c->v_head_dim + FA_MAXV - 1) / FA_MAXV));
     int small = c->v_head_dim <= 64;
     if (form == MS_GPU_FA_MMA)
         return small ? fa_launch(g, fa_mma_kernel<8>, grid, bytes, a, err)

@@ -16,7 +16,8 @@
  * (each call): "old" refuses (the caller runs the split-K kernel), "fma" / "mma" pick the form.
  *
  * Shapes: H % KV == 0, head_dim a multiple of 8 up to 256, v_head_dim a multiple of 8 up to
- * 128, q / k / v / out 16-byte aligned, n >= 1, pos0 >= 0. Anything else, a form the device
+ * 512 (wider than 128: slices of 128 value columns in blocks of their own, each recomputing the
+ * scores), q / k / v / out 16-byte aligned, n >= 1, pos0 >= 0. Anything else, a form the device
  * lacks, or the shared memory it needs over the device's limit: MS_ERR_UNSUPPORTED with no
  * launch (the caller then takes ms_gpu_attn_gqa). Other errors: MS_ERR_ARG, a launch failure. */
 #ifndef MS_GPU_ATTN_PREFILL_H
