@@ -36,6 +36,8 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuDevAttrMemoryClockRate hipDeviceAttributeMemoryClockRate
 #define gpuDevAttrGlobalMemoryBusWidth hipDeviceAttributeMemoryBusWidth
 #define gpuMemGetInfo hipMemGetInfo
+#define gpuFuncSetAttribute hipFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
 #define gpuMallocHost hipHostMalloc
@@ -69,8 +71,6 @@ typedef hipGraphExec_t gpuGraphExec_t;
 #define gpuEventElapsedTime hipEventElapsedTime
 #define gpuRuntimeGetVersion hipRuntimeGetVersion
 #define gpuDriverGetVersion hipDriverGetVersion
-#define gpuFuncSetAttribute hipFuncSetAttribute
-#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 
 /* lane shuffles: HIP has no mask argument */
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor(v, m, MS_WARP); }
@@ -117,6 +117,8 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuDevAttrMemoryClockRate cudaDevAttrMemoryClockRate
 #define gpuDevAttrGlobalMemoryBusWidth cudaDevAttrGlobalMemoryBusWidth
 #define gpuMemGetInfo cudaMemGetInfo
+#define gpuFuncSetAttribute cudaFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
 #define gpuMallocHost cudaMallocHost
@@ -150,8 +152,6 @@ typedef cudaGraphExec_t gpuGraphExec_t;
 #define gpuEventElapsedTime cudaEventElapsedTime
 #define gpuRuntimeGetVersion cudaRuntimeGetVersion
 #define gpuDriverGetVersion cudaDriverGetVersion
-#define gpuFuncSetAttribute cudaFuncSetAttribute
-#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
 static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
