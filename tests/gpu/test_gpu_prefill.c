@@ -9,9 +9,12 @@
  * Cauchy-Schwarz; u = 2^-24; keys = the most keys a row sees):
  *   dc = (hd + 3) u S           the CPU's dot (any order) and scale
  *   vc = (keys + 16) u          the CPU's sequential axpy over the keys and p / sum
+ * and, on the GPU's side, with T = ceil(keys / 64) key tiles: a term of tile i passes its tile's
+ * chain, then one rounding and one e^(m_old - m_new) (2 u) per later tile, both for o and for
+ * the lanes' partial sums l (a lane adds 8 (FMA) or 16 (MMA) probabilities per tile and row,
+ * then 3 or 2 shuffle adds), and out = o / l (2 u): vg = (o's tile chain + l's + 6 T + 8) u.
  *   FMA form:  dg = (hd + 3) u S, one FMA chain per score;
- *              vg = (64 + 2 ceil(keys / 64) + 8) u: a tile's 64-key FMA chain, then
- *              o = o corr + t per tile, the final scaling
+ *              vg = (64 + 11 + 6 T + 8) u <= (84 + 6 T) u: a tile's 64-key FMA chain.
  *   MMA form (x = hi + lo, hi the TF32 rounding of x, lo = x - hi exact, read by the tensor
  *   core truncated to TF32: error <= 2^-21 |x|; three products per pair, the lo lo term left
  *   out: 20 u |x y| per product; each mma.sync adds its 8 exact products and the accumulator
@@ -19,8 +22,8 @@
  *   20 u of the terms' absolute sum per step):
  *              dg = (2.5 hd + 24) u S -> (3 hd + 24) u S: the hi hi chain of hd / 8 steps,
  *              the cross chain (2^-10 smaller), the split, the final add and scale;
- *              vg = (24 x 20 + 20 + 2 ceil(keys / 64) + 8) u <= (510 + keys / 32) u: a tile's
- *              chain of 8 k-steps x 3 products, the split, o = o corr + t, the scaling. */
+ *              vg = (24 x 20 + 20 + 18 + 6 T + 8) u <= (530 + 6 T) u: a tile's chain of 8
+ *              k-steps x 3 products and the split of p and v. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -117,8 +120,9 @@ static void check_fa(const char *what, int H, int KV, int hd, int vd, int window
     double S = max_norm(q, (int64_t)n * H, hd) * max_norm(k, ctx * KV, hd) * scale, vmax = maxabs_(v, ctx * vt);
     double keys = window > 0 && window < ctx ? window : (double)ctx;
     double dc = (hd + 3) * U32 * S, vc = (keys + 16) * U32;
-    double tol[3] = {0, (2 * (dc + (hd + 3) * U32 * S) + vc + (64 + 2 * ceil(keys / 64) + 8) * U32 + 8 * U32) * vmax,
-                     (2 * (dc + (3.0 * hd + 24) * U32 * S) + vc + (510 + keys / 32) * U32 + 8 * U32) * vmax};
+    double T = ceil(keys / 64);
+    double tol[3] = {0, (2 * (dc + (hd + 3) * U32 * S) + vc + (84 + 6 * T) * U32 + 8 * U32) * vmax,
+                     (2 * (dc + (3.0 * hd + 24) * U32 * S) + vc + (530 + 6 * T) * U32 + 8 * U32) * vmax};
     double worst[3] = {0, 0, 0};
     int bad[3] = {0, 0, 0};
     ms_err cerr = {0};
