@@ -171,6 +171,7 @@ int main(void) {
     test_gpu_run_kernels(&pass, &fail);
     test_gpu_run_backend(&pass, &fail);
     test_gpu_run_comm(&pass, &fail);
+    test_gpu_run_prefill(&pass, &fail);
     printf("%d passed, %d failed\n", pass, fail);
     return fail ? 1 : 0;
 }

@@ -67,5 +67,7 @@ void test_gpu_run_kernels(int *pass, int *fail);
 void test_gpu_run_backend(int *pass, int *fail);
 /* test_gpu_comm.c: several GPU backends in one process (the comm, a split engine). */
 void test_gpu_run_comm(int *pass, int *fail);
+/* test_gpu_prefill.c: the tiled prefill attention (attn_prefill.h) against the CPU twin, and its timing. */
+void test_gpu_run_prefill(int *pass, int *fail);
 
 #endif

@@ -19,6 +19,7 @@ extern "C" {
 #include "backend/gpu/backend_gpu_blocks.h" /* the linear / sparse / compressed attention and mHC ops */
 #include "backend/gpu/backend_gpu_step.h"   /* the replayable decode step's ops */
 #include "backend/gpu/gemm.h"               /* prefill GEMMs through the vendor BLAS */
+#include "backend/gpu/attn_prefill.h"       /* tiled prefill attention */
 
 #define ARENA_CHUNK ((size_t)256 << 20) /* placed weights: one device allocation per 256 MiB */
 #define ROW_BATCH 256                   /* host rows / weights / token ids per launch (kernel arguments) */
@@ -815,6 +816,10 @@ static int g_attn_gqa(ms_backend *be, const ms_attn_gqa_args *a, ms_err *err) {
         return a->n != 1 ? ms_fail(err, MS_ERR_ARG, "attn_gqa: a device position takes one token, not %d", a->n)
                          : ms_gpu_attn_gqa_at(b->g, a->out, a->q, a->k, a->v, a->sinks, a->n_past, a->pos_dev, &c,
                                               b->attn_scr, err);
+    if (ms_gpu_attn_prefill_wanted(b->g, a->n, a->n_past, &c) && /* attn_prefill.h; UNSUPPORTED: split-K below */
+        (rc = ms_gpu_attn_prefill(b->g, a->out, a->q, a->k, a->v, a->sinks, a->n, a->n_past, &c, MS_GPU_FA_AUTO,
+                                  err)) != MS_ERR_UNSUPPORTED)
+        return rc;
     for (int t0 = 0; t0 < a->n; t0 += ATT_TOK) {
         int k = a->n - t0 < ATT_TOK ? a->n - t0 : ATT_TOK;
         rc = ms_gpu_attn_gqa(b->g, a->out + (int64_t)t0 * a->H * a->vd, a->q + (int64_t)t0 * a->H * a->hd, a->k, a->v,
@@ -941,6 +946,10 @@ static int mla_expanded(gpu_backend *b, const ms_attn_mla_args *a, ms_err *err) 
     if ((rc = ms_gpu_launched(err, "MLA expanded keys"))) return rc;
     ms_gpu_attn_cfg c = {(int)H, (int)H, (int)qk, (int)vd, 0, a->scale};
     if ((rc = grow(b, &b->attn_scr, &b->attn_cap, ms_gpu_attn_scratch_floats(ATT_TOK, &c), err))) return rc;
+    if (ms_gpu_attn_prefill_wanted(b->g, a->n, a->n_past, &c) &&
+        (rc = ms_gpu_attn_prefill(b->g, a->out, a->q, K, V, NULL, a->n, a->n_past, &c, MS_GPU_FA_AUTO, err)) !=
+            MS_ERR_UNSUPPORTED)
+        return rc;
     for (int t0 = 0; t0 < a->n; t0 += ATT_TOK) {
         int k = a->n - t0 < ATT_TOK ? a->n - t0 : ATT_TOK;
         if ((rc = ms_gpu_attn_gqa(b->g, a->out + (int64_t)t0 * H * vd, a->q + (int64_t)t0 * H * qk, K, V, NULL, k,

@@ -36,6 +36,8 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuDevAttrMemoryClockRate hipDeviceAttributeMemoryClockRate
 #define gpuDevAttrGlobalMemoryBusWidth hipDeviceAttributeMemoryBusWidth
 #define gpuMemGetInfo hipMemGetInfo
+#define gpuFuncSetAttribute hipFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
 #define gpuMallocHost hipHostMalloc
@@ -115,6 +117,8 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuDevAttrMemoryClockRate cudaDevAttrMemoryClockRate
 #define gpuDevAttrGlobalMemoryBusWidth cudaDevAttrGlobalMemoryBusWidth
 #define gpuMemGetInfo cudaMemGetInfo
+#define gpuFuncSetAttribute cudaFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
 #define gpuMallocHost cudaMallocHost
