@@ -524,6 +524,93 @@ T512 static void tile(const float *buf, int ld, int nr, const float *x, int64_t 
     }
 }
 
+/* ---- BF16 dot products (AVX512_BF16, the MS_ACT_BF16 activations) ---- */
+
+/* BF16 weights against x rounded to BF16 (round to nearest even, once per call into
+ * scratch: bf_x_prep), vdpbf16ps: each F32 lane gets the exact products of a column
+ * pair added in (DAZ/FTZ, as the instruction does). Results differ from the F32
+ * kernels by the rounding of x (|x - bf16(x)| <= 2^-9 |x|) and the summation order.
+ * Other dtypes take the avx512 kernels unchanged. */
+#define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+#define INLBF static inline __attribute__((always_inline)) TBF
+
+static int64_t bf_x_need(const ms_qmat *w) {
+    if (w->dtype == MS_DT_BF16) return (w->cols + 31) / 32 * 16; /* 2 BF16 per float, padded to 32 */
+    return f4_x_need(w);
+}
+/* x (cols floats) -> BF16 in xs, zeros up to a multiple of 32; F4 as the avx512 table. */
+TBF static void bf_x_prep(const ms_qmat *w, const float *x, float *xs) {
+    if (w->dtype != MS_DT_BF16) {
+        f4_x_prep(w, x, xs);
+        return;
+    }
+    const int64_t K = w->cols;
+    uint16_t *xb = (uint16_t *)xs;
+    for (int64_t k = 0; k < K; k += 32) {
+        __m512 x0 = _mm512_maskz_loadu_ps(tail_mask(K - k), x + k);
+        __m512 x1 = K - k > 16 ? _mm512_maskz_loadu_ps(tail_mask(K - k - 16), x + k + 16) : _mm512_setzero_ps();
+        _mm512_storeu_si512(xb + k, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+    }
+}
+
+INLBF __m512bh ld_bh(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+/* NR rows of BF16 weights (row stride K) against xb, 64 columns a step. */
+INLBF void bfd_rows(const uint16_t *w, int64_t K, const uint16_t *xb, float *out, const int NR) {
+    __m512 a0[8], a1[8];
+    UNROLL8 for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        __m512bh x0 = ld_bh(xb + k), x1 = ld_bh(xb + k + 32);
+        UNROLL8 for (int i = 0; i < NR; i++) {
+            a0[i] = _mm512_dpbf16_ps(a0[i], ld_bh(w + i * K + k), x0);
+            a1[i] = _mm512_dpbf16_ps(a1[i], ld_bh(w + i * K + k + 32), x1);
+        }
+    }
+    for (; k < K; k += 32) {
+        __mmask32 m = K - k >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << (K - k)) - 1);
+        __m512bh x0 = ld_bh(xb + k); /* zeros past K */
+        UNROLL8 for (int i = 0; i < NR; i++)
+            a0[i] = _mm512_dpbf16_ps(a0[i], (__m512bh)_mm512_maskz_loadu_epi16(m, w + i * K + k), x0);
+    }
+    UNROLL8 for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
+}
+
+TBF static void bfd_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    const int64_t K = w->cols;
+    const uint16_t *base = (const uint16_t *)w->data, *xb = (const uint16_t *)x;
+    float o[8];
+    int64_t r = r0;
+    if (K > 2 * GEMV_ONE_ROW_MAX_K) /* x is half the bytes: one row at a time up to twice the K */
+        for (; r + 8 <= r1; r += 8) {
+            bfd_rows(base + r * K, K, xb, o, 8);
+            for (int i = 0; i < 8; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+        }
+    for (; r < r1; r++) {
+        bfd_rows(base + r * K, K, xb, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
+
+T512 static void gemv_bf(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    if (w->dtype == MS_DT_BF16) bfd_gemv(w, x, y, r0, r1, acc);
+    else gemv(w, x, y, r0, r1, acc);
+}
+
+const mm_kernels ms_kernels_avx512bf16 = {
+    .gemv_ok = gemv_ok,
+    .gemv = gemv_bf,
+    .dequant = dequant,
+    .tile = tile,
+    .x_need = bf_x_need,
+    .x_prep = bf_x_prep,
+    .dot = ms_k512_dot,
+    .axpy = ms_k512_axpy,
+    .rmsnorm = ms_k512_rmsnorm,
+    .softmax = ms_k512_softmax,
+    .swiglu = ms_k512_swiglu,
+};
+
 const mm_kernels ms_kernels_avx512 = {
     .gemv_ok = gemv_ok,
     .gemv = gemv,

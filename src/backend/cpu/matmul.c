@@ -300,11 +300,11 @@ static void use_scratch(mm_job *j, float *xs, int nth) {
 
 /* The Q8-activation table for pool, or NULL when its activations are F32. */
 static const qk_kernels *qk_of(const ms_pool *pool) {
-    return ms_cpu_activations_of(pool) == MS_ACT_Q8 ? ms_qk_for(ms_cpu_isa_of(pool)) : NULL;
+    return (ms_cpu_activations_of(pool) & MS_ACT_Q8) ? ms_qk_for(ms_cpu_isa_of(pool)) : NULL;
 }
 
 static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w, int acc) {
-    const mm_kernels *k = ms_cpu_kernels_of(pool);
+    const mm_kernels *k = ms_cpu_mm_kernels_of(pool);
     int nth = ms_pool_size(pool);
     mm_job j;
     int64_t need;
@@ -343,7 +343,7 @@ static void many_task(void *ctx, int task, int tid) {
 }
 
 void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count) {
-    const mm_kernels *k = ms_cpu_kernels_of(pool);
+    const mm_kernels *k = ms_cpu_mm_kernels_of(pool);
     const qk_kernels *qk = qk_of(pool);
     int nth = ms_pool_size(pool);
     many_ctx m;
