@@ -4,7 +4,10 @@
  * for row lengths with and without a tail and the 8-row path (K > 8192), on 1 and 3
  * threads and through ms_matmul_many; and the rounding is visible (not the F32 path).
  * (2) Everywhere else (AVX2, scalar, prefill n > 1, other dtypes) a BF16 pool gives
- * the F32 pool's bytes, and a Q8+BF16 pool the Q8 pool's on MXFP4. (3) Names. */
+ * the F32 pool's bytes, and a Q8+BF16 pool the Q8 pool's on MXFP4. (3) Names. (4) The
+ * F32-activation AVX-512 BF16 decode gives exactly the sums of its documented form
+ * (kernels_avx512.c: a0 lane i column i of each 32, a1 column 16 + i, FMA in column order, a
+ * masked 16-wide tail into a0, _mm512_reduce_add_ps of a0 + a1), emulated here in scalar C. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -113,6 +116,53 @@ TEST(bf16_other_dtypes) {
         CHECK(!memcmp(a, b, sizeof a));
     }
     free(wd), free(sc);
+}
+
+/* GCC's _mm512_reduce_add_ps tree (avx512fintrin.h) */
+static float reduce16(const float *v) {
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++) s8[i] = v[i + 8] + v[i];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i + 4] + s8[i];
+    float t0 = s4[0] + s4[2], t1 = s4[1] + s4[3];
+    return t0 + t1;
+}
+
+static float bf16_row_form(const uint16_t *w, const float *x, int64_t K) {
+    float a0[16] = {0}, a1[16] = {0}, v[16];
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32)
+        for (int i = 0; i < 16; i++) {
+            a0[i] = fmaf(ms_bf16_to_f32(w[k + i]), x[k + i], a0[i]);
+            a1[i] = fmaf(ms_bf16_to_f32(w[k + 16 + i]), x[k + 16 + i], a1[i]);
+        }
+    for (; k < K; k += 16)
+        for (int i = 0; i < 16; i++) a0[i] = k + i < K ? fmaf(ms_bf16_to_f32(w[k + i]), x[k + i], a0[i]) : fmaf(0.0f, 0.0f, a0[i]);
+    for (int i = 0; i < 16; i++) v[i] = a0[i] + a1[i];
+    return reduce16(v);
+}
+
+TEST(bf16_f32_decode_bits) {
+    static const int64_t shapes[][2] = {{37, 2048}, {21, 96}, {19, 40}, {17, 4128}, {13, 4100}, {9, 8}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int64_t R = shapes[si][0], C = shapes[si][1];
+        uint16_t *wb = malloc((size_t)(R * C) * 2);
+        float *x = malloc((size_t)C * sizeof *x), *y = malloc((size_t)R * sizeof *y);
+        for (int64_t i = 0; i < R * C; i++) wb[i] = ms_f32_to_bf16(frand());
+        for (int64_t i = 0; i < C; i++) x[i] = frand();
+        ms_qmat w = {.dtype = MS_DT_BF16, .rows = R, .cols = C, .data = wb};
+        for (int isa = MS_ISA_AVX512; isa <= MS_ISA_AVX512_VNNI; isa += MS_ISA_AVX512_VNNI - MS_ISA_AVX512) {
+            if (!ms_cpu_isa_supported((ms_cpu_isa)isa)) continue;
+            ms_matmul(bpool(isa, 3, MS_ACT_F32), y, x, 1, &w);
+            int bad = 0;
+            for (int64_t r = 0; r < R; r++) {
+                float e = bf16_row_form(wb + r * C, x, C);
+                bad += memcmp(&e, &y[r], 4) != 0;
+            }
+            CHECK_MSG(bad == 0, "isa %s K %lld: %d rows differ from the documented sums", ms_cpu_isa_name((ms_cpu_isa)isa),
+                      (long long)C, bad);
+        }
+        free(wb), free(x), free(y);
+    }
 }
 
 TEST_MAIN()
