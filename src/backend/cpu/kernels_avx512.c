@@ -88,7 +88,69 @@ INL __m512 fp4_table(void) {
         }                                                                                                 \
     }
 
-GEMV_PLAIN(bf16, uint16_t, ld_bf16, ld_bf16_m)
+
+/* BF16 decode. It gives the sums GEMV_PLAIN's form above would (a0 lane i: column i of each 32,
+ * a1: column 16 + i, FMA in column order, a 16-wide masked tail into a0, reduce(a0 + a1)).
+ * One 64-byte load gives 32 BF16 weights; v << 16 is the F32 of the even columns, v & 0xffff0000
+ * of the odd ones, against x rewritten once per call into even/odd halves per 32 columns
+ * (bfe_x_prep, f4_x_prep's layout; the tail past the last full 32 stays in column order).
+ * Lane j of the even accumulator sums exactly the products lane 2j (mod 16) of bf16_rows'
+ * a0 / a1 sums, in the same order, and likewise the odd one, so two permutes at the end give
+ * a0 and a1 bit for bit; the tail and the reduction are bf16_rows'. Per 32 columns: 1 load, a
+ * shift and an and instead of two widening (cross-lane) loads and two shifts. */
+static int64_t f4_x_need(const ms_qmat *w);
+T512 static void f4_x_prep(const ms_qmat *w, const float *x, float *xs);
+static int64_t bfe_x_need(const ms_qmat *w) { return w->dtype == MS_DT_BF16 ? w->cols : f4_x_need(w); }
+T512 static void bfe_x_prep(const ms_qmat *w, const float *x, float *xs) {
+    f4_x_prep(w, x, xs); /* full groups of 32 */
+    if (w->dtype == MS_DT_BF16)
+        for (int64_t k = w->cols / 32 * 32; k < w->cols; k++) xs[k] = x[k];
+}
+
+INL void bfe_rows(const uint16_t *w, int64_t K, const float *xs, float *out, const int NR) {
+    __m512 e[8], o[8];
+    UNROLL8 for (int i = 0; i < NR; i++) e[i] = o[i] = _mm512_setzero_ps();
+    const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512 xe = _mm512_loadu_ps(xs + k), xo = _mm512_loadu_ps(xs + k + 16);
+        UNROLL8 for (int i = 0; i < NR; i++) {
+            __m512i v = _mm512_loadu_si512(w + i * K + k);
+            e[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, e[i]);
+            o[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hm)), xo, o[i]);
+        }
+    }
+    /* a0 lane i: column i of each 32 (even: e lane i/2, odd: o lane i/2); a1 lane i: column 16 + i */
+    const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i i1 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    __m512 a0[8], a1[8];
+    UNROLL8 for (int i = 0; i < NR; i++) {
+        a0[i] = _mm512_permutex2var_ps(e[i], i0, o[i]);
+        a1[i] = _mm512_permutex2var_ps(e[i], i1, o[i]);
+    }
+    for (; k < K; k += 16) {
+        __mmask16 m = tail_mask(K - k);
+        __m512 x0 = _mm512_maskz_loadu_ps(m, xs + k);
+        UNROLL8 for (int i = 0; i < NR; i++) a0[i] = _mm512_fmadd_ps(ld_bf16_m(w + i * K + k, m), x0, a0[i]);
+    }
+    UNROLL8 for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
+}
+
+T512 static void bfe_gemv(const ms_qmat *w, const float *xs, float *y, int64_t r0, int64_t r1, int acc) {
+    const int64_t K = w->cols;
+    const uint16_t *base = (const uint16_t *)w->data;
+    float o[8];
+    int64_t r = r0;
+    if (K > GEMV_ONE_ROW_MAX_K)
+        for (; r + 8 <= r1; r += 8) {
+            bfe_rows(base + r * K, K, xs, o, 8);
+            for (int i = 0; i < 8; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+        }
+    for (; r < r1; r++) {
+        bfe_rows(base + r * K, K, xs, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
 GEMV_PLAIN(f16, uint16_t, ld_f16, ld_f16_m)
 GEMV_PLAIN(f32, float, ld_f32, ld_f32_m)
 
@@ -354,7 +416,7 @@ static int gemv_ok(const ms_qmat *w) {
 T512 static void gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     switch (w->dtype) {
     case MS_DT_F32: f32_gemv(w, x, y, r0, r1, acc); break;
-    case MS_DT_BF16: bf16_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_BF16: bfe_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F16: f16_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F8_E4M3: f8_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F4: f4_gemv(w, x, y, r0, r1, acc); break;
@@ -616,8 +678,8 @@ const mm_kernels ms_kernels_avx512 = {
     .gemv = gemv,
     .dequant = dequant,
     .tile = tile,
-    .x_need = f4_x_need,
-    .x_prep = f4_x_prep,
+    .x_need = bfe_x_need,
+    .x_prep = bfe_x_prep,
     .dot = ms_k512_dot,
     .axpy = ms_k512_axpy,
     .rmsnorm = ms_k512_rmsnorm,
