@@ -12,20 +12,29 @@
 # and prints one JSON line per pair (both decode tok/s, the ratio moonshine / llama.cpp, the load
 # average before the pair) and one summary line per case and thread count (median ratio, min, max).
 # The machine is shared and noisy: read the ratios of runs taken side by side, not absolute tok/s.
+# Before each case both sides' files are evicted from the page cache and read back the same way
+# (dd iflag=nocache, then cat; RECACHE=0 skips it): how a file entered the page cache changes
+# how fast it streams (on the Zen 4 VM the freshly written checkpoint's head read at 21-24 GB/s
+# on one core, the freshly quantized GGUF's at 25-28, both 25-28 once re-read alike).
 # GGUF files: tools/gguf_from_synth.py (BF16), then llama-quantize. Environment: MOONSHINE
-# (build/moonshine), LLAMA_BENCH (required), THREADS, PAIRS, GEN (48). Logs go to build/bench_llama/.
+# (build/moonshine), LLAMA_BENCH (required), THREADS, PAIRS, GEN (48), RECACHE (1). Logs go to
+# build/bench_llama/.
 set -u
 [ $# -ge 1 ] || { echo "usage: LLAMA_BENCH=BIN $0 LABEL=MODEL_DIR[+FLAGS]@GGUF ..." >&2; exit 2; }
 cd "$(dirname "$0")/.." || exit 2
 ms=${MOONSHINE:-build/moonshine}
 lb=${LLAMA_BENCH:?set LLAMA_BENCH to the llama-bench binary}
-THREADS=${THREADS:-"1 2"}; PAIRS=${PAIRS:-3}; GEN=${GEN:-48}
+THREADS=${THREADS:-"1 2"}; PAIRS=${PAIRS:-3}; GEN=${GEN:-48}; RECACHE=${RECACHE:-1}
 out=build/bench_llama; mkdir -p "$out" || exit 2
 num() { printf '%s\n' "$1" | sed -n "s/.*\"$2\": *\([0-9.eE+-]*\).*/\1/p" | head -n 1; }
 for c in "$@"; do
   label=${c%%=*}; rest=${c#*=}; gguf=${rest##*@}; spec=${rest%@*}
   dir=${spec%%+*}; flags=""; [ "$dir" != "$spec" ] && flags=$(printf '%s' "${spec#*+}" | tr ',' ' ')
   [ -d "$dir" ] && [ -f "$gguf" ] || { echo "$0: $label: $dir or $gguf missing" >&2; exit 2; }
+  if [ "$RECACHE" = 1 ]; then
+    for f in "$dir"/*.safetensors "$gguf"; do dd if="$f" iflag=nocache count=0 status=none; done
+    cat "$dir"/*.safetensors "$gguf" > /dev/null
+  fi
   for t in $THREADS; do
     # shellcheck disable=SC2086
     msrun() { "$ms" bench "$dir" --prompt-tokens 16 --gen-tokens "$GEN" --threads "$t" $flags 2>>"$out/moonshine.log" | tail -n 1; }

@@ -62,8 +62,9 @@ int cmd_run(int argc, char **argv) {
                "--load-state FILE: start from a saved causal state; the prompt ids follow its tokens.\n"
                "--save-state FILE: after generating, feed the last generated id too and save the state\n"
                "(its tokens: the loaded state's, the prompt, every generated id) atomically; see docs/state.md.\n"
-               "--cpu-activations f32|q8: q8 multiplies MXFP4/INT4/Q8 weights with int8 activations (per 32,\n"
-               "F32 scale) on the CPU; default f32.\n",
+               "--cpu-activations f32|q8|bf16|q8+bf16: q8 multiplies MXFP4/INT4/Q8 weights with int8 activations\n"
+               "(per 32, F32 scale) on the CPU; bf16 rounds the BF16/FP8 decode matvecs' activations to BF16\n"
+               "(vdpbf16ps, AVX512_BF16 CPUs); default f32.\n",
                usage);
         return 0;
     }

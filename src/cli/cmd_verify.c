@@ -97,7 +97,8 @@ int cmd_verify(int argc, char **argv) {
                "margin exceeds margin_bound = 2 tol; steps within it are listed as near_ties) and\n"
                "free-running, both agreements reported.\n"
                "--cpu-activations q8 runs the CPU matmuls of MXFP4/INT4/Q8 weights with int8 activations\n"
-               "(per 32, F32 scale; integer dot products) under the same 1e-3 tolerance (default f32).\n");
+               "(per 32, F32 scale; integer dot products), bf16 the BF16/FP8 decode matvecs with BF16 activations\n"
+               "(vdpbf16ps), q8+bf16 both, under the same 1e-3 tolerance (default f32).\n");
         return 0;
     }
     ms_cli_opts eo;
@@ -261,9 +262,13 @@ int cmd_verify(int argc, char **argv) {
                        st[i].max_err, st[i].margin <= bound ? "true" : "false");
         printf("],\"ok\":%s}\n", ok ? "true" : "false");
     }
-    else printf("{\"fixture\":\"%s\",\"arch\":\"%s\",%s\"logits_max_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,"
-           "\"gen_ids_match\":%s,\"ok\":%s}\n",
-           name, x.model.cfg.model_type, eo.cpu_act == MS_ACT_Q8 ? "\"cpu_activations\":\"q8\"," : "", e1, e2, ids_match ? "true" : "false", ok ? "true" : "false");
+    else {
+        char actf[48] = "";
+        if (eo.cpu_act != MS_ACT_F32) snprintf(actf, sizeof actf, "\"cpu_activations\":\"%s\",", ms_cpu_act_name((ms_cpu_act)eo.cpu_act));
+        printf("{\"fixture\":\"%s\",\"arch\":\"%s\",%s\"logits_max_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,"
+               "\"gen_ids_match\":%s,\"ok\":%s}\n",
+               name, x.model.cfg.model_type, actf, e1, e2, ids_match ? "true" : "false", ok ? "true" : "false");
+    }
     rc = ok ? 0 : 1;
     goto done;
 dump_err:

@@ -31,10 +31,16 @@ typedef enum ms_cpu_isa {
  * dequantized to F32 against F32 activations (the default; results are the
  * reference kernels'). Q8: for MXFP4, INT4 and Q8 weights the activations are
  * rounded to int8 per block of 32 with an F32 scale (amax / 127) and multiplied
- * in integers (core/qmat.h dtypes; FP8 and 16/32-bit weights keep F32). */
+ * in integers (core/qmat.h dtypes; FP8 and 16/32-bit weights keep F32). BF16:
+ * the decode matvec of BF16 and FP8 e4m3 weights rounds x to BF16 and uses
+ * vdpbf16ps, on an AVX-512 ISA of a CPU with AVX512_BF16 only (elsewhere, and for
+ * prefill, F32).
+ * Q8_BF16 is both (the values are bit flags: Q8 | BF16). */
 typedef enum ms_cpu_act {
     MS_ACT_F32 = 0,
     MS_ACT_Q8 = 1,
+    MS_ACT_BF16 = 2,
+    MS_ACT_Q8_BF16 = 3,
 } ms_cpu_act;
 
 /* The best ISA this CPU supports (ignores MS_CPU_ISA and ms_cpu_set_isa). */
@@ -51,6 +57,8 @@ ms_cpu_isa ms_cpu_isa_of(const ms_pool *pool);
  * Fails with MS_ERR_ARG for a NULL pool or an unknown isa, MS_ERR_UNSUPPORTED
  * (message in err) when the CPU lacks it. Call it between computations on the pool. */
 int ms_cpu_set_isa(ms_pool *pool, ms_cpu_isa isa, ms_err *err);
+/* Whether this CPU has AVX512_BF16 (vdpbf16ps) besides the AVX-512 level. */
+int ms_cpu_has_avx512bf16(void);
 /* "scalar", "avx2", "avx512", "avxvnni", "avx512vnni". */
 const char *ms_cpu_isa_name(ms_cpu_isa isa);
 /* Parse a name as above; returns -1 when unknown. */
@@ -61,7 +69,7 @@ int ms_cpu_isa_parse(const char *name);
 int ms_cpu_set_activations(ms_pool *pool, ms_cpu_act act, ms_err *err);
 /* The activations of `pool` (MS_ACT_F32 for NULL). */
 ms_cpu_act ms_cpu_activations_of(const ms_pool *pool);
-/* "f32" / "q8"; parse returns -1 for anything else. */
+/* "f32" / "q8" / "bf16" / "q8+bf16"; parse returns -1 for anything else. */
 const char *ms_cpu_act_name(ms_cpu_act act);
 int ms_cpu_act_parse(const char *name);
 

@@ -11,6 +11,7 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static ms_cpu_isa g_best = MS_ISA_SCALAR;
 static unsigned g_supported = 1u << MS_ISA_SCALAR; /* bit per ms_cpu_isa */
 static ms_cpu_isa g_active = MS_ISA_SCALAR; /* g_best capped by MS_CPU_ISA; fixed by init_once */
+static int g_bf16; /* AVX512_BF16 (with the AVX-512 level) */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -23,7 +24,7 @@ static uint64_t xgetbv0(void) {
 
 /* CPUID feature bits plus the OS saving the vector state (XGETBV): the set of
  * supported levels (bit per ms_cpu_isa). */
-static unsigned detect(void) {
+static unsigned detect(int *bf16) {
     unsigned set = 1u << MS_ISA_SCALAR;
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
@@ -37,13 +38,14 @@ static unsigned detect(void) {
     int vnni512 = (c >> 11) & 1;
     unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
     __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
-    int avxvnni = (a1 >> 4) & 1;
+    int avxvnni = (a1 >> 4) & 1, bf16_512 = (a1 >> 5) & 1;
     if (!avx2) return set;
     set |= 1u << MS_ISA_AVX2;
     if (avxvnni) set |= 1u << MS_ISA_AVX_VNNI;
     if (f && dq && bw && vl && (xcr0 & 0xe0) == 0xe0) {
         set |= 1u << MS_ISA_AVX512;
         if (vnni512) set |= 1u << MS_ISA_AVX512_VNNI;
+        *bf16 = bf16_512;
     }
 #endif
     return set;
@@ -51,7 +53,7 @@ static unsigned detect(void) {
 
 static void init_once(void) {
     ms_dtype_init();
-    g_supported = detect();
+    g_supported = detect(&g_bf16);
     static const ms_cpu_isa pref[] = {MS_ISA_AVX512_VNNI, MS_ISA_AVX512, MS_ISA_AVX_VNNI, MS_ISA_AVX2};
     g_best = MS_ISA_SCALAR;
     for (int i = 0; i < 4; i++)
@@ -77,6 +79,11 @@ ms_cpu_isa ms_cpu_isa_best(void) {
 int ms_cpu_isa_supported(ms_cpu_isa isa) {
     pthread_once(&g_once, init_once);
     return (int)isa >= 0 && (int)isa <= MS_ISA_AVX512_VNNI && (g_supported >> isa & 1);
+}
+
+int ms_cpu_has_avx512bf16(void) {
+    pthread_once(&g_once, init_once);
+    return g_bf16;
 }
 
 ms_cpu_isa ms_cpu_isa_base(ms_cpu_isa isa) {
@@ -128,20 +135,32 @@ int ms_cpu_isa_parse(const char *name) {
 
 int ms_cpu_set_activations(ms_pool *pool, ms_cpu_act act, ms_err *err) {
     if (!pool) return ms_fail(err, MS_ERR_ARG, "cpu activations: no pool to set them on");
-    if ((int)act != MS_ACT_F32 && (int)act != MS_ACT_Q8)
-        return ms_fail(err, MS_ERR_ARG, "cpu activations %d: not one of f32, q8", (int)act);
+    if ((int)act < MS_ACT_F32 || (int)act > MS_ACT_Q8_BF16)
+        return ms_fail(err, MS_ERR_ARG, "cpu activations %d: not one of f32, q8, bf16, q8+bf16", (int)act);
     ms_pool_set_act(pool, (int)act);
     return MS_OK;
 }
 
-ms_cpu_act ms_cpu_activations_of(const ms_pool *pool) { return ms_pool_act(pool) == MS_ACT_Q8 ? MS_ACT_Q8 : MS_ACT_F32; }
+ms_cpu_act ms_cpu_activations_of(const ms_pool *pool) {
+    int a = ms_pool_act(pool);
+    return a >= MS_ACT_F32 && a <= MS_ACT_Q8_BF16 ? (ms_cpu_act)a : MS_ACT_F32;
+}
 
-const char *ms_cpu_act_name(ms_cpu_act act) { return act == MS_ACT_Q8 ? "q8" : "f32"; }
+const char *ms_cpu_act_name(ms_cpu_act act) {
+    switch (act) {
+    case MS_ACT_Q8: return "q8";
+    case MS_ACT_BF16: return "bf16";
+    case MS_ACT_Q8_BF16: return "q8+bf16";
+    default: return "f32";
+    }
+}
 
 int ms_cpu_act_parse(const char *name) {
     if (!name) return -1;
     if (!strcmp(name, "f32")) return MS_ACT_F32;
     if (!strcmp(name, "q8")) return MS_ACT_Q8;
+    if (!strcmp(name, "bf16")) return MS_ACT_BF16;
+    if (!strcmp(name, "q8+bf16")) return MS_ACT_Q8_BF16;
     return -1;
 }
 
@@ -157,3 +176,12 @@ const mm_kernels *ms_cpu_kernels_for(ms_cpu_isa isa) {
 
 const mm_kernels *ms_cpu_kernels(void) { return ms_cpu_kernels_for(ms_cpu_isa_active()); }
 const mm_kernels *ms_cpu_kernels_of(const ms_pool *pool) { return ms_cpu_kernels_for(ms_cpu_isa_of(pool)); }
+
+const mm_kernels *ms_cpu_mm_kernels_of(const ms_pool *pool) {
+#if defined(__x86_64__) || defined(__i386__)
+    ms_cpu_isa isa = ms_cpu_isa_of(pool);
+    if ((ms_cpu_activations_of(pool) & MS_ACT_BF16) && ms_cpu_isa_base(isa) == MS_ISA_AVX512 && ms_cpu_has_avx512bf16())
+        return &ms_kernels_avx512bf16;
+#endif
+    return ms_cpu_kernels_of(pool);
+}

@@ -30,8 +30,8 @@ typedef struct mm_kernels {
     void (*tile)(const float *buf, int ld, int nr, const float *x, int64_t ldx, int nt, int kc, float *y,
                  int64_t ldy, int acc);
     /* Optional (NULL: none): floats of scratch gemv wants x rewritten into for w (0: none),
-     * and the rewrite (x[w->cols] -> xs); gemv then gets xs in place of x. F8 is not done this
-     * way (matmul.c pre-scales x for every table). */
+     * and the rewrite (x[w->cols] -> xs); gemv then gets xs in place of x. An F8 weight whose
+     * x_need is 0 gets x * MM_F8_XSCALE from matmul.c instead (every table but avx512bf16). */
     int64_t (*x_need)(const ms_qmat *w);
     void (*x_prep)(const ms_qmat *w, const float *x, float *xs);
     /* Vector primitives (see ops.h for contracts). */
@@ -45,6 +45,9 @@ typedef struct mm_kernels {
 extern const mm_kernels ms_kernels_scalar;
 extern const mm_kernels ms_kernels_avx2;
 extern const mm_kernels ms_kernels_avx512;
+/* avx512 with the BF16 and FP8 matvecs on vdpbf16ps against BF16-rounded x (MS_ACT_BF16 on
+ * a CPU with AVX512_BF16); every other kernel is avx512's. */
+extern const mm_kernels ms_kernels_avx512bf16;
 
 /* The table for the process's ISA (initializes dispatch on first use), for
  * the kernels run on `pool` (cpu.h ms_cpu_isa_of), and for one ISA (which
@@ -52,6 +55,9 @@ extern const mm_kernels ms_kernels_avx512;
 const mm_kernels *ms_cpu_kernels(void);
 const mm_kernels *ms_cpu_kernels_of(const ms_pool *pool);
 const mm_kernels *ms_cpu_kernels_for(ms_cpu_isa isa);
+/* The matmul table for `pool`: ms_cpu_kernels_of, or ms_kernels_avx512bf16 when its
+ * activations include BF16, its ISA is an AVX-512 level and the CPU has AVX512_BF16. */
+const mm_kernels *ms_cpu_mm_kernels_of(const ms_pool *pool);
 
 /* Scale of block (sr, sc) of w as F32 (1 when w has no scale). */
 static inline float mm_scale_at(const ms_qmat *w, int64_t sr, int64_t sc) {

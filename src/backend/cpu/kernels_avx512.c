@@ -88,7 +88,69 @@ INL __m512 fp4_table(void) {
         }                                                                                                 \
     }
 
-GEMV_PLAIN(bf16, uint16_t, ld_bf16, ld_bf16_m)
+
+/* BF16 decode. It gives the sums GEMV_PLAIN's form above would (a0 lane i: column i of each 32,
+ * a1: column 16 + i, FMA in column order, a 16-wide masked tail into a0, reduce(a0 + a1)).
+ * One 64-byte load gives 32 BF16 weights; v << 16 is the F32 of the even columns, v & 0xffff0000
+ * of the odd ones, against x rewritten once per call into even/odd halves per 32 columns
+ * (bfe_x_prep, f4_x_prep's layout; the tail past the last full 32 stays in column order).
+ * Lane j of the even accumulator sums exactly the products lane 2j (mod 16) of bf16_rows'
+ * a0 / a1 sums, in the same order, and likewise the odd one, so two permutes at the end give
+ * a0 and a1 bit for bit; the tail and the reduction are bf16_rows'. Per 32 columns: 1 load, a
+ * shift and an and instead of two widening (cross-lane) loads and two shifts. */
+static int64_t f4_x_need(const ms_qmat *w);
+T512 static void f4_x_prep(const ms_qmat *w, const float *x, float *xs);
+static int64_t bfe_x_need(const ms_qmat *w) { return w->dtype == MS_DT_BF16 ? w->cols : f4_x_need(w); }
+T512 static void bfe_x_prep(const ms_qmat *w, const float *x, float *xs) {
+    f4_x_prep(w, x, xs); /* full groups of 32 */
+    if (w->dtype == MS_DT_BF16)
+        for (int64_t k = w->cols / 32 * 32; k < w->cols; k++) xs[k] = x[k];
+}
+
+INL void bfe_rows(const uint16_t *w, int64_t K, const float *xs, float *out, const int NR) {
+    __m512 e[8], o[8];
+    UNROLL8 for (int i = 0; i < NR; i++) e[i] = o[i] = _mm512_setzero_ps();
+    const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512 xe = _mm512_loadu_ps(xs + k), xo = _mm512_loadu_ps(xs + k + 16);
+        UNROLL8 for (int i = 0; i < NR; i++) {
+            __m512i v = _mm512_loadu_si512(w + i * K + k);
+            e[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, e[i]);
+            o[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hm)), xo, o[i]);
+        }
+    }
+    /* a0 lane i: column i of each 32 (even: e lane i/2, odd: o lane i/2); a1 lane i: column 16 + i */
+    const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i i1 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    __m512 a0[8], a1[8];
+    UNROLL8 for (int i = 0; i < NR; i++) {
+        a0[i] = _mm512_permutex2var_ps(e[i], i0, o[i]);
+        a1[i] = _mm512_permutex2var_ps(e[i], i1, o[i]);
+    }
+    for (; k < K; k += 16) {
+        __mmask16 m = tail_mask(K - k);
+        __m512 x0 = _mm512_maskz_loadu_ps(m, xs + k);
+        UNROLL8 for (int i = 0; i < NR; i++) a0[i] = _mm512_fmadd_ps(ld_bf16_m(w + i * K + k, m), x0, a0[i]);
+    }
+    UNROLL8 for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
+}
+
+T512 static void bfe_gemv(const ms_qmat *w, const float *xs, float *y, int64_t r0, int64_t r1, int acc) {
+    const int64_t K = w->cols;
+    const uint16_t *base = (const uint16_t *)w->data;
+    float o[8];
+    int64_t r = r0;
+    if (K > GEMV_ONE_ROW_MAX_K)
+        for (; r + 8 <= r1; r += 8) {
+            bfe_rows(base + r * K, K, xs, o, 8);
+            for (int i = 0; i < 8; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+        }
+    for (; r < r1; r++) {
+        bfe_rows(base + r * K, K, xs, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
 GEMV_PLAIN(f16, uint16_t, ld_f16, ld_f16_m)
 GEMV_PLAIN(f32, float, ld_f32, ld_f32_m)
 
@@ -354,7 +416,7 @@ static int gemv_ok(const ms_qmat *w) {
 T512 static void gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     switch (w->dtype) {
     case MS_DT_F32: f32_gemv(w, x, y, r0, r1, acc); break;
-    case MS_DT_BF16: bf16_gemv(w, x, y, r0, r1, acc); break;
+    case MS_DT_BF16: bfe_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F16: f16_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F8_E4M3: f8_gemv(w, x, y, r0, r1, acc); break;
     case MS_DT_F4: f4_gemv(w, x, y, r0, r1, acc); break;
@@ -524,13 +586,150 @@ T512 static void tile(const float *buf, int ld, int nr, const float *x, int64_t 
     }
 }
 
+/* ---- BF16 dot products (AVX512_BF16, the MS_ACT_BF16 activations) ---- */
+
+/* BF16 weights against x rounded to BF16 (round to nearest even, once per call into
+ * scratch: bf_x_prep), vdpbf16ps: each F32 lane gets the exact products of a column
+ * pair added in (DAZ/FTZ, as the instruction does). Results differ from the F32
+ * kernels by the rounding of x (|x - bf16(x)| <= 2^-9 |x|) and the summation order.
+ * FP8 e4m3 weights likewise (bf8_gemv); other dtypes take the avx512 kernels unchanged. */
+#define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+#define INLBF static inline __attribute__((always_inline)) TBF
+
+/* The dtypes this table runs on vdpbf16ps: BF16, and FP8 e4m3 with F32/BF16/F16 block scales. */
+static int bf_takes(const ms_qmat *w) { return w->dtype == MS_DT_BF16 || (w->dtype == MS_DT_F8_E4M3 && f8_fast(w)); }
+static int64_t bf_x_need(const ms_qmat *w) {
+    if (bf_takes(w)) return (w->cols + 31) / 32 * 16; /* 2 BF16 per float, padded to 32 */
+    return f4_x_need(w);
+}
+/* x (cols floats) -> BF16 in xs, zeros up to a multiple of 32; F4 as the avx512 table. */
+TBF static void bf_x_prep(const ms_qmat *w, const float *x, float *xs) {
+    if (!bf_takes(w)) {
+        f4_x_prep(w, x, xs);
+        return;
+    }
+    const int64_t K = w->cols;
+    uint16_t *xb = (uint16_t *)xs;
+    for (int64_t k = 0; k < K; k += 32) {
+        __m512 x0 = _mm512_maskz_loadu_ps(tail_mask(K - k), x + k);
+        __m512 x1 = K - k > 16 ? _mm512_maskz_loadu_ps(tail_mask(K - k - 16), x + k + 16) : _mm512_setzero_ps();
+        _mm512_storeu_si512(xb + k, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+    }
+}
+
+INLBF __m512bh ld_bh(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+/* NR rows of BF16 weights (row stride K) against xb, 64 columns a step. */
+INLBF void bfd_rows(const uint16_t *w, int64_t K, const uint16_t *xb, float *out, const int NR) {
+    __m512 a0[8], a1[8];
+    UNROLL8 for (int i = 0; i < NR; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        __m512bh x0 = ld_bh(xb + k), x1 = ld_bh(xb + k + 32);
+        UNROLL8 for (int i = 0; i < NR; i++) {
+            a0[i] = _mm512_dpbf16_ps(a0[i], ld_bh(w + i * K + k), x0);
+            a1[i] = _mm512_dpbf16_ps(a1[i], ld_bh(w + i * K + k + 32), x1);
+        }
+    }
+    for (; k < K; k += 32) {
+        __mmask32 m = K - k >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << (K - k)) - 1);
+        __m512bh x0 = ld_bh(xb + k); /* zeros past K */
+        UNROLL8 for (int i = 0; i < NR; i++)
+            a0[i] = _mm512_dpbf16_ps(a0[i], (__m512bh)_mm512_maskz_loadu_epi16(m, w + i * K + k), x0);
+    }
+    UNROLL8 for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
+}
+
+TBF static void bfd_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    const int64_t K = w->cols;
+    const uint16_t *base = (const uint16_t *)w->data, *xb = (const uint16_t *)x;
+    float o[8];
+    int64_t r = r0;
+    if (K > 2 * GEMV_ONE_ROW_MAX_K) /* x is half the bytes: one row at a time up to twice the K */
+        for (; r + 8 <= r1; r += 8) {
+            bfd_rows(base + r * K, K, xb, o, 8);
+            for (int i = 0; i < 8; i++) y[r + i] = acc ? y[r + i] + o[i] : o[i];
+        }
+    for (; r < r1; r++) {
+        bfd_rows(base + r * K, K, xb, o, 1);
+        y[r] = acc ? y[r] + o[0] : o[0];
+    }
+}
+
+/* FP8 e4m3 on vdpbf16ps: 32 codes -> the 32 BF16 values, exact (every e4m3 value is a BF16
+ * normal or zero; vdpbf16ps would flush BF16 subnormals, and none occurs): for exponent field
+ * e >= 1 the bits are sign | (e + 120) << 7 | m << 4; the 7 subnormal codes (e == 0, m = 1..7,
+ * value m * 2^-9) come from a table. 0x7f/0xff (NaN in e4m3fn) read as +-480, as the F32
+ * kernels. A product underflows only for |x| < 2^-117. */
+INLBF __m512i f8_bh32(__m256i b) {
+    const __m512i v = _mm512_cvtepu8_epi16(b);
+    const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7f));
+    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x80)), 8);
+    __m512i n = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+    /* m * 2^-9 for m = 0..7: 0, 2^-9, 2^-8, 1.5 2^-8, 2^-7, 1.25 2^-7, 1.5 2^-7, 1.75 2^-7 */
+    const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         0x3c60, 0x3c40, 0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0);
+    n = _mm512_mask_permutexvar_epi16(n, _mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x78)), mag, sub);
+    return _mm512_or_si512(n, sign);
+}
+
+/* FP8 rows one at a time: per column block (bcol), 64 codes a step into two BF16 dots, the
+ * block's partial sum times its scale into the row sum. */
+TBF static void bf8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    const int64_t K = w->cols, bc = w->scale ? w->bcol : K;
+    const uint16_t *xb = (const uint16_t *)x;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *p = (const uint8_t *)w->data + r * K;
+        const int64_t sr = w->scale ? r / w->brow : 0;
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t c0 = 0, cb = 0; c0 < K; c0 += bc, cb++) {
+            const int64_t c1 = c0 + bc < K ? c0 + bc : K;
+            __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+            int64_t k = c0;
+            for (; k + 64 <= c1; k += 64) {
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(p + k)), l1 = _mm256_loadu_si256((const __m256i *)(p + k + 32));
+                b0 = _mm512_dpbf16_ps(b0, (__m512bh)f8_bh32(l0), ld_bh(xb + k));
+                b1 = _mm512_dpbf16_ps(b1, (__m512bh)f8_bh32(l1), ld_bh(xb + k + 32));
+            }
+            for (; k < c1; k += 32) { /* x past c1 may be nonzero: mask both sides */
+                __mmask32 m = c1 - k >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << (c1 - k)) - 1);
+                __m512bh wv = (__m512bh)_mm512_maskz_mov_epi16(m, f8_bh32(_mm256_maskz_loadu_epi8(m, p + k)));
+                b0 = _mm512_dpbf16_ps(b0, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, xb + k));
+            }
+            a = _mm512_fmadd_ps(_mm512_add_ps(b0, b1), _mm512_set1_ps(mm_scale_at(w, sr, cb)), a);
+        }
+        float s = _mm512_reduce_add_ps(a);
+        y[r] = acc ? y[r] + s : s;
+    }
+}
+
+T512 static void gemv_bf(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
+    if (w->dtype == MS_DT_BF16) bfd_gemv(w, x, y, r0, r1, acc);
+    else if (bf_takes(w)) bf8_gemv(w, x, y, r0, r1, acc);
+    else gemv(w, x, y, r0, r1, acc);
+}
+
+const mm_kernels ms_kernels_avx512bf16 = {
+    .gemv_ok = gemv_ok,
+    .gemv = gemv_bf,
+    .dequant = dequant,
+    .tile = tile,
+    .x_need = bf_x_need,
+    .x_prep = bf_x_prep,
+    .dot = ms_k512_dot,
+    .axpy = ms_k512_axpy,
+    .rmsnorm = ms_k512_rmsnorm,
+    .softmax = ms_k512_softmax,
+    .swiglu = ms_k512_swiglu,
+};
+
 const mm_kernels ms_kernels_avx512 = {
     .gemv_ok = gemv_ok,
     .gemv = gemv,
     .dequant = dequant,
     .tile = tile,
-    .x_need = f4_x_need,
-    .x_prep = f4_x_prep,
+    .x_need = bfe_x_need,
+    .x_prep = bfe_x_prep,
     .dot = ms_k512_dot,
     .axpy = ms_k512_axpy,
     .rmsnorm = ms_k512_rmsnorm,

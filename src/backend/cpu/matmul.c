@@ -253,8 +253,8 @@ static int plan(const mm_kernels *k, const qk_kernels *qk, int nth, float *y, co
         j->gemv = 1;
         j->rows_per_task = rpt;
         j->n_tasks = (int)((w->rows + rpt - 1) / rpt);
-        if (w->dtype == MS_DT_F8_E4M3) *xs_need = w->cols;
-        else if (k->x_need) *xs_need = k->x_need(w);
+        if (k->x_need && k->x_need(w)) *xs_need = k->x_need(w);
+        else if (w->dtype == MS_DT_F8_E4M3) *xs_need = w->cols;
         return j->n_tasks;
     }
     j->n_rb = (w->rows + MM_RB - 1) / MM_RB;
@@ -265,8 +265,8 @@ static int plan(const mm_kernels *k, const qk_kernels *qk, int nth, float *y, co
     return j->n_tasks;
 }
 
-/* Points an F8 decode job at x * MM_F8_XSCALE written into xs (another dtype whose
- * table has x_prep: at its rewrite of x); without
+/* Points a decode job whose table rewrites x for w (x_need) at that rewrite in xs, an F8
+ * job otherwise at x * MM_F8_XSCALE written into xs; without
  * scratch (xs NULL: allocation failed) the job takes the tile path instead. */
 static void use_scratch(mm_job *j, float *xs, int nth) {
     if (!xs && j->qk) { /* Q8 without scratch: the F32 path */
@@ -292,19 +292,19 @@ static void use_scratch(mm_job *j, float *xs, int nth) {
         j->xq = q, j->xd = d, j->xm = m;
         return;
     }
-    if (j->w->dtype == MS_DT_F8_E4M3)
+    if (j->k->x_need && j->k->x_need(j->w)) j->k->x_prep(j->w, j->x, xs);
+    else if (j->w->dtype == MS_DT_F8_E4M3)
         for (int64_t c = 0; c < j->w->cols; c++) xs[c] = j->x[c] * MM_F8_XSCALE;
-    else j->k->x_prep(j->w, j->x, xs);
     j->x = xs;
 }
 
 /* The Q8-activation table for pool, or NULL when its activations are F32. */
 static const qk_kernels *qk_of(const ms_pool *pool) {
-    return ms_cpu_activations_of(pool) == MS_ACT_Q8 ? ms_qk_for(ms_cpu_isa_of(pool)) : NULL;
+    return (ms_cpu_activations_of(pool) & MS_ACT_Q8) ? ms_qk_for(ms_cpu_isa_of(pool)) : NULL;
 }
 
 static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w, int acc) {
-    const mm_kernels *k = ms_cpu_kernels_of(pool);
+    const mm_kernels *k = ms_cpu_mm_kernels_of(pool);
     int nth = ms_pool_size(pool);
     mm_job j;
     int64_t need;
@@ -343,7 +343,7 @@ static void many_task(void *ctx, int task, int tid) {
 }
 
 void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count) {
-    const mm_kernels *k = ms_cpu_kernels_of(pool);
+    const mm_kernels *k = ms_cpu_mm_kernels_of(pool);
     const qk_kernels *qk = qk_of(pool);
     int nth = ms_pool_size(pool);
     many_ctx m;
