@@ -13,6 +13,7 @@
 #include "backend/gpu/gpu.h"
 #include "engine/engine_internal.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "ops/ops.h"
 #include "backend/cpu/backend_cpu.h"
 #include "backend/gpu/backend_gpu.h"
@@ -1348,6 +1349,68 @@ TEST(backend_step) {
         free(got), gfree(d);
     }
     gfree(dstep);
+}
+
+/* Programmatic dependent launch (MS_GPU_PDL, gpu_port.h ms_launch) through whole decodes: a fixture
+ * model (softmax router, top-k softmax with biases, sigmoid with a correction bias) decoded
+ * greedily past a 256-token bucket (the step recorded twice, replayed between) on a backend with
+ * the attribute and on one without: the same kernels in the same order, so the logits of every
+ * step must be bit-identical (a kernel that read its predecessor's output before the wait would
+ * show as a difference); the step must have stayed recorded (the programmatic edges captured). */
+static int pdl_decode(ms_model *m, int pdl, int steps, float *out, int *recorded, ms_err *err) {
+    ms_backend *be = NULL;
+    ms_engine *e = NULL;
+    setenv("MS_GPU_PDL", pdl ? "1" : "0", 1);
+    int rc = ms_backend_gpu_create(0, &be, err);
+    unsetenv("MS_GPU_PDL");
+    ms_engine_opts o = {.max_ctx = steps + 16, .max_batch = 16, .backend = be};
+    if (!rc) rc = ms_engine_create(m, &o, &e, err);
+    int64_t V = m->cfg.vocab;
+    int32_t ids[8];
+    for (int i = 0; i < 8; i++) ids[i] = (int32_t)((i * 37 + 1) % V);
+    if (!rc) rc = ms_engine_forward(e, ids, 8, out, 0, err);
+    for (int s = 1; !rc && s <= steps; s++) {
+        const float *prev = out + (int64_t)(s - 1) * V;
+        int32_t t = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (prev[v] > prev[t]) t = (int32_t)v;
+        rc = ms_engine_forward(e, &t, 1, out + (int64_t)s * V, 0, err);
+    }
+    *recorded = e && !e->step_off && e->step_graph;
+    if (e) ms_engine_destroy(e);
+    if (be) be->ops->destroy(be);
+    return rc;
+}
+TEST(backend_step_pdl) {
+    SKIP_UNLESS_SELECTED("backend_step_pdl");
+    const char *fx[3] = {"qwen3_moe", "gpt_oss", "glm4_moe"};
+    const int steps = 264;
+    for (int f = 0; f < 3; f++) {
+        char dir[128];
+        snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", fx[f]);
+        ms_model m;
+        ms_err err = {0};
+        if (ms_model_load(dir, &m, &err)) {
+            printf("  backend_step_pdl %s: skipped (%s)\n", fx[f], err.msg);
+            continue;
+        }
+        int64_t n = (int64_t)(steps + 1) * m.cfg.vocab;
+        float *on = calloc((size_t)n, 4), *off = calloc((size_t)n, 4);
+        int rec_on = 0, rec_off = 0;
+        int rc1 = pdl_decode(&m, 1, steps, on, &rec_on, &err);
+        CHECK_MSG(rc1 == MS_OK, "%s with PDL: %s", fx[f], err.msg);
+        int rc2 = pdl_decode(&m, 0, steps, off, &rec_off, &err);
+        CHECK_MSG(rc2 == MS_OK, "%s without PDL: %s", fx[f], err.msg);
+        int64_t diff = 0;
+        for (int64_t i = 0; i < n; i++) diff += memcmp(&on[i], &off[i], 4) != 0;
+        printf("  backend_step_pdl %s: %d steps, %lld of %lld logits differ, step recorded %d / %d (pdl / not)\n",
+               fx[f], steps, (long long)diff, (long long)n, rec_on, rec_off);
+        CHECK_MSG(diff == 0, "%s: %lld logits differ with PDL", fx[f], (long long)diff);
+        CHECK_MSG(rec_on == rec_off && (f || rec_on), "%s: the decode step recorded %d with PDL, %d without", fx[f],
+                  rec_on, rec_off);
+        free(on), free(off);
+        ms_model_free(&m);
+    }
 }
 
 TEST_GPU_RUNNER(test_gpu_run_backend)

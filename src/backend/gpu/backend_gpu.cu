@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "backend/gpu/gpu_internal.h"
+#include "backend/gpu/rope_head.h"
 extern "C" {
 #include "backend/cpu/backend_cpu.h" /* ms_route_host: the router kinds the device kernel lacks */
 }
@@ -467,6 +468,8 @@ __global__ void k_add_rmsnorm(float *x, const float *y, float *xn, const float *
     __shared__ float sh[256 / MS_WARP];
     float *xr = x + (int64_t)blockIdx.x * d, *nr = xn + (int64_t)blockIdx.x * d;
     const float *yr = y + (int64_t)blockIdx.x * d;
+    ms_pdl_launch();
+    ms_pdl_wait();
     float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
         float v = xr[i] + yr[i];
@@ -492,8 +495,15 @@ __global__ void __launch_bounds__(512) k_add_rmsnorm_reg(float *__restrict__ x, 
     float4 *xr = (float4 *)(x + (int64_t)blockIdx.x * d), *nr = (float4 *)(xn + (int64_t)blockIdx.x * d);
     const float4 *yr = (const float4 *)(y + (int64_t)blockIdx.x * d);
     const int n4 = (int)(d / 4);
-    float4 v[NV];
+    float4 v[NV], wv[NV];
     float ss = 0.0f;
+    ms_pdl_launch();
+#pragma unroll
+    for (int k = 0; k < NV; k++) { /* the norm's weights (no kernel's output) before the wait */
+        int i = threadIdx.x + k * blockDim.x;
+        wv[k] = w && i < n4 ? ((const float4 *)w)[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    }
+    ms_pdl_wait();
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
@@ -522,8 +532,8 @@ __global__ void __launch_bounds__(512) k_add_rmsnorm_reg(float *__restrict__ x, 
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
         if (i >= n4) continue;
-        float4 wv = w ? ((const float4 *)w)[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        nr[i] = make_float4(v[k].x * inv * wv.x, v[k].y * inv * wv.y, v[k].z * inv * wv.z, v[k].w * inv * wv.w);
+        nr[i] = make_float4(v[k].x * inv * wv[k].x, v[k].y * inv * wv[k].y, v[k].z * inv * wv[k].z,
+                            v[k].w * inv * wv[k].w);
     }
 }
 static void g_add_rmsnorm(ms_backend *be, float *x, const float *y, float *xn, const float *w, int64_t rows, int64_t d,
@@ -537,12 +547,11 @@ static void g_add_rmsnorm(ms_backend *be, float *x, const float *y, float *xn, c
         int nv = n4 <= 512 ? 1 : n4 <= 1024 ? 2 : n4 <= 2048 ? 4 : 8;
         int th = (int)((n4 + nv - 1) / nv);
         th = (th + 63) / 64 * 64;
-        if (nv == 1) k_add_rmsnorm_reg<1><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
-        else if (nv == 2) k_add_rmsnorm_reg<2><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
-        else if (nv == 4) k_add_rmsnorm_reg<4><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
-        else k_add_rmsnorm_reg<8><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        void (*k)(float *, const float *, float *, const float *, int64_t, float) =
+            nv == 1 ? k_add_rmsnorm_reg<1> : nv == 2 ? k_add_rmsnorm_reg<2> : nv == 4 ? k_add_rmsnorm_reg<4> : k_add_rmsnorm_reg<8>;
+        ms_launch(b->g->pdl, k, dim3((unsigned)rows), dim3(th), 0, b->g->stream, x, y, xn, w, d, eps);
     } else {
-        k_add_rmsnorm<<<(unsigned)rows, 256, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        ms_launch(b->g->pdl, k_add_rmsnorm, dim3((unsigned)rows), dim3(256), 0, b->g->stream, x, y, xn, w, d, eps);
     }
     launched(b, "add_rmsnorm");
 }
@@ -640,42 +649,17 @@ const float *ms_gpu_be_rope_table(ms_backend *be, const ms_rope *r) {
 }
 
 /* Per-head RMSNorm then RoPE of q's qh and k's kh heads (block (head, token), 128 threads):
- * the norm as the rmsnorm kernel, the rotation as k_rope. */
+ * rope_head.h's arithmetic (the norm as the rmsnorm kernel, the rotation as k_rope). */
 __global__ void k_qk_norm_rope(float *q, int64_t qh, const float *wq, float *k, int64_t kh, const float *wk, int hd,
                                float eps, int half, int interleaved, const float *inv, double attn_factor, int64_t pos0) {
     extern __shared__ float hv[];
     __shared__ float sh[32];
     int64_t h = blockIdx.x, t = blockIdx.y;
     int isq = h < qh;
+    ms_pdl_launch();
+    ms_pdl_wait();
     float *v = isq ? q + (t * qh + h) * hd : k + (t * kh + (h - qh)) * hd;
-    const float *w = isq ? wq : wk;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float x = v[i];
-        hv[i] = x;
-        ss = fmaf(x, x, ss);
-    }
-    ss = ms_warp_sum(ss);
-    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
-    if (lane == 0) sh[warp] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int i = 0; i < nw; i++) tot += sh[i];
-    float r = 1.0f / sqrtf(tot / (float)hd + eps);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = hv[i] * r * (w ? w[i] : 1.0f);
-    __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) { /* dims past the rotary ones */
-        int rot = interleaved ? i < 2 * half : (i < half || (i >= half && i < 2 * half));
-        if (!rot) v[i] = hv[i];
-    }
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float ang = (float)(pos0 + t) * inv[i];
-        float c = (float)(cos((double)ang) * attn_factor), s = (float)(sin((double)ang) * attn_factor);
-        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-        float a = hv[ia], bb = hv[ib];
-        v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
-        v[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
-    }
+    ms_head_norm_rope(v, v, hd, 1, isq ? wq : wk, eps, half, interleaved, inv, attn_factor, pos0 + t, hv, sh);
 }
 static void g_qk_norm_rope(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k,
                            int64_t kh, const float *wk, int n, int64_t hd, float eps, int64_t pos0) {
@@ -688,8 +672,8 @@ static void g_qk_norm_rope(ms_backend *be, const ms_rope *r, float *q, int64_t q
     }
     const float *inv = half > 0 ? rope_table(b, r) : b->rope_inv;
     if (!inv) return;
-    k_qk_norm_rope<<<dim3((unsigned)(qh + kh), (unsigned)n), 128, (size_t)hd * 4, b->g->stream>>>(
-        q, qh, wq, k, kh, wk, (int)hd, eps, half, r->layout == MS_ROPE_INTERLEAVED, inv, r->attn_factor, pos0);
+    ms_launch(b->g->pdl, k_qk_norm_rope, dim3((unsigned)(qh + kh), (unsigned)n), dim3(128), (size_t)hd * 4, b->g->stream,
+              q, qh, wq, k, kh, wk, (int)hd, eps, half, (int)(r->layout == MS_ROPE_INTERLEAVED), inv, r->attn_factor, pos0);
     launched(b, "qk_norm_rope");
 }
 
@@ -1287,6 +1271,8 @@ static void g_attn_res_mix(ms_backend *be, float *out, const float *blocks, int 
 
 /* x = the embedding row of token step[1] (core/backend.h embed_at) */
 __global__ void k_embed_at(float *x, qview q, const int64_t *step) {
+    ms_pdl_launch();
+    ms_pdl_wait();
     int64_t id = step[1];
     for (int64_t c = threadIdx.x; c < q.cols; c += blockDim.x) x[c] = qv_at(q, id, c);
 }
@@ -1296,7 +1282,7 @@ static void g_embed_at(ms_backend *be, float *x, const ms_qmat *table, const int
     ms_err e = {0};
     int rc = qview_of(table, &q, &e);
     if (rc) return note(b, rc, &e);
-    k_embed_at<<<1, 256, 0, b->g->stream>>>(x, q, step);
+    ms_launch(b->g->pdl, k_embed_at, dim3(1), dim3(256), 0, b->g->stream, x, q, step);
     launched(b, "embed_at");
 }
 

@@ -24,6 +24,12 @@ static int legacy_bits(const char *v) {
     return bits;
 }
 
+/* What ms_pdl_capable asks about: a kernel of this build (every .cu file has the same target). */
+__global__ void k_pdl_probe(int *p) {
+    ms_pdl_wait();
+    if (p) *p = 0;
+}
+
 extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     if (!out) return ms_fail(err, MS_ERR_ARG, "ms_gpu_open: out is NULL");
     *out = NULL;
@@ -46,6 +52,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
         ms_gpu_close(g);
         return rc;
     }
+    const char *pd = getenv("MS_GPU_PDL"); /* MS_GPU_PDL=0: every kernel in plain stream order (A/B) */
+    g->pdl = !(pd && !strcmp(pd, "0")) && g->prop.major >= 9 && ms_pdl_capable((const void *)k_pdl_probe);
     *out = g;
     return MS_OK;
 }

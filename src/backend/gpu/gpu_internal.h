@@ -45,6 +45,8 @@ struct ms_gpu {
     int cnt_n;
     int legacy; /* MS_GPU_LEGACY_DECODE at open (A/B measurements): "1" or "all" every earlier decode kernel,
                  * else a comma list of experts, route, norm, router (MS_GPU_LEG_* bits) */
+    int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+
+                 * device, device code built for it, and MS_GPU_PDL not "0" at open */
 };
 
 /* ms_gpu.legacy bits: which decode paths take the earlier kernels */

@@ -147,6 +147,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
     typedef mm_traits<DT> T;
     const int VEC = T::VEC, SUB = T::SUB, NSUB = VEC / SUB;
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    ms_pdl_launch();
+    if (a.tab) ms_pdl_wait(); /* routed jobs: the expert ids are an earlier kernel's output */
     const mm_job jb = job_of(a);
     const int64_t rows = jb.rows ? jb.rows : a.rows;
     const int64_t row0 = (int64_t)blockIdx.x * MM_R;
@@ -170,15 +172,27 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
         wr[r] = (const uint4 *)(jb.w + row * rowbytes);
         srow[r] = (row / a.brow) * a.scols;
     }
-    for (int k0 = warp * MS_WARP + lane; k0 < nch; k0 += U * STEP) {
-        uint4 raw[U][MM_R];
+    /* the first chunks of the weights are loaded before the wait (weights are no kernel's output),
+     * the activations after it */
+    const int kfirst = warp * MS_WARP + lane;
+    uint4 raw[U][MM_R];
 #pragma unroll
-        for (int u = 0; u < U; u++)
+    for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < MM_R; r++) {
-                int k = k0 + u * STEP;
-                raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
-            }
+        for (int r = 0; r < MM_R; r++) {
+            int k = kfirst + u * STEP;
+            raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+        }
+    ms_pdl_wait();
+    for (int k0 = kfirst; k0 < nch; k0 += U * STEP) {
+        if (k0 != kfirst)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < MM_R; r++) {
+                    int k = k0 + u * STEP;
+                    raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int k = k0 + u * STEP;
@@ -264,6 +278,8 @@ static __device__ __forceinline__ float elem(const mm_args &a, const mm_job &jb,
 /* The generic kernel: one warp per row, one column per lane per step. */
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_generic_kernel(const mm_args a, int dt) {
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    ms_pdl_launch();
+    ms_pdl_wait();
     const mm_job jb = job_of(a);
     const int64_t rows = jb.rows ? jb.rows : a.rows;
     const int64_t row = (int64_t)blockIdx.x * MM_WARPS + warp;
@@ -299,13 +315,13 @@ static int kernel_dtype(ms_dtype dt) {
 }
 
 template <int DT>
-static void launch_vec(const mm_args &a, int nj, gpuStream_t st) {
+static void launch_vec(const mm_args &a, int nj, gpuStream_t st, int pdl) {
     dim3 grid((unsigned)((a.rows + MM_R - 1) / MM_R), (unsigned)nj);
     dim3 block(MM_WARPS * MS_WARP);
-    if (a.n == 1) mm_vec_kernel<DT, 1, 2><<<grid, block, 0, st>>>(a);
-    else if (a.n == 2) mm_vec_kernel<DT, 2, 2><<<grid, block, 0, st>>>(a);
-    else if (a.n <= 4) mm_vec_kernel<DT, 4, 1><<<grid, block, 0, st>>>(a);
-    else mm_vec_kernel<DT, 8, 1><<<grid, block, 0, st>>>(a);
+    if (a.n == 1) ms_launch(pdl, mm_vec_kernel<DT, 1, 2>, grid, block, 0, st, a);
+    else if (a.n == 2) ms_launch(pdl, mm_vec_kernel<DT, 2, 2>, grid, block, 0, st, a);
+    else if (a.n <= 4) ms_launch(pdl, mm_vec_kernel<DT, 4, 1>, grid, block, 0, st, a);
+    else ms_launch(pdl, mm_vec_kernel<DT, 8, 1>, grid, block, 0, st, a);
 }
 
 /* Fill the layout fields of a from w. */
@@ -330,18 +346,18 @@ static int mm_run(ms_gpu *g, const ms_qmat *w, const mm_args &a, int nj, int ali
     if (a.bcol & (a.bcol - 1)) vec_ok = 0; /* the vector kernel shifts by log2(bcol) */
     if (vec_ok) {
         switch (dt) {
-        case DT_F32: launch_vec<DT_F32>(a, nj, g->stream); break;
-        case DT_F16: launch_vec<DT_F16>(a, nj, g->stream); break;
-        case DT_BF16: launch_vec<DT_BF16>(a, nj, g->stream); break;
+        case DT_F32: launch_vec<DT_F32>(a, nj, g->stream, g->pdl); break;
+        case DT_F16: launch_vec<DT_F16>(a, nj, g->stream, g->pdl); break;
+        case DT_BF16: launch_vec<DT_BF16>(a, nj, g->stream, g->pdl); break;
         case DT_FP8:
-            if (fp8_decode_mode()) launch_vec<DT_FP8>(a, nj, g->stream);
-            else launch_vec<DT_FP8_CVT>(a, nj, g->stream);
+            if (fp8_decode_mode()) launch_vec<DT_FP8>(a, nj, g->stream, g->pdl);
+            else launch_vec<DT_FP8_CVT>(a, nj, g->stream, g->pdl);
             break;
-        default: launch_vec<DT_F4>(a, nj, g->stream); break;
+        default: launch_vec<DT_F4>(a, nj, g->stream, g->pdl); break;
         }
     } else {
         dim3 grid((unsigned)((a.rows + MM_WARPS - 1) / MM_WARPS), (unsigned)nj);
-        mm_generic_kernel<<<grid, MM_WARPS * MS_WARP, 0, g->stream>>>(a, dt);
+        ms_launch(g->pdl, mm_generic_kernel, grid, dim3(MM_WARPS * MS_WARP), 0, g->stream, a, dt);
     }
     return ms_gpu_launched(err, vec_ok ? "matmul (vector kernel)" : "matmul (generic kernel)");
 }
@@ -696,6 +712,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
     const int STEP = (int)blockDim.x; /* 1 to MM_WARPS warps (rx_warps) */
     const int j = blockIdx.y;
     const int64_t i0 = (int64_t)blockIdx.x * 2;
+    ms_pdl_launch();
+    ms_pdl_wait(); /* the ids, weights and x are earlier kernels' output */
     const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const uint4 *wr[MM_R];
@@ -751,6 +769,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
     __shared__ int ord[32];
     __shared__ const uint8_t *sw[32], *ss[32];
     const int K = a.K;
+    ms_pdl_launch();
+    ms_pdl_wait(); /* the ids, weights and h are earlier kernels' output */
     if (threadIdx.x < K) { /* slot of rank r in ascending expert id (ids of one token are distinct) */
         int id = a.ids[threadIdx.x], rank = 0;
         for (int q = 0; q < K; q++) rank += a.ids[q] < id || (a.ids[q] == id && q < (int)threadIdx.x);
@@ -820,11 +840,11 @@ static int rx_warps(int64_t nch) {
 }
 
 template <int DT>
-static void launch_rx(const rx_args &gu, const rx_args &dn, gpuStream_t st) {
+static void launch_rx(const rx_args &gu, const rx_args &dn, gpuStream_t st, int pdl) {
     dim3 block(MM_WARPS * MS_WARP);
     dim3 gblock(rx_warps(gu.cols / mm_traits<DT>::VEC) * MS_WARP);
-    rx_gu_kernel<DT><<<dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st>>>(gu);
-    rx_down_kernel<DT><<<(unsigned)((dn.D + MM_R - 1) / MM_R), block, 0, st>>>(dn);
+    ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
+    ms_launch(pdl, rx_down_kernel<DT>, dim3((unsigned)((dn.D + MM_R - 1) / MM_R)), block, 0, st, dn);
 }
 
 /* Whether the vector kernel takes a matrix of w's layout over a 16-byte aligned x (as mm_run). */
@@ -860,13 +880,13 @@ extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, c
         dn.x = H;
         rx_layout(gu, gate), rx_layout(dn, down);
         switch (kernel_dtype(gate->dtype) * 8 + kernel_dtype(down->dtype)) {
-#define RX_CASE(DT, LDT) case DT * 8 + DT: launch_rx<LDT>(gu, dn, g->stream); break
+#define RX_CASE(DT, LDT) case DT * 8 + DT: launch_rx<LDT>(gu, dn, g->stream, g->pdl); break
         RX_CASE(DT_F32, DT_F32);
         RX_CASE(DT_F16, DT_F16);
         RX_CASE(DT_BF16, DT_BF16);
         case DT_FP8 * 8 + DT_FP8:
-            if (fp8_decode_mode()) launch_rx<DT_FP8>(gu, dn, g->stream);
-            else launch_rx<DT_FP8_CVT>(gu, dn, g->stream);
+            if (fp8_decode_mode()) launch_rx<DT_FP8>(gu, dn, g->stream, g->pdl);
+            else launch_rx<DT_FP8_CVT>(gu, dn, g->stream, g->pdl);
             break;
         RX_CASE(DT_F4, DT_F4);
 #undef RX_CASE
@@ -916,6 +936,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
     const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
     const int64_t row0 = (int64_t)blockIdx.x * MM_R;
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
+    ms_pdl_launch();
     const uint4 *wr[MM_R];
     const uint8_t *sp[MM_R];
     int64_t srow[MM_R];
@@ -927,15 +948,26 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
         srow[r] = (row / a.brow) * a.scols;
     }
     float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    /* the first chunks of the router's rows before the wait (all of them for rows of up to
+     * 2 x 128 chunks), x after it */
+    uint4 raw[U][MM_R];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) {
+            int64_t k = threadIdx.x + u * STEP;
+            raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+        }
+    ms_pdl_wait();
     for (int64_t k0 = threadIdx.x; k0 < nch; k0 += U * STEP) {
-        uint4 raw[U][MM_R];
+        if (k0 != (int64_t)threadIdx.x)
 #pragma unroll
-        for (int u = 0; u < U; u++)
+            for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < MM_R; r++) {
-                int64_t k = k0 + u * STEP;
-                raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
-            }
+                for (int r = 0; r < MM_R; r++) {
+                    int64_t k = k0 + u * STEP;
+                    raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int64_t k = k0 + u * STEP;
@@ -990,15 +1022,16 @@ extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, floa
     a.brow = m.brow, a.bshift = m.bshift, a.scale_dt = m.scale_dt, a.c = *c;
     if (!(a.cnt = ms_gpu_counters(g, 1, err))) return err ? err->code : MS_ERR_NOMEM;
     unsigned blocks = (unsigned)((a.rows + MM_R - 1) / MM_R);
+    dim3 th(MM_WARPS * MS_WARP);
     switch (kernel_dtype(router->dtype)) {
-    case DT_F32: rr_kernel<DT_F32><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
-    case DT_F16: rr_kernel<DT_F16><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
-    case DT_BF16: rr_kernel<DT_BF16><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    case DT_F32: ms_launch(g->pdl, rr_kernel<DT_F32>, dim3(blocks), th, 0, g->stream, a); break;
+    case DT_F16: ms_launch(g->pdl, rr_kernel<DT_F16>, dim3(blocks), th, 0, g->stream, a); break;
+    case DT_BF16: ms_launch(g->pdl, rr_kernel<DT_BF16>, dim3(blocks), th, 0, g->stream, a); break;
     case DT_FP8:
-        if (fp8_decode_mode()) rr_kernel<DT_FP8><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a);
-        else rr_kernel<DT_FP8_CVT><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a);
+        if (fp8_decode_mode()) ms_launch(g->pdl, rr_kernel<DT_FP8>, dim3(blocks), th, 0, g->stream, a);
+        else ms_launch(g->pdl, rr_kernel<DT_FP8_CVT>, dim3(blocks), th, 0, g->stream, a);
         break;
-    default: rr_kernel<DT_F4><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    default: ms_launch(g->pdl, rr_kernel<DT_F4>, dim3(blocks), th, 0, g->stream, a); break;
     }
     return ms_gpu_launched(err, "router + route");
 }
