@@ -466,12 +466,17 @@ TEST(backend_route) {
 TEST(backend_router_route) {
     SKIP_UNLESS_SELECTED("backend_router_route");
     ms_backend *C = cpu();
-    struct { const char *what; const wkind *k; ms_router_kind kind; int E, K, G_, TG, norm, D; float scale; } cs[] = {
-        {"router_route softmax 8 of 128, bf16 2048", &K_BF16, MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 2048, 1.0f},
-        {"router_route top-k softmax 4 of 32, bf16 2880", &K_BF16, MS_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 2880, 1.0f},
-        {"router_route sigmoid 8 of 384 + bias, f32 2304", &K_F32, MS_ROUTER_SIGMOID, 384, 8, 1, 1, 1, 2304, 2.8f},
-        {"router_route softmax 6 of 64, fp8 1024", &K_FP8, MS_ROUTER_SOFTMAX, 64, 6, 1, 1, 0, 1024, 1.0f},
-        {"router_route sigmoid groups 4 of 8 (two ops)", &K_BF16, MS_ROUTER_SIGMOID, 256, 8, 8, 4, 1, 1024, 2.5f},
+    /* mode 1: the rows repeat 16 distinct rows (every logit tied 8 ways: the top 8 all tie);
+     * mode 2: 30 of the 32 rows hold a NaN (NaN logits: the 2 numbers, then the lowest NaN indices) */
+    struct { const char *what; const wkind *k; ms_router_kind kind; int E, K, G_, TG, norm, D; float scale; int mode; } cs[] = {
+        {"router_route softmax 8 of 128, bf16 2048", &K_BF16, MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 2048, 1.0f, 0},
+        {"router_route top-k softmax 4 of 32, bf16 2880", &K_BF16, MS_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 2880, 1.0f, 0},
+        {"router_route sigmoid 8 of 384 + bias, f32 2304", &K_F32, MS_ROUTER_SIGMOID, 384, 8, 1, 1, 1, 2304, 2.8f, 0},
+        {"router_route softmax 6 of 64, fp8 1024", &K_FP8, MS_ROUTER_SOFTMAX, 64, 6, 1, 1, 0, 1024, 1.0f, 0},
+        {"router_route sigmoid groups 4 of 8 (two ops)", &K_BF16, MS_ROUTER_SIGMOID, 256, 8, 8, 4, 1, 1024, 2.5f, 0},
+        {"router_route softmax 8 of 128, 8-way ties", &K_BF16, MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 2048, 1.0f, 1},
+        {"router_route sigmoid 8 of 256 + bias, 8-way ties", &K_BF16, MS_ROUTER_SIGMOID, 256, 8, 1, 1, 1, 1024, 2.5f, 1},
+        {"router_route top-k softmax 4 of 32, 30 NaN logits", &K_BF16, MS_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 2880, 1.0f, 2},
     };
     for (int leg = 0; leg < 2; leg++)
         for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
@@ -484,8 +489,14 @@ TEST(backend_router_route) {
             int E = cs[ci].E, K = cs[ci].K;
             int64_t D = cs[ci].D;
             ms_qmat w = make_w(cs[ci].k, E, D), dw;
+            uint16_t *wd = (uint16_t *)w.data; /* modes 1, 2: BF16 rows */
+            for (int r = 16; cs[ci].mode == 1 && r < E; r++) memcpy(wd + (int64_t)r * D, wd + (int64_t)(r % 16) * D, (size_t)D * 2);
+            for (int r = 0; cs[ci].mode == 2 && r < E; r++)
+                if (r != 5 && r != 17) wd[(int64_t)r * D + (r * 13) % D] = 0x7fc0;
             CHECK(G->ops->place_qmat(G, &w, &dw, &err) == MS_OK);
             float *x = randv(D, 1.0f), *bias = randv(E, 0.3f), *ref = malloc((size_t)E * 4);
+            if (cs[ci].mode == 1) /* the bias repeats with the rows: choices tie as the logits do */
+                for (int i = 16; i < E; i++) bias[i] = bias[i % 16];
             double *l1 = malloc((size_t)E * 8);
             ms_matmul_ref(ref, x, 1, &w);
             l1_rows(&w, x, 1, l1);
@@ -502,6 +513,7 @@ TEST(backend_router_route) {
             int lbad = 0;
             for (int i = 0; i < E; i++) {
                 double e = fabs((double)gl[i] - ref[i]) / (dot_bound(D) * l1[i] + 1e-30);
+                if (isnan(ref[i]) && isnan(gl[i])) e = 0;
                 if (!(e <= 1)) lbad++;
                 if (e > worst) worst = e;
             }

@@ -918,7 +918,8 @@ unfused:;
 
 /* logits [E] = router x for one token (rows as the vector kernel: MM_R per block, the warps
  * over the columns), then the last block to finish (an arrival counter) routes them with
- * route_warp_token: one launch instead of the matmul's and the route's. */
+ * route_block_token (route_warp.h: the ids and weights of route_warp_token, the top-k by ranks
+ * over the block's threads): one launch instead of the matmul's and the route's. */
 typedef struct rr_args {
     const uint8_t *w, *scale;
     const float *x, *bias;
@@ -996,7 +997,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
     __threadfence();
     for (int64_t i = threadIdx.x; i < a.rows; i += blockDim.x) lg[i] = ms_load_cg(a.logits + i);
     __syncthreads();
-    if (threadIdx.x < MS_WARP) route_warp_token(a.ids, a.wout, lg, a.bias, a.c, scores, choice, taken, ids);
+    route_block_token(a.ids, a.wout, lg, a.bias, a.c, scores, choice, taken, ids);
 }
 
 extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
