@@ -53,6 +53,10 @@ typedef struct mm_args {
     const float *xb;
     float *yb;
     int64_t xjs, yjs, ywh;
+    /* the vector kernel over direct jobs (nflat > 0): one row of blocks, job j's MM_R-row blocks
+     * at boff[j] .. boff[j + 1] (no idle blocks for the shorter jobs of a launch) */
+    int nflat;
+    int boff[MM_MAXJ + 1];
 } mm_args;
 
 static __device__ __forceinline__ mm_job job_of(const mm_args &a) {
@@ -149,9 +153,11 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
     ms_pdl_launch();
     if (a.tab) ms_pdl_wait(); /* routed jobs: the expert ids are an earlier kernel's output */
-    const mm_job jb = job_of(a);
+    int fj = 0;
+    while (fj + 1 < a.nflat && (int)blockIdx.x >= a.boff[fj + 1]) fj++;
+    const mm_job jb = a.nflat ? a.job[fj] : job_of(a);
     const int64_t rows = jb.rows ? jb.rows : a.rows;
-    const int64_t row0 = (int64_t)blockIdx.x * MM_R;
+    const int64_t row0 = ((int64_t)blockIdx.x - (a.nflat ? a.boff[fj] : 0)) * MM_R;
     if (row0 >= rows) return; /* a shorter job of the launch */
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const int n = a.n;
@@ -316,7 +322,7 @@ static int kernel_dtype(ms_dtype dt) {
 
 template <int DT>
 static void launch_vec(const mm_args &a, int nj, gpuStream_t st, int pdl) {
-    dim3 grid((unsigned)((a.rows + MM_R - 1) / MM_R), (unsigned)nj);
+    dim3 grid = a.nflat ? dim3((unsigned)a.boff[a.nflat]) : dim3((unsigned)((a.rows + MM_R - 1) / MM_R), (unsigned)nj);
     dim3 block(MM_WARPS * MS_WARP);
     if (a.n == 1) ms_launch(pdl, mm_vec_kernel<DT, 1, 2>, grid, block, 0, st, a);
     else if (a.n == 2) ms_launch(pdl, mm_vec_kernel<DT, 2, 2>, grid, block, 0, st, a);
@@ -373,6 +379,13 @@ static int mm_launch(ms_gpu *g, const ms_qmat *w, mm_job *jobs, int nj, int n, i
     int aligned = 1;
     for (int j = 0; j < nj && aligned; j++)
         if ((uintptr_t)jobs[j].w % 16 || (uintptr_t)jobs[j].x % 16) aligned = 0;
+    int64_t nb = 0; /* the vector kernel's blocks of every job, in one row (fits an int: rows < 2^31 x 4) */
+    for (int j = 0; j < nj; j++) {
+        a.boff[j] = (int)nb;
+        nb += ((jobs[j].rows ? jobs[j].rows : a.rows) + MM_R - 1) / MM_R;
+    }
+    a.boff[nj] = (int)nb;
+    if (nb < INT32_MAX) a.nflat = nj;
     return mm_run(g, w, a, nj, aligned, force_generic, err);
 }
 
