@@ -73,11 +73,10 @@ typedef hipGraphExec_t gpuGraphExec_t;
 /* Programmatic dependent launch (CUDA sm_90+) has no HIP counterpart here: kernels launch in
  * stream order, the device calls below do nothing. */
 template <typename... P, typename... A>
-static inline gpuError_t ms_launch(int pdl, void (*k)(P...), dim3 grid, dim3 block, size_t shm, gpuStream_t st,
-                                   A &&...args) {
+static inline void ms_launch(int pdl, void (*k)(P...), dim3 grid, dim3 block, size_t shm, gpuStream_t st,
+                             A &&...args) {
     (void)pdl;
     k<<<grid, block, shm, st>>>(static_cast<A &&>(args)...);
-    return hipSuccess;
 }
 static inline int ms_pdl_capable(const void *kernel) {
     (void)kernel;
@@ -172,13 +171,14 @@ typedef cudaGraphExec_t gpuGraphExec_t;
  * it reads anything an earlier kernel of the stream writes and before it writes anything an
  * earlier kernel reads or writes; what k does before that (weights, kernel arguments) overlaps
  * the previous kernel's tail. Under stream capture the attribute becomes a programmatic edge
- * of the graph. Returns the launch's status (also left for gpuGetLastError, as <<<>>>'s). */
+ * of the graph. A failed launch is left for gpuGetLastError, as <<<>>>'s (the caller's
+ * ms_gpu_launched reports it). */
 template <typename... P, typename... A>
-static inline gpuError_t ms_launch(int pdl, void (*k)(P...), dim3 grid, dim3 block, size_t shm, gpuStream_t st,
-                                   A &&...args) {
+static inline void ms_launch(int pdl, void (*k)(P...), dim3 grid, dim3 block, size_t shm, gpuStream_t st,
+                             A &&...args) {
     if (!pdl) {
         k<<<grid, block, shm, st>>>(static_cast<A &&>(args)...);
-        return cudaSuccess;
+        return;
     }
     cudaLaunchAttribute at[1] = {};
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -186,7 +186,7 @@ static inline gpuError_t ms_launch(int pdl, void (*k)(P...), dim3 grid, dim3 blo
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm, cfg.stream = st;
     cfg.attrs = at, cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+    (void)cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...); /* its error is also the thread's last error */
 }
 /* Whether kernel's device code has the waits above (its PTX is for sm_90 or later: code built
  * for an older target runs without them, so the attribute must stay off). */
