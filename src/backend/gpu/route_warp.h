@@ -17,7 +17,7 @@ static __device__ __forceinline__ bool better(float v, int i, float bv, int bi) 
 /* The values the top-k of route_warp_token ranks (c.kind's): the softmax scores, the logits
  * (top-k softmax) or sigmoid + bias, into scores / choice (shared memory) by the lanes of the
  * calling warp; returns the array ranked (choice, scores or lg). taken [E] is cleared. */
-static __device__ const float *route_warp_scores(const float *lg, const float *bias, const ms_gpu_route_cfg &c,
+static __device__ inline const float *route_warp_scores(const float *lg, const float *bias, const ms_gpu_route_cfg &c,
                                                  float *scores, float *choice, unsigned char *taken) {
     const int E = c.n_experts, lane = threadIdx.x % MS_WARP;
     if (c.kind == MS_GPU_ROUTER_SOFTMAX) {
@@ -45,7 +45,7 @@ static __device__ const float *route_warp_scores(const float *lg, const float *b
 /* The route weights of the chosen ids [K] into w_out (and the ids into ids_out), by one thread:
  * top-k softmax over the chosen logits, or the chosen scores (sums in double, norm_topk, routed
  * scale), as ops.cu's route_kernel. */
-static __device__ void route_weights(int32_t *ids_out, float *w_out, const float *lg, const float *scores,
+static __device__ inline void route_weights(int32_t *ids_out, float *w_out, const float *lg, const float *scores,
                                      const ms_gpu_route_cfg &c, const int *ids) {
     const int K = c.top_k;
     float w[RT_MAXK];
@@ -74,7 +74,7 @@ static __device__ void route_weights(int32_t *ids_out, float *w_out, const float
  * ids [K], the caller's); K rounds of a warp argmax by shuffles (larger wins, ties to the lower
  * index, NaN never; only NaN left: the lowest unused index, as ops.cu's block_topk), no block
  * barriers. The weights as ops.cu's route_kernel (sums in double, norm_topk, routed scale). */
-static __device__ void route_warp_token(int32_t *ids_out, float *w_out, const float *lg, const float *bias,
+static __device__ inline void route_warp_token(int32_t *ids_out, float *w_out, const float *lg, const float *bias,
                                         const ms_gpu_route_cfg &c, float *scores, float *choice,
                                         unsigned char *taken, int *ids) {
     const int E = c.n_experts, K = c.top_k, lane = threadIdx.x % MS_WARP;
@@ -117,7 +117,7 @@ static __device__ void route_warp_token(int32_t *ids_out, float *w_out, const fl
  * the lower index; NaN after every number, among themselves by index), the expert of rank
  * r < K is the r-th choice, so the ids are route_warp_token's, in one pass over the E values
  * per expert instead of K dependent rounds; the weights by thread 0 (route_weights). */
-static __device__ void route_block_token(int32_t *ids_out, float *w_out, const float *lg, const float *bias,
+static __device__ inline void route_block_token(int32_t *ids_out, float *w_out, const float *lg, const float *bias,
                                          const ms_gpu_route_cfg &c, float *scores, float *choice,
                                          unsigned char *taken, int *ids) {
     const int E = c.n_experts, K = c.top_k;
