@@ -13,6 +13,7 @@
 #include "backend/gpu/gpu.h"
 #include "engine/engine_internal.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "ops/ops.h"
 #include "backend/cpu/backend_cpu.h"
 #include "backend/gpu/backend_gpu.h"
@@ -501,15 +502,57 @@ TEST(backend_zero_experts) {
  * route bound. Softmax (Qwen3 128 x 2048 BF16), top-k softmax (gpt-oss 32 x 2880 BF16), ungrouped
  * sigmoid with a correction bias (Kimi 384 x 2304 F32), FP8 rows, and a grouped sigmoid (the two
  * ops) */
+/* add_rmsnorm_router_route (x += y, xn = rmsnorm(x) w, the router on xn, one launch) against
+ * add_rmsnorm then router_route on the same backend: x, xn, logits, ids and weights bit-identical
+ * (the fused kernel sums the squares in add_rmsnorm's order); router dw [E, D] placed. */
+static void prenorm_router_same(ms_backend *G, const ms_config *c, const ms_qmat *dw, const float *dbias, const char *what) {
+    ms_err err = {0};
+    int64_t D = dw->cols, E = dw->rows, K = c->top_k;
+    float *x = randv(D, 1.0f), *y = randv(D, 1.0f), *nw = randv(D, 0.2f);
+    for (int64_t i = 0; i < D; i++) nw[i] += 1.0f;
+    float *d[2][5]; /* per path: x, xn, logits, weights, ids */
+    for (int p = 0; p < 2; p++) {
+        d[p][0] = bup(x, D), d[p][1] = bup(y, D), d[p][2] = bup(y, E), d[p][3] = bup(y, 64), d[p][4] = bup(y, 64);
+    }
+    float *dy = bup(y, D), *dnw = bup(nw, D);
+    for (int p = 0; p < 2; p++) {
+        ms_route_args a = {.c = c, .logits = d[p][2], .bias = dbias, .n = 1, .ids = (int *)d[p][4], .w = d[p][3]};
+        if (p == 0) {
+            G->ops->add_rmsnorm(G, d[p][0], dy, d[p][1], dnw, 1, D, 1e-6f);
+            G->ops->router_route(G, &a, d[p][1], dw);
+        } else {
+            G->ops->add_rmsnorm_router_route(G, d[p][0], dy, d[p][1], dnw, 1e-6f, &a, dw);
+        }
+    }
+    CHECK_MSG(G->ops->sync(G, &err) == MS_OK, "%s: %s", what, err.msg);
+    int64_t len[5] = {D, D, E, K, K}, bad = 0;
+    for (int q = 0; q < 5; q++) {
+        float *a0 = bget(d[0][q], len[q]), *a1 = bget(d[1][q], len[q]);
+        bad += memcmp(a0, a1, (size_t)len[q] * 4) != 0;
+        free(a0), free(a1);
+    }
+    printf("  backend %-60s add_rmsnorm_router_route %s\n", what, bad ? "DIFFERS" : "bit-identical");
+    CHECK_MSG(bad == 0, "%s: add_rmsnorm_router_route differs from add_rmsnorm + router_route in %lld outputs", what,
+              (long long)bad);
+    for (int p = 0; p < 2; p++)
+        for (int q = 0; q < 5; q++) gfree(d[p][q]);
+    gfree(dy), gfree(dnw), free(x), free(y), free(nw);
+}
 TEST(backend_router_route) {
     SKIP_UNLESS_SELECTED("backend_router_route");
     ms_backend *C = cpu();
-    struct { const char *what; const wkind *k; ms_router_kind kind; int E, K, G_, TG, norm, D; float scale; } cs[] = {
-        {"router_route softmax 8 of 128, bf16 2048", &K_BF16, MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 2048, 1.0f},
-        {"router_route top-k softmax 4 of 32, bf16 2880", &K_BF16, MS_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 2880, 1.0f},
-        {"router_route sigmoid 8 of 384 + bias, f32 2304", &K_F32, MS_ROUTER_SIGMOID, 384, 8, 1, 1, 1, 2304, 2.8f},
-        {"router_route softmax 6 of 64, fp8 1024", &K_FP8, MS_ROUTER_SOFTMAX, 64, 6, 1, 1, 0, 1024, 1.0f},
-        {"router_route sigmoid groups 4 of 8 (two ops)", &K_BF16, MS_ROUTER_SIGMOID, 256, 8, 8, 4, 1, 1024, 2.5f},
+    /* mode 1: the rows repeat 16 distinct rows (every logit tied 8 ways: the top 8 all tie);
+     * mode 2: 30 of the 32 rows hold a NaN (NaN logits: the 2 numbers, then the lowest NaN indices) */
+    struct { const char *what; const wkind *k; ms_router_kind kind; int E, K, G_, TG, norm, D; float scale; int mode; } cs[] = {
+        {"router_route softmax 8 of 128, bf16 2048", &K_BF16, MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 2048, 1.0f, 0},
+        {"router_route top-k softmax 4 of 32, bf16 2880", &K_BF16, MS_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 2880, 1.0f, 0},
+        {"router_route sigmoid 8 of 384 + bias, f32 2304", &K_F32, MS_ROUTER_SIGMOID, 384, 8, 1, 1, 1, 2304, 2.8f, 0},
+        {"router_route softmax 6 of 64, fp8 1024", &K_FP8, MS_ROUTER_SOFTMAX, 64, 6, 1, 1, 0, 1024, 1.0f, 0},
+        {"router_route sigmoid groups 4 of 8 (two ops)", &K_BF16, MS_ROUTER_SIGMOID, 256, 8, 8, 4, 1, 1024, 2.5f, 0},
+        {"router_route softmax 8 of 128, 8-way ties", &K_BF16, MS_ROUTER_SOFTMAX, 128, 8, 1, 1, 1, 2048, 1.0f, 1},
+        {"router_route sigmoid 8 of 256 + bias, 8-way ties", &K_BF16, MS_ROUTER_SIGMOID, 256, 8, 1, 1, 1, 1024, 2.5f, 1},
+        {"router_route top-k softmax 4 of 32, 30 NaN logits", &K_BF16, MS_ROUTER_TOPK_SOFTMAX, 32, 4, 1, 1, 0, 2880, 1.0f, 2},
+        {"router_route sigmoid 8 of 256 + bias, bf16 7168", &K_BF16, MS_ROUTER_SIGMOID, 256, 8, 1, 1, 1, 7168, 2.5f, 0},
     };
     for (int leg = 0; leg < 2; leg++)
         for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
@@ -522,8 +565,14 @@ TEST(backend_router_route) {
             int E = cs[ci].E, K = cs[ci].K;
             int64_t D = cs[ci].D;
             ms_qmat w = make_w(cs[ci].k, E, D), dw;
+            uint16_t *wd = (uint16_t *)w.data; /* modes 1, 2: BF16 rows */
+            for (int r = 16; cs[ci].mode == 1 && r < E; r++) memcpy(wd + (int64_t)r * D, wd + (int64_t)(r % 16) * D, (size_t)D * 2);
+            for (int r = 0; cs[ci].mode == 2 && r < E; r++)
+                if (r != 5 && r != 17) wd[(int64_t)r * D + (r * 13) % D] = 0x7fc0;
             CHECK(G->ops->place_qmat(G, &w, &dw, &err) == MS_OK);
             float *x = randv(D, 1.0f), *bias = randv(E, 0.3f), *ref = malloc((size_t)E * 4);
+            if (cs[ci].mode == 1) /* the bias repeats with the rows: choices tie as the logits do */
+                for (int i = 16; i < E; i++) bias[i] = bias[i % 16];
             double *l1 = malloc((size_t)E * 8);
             ms_matmul_ref(ref, x, 1, &w);
             l1_rows(&w, x, 1, l1);
@@ -540,6 +589,7 @@ TEST(backend_router_route) {
             int lbad = 0;
             for (int i = 0; i < E; i++) {
                 double e = fabs((double)gl[i] - ref[i]) / (dot_bound(D) * l1[i] + 1e-30);
+                if (isnan(ref[i]) && isnan(gl[i])) e = 0;
                 if (!(e <= 1)) lbad++;
                 if (e > worst) worst = e;
             }
@@ -553,6 +603,7 @@ TEST(backend_router_route) {
             CHECK_MSG(lbad == 0, "%s: %d logits out of bound", nm, lbad);
             CHECK_MSG(idbad == 0, "%s: %d ids differ", nm, idbad);
             cmpv(nm, gw, rw, K, 4 * (E / 256.0 + 16) * U32 + 2e-6, 1e-30);
+            if (!leg) prenorm_router_same(G, &c, &dw, dbias, nm);
             gfree(dx), gfree(dbias), gfree(dl), gfree(dwt), gfree(did);
             free(x), free(bias), free(ref), free(l1), free(gl), free(gw), free_w(&w);
         }
@@ -1387,6 +1438,78 @@ TEST(backend_step) {
         free(got), gfree(d);
     }
     gfree(dstep);
+}
+
+/* Programmatic dependent launch (MS_GPU_PDL, gpu_port.h ms_launch) through whole decodes: a fixture
+ * model (softmax router, top-k softmax with biases, sigmoid with a correction bias) decoded
+ * greedily past a 256-token bucket (the step recorded twice, replayed between) on a backend with
+ * the attribute and on one without: the same kernels in the same order, so the logits of every
+ * step must be bit-identical (a kernel that read its predecessor's output before the wait would
+ * show as a difference); the step must have stayed recorded (the programmatic edges captured).
+ * Then with MS_GPU_LEGACY_DECODE=prenorm (the FFN's add + norm as its own kernel, not in the
+ * router's): bit-identical as well. */
+static int pdl_decode(ms_model *m, int pdl, int steps, float *out, int *recorded, ms_err *err) {
+    ms_backend *be = NULL;
+    ms_engine *e = NULL;
+    setenv("MS_GPU_PDL", pdl ? "1" : "0", 1);
+    int rc = ms_backend_gpu_create(0, &be, err);
+    unsetenv("MS_GPU_PDL");
+    ms_engine_opts o = {.max_ctx = steps + 16, .max_batch = 16, .backend = be};
+    if (!rc) rc = ms_engine_create(m, &o, &e, err);
+    int64_t V = m->cfg.vocab;
+    int32_t ids[8];
+    for (int i = 0; i < 8; i++) ids[i] = (int32_t)((i * 37 + 1) % V);
+    if (!rc) rc = ms_engine_forward(e, ids, 8, out, 0, err);
+    for (int s = 1; !rc && s <= steps; s++) {
+        const float *prev = out + (int64_t)(s - 1) * V;
+        int32_t t = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (prev[v] > prev[t]) t = (int32_t)v;
+        rc = ms_engine_forward(e, &t, 1, out + (int64_t)s * V, 0, err);
+    }
+    *recorded = e && !e->step_off && e->step_graph;
+    if (e) ms_engine_destroy(e);
+    if (be) be->ops->destroy(be);
+    return rc;
+}
+TEST(backend_step_pdl) {
+    SKIP_UNLESS_SELECTED("backend_step_pdl");
+    const char *fx[3] = {"qwen3_moe", "gpt_oss", "glm4_moe"};
+    const int steps = 264;
+    for (int f = 0; f < 3; f++) {
+        char dir[128];
+        snprintf(dir, sizeof dir, "tests/data/fixtures/models/%s", fx[f]);
+        ms_model m;
+        ms_err err = {0};
+        if (ms_model_load(dir, &m, &err)) {
+            printf("  backend_step_pdl %s: skipped (%s)\n", fx[f], err.msg);
+            continue;
+        }
+        int64_t n = (int64_t)(steps + 1) * m.cfg.vocab;
+        float *on = calloc((size_t)n, 4), *off = calloc((size_t)n, 4);
+        int rec_on = 0, rec_off = 0, rec_un = 0;
+        int rc1 = pdl_decode(&m, 1, steps, on, &rec_on, &err);
+        CHECK_MSG(rc1 == MS_OK, "%s with PDL: %s", fx[f], err.msg);
+        int rc2 = pdl_decode(&m, 0, steps, off, &rec_off, &err);
+        CHECK_MSG(rc2 == MS_OK, "%s without PDL: %s", fx[f], err.msg);
+        int64_t diff = 0, diff_un = 0;
+        for (int64_t i = 0; i < n; i++) diff += memcmp(&on[i], &off[i], 4) != 0;
+        /* the same with the FFN's add + norm in its own launch (not in the router's): bit-identical too */
+        setenv("MS_GPU_LEGACY_DECODE", "prenorm", 1);
+        int rc3 = pdl_decode(&m, 1, steps, off, &rec_un, &err);
+        unsetenv("MS_GPU_LEGACY_DECODE");
+        CHECK_MSG(rc3 == MS_OK, "%s unfused: %s", fx[f], err.msg);
+        for (int64_t i = 0; i < n; i++) diff_un += memcmp(&on[i], &off[i], 4) != 0;
+        printf("  backend_step_pdl %s: %d steps, %lld of %lld logits differ without PDL, %lld with the FFN norm apart; "
+               "step recorded %d / %d / %d\n",
+               fx[f], steps, (long long)diff, (long long)n, (long long)diff_un, rec_on, rec_off, rec_un);
+        CHECK_MSG(diff == 0, "%s: %lld logits differ with PDL", fx[f], (long long)diff);
+        CHECK_MSG(diff_un == 0, "%s: %lld logits differ with the FFN norm in the router", fx[f], (long long)diff_un);
+        CHECK_MSG(rec_on == rec_off && (f || rec_on), "%s: the decode step recorded %d with PDL, %d without", fx[f],
+                  rec_on, rec_off);
+        free(on), free(off);
+        ms_model_free(&m);
+    }
 }
 
 TEST_GPU_RUNNER(test_gpu_run_backend)

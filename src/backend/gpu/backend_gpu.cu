@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "backend/gpu/gpu_internal.h"
+#include "backend/gpu/rope_head.h"
 extern "C" {
 #include "backend/cpu/backend_cpu.h" /* ms_route_host: the router kinds the device kernel lacks */
 }
@@ -253,6 +254,7 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(matmul); PROF_WRAP(matmul_many); PROF_WRAP(rmsnorm); PROF_WRAP(add_bias); PROF_WRAP(add);
     PROF_WRAP(scale); PROF_WRAP(mul_sigmoid); PROF_WRAP(rope); PROF_WRAP(glu); PROF_WRAP(embed);
     PROF_WRAP(attn_gqa); PROF_WRAP(attn_mla); PROF_WRAP(route); PROF_WRAP(router_route); PROF_WRAP(gather_rows);
+    PROF_WRAP(add_rmsnorm_router_route);
     PROF_WRAP(scatter_add_rows); PROF_WRAP(scale_add_rows); PROF_WRAP(add_bias_any); PROF_WRAP(split_gate_up); PROF_WRAP(add_gated_rows);
     PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
@@ -468,6 +470,8 @@ __global__ void k_add_rmsnorm(float *x, const float *y, float *xn, const float *
     __shared__ float sh[256 / MS_WARP];
     float *xr = x + (int64_t)blockIdx.x * d, *nr = xn + (int64_t)blockIdx.x * d;
     const float *yr = y + (int64_t)blockIdx.x * d;
+    ms_pdl_launch();
+    ms_pdl_wait();
     float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
         float v = xr[i] + yr[i];
@@ -493,8 +497,15 @@ __global__ void __launch_bounds__(512) k_add_rmsnorm_reg(float *__restrict__ x, 
     float4 *xr = (float4 *)(x + (int64_t)blockIdx.x * d), *nr = (float4 *)(xn + (int64_t)blockIdx.x * d);
     const float4 *yr = (const float4 *)(y + (int64_t)blockIdx.x * d);
     const int n4 = (int)(d / 4);
-    float4 v[NV];
+    float4 v[NV], wv[NV];
     float ss = 0.0f;
+    ms_pdl_launch();
+#pragma unroll
+    for (int k = 0; k < NV; k++) { /* the norm's weights (no kernel's output) before the wait */
+        int i = threadIdx.x + k * blockDim.x;
+        wv[k] = w && i < n4 ? ((const float4 *)w)[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    }
+    ms_pdl_wait();
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
@@ -523,8 +534,8 @@ __global__ void __launch_bounds__(512) k_add_rmsnorm_reg(float *__restrict__ x, 
     for (int k = 0; k < NV; k++) {
         int i = threadIdx.x + k * blockDim.x;
         if (i >= n4) continue;
-        float4 wv = w ? ((const float4 *)w)[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        nr[i] = make_float4(v[k].x * inv * wv.x, v[k].y * inv * wv.y, v[k].z * inv * wv.z, v[k].w * inv * wv.w);
+        nr[i] = make_float4(v[k].x * inv * wv[k].x, v[k].y * inv * wv[k].y, v[k].z * inv * wv[k].z,
+                            v[k].w * inv * wv[k].w);
     }
 }
 static void g_add_rmsnorm(ms_backend *be, float *x, const float *y, float *xn, const float *w, int64_t rows, int64_t d,
@@ -538,12 +549,11 @@ static void g_add_rmsnorm(ms_backend *be, float *x, const float *y, float *xn, c
         int nv = n4 <= 512 ? 1 : n4 <= 1024 ? 2 : n4 <= 2048 ? 4 : 8;
         int th = (int)((n4 + nv - 1) / nv);
         th = (th + 63) / 64 * 64;
-        if (nv == 1) k_add_rmsnorm_reg<1><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
-        else if (nv == 2) k_add_rmsnorm_reg<2><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
-        else if (nv == 4) k_add_rmsnorm_reg<4><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
-        else k_add_rmsnorm_reg<8><<<(unsigned)rows, th, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        void (*k)(float *, const float *, float *, const float *, int64_t, float) =
+            nv == 1 ? k_add_rmsnorm_reg<1> : nv == 2 ? k_add_rmsnorm_reg<2> : nv == 4 ? k_add_rmsnorm_reg<4> : k_add_rmsnorm_reg<8>;
+        ms_launch(b->g->pdl, k, dim3((unsigned)rows), dim3(th), 0, b->g->stream, x, y, xn, w, d, eps);
     } else {
-        k_add_rmsnorm<<<(unsigned)rows, 256, 0, b->g->stream>>>(x, y, xn, w, d, eps);
+        ms_launch(b->g->pdl, k_add_rmsnorm, dim3((unsigned)rows), dim3(256), 0, b->g->stream, x, y, xn, w, d, eps);
     }
     launched(b, "add_rmsnorm");
 }
@@ -641,42 +651,17 @@ const float *ms_gpu_be_rope_table(ms_backend *be, const ms_rope *r) {
 }
 
 /* Per-head RMSNorm then RoPE of q's qh and k's kh heads (block (head, token), 128 threads):
- * the norm as the rmsnorm kernel, the rotation as k_rope. */
+ * rope_head.h's arithmetic (the norm as the rmsnorm kernel, the rotation as k_rope). */
 __global__ void k_qk_norm_rope(float *q, int64_t qh, const float *wq, float *k, int64_t kh, const float *wk, int hd,
                                float eps, int half, int interleaved, const float *inv, double attn_factor, int64_t pos0) {
     extern __shared__ float hv[];
     __shared__ float sh[32];
     int64_t h = blockIdx.x, t = blockIdx.y;
     int isq = h < qh;
+    ms_pdl_launch();
+    ms_pdl_wait();
     float *v = isq ? q + (t * qh + h) * hd : k + (t * kh + (h - qh)) * hd;
-    const float *w = isq ? wq : wk;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float x = v[i];
-        hv[i] = x;
-        ss = fmaf(x, x, ss);
-    }
-    ss = ms_warp_sum(ss);
-    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
-    if (lane == 0) sh[warp] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int i = 0; i < nw; i++) tot += sh[i];
-    float r = 1.0f / sqrtf(tot / (float)hd + eps);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = hv[i] * r * (w ? w[i] : 1.0f);
-    __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) { /* dims past the rotary ones */
-        int rot = interleaved ? i < 2 * half : (i < half || (i >= half && i < 2 * half));
-        if (!rot) v[i] = hv[i];
-    }
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float ang = (float)(pos0 + t) * inv[i];
-        float c = (float)(cos((double)ang) * attn_factor), s = (float)(sin((double)ang) * attn_factor);
-        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-        float a = hv[ia], bb = hv[ib];
-        v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
-        v[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
-    }
+    ms_head_norm_rope(v, v, hd, 1, isq ? wq : wk, eps, half, interleaved, inv, attn_factor, pos0 + t, hv, sh);
 }
 static void g_qk_norm_rope(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k,
                            int64_t kh, const float *wk, int n, int64_t hd, float eps, int64_t pos0) {
@@ -689,8 +674,8 @@ static void g_qk_norm_rope(ms_backend *be, const ms_rope *r, float *q, int64_t q
     }
     const float *inv = half > 0 ? rope_table(b, r) : b->rope_inv;
     if (!inv) return;
-    k_qk_norm_rope<<<dim3((unsigned)(qh + kh), (unsigned)n), 128, (size_t)hd * 4, b->g->stream>>>(
-        q, qh, wq, k, kh, wk, (int)hd, eps, half, r->layout == MS_ROPE_INTERLEAVED, inv, r->attn_factor, pos0);
+    ms_launch(b->g->pdl, k_qk_norm_rope, dim3((unsigned)(qh + kh), (unsigned)n), dim3(128), (size_t)hd * 4, b->g->stream,
+              q, qh, wq, k, kh, wk, (int)hd, eps, half, (int)(r->layout == MS_ROPE_INTERLEAVED), inv, r->attn_factor, pos0);
     launched(b, "qk_norm_rope");
 }
 
@@ -1062,6 +1047,25 @@ static void g_router_route(ms_backend *be, const ms_route_args *a, const float *
     g_route(be, a);
 }
 
+/* add_rmsnorm, then router_route, in the one launch of ms_gpu_add_rmsnorm_router_route where it
+ * takes them (else the two ops). */
+static void g_add_rmsnorm_router_route(ms_backend *be, float *x, const float *y, float *xn, const float *w, float eps,
+                                       const ms_route_args *a, const ms_qmat *router) {
+    gpu_backend *b = gb(be);
+    const ms_config *c = a->c;
+    if (a->n == 1 && !a->fixed && (c->router == MS_ROUTER_SOFTMAX || c->router == MS_ROUTER_TOPK_SOFTMAX ||
+                                   (c->router == MS_ROUTER_SIGMOID && c->n_group <= 1))) {
+        ms_gpu_route_cfg rc_ = {(ms_gpu_router)c->router, (int)c->n_experts, (int)c->top_k, 1, 1,
+                                c->norm_topk_prob ? 1 : 0, (float)c->routed_scale};
+        ms_err e = {0};
+        int rc = ms_gpu_add_rmsnorm_router_route(b->g, x, y, xn, w, eps, (int32_t *)a->ids, a->w, (float *)a->logits,
+                                                 router, a->bias, &rc_, &e);
+        if (rc != MS_ERR_UNSUPPORTED) return note(b, rc, &e);
+    }
+    g_add_rmsnorm(be, x, y, xn, w, 1, router->cols, eps);
+    g_router_route(be, a, xn, router);
+}
+
 typedef struct {
     int32_t row[ROW_BATCH];
     float w[ROW_BATCH];
@@ -1307,6 +1311,8 @@ static void g_attn_res_mix(ms_backend *be, float *out, const float *blocks, int 
 
 /* x = the embedding row of token step[1] (core/backend.h embed_at) */
 __global__ void k_embed_at(float *x, qview q, const int64_t *step) {
+    ms_pdl_launch();
+    ms_pdl_wait();
     int64_t id = step[1];
     for (int64_t c = threadIdx.x; c < q.cols; c += blockDim.x) x[c] = qv_at(q, id, c);
 }
@@ -1316,7 +1322,7 @@ static void g_embed_at(ms_backend *be, float *x, const ms_qmat *table, const int
     ms_err e = {0};
     int rc = qview_of(table, &q, &e);
     if (rc) return note(b, rc, &e);
-    k_embed_at<<<1, 256, 0, b->g->stream>>>(x, q, step);
+    ms_launch(b->g->pdl, k_embed_at, dim3(1), dim3(256), 0, b->g->stream, x, q, step);
     launched(b, "embed_at");
 }
 
@@ -1352,6 +1358,7 @@ static void fill_ops(ms_backend_ops *o) {
     o->attn_mla = g_attn_mla;
     o->route = g_route;
     o->router_route = g_router_route;
+    o->add_rmsnorm_router_route = g_add_rmsnorm_router_route;
     o->gather_rows = g_gather_rows;
     o->scatter_add_rows = g_scatter_add_rows;
     o->scale_add_rows = g_scale_add_rows;

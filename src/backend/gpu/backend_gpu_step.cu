@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backend/gpu/gpu_internal.h"
+#include "backend/gpu/rope_head.h"
 #include "backend/gpu/backend_gpu_blocks.h" /* ms_gpu_be_dev, ms_gpu_be_note, ms_gpu_be_report */
 #include "backend/gpu/backend_gpu_step.h"
 
@@ -19,13 +20,15 @@ static void launched(ms_backend *be, const char *what) {
 
 /* qkv_at (core/backend.h): block h < qh a query head in place, qh <= h < qh + kh a key head
  * into its cache row, the blocks after them a value head copied into its cache row; 128
- * threads. The norm and the rotation are k_qk_norm_rope's arithmetic (norm 0: the rotation
- * alone, as k_rope's). */
+ * threads. The norm and the rotation are rope_head.h's, as qk_norm_rope's (norm 0: the
+ * rotation alone, as k_rope's). */
 __global__ void k_qkv_at(float *q, int64_t qh, const float *wq, const float *k, int64_t kh, const float *wk,
                          const float *v, int64_t vd, float *kc, float *vc, int hd, int norm, float eps, int half,
                          int interleaved, const float *inv, double attn_factor, const int64_t *step) {
     extern __shared__ float hv[];
     __shared__ float sh[32];
+    ms_pdl_launch();
+    ms_pdl_wait();
     const int64_t h = blockIdx.x, pos = step[0];
     if (h >= qh + kh) { /* a value head */
         int64_t j = h - qh - kh;
@@ -35,34 +38,7 @@ __global__ void k_qkv_at(float *q, int64_t qh, const float *wq, const float *k, 
     const int isq = h < qh;
     const float *src = isq ? q + h * hd : k + (h - qh) * hd;
     float *dst = isq ? q + h * hd : kc + pos * kh * hd + (h - qh) * hd;
-    const float *w = isq ? wq : wk;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float x = src[i];
-        hv[i] = x;
-        ss = fmaf(x, x, ss);
-    }
-    if (norm) {
-        ss = ms_warp_sum(ss);
-        const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
-        if (lane == 0) sh[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-        for (int i = 0; i < nw; i++) tot += sh[i];
-        float r = 1.0f / sqrtf(tot / (float)hd + eps);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hv[i] = hv[i] * r * (w ? w[i] : 1.0f);
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) /* dims past the rotary ones (both layouts: 2 half of them) */
-        if (i >= 2 * half) dst[i] = hv[i];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float ang = (float)pos * inv[i];
-        float c = (float)(cos((double)ang) * attn_factor), s = (float)(sin((double)ang) * attn_factor);
-        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-        float a = hv[ia], bb = hv[ib];
-        dst[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
-        dst[ib] = __fadd_rn(__fmul_rn(bb, c), __fmul_rn(a, s));
-    }
+    ms_head_norm_rope(src, dst, hd, norm, isq ? wq : wk, eps, half, interleaved, inv, attn_factor, pos, hv, sh);
 }
 static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k, int64_t kh,
                      const float *wk, const float *v, int64_t vd, float *k_cache, float *v_cache, int64_t hd, int norm,
@@ -76,9 +52,10 @@ static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, con
     }
     const float *inv = ms_gpu_be_rope_table(be, r);
     if (!inv) return;
-    k_qkv_at<<<(unsigned)(qh + 2 * kh), 128, (size_t)hd * 4, ms_gpu_be_dev(be)->stream>>>(
-        q, qh, wq, k, kh, wk, v, vd, k_cache, v_cache, (int)hd, norm, eps, half, r->layout == MS_ROPE_INTERLEAVED, inv,
-        r->attn_factor, step);
+    ms_gpu *g = ms_gpu_be_dev(be);
+    ms_launch(g->pdl, k_qkv_at, dim3((unsigned)(qh + 2 * kh)), dim3(128), (size_t)hd * 4, g->stream, q, qh, wq,
+              (const float *)k, kh, wk, v, vd, k_cache, v_cache, (int)hd, norm, eps, half,
+              (int)(r->layout == MS_ROPE_INTERLEAVED), inv, r->attn_factor, step);
     launched(be, "qkv_at");
 }
 
@@ -88,6 +65,8 @@ static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, con
 __global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int32_t *out) {
     __shared__ float sm[1024 / MS_WARP];
     __shared__ int64_t si[1024 / MS_WARP];
+    ms_pdl_launch();
+    ms_pdl_wait();
     const float x0 = x[0];
     float m = x0;
     int64_t bi = 0;
@@ -111,7 +90,8 @@ __global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int3
 }
 static void g_argmax(ms_backend *be, const float *x, int64_t n, int32_t *out) {
     if (n < 1) return;
-    k_argmax<<<1, 1024, 0, ms_gpu_be_dev(be)->stream>>>(x, n, out);
+    ms_gpu *g = ms_gpu_be_dev(be);
+    ms_launch(g->pdl, k_argmax, dim3(1), dim3(1024), 0, g->stream, x, n, out);
     launched(be, "argmax");
 }
 

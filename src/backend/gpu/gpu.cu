@@ -13,7 +13,7 @@ static int legacy_bits(const char *v) {
         const char *w;
         int bit;
     } words[] = {{"experts", MS_GPU_LEG_EXPERTS}, {"route", MS_GPU_LEG_ROUTE}, {"norm", MS_GPU_LEG_NORM},
-                 {"router", MS_GPU_LEG_ROUTER}};
+                 {"router", MS_GPU_LEG_ROUTER}, {"prenorm", MS_GPU_LEG_PRENORM}};
     int bits = 0;
     while (*v) {
         size_t n = strcspn(v, ",");
@@ -22,6 +22,12 @@ static int legacy_bits(const char *v) {
         v += n + (v[n] == ',');
     }
     return bits;
+}
+
+/* What ms_pdl_capable asks about: a kernel of this build (every .cu file has the same target). */
+__global__ void k_pdl_probe(int *p) {
+    ms_pdl_wait();
+    if (p) *p = 0;
 }
 
 extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
@@ -52,6 +58,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
         ms_gpu_close(g);
         return rc;
     }
+    const char *pd = getenv("MS_GPU_PDL"); /* MS_GPU_PDL=0: every kernel in plain stream order (A/B) */
+    g->pdl = !(pd && !strcmp(pd, "0")) && g->prop.major >= 9 && ms_pdl_capable((const void *)k_pdl_probe);
     *out = g;
     return MS_OK;
 }

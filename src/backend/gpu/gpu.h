@@ -84,6 +84,15 @@ void ms_gpu_qmat_free(ms_gpu *g, ms_qmat *dev);
 
 /* ------------------------------------------------------------------ ops */
 
+/* Programmatic dependent launch (sm_90+ with device code built for it; MS_GPU_PDL=0 at open
+ * turns it off): the decode kernels below (matmul's, router_route's, moe_routed's, and the
+ * backend's add_rmsnorm, qk_norm_rope, qkv_at, embed_at, argmax) may start while the stream's
+ * previous kernel is finishing; each waits for it (griddepcontrol.wait) before it reads an
+ * activation or writes anything, and reads only weights before that. So a weight matrix given
+ * to these ops (w, router, the experts' tables, norm weights) must not be written by a kernel
+ * queued earlier on the stream: placed and uploaded weights are (a copy or upload is ordered as
+ * before). */
+
 /* y[t, r] = (acc ? y[t, r] : 0) + sum_c w[r, c] x[t, c] for t < n, r < w->rows.
  * x: [n, w->cols] F32, y: [n, w->rows] F32 (must not overlap x). w: device view.
  * Up to 8 tokens share one pass over the weights; larger n runs in groups of 8.
@@ -213,11 +222,21 @@ int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, const int32_
 /* The router's logits and the routing of one decode token in one launch: logits [E] =
  * router x (E = router->rows = c->n_experts, the matrix in its stored dtype; the vector
  * kernel's layouts, x 16-byte aligned), then ms_gpu_route's selection and weights of them
- * (softmax, top-k softmax, or sigmoid without groups: the one-warp router) into ids /
- * weights [top_k], by the matvec's last block to finish. MS_ERR_UNSUPPORTED for any other
+ * (softmax, top-k softmax, or sigmoid without groups) into ids /
+ * weights [top_k], by the matvec's last block to finish (the block's threads rank the experts:
+ * ms_gpu_route's ids and weights). MS_ERR_UNSUPPORTED for any other
  * router, layout, or MS_GPU_LEGACY_DECODE "router" (then matmul and ms_gpu_route). */
 int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x, const ms_qmat *router,
                         const float *bias, const ms_gpu_route_cfg *c, ms_err *err);
+/* The same with the residual add and the norm before it in the one launch: x += y, xn =
+ * rmsnorm(x) * w (w NULL: ones) over d = router->cols, bit for bit as the backend's add_rmsnorm
+ * (its register kernel: every block sums the squares in that kernel's order), then the router
+ * on xn; x, y, xn, w 16-byte aligned, distinct, d a multiple of 4 up to 8192.
+ * MS_ERR_UNSUPPORTED where ms_gpu_router_route refuses, for another shape, or with
+ * MS_GPU_LEGACY_DECODE "prenorm" (then add_rmsnorm and ms_gpu_router_route). */
+int ms_gpu_add_rmsnorm_router_route(ms_gpu *g, float *x, const float *y, float *xn, const float *w, float eps,
+                                    int32_t *ids, float *weights, float *logits, const ms_qmat *router,
+                                    const float *bias, const ms_gpu_route_cfg *c, ms_err *err);
 
 /* Timing with device events on the context's stream (for benches): ms_gpu_timer_start
  * records a start event; ms_gpu_timer_stop records the end, waits, and gives the

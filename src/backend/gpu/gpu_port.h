@@ -72,6 +72,21 @@ typedef hipGraphExec_t gpuGraphExec_t;
 #define gpuRuntimeGetVersion hipRuntimeGetVersion
 #define gpuDriverGetVersion hipDriverGetVersion
 
+/* Programmatic dependent launch (CUDA sm_90+) has no HIP counterpart here: kernels launch in
+ * stream order, the device calls below do nothing. */
+template <typename... P, typename... A>
+static inline void ms_launch(int pdl, void (*k)(P...), dim3 grid, dim3 block, size_t shm, gpuStream_t st,
+                             A &&...args) {
+    (void)pdl;
+    k<<<grid, block, shm, st>>>(static_cast<A &&>(args)...);
+}
+static inline int ms_pdl_capable(const void *kernel) {
+    (void)kernel;
+    return 0;
+}
+static __device__ __forceinline__ void ms_pdl_wait(void) {}
+static __device__ __forceinline__ void ms_pdl_launch(void) {}
+
 /* lane shuffles: HIP has no mask argument */
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor(v, m, MS_WARP); }
 static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor(v, m, MS_WARP); }
@@ -152,6 +167,54 @@ typedef cudaGraphExec_t gpuGraphExec_t;
 #define gpuEventElapsedTime cudaEventElapsedTime
 #define gpuRuntimeGetVersion cudaRuntimeGetVersion
 #define gpuDriverGetVersion cudaDriverGetVersion
+
+/* Programmatic dependent launch (sm_90+). ms_launch(pdl, k, grid, block, shm, stream, args...)
+ * launches k as k<<<...>>>(args...) would; with pdl != 0 it sets the launch attribute that lets
+ * the grid start before the stream's previous kernel has finished (that kernel's blocks have
+ * all called ms_pdl_launch, or exited): then k MUST call ms_pdl_wait() in every thread before
+ * it reads anything an earlier kernel of the stream writes and before it writes anything an
+ * earlier kernel reads or writes; what k does before that (weights, kernel arguments) overlaps
+ * the previous kernel's tail. Under stream capture the attribute becomes a programmatic edge
+ * of the graph. A failed launch is left for gpuGetLastError, as <<<>>>'s (the caller's
+ * ms_gpu_launched reports it). */
+template <typename... P, typename... A>
+static inline void ms_launch(int pdl, void (*k)(P...), dim3 grid, dim3 block, size_t shm, gpuStream_t st,
+                             A &&...args) {
+    if (!pdl) {
+        k<<<grid, block, shm, st>>>(static_cast<A &&>(args)...);
+        return;
+    }
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...); /* its error is also the thread's last error */
+}
+/* Whether kernel's device code has the waits above (its PTX is for sm_90 or later: code built
+ * for an older target runs without them, so the attribute must stay off). */
+static inline int ms_pdl_capable(const void *kernel) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return fa.ptxVersion >= 90;
+}
+/* Wait until the stream's previous kernels have completed and their writes are visible (a
+ * no-op when the kernel was launched without the attribute); let the stream's next kernel
+ * launch (its own waits still order it after this kernel's completion). */
+static __device__ __forceinline__ void ms_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void ms_pdl_launch(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }
 static __device__ __forceinline__ int ms_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m, MS_WARP); }

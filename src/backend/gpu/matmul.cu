@@ -53,6 +53,10 @@ typedef struct mm_args {
     const float *xb;
     float *yb;
     int64_t xjs, yjs, ywh;
+    /* the vector kernel over direct jobs (nflat > 0): one row of blocks, job j's MM_R-row blocks
+     * at boff[j] .. boff[j + 1] (no idle blocks for the shorter jobs of a launch) */
+    int nflat;
+    int boff[MM_MAXJ + 1];
 } mm_args;
 
 static __device__ __forceinline__ mm_job job_of(const mm_args &a) {
@@ -147,9 +151,13 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
     typedef mm_traits<DT> T;
     const int VEC = T::VEC, SUB = T::SUB, NSUB = VEC / SUB;
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
-    const mm_job jb = job_of(a);
+    ms_pdl_launch();
+    if (a.tab) ms_pdl_wait(); /* routed jobs: the expert ids are an earlier kernel's output */
+    int fj = 0;
+    while (fj + 1 < a.nflat && (int)blockIdx.x >= a.boff[fj + 1]) fj++;
+    const mm_job jb = a.nflat ? a.job[fj] : job_of(a);
     const int64_t rows = jb.rows ? jb.rows : a.rows;
-    const int64_t row0 = (int64_t)blockIdx.x * MM_R;
+    const int64_t row0 = ((int64_t)blockIdx.x - (a.nflat ? a.boff[fj] : 0)) * MM_R;
     if (row0 >= rows) return; /* a shorter job of the launch */
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const int n = a.n;
@@ -170,15 +178,27 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
         wr[r] = (const uint4 *)(jb.w + row * rowbytes);
         srow[r] = (row / a.brow) * a.scols;
     }
-    for (int k0 = warp * MS_WARP + lane; k0 < nch; k0 += U * STEP) {
-        uint4 raw[U][MM_R];
+    /* the first chunks of the weights are loaded before the wait (weights are no kernel's output),
+     * the activations after it */
+    const int kfirst = warp * MS_WARP + lane;
+    uint4 raw[U][MM_R];
 #pragma unroll
-        for (int u = 0; u < U; u++)
+    for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < MM_R; r++) {
-                int k = k0 + u * STEP;
-                raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
-            }
+        for (int r = 0; r < MM_R; r++) {
+            int k = kfirst + u * STEP;
+            raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+        }
+    ms_pdl_wait();
+    for (int k0 = kfirst; k0 < nch; k0 += U * STEP) {
+        if (k0 != kfirst)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < MM_R; r++) {
+                    int k = k0 + u * STEP;
+                    raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int k = k0 + u * STEP;
@@ -264,6 +284,8 @@ static __device__ __forceinline__ float elem(const mm_args &a, const mm_job &jb,
 /* The generic kernel: one warp per row, one column per lane per step. */
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_generic_kernel(const mm_args a, int dt) {
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    ms_pdl_launch();
+    ms_pdl_wait();
     const mm_job jb = job_of(a);
     const int64_t rows = jb.rows ? jb.rows : a.rows;
     const int64_t row = (int64_t)blockIdx.x * MM_WARPS + warp;
@@ -299,13 +321,13 @@ static int kernel_dtype(ms_dtype dt) {
 }
 
 template <int DT>
-static void launch_vec(const mm_args &a, int nj, gpuStream_t st) {
-    dim3 grid((unsigned)((a.rows + MM_R - 1) / MM_R), (unsigned)nj);
+static void launch_vec(const mm_args &a, int nj, gpuStream_t st, int pdl) {
+    dim3 grid = a.nflat ? dim3((unsigned)a.boff[a.nflat]) : dim3((unsigned)((a.rows + MM_R - 1) / MM_R), (unsigned)nj);
     dim3 block(MM_WARPS * MS_WARP);
-    if (a.n == 1) mm_vec_kernel<DT, 1, 2><<<grid, block, 0, st>>>(a);
-    else if (a.n == 2) mm_vec_kernel<DT, 2, 2><<<grid, block, 0, st>>>(a);
-    else if (a.n <= 4) mm_vec_kernel<DT, 4, 1><<<grid, block, 0, st>>>(a);
-    else mm_vec_kernel<DT, 8, 1><<<grid, block, 0, st>>>(a);
+    if (a.n == 1) ms_launch(pdl, mm_vec_kernel<DT, 1, 2>, grid, block, 0, st, a);
+    else if (a.n == 2) ms_launch(pdl, mm_vec_kernel<DT, 2, 2>, grid, block, 0, st, a);
+    else if (a.n <= 4) ms_launch(pdl, mm_vec_kernel<DT, 4, 1>, grid, block, 0, st, a);
+    else ms_launch(pdl, mm_vec_kernel<DT, 8, 1>, grid, block, 0, st, a);
 }
 
 /* Fill the layout fields of a from w. */
@@ -330,18 +352,18 @@ static int mm_run(ms_gpu *g, const ms_qmat *w, const mm_args &a, int nj, int ali
     if (a.bcol & (a.bcol - 1)) vec_ok = 0; /* the vector kernel shifts by log2(bcol) */
     if (vec_ok) {
         switch (dt) {
-        case DT_F32: launch_vec<DT_F32>(a, nj, g->stream); break;
-        case DT_F16: launch_vec<DT_F16>(a, nj, g->stream); break;
-        case DT_BF16: launch_vec<DT_BF16>(a, nj, g->stream); break;
+        case DT_F32: launch_vec<DT_F32>(a, nj, g->stream, g->pdl); break;
+        case DT_F16: launch_vec<DT_F16>(a, nj, g->stream, g->pdl); break;
+        case DT_BF16: launch_vec<DT_BF16>(a, nj, g->stream, g->pdl); break;
         case DT_FP8:
-            if (fp8_decode_mode()) launch_vec<DT_FP8>(a, nj, g->stream);
-            else launch_vec<DT_FP8_CVT>(a, nj, g->stream);
+            if (fp8_decode_mode()) launch_vec<DT_FP8>(a, nj, g->stream, g->pdl);
+            else launch_vec<DT_FP8_CVT>(a, nj, g->stream, g->pdl);
             break;
-        default: launch_vec<DT_F4>(a, nj, g->stream); break;
+        default: launch_vec<DT_F4>(a, nj, g->stream, g->pdl); break;
         }
     } else {
         dim3 grid((unsigned)((a.rows + MM_WARPS - 1) / MM_WARPS), (unsigned)nj);
-        mm_generic_kernel<<<grid, MM_WARPS * MS_WARP, 0, g->stream>>>(a, dt);
+        ms_launch(g->pdl, mm_generic_kernel, grid, dim3(MM_WARPS * MS_WARP), 0, g->stream, a, dt);
     }
     return ms_gpu_launched(err, vec_ok ? "matmul (vector kernel)" : "matmul (generic kernel)");
 }
@@ -357,6 +379,13 @@ static int mm_launch(ms_gpu *g, const ms_qmat *w, mm_job *jobs, int nj, int n, i
     int aligned = 1;
     for (int j = 0; j < nj && aligned; j++)
         if ((uintptr_t)jobs[j].w % 16 || (uintptr_t)jobs[j].x % 16) aligned = 0;
+    int64_t nb = 0; /* the vector kernel's blocks of every job, in one row (fits an int: rows < 2^31 x 4) */
+    for (int j = 0; j < nj; j++) {
+        a.boff[j] = (int)nb;
+        nb += ((jobs[j].rows ? jobs[j].rows : a.rows) + MM_R - 1) / MM_R;
+    }
+    a.boff[nj] = (int)nb;
+    if (nb < INT32_MAX) a.nflat = nj;
     return mm_run(g, w, a, nj, aligned, force_generic, err);
 }
 
@@ -696,6 +725,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
     const int STEP = (int)blockDim.x; /* 1 to MM_WARPS warps (rx_warps) */
     const int j = blockIdx.y;
     const int64_t i0 = (int64_t)blockIdx.x * 2;
+    ms_pdl_launch();
+    ms_pdl_wait(); /* the ids, weights and x are earlier kernels' output */
     const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const uint4 *wr[MM_R];
@@ -751,6 +782,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
     __shared__ int ord[32];
     __shared__ const uint8_t *sw[32], *ss[32];
     const int K = a.K;
+    ms_pdl_launch();
+    ms_pdl_wait(); /* the ids, weights and h are earlier kernels' output */
     if (threadIdx.x < K) { /* slot of rank r in ascending expert id (ids of one token are distinct) */
         int id = a.ids[threadIdx.x], rank = 0;
         for (int q = 0; q < K; q++) rank += a.ids[q] < id || (a.ids[q] == id && q < (int)threadIdx.x);
@@ -820,11 +853,11 @@ static int rx_warps(int64_t nch) {
 }
 
 template <int DT>
-static void launch_rx(const rx_args &gu, const rx_args &dn, gpuStream_t st) {
+static void launch_rx(const rx_args &gu, const rx_args &dn, gpuStream_t st, int pdl) {
     dim3 block(MM_WARPS * MS_WARP);
     dim3 gblock(rx_warps(gu.cols / mm_traits<DT>::VEC) * MS_WARP);
-    rx_gu_kernel<DT><<<dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st>>>(gu);
-    rx_down_kernel<DT><<<(unsigned)((dn.D + MM_R - 1) / MM_R), block, 0, st>>>(dn);
+    ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
+    ms_launch(pdl, rx_down_kernel<DT>, dim3((unsigned)((dn.D + MM_R - 1) / MM_R)), block, 0, st, dn);
 }
 
 /* Whether the vector kernel takes a matrix of w's layout over a 16-byte aligned x (as mm_run). */
@@ -860,13 +893,13 @@ extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, c
         dn.x = H;
         rx_layout(gu, gate), rx_layout(dn, down);
         switch (kernel_dtype(gate->dtype) * 8 + kernel_dtype(down->dtype)) {
-#define RX_CASE(DT, LDT) case DT * 8 + DT: launch_rx<LDT>(gu, dn, g->stream); break
+#define RX_CASE(DT, LDT) case DT * 8 + DT: launch_rx<LDT>(gu, dn, g->stream, g->pdl); break
         RX_CASE(DT_F32, DT_F32);
         RX_CASE(DT_F16, DT_F16);
         RX_CASE(DT_BF16, DT_BF16);
         case DT_FP8 * 8 + DT_FP8:
-            if (fp8_decode_mode()) launch_rx<DT_FP8>(gu, dn, g->stream);
-            else launch_rx<DT_FP8_CVT>(gu, dn, g->stream);
+            if (fp8_decode_mode()) launch_rx<DT_FP8>(gu, dn, g->stream, g->pdl);
+            else launch_rx<DT_FP8_CVT>(gu, dn, g->stream, g->pdl);
             break;
         RX_CASE(DT_F4, DT_F4);
 #undef RX_CASE
@@ -898,7 +931,8 @@ unfused:;
 
 /* logits [E] = router x for one token (rows as the vector kernel: MM_R per block, the warps
  * over the columns), then the last block to finish (an arrival counter) routes them with
- * route_warp_token: one launch instead of the matmul's and the route's. */
+ * route_block_token (route_warp.h: the ids and weights of route_warp_token, the top-k by ranks
+ * over the block's threads): one launch instead of the matmul's and the route's. */
 typedef struct rr_args {
     const uint8_t *w, *scale;
     const float *x, *bias;
@@ -908,14 +942,58 @@ typedef struct rr_args {
     int64_t rows, cols, scols;
     int brow, bshift, scale_dt;
     ms_gpu_route_cfg c;
+    /* PRE: x is px + py, normed with pw into pxn first (the add_rmsnorm register kernel's
+     * geometry: pth threads of pnv float4 each) */
+    float *px, *pxn;
+    const float *py, *pw;
+    float eps;
+    int pth, pnv;
 } rr_args;
 
-template <int DT>
+/* PRE (rr_kernel): xs4 [cols / 4] (shared) := rmsnorm(px + py) * pw, summed exactly as
+ * k_add_rmsnorm_reg<pnv> with pth threads does (virtual thread T = 32 vw + lane of virtual warp
+ * vw owns float4s T + k pth, k < pnv, its squares in one fma chain; the warps' sums in warp
+ * order), so xs4 is bit for bit that kernel's xn; block 0 writes it to pxn. */
+static __device__ void rr_prenorm(const rr_args &a, float4 *xs4) {
+    __shared__ float sh[512 / 32];
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
+    const int n4 = (int)(a.cols / 4), nvw = a.pth / MS_WARP;
+    const float4 *x4 = (const float4 *)a.px, *y4 = (const float4 *)a.py;
+    for (int vw = warp; vw < nvw; vw += nw) {
+        const int T = vw * MS_WARP + lane;
+        float ss = 0.0f;
+        for (int k = 0; k < a.pnv; k++) {
+            int i = T + k * a.pth;
+            if (i >= n4) continue;
+            float4 p = x4[i], q = y4[i];
+            float4 v = make_float4(p.x + q.x, p.y + q.y, p.z + q.z, p.w + q.w);
+            xs4[i] = v;
+            ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss);
+            ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
+        }
+        ss = ms_warp_sum(ss);
+        if (lane == 0) sh[vw] = ss;
+    }
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < nvw; i++) t += sh[i];
+    const float inv = 1.0f / sqrtf(t / (float)a.cols + a.eps);
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        float4 v = xs4[i], g = a.pw ? ((const float4 *)a.pw)[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        v = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+        xs4[i] = v;
+        if (blockIdx.x == 0) ((float4 *)a.pxn)[i] = v;
+    }
+    __syncthreads();
+}
+
+template <int DT, bool PRE>
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) {
     typedef mm_traits<DT> T;
     const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
     const int64_t row0 = (int64_t)blockIdx.x * MM_R;
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
+    ms_pdl_launch();
     const uint4 *wr[MM_R];
     const uint8_t *sp[MM_R];
     int64_t srow[MM_R];
@@ -927,19 +1005,33 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
         srow[r] = (row / a.brow) * a.scols;
     }
     float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    /* the first chunks of the router's rows before the wait (all of them for rows of up to
+     * 2 x 128 chunks), x after it */
+    uint4 raw[U][MM_R];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) {
+            int64_t k = threadIdx.x + u * STEP;
+            raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+        }
+    ms_pdl_wait();
+    extern __shared__ float4 xs4[]; /* PRE: the normed x */
+    const float *xin = a.x;
+    if (PRE) rr_prenorm(a, xs4), xin = (const float *)xs4;
     for (int64_t k0 = threadIdx.x; k0 < nch; k0 += U * STEP) {
-        uint4 raw[U][MM_R];
+        if (k0 != (int64_t)threadIdx.x)
 #pragma unroll
-        for (int u = 0; u < U; u++)
+            for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < MM_R; r++) {
-                int64_t k = k0 + u * STEP;
-                raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
-            }
+                for (int r = 0; r < MM_R; r++) {
+                    int64_t k = k0 + u * STEP;
+                    raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
+                }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int64_t k = k0 + u * STEP;
-            if (k < nch) rx_chunk<DT>(raw[u], a.x + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc);
+            if (k < nch) rx_chunk<DT>(raw[u], xin + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc);
         }
     }
     __shared__ float red[MM_WARPS][MM_R];
@@ -962,22 +1054,34 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
     __syncthreads();
     if (!last) return;
     __threadfence();
+    if (PRE) /* the residual, now that every block has read it: px + py again (the same rounding) */
+        for (int64_t i = threadIdx.x; i < a.cols / 4; i += blockDim.x) {
+            float4 p = ((const float4 *)a.px)[i], q = ((const float4 *)a.py)[i];
+            ((float4 *)a.px)[i] = make_float4(p.x + q.x, p.y + q.y, p.z + q.z, p.w + q.w);
+        }
     for (int64_t i = threadIdx.x; i < a.rows; i += blockDim.x) lg[i] = ms_load_cg(a.logits + i);
     __syncthreads();
-    if (threadIdx.x < MS_WARP) route_warp_token(a.ids, a.wout, lg, a.bias, a.c, scores, choice, taken, ids);
+    route_block_token(a.ids, a.wout, lg, a.bias, a.c, scores, choice, taken, ids);
 }
 
-extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
-                                   const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c, ms_err *err) {
+/* ms_gpu_router_route, and with pre (x, y, xn, w, eps) ms_gpu_add_rmsnorm_router_route. */
+typedef struct rr_pre {
+    float *x, *xn;
+    const float *y, *w;
+    float eps;
+} rr_pre;
+static int router_route_impl(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
+                             const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c, const rr_pre *pre,
+                             ms_err *err) {
     MS_GPU_CHECK_CTX(g, err);
     int rc = ms_gpu_qmat_check(router, "ms_gpu_router_route", err);
     if (rc) return rc;
-    if (!ids || !weights || !logits || !x || !c) return ms_fail(err, MS_ERR_ARG, "ms_gpu_router_route: NULL argument");
+    if (!ids || !weights || !logits || !(pre || x) || !c) return ms_fail(err, MS_ERR_ARG, "ms_gpu_router_route: NULL argument");
     int kind_ok = c->kind == MS_GPU_ROUTER_SOFTMAX || c->kind == MS_GPU_ROUTER_TOPK_SOFTMAX ||
                   (c->kind == MS_GPU_ROUTER_SIGMOID && c->n_group <= 1);
     if ((g->legacy & MS_GPU_LEG_ROUTER) || !kind_ok || c->n_experts != router->rows || c->n_experts > RT_MAXE ||
-        c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts || (uintptr_t)x % 16 || (uintptr_t)router->data % 16 ||
-        !vec_layout_ok(router))
+        c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts || (x && (uintptr_t)x % 16) ||
+        (uintptr_t)router->data % 16 || !vec_layout_ok(router))
         return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_router_route: not this router (kind %d, %lld rows, top %d)",
                        (int)c->kind, (long long)router->rows, c->top_k);
     rr_args a;
@@ -988,17 +1092,49 @@ extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, floa
     a.w = (const uint8_t *)router->data, a.scale = (const uint8_t *)router->scale, a.x = x, a.bias = bias;
     a.logits = logits, a.wout = weights, a.ids = ids, a.rows = m.rows, a.cols = m.cols, a.scols = m.scols;
     a.brow = m.brow, a.bshift = m.bshift, a.scale_dt = m.scale_dt, a.c = *c;
+    size_t shm = 0;
+    if (pre) { /* the register add_rmsnorm's geometry (backend_gpu.cu g_add_rmsnorm) */
+        int64_t d = a.cols, n4 = d / 4;
+        if ((g->legacy & (MS_GPU_LEG_PRENORM | MS_GPU_LEG_NORM)) || !pre->x || !pre->y || !pre->xn || d % 4 || n4 > 2048 ||
+            ((uintptr_t)pre->x | (uintptr_t)pre->y | (uintptr_t)pre->xn | (uintptr_t)pre->w) % 16 ||
+            pre->x == pre->y || pre->xn == pre->y || pre->xn == pre->x)
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_add_rmsnorm_router_route: not this shape (%lld)", (long long)d);
+        int nv = n4 <= 512 ? 1 : n4 <= 1024 ? 2 : n4 <= 2048 ? 4 : 8;
+        int th = (int)((n4 + nv - 1) / nv);
+        a.px = pre->x, a.py = pre->y, a.pxn = pre->xn, a.pw = pre->w, a.eps = pre->eps;
+        a.pth = (th + 63) / 64 * 64, a.pnv = nv;
+        shm = (size_t)d * 4;
+    }
     if (!(a.cnt = ms_gpu_counters(g, 1, err))) return err ? err->code : MS_ERR_NOMEM;
     unsigned blocks = (unsigned)((a.rows + MM_R - 1) / MM_R);
+    dim3 th(MM_WARPS * MS_WARP);
+#define RR_LAUNCH(DT)                                                                                    \
+    (pre ? ms_launch(g->pdl, rr_kernel<DT, true>, dim3(blocks), th, shm, g->stream, a)                 \
+         : ms_launch(g->pdl, rr_kernel<DT, false>, dim3(blocks), th, 0, g->stream, a))
     switch (kernel_dtype(router->dtype)) {
-    case DT_F32: rr_kernel<DT_F32><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
-    case DT_F16: rr_kernel<DT_F16><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
-    case DT_BF16: rr_kernel<DT_BF16><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    case DT_F32: RR_LAUNCH(DT_F32); break;
+    case DT_F16: RR_LAUNCH(DT_F16); break;
+    case DT_BF16: RR_LAUNCH(DT_BF16); break;
     case DT_FP8:
-        if (fp8_decode_mode()) rr_kernel<DT_FP8><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a);
-        else rr_kernel<DT_FP8_CVT><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a);
+        if (fp8_decode_mode()) RR_LAUNCH(DT_FP8);
+        else RR_LAUNCH(DT_FP8_CVT);
         break;
-    default: rr_kernel<DT_F4><<<blocks, MM_WARPS * MS_WARP, 0, g->stream>>>(a); break;
+    default: RR_LAUNCH(DT_F4); break;
     }
-    return ms_gpu_launched(err, "router + route");
+#undef RR_LAUNCH
+    return ms_gpu_launched(err, pre ? "add_rmsnorm + router + route" : "router + route");
+}
+
+extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
+                                   const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c, ms_err *err) {
+    if (!x) return ms_fail(err, MS_ERR_ARG, "ms_gpu_router_route: NULL x");
+    return router_route_impl(g, ids, weights, logits, x, router, bias, c, NULL, err);
+}
+
+extern "C" int ms_gpu_add_rmsnorm_router_route(ms_gpu *g, float *x, const float *y, float *xn, const float *w,
+                                               float eps, int32_t *ids, float *weights, float *logits,
+                                               const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c,
+                                               ms_err *err) {
+    rr_pre p = {x, xn, y, w, eps};
+    return router_route_impl(g, ids, weights, logits, NULL, router, bias, c, &p, err);
 }

@@ -1,5 +1,5 @@
-/* route_warp.h — the one-warp router of one token, shared by ops.cu (ms_gpu_route) and
- * matmul.cu (the router matvec that routes in its last block). Include after gpu_internal.h. */
+/* route_warp.h — the router of one token: by one warp (ops.cu's ms_gpu_route) or by one block
+ * (matmul.cu's router matvec, which routes in its last block). Include after gpu_internal.h. */
 #ifndef MS_GPU_ROUTE_WARP_H
 #define MS_GPU_ROUTE_WARP_H
 
@@ -14,17 +14,12 @@ static __device__ __forceinline__ bool better(float v, int i, float bv, int bi) 
     return v > bv || (v == bv && i < bi);
 }
 
-/* Softmax, top-k softmax or sigmoid without groups (c.kind; E <= RT_MAXE, K <= RT_MAXK) of the
- * logits lg [E] into ids_out / w_out [K], by the lanes of the calling warp (threadIdx.x < MS_WARP;
- * the whole warp calls it). The scores live in shared memory (scores, choice [E], taken [E],
- * ids [K], the caller's); K rounds of a warp argmax by shuffles (larger wins, ties to the lower
- * index, NaN never; only NaN left: the lowest unused index, as ops.cu's block_topk), no block
- * barriers. The weights as ops.cu's route_kernel (sums in double, norm_topk, routed scale). */
-static __device__ void route_warp_token(int32_t *ids_out, float *w_out, const float *lg, const float *bias,
-                                        const ms_gpu_route_cfg &c, float *scores, float *choice,
-                                        unsigned char *taken, int *ids) {
-    const int E = c.n_experts, K = c.top_k, lane = threadIdx.x % MS_WARP;
-    const float *sel = choice; /* the values the top-k ranks */
+/* The values the top-k of route_warp_token ranks (c.kind's): the softmax scores, the logits
+ * (top-k softmax) or sigmoid + bias, into scores / choice (shared memory) by the lanes of the
+ * calling warp; returns the array ranked (choice, scores or lg). taken [E] is cleared. */
+static __device__ inline const float *route_warp_scores(const float *lg, const float *bias, const ms_gpu_route_cfg &c,
+                                                 float *scores, float *choice, unsigned char *taken) {
+    const int E = c.n_experts, lane = threadIdx.x % MS_WARP;
     if (c.kind == MS_GPU_ROUTER_SOFTMAX) {
         float m = -INFINITY;
         for (int i = lane; i < E; i += MS_WARP) m = fmaxf(m, lg[i]);
@@ -33,17 +28,57 @@ static __device__ void route_warp_token(int32_t *ids_out, float *w_out, const fl
         for (int i = lane; i < E; i += MS_WARP) s += (choice[i] = expf(lg[i] - m));
         float inv = 1.0f / ms_warp_sum(s);
         for (int i = lane; i < E; i += MS_WARP) scores[i] = choice[i] * inv, taken[i] = 0;
-        sel = scores;
-    } else if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
-        for (int i = lane; i < E; i += MS_WARP) taken[i] = 0;
-        sel = lg;
-    } else {
-        for (int i = lane; i < E; i += MS_WARP) {
-            scores[i] = 1.0f / (1.0f + expf(-lg[i]));
-            choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
-            taken[i] = 0;
-        }
+        return scores;
     }
+    if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
+        for (int i = lane; i < E; i += MS_WARP) taken[i] = 0;
+        return lg;
+    }
+    for (int i = lane; i < E; i += MS_WARP) {
+        scores[i] = 1.0f / (1.0f + expf(-lg[i]));
+        choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
+        taken[i] = 0;
+    }
+    return choice;
+}
+
+/* The route weights of the chosen ids [K] into w_out (and the ids into ids_out), by one thread:
+ * top-k softmax over the chosen logits, or the chosen scores (sums in double, norm_topk, routed
+ * scale), as ops.cu's route_kernel. */
+static __device__ inline void route_weights(int32_t *ids_out, float *w_out, const float *lg, const float *scores,
+                                     const ms_gpu_route_cfg &c, const int *ids) {
+    const int K = c.top_k;
+    float w[RT_MAXK];
+    if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
+        float m = -INFINITY;
+        for (int k = 0; k < K; k++) m = fmaxf(m, w[k] = lg[ids[k]]);
+        double s = 0;
+        for (int k = 0; k < K; k++) s += (w[k] = expf(w[k] - m));
+        float inv = (float)(1.0 / s);
+        for (int k = 0; k < K; k++) w[k] *= inv;
+    } else {
+        double sum = 0;
+        for (int k = 0; k < K; k++) sum += (w[k] = scores[ids[k]]);
+        if (c.norm_topk) {
+            float den = (float)(sum + (c.kind == MS_GPU_ROUTER_SIGMOID ? 1e-20 : 0.0));
+            for (int k = 0; k < K; k++) w[k] /= den;
+        }
+        for (int k = 0; k < K; k++) w[k] *= c.routed_scale;
+    }
+    for (int k = 0; k < K; k++) ids_out[k] = ids[k], w_out[k] = w[k];
+}
+
+/* Softmax, top-k softmax or sigmoid without groups (c.kind; E <= RT_MAXE, K <= RT_MAXK) of the
+ * logits lg [E] into ids_out / w_out [K], by the lanes of the calling warp (threadIdx.x < MS_WARP;
+ * the whole warp calls it). The scores live in shared memory (scores, choice [E], taken [E],
+ * ids [K], the caller's); K rounds of a warp argmax by shuffles (larger wins, ties to the lower
+ * index, NaN never; only NaN left: the lowest unused index, as ops.cu's block_topk), no block
+ * barriers. The weights as ops.cu's route_kernel (sums in double, norm_topk, routed scale). */
+static __device__ inline void route_warp_token(int32_t *ids_out, float *w_out, const float *lg, const float *bias,
+                                        const ms_gpu_route_cfg &c, float *scores, float *choice,
+                                        unsigned char *taken, int *ids) {
+    const int E = c.n_experts, K = c.top_k, lane = threadIdx.x % MS_WARP;
+    const float *sel = route_warp_scores(lg, bias, c, scores, choice, taken); /* the values the top-k ranks */
     ms_syncwarp();
     for (int k = 0; k < K; k++) {
         float bv = 0.0f;
@@ -73,26 +108,38 @@ static __device__ void route_warp_token(int32_t *ids_out, float *w_out, const fl
         }
         ms_syncwarp();
     }
-    if (lane == 0) {
-        float w[RT_MAXK];
-        if (c.kind == MS_GPU_ROUTER_TOPK_SOFTMAX) {
-            float m = -INFINITY;
-            for (int k = 0; k < K; k++) m = fmaxf(m, w[k] = lg[ids[k]]);
-            double s = 0;
-            for (int k = 0; k < K; k++) s += (w[k] = expf(w[k] - m));
-            float inv = (float)(1.0 / s);
-            for (int k = 0; k < K; k++) w[k] *= inv;
-        } else {
-            double sum = 0;
-            for (int k = 0; k < K; k++) sum += (w[k] = scores[ids[k]]);
-            if (c.norm_topk) {
-                float den = (float)(sum + (c.kind == MS_GPU_ROUTER_SIGMOID ? 1e-20 : 0.0));
-                for (int k = 0; k < K; k++) w[k] /= den;
-            }
-            for (int k = 0; k < K; k++) w[k] *= c.routed_scale;
-        }
-        for (int k = 0; k < K; k++) ids_out[k] = ids[k], w_out[k] = w[k];
+    if (lane == 0) route_weights(ids_out, w_out, lg, scores, c, ids);
+}
+
+/* The same routing of one token by every thread of a block (all call it; the block's
+ * barriers): the scores by its first warp (route_warp_scores), then the top-k by ranks: each
+ * expert counts the experts ranked before it in route_warp_token's order (larger first, ties to
+ * the lower index; NaN after every number, among themselves by index), the expert of rank
+ * r < K is the r-th choice, so the ids are route_warp_token's, in one pass over the E values
+ * per expert instead of K dependent rounds; the weights by thread 0 (route_weights). */
+static __device__ inline void route_block_token(int32_t *ids_out, float *w_out, const float *lg, const float *bias,
+                                         const ms_gpu_route_cfg &c, float *scores, float *choice,
+                                         unsigned char *taken, int *ids) {
+    const int E = c.n_experts, K = c.top_k;
+    __shared__ const float *sel_sh;
+    if (threadIdx.x < MS_WARP) {
+        const float *sel = route_warp_scores(lg, bias, c, scores, choice, taken);
+        if (threadIdx.x == 0) sel_sh = sel;
     }
+    __syncthreads();
+    const float *sel = sel_sh;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = sel[i];
+        int rank = 0;
+        if (isnan(v)) {
+            for (int j = 0; j < E; j++) rank += !isnan(sel[j]) || j < i;
+        } else {
+            for (int j = 0; j < E && rank < K; j++) rank += better(sel[j], j, v, i);
+        }
+        if (rank < K) ids[rank] = i;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) route_weights(ids_out, w_out, lg, scores, c, ids);
 }
 
 #endif
