@@ -581,4 +581,14 @@ TEST(expert_ffn) {
     check_experts("bf16 fused gate_up, biases, clamped", &K_BF16, 4, 2880, 2880, 1, 1, 7.0f, 1);
 }
 
+/* INT4 experts (Kimi K2: hidden 7168, width 2048) through ms_gpu_expert_ffn, the bound of
+ * check_experts: symmetric BF16 scales per 32, zero points, and zero points with F16 scales per
+ * 128, fused gate_up, biases and the clamped activation. */
+TEST(expert_ffn_int4) {
+    SKIP_UNLESS_SELECTED("expert_ffn_int4");
+    check_experts("int4 bf16 1x32, 7168 / 2048 (kimi k2 shape)", &K_I4, 4, 7168, 2048, 0, 0, 0.0f, 0);
+    check_experts("int4 asym bf16 1x32, 7168 / 2048", &K_I4Z, 2, 7168, 2048, 0, 0, 7.0f, 0);
+    check_experts("int4 asym f16 1x128 fused gate_up, biases, clamped", &K_I4ZH, 3, 1024, 640, 1, 1, 7.0f, 1);
+}
+
 TEST_GPU_RUNNER(test_gpu_run_kernels)
