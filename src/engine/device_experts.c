@@ -10,7 +10,7 @@
 #include "engine/streaming.h"
 #include "io/prefetch_gate.h"
 
-#define N_ROLES 9
+#define N_ROLES 12 /* the 9 of every expert, then the INT4 zero points (absent: skipped) */
 #define ROLE_ALIGN 256 /* as the GPU backend's placed weights */
 #define ROLE_PAD 16    /* slack past each role (vector loads), as place_qmat allocates */
 
@@ -29,9 +29,20 @@ static uint64_t scale_bytes(const ms_qmat *q) {
     return (r * c * (uint64_t)ms_dtype_bits(q->scale_dtype) + 7) / 8;
 }
 
-/* Role r of v (gate, gate scale, up, up scale, down, down scale, the three biases): the
- * pointer's address in v and its bytes. */
+/* Bytes of an I4 view's packed zero points (core/qmat.h), 0 without. */
+static uint64_t zero_bytes(const ms_qmat *q) {
+    if (q->dtype != MS_DT_I4 || !q->zero || q->bcol < 1) return 0;
+    return (uint64_t)((q->rows + 7) / 8) * (uint64_t)((q->cols + q->bcol - 1) / q->bcol) * 4;
+}
+
+/* Role r of v (gate, gate scale, up, up scale, down, down scale, the three biases, the gate /
+ * up / down INT4 zero points): the pointer's address in v and its bytes. */
 static const void **role_ref(ms_expert_view *v, int r, uint64_t *len) {
+    if (r >= 9) {
+        ms_qmat *z = r == 9 ? &v->gate : r == 10 ? &v->up : &v->down;
+        *len = zero_bytes(z);
+        return &z->zero;
+    }
     ms_qmat *q = r < 2 ? &v->gate : r < 4 ? &v->up : &v->down;
     switch (r) {
     case 0: case 2: case 4: *len = q->data ? mat_bytes(q) : 0; return &q->data;

@@ -6,7 +6,7 @@
  * Every weight is replicated into copies that together exceed 1 GiB and the
  * timed launches cycle through them, so the bytes come from HBM, not L2.
  * Usage: gpubench [--peak-gbs 4800] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS]
- *                 [--routed DTYPE EXPERTS K HIDDEN INTER] */
+ *                 [--routed DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER] (one line per dtype, in order) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,7 +42,15 @@ static const bdt k_dt[] = {
     {"f32", MS_DT_F32, 0, 0, 0},
     {"f8_e4m3", MS_DT_F8_E4M3, MS_DT_F32, 128, 128},
     {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
+    {"int4", MS_DT_I4, MS_DT_BF16, 1, 32}, /* compressed-tensors pack-quantized (Kimi K2), symmetric */
 };
+#define N_SWEEP 5 /* the default sweep's dtypes (the first five) */
+#define N_DT ((int)(sizeof k_dt / sizeof k_dt[0]))
+static int dt_index(const char *name, size_t len) {
+    for (int d = 0; d < N_DT; d++)
+        if (strlen(k_dt[d].name) == len && !strncmp(name, k_dt[d].name, len)) return d;
+    return -1;
+}
 
 /* Host weight with plausible values (finite; the speed does not depend on them). */
 static ms_qmat host_w(const bdt *d, int64_t rows, int64_t cols) {
@@ -66,6 +74,7 @@ static ms_qmat host_w(const bdt *d, int64_t rows, int64_t cols) {
         uint8_t *s = malloc((size_t)n * 4);
         for (int64_t i = 0; i < n; i++) {
             if (d->sdt == MS_DT_F32) ((float *)s)[i] = 0.01f;
+            else if (d->sdt == MS_DT_BF16) ((uint16_t *)s)[i] = 0x3c00; /* 2^-7 */
             else s[i] = 120;
         }
         w.scale = s, w.scale_dtype = d->sdt, w.brow = d->brow, w.bcol = d->bcol;
@@ -227,11 +236,12 @@ static void bench_routed(const bdt *d, int E, int K, int64_t D, int64_t I) {
     }
     double us = best * 1e3 / reps, bytes = (double)K * (2 * ms_qmat_bytes(&hg) + ms_qmat_bytes(&hd));
     double gbs = bytes / (us * 1e-6) / 1e9;
-    const char *fp8 = getenv("MS_GPU_FP8_DECODE"), *qx = getenv("MS_GPU_QX");
+    const char *fp8 = getenv("MS_GPU_FP8_DECODE"), *qx = getenv("MS_GPU_QX"), *i4 = getenv("MS_GPU_I4_DECODE");
     printf("{\"bench\":\"moe_routed\",\"dtype\":\"%s\",\"experts\":%d,\"k\":%d,\"hidden\":%lld,\"inter\":%lld,"
-           "\"fp8_decode\":\"%s\",\"qx\":\"%s\",\"bytes\":%.0f,\"us\":%.2f,\"gbs\":%.1f,\"frac_copy\":%.3f}\n",
-           d->name, E, K, (long long)D, (long long)I, fp8 ? fp8 : "default", qx ? qx : "new", bytes, us, gbs,
-           g_copy > 0 ? gbs / g_copy : 0.0);
+           "\"fp8_decode\":\"%s\",\"i4_decode\":\"%s\",\"qx\":\"%s\",\"bytes\":%.0f,\"us\":%.2f,\"gbs\":%.1f,"
+           "\"frac_copy\":%.3f}\n",
+           d->name, E, K, (long long)D, (long long)I, fp8 ? fp8 : "default", i4 ? i4 : "default", qx ? qx : "new",
+           bytes, us, gbs, g_copy > 0 ? gbs / g_copy : 0.0);
     fflush(stdout);
     for (int i = 0; i < 3 * E; i++) ms_gpu_qmat_free(G, &dg[i]);
     ms_gpu_free(G, dtab), ms_gpu_free(G, dids), ms_gpu_free(G, dw), ms_gpu_free(G, x), ms_gpu_free(G, acc);
@@ -313,37 +323,42 @@ static void bench_gemm(const bdt *d, int64_t rows, int64_t cols) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, one = -1, one_n = 1, gemm = -1, routed = -1, r_e = 0, r_k = 0;
+    int quick = 0, one = -1, one_n = 1, gemm = -1, routed[16], n_routed = 0, r_e = 0, r_k = 0;
     int64_t one_r = 0, one_c = 0, a_ctx[8];
     int a_h[8], a_kv[8], a_hd[8], n_attn = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--peak-gbs") && i + 1 < argc) g_peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--matvec") && i + 4 < argc) { /* one case: DTYPE ROWS COLS N */
-            for (int d = 0; d < 5; d++)
-                if (!strcmp(argv[i + 1], k_dt[d].name)) one = d;
+            one = dt_index(argv[i + 1], strlen(argv[i + 1]));
             one_r = atoll(argv[i + 2]), one_c = atoll(argv[i + 3]), one_n = atoi(argv[i + 4]);
             i += 4;
             if (one < 0 || one_r < 1 || one_c < 1 || one_n < 1) {
-                fprintf(stderr, "gpubench: --matvec DTYPE ROWS COLS N (dtype bf16|f16|f32|f8_e4m3|mxfp4)\n");
+                fprintf(stderr, "gpubench: --matvec DTYPE ROWS COLS N (dtype bf16|f16|f32|f8_e4m3|mxfp4|int4)\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--gemm") && i + 3 < argc) { /* matvec vs GEMM over n: DTYPE ROWS COLS */
-            for (int d = 0; d < 5; d++)
-                if (!strcmp(argv[i + 1], k_dt[d].name)) gemm = d;
+            gemm = dt_index(argv[i + 1], strlen(argv[i + 1]));
             one_r = atoll(argv[i + 2]), one_c = atoll(argv[i + 3]);
             i += 3;
             if (gemm < 0 || one_r < 1 || one_c < 1) {
                 fprintf(stderr, "gpubench: --gemm DTYPE ROWS COLS (dtype bf16|f16|f32|f8_e4m3|mxfp4)\n");
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--routed") && i + 5 < argc) { /* DTYPE EXPERTS K HIDDEN INTER */
-            for (int d = 0; d < 5; d++)
-                if (!strcmp(argv[i + 1], k_dt[d].name)) routed = d;
+        } else if (!strcmp(argv[i], "--routed") && i + 5 < argc) { /* DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER */
+            int bad = 0;
+            for (const char *p = argv[i + 1]; *p && !bad;) {
+                size_t len = strcspn(p, ",");
+                int d = dt_index(p, len);
+                if (d < 0 || n_routed == 16) bad = 1;
+                else routed[n_routed++] = d;
+                p += len + (p[len] == ',');
+            }
             r_e = atoi(argv[i + 2]), r_k = atoi(argv[i + 3]), one_r = atoll(argv[i + 4]), one_c = atoll(argv[i + 5]);
             i += 5;
-            if (routed < 0 || r_k < 1 || r_k > 32 || r_e < r_k || one_r < 1 || one_c < 1) {
-                fprintf(stderr, "gpubench: --routed DTYPE EXPERTS K HIDDEN INTER (K 1..32 <= EXPERTS)\n");
+            if (bad || !n_routed || r_k < 1 || r_k > 32 || r_e < r_k || one_r < 1 || one_c < 1) {
+                fprintf(stderr, "gpubench: --routed DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER (K 1..32 <= EXPERTS; dtype "
+                                "bf16|f16|f32|f8_e4m3|mxfp4|int4)\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--attn") && i + 4 < argc && n_attn < 8) { /* HEADS KV_HEADS HEAD_DIM KEYS */
@@ -356,7 +371,7 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS] [--routed DTYPE EXPERTS K HIDDEN INTER] [--attn HEADS KV_HEADS HEAD_DIM KEYS]\n");
+            fprintf(stderr, "usage: gpubench [--peak-gbs GBS] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS] [--routed DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER] [--attn HEADS KV_HEADS HEAD_DIM KEYS]\n");
             return 2;
         }
     }
@@ -375,8 +390,8 @@ int main(int argc, char **argv) {
         ms_gpu_close(G);
         return 0;
     }
-    if (routed >= 0) {
-        bench_routed(&k_dt[routed], r_e, r_k, one_r, one_c);
+    if (n_routed) {
+        for (int q = 0; q < n_routed; q++) bench_routed(&k_dt[routed[q]], r_e, r_k, one_r, one_c);
         ms_gpu_close(G);
         return 0;
     }
@@ -392,9 +407,9 @@ int main(int argc, char **argv) {
     }
     static const int64_t shapes[][2] = {{2048, 7168}, {7168, 2048}, {18432, 7168}, {129280, 7168}};
     int nshape = quick ? 3 : 4;
-    for (int d = 0; d < 5; d++)
+    for (int d = 0; d < N_SWEEP; d++)
         for (int s = 0; s < nshape; s++) bench_matvec(&k_dt[d], shapes[s][0], shapes[s][1], 1, 0);
-    for (int d = 0; d < 5; d++) {
+    for (int d = 0; d < N_SWEEP; d++) {
         bench_matvec(&k_dt[d], 18432, 7168, 4, 0);
         bench_matvec(&k_dt[d], 18432, 7168, 8, 0);
     }

@@ -93,16 +93,18 @@ float *randv(int64_t n, float s) {
     return v;
 }
 
-const wkind K_F32 = {"f32", MS_DT_F32, 0, 0, 0}, K_F16 = {"f16", MS_DT_F16, 0, 0, 0},
-                   K_BF16 = {"bf16", MS_DT_BF16, 0, 0, 0},
-                   K_FP8 = {"fp8_e4m3 (f32 128x128 scales)", MS_DT_F8_E4M3, MS_DT_F32, 128, 128},
-                   K_FP8B = {"fp8_e4m3 (bf16 128x128 scales)", MS_DT_F8_E4M3, MS_DT_BF16, 128, 128},
-                   K_F4 = {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32},
-                   K_Q8 = {"q8 (bf16 1x32 scales)", MS_DT_Q8, MS_DT_BF16, 1, 32},
-                   K_Q8F = {"q8 (f32 1x64 scales)", MS_DT_Q8, MS_DT_F32, 1, 64},
-                   K_I4 = {"int4 (bf16 1x32 scales)", MS_DT_I4, MS_DT_BF16, 1, 32},
-                   K_I4H = {"int4 (f16 1x128 scales)", MS_DT_I4, MS_DT_F16, 1, 128},
-                   K_I4G8 = {"int4 (bf16 1x8 scales)", MS_DT_I4, MS_DT_BF16, 1, 8};
+const wkind K_F32 = {"f32", MS_DT_F32, 0, 0, 0, 0}, K_F16 = {"f16", MS_DT_F16, 0, 0, 0, 0},
+                   K_BF16 = {"bf16", MS_DT_BF16, 0, 0, 0, 0},
+                   K_FP8 = {"fp8_e4m3 (f32 128x128 scales)", MS_DT_F8_E4M3, MS_DT_F32, 128, 128, 0},
+                   K_FP8B = {"fp8_e4m3 (bf16 128x128 scales)", MS_DT_F8_E4M3, MS_DT_BF16, 128, 128, 0},
+                   K_F4 = {"mxfp4", MS_DT_F4, MS_DT_F8_E8M0, 1, 32, 0},
+                   K_Q8 = {"q8 (bf16 1x32 scales)", MS_DT_Q8, MS_DT_BF16, 1, 32, 0},
+                   K_Q8F = {"q8 (f32 1x64 scales)", MS_DT_Q8, MS_DT_F32, 1, 64, 0},
+                   K_I4 = {"int4 (bf16 1x32 scales)", MS_DT_I4, MS_DT_BF16, 1, 32, 0},
+                   K_I4H = {"int4 (f16 1x128 scales)", MS_DT_I4, MS_DT_F16, 1, 128, 0},
+                   K_I4G8 = {"int4 (bf16 1x8 scales)", MS_DT_I4, MS_DT_BF16, 1, 8, 0},
+                   K_I4Z = {"int4 asym (bf16 1x32, zero points)", MS_DT_I4, MS_DT_BF16, 1, 32, 1},
+                   K_I4ZH = {"int4 asym (f16 1x128, zero points)", MS_DT_I4, MS_DT_F16, 1, 128, 1};
 
 ms_qmat make_w(const wkind *k, int64_t rows, int64_t cols) {
     ms_qmat w = {.dtype = k->dt, .rows = rows, .cols = cols};
@@ -142,11 +144,18 @@ ms_qmat make_w(const wkind *k, int64_t rows, int64_t cols) {
         }
         w.scale = s;
     }
+    if (k->zp) { /* the packed zero points: int32 [ceil(rows/8), ceil(cols/bcol)], every nibble */
+        int64_t nz = (rows + 7) / 8 * ((cols + k->bcol - 1) / k->bcol);
+        uint32_t *z = malloc((size_t)nz * 4);
+        for (int64_t i = 0; i < nz; i++) z[i] = (uint32_t)rnd();
+        w.zero = z;
+    }
     return w;
 }
 void free_w(ms_qmat *w) {
     free((void *)w->data);
     free((void *)w->scale);
+    free((void *)w->zero);
 }
 
 /* Per-element bound for y = W x through the GPU: (N/W + log2 W + 3) u sum_c |w_rc x_c|. */

@@ -34,15 +34,18 @@ double unif(void);
 float gauss(void);
 float *randv(int64_t n, float s);
 
-/* A host weight of a dtype with random values; scales per block. */
+/* A host weight of a dtype with random values; scales per block; zp: I4 with random zero
+ * points (asymmetric, core/qmat.h). */
 typedef struct {
     const char *name;
     ms_dtype dt, sdt;
     int brow, bcol;
+    int zp;
 } wkind;
-extern const wkind K_F32, K_F16, K_BF16, K_FP8, K_FP8B, K_F4, K_Q8, K_Q8F, K_I4, K_I4H, K_I4G8;
+extern const wkind K_F32, K_F16, K_BF16, K_FP8, K_FP8B, K_F4, K_Q8, K_Q8F, K_I4, K_I4H, K_I4G8, K_I4Z, K_I4ZH;
 
-/* A host weight of kind k, rows x cols, random values (and scales per block); free_w frees it. */
+/* A host weight of kind k, rows x cols, random values (and scales per block, zero points);
+ * free_w frees it. */
 ms_qmat make_w(const wkind *k, int64_t rows, int64_t cols);
 void free_w(ms_qmat *w);
 /* Per-element bound for y = W x through the GPU: (N/W + log2 W + 3) u sum_c |w_rc x_c|:

@@ -834,6 +834,48 @@ TEST(backend_routed_experts) {
     CHECK(gbe()->ops->sync(gbe(), &err) == MS_OK);
 }
 
+/* INT4 routed experts (compressed-tensors pack-quantized, core/qmat.h I4; Kimi K2 / K2.5):
+ * decode through moe_experts_routed (fused two launches and the legacy four) and prefill
+ * through the grouped GEMMs (hi + lo BF16 parts, exact for BF16 / F16 group scales), on the
+ * Kimi K2 expert shape (hidden 7168, inter 2048), the Qwen3 shape with zero points
+ * (asymmetric), F16 scales per 128 with a partial group, groups of 8 and an inter width the
+ * vector kernel refuses; bounds as check_routed / check_gemm_moe (split_err 0: exact parts). */
+TEST(backend_int4_routed_experts) {
+    SKIP_UNLESS_SELECTED("backend_int4_routed_experts");
+    for (int leg = 0; leg < 2; leg++) {
+        ms_backend *G = leg ? legacy_gbe() : gbe();
+        const char *p = leg ? "legacy" : "fused";
+        char w[128];
+#define RX(desc, k, D, I, E, K, fu, bdt, cl) \
+    snprintf(w, sizeof w, "routed %s: %s", p, desc), check_routed(G, w, k, D, I, E, K, fu, bdt, cl)
+        RX("int4 kimi k2 shape 7168 x 2048, 4 of 8", &K_I4, 7168, 2048, 8, 4, 0, MS_DT_INVALID, 0);
+        RX("int4 asym qwen3 shape 2048 x 768, 8 of 16", &K_I4Z, 2048, 768, 16, 8, 0, MS_DT_INVALID, 0);
+        RX("int4 asym f16 1x128, fused gate_up, bf16 biases, clamped", &K_I4ZH, 512, 384, 8, 3, 1, MS_DT_BF16, 1);
+        RX("int4 f16 1x128, I 320 (partial group)", &K_I4H, 384, 320, 8, 2, 0, MS_DT_INVALID, 0);
+        RX("int4 groups of 8 (generic kernel)", &K_I4G8, 256, 128, 8, 2, 0, MS_DT_F32, 0);
+        RX("int4 I 200 (not a vector width)", &K_I4, 256, 200, 8, 4, 0, MS_DT_INVALID, 0);
+        RX("int4 asym I 200, 1 of 4", &K_I4Z, 256, 200, 4, 1, 0, MS_DT_INVALID, 0);
+#undef RX
+    }
+    ms_err err = {0};
+    CHECK(gbe()->ops->sync(gbe(), &err) == MS_OK);
+}
+
+TEST(backend_int4_gemm) {
+    SKIP_UNLESS_SELECTED("backend_int4_gemm");
+    ms_backend *G = gbe();
+    CHECK(ms_backend_gpu_gemm_min(G, 2, 2, 2) == MS_OK); /* every n >= 2 through the GEMMs */
+    check_gemm_dense(&K_I4, 333, 1024, 40, 1);
+    check_gemm_dense(&K_I4Z, 1001, 2048, 17, 0);
+    check_gemm_dense(&K_I4ZH, 129, 2944, 9, 0); /* 23 groups of 128 */
+    check_gemm_moe("int4 kimi k2 shape (7168 x 2048)", &K_I4, 8, 2, 17, 7168, 2048, 0, 0, 0.0f, 0);
+    check_gemm_moe("int4 asym qwen3 shape (2048 x 768)", &K_I4Z, 16, 4, 40, 2048, 768, 0, 0, 0.0f, 0);
+    check_gemm_moe("int4 asym f16 1x128 fused gate_up, biases, limit 7, I 320", &K_I4ZH, 8, 4, 33, 384, 320, 1, 1, 7.0f, 0);
+    check_gemm_moe("int4 groups of 8, I 200", &K_I4G8, 8, 2, 21, 256, 200, 0, 0, 0.0f, 0);
+    check_gemm_moe("int4 one hot expert (300 rows)", &K_I4, 6, 2, 300, 128, 64, 0, 0, 0.0f, 1);
+    CHECK(ms_backend_gpu_gemm_min(G, 16, 48, 4) == MS_OK); /* back near the defaults for the other tests */
+}
+
 TEST(backend_attention) {
     SKIP_UNLESS_SELECTED("backend_attention");
     ms_backend *C = cpu(), *G = gbe();
@@ -1236,16 +1278,15 @@ TEST(backend_mhc) {
     free(fnv), free(base), free(scale), free(st), free(col), free(post), free(comb), free(y), free(out), free((void *)hfn.data);
 }
 
-/* The GPU backend with Q8 / I4 weights (behind MS_GPU_QUANT_KERNELS=1): the embedding
- * (qview, exact) and the matmul / matmul_many ops against the CPU backend's on the same
- * placed weights (a Q8 static tier's embedding, head and projections; INT4 matrices). */
+/* The GPU backend with Q8 / I4 weights: the embedding (qview, exact) and the matmul /
+ * matmul_many ops against the CPU backend's on the same placed weights (a Q8 static tier's
+ * embedding, head and projections; INT4 matrices, symmetric and with zero points). */
 TEST(matmul_q_backend) {
     SKIP_UNLESS_SELECTED("matmul_q_backend");
-    setenv("MS_GPU_QUANT_KERNELS", "1", 1);
     ms_backend *C = cpu(), *G = gbe();
     ms_err err = {0};
-    const wkind *tk[2] = {&K_Q8, &K_I4};
-    for (int i = 0; i < 2; i++) {
+    const wkind *tk[3] = {&K_Q8, &K_I4, &K_I4Z};
+    for (int i = 0; i < 3; i++) {
         const int64_t V = 1000, D = 512;
         ms_qmat t = make_w(tk[i], V, D), dt;
         int rc = G->ops->place_qmat(G, &t, &dt, &err);
@@ -1257,7 +1298,7 @@ TEST(matmul_q_backend) {
         int32_t ids[6] = {0, 999, 5, 5, 128, 300};
         float *e1 = malloc(6 * D * 4), *de = bup(e1, 6 * D), *got;
         C->ops->embed(C, e1, &t, ids, 6), G->ops->embed(G, de, &dt, ids, 6);
-        got = bget(de, 6 * D), cmpv(i ? "embed (int4)" : "embed (q8)", got, e1, 6 * D, 0, 0), free(got);
+        got = bget(de, 6 * D), cmpv(i == 2 ? "embed (int4 asym)" : i ? "embed (int4)" : "embed (q8)", got, e1, 6 * D, 0, 0), free(got);
         /* y = W x, 3 tokens, through matmul and through matmul_many (two jobs on the same W) */
         float *x = randv(3 * D, 1.0f), *y1 = malloc(3 * V * 4), *dx = bup(x, 3 * D), *dy = bup(y1, 3 * V),
               *dy2 = bup(y1, 3 * V);
@@ -1285,7 +1326,6 @@ TEST(matmul_q_backend) {
         gfree(de), gfree(dx), gfree(dy), gfree(dy2), free(e1), free(x), free(y1), free(l1), free_w(&t);
     }
     CHECK(G->ops->sync(G, &err) == MS_OK);
-    unsetenv("MS_GPU_QUANT_KERNELS");
 }
 
 /* The replayable decode step's ops (core/backend.h embed_at, qkv_at, attn_gqa with pos_dev,

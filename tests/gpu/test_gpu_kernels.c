@@ -136,40 +136,46 @@ TEST(matmul_errors) {
     ms_gpu_free(gpu(), d);
 }
 
-/* Q8 (the requantized static tier, on by default) and I4 (INT4 experts, behind
- * MS_GPU_QUANT_KERNELS=1) through matmul_q.cu: I4 refused without the opt-in (the placement
- * refusal users see), Q8 taken without it, and every shape against ms_matmul_ref through the
- * vector, generic and accumulate passes. */
-TEST(matmul_q_refused_without_optin) {
-    SKIP_UNLESS_SELECTED("matmul_q_refused_without_optin");
+/* Q8 (the requantized static tier) and I4 (INT4 experts, symmetric and with zero points)
+ * through matmul_q.cu, on by default: placed without any opt-in (MS_GPU_QUANT_KERNELS is gone:
+ * set, it changes nothing), the zero points uploaded with the view, and every shape against
+ * ms_matmul_ref through the vector, generic and accumulate passes. */
+TEST(matmul_q_int4_no_optin) {
+    SKIP_UNLESS_SELECTED("matmul_q_int4_no_optin");
     ms_err err = {0};
     unsetenv("MS_GPU_QUANT_KERNELS");
-    ms_qmat w = make_w(&K_I4, 64, 64), dw;
-    CHECK(ms_gpu_qmat_upload(gpu(), &w, &dw, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "INT4"));
-    free_w(&w);
-    w = make_w(&K_Q8, 64, 64);
-    CHECK(ms_gpu_qmat_upload(gpu(), &w, &dw, &err) == MS_OK);
-    ms_gpu_qmat_free(gpu(), &dw);
-    free_w(&w);
+    const wkind *all[] = {&K_I4, &K_I4Z, &K_Q8};
+    for (int i = 0; i < 3; i++) {
+        ms_qmat w = make_w(all[i], 64, 64), dw;
+        int rc = ms_gpu_qmat_upload(gpu(), &w, &dw, &err);
+        CHECK_MSG(rc == MS_OK, "%s: %s", all[i]->name, err.msg);
+        if (!rc) {
+            CHECK(!w.zero == !dw.zero && (!dw.zero || dw.zero != w.zero));
+            if (w.zero) { /* the device copy of the zero points is the host's */
+                uint32_t z[8 * 2];
+                get(z, dw.zero, sizeof z);
+                CHECK(memcmp(z, w.zero, sizeof z) == 0);
+            }
+            ms_gpu_qmat_free(gpu(), &dw);
+        }
+        free_w(&w);
+    }
 }
 
 TEST(matmul_q_dtypes_real_shapes) {
     SKIP_UNLESS_SELECTED("matmul_q_dtypes_real_shapes");
-    setenv("MS_GPU_QUANT_KERNELS", "1", 1);
-    const wkind *all[] = {&K_Q8, &K_Q8F, &K_I4, &K_I4H};
-    for (int i = 0; i < 4; i++) {
+    const wkind *all[] = {&K_Q8, &K_Q8F, &K_I4, &K_I4H, &K_I4Z};
+    for (int i = 0; i < 5; i++) {
         check_matmul(all[i], 2048, 7168, 1); /* Kimi K2 expert gate/up (INT4), an MLA projection (Q8) */
         check_matmul(all[i], 7168, 2048, 1);
         check_matmul(all[i], 1024, 2304, 3);
         check_matmul(all[i], 4096, 4096, 8);
     }
     check_matmul(&K_Q8, 151936, 2048, 1); /* a Q8 vocab head */
-    unsetenv("MS_GPU_QUANT_KERNELS");
 }
 
 TEST(matmul_q_odd_shapes) {
     SKIP_UNLESS_SELECTED("matmul_q_odd_shapes");
-    setenv("MS_GPU_QUANT_KERNELS", "1", 1);
     check_matmul(&K_Q8, 1001, 7000, 1); /* 7000 = 218.75 blocks: partial last block, rows not 16-byte multiples */
     check_matmul(&K_Q8, 333, 2896, 2);  /* 16-byte rows, partial last block of 16 */
     check_matmul(&K_Q8, 7, 33, 5);      /* one full block and one of 1 */
@@ -177,7 +183,8 @@ TEST(matmul_q_odd_shapes) {
     check_matmul(&K_I4, 1001, 2904, 11); /* cols % 32 != 0: generic */
     check_matmul(&K_I4G8, 333, 1024, 2); /* groups of 8: generic */
     check_matmul(&K_I4H, 5, 8, 1);
-    unsetenv("MS_GPU_QUANT_KERNELS");
+    check_matmul(&K_I4Z, 1001, 2904, 3);  /* zero points: 125.25 row words, a partial group, generic */
+    check_matmul(&K_I4ZH, 13, 7168, 2);   /* zero points with F16 scales per 128 */
 }
 
 /* ------------------------------------------------------------ rmsnorm */
@@ -661,6 +668,16 @@ TEST(expert_ffn) {
     check_experts("fp8 bf16 scales, 2304 / 1024, swiglu limit 7", &K_FP8B, 6, 2304, 1024, 0, 0, 7.0f, 0);
     check_experts("mxfp4 fused gate_up, biases, clamped (gpt-oss)", &K_F4, 4, 2880, 2880, 1, 1, 7.0f, 1);
     check_experts("bf16 fused gate_up, biases, clamped", &K_BF16, 4, 2880, 2880, 1, 1, 7.0f, 1);
+}
+
+/* INT4 experts (Kimi K2: hidden 7168, width 2048) through ms_gpu_expert_ffn, the bound of
+ * check_experts: symmetric BF16 scales per 32, zero points, and zero points with F16 scales per
+ * 128, fused gate_up, biases and the clamped activation. */
+TEST(expert_ffn_int4) {
+    SKIP_UNLESS_SELECTED("expert_ffn_int4");
+    check_experts("int4 bf16 1x32, 7168 / 2048 (kimi k2 shape)", &K_I4, 4, 7168, 2048, 0, 0, 0.0f, 0);
+    check_experts("int4 asym bf16 1x32, 7168 / 2048", &K_I4Z, 2, 7168, 2048, 0, 0, 7.0f, 0);
+    check_experts("int4 asym f16 1x128 fused gate_up, biases, clamped", &K_I4ZH, 3, 1024, 640, 1, 1, 7.0f, 1);
 }
 
 TEST_GPU_RUNNER(test_gpu_run_kernels)

@@ -123,6 +123,7 @@ static void check_fixture(const char *name) {
             CHECK(is_dev(be, v.down.data, db) && is_dev(be, v.gate.data, 1));
             CHECK(!r->down.scale || is_dev(be, v.down.scale, 1));
             CHECK(!r->gate_bias || is_dev(be, v.gate_bias, 1));
+            CHECK(!r->down.zero || is_dev(be, v.down.zero, 1)); /* asymmetric INT4: the zero points moved too */
             uint8_t *tmp = malloc(db);
             be->ops->download(be, tmp, v.down.data, db, &err);
             CHECK(!memcmp(tmp, r->down.data, db));
@@ -187,6 +188,8 @@ TEST(gpt_oss) { check_fixture("gpt_oss"); }
 TEST(gpt_oss_mxfp4) { check_fixture("gpt_oss_mxfp4"); }
 TEST(mimo_v2_flash) { check_fixture("mimo_v2_flash"); }
 TEST(longcat_flash) { check_fixture("tests/fixtures/extra/longcat_flash"); } /* zero-computation experts */
+/* INT4 (compressed-tensors pack-quantized) experts: the list fixture of tests/fixtures/extra */
+TEST(kimi_k25_int4) { check_fixture("../../../fixtures/extra/kimi_k25_int4"); }
 
 /* ms_streaming_acquire_each: every requested expert handed over once, as the bytes of the
  * checkpoint; a callback's failure ends the acquire with its status and pins nothing. */

@@ -386,18 +386,28 @@ static size_t qmat_scale_bytes(const ms_qmat *w) {
     return (size_t)(sr * sc * (ms_gpu_dtype_bits(w->scale_dtype) / 8));
 }
 
+/* An I4 view's packed zero points (core/qmat.h), 0 without. */
+static size_t qmat_zero_bytes(const ms_qmat *w) {
+    if (w->dtype != MS_DT_I4 || !w->zero || w->bcol < 1) return 0;
+    return (size_t)(((w->rows + 7) / 8) * ((w->cols + w->bcol - 1) / w->bcol) * 4);
+}
+
 static int g_place_qmat(ms_backend *be, const ms_qmat *host, ms_qmat *out, ms_err *err) {
     gpu_backend *b = gb(be);
     int rc = ms_gpu_qmat_check(host, "placing a weight", err);
     if (rc) return rc;
-    size_t db = qmat_data_bytes(host), sb = qmat_scale_bytes(host);
-    void *d = NULL, *s = NULL;
-    if ((rc = arena_get(b, db + 16, &d, err)) || (sb && (rc = arena_get(b, sb + 16, &s, err)))) return rc;
-    if ((rc = ms_gpu_upload(b->g, d, host->data, db, err)) || (sb && (rc = ms_gpu_upload(b->g, s, host->scale, sb, err))))
+    size_t db = qmat_data_bytes(host), sb = qmat_scale_bytes(host), zb = qmat_zero_bytes(host);
+    void *d = NULL, *s = NULL, *z = NULL;
+    if ((rc = arena_get(b, db + 16, &d, err)) || (sb && (rc = arena_get(b, sb + 16, &s, err))) ||
+        (zb && (rc = arena_get(b, zb + 16, &z, err))))
+        return rc;
+    if ((rc = ms_gpu_upload(b->g, d, host->data, db, err)) || (sb && (rc = ms_gpu_upload(b->g, s, host->scale, sb, err))) ||
+        (zb && (rc = ms_gpu_upload(b->g, z, host->zero, zb, err))))
         return rc;
     *out = *host;
     out->data = d;
     out->scale = sb ? s : NULL;
+    out->zero = zb ? z : NULL;
     return MS_OK;
 }
 static int g_place_vec(ms_backend *be, const float *host, int64_t n, const float **out, ms_err *err) {
@@ -725,7 +735,7 @@ static void g_glu(ms_backend *be, const ms_glu *a, float *gate, float *up, int64
 
 /* A weight element of any stored dtype, scale applied (the embedding, MLA's kv_b). */
 typedef struct {
-    const uint8_t *w, *s;
+    const uint8_t *w, *s, *z; /* z: I4 zero points (NULL: symmetric) */
     int64_t cols, scols;
     int dt, sdt, brow, bcol;
 } qview;
@@ -736,6 +746,7 @@ static int qview_of(const ms_qmat *w, qview *q, ms_err *err) {
     int rc = ms_gpu_qmat_check(w, "weight", err);
     if (rc) return rc;
     q->w = (const uint8_t *)w->data, q->s = (const uint8_t *)w->scale, q->cols = w->cols;
+    q->z = w->dtype == MS_DT_I4 ? (const uint8_t *)w->zero : NULL;
     q->dt = w->dtype == MS_DT_F32 ? QD_F32 : w->dtype == MS_DT_F16 ? QD_F16 : w->dtype == MS_DT_BF16 ? QD_BF16
             : w->dtype == MS_DT_F8_E4M3 ? QD_FP8 : w->dtype == MS_DT_Q8 ? QD_Q8 : w->dtype == MS_DT_I4 ? QD_I4 : QD_F4;
     q->sdt = !w->scale ? QS_NONE : w->scale_dtype == MS_DT_F32 ? QS_F32 : w->scale_dtype == MS_DT_BF16 ? QS_BF16
@@ -753,7 +764,11 @@ static __device__ __forceinline__ float qv_at(const qview &q, int64_t r, int64_t
     case QD_BF16: return ms_bf16_to_f32_dev(((const uint16_t *)q.w)[i]);
     case QD_FP8: v = ms_fp8_e4m3_to_f32_dev(q.w[i]); break;
     case QD_Q8: v = (float)(int8_t)q.w[i]; break;
-    case QD_I4: v = (float)((int)((q.w[i >> 1] >> ((i & 1) * 4)) & 15u) - 8); break; /* core/qmat.h I4 */
+    case QD_I4: { /* core/qmat.h I4: u - uz */
+        int uz = q.z ? (int)((((const uint32_t *)q.z)[(r >> 3) * q.scols + c / q.bcol] >> (4 * (r & 7))) & 15u) : 8;
+        v = (float)((int)((q.w[i >> 1] >> ((i & 1) * 4)) & 15u) - uz);
+        break;
+    }
     default: v = ms_e2m1_to_f32((q.w[i >> 1] >> ((i & 1) * 4)) & 15u); break;
     }
     if (q.sdt != QS_NONE) {
@@ -1178,7 +1193,8 @@ typedef struct rx_table {
 
 static int qmat_same_layout(const ms_qmat *a, const ms_qmat *b) {
     return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols && !a->scale == !b->scale &&
-           (!a->scale || (a->scale_dtype == b->scale_dtype && a->brow == b->brow && a->bcol == b->bcol));
+           (!a->scale || (a->scale_dtype == b->scale_dtype && a->brow == b->brow && a->bcol == b->bcol)) &&
+           (a->dtype != MS_DT_I4 || !a->zero == !b->zero);
 }
 
 static int rx_build(gpu_backend *b, rx_table *t, const ms_expert_view *all, int E, ms_err *err) {
@@ -1210,6 +1226,7 @@ static int rx_build(gpu_backend *b, rx_table *t, const ms_expert_view *all, int 
         h[x].w[0] = v->gate.data, h[x].s[0] = v->gate.scale;
         h[x].w[1] = v->up.data, h[x].s[1] = v->up.scale;
         h[x].w[2] = v->down.data, h[x].s[2] = v->down.scale;
+        if (v->gate.dtype == MS_DT_I4) h[x].z[0] = v->gate.zero, h[x].z[1] = v->up.zero, h[x].z[2] = v->down.zero;
         h[x].bias[0] = v->gate_bias, h[x].bias[1] = v->up_bias, h[x].bias[2] = v->down_bias;
     }
     void *d = NULL;

@@ -29,13 +29,15 @@ void **ms_gpu_be_gemm(ms_backend *be);
 #define XS_CAP_RB ((size_t)192 << 20) /* split activations of the row-block form (a copy per row block) */
 
 /* BF16 parts of a weight: 0 when it is used as stored (BF16, no scale), 1 when one
- * BF16 matrix holds it exactly (MXFP4: e2m1 times a power of two), 2 otherwise (hi + lo);
- * -1: F32 (the F32 GEMM), or a dtype the GEMMs do not take. */
+ * BF16 matrix holds it exactly (MXFP4: e2m1 times a power of two), 2 otherwise (hi + lo;
+ * exact for INT4 with BF16 or F16 group scales: (u - uz) x s has at most 4 + 11 significant
+ * bits); -1: F32 (the F32 GEMM), or a dtype the GEMMs do not take. */
 static int wparts(const ms_qmat *w) {
     switch (w->dtype) {
     case MS_DT_BF16: return w->scale ? 2 : 0;
     case MS_DT_F4: return w->scale_dtype == MS_DT_F8_E8M0 ? 1 : 2;
     case MS_DT_F16:
+    case MS_DT_I4:
     case MS_DT_F8_E4M3: return 2;
     default: return -1;
     }
@@ -66,24 +68,38 @@ static __device__ __forceinline__ void split3(float v, uint16_t *hi, uint16_t *m
 /* A weight element of any stored dtype, scale applied: the same arithmetic as the
  * CPU's ms_qmat_row (value times its block scale, one F32 rounding). */
 typedef struct {
-    const uint8_t *w, *s;
+    const uint8_t *w, *s, *z; /* z: I4 zero points (core/qmat.h), NULL: symmetric */
     int64_t cols, scols;
     int dt, sdt, brow, bcol;
 } wview;
-enum { WD_F32, WD_F16, WD_BF16, WD_FP8, WD_F4 };
-enum { WS_NONE, WS_F32, WS_BF16, WS_E8M0 };
+enum { WD_F32, WD_F16, WD_BF16, WD_FP8, WD_F4, WD_I4 };
+enum { WS_NONE, WS_F32, WS_BF16, WS_E8M0, WS_F16 };
 
 /* The view of a placed weight (validated as the matmul kernels do). */
 static int wview_of(const ms_qmat *w, wview *q, ms_err *err) {
     int rc = ms_gpu_qmat_check(w, "weight", err);
     if (rc) return rc;
     q->w = (const uint8_t *)w->data, q->s = (const uint8_t *)w->scale, q->cols = w->cols;
+    q->z = w->dtype == MS_DT_I4 ? (const uint8_t *)w->zero : NULL;
     q->dt = w->dtype == MS_DT_F32 ? WD_F32 : w->dtype == MS_DT_F16 ? WD_F16 : w->dtype == MS_DT_BF16 ? WD_BF16
-            : w->dtype == MS_DT_F8_E4M3 ? WD_FP8 : WD_F4;
-    q->sdt = !w->scale ? WS_NONE : w->scale_dtype == MS_DT_F32 ? WS_F32 : w->scale_dtype == MS_DT_BF16 ? WS_BF16 : WS_E8M0;
+            : w->dtype == MS_DT_F8_E4M3 ? WD_FP8 : w->dtype == MS_DT_I4 ? WD_I4 : WD_F4;
+    q->sdt = !w->scale ? WS_NONE : w->scale_dtype == MS_DT_F32 ? WS_F32 : w->scale_dtype == MS_DT_BF16 ? WS_BF16
+             : w->scale_dtype == MS_DT_F16 ? WS_F16 : WS_E8M0;
     q->brow = w->scale ? w->brow : 1, q->bcol = w->scale ? w->bcol : 1;
     q->scols = w->scale ? (w->cols + w->bcol - 1) / w->bcol : 0;
     return MS_OK;
+}
+/* The I4 zero point uz of row r, group g (8 without zero points; core/qmat.h). */
+static __device__ __forceinline__ int wv_uz(const wview &q, int64_t r, int64_t g) {
+    if (!q.z) return 8;
+    return (int)((((const uint32_t *)q.z)[(r >> 3) * q.scols + g] >> (4 * (r & 7))) & 15u);
+}
+/* Scale element si of q. */
+static __device__ __forceinline__ float wv_scale(const wview &q, int64_t si) {
+    return q.sdt == WS_F32    ? ((const float *)q.s)[si]
+           : q.sdt == WS_BF16 ? ms_bf16_to_f32_dev(((const uint16_t *)q.s)[si])
+           : q.sdt == WS_F16  ? ms_f16_to_f32_dev(((const uint16_t *)q.s)[si])
+                              : ms_e8m0_to_f32_dev(q.s[si]);
 }
 /* Element (r, c), scale applied. */
 static __device__ __forceinline__ float wv_at(const wview &q, int64_t r, int64_t c) {
@@ -94,15 +110,10 @@ static __device__ __forceinline__ float wv_at(const wview &q, int64_t r, int64_t
     case WD_F16: return ms_f16_to_f32_dev(((const uint16_t *)q.w)[i]);
     case WD_BF16: v = ms_bf16_to_f32_dev(((const uint16_t *)q.w)[i]); break;
     case WD_FP8: v = ms_fp8_e4m3_to_f32_dev(q.w[i]); break;
+    case WD_I4: v = (float)((int)((q.w[i >> 1] >> ((i & 1) * 4)) & 15u) - wv_uz(q, r, c / q.bcol)); break;
     default: v = ms_e2m1_to_f32((q.w[i >> 1] >> ((i & 1) * 4)) & 15u); break;
     }
-    if (q.sdt != WS_NONE) {
-        int64_t si = (r / q.brow) * q.scols + c / q.bcol;
-        float s = q.sdt == WS_F32    ? ((const float *)q.s)[si]
-                  : q.sdt == WS_BF16 ? ms_bf16_to_f32_dev(((const uint16_t *)q.s)[si])
-                                     : ms_e8m0_to_f32_dev(q.s[si]);
-        v *= s;
-    }
+    if (q.sdt != WS_NONE) v *= wv_scale(q, (r / q.brow) * q.scols + c / q.bcol);
     return v;
 }
 
@@ -155,6 +166,11 @@ __global__ void k_deq8(const deq_job *jobs) {
                 uint32_t u = *(const uint32_t *)(q.w + i / 2);
 #pragma unroll
                 for (int e = 0; e < 8; e++) v[e] = ms_e2m1_to_f32((u >> (4 * e)) & 15u);
+            } else if (q.dt == WD_I4) { /* 8 columns inside one group (8 | bcol): one zero point */
+                uint32_t u = *(const uint32_t *)(q.w + i / 2);
+                int uz = wv_uz(q, row, c >> bsh);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = (float)((int)((u >> (4 * e)) & 15u) - uz);
             } else {
                 uint4 u = *(const uint4 *)(q.w + 2 * i);
                 const uint32_t h[4] = {u.x, u.y, u.z, u.w};
@@ -165,10 +181,7 @@ __global__ void k_deq8(const deq_job *jobs) {
                 }
             }
             if (q.sdt != WS_NONE && q.dt != WD_F16) { /* as wv_at: F16 as stored */
-                int64_t si = srow + (c >> bsh);
-                float sc = q.sdt == WS_F32    ? ((const float *)q.s)[si]
-                           : q.sdt == WS_BF16 ? ms_bf16_to_f32_dev(((const uint16_t *)q.s)[si])
-                                              : ms_e8m0_to_f32_dev(q.s[si]);
+                float sc = wv_scale(q, srow + (c >> bsh));
 #pragma unroll
                 for (int e = 0; e < 8; e++) v[e] *= sc;
             }
@@ -188,14 +201,14 @@ __global__ void k_deq8(const deq_job *jobs) {
     }
 }
 
-/* Whether k_deq8 takes job j: FP8, MXFP4, BF16 or F16 rows of a multiple of 8 columns, scale
+/* Whether k_deq8 takes job j: FP8, MXFP4, INT4, BF16 or F16 rows of a multiple of 8 columns, scale
  * blocks of a power-of-two multiple of 8 columns, the stored rows and the output 16-byte
  * aligned where k_deq8 reads and writes them whole. */
 static int deq_fast_ok(const deq_job *j) {
     const wview *q = &j->q;
     if (q->dt == WD_F32 || q->cols % 8 || (uintptr_t)j->out % 16) return 0;
     if (q->sdt != WS_NONE && (q->bcol % 8 || (q->bcol & (q->bcol - 1)))) return 0;
-    int eb = q->dt == WD_FP8 ? 8 : q->dt == WD_F4 ? 4 : 16; /* bytes of 8 stored values */
+    int eb = q->dt == WD_FP8 ? 8 : q->dt == WD_F4 || q->dt == WD_I4 ? 4 : 16; /* bytes of 8 stored values */
     return (uintptr_t)q->w % (uintptr_t)eb == 0;
 }
 /* MS_GPU_DEQ=old (read once; A/B measurements): the element-wise dequantization (k_deq). */
@@ -538,7 +551,8 @@ __global__ void k_combine(float *acc, const float *cs2, const pair_rec *pr, cons
 /* Two weights of one dtype, shape and scale layout (one GEMM size class may hold both). */
 static int same_layout(const ms_qmat *a, const ms_qmat *b) {
     return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols && a->scale_dtype == b->scale_dtype &&
-           a->brow == b->brow && a->bcol == b->bcol && !a->scale == !b->scale;
+           a->brow == b->brow && a->bcol == b->bcol && !a->scale == !b->scale &&
+           (a->dtype != MS_DT_I4 || !a->zero == !b->zero);
 }
 
 typedef struct {

@@ -213,17 +213,8 @@ int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err) {
         return MS_OK;
     case MS_DT_Q8: /* the requantized static tier: matmul_q.cu (test_gpu matmul_q_*, verify --static-dtype q8) */
         return ms_gpu_qmat_check_q(w, what, err);
-    case MS_DT_I4: /* INT4 experts: the dense kernels pass test_gpu, the expert paths are not checked yet */
-        if (w->zero) /* the GPU INT4 kernels take symmetric groups only */
-            return ms_fail(err, MS_ERR_UNSUPPORTED,
-                           "%s: asymmetric INT4 weights (compressed-tensors symmetric: false, weight_zero_point) are not "
-                           "supported on the gpu backend; run them with --backend cpu",
-                           what);
-        if (ms_gpu_quant_kernels_enabled()) return ms_gpu_qmat_check_q(w, what, err);
-        return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "%s: INT4 weights (dtype I4, compressed-tensors pack-quantized) are not supported on the gpu "
-                       "backend yet; run them with --backend cpu",
-                       what);
+    case MS_DT_I4: /* INT4 (Kimi K2 / K2.5 experts; zero points when asymmetric): matmul_q.cu, matmul.cu, gemm.cu */
+        return ms_gpu_qmat_check_q(w, what, err);
     default:
         return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: weight dtype %s is not supported on the gpu", what,
                        ms_dtype_name(w->dtype));
@@ -237,22 +228,30 @@ static size_t qmat_scale_bytes(const ms_qmat *w) {
     if (!w->scale) return 0;
     return (size_t)(cdiv(w->rows, w->brow) * cdiv(w->cols, w->bcol) * (ms_gpu_dtype_bits(w->scale_dtype) / 8));
 }
+/* Bytes of an I4 view's packed zero points (core/qmat.h: int32 [ceil(rows/8), ceil(cols/bcol)]), 0 without. */
+static size_t qmat_zero_bytes(const ms_qmat *w) {
+    if (w->dtype != MS_DT_I4 || !w->zero) return 0;
+    return (size_t)(cdiv(w->rows, 8) * cdiv(w->cols, w->bcol) * 4);
+}
 
 extern "C" int ms_gpu_qmat_upload(ms_gpu *g, const ms_qmat *host, ms_qmat *dev, ms_err *err) {
     MS_GPU_CHECK_CTX(g, err);
     if (!dev) return ms_fail(err, MS_ERR_ARG, "ms_gpu_qmat_upload: dev is NULL");
     int rc = ms_gpu_qmat_check(host, "ms_gpu_qmat_upload", err);
     if (rc) return rc;
-    size_t db = qmat_data_bytes(host), sb = qmat_scale_bytes(host), soff = (db + 255) & ~(size_t)255;
+    size_t db = qmat_data_bytes(host), sb = qmat_scale_bytes(host), zb = qmat_zero_bytes(host);
+    size_t soff = (db + 255) & ~(size_t)255, zoff = (soff + sb + 255) & ~(size_t)255;
     void *buf = NULL;
-    if ((rc = ms_gpu_alloc(g, soff + sb + 16, &buf, err))) return rc;
+    if ((rc = ms_gpu_alloc(g, zoff + zb + 16, &buf, err))) return rc;
     *dev = *host;
     dev->data = buf;
     dev->scale = sb ? (const void *)((uint8_t *)buf + soff) : NULL;
+    dev->zero = zb ? (const void *)((uint8_t *)buf + zoff) : NULL;
     if ((rc = ms_gpu_upload(g, buf, host->data, db, err)) ||
-        (sb && (rc = ms_gpu_upload(g, (uint8_t *)buf + soff, host->scale, sb, err))) || (rc = ms_gpu_sync(g, err))) {
+        (sb && (rc = ms_gpu_upload(g, (uint8_t *)buf + soff, host->scale, sb, err))) ||
+        (zb && (rc = ms_gpu_upload(g, (uint8_t *)buf + zoff, host->zero, zb, err))) || (rc = ms_gpu_sync(g, err))) {
         ms_gpu_free(g, buf);
-        dev->data = dev->scale = NULL;
+        dev->data = dev->scale = dev->zero = NULL;
         return rc;
     }
     return MS_OK;
@@ -261,7 +260,7 @@ extern "C" int ms_gpu_qmat_upload(ms_gpu *g, const ms_qmat *host, ms_qmat *dev, 
 extern "C" void ms_gpu_qmat_free(ms_gpu *g, ms_qmat *dev) {
     if (!dev) return;
     ms_gpu_free(g, (void *)dev->data);
-    dev->data = dev->scale = NULL;
+    dev->data = dev->scale = dev->zero = NULL;
 }
 
 /* ------------------------------------------------------------- timers */

@@ -14,7 +14,9 @@
  * memory (ms_gpu_qmat_upload makes one from a host view); they stay in their
  * stored dtype and the kernels dequantize while reading: F32, F16, BF16,
  * F8_E4M3 with block scales (F32 or BF16, any brow x bcol, DeepSeek's 128x128),
- * F4 (MXFP4 e2m1, E8M0 scales per 32 columns). Activations are F32. */
+ * F4 (MXFP4 e2m1, E8M0 scales per 32 columns), I4 (compressed-tensors pack-quantized INT4,
+ * BF16/F16/F32 scales per 1 x group, packed zero points when asymmetric; core/qmat.h) and Q8.
+ * Activations are F32. */
 #ifndef MS_GPU_H
 #define MS_GPU_H
 
@@ -198,8 +200,9 @@ int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, const ms_gpu
                       ms_err *err);
 
 /* Routed experts of one decode token straight from the router's device output (no
- * host round trip): tab [E] (device) holds every expert's matrices (w/s: data and
- * scale of gate, up, down; up NULL when gate is the fused interleaved gate_up) and
+ * host round trip): tab [E] (device) holds every expert's matrices (w/s/z: data, scale
+ * and I4 zero points (NULL: symmetric or not I4) of gate, up, down; up NULL when gate is
+ * the fused interleaved gate_up) and
  * biases (bias_dt: 0 F32, 1 BF16, 2 F16; NULL when absent); every expert has the
  * layout of gate / down (the host views given). ids, w: device [K] (K <= 32).
  *   acc [D] = sum_j w[j] (down_j act(gate_j x + b, up_j x + b) + b), slots in ascending id
@@ -209,6 +212,7 @@ int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, const ms_gpu
  * down fit the vector kernel, else four (gate+up, activation, down, weighted sum); no sync. */
 typedef struct ms_gpu_ex_ptrs {
     const void *w[3], *s[3], *bias[3];
+    const void *z[3];
 } ms_gpu_ex_ptrs;
 typedef struct ms_gpu_glu_params {
     int situ;

@@ -107,19 +107,15 @@ int ms_gpu_attn_dec(ms_gpu *g, float *out, const float *q, const float *k_cache,
                     const float *sinks, int n, int64_t pos0, const int64_t *pos_dev, const ms_gpu_attn_cfg *c,
                     float *scratch, ms_err *err);
 
-/* Validate a weight view for the kernels (dtype, shape, scale layout); `what` names it.
- * I4 passes only with MS_GPU_QUANT_KERNELS=1 (ms_gpu_quant_kernels_enabled). */
+/* Validate a weight view for the kernels (dtype, shape, scale layout); `what` names it. */
 int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err);
 
-/* matmul_q.cu: the Q8 / I4 matvec (core/qmat.h layouts). ms_gpu_quant_kernels_enabled: 1 when
- * the environment has MS_GPU_QUANT_KERNELS=1 (INT4's opt-in until its expert paths are checked;
- * Q8 passed test_gpu's matmul_q_* checks on the H200 and needs none;
- * have passed on a device). ms_gpu_qmat_check_q: a Q8 view needs BF16/F32 scales per 1 x bcol
- * block; an I4 view BF16/F16/F32 scales per 1 x bcol group, cols and bcol multiples of 8.
+/* matmul_q.cu: the Q8 / I4 matvec (core/qmat.h layouts). ms_gpu_qmat_check_q: a Q8 view needs
+ * BF16/F32 scales per 1 x bcol block; an I4 view BF16/F16/F32 scales per 1 x bcol group, cols
+ * and bcol multiples of 8 (zero points, when present, as core/qmat.h packs them).
  * ms_gpu_matmul_q: ms_gpu_matmul's contract for those views (force_generic: the generic
  * kernel, one element per lane per step; else the 16-byte vector kernel when the row bytes,
  * bcol (16 | bcol for Q8, 32 | bcol for I4) and the w and x addresses allow). */
-extern "C" int ms_gpu_quant_kernels_enabled(void);
 extern "C" int ms_gpu_qmat_check_q(const ms_qmat *w, const char *what, ms_err *err);
 extern "C" int ms_gpu_matmul_q(ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc,
                                int force_generic, ms_err *err);

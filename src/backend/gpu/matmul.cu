@@ -1,6 +1,7 @@
 /* matmul.cu — y = W x for weights in their stored dtype (F32, F16, BF16, FP8
- * E4M3 with block scales, MXFP4), small token counts (decode), and the expert
- * FFN of one token built on it (contracts in gpu.h).
+ * E4M3 with block scales, MXFP4, INT4), small token counts (decode), and the expert
+ * FFN of one token built on it (contracts in gpu.h). Dense Q8 / INT4 products go to
+ * matmul_q.cu; INT4 routed experts (Kimi K2 / K2.5) run here.
  *
  * Decode is memory-bound: each weight byte is read once per pass, so the
  * kernel streams rows with 16-byte loads per lane, coalesced across the warp,
@@ -12,7 +13,10 @@
  * FP8 by the hardware pair conversion to F16 then shifts into F32 bits (value
  * x 2^-112), the block scale applied once per 16-column chunk; MXFP4 by a
  * byte-permute table lookup (2 x value as an exact float), the E8M0 scale once
- * per 32-column group. Products of the scaled FP8 values below 2^-14 in
+ * per 32-column group; INT4 (compressed-tensors pack-quantized, core/qmat.h I4) by
+ * placing each nibble u in a float's mantissa (2^23 + u) and subtracting 2^23 + uz
+ * (uz the group's zero point, 8 when symmetric): u - uz exactly, the group scale
+ * (bcol a multiple of 32: one per 16-byte chunk) once per chunk. Products of the scaled FP8 values below 2^-14 in
  * magnitude become F32 subnormals: their absolute error stays below 2^-38
  * times the block scale, far under the F32 rounding of the sum.
  *
@@ -31,14 +35,16 @@
 #define MM_MAXJ 64    /* jobs per launch */
 #define MM_MAXNT 8    /* tokens per pass */
 
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_FP8 = 3, DT_F4 = 4, DT_FP8_CVT = 5 /* FP8, other decode */ };
-enum { SC_NONE = 0, SC_F32 = 1, SC_BF16 = 2, SC_E8M0 = 3 };
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_FP8 = 3, DT_F4 = 4, DT_FP8_CVT = 5 /* FP8, other decode */, DT_I4 = 6,
+       DT_I4M = 7 /* INT4, the masked decode of the routed kernels (MS_GPU_I4_DECODE=mask) */ };
+enum { SC_NONE = 0, SC_F32 = 1, SC_BF16 = 2, SC_E8M0 = 3, SC_F16 = 4 };
 
 typedef struct mm_job {
     const uint8_t *w, *scale;
     const float *x;
     float *y;
     int64_t rows; /* this job's rows (0: the launch's, a.rows; the launch covers the largest) */
+    const uint8_t *zero; /* I4 zero points (core/qmat.h), NULL: symmetric (uz 8) or not I4 */
 } mm_job;
 
 typedef struct mm_args {
@@ -69,6 +75,7 @@ static __device__ __forceinline__ mm_job job_of(const mm_args &a) {
     jb.x = a.xb + (int64_t)j * a.xjs;
     jb.y = a.yb + (int64_t)j * a.yjs + (int64_t)k * a.ywh;
     jb.rows = 0;
+    jb.zero = (const uint8_t *)p.z[m];
     return jb;
 }
 
@@ -76,7 +83,22 @@ static __device__ __forceinline__ float load_scale(const uint8_t *s, int dt, int
     if (dt == SC_F32) return ((const float *)s)[i];
     if (dt == SC_BF16) return ms_bf16_to_f32_dev(((const uint16_t *)s)[i]);
     if (dt == SC_E8M0) return ms_e8m0_to_f32_dev(s[i]);
+    if (dt == SC_F16) return ms_f16_to_f32_dev(((const uint16_t *)s)[i]);
     return 1.0f;
+}
+
+/* INT4 (core/qmat.h I4): the offset -(2^23 + uz) that decode<DT_I4> adds to 2^23 + u, for the
+ * zero point uz of group g of a row whose zero words start at index zrow (uz in bits zsh ..
+ * zsh + 3); uz = 8 when z is NULL (symmetric). */
+static __device__ __forceinline__ int i4_uz(const uint8_t *z, int64_t zrow, int zsh, int64_t g) {
+    return z ? (int)((((const uint32_t *)z)[zrow + g] >> zsh) & 15u) : 8;
+}
+static __device__ __forceinline__ float i4_off(const uint8_t *z, int64_t zrow, int zsh, int64_t g) {
+    return -(8388608.0f + (float)i4_uz(z, zrow, zsh, g));
+}
+/* The index of row row's first zero word and its nibble's shift (rows packed 8 per word). */
+static __device__ __forceinline__ void i4_zrow(int64_t row, int64_t scols, int64_t *zrow, int *zsh) {
+    *zrow = (row >> 3) * scols, *zsh = 4 * (int)(row & 7);
 }
 
 /* Elements per 16-byte chunk and per decoded sub-group. */
@@ -87,13 +109,41 @@ template <> struct mm_traits<DT_BF16> { enum { VEC = 8, SUB = 8 }; };
 template <> struct mm_traits<DT_FP8> { enum { VEC = 16, SUB = 8 }; };
 template <> struct mm_traits<DT_F4> { enum { VEC = 32, SUB = 8 }; };
 template <> struct mm_traits<DT_FP8_CVT> { enum { VEC = 16, SUB = 8 }; };
+template <> struct mm_traits<DT_I4> { enum { VEC = 32, SUB = 8 }; };
+template <> struct mm_traits<DT_I4M> { enum { VEC = 32, SUB = 8 }; };
+
+/* The masked INT4 decode (DT_I4M, the routed kernels' rx_chunk): nibble j of a word is read in
+ * place, without its shift, as the float 2^23 + u 16^m (0x4B000000 | (word & (15 << 4m)), m = j
+ * for j < 5; the word shifted right by 20 once for j = 5, 6, 7: m = j - 5), minus 2^23 + uz 16^m:
+ * exactly (u - uz) 16^m, one logic op per value instead of a shift and a mask. The activation of
+ * column j is multiplied by 16^-m (exact: a power of two) so each product (u - uz) x, and with it
+ * every FMA, is the plain decode's, bit for bit (unless 16^-m x falls below the normal range,
+ * |x| < 2^-110). i4m_m: m of nibble j; i4m_offs: the five offsets of a zero point. */
+static __device__ __forceinline__ int i4m_m(int j) { return j < 5 ? j : j - 5; }
+static __device__ __forceinline__ void i4m_offs(int uz, float (&off)[5]) {
+#pragma unroll
+    for (int m = 0; m < 5; m++) off[m] = -(8388608.0f + (float)(uz << (4 * m)));
+}
+static __device__ __forceinline__ void i4m_decode(uint32_t q, const float (&off)[5], float *w) {
+    const uint32_t q2 = q >> 20;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int m = i4m_m(j);
+        const uint32_t bits = (j < 5 ? q : q2) & (15u << (4 * m));
+        w[j] = __uint_as_float(0x4B000000u | bits) + off[m];
+    }
+}
 
 /* Decode sub-group `sub` of a 16-byte chunk into SUB floats. FP8 comes out
- * times 2^-112, MXFP4 times 2 (kernel_scale puts that back with the block scale). */
+ * times 2^-112, MXFP4 times 2 (kernel_scale puts that back with the block scale);
+ * INT4 as u - uz (i4off = -(2^23 + uz), i4_off), unscaled. */
 template <int DT>
-static __device__ __forceinline__ void decode(const uint4 &raw, int sub, float *w) {
+static __device__ __forceinline__ void decode(const uint4 &raw, int sub, float *w, float i4off) {
     const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
-    if (DT == DT_F32) {
+    if (DT == DT_I4) { /* word `sub`: columns 8 sub .. 8 sub + 7, nibble j = column 8 sub + j */
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = __uint_as_float(0x4B000000u | ((q[sub] >> (4 * j)) & 15u)) + i4off;
+    } else if (DT == DT_F32) {
 #pragma unroll
         for (int i = 0; i < 4; i++) w[i] = __uint_as_float(q[i]);
     } else if (DT == DT_BF16 || DT == DT_F16) {
@@ -128,6 +178,17 @@ static int fp8_decode_mode(void) {
     if (mode < 0) {
         const char *e = getenv("MS_GPU_FP8_DECODE");
         mode = e && !strcmp(e, "shift") ? 1 : 0;
+    }
+    return mode;
+}
+
+/* INT4 decode of the routed kernels: 0 = shift and mask per nibble (DT_I4), 1 = masked in place
+ * (DT_I4M, above); MS_GPU_I4_DECODE=mask (read once) selects the latter for A/B measurements. */
+static int i4_decode_mode(void) {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("MS_GPU_I4_DECODE");
+        mode = e && !strcmp(e, "mask") ? 1 : 0;
     }
     return mode;
 }
@@ -168,7 +229,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     const uint4 *wr[MM_R];
-    int64_t srow[MM_R];
+    int64_t srow[MM_R], zrow[MM_R];
+    int zsh[MM_R];
     const float *xrow[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) xrow[t] = jb.x + (int64_t)(t < n ? t : 0) * a.cols;
@@ -177,6 +239,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
         int64_t row = row0 + r < rows ? row0 + r : rows - 1; /* clamp: duplicate reads, result dropped */
         wr[r] = (const uint4 *)(jb.w + row * rowbytes);
         srow[r] = (row / a.brow) * a.scols;
+        i4_zrow(row, a.scols, &zrow[r], &zsh[r]);
     }
     /* the first chunks of the weights are loaded before the wait (weights are no kernel's output),
      * the activations after it */
@@ -204,7 +267,10 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
             int k = k0 + u * STEP;
             bool live = k < nch;
             int c0 = (live ? k : 0) * VEC; /* a dead chunk decodes zeros against column 0 */
-            const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT;
+            const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4;
+            float off[MM_R];
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) off[r] = DT == DT_I4 ? i4_off(jb.zero, zrow[r], zsh[r], c0 >> a.bshift) : 0.0f;
             float part[MM_R][NT];
 #pragma unroll
             for (int r = 0; r < MM_R; r++)
@@ -214,7 +280,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
             for (int s = 0; s < NSUB; s++) {
                 float w[MM_R][SUB];
 #pragma unroll
-                for (int r = 0; r < MM_R; r++) decode<DT>(raw[u][r], s, w[r]);
+                for (int r = 0; r < MM_R; r++) decode<DT>(raw[u][r], s, w[r], off[r]);
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     const float4 *xp = (const float4 *)(xrow[t] + c0 + s * SUB);
@@ -275,6 +341,13 @@ static __device__ __forceinline__ float elem(const mm_args &a, const mm_job &jb,
     case DT_F16: return ms_f16_to_f32_dev(((const uint16_t *)jb.w)[i]);
     case DT_BF16: return ms_bf16_to_f32_dev(((const uint16_t *)jb.w)[i]);
     case DT_FP8: v = ms_fp8_e4m3_to_f32_dev(jb.w[i]); break;
+    case DT_I4: { /* u - uz, core/qmat.h I4 */
+        int64_t zr;
+        int zs;
+        i4_zrow(row, a.scols, &zr, &zs);
+        v = (float)((int)((jb.w[i >> 1] >> ((i & 1) * 4)) & 15u) - i4_uz(jb.zero, zr, zs, c / a.bcol));
+        break;
+    }
     default: v = ms_e2m1_to_f32((jb.w[i >> 1] >> ((i & 1) * 4)) & 15u); break;
     }
     if (a.scale_dt != SC_NONE) v *= load_scale(jb.scale, a.scale_dt, (row / a.brow) * a.scols + c / a.bcol);
@@ -316,6 +389,7 @@ static int kernel_dtype(ms_dtype dt) {
     case MS_DT_BF16: return DT_BF16;
     case MS_DT_F8_E4M3: return DT_FP8;
     case MS_DT_F4: return DT_F4;
+    case MS_DT_I4: return DT_I4;
     default: return -1;
     }
 }
@@ -335,7 +409,11 @@ static void mm_layout(mm_args &a, const ms_qmat *w, int n, int acc) {
     a.rows = w->rows, a.cols = w->cols, a.n = n, a.acc = acc;
     a.brow = w->scale ? w->brow : 1, a.bcol = w->scale ? w->bcol : 1;
     a.scols = w->scale ? (w->cols + w->bcol - 1) / w->bcol : 0;
-    a.scale_dt = !w->scale ? SC_NONE : w->scale_dtype == MS_DT_F32 ? SC_F32 : w->scale_dtype == MS_DT_BF16 ? SC_BF16 : SC_E8M0;
+    a.scale_dt = !w->scale                          ? SC_NONE
+                 : w->scale_dtype == MS_DT_F32  ? SC_F32
+                 : w->scale_dtype == MS_DT_BF16 ? SC_BF16
+                 : w->scale_dtype == MS_DT_F16  ? SC_F16
+                                                : SC_E8M0;
     a.bshift = 0;
     while ((1 << a.bshift) < a.bcol) a.bshift++;
 }
@@ -343,12 +421,13 @@ static void mm_layout(mm_args &a, const ms_qmat *w, int n, int acc) {
 /* Launch nj jobs of a (layout of w); aligned: every job's w and x 16-byte aligned. */
 static int mm_run(ms_gpu *g, const ms_qmat *w, const mm_args &a, int nj, int aligned, int force_generic, ms_err *err) {
     int dt = kernel_dtype(w->dtype);
-    if (dt < 0) /* Q8 / I4 reach here only through the expert paths (matmul_q.cu has the dense ones) */
-        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s weights: the gpu expert FFN does not take them yet",
+    if (dt < 0) /* Q8 reaches here only through the expert paths (matmul_q.cu has the dense products) */
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s weights: the gpu expert FFN does not take them",
                        ms_dtype_name(w->dtype));
     int bits = ms_gpu_dtype_bits(w->dtype), vec = 128 / bits;
     int vec_ok = !force_generic && aligned && w->cols % vec == 0 && w->cols < (INT64_C(1) << 30);
     if (dt == DT_FP8 && w->scale && w->bcol % 16) vec_ok = 0;
+    if (dt == DT_I4 && w->bcol % 32) vec_ok = 0; /* a 16-byte chunk (32 values) inside one group */
     if (a.bcol & (a.bcol - 1)) vec_ok = 0; /* the vector kernel shifts by log2(bcol) */
     if (vec_ok) {
         switch (dt) {
@@ -359,6 +438,7 @@ static int mm_run(ms_gpu *g, const ms_qmat *w, const mm_args &a, int nj, int ali
             if (fp8_decode_mode()) launch_vec<DT_FP8>(a, nj, g->stream, g->pdl);
             else launch_vec<DT_FP8_CVT>(a, nj, g->stream, g->pdl);
             break;
+        case DT_I4: launch_vec<DT_I4>(a, nj, g->stream, g->pdl); break;
         default: launch_vec<DT_F4>(a, nj, g->stream, g->pdl); break;
         }
     } else {
@@ -573,9 +653,11 @@ extern "C" int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, c
     mm_job jobs[2 * EX_MAXK];
     int nj = 0;
     for (int e = 0; e < k; e++) {
-        jobs[nj++] = (mm_job){(const uint8_t *)ex[e].gate.data, (const uint8_t *)ex[e].gate.scale, x, G + e * 2 * I};
+        jobs[nj++] = (mm_job){(const uint8_t *)ex[e].gate.data, (const uint8_t *)ex[e].gate.scale, x, G + e * 2 * I, 0,
+                              (const uint8_t *)ex[e].gate.zero};
         if (!fused)
-            jobs[nj++] = (mm_job){(const uint8_t *)ex[e].up.data, (const uint8_t *)ex[e].up.scale, x, U + e * I};
+            jobs[nj++] = (mm_job){(const uint8_t *)ex[e].up.data, (const uint8_t *)ex[e].up.scale, x, U + e * I, 0,
+                                  (const uint8_t *)ex[e].up.zero};
     }
     /* gate and up share a layout: one launch for both (or the fused rows) */
     if ((rc = mm_launch(g, &ex[0].gate, jobs, nj, 1, 0, 0, err))) return rc;
@@ -589,7 +671,8 @@ extern "C" int ms_gpu_expert_ffn(ms_gpu *g, float *out, const float *x, int k, c
     if ((rc = ms_gpu_launched(err, "expert activation"))) return rc;
     nj = 0;
     for (int e = 0; e < k; e++)
-        jobs[nj++] = (mm_job){(const uint8_t *)ex[e].down.data, (const uint8_t *)ex[e].down.scale, U + e * I, Y + e * D};
+        jobs[nj++] = (mm_job){(const uint8_t *)ex[e].down.data, (const uint8_t *)ex[e].down.scale, U + e * I, Y + e * D, 0,
+                              (const uint8_t *)ex[e].down.zero};
     if ((rc = mm_launch(g, &ex[0].down, jobs, nj, 1, 0, 0, err))) return rc;
     ex_sum_args sa;
     memset(&sa, 0, sizeof sa);
@@ -666,14 +749,22 @@ typedef struct rx_args {
     ms_gpu_glu_params p;
 } rx_args;
 
-/* acc[r] += the lane's share of row r of chunks k (a chunk: VEC columns at c0), as mm_vec_kernel. */
+/* acc[r] += the lane's share of row r of chunks k (a chunk: VEC columns at c0), as mm_vec_kernel;
+ * INT4: row r's zero points zp[r] (NULL: symmetric), its first zero word zrow[r], nibble shift zsh[r]. */
 template <int DT>
 static __device__ __forceinline__ void rx_chunk(const uint4 (&raw)[MM_R], const float *xp, const uint8_t *const (&sp)[MM_R],
                                                 const int64_t (&srow)[MM_R], int c0, int scale_dt, int bshift,
-                                                float (&acc)[MM_R]) {
+                                                float (&acc)[MM_R], const uint8_t *const (&zp)[MM_R],
+                                                const int64_t (&zrow)[MM_R], const int (&zsh)[MM_R]) {
     typedef mm_traits<DT> T;
     const int SUB = T::SUB, NSUB = T::VEC / T::SUB;
-    const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT;
+    const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4 || DT == DT_I4M;
+    float off[MM_R], offm[MM_R][5];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        off[r] = DT == DT_I4 ? i4_off(zp[r], zrow[r], zsh[r], c0 >> bshift) : 0.0f;
+        if (DT == DT_I4M) i4m_offs(i4_uz(zp[r], zrow[r], zsh[r], c0 >> bshift), offm[r]);
+    }
     float part[MM_R];
 #pragma unroll
     for (int r = 0; r < MM_R; r++) part[r] = 0.0f;
@@ -686,10 +777,19 @@ static __device__ __forceinline__ void rx_chunk(const uint4 (&raw)[MM_R], const 
             float4 v = x4[i];
             xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
         }
+        if (DT == DT_I4M) {
+#pragma unroll
+            for (int i = 0; i < SUB; i++) xv[i] *= __uint_as_float((uint32_t)(127 - 4 * i4m_m(i)) << 23); /* 16^-m */
+        }
 #pragma unroll
         for (int r = 0; r < MM_R; r++) {
             float wv[SUB];
-            decode<DT>(raw[r], s, wv);
+            if (DT == DT_I4M) {
+                const uint32_t q[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+                i4m_decode(q[s], offm[r], wv);
+            } else {
+                decode<DT>(raw[r], s, wv, off[r]);
+            }
 #pragma unroll
             for (int i = 0; i < SUB; i++) {
                 if (SCALED) part[r] = fmaf(wv[i], xv[i], part[r]);
@@ -730,8 +830,9 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
     const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const uint4 *wr[MM_R];
-    const uint8_t *sp[MM_R];
-    int64_t srow[MM_R];
+    const uint8_t *sp[MM_R], *zp[MM_R];
+    int64_t srow[MM_R], zrow[MM_R];
+    int zsh[MM_R];
 #pragma unroll
     for (int r = 0; r < MM_R; r++) {
         int64_t i = i0 + r / 2 < a.I ? i0 + r / 2 : a.I - 1; /* clamp: duplicate reads, result dropped */
@@ -740,6 +841,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
         wr[r] = (const uint4 *)((const uint8_t *)e.w[m] + row * rowbytes);
         sp[r] = (const uint8_t *)e.s[m];
         srow[r] = (row / a.brow) * a.scols;
+        zp[r] = (const uint8_t *)e.z[m];
+        i4_zrow(row, a.scols, &zrow[r], &zsh[r]);
     }
     float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t k0 = threadIdx.x; k0 < nch; k0 += U * STEP) {
@@ -754,7 +857,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int64_t k = k0 + u * STEP;
-            if (k < nch) rx_chunk<DT>(raw[u], a.x + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc);
+            if (k < nch)
+                rx_chunk<DT>(raw[u], a.x + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc, zp, zrow, zsh);
         }
     }
     __shared__ float red[MM_WARPS][MM_R];
@@ -780,7 +884,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
     typedef mm_traits<DT> T;
     const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
     __shared__ int ord[32];
-    __shared__ const uint8_t *sw[32], *ss[32];
+    __shared__ const uint8_t *sw[32], *ss[32], *sz[32];
     const int K = a.K;
     ms_pdl_launch();
     ms_pdl_wait(); /* the ids, weights and h are earlier kernels' output */
@@ -790,16 +894,19 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
         ord[rank] = threadIdx.x;
         sw[rank] = (const uint8_t *)a.tab[id].w[2];
         ss[rank] = (const uint8_t *)a.tab[id].s[2];
+        sz[rank] = (const uint8_t *)a.tab[id].z[2];
     }
     __syncthreads();
     const int64_t d0 = (int64_t)blockIdx.x * MM_R;
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8, total = (int64_t)K * nch;
-    int64_t roff[MM_R], srow[MM_R];
+    int64_t roff[MM_R], srow[MM_R], zrow[MM_R];
+    int zsh[MM_R];
 #pragma unroll
     for (int r = 0; r < MM_R; r++) {
         int64_t d = d0 + r < a.D ? d0 + r : a.D - 1;
         roff[r] = d * rowbytes;
         srow[r] = (d / a.brow) * a.scols;
+        i4_zrow(d, a.scols, &zrow[r], &zsh[r]);
     }
     float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
     /* the lane's position in the virtual row: slot s, chunk c (k = s nch + c), advanced by STEP */
@@ -823,11 +930,11 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (k0 + u * STEP >= total) continue;
-            const uint8_t *sp[MM_R];
+            const uint8_t *sp[MM_R], *zp[MM_R];
 #pragma unroll
-            for (int r = 0; r < MM_R; r++) sp[r] = ss[su[u]];
+            for (int r = 0; r < MM_R; r++) sp[r] = ss[su[u]], zp[r] = sz[su[u]];
             rx_chunk<DT>(raw[u], a.x + (int64_t)ord[su[u]] * a.I + cu[u] * VEC, sp, srow, (int)(cu[u] * VEC),
-                         a.scale_dt, a.bshift, acc);
+                         a.scale_dt, a.bshift, acc, zp, zrow, zsh);
         }
     }
     __shared__ float red[MM_WARPS][MM_R];
@@ -865,6 +972,7 @@ static int vec_layout_ok(const ms_qmat *w) {
     int bits = ms_gpu_dtype_bits(w->dtype), vec = bits ? 128 / bits : 0;
     if (!vec || w->cols % vec || w->cols >= (INT64_C(1) << 30)) return 0;
     if (w->dtype == MS_DT_F8_E4M3 && w->scale && w->bcol % 16) return 0;
+    if (w->dtype == MS_DT_I4 && w->bcol % 32) return 0;
     if (w->scale && (w->bcol & (w->bcol - 1))) return 0;
     return 1;
 }
@@ -902,6 +1010,10 @@ extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, c
             else launch_rx<DT_FP8_CVT>(gu, dn, g->stream, g->pdl);
             break;
         RX_CASE(DT_F4, DT_F4);
+        case DT_I4 * 8 + DT_I4:
+            if (i4_decode_mode()) launch_rx<DT_I4M>(gu, dn, g->stream);
+            else launch_rx<DT_I4>(gu, dn, g->stream);
+            break;
 #undef RX_CASE
         default: goto unfused; /* gate and down of different dtypes */
         }
@@ -995,8 +1107,9 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     ms_pdl_launch();
     const uint4 *wr[MM_R];
-    const uint8_t *sp[MM_R];
-    int64_t srow[MM_R];
+    const uint8_t *sp[MM_R], *zp[MM_R] = {NULL, NULL, NULL, NULL}; /* no INT4 routers (ms_gpu_router_route) */
+    int64_t srow[MM_R], zrow[MM_R] = {0, 0, 0, 0};
+    int zsh[MM_R] = {0, 0, 0, 0};
 #pragma unroll
     for (int r = 0; r < MM_R; r++) {
         int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1;
@@ -1031,7 +1144,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int64_t k = k0 + u * STEP;
-            if (k < nch) rx_chunk<DT>(raw[u], xin + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc);
+            if (k < nch)
+                rx_chunk<DT>(raw[u], xin + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc, zp, zrow, zsh);
         }
     }
     __shared__ float red[MM_WARPS][MM_R];
@@ -1079,8 +1193,9 @@ static int router_route_impl(ms_gpu *g, int32_t *ids, float *weights, float *log
     if (!ids || !weights || !logits || !(pre || x) || !c) return ms_fail(err, MS_ERR_ARG, "ms_gpu_router_route: NULL argument");
     int kind_ok = c->kind == MS_GPU_ROUTER_SOFTMAX || c->kind == MS_GPU_ROUTER_TOPK_SOFTMAX ||
                   (c->kind == MS_GPU_ROUTER_SIGMOID && c->n_group <= 1);
-    if ((g->legacy & MS_GPU_LEG_ROUTER) || !kind_ok || c->n_experts != router->rows || c->n_experts > RT_MAXE ||
-        c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts || (x && (uintptr_t)x % 16) ||
+    int dt = kernel_dtype(router->dtype);
+    if ((g->legacy & MS_GPU_LEG_ROUTER) || !kind_ok || dt < 0 || dt == DT_I4 || c->n_experts != router->rows ||
+        c->n_experts > RT_MAXE || c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts || (x && (uintptr_t)x % 16) ||
         (uintptr_t)router->data % 16 || !vec_layout_ok(router))
         return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_router_route: not this router (kind %d, %lld rows, top %d)",
                        (int)c->kind, (long long)router->rows, c->top_k);

@@ -1,11 +1,8 @@
 /* matmul_q.cu — y = W x for the integer block formats: Q8 (the requantized static tier,
  * int8 with a scale per 1 x bcol block) and I4 (compressed-tensors pack-quantized INT4,
- * value (u - 8) x scale per 1 x bcol group), layouts in core/qmat.h. Contracts in gpu.h
- * (ms_gpu_matmul_q); matmul.cu hands these dtypes here.
- *
- * Q8 is on by default (test_gpu's matmul_q_* checks and verify --static-dtype q8 passed on the
- * H200); I4 is opt-in (MS_GPU_QUANT_KERNELS=1): its dense kernels pass the same checks, but the
- * expert FFN paths refuse both dtypes (matmul.cu), so INT4 experts are not checked end to end.
+ * value (u - uz) x scale per 1 x bcol group, uz the group's zero point when asymmetric, else
+ * 8), layouts in core/qmat.h. Contracts in gpu.h (ms_gpu_matmul_q); matmul.cu hands the dense
+ * products of these dtypes here (its own kernels take INT4 routed experts).
  *
  * One warp per row, four rows per block. The vector kernel loads 16 bytes per lane per
  * step (16 Q8 values, 32 I4 values), coalesced across the warp; a chunk lies inside one
@@ -25,7 +22,7 @@ enum { MQ_Q8 = 0, MQ_I4 = 1 };
 enum { MQS_F32 = 0, MQS_BF16 = 1, MQS_F16 = 2 };
 
 typedef struct {
-    const uint8_t *w, *s;
+    const uint8_t *w, *s, *z; /* z: I4 zero points (core/qmat.h), NULL: symmetric */
     const float *x;
     float *y;
     int64_t rows, cols, scols; /* scols: scale columns per row */
@@ -39,9 +36,16 @@ static __device__ __forceinline__ float mq_scale(const mq_args &a, int64_t row, 
     return ms_f16_to_f32_dev(((const uint16_t *)a.s)[i]);
 }
 
+/* The I4 zero point uz of row row, group g (8 without zero points). */
+static __device__ __forceinline__ int mq_uz(const mq_args &a, int64_t row, int64_t g) {
+    if (!a.z) return 8;
+    return (int)((((const uint32_t *)a.z)[(row >> 3) * a.scols + g] >> (4 * (row & 7))) & 15u);
+}
+
 static __device__ __forceinline__ float mq_elem(const mq_args &a, int dt, int64_t row, int64_t c) {
     int64_t i = row * a.cols + c;
-    float v = dt == MQ_Q8 ? (float)(int8_t)a.w[i] : (float)((int)((a.w[i >> 1] >> ((i & 1) * 4)) & 15u) - 8);
+    float v = dt == MQ_Q8 ? (float)(int8_t)a.w[i]
+                          : (float)((int)((a.w[i >> 1] >> ((i & 1) * 4)) & 15u) - mq_uz(a, row, c / a.bcol));
     return v * mq_scale(a, row, c);
 }
 
@@ -68,9 +72,10 @@ __global__ void __launch_bounds__(MQ_WARPS *MS_WARP) mq_generic_kernel(const mq_
     }
 }
 
-/* The 16 (Q8) or 32 (I4) values of one 16-byte chunk, dotted with x[t] from column c0. */
+/* The 16 (Q8) or 32 (I4, u - uz) values of one 16-byte chunk, dotted with x[t] from column c0. */
 template <int DT, int NT>
-static __device__ __forceinline__ void mq_chunk(const uint4 &raw, const mq_args &a, int64_t c0, float s, float *acc) {
+static __device__ __forceinline__ void mq_chunk(const uint4 &raw, const mq_args &a, int64_t c0, float s, int uz,
+                                                float *acc) {
     const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
     const int VEC = DT == MQ_Q8 ? 16 : 32;
     float w[VEC];
@@ -81,7 +86,7 @@ static __device__ __forceinline__ void mq_chunk(const uint4 &raw, const mq_args 
             for (int b = 0; b < 4; b++) w[4 * i + b] = (float)(int8_t)(q[i] >> (8 * b));
         } else {
 #pragma unroll
-            for (int b = 0; b < 8; b++) w[8 * i + b] = (float)((int)((q[i] >> (4 * b)) & 15u) - 8);
+            for (int b = 0; b < 8; b++) w[8 * i + b] = (float)((int)((q[i] >> (4 * b)) & 15u) - uz);
         }
     }
 #pragma unroll
@@ -116,7 +121,7 @@ __global__ void __launch_bounds__(MQ_WARPS *MS_WARP) mq_vec_kernel(const mq_args
     for (int64_t ch = lane; ch < nch; ch += MS_WARP) {
         const uint4 raw = wr[ch];
         const int64_t c0 = ch * VEC;
-        mq_chunk<DT, NT>(raw, a, c0, mq_scale(a, row, c0), acc);
+        mq_chunk<DT, NT>(raw, a, c0, mq_scale(a, row, c0), DT == MQ_I4 ? mq_uz(a, row, c0 / a.bcol) : 0, acc);
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -135,12 +140,6 @@ static void mq_launch_vec(const mq_args &a, gpuStream_t st) {
     else if (a.n == 2) mq_vec_kernel<DT, 2><<<grid, block, 0, st>>>(a);
     else if (a.n <= 4) mq_vec_kernel<DT, 4><<<grid, block, 0, st>>>(a);
     else mq_vec_kernel<DT, 8><<<grid, block, 0, st>>>(a);
-}
-
-/* MS_GPU_QUANT_KERNELS=1: INT4's opt-in (read at each check of an I4 view: no cached state). */
-extern "C" int ms_gpu_quant_kernels_enabled(void) {
-    const char *e = getenv("MS_GPU_QUANT_KERNELS");
-    return e && !strcmp(e, "1");
 }
 
 extern "C" int ms_gpu_qmat_check_q(const ms_qmat *w, const char *what, ms_err *err) {
@@ -166,6 +165,7 @@ extern "C" int ms_gpu_matmul_q(ms_gpu *g, float *y, const float *x, int n, const
         mq_args a;
         memset(&a, 0, sizeof a);
         a.w = (const uint8_t *)w->data, a.s = (const uint8_t *)w->scale;
+        a.z = w->dtype == MS_DT_I4 ? (const uint8_t *)w->zero : NULL;
         a.x = x + (int64_t)t0 * w->cols, a.y = y + (int64_t)t0 * w->rows;
         a.rows = w->rows, a.cols = w->cols, a.bcol = w->bcol, a.scols = (w->cols + w->bcol - 1) / w->bcol;
         a.sdt = w->scale_dtype == MS_DT_F32 ? MQS_F32 : w->scale_dtype == MS_DT_BF16 ? MQS_BF16 : MQS_F16;
