@@ -122,6 +122,11 @@ int ms_bind_fused_experts(ms_binder *b, struct ms_model *m, int layer, const cha
  * mlp.gate (+ e_score_correction_bias when cfg->router_bias), shared experts
  * mlp.shared_experts.* when cfg->shared_inter, routed experts mlp.experts.E.{gate,up,down}_proj. */
 int ms_bind_routed_moe(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* Routed experts under base ("model.layers.3.mlp.experts"): per expert base.E.{gate,up,down}_proj
+ * (the published layout; spec mode records it), or, when the checkpoint has no base.0.gate_proj,
+ * fused base.gate_up_proj / base.down_proj as ms_bind_fused_experts binds them (what transformers 5
+ * saves for a family without a checkpoint conversion mapping). */
+int ms_bind_experts_at(ms_binder *b, struct ms_model *m, int layer, const char *base);
 /* pfx input_layernorm.weight and post_attention_layernorm.weight [hidden]. */
 int ms_bind_layer_norms(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 /* The layer's FFN per cfg->layer_mlp: dense mlp.{gate,up,down}_proj of width

@@ -271,7 +271,7 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
     if (!rc) {
         arch = ms_arch_find(mt);
         if (!arch) {
-            char list[512];
+            char list[1024];
             ms_arch_list(list, sizeof list);
             rc = ms_fail(err, MS_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported; supported: %s", where, mt,
                          list);

@@ -29,6 +29,7 @@ typedef struct ms_attn_res {
 
 typedef struct ms_layer {
     float *attn_norm, *ffn_norm;                 /* [hidden] */
+    float *attn_post_norm, *ffn_post_norm;       /* [hidden] sublayer output norms (cfg post_norm) */
     /* GQA: wq [H*hd, hidden], wk/wv [KV*hd, hidden], wo [hidden, H*hd] (also MLA's o_proj) */
     ms_qmat wq, wk, wv, wo;
     float *bq, *bk, *bv;                         /* optional biases */

@@ -56,6 +56,26 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
         ms_softmax(scores, E);
         for (int i = 0; i < E; i++) choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
         topk(choice, E, K, ids);
+    } else if (c->router == MS_ROUTER_SOFTMAX_GROUP) { /* groups ranked by their best score (DeepSeek-V2) */
+        memcpy(scores, logits, (size_t)E * 4);
+        ms_softmax(scores, E);
+        memcpy(choice, scores, (size_t)E * 4);
+        int G = (int)c->n_group;
+        if (G > 1) {
+            int per = E / G, gid[4096];
+            float gs[4096];
+            unsigned char keep[4096] = {0};
+            for (int g = 0; g < G; g++) {
+                gs[g] = choice[g * per];
+                for (int i = 1; i < per; i++) gs[g] = choice[g * per + i] > gs[g] ? choice[g * per + i] : gs[g];
+            }
+            topk(gs, G, (int)c->topk_group, gid);
+            for (int i = 0; i < c->topk_group; i++) keep[gid[i]] = 1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g])
+                    for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
+        }
+        topk(choice, E, K, ids);
     } else if (c->router == MS_ROUTER_TOPK_SOFTMAX) {
         topk(logits, E, K, ids);
         for (int i = 0; i < K; i++) w[i] = logits[ids[i]];
