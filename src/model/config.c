@@ -202,7 +202,8 @@ static int parse_common(const cJSON *j, ms_config *c, const char *where, ms_err 
         (rc = ms_json_opt_double(j, "rms_norm_eps", &c->rms_eps, where, err)) ||
         (rc = ms_json_opt_bool(j, "tie_word_embeddings", &tie, where, err)) ||
         (rc = ms_json_opt_int(j, "intermediate_size", 1, DIM_MAX, &c->inter, where, err)) ||
-        (rc = ms_json_opt_int(j, "moe_intermediate_size", 1, DIM_MAX, &c->moe_inter, where, err)) ||
+        (!cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "moe_intermediate_size")) && /* a per-layer list: the arch's */
+         (rc = ms_json_opt_int(j, "moe_intermediate_size", 1, DIM_MAX, &c->moe_inter, where, err))) ||
         (rc = ms_json_opt_int(j, "num_experts_per_tok", 1, 4096, &c->top_k, where, err)) ||
         (rc = ms_json_opt_int(j, "n_group", 1, 4096, &c->n_group, where, err)) ||
         (rc = ms_json_opt_int(j, "topk_group", 1, 4096, &c->topk_group, where, err)) ||
