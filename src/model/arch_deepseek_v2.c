@@ -18,9 +18,12 @@
 extern const ms_arch ms_arch_deepseek_v3;
 
 static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
-    const char *method = "greedy";
+    const char *method = "greedy", *scoring = "softmax";
     int rc = ms_json_opt_string(j, "topk_method", &method, where, err);
+    if (!rc) rc = ms_json_opt_string(j, "scoring_func", &scoring, where, err);
     if (rc) return rc;
+    if (strcmp(scoring, "softmax"))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: scoring_func \"%.40s\" is not supported (softmax)", where, scoring);
     int greedy = !strcmp(method, "greedy");
     if (!greedy && strcmp(method, "group_limited_greedy"))
         return ms_fail(err, MS_ERR_UNSUPPORTED,

@@ -43,6 +43,8 @@ TEST(deepseek_v2_configs) {
     CHECK(c.rope.yarn && fabs(c.attn_scale - 1.0 / sqrt(6.0)) < 1e-12);
     const char *bad = "{\"model_type\":\"deepseek_v2\"," MLA ",\"topk_method\":\"noaux_tc\"}";
     CHECK(parse(bad, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "noaux_tc"));
+    const char *sig = "{\"model_type\":\"deepseek_v2\"," MLA ",\"scoring_func\":\"sigmoid\"}";
+    CHECK(parse(sig, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "scoring_func"));
 }
 
 TEST(gqa_sigmoid_configs) {
