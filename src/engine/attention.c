@@ -30,6 +30,12 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     if (L->bq) be->ops->add_bias(be, q, L->bq, n, c->attn_out_gate ? 2 * qd : qd);
     if (L->bk) be->ops->add_bias(be, k, L->bk, n, kd);
     if (L->bv) be->ops->add_bias(be, v, L->bv, n, vtot);
+    if (c->clip_qkv > 0) { /* DBRX: the projections clamped (the gate half of q never exists with it) */
+        float lim = (float)c->clip_qkv;
+        be->ops->clamp(be, q, -lim, lim, (int64_t)n * qd);
+        be->ops->clamp(be, k, -lim, lim, (int64_t)n * kd);
+        be->ops->clamp(be, v, -lim, lim, (int64_t)n * vtot);
+    }
     if (c->attn_out_gate) { /* rows [query hd, gate hd] per head: gate to gate_buf, queries packed in place */
         be->ops->copy_rows(be, e->gate_buf, hd, q + hd, 2 * hd, n * H, hd);
         be->ops->copy_rows(be, q, hd, q, 2 * hd, n * H, hd);

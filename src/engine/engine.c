@@ -448,7 +448,8 @@ static void residual_add(ms_engine *e, int n, const float *y) {
  * xn = rmsnorm(x) * w, in one op where the backend has it (not with mHC streams or
  * Attention Residuals, whose next input is not the residual itself). */
 static int fused_add_norm(const ms_engine *e) {
-    return e->be->ops->add_rmsnorm && !e->mhc && !e->m->cfg.attn_res_block && !e->m->cfg.post_norm;
+    return e->be->ops->add_rmsnorm && !e->mhc && !e->m->cfg.attn_res_block && !e->m->cfg.post_norm &&
+           !e->m->cfg.layernorm;
 }
 
 /* A sublayer's output y [n, D] before its residual add: its post norm (cfg post_norm) and the
@@ -460,10 +461,12 @@ static void sublayer_out(ms_engine *e, float *y, const float *post_norm, int n) 
         e->be->ops->scale(e->be, y, (float)c->residual_scale, (int64_t)n * c->hidden);
 }
 
-/* A sublayer's input row block xn from h [n, D]: rmsnorm(h) * w, or h itself (cfg post_norm, w NULL). */
-static void sublayer_in(ms_engine *e, float *xn, const float *h, const float *w, int n) {
+/* A sublayer's input row block xn from h [n, D]: rmsnorm(h) * w, layernorm(h) * w + b (cfg layernorm),
+ * or h itself (cfg post_norm, w NULL). */
+static void sublayer_in(ms_engine *e, float *xn, const float *h, const float *w, const float *b, int n) {
     const ms_config *c = &e->m->cfg;
     if (c->post_norm && !w) e->be->ops->copy(e->be, xn, h, (size_t)n * (size_t)c->hidden * 4);
+    else if (c->layernorm) e->be->ops->layernorm(e->be, xn, h, w, b, n, c->hidden, (float)c->rms_eps);
     else e->be->ops->rmsnorm(e->be, xn, h, w, n, c->hidden, (float)c->rms_eps);
 }
 
@@ -555,7 +558,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
                 be->ops->zero(be, e->x, (size_t)(n * D) * 4);
             }
         }
-        if (!normed) sublayer_in(e, e->xn, h, L->attn_norm, n);
+        if (!normed) sublayer_in(e, e->xn, h, L->attn_norm, L->attn_norm_b, n);
         normed = 0;
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
@@ -575,7 +578,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
                 be->ops->attn_res_mix(be, e->xn, e->ares, nb, BS, e->x, n, D, L->mlp_res.norm, L->mlp_res.proj, eps);
                 h = e->xn;
             }
-            sublayer_in(e, e->xn, h, L->ffn_norm, n);
+            sublayer_in(e, e->xn, h, L->ffn_norm, L->ffn_norm_b, n);
         }
         e->ffn_in = h;
         if (c->layer_shortcut[l] == 1) { /* the MoE beside the dense MLP: held for the next layer */
@@ -634,7 +637,8 @@ static int forward_head(ms_engine *e, int nb, int64_t BS, int n, float *logits, 
                               eps);
         h = e->xn;
     }
-    be->ops->rmsnorm(be, e->xn, h, m->final_norm, nt, D, eps);
+    if (c->layernorm) be->ops->layernorm(be, e->xn, h, m->final_norm, m->final_norm_b, nt, D, eps);
+    else be->ops->rmsnorm(be, e->xn, h, m->final_norm, nt, D, eps);
     if (c->logit_scale != 0 && c->logit_scale != 1) be->ops->scale(be, e->xn, (float)c->logit_scale, (int64_t)nt * D);
     /* the head writes the caller's buffer directly when it is backend memory, else a device row block */
     if (be->host_memory) {

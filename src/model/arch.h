@@ -88,6 +88,10 @@ typedef struct ms_arch {
 } ms_arch;
 
 const ms_arch *ms_arch_find(const char *model_type);
+/* The family's names for common config keys: pairs {common key, its name} ending with NULL, NULL
+ * (transformers' attribute_map: DBRX's d_model for hidden_size), or NULL when it has none; the common
+ * parse reads the family's key where the common one is absent. */
+const char *const *ms_arch_key_aliases(const ms_arch *a);
 /* Comma-separated supported model_types into buf. */
 void ms_arch_list(char *buf, size_t cap);
 

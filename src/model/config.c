@@ -287,6 +287,13 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
         if (q && !cJSON_AddItemReferenceToObject((cJSON *)src, "quantization_config", q))
             rc = ms_fail(err, MS_ERR_NOMEM, "%s: out of memory", where);
     }
+    /* the family's names for common keys (ms_arch aliases), where the common key is absent */
+    for (const char *const *a = arch ? ms_arch_key_aliases(arch) : NULL; !rc && a && a[0] && a[1]; a += 2) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(src, a[1]);
+        if (v && !cJSON_GetObjectItemCaseSensitive(src, a[0]) &&
+            !cJSON_AddItemReferenceToObject((cJSON *)src, a[0], (cJSON *)v))
+            rc = ms_fail(err, MS_ERR_NOMEM, "%s: out of memory", where);
+    }
     if (!rc) {
         snprintf(c->model_type, sizeof c->model_type, "%s", mt);
         c->arch = arch;

@@ -98,6 +98,11 @@ typedef struct ms_config {
     /* post_norm (FlexOlmo): a sublayer reads the residual itself (no input norm) and its output is
      * RMS-normed (ms_layer attn_post_norm / ffn_post_norm) before the residual add */
     int post_norm;
+    /* layernorm (DBRX): the layer and final norms are LayerNorms (ms_layer attn_norm_b / ffn_norm_b and
+     * ms_model final_norm_b their optional biases), eps rms_eps; clip_qkv (DBRX): GQA q, k, v clamped to
+     * [-clip_qkv, clip_qkv] after their projections (0: none) */
+    int layernorm;
+    double clip_qkv;
     int o_bias;                                 /* o_proj has a bias */
     /* feed-forward */
     int64_t inter;              /* dense MLP width */

@@ -1,10 +1,11 @@
 /* test_families16.c — the second round of issue 16's families beyond their
  * fixtures (tests/fixtures/extra, checked by moonshine verify): the config rules
  * of deepseek_v2, dots1, hunyuan_v1_moe, ernie4_5_moe, granitemoe(shared),
- * flex_olmo, exaone_moe and solar_open (hand-written config.json text, what
+ * flex_olmo, exaone_moe, solar_open and dbrx (hand-written config.json text, what
  * transformers' config classes imply, what the binds refuse by name), and the
  * DeepSeek-V2 group-limited router (MS_ROUTER_SOFTMAX_GROUP) on logits where it
- * chooses other experts than the plain softmax top-k and the sigmoid groups. */
+ * chooses other experts than the plain softmax top-k and the sigmoid groups;
+ * the CPU LayerNorm and clamp ops DBRX needs. */
 #include <math.h>
 #include <string.h>
 
@@ -149,6 +150,47 @@ TEST(granite_flex_olmo_configs) {
     CHECK_MSG(parse(fo, &c, &err) == MS_OK, "%s", err.msg);
     CHECK(c.post_norm && c.qk_norm == MS_QKNORM_FULL && c.router == MS_ROUTER_SOFTMAX && !c.norm_topk_prob &&
           c.moe_inter == 8);
+}
+
+TEST(dbrx_config_and_ops) {
+    ms_config c;
+    ms_err err = {0};
+    /* DbrxConfig's own names (d_model, n_layers, n_heads, max_seq_len) and nested attn/ffn configs */
+    const char *dx = "{\"model_type\":\"dbrx\",\"vocab_size\":16,\"d_model\":8,\"n_layers\":2,\"n_heads\":2,"
+                     "\"max_seq_len\":64,\"attn_config\":{\"kv_n_heads\":1,\"clip_qkv\":8.0,\"rope_theta\":500000.0},"
+                     "\"ffn_config\":{\"ffn_hidden_size\":6,\"moe_num_experts\":4,\"moe_top_k\":2,"
+                     "\"moe_normalize_expert_weights\":1.0,\"ffn_act_fn\":{\"name\":\"silu\"}}}";
+    CHECK_MSG(parse(dx, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.hidden == 8 && c.n_layers == 2 && c.n_heads == 2 && c.n_kv_heads == 1 && c.head_dim == 4 && c.max_pos == 64 &&
+          c.layernorm && c.clip_qkv == 8.0 && c.rms_eps == 1e-5 && c.router == MS_ROUTER_SOFTMAX && c.norm_topk_prob &&
+          c.n_experts == 4 && c.top_k == 2 && c.moe_inter == 6 && c.rope.theta == 500000.0 && c.rope.dim == 4);
+    const char *dx_p2 = "{\"model_type\":\"dbrx\",\"vocab_size\":16,\"d_model\":8,\"n_layers\":2,\"n_heads\":2,"
+                        "\"attn_config\":{\"kv_n_heads\":1},\"ffn_config\":{\"ffn_hidden_size\":6,\"moe_num_experts\":4,"
+                        "\"moe_top_k\":2,\"moe_normalize_expert_weights\":2.0}}";
+    CHECK(parse(dx_p2, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "moe_normalize_expert_weights"));
+    const char *dx_none = "{\"model_type\":\"dbrx\",\"vocab_size\":16,\"d_model\":8,\"n_layers\":2,\"n_heads\":2}";
+    CHECK(parse(dx_none, &c, &err) == MS_ERR_FORMAT && strstr(err.msg, "attn_config"));
+    /* the CPU ops it needs: LayerNorm (with and without affine terms) and the clamp */
+    ms_backend *be = NULL;
+    CHECK(ms_backend_cpu_create(NULL, &be, &err) == MS_OK);
+    if (!be) return;
+    CHECK_MSG(ms_backend_require(be, &c, &err) == MS_OK, "%s", err.msg);
+    const float x[8] = {1, 2, 3, 4, -1, 0, 1, 6}, w[4] = {1, 2, 0.5f, 1}, b[4] = {0, 1, 0, -1};
+    float y[8];
+    be->ops->layernorm(be, y, x, w, b, 2, 4, 1e-5f);
+    for (int r = 0; r < 2; r++) {
+        double m = 0, v = 0;
+        for (int i = 0; i < 4; i++) m += x[r * 4 + i] / 4.0;
+        for (int i = 0; i < 4; i++) v += (x[r * 4 + i] - m) * (x[r * 4 + i] - m) / 4.0;
+        for (int i = 0; i < 4; i++)
+            CHECK(fabs(y[r * 4 + i] - ((x[r * 4 + i] - m) / sqrt(v + 1e-5) * w[i] + b[i])) < 1e-5);
+    }
+    be->ops->layernorm(be, y, x, NULL, NULL, 1, 4, 1e-5f);
+    CHECK(fabs(y[0] + y[1] + y[2] + y[3]) < 1e-5 && fabs(y[0] + 1.3416355) < 1e-4);
+    float z[4] = {-3, -0.5f, 0.25f, 9};
+    be->ops->clamp(be, z, -1, 1, 4);
+    CHECK(z[0] == -1 && z[1] == -0.5f && z[2] == 0.25f && z[3] == 1);
+    be->ops->destroy(be);
 }
 
 /* Routing one token with c's router over E logits. */
