@@ -4,7 +4,7 @@
  * rotate_half RoPE over head_dim = d_model / n_heads with attn_config.rope_theta,
  * softmax router top-k normalised by the p-norm of moe_normalize_expert_weights
  * (1: the sum; null: none; other p refused), experts stored as three
- * [E x ffn_hidden_size, D] matrices ffn.experts.mlp.w1 (gate), v1 (up), w2 (down,
+ * [E x ffn_hidden_size, D] parameters ffn.experts.mlp.w1 (gate), v1 (up), w2 (down,
  * transposed: bound as one transposed copy owned by the layer, as the published
  * Qwen3-VL layout is). The config's names (d_model, n_layers, n_heads,
  * max_seq_len, attn_config, ffn_config) are transformers' DbrxConfig's.
@@ -91,10 +91,11 @@ static int bind_experts(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
     ms_layer *L = &m->layers[l];
     const int64_t E = c->n_experts, I = c->moe_inter, D = c->hidden;
-    ms_qmat w1, v1, w2;
-    ms_bind_mat(b, &w1, MS_W_EXPERT, E * I, D, "%sffn.experts.mlp.w1", p);
-    ms_bind_mat(b, &v1, MS_W_EXPERT, E * I, D, "%sffn.experts.mlp.v1", p);
-    ms_bind_mat(b, &w2, MS_W_EXPERT, E * I, D, "%sffn.experts.mlp.w2", p);
+    ms_qmat w1, v1, w2; /* nn.Parameters (no ".weight"), each [E * I, D] */
+    const int64_t shape[2] = {E * I, D};
+    ms_bind_tensor(b, &w1, MS_W_EXPERT, 2, shape, E * I, D, 0, "%sffn.experts.mlp.w1", p);
+    ms_bind_tensor(b, &v1, MS_W_EXPERT, 2, shape, E * I, D, 0, "%sffn.experts.mlp.v1", p);
+    ms_bind_tensor(b, &w2, MS_W_EXPERT, 2, shape, E * I, D, 0, "%sffn.experts.mlp.w2", p);
     if (b->rc || !b->ck) return b->rc;
     if (float_view(b, &w1, "experts w1", l) || float_view(b, &v1, "experts v1", l) || float_view(b, &w2, "experts w2", l))
         return b->rc;
