@@ -643,16 +643,19 @@ static int forward_head(ms_engine *e, int nb, int64_t BS, int n, float *logits, 
     /* the head writes the caller's buffer directly when it is backend memory, else a device row block */
     if (be->host_memory) {
         be->ops->matmul(be, logits, e->xn, nt, &m->lm_head, 0);
+        if (m->lm_head_b) be->ops->add_bias(be, logits, m->lm_head_b, nt, c->vocab);
         return MS_OK;
     }
     if (e->step_mode || (e->keep_logits && nt == 1)) { /* the head into e->logits, downloaded (or picked from) later */
         be->ops->matmul(be, e->logits, e->xn, 1, &m->lm_head, 0);
+        if (m->lm_head_b) be->ops->add_bias(be, e->logits, m->lm_head_b, 1, c->vocab);
         return MS_OK;
     }
     int64_t V = c->vocab;
     for (int t = 0; t < nt; t += e->logit_rows) {
         int k = nt - t < e->logit_rows ? nt - t : e->logit_rows;
         be->ops->matmul(be, e->logits, e->xn + (int64_t)t * D, k, &m->lm_head, 0);
+        if (m->lm_head_b) be->ops->add_bias(be, e->logits, m->lm_head_b, k, c->vocab);
         if ((rc = be->ops->download(be, logits + (int64_t)t * V, e->logits, (size_t)k * (size_t)V * 4, err))) return rc;
     }
     return MS_OK;

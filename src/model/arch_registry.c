@@ -16,7 +16,7 @@ extern const ms_arch ms_arch_glm4_moe_lite, ms_arch_mixtral, ms_arch_qwen2_moe, 
 extern const ms_arch ms_arch_qwen3_vl_moe, ms_arch_longcat_flash;
 extern const ms_arch ms_arch_deepseek_v2, ms_arch_dots1, ms_arch_exaone_moe, ms_arch_solar_open;
 extern const ms_arch ms_arch_hunyuan_v1_moe, ms_arch_ernie4_5_moe, ms_arch_granitemoe, ms_arch_granitemoeshared;
-extern const ms_arch ms_arch_flex_olmo, ms_arch_dbrx;
+extern const ms_arch ms_arch_flex_olmo, ms_arch_dbrx, ms_arch_phimoe;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -51,6 +51,7 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_exaone_moe,
     &ms_arch_solar_open,
     &ms_arch_dbrx,
+    &ms_arch_phimoe,
 };
 
 extern const char *const ms_dbrx_key_aliases[];

@@ -28,9 +28,12 @@ typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
 /* SOFTMAX_GROUP (DeepSeek-V2 group_limited_greedy): softmax scores; with n_group > 1 only the topk_group
  * groups whose best score is highest stay candidates; top-k of the candidates, weights the scores
  * (renormalised per norm_topk_prob) times routed_scale. */
+/* SPARSEMIXER (PhiMoE, inference form, top-2): expert 1 the best logit, weighed by the softmax over the
+ * logits within router_jitter of the best (relative: (max - s) / max(|s|, max) <= 2 router_jitter);
+ * expert 2 the best of the others, weighed the same way over the others; no renormalisation. */
 typedef enum {
     MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3, MS_ROUTER_SQRTSOFTPLUS = 4,
-    MS_ROUTER_SOFTMAX_BIAS = 5, MS_ROUTER_SOFTMAX_GROUP = 6
+    MS_ROUTER_SOFTMAX_BIAS = 5, MS_ROUTER_SOFTMAX_GROUP = 6, MS_ROUTER_SPARSEMIXER = 7
 } ms_router_kind;
 /* Where q/k RMSNorm applies: none, per head (head_dim), or over all heads' projection. */
 typedef enum { MS_QKNORM_NONE = 0, MS_QKNORM_HEAD = 1, MS_QKNORM_FULL = 2 } ms_qknorm_kind;
@@ -130,6 +133,7 @@ typedef struct ms_config {
     int norm_topk_prob;
     double routed_scale;
     int router_logit_bias;      /* router Linear has a bias (gpt-oss) */
+    double router_jitter;       /* MS_ROUTER_SPARSEMIXER's jitter_eps */
     int expert_bias;            /* experts' projections have biases */
     ms_act_kind expert_act;
     /* SwiGLU (MS_ACT_SILU, dense MLP and experts alike): out = (u + act_up_offset) g sigmoid(act_alpha g)

@@ -78,6 +78,7 @@ typedef struct ms_model {
     ms_qmat lm_head;                             /* [vocab, hidden] (the embedding when tied) */
     float *final_norm;                           /* [hidden] */
     float *final_norm_b;                         /* [hidden] its LayerNorm bias (cfg layernorm), optional */
+    float *lm_head_b;                            /* [vocab] lm_head bias (PhiMoE lm_head_bias), optional */
     ms_attn_res out_res;
     ms_qmat hc_head_fn;                          /* [hc, hc*hidden] learned stream collapse (cfg hc_head_weighted) */
     float *hc_head_base, *hc_head_scale;         /* [hc], [1] */                         /* Attention Residuals before the final norm */

@@ -157,6 +157,7 @@ static void place_head(placer *p, ms_model *w, int tied_to_placed) {
     else place_qmat(p, &w->lm_head, "lm_head", -1);
     place_vec(p, &w->final_norm, "the final norm", -1);
     place_vec(p, &w->final_norm_b, "the final norm bias", -1);
+    place_vec(p, &w->lm_head_b, "the lm_head bias", -1);
     place_vec(p, &w->out_res.norm, "the output AttnRes norm", -1);
     place_vec(p, &w->out_res.proj, "the output AttnRes projection", -1);
     place_qmat(p, &w->hc_head_fn, "the hyper head fn", -1);

@@ -1,11 +1,11 @@
 /* test_families16.c — the second round of issue 16's families beyond their
  * fixtures (tests/fixtures/extra, checked by moonshine verify): the config rules
  * of deepseek_v2, dots1, hunyuan_v1_moe, ernie4_5_moe, granitemoe(shared),
- * flex_olmo, exaone_moe, solar_open and dbrx (hand-written config.json text, what
+ * flex_olmo, exaone_moe, solar_open, dbrx and phimoe (hand-written config.json text, what
  * transformers' config classes imply, what the binds refuse by name), and the
  * DeepSeek-V2 group-limited router (MS_ROUTER_SOFTMAX_GROUP) on logits where it
  * chooses other experts than the plain softmax top-k and the sigmoid groups;
- * the CPU LayerNorm and clamp ops DBRX needs. */
+ * the CPU LayerNorm and clamp ops DBRX needs; PhiMoE's sparsemixer routing. */
 #include <math.h>
 #include <string.h>
 
@@ -193,6 +193,25 @@ TEST(dbrx_config_and_ops) {
     be->ops->destroy(be);
 }
 
+TEST(phimoe_config) {
+    ms_config c;
+    ms_err err = {0};
+    const char *ph = "{\"model_type\":\"phimoe\",\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":2,"
+                     "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"intermediate_size\":6,\"num_local_experts\":4,"
+                     "\"num_experts_per_tok\":2,\"rms_norm_eps\":1e-5,\"attention_bias\":true,\"lm_head_bias\":true,"
+                     "\"router_jitter_noise\":0.01,\"sliding_window\":null}";
+    CHECK_MSG(parse(ph, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.router == MS_ROUTER_SPARSEMIXER && c.router_jitter == 0.01 && c.layernorm && c.attn_bias && c.o_bias &&
+          c.head_dim == 4 && c.moe_inter == 6 && c.layer_window[0] == 0);
+    const char *ph_k = "{\"model_type\":\"phimoe\",\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":2,"
+                       "\"num_attention_heads\":2,\"intermediate_size\":6,\"num_local_experts\":4,\"num_experts_per_tok\":3}";
+    CHECK(parse(ph_k, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "sparsemixer"));
+    const char *ph_lr = "{\"model_type\":\"phimoe\",\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":2,"
+                        "\"num_attention_heads\":2,\"intermediate_size\":6,\"num_local_experts\":4,\"num_experts_per_tok\":2,"
+                        "\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1.0,1.0],\"long_factor\":[2.0,2.0]}}";
+    CHECK(parse(ph_lr, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "longrope"));
+}
+
 /* Routing one token with c's router over E logits. */
 static void route1(const ms_config *c, const float *logits, int *ids, float *w) {
     float scratch[64];
@@ -223,6 +242,22 @@ TEST(softmax_group_router) {
     c.router = MS_ROUTER_SOFTMAX_GROUP, c.n_group = c.topk_group = 1, c.norm_topk_prob = 1;
     route1(&c, lg, ids, w);
     CHECK(ids[0] == 4 && ids[1] == 0 && fabs(w[0] + w[1] - 2.0) < 1e-6);
+}
+
+TEST(sparsemixer_router) {
+    ms_config c;
+    memset(&c, 0, sizeof c);
+    c.n_experts = 6, c.top_k = 2, c.router = MS_ROUTER_SPARSEMIXER, c.router_jitter = 0.01;
+    /* round 1: best 5.0 (expert 2); within 2% relative ((5.0 - s) / 5.0 <= 0.02): 4.95 and 4.91, not 4.86 or
+     * 4.8; round 2 over the others: best 4.95 (expert 4), within 2% of it: 4.91 and 4.86 */
+    const float lg[6] = {4.91f, 4.8f, 5.0f, 4.86f, 4.95f, -1.0f};
+    int ids[2];
+    float w[2];
+    route1(&c, lg, ids, w);
+    CHECK(ids[0] == 2 && ids[1] == 4);
+    double d1 = exp(5.0) + exp(4.95) + exp(4.91), d2 = exp(4.95) + exp(4.91) + exp(4.86);
+    CHECK_MSG(fabs(w[0] - exp(5.0) / d1) < 1e-5, "%g vs %g", w[0], exp(5.0) / d1);
+    CHECK_MSG(fabs(w[1] - exp(4.95) / d2) < 1e-5, "%g vs %g", w[1], exp(4.95) / d2);
 }
 
 TEST_MAIN()
