@@ -8,7 +8,8 @@
  * transposed: bound as one transposed copy owned by the layer, as the published
  * Qwen3-VL layout is). The config's names (d_model, n_layers, n_heads,
  * max_seq_len, attn_config, ffn_config) are transformers' DbrxConfig's.
- * transformers: models/dbrx. */
+ * transformers: models/dbrx. The experts' transposed copy is resident: --expert-cache-mib
+ * (streaming) does not take them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
