@@ -31,6 +31,8 @@ static int has_compressor(const ms_config *c) {
     return 0;
 }
 static int has_attn_res(const ms_config *c) { return c->attn_res_block > 0; }
+static int has_layernorm(const ms_config *c) { return c->layernorm; }
+static int has_clip_qkv(const ms_config *c) { return c->clip_qkv > 0; }
 
 /* One op: its name (as the error says it), where it sits in the table, and
  * whether a model of config c calls it. */
@@ -55,7 +57,7 @@ static const op_need k_needs[] = {
     OP(compress_append, has_compressor), OP(attn_compressed, has_cattn),
     OP(mhc_pre, has_mhc),      OP(mhc_post, has_mhc),      OP(mhc_expand, has_mhc),
     OP(mhc_head_mean, has_mhc_mean), OP(mhc_head_weighted, has_mhc_weighted),
-    OP(attn_res_mix, has_attn_res),
+    OP(attn_res_mix, has_attn_res), OP(layernorm, has_layernorm), OP(clamp, has_clip_qkv),
 };
 #undef OP
 

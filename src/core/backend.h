@@ -411,6 +411,12 @@ typedef struct ms_backend_ops {
      * first index of the largest value as `if (x[v] > x[best]) best = v` from best = 0 finds it
      * (NaN never wins; a NaN x[0] gives 0) */
     void (*argmax)(ms_backend *be, const float *x, int64_t n, int32_t *out);
+    /* optional (a model with cfg layernorm needs it): y = (x - mean) / sqrt(var + eps) * (w ? w : 1) + (b ? b : 0)
+     * over rows of d (mean and population variance of each row, as torch's LayerNorm); y may equal x */
+    void (*layernorm)(ms_backend *be, float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t d,
+                      float eps);
+    /* optional (a model with cfg clip_qkv needs it): x[i] = min(max(x[i], lo), hi) for i < n */
+    void (*clamp)(ms_backend *be, float *x, float lo, float hi, int64_t n);
 } ms_backend_ops;
 
 struct ms_backend {

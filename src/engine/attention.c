@@ -30,14 +30,22 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     if (L->bq) be->ops->add_bias(be, q, L->bq, n, c->attn_out_gate ? 2 * qd : qd);
     if (L->bk) be->ops->add_bias(be, k, L->bk, n, kd);
     if (L->bv) be->ops->add_bias(be, v, L->bv, n, vtot);
+    if (c->clip_qkv > 0) { /* DBRX: the projections clamped (the gate half of q never exists with it) */
+        float lim = (float)c->clip_qkv;
+        be->ops->clamp(be, q, -lim, lim, (int64_t)n * qd);
+        be->ops->clamp(be, k, -lim, lim, (int64_t)n * kd);
+        be->ops->clamp(be, v, -lim, lim, (int64_t)n * vtot);
+    }
     if (c->attn_out_gate) { /* rows [query hd, gate hd] per head: gate to gate_buf, queries packed in place */
         be->ops->copy_rows(be, e->gate_buf, hd, q + hd, 2 * hd, n * H, hd);
         be->ops->copy_rows(be, q, hd, q, 2 * hd, n * H, hd);
     }
     float eps = (float)c->rms_eps;
     if (c->v_scale != 0 && c->v_scale != 1) be->ops->scale(be, v, (float)c->v_scale, n * vtot);
-    int fused = c->qk_norm == MS_QKNORM_HEAD && (be->ops->qk_norm_rope || e->step_mode); /* one op where it can */
-    if (!fused && c->qk_norm == MS_QKNORM_HEAD) {
+    /* norm and RoPE in one op where it can; not after RoPE (Hunyuan) or on a NoPE layer (rotary dims 0) */
+    int late = c->qk_norm == MS_QKNORM_HEAD && c->qk_norm_after_rope, rot = rope->dim > 0;
+    int fused = c->qk_norm == MS_QKNORM_HEAD && !late && rot && (be->ops->qk_norm_rope || e->step_mode);
+    if (!fused && !late && c->qk_norm == MS_QKNORM_HEAD) {
         be->ops->rmsnorm(be, q, q, L->q_norm, n * H, hd, eps);
         be->ops->rmsnorm(be, k, k, L->k_norm, n * KV, hd, eps);
     } else if (!fused && c->qk_norm == MS_QKNORM_FULL) {
@@ -62,9 +70,13 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         }
         if (fused) {
             be->ops->qk_norm_rope(be, rope, qs, H, L->q_norm, ks, KV, L->k_norm, sn, hd, eps, se->n_past);
-        } else {
+        } else if (rot) {
             be->ops->rope(be, rope, qs, sn, qd, H, hd, 0, se->n_past, 1.0f);
             be->ops->rope(be, rope, ks, sn, kd, KV, hd, 0, se->n_past, 1.0f);
+        }
+        if (late) {
+            be->ops->rmsnorm(be, qs, qs, L->q_norm, (int64_t)sn * H, hd, eps);
+            be->ops->rmsnorm(be, ks, ks, L->k_norm, (int64_t)sn * KV, hd, eps);
         }
         if (!direct) {
             be->ops->copy(be, se->k_cache[layer] + (int64_t)se->n_past * kd, ks, (size_t)(sn * kd) * 4);

@@ -39,11 +39,16 @@ static int step_qualifies(const ms_engine *e) {
     if (e->staged) return 0; /* a pipeline stage (several devices): its hand-offs are host-driven copies */
     if (ms_engine_hybrid_active(e)) return 0; /* experts on the CPU: their sums come from the host */
     if (e->experts != e->own_experts) return 0; /* streamed experts: router ids go to the host */
+    if (c->qk_norm_after_rope) return 0; /* qkv_at normalizes before its RoPE */
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_attn[l] != MS_ATTN_GQA) return 0;
+        if ((c->layer_rope[l] ? c->rope_alt.dim : c->rope.dim) == 0) return 0; /* NoPE layers: qkv_at always ropes */
         if (c->layer_mlp[l] == MS_MLP_MOE) {
             const ms_layer *L = &e->w->layers[l];
-            if (L->hash_ids || !L->experts || c->router == MS_ROUTER_SQRTSOFTPLUS || !o->moe_experts_routed) return 0;
+            /* routers the device routes on the host (route's downloads are not part of a graph) */
+            int host_router = c->router != MS_ROUTER_SOFTMAX && c->router != MS_ROUTER_SIGMOID &&
+                              c->router != MS_ROUTER_TOPK_SOFTMAX;
+            if (L->hash_ids || !L->experts || host_router || !o->moe_experts_routed) return 0;
         }
     }
     return 1;

@@ -449,7 +449,26 @@ static void residual_add(ms_engine *e, int n, const float *y) {
  * xn = rmsnorm(x) * w, in one op where the backend has it (not with mHC streams or
  * Attention Residuals, whose next input is not the residual itself). */
 static int fused_add_norm(const ms_engine *e) {
-    return e->be->ops->add_rmsnorm && !e->mhc && !e->m->cfg.attn_res_block;
+    return e->be->ops->add_rmsnorm && !e->mhc && !e->m->cfg.attn_res_block && !e->m->cfg.post_norm &&
+           !e->m->cfg.layernorm;
+}
+
+/* A sublayer's output y [n, D] before its residual add: its post norm (cfg post_norm) and the
+ * residual multiplier (cfg residual_scale), in place. */
+static void sublayer_out(ms_engine *e, float *y, const float *post_norm, int n) {
+    const ms_config *c = &e->m->cfg;
+    if (post_norm) e->be->ops->rmsnorm(e->be, y, y, post_norm, n, c->hidden, (float)c->rms_eps);
+    if (c->residual_scale != 0 && c->residual_scale != 1)
+        e->be->ops->scale(e->be, y, (float)c->residual_scale, (int64_t)n * c->hidden);
+}
+
+/* A sublayer's input row block xn from h [n, D]: rmsnorm(h) * w, layernorm(h) * w + b (cfg layernorm),
+ * or h itself (cfg post_norm, w NULL). */
+static void sublayer_in(ms_engine *e, float *xn, const float *h, const float *w, const float *b, int n) {
+    const ms_config *c = &e->m->cfg;
+    if (c->post_norm && !w) e->be->ops->copy(e->be, xn, h, (size_t)n * (size_t)c->hidden * 4);
+    else if (c->layernorm) e->be->ops->layernorm(e->be, xn, h, w, b, n, c->hidden, (float)c->rms_eps);
+    else e->be->ops->rmsnorm(e->be, xn, h, w, n, c->hidden, (float)c->rms_eps);
 }
 
 static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const int32_t *tokens, int n, float *logits,
@@ -510,6 +529,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     if (e->stage == 0) { /* a later stage: e->x came from the previous */
         if (e->step_mode) be->ops->embed_at(be, e->x, &m->embed, e->step); /* the replayable step: the id in e->step */
         else be->ops->embed(be, e->x, &m->embed, tokens, n);
+        if (c->embed_scale != 0 && c->embed_scale != 1) be->ops->scale(be, e->x, (float)c->embed_scale, (int64_t)n * D);
     }
     int rc = MS_OK;
     e->chunk_tokens = tokens;
@@ -540,7 +560,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
                 be->ops->zero(be, e->x, (size_t)(n * D) * 4);
             }
         }
-        if (!normed) be->ops->rmsnorm(be, e->xn, h, L->attn_norm, n, D, eps);
+        if (!normed) sublayer_in(e, e->xn, h, L->attn_norm, L->attn_norm_b, n);
         normed = 0;
         if (c->layer_attn[l] == MS_ATTN_MLA) rc = ms_attn_mla(e, l, n, e->tmp, err);
         else if (c->layer_attn[l] == MS_ATTN_KDA) rc = ms_attn_kda(e, l, n, e->tmp, err);
@@ -548,6 +568,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         else if (c->layer_attn[l] == MS_ATTN_COMPRESSED) rc = ms_attn_compressed(e, l, n, e->tmp, err);
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
+        sublayer_out(e, e->tmp, L->attn_post_norm, n);
         if (fuse && n == 1 && be->ops->add_rmsnorm_router_route && c->layer_mlp[l] == MS_MLP_MOE &&
             !c->layer_shortcut[l] && !c->latent_moe && ms_moe_device_router(e, l, n)) {
             e->ffn_pending = 1, e->ffn_pend_y = e->tmp, e->ffn_pend_w = L->ffn_norm; /* ms_ffn_moe's router adds and norms */
@@ -563,7 +584,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
                 be->ops->attn_res_mix(be, e->xn, e->ares, nb, BS, e->x, n, D, L->mlp_res.norm, L->mlp_res.proj, eps);
                 h = e->xn;
             }
-            be->ops->rmsnorm(be, e->xn, h, L->ffn_norm, n, D, eps);
+            sublayer_in(e, e->xn, h, L->ffn_norm, L->ffn_norm_b, n);
         }
         e->ffn_in = h;
         if (c->layer_shortcut[l] == 1) { /* the MoE beside the dense MLP: held for the next layer */
@@ -575,6 +596,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         }
         if (rc) break;
         if (c->layer_shortcut[l] == 2) be->ops->add(be, e->tmp, e->sc, (int64_t)n * D);
+        sublayer_out(e, e->tmp, L->ffn_post_norm, n);
         if (fuse && l + 1 < e->l1) { /* with the next layer's attention norm (on this stage) */
             be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, m->layers[l + 1].attn_norm, n, D, eps);
             normed = 1;
@@ -621,20 +643,25 @@ static int forward_head(ms_engine *e, int nb, int64_t BS, int n, float *logits, 
                               eps);
         h = e->xn;
     }
-    be->ops->rmsnorm(be, e->xn, h, m->final_norm, nt, D, eps);
+    if (c->layernorm) be->ops->layernorm(be, e->xn, h, m->final_norm, m->final_norm_b, nt, D, eps);
+    else be->ops->rmsnorm(be, e->xn, h, m->final_norm, nt, D, eps);
+    if (c->logit_scale != 0 && c->logit_scale != 1) be->ops->scale(be, e->xn, (float)c->logit_scale, (int64_t)nt * D);
     /* the head writes the caller's buffer directly when it is backend memory, else a device row block */
     if (be->host_memory) {
         be->ops->matmul(be, logits, e->xn, nt, &m->lm_head, 0);
+        if (m->lm_head_b) be->ops->add_bias(be, logits, m->lm_head_b, nt, c->vocab);
         return MS_OK;
     }
     if (e->step_mode || (e->keep_logits && nt == 1)) { /* the head into e->logits, downloaded (or picked from) later */
         be->ops->matmul(be, e->logits, e->xn, 1, &m->lm_head, 0);
+        if (m->lm_head_b) be->ops->add_bias(be, e->logits, m->lm_head_b, 1, c->vocab);
         return MS_OK;
     }
     int64_t V = c->vocab;
     for (int t = 0; t < nt; t += e->logit_rows) {
         int k = nt - t < e->logit_rows ? nt - t : e->logit_rows;
         be->ops->matmul(be, e->logits, e->xn + (int64_t)t * D, k, &m->lm_head, 0);
+        if (m->lm_head_b) be->ops->add_bias(be, e->logits, m->lm_head_b, k, c->vocab);
         if ((rc = be->ops->download(be, logits + (int64_t)t * V, e->logits, (size_t)k * (size_t)V * 4, err))) return rc;
     }
     return MS_OK;

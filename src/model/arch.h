@@ -88,6 +88,10 @@ typedef struct ms_arch {
 } ms_arch;
 
 const ms_arch *ms_arch_find(const char *model_type);
+/* The family's names for common config keys: pairs {common key, its name} ending with NULL, NULL
+ * (transformers' attribute_map: DBRX's d_model for hidden_size), or NULL when it has none; the common
+ * parse reads the family's key where the common one is absent. */
+const char *const *ms_arch_key_aliases(const ms_arch *a);
 /* Comma-separated supported model_types into buf. */
 void ms_arch_list(char *buf, size_t cap);
 
@@ -122,6 +126,11 @@ int ms_bind_fused_experts(ms_binder *b, struct ms_model *m, int layer, const cha
  * mlp.gate (+ e_score_correction_bias when cfg->router_bias), shared experts
  * mlp.shared_experts.* when cfg->shared_inter, routed experts mlp.experts.E.{gate,up,down}_proj. */
 int ms_bind_routed_moe(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* Routed experts under base ("model.layers.3.mlp.experts"): per expert base.E.{gate,up,down}_proj
+ * (the published layout; spec mode records it), or, when the checkpoint has no base.0.gate_proj,
+ * fused base.gate_up_proj / base.down_proj as ms_bind_fused_experts binds them (what transformers 5
+ * saves for a family without a checkpoint conversion mapping). */
+int ms_bind_experts_at(ms_binder *b, struct ms_model *m, int layer, const char *base);
 /* pfx input_layernorm.weight and post_attention_layernorm.weight [hidden]. */
 int ms_bind_layer_norms(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 /* The layer's FFN per cfg->layer_mlp: dense mlp.{gate,up,down}_proj of width

@@ -1,4 +1,4 @@
-/* arch_classic_moe.c — three GQA MoE families whose blocks are all shared
+/* arch_classic_moe.c — four GQA MoE families whose blocks are all shared
  * ones, each with its own configure and bind:
  *   mixtral    Mixtral 8x7B / 8x22B: GQA, full RoPE, no q/k norm; router
  *              softmax over the top-k logits; experts
@@ -11,6 +11,9 @@
  *   olmoe      OLMoE: GQA with RMSNorm over the whole q and k projections,
  *              softmax router without renormalisation (norm_topk_prob), experts
  *              of width intermediate_size. transformers: models/olmoe.
+ *   flex_olmo  FlexOlmo: OLMoE with OLMo-2's norm placement, after each
+ *              sublayer instead of before (cfg post_norm).
+ *              transformers: models/flex_olmo.
  * Sliding-window attention (Mixtral, Qwen2 use_sliding_window) and OLMoE's
  * clip_qkv are refused. */
 #include <math.h>
@@ -155,6 +158,31 @@ static int bind_olmoe(ms_binder *b, ms_model *m) {
     return b->rc;
 }
 
+/* FlexOlmo: OLMoE's blocks with the norms after each sublayer (cfg post_norm): no input norms,
+ * post_attention_layernorm on the attention output and post_feedforward_layernorm on the MoE
+ * output, each before its residual add. */
+static int configure_flex_olmo(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int rc = configure_olmoe(j, c, where, err);
+    c->post_norm = 1;
+    return rc;
+}
+
+static int bind_flex_olmo(ms_binder *b, ms_model *m) {
+    const ms_config *c = b->cfg;
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[64];
+        snprintf(p, sizeof p, "model.layers.%d.", l);
+        ms_layer *L = &m->layers[l];
+        ms_bind_vec(b, &L->attn_post_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", p);
+        ms_bind_vec(b, &L->ffn_post_norm, MS_W_NORM, c->hidden, 0, "%spost_feedforward_layernorm.weight", p);
+        ms_bind_gqa(b, m, l, p);
+        ms_bind_routed_moe(b, m, l, p);
+    }
+    return b->rc;
+}
+
 const ms_arch ms_arch_mixtral = {"mixtral", configure_mixtral, bind_mixtral};
+const ms_arch ms_arch_flex_olmo = {"flex_olmo", configure_flex_olmo, bind_flex_olmo};
 const ms_arch ms_arch_qwen2_moe = {"qwen2_moe", configure_qwen2_moe, bind_qwen2_moe};
 const ms_arch ms_arch_olmoe = {"olmoe", configure_olmoe, bind_olmoe};

@@ -14,6 +14,9 @@ extern const ms_arch ms_arch_deepseek_v4;
 extern const ms_arch ms_arch_qwen3_5_moe, ms_arch_qwen3_5_moe_text, ms_arch_kimi_k25;
 extern const ms_arch ms_arch_glm4_moe_lite, ms_arch_mixtral, ms_arch_qwen2_moe, ms_arch_olmoe;
 extern const ms_arch ms_arch_qwen3_vl_moe, ms_arch_longcat_flash;
+extern const ms_arch ms_arch_deepseek_v2, ms_arch_dots1, ms_arch_exaone_moe, ms_arch_solar_open;
+extern const ms_arch ms_arch_hunyuan_v1_moe, ms_arch_ernie4_5_moe, ms_arch_granitemoe, ms_arch_granitemoeshared;
+extern const ms_arch ms_arch_flex_olmo, ms_arch_dbrx, ms_arch_phimoe;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -38,7 +41,22 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_olmoe,
     &ms_arch_qwen3_vl_moe,
     &ms_arch_longcat_flash,
+    &ms_arch_deepseek_v2,
+    &ms_arch_dots1,
+    &ms_arch_hunyuan_v1_moe,
+    &ms_arch_ernie4_5_moe,
+    &ms_arch_granitemoe,
+    &ms_arch_granitemoeshared,
+    &ms_arch_flex_olmo,
+    &ms_arch_exaone_moe,
+    &ms_arch_solar_open,
+    &ms_arch_dbrx,
+    &ms_arch_phimoe,
 };
+
+extern const char *const ms_dbrx_key_aliases[];
+
+const char *const *ms_arch_key_aliases(const ms_arch *a) { return a == &ms_arch_dbrx ? ms_dbrx_key_aliases : NULL; }
 
 const ms_arch *ms_arch_find(const char *model_type) {
     for (size_t i = 0; i < sizeof k_archs / sizeof *k_archs; i++)

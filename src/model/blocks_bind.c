@@ -170,18 +170,31 @@ int ms_bind_layer_experts(ms_binder *b, ms_model *m, int layer, const char *gate
 
 int ms_bind_routed_moe(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     const ms_config *c = b->cfg;
-    char w[160], bias[200], g[200], u[200], d[200];
+    char w[160], bias[200], g[200];
     snprintf(w, sizeof w, "%smlp.gate", pfx);
     snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", pfx);
     ms_bind_router(b, m, layer, w, c->router_bias ? bias : NULL);
     if (c->shared_inter)
         ms_bind_mlp(b, m, layer, pfx, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
                     "mlp.shared_experts.down_proj");
-    /* the layer is already in pfx: the patterns take the expert alone (a lone "%2$d" without
+    snprintf(g, sizeof g, "%smlp.experts", pfx);
+    return ms_bind_experts_at(b, m, layer, g);
+}
+
+int ms_bind_experts_at(ms_binder *b, ms_model *m, int layer, const char *base) {
+    char g[200], u[200], d[200];
+    /* transformers 5 modules: fused (save_pretrained of a family without a conversion mapping) */
+    if (b->ck && !ms_bind_has(b, "%s.0.gate_proj.weight", base) && !ms_bind_has(b, "%s.0.gate_proj.weight_packed", base) &&
+        ms_bind_has(b, "%s.gate_up_proj", base)) {
+        snprintf(g, sizeof g, "%s.gate_up_proj", base);
+        snprintf(d, sizeof d, "%s.down_proj", base);
+        return ms_bind_fused_experts(b, m, layer, g, d);
+    }
+    /* the layer is already in base: the patterns take the expert alone (a lone "%2$d" without
      * "%1$" is undefined, and fortified glibc aborts on it) */
-    snprintf(g, sizeof g, "%smlp.experts.%%d.gate_proj", pfx);
-    snprintf(u, sizeof u, "%smlp.experts.%%d.up_proj", pfx);
-    snprintf(d, sizeof d, "%smlp.experts.%%d.down_proj", pfx);
+    snprintf(g, sizeof g, "%s.%%d.gate_proj", base);
+    snprintf(u, sizeof u, "%s.%%d.up_proj", base);
+    snprintf(d, sizeof d, "%s.%%d.down_proj", base);
     return bind_experts(b, m, layer, g, u, d, 0);
 }
 

@@ -202,7 +202,8 @@ static int parse_common(const cJSON *j, ms_config *c, const char *where, ms_err 
         (rc = ms_json_opt_double(j, "rms_norm_eps", &c->rms_eps, where, err)) ||
         (rc = ms_json_opt_bool(j, "tie_word_embeddings", &tie, where, err)) ||
         (rc = ms_json_opt_int(j, "intermediate_size", 1, DIM_MAX, &c->inter, where, err)) ||
-        (rc = ms_json_opt_int(j, "moe_intermediate_size", 1, DIM_MAX, &c->moe_inter, where, err)) ||
+        (!cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "moe_intermediate_size")) && /* a per-layer list: the arch's */
+         (rc = ms_json_opt_int(j, "moe_intermediate_size", 1, DIM_MAX, &c->moe_inter, where, err))) ||
         (rc = ms_json_opt_int(j, "num_experts_per_tok", 1, 4096, &c->top_k, where, err)) ||
         (rc = ms_json_opt_int(j, "n_group", 1, 4096, &c->n_group, where, err)) ||
         (rc = ms_json_opt_int(j, "topk_group", 1, 4096, &c->topk_group, where, err)) ||
@@ -271,7 +272,7 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
     if (!rc) {
         arch = ms_arch_find(mt);
         if (!arch) {
-            char list[512];
+            char list[1024];
             ms_arch_list(list, sizeof list);
             rc = ms_fail(err, MS_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported; supported: %s", where, mt,
                          list);
@@ -284,6 +285,13 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
     if (!rc && src != j && !cJSON_GetObjectItemCaseSensitive(src, "quantization_config")) {
         cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
         if (q && !cJSON_AddItemReferenceToObject((cJSON *)src, "quantization_config", q))
+            rc = ms_fail(err, MS_ERR_NOMEM, "%s: out of memory", where);
+    }
+    /* the family's names for common keys (ms_arch aliases), where the common key is absent */
+    for (const char *const *a = arch ? ms_arch_key_aliases(arch) : NULL; !rc && a && a[0] && a[1]; a += 2) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(src, a[1]);
+        if (v && !cJSON_GetObjectItemCaseSensitive(src, a[0]) &&
+            !cJSON_AddItemReferenceToObject((cJSON *)src, a[0], (cJSON *)v))
             rc = ms_fail(err, MS_ERR_NOMEM, "%s: out of memory", where);
     }
     if (!rc) {

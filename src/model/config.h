@@ -23,11 +23,17 @@ typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
  * bias for the choice), group-limited top-k; TOPK_SOFTMAX: top-k of the logits, then
  * softmax over the k chosen (gpt-oss). */
 /* SQRTSOFTPLUS: scores sqrt(softplus(logit)) (+ correction bias for the choice), plain top-k. */
-/* SOFTMAX_BIAS (LongCat-Flash): softmax scores, top-k of scores + e_score_correction_bias, weights the
- * scores (renormalised per norm_topk_prob) times routed_scale. */
+/* SOFTMAX_BIAS (LongCat-Flash, ERNIE 4.5): softmax scores, top-k of scores + e_score_correction_bias, weights
+ * the scores (renormalised per norm_topk_prob) times routed_scale. */
+/* SOFTMAX_GROUP (DeepSeek-V2 group_limited_greedy): softmax scores; with n_group > 1 only the topk_group
+ * groups whose best score is highest stay candidates; top-k of the candidates, weights the scores
+ * (renormalised per norm_topk_prob) times routed_scale. */
+/* SPARSEMIXER (PhiMoE, inference form, top-2): expert 1 the best logit, weighed by the softmax over the
+ * logits within router_jitter of the best (relative: (max - s) / max(|s|, max) <= 2 router_jitter);
+ * expert 2 the best of the others, weighed the same way over the others; no renormalisation. */
 typedef enum {
     MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3, MS_ROUTER_SQRTSOFTPLUS = 4,
-    MS_ROUTER_SOFTMAX_BIAS = 5
+    MS_ROUTER_SOFTMAX_BIAS = 5, MS_ROUTER_SOFTMAX_GROUP = 6, MS_ROUTER_SPARSEMIXER = 7
 } ms_router_kind;
 /* Where q/k RMSNorm applies: none, per head (head_dim), or over all heads' projection. */
 typedef enum { MS_QKNORM_NONE = 0, MS_QKNORM_HEAD = 1, MS_QKNORM_FULL = 2 } ms_qknorm_kind;
@@ -88,6 +94,18 @@ typedef struct ms_config {
     uint8_t layer_rope[MS_MAX_LAYERS];          /* 0: rope, 1: rope_alt */
     uint8_t layer_sinks[MS_MAX_LAYERS];         /* per-head sink logit joins the softmax */
     double v_scale;                             /* values multiplied by this before caching (0 = 1) */
+    int qk_norm_after_rope;                     /* per-head q/k norms apply after RoPE (Hunyuan), not before */
+    /* residual stream scales (Granite; 0 = 1): embeddings times embed_scale, every sublayer's output times
+     * residual_scale before its residual add, the final normed hidden times logit_scale before lm_head */
+    double embed_scale, residual_scale, logit_scale;
+    /* post_norm (FlexOlmo): a sublayer reads the residual itself (no input norm) and its output is
+     * RMS-normed (ms_layer attn_post_norm / ffn_post_norm) before the residual add */
+    int post_norm;
+    /* layernorm (DBRX): the layer and final norms are LayerNorms (ms_layer attn_norm_b / ffn_norm_b and
+     * ms_model final_norm_b their optional biases), eps rms_eps; clip_qkv (DBRX): GQA q, k, v clamped to
+     * [-clip_qkv, clip_qkv] after their projections (0: none) */
+    int layernorm;
+    double clip_qkv;
     int o_bias;                                 /* o_proj has a bias */
     /* feed-forward */
     int64_t inter;              /* dense MLP width */
@@ -115,6 +133,7 @@ typedef struct ms_config {
     int norm_topk_prob;
     double routed_scale;
     int router_logit_bias;      /* router Linear has a bias (gpt-oss) */
+    double router_jitter;       /* MS_ROUTER_SPARSEMIXER's jitter_eps */
     int expert_bias;            /* experts' projections have biases */
     ms_act_kind expert_act;
     /* SwiGLU (MS_ACT_SILU, dense MLP and experts alike): out = (u + act_up_offset) g sigmoid(act_alpha g)

@@ -29,6 +29,8 @@ typedef struct ms_attn_res {
 
 typedef struct ms_layer {
     float *attn_norm, *ffn_norm;                 /* [hidden] */
+    float *attn_post_norm, *ffn_post_norm;       /* [hidden] sublayer output norms (cfg post_norm) */
+    float *attn_norm_b, *ffn_norm_b;             /* [hidden] LayerNorm biases (cfg layernorm), optional */
     /* GQA: wq [H*hd, hidden], wk/wv [KV*hd, hidden], wo [hidden, H*hd] (also MLA's o_proj) */
     ms_qmat wq, wk, wv, wo;
     float *bq, *bk, *bv;                         /* optional biases */
@@ -75,6 +77,8 @@ typedef struct ms_model {
     ms_qmat embed;                               /* [vocab, hidden] */
     ms_qmat lm_head;                             /* [vocab, hidden] (the embedding when tied) */
     float *final_norm;                           /* [hidden] */
+    float *final_norm_b;                         /* [hidden] its LayerNorm bias (cfg layernorm), optional */
+    float *lm_head_b;                            /* [vocab] lm_head bias (PhiMoE lm_head_bias), optional */
     ms_attn_res out_res;
     ms_qmat hc_head_fn;                          /* [hc, hc*hidden] learned stream collapse (cfg hc_head_weighted) */
     float *hc_head_base, *hc_head_scale;         /* [hc], [1] */                         /* Attention Residuals before the final norm */

@@ -89,7 +89,7 @@ static void place_layer_static(placer *p, ms_layer *L, int l) {
 #define V(f) place_vec(p, &L->f, #f, l)
     Q(wq), Q(wk), Q(wv), Q(wo), Q(q_a), Q(q_b), Q(kv_a), Q(kv_b), Q(mla_gate);
     Q(gate), Q(up), Q(down), Q(router), Q(shared_gate), Q(lat_down), Q(lat_up);
-    V(attn_norm), V(ffn_norm), V(bq), V(bk), V(bv), V(q_norm), V(k_norm), V(bo), V(sinks);
+    V(attn_norm), V(ffn_norm), V(attn_post_norm), V(ffn_post_norm), V(attn_norm_b), V(ffn_norm_b), V(bq), V(bk), V(bv), V(q_norm), V(k_norm), V(bo), V(sinks);
     V(q_a_norm), V(kv_a_norm), V(attn_res.norm), V(attn_res.proj), V(mlp_res.norm), V(mlp_res.proj);
     V(router_bias), V(router_lbias), V(lat_norm);
     /* KDA and gated DeltaNet: matrices, convolution weights and parameter vectors are qmats */
@@ -156,6 +156,8 @@ static void place_head(placer *p, ms_model *w, int tied_to_placed) {
     if (tied_to_placed) w->lm_head = w->embed;
     else place_qmat(p, &w->lm_head, "lm_head", -1);
     place_vec(p, &w->final_norm, "the final norm", -1);
+    place_vec(p, &w->final_norm_b, "the final norm bias", -1);
+    place_vec(p, &w->lm_head_b, "the lm_head bias", -1);
     place_vec(p, &w->out_res.norm, "the output AttnRes norm", -1);
     place_vec(p, &w->out_res.proj, "the output AttnRes projection", -1);
     place_qmat(p, &w->hc_head_fn, "the hyper head fn", -1);

@@ -154,6 +154,15 @@ TEST(backend_dense) {
     same(dy, hy, n);
     C->ops->rmsnorm(C, hx, hy, b, rows, d, 1e-6f), G->ops->rmsnorm(G, dx, dy, db, rows, d, 1e-6f);
     got = bget(dx, n), cmpv("rmsnorm", got, hx, n, (d / 2.0 + 8) * U32 + 2e-6, 1e-30), free(got);
+    /* layernorm (DBRX, PhiMoE): mean and variance summed in double on both, then a few float roundings
+     * (a fused multiply-add or not) of terms up to |x - m| inv |w| + |b|; clamp: exact */
+    same(dy, hy, n);
+    C->ops->layernorm(C, hx, hy, b, b, rows, d, 1e-5f), G->ops->layernorm(G, dx, dy, db, db, rows, d, 1e-5f);
+    got = bget(dx, n), cmpv("layernorm", got, hx, n, 8 * U32, 8 * U32 * (8 * maxabs(b, d) + 1)), free(got);
+    same(dy, hy, n);
+    C->ops->clamp(C, hy, -0.5f, 0.75f, n), G->ops->clamp(G, dy, -0.5f, 0.75f, n);
+    got = bget(dy, n), cmpv("clamp", got, hy, n, 0, 0), free(got);
+    same(dy, hy, n);
     /* copy_rows in place (the gated-attention compaction): exact */
     memcpy(hx, x, (size_t)n * 4);
     G->ops->upload(G, dx, x, (size_t)n * 4, &err);

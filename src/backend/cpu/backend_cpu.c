@@ -2,6 +2,7 @@
  * table (the attention, MoE and block ops are in be_cpu_*.c, the linear-attention
  * mixers in kda_block.c and gdn_block.c). Buffers are host memory, so memory ops
  * are memcpy/memset; every op runs now, on the calling thread and the pool. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,6 +139,23 @@ static void cpu_matmul_many(ms_backend *be, const ms_matmul_job *jobs, int count
 }
 static void cpu_rmsnorm(ms_backend *be, float *y, const float *x, const float *w, int64_t rows, int64_t d, float eps) {
     ms_rmsnorm(y, x, w, (int)rows, (int)d, eps);
+}
+/* LayerNorm per row, the mean and variance accumulated in double. */
+static void cpu_layernorm(ms_backend *be, float *y, const float *x, const float *w, const float *b, int64_t rows,
+                          int64_t d, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < d; i++) mean += xr[i];
+        mean /= (double)d;
+        for (int64_t i = 0; i < d; i++) var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+        float inv = (float)(1.0 / sqrt(var / (double)d + (double)eps)), m = (float)mean;
+        for (int64_t i = 0; i < d; i++) yr[i] = (xr[i] - m) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+}
+static void cpu_clamp(ms_backend *be, float *x, float lo, float hi, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
 }
 static void cpu_add_bias(ms_backend *be, float *x, const float *b, int64_t rows, int64_t d) {
     for (int64_t t = 0; t < rows; t++)
@@ -293,6 +311,8 @@ static const ms_backend_ops k_cpu_ops = {
     .mhc_head_mean = cpu_mhc_head_mean,
     .mhc_head_weighted = cpu_mhc_head_weighted,
     .attn_res_mix = ms_cpu_attn_res_mix,
+    .layernorm = cpu_layernorm,
+    .clamp = cpu_clamp,
 };
 
 int ms_backend_cpu_create(ms_pool *pool, ms_backend **out, ms_err *err) {

@@ -28,6 +28,31 @@ static void topk(const float *v, int n, int k, int *idx) {
     }
 }
 
+/* PhiMoE's sparsemixer at inference (top-2): per round, the best remaining logit m; the softmax over the
+ * remaining logits s with (m - s) / max(|s|, m) <= 2 eps (float, as torch computes it) gives its weight. */
+static void sparsemixer(const float *logits, int E, float eps, float *scratch, int *ids, float *w) {
+    float *masked = scratch;
+    for (int round = 0; round < 2; round++) {
+        int best = -1;
+        for (int i = 0; i < E; i++) {
+            if (round && i == ids[0]) continue;
+            if (best < 0 || logits[i] > logits[best]) best = i;
+        }
+        float m = logits[best];
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < E; i++) {
+            float f = fabsf(logits[i]) > m ? fabsf(logits[i]) : m;
+            int out = (round && i == ids[0]) || (m - logits[i]) / f > 2.0f * eps;
+            masked[i] = out ? -INFINITY : logits[i];
+            if (!out && masked[i] > mx) mx = masked[i];
+        }
+        for (int i = 0; i < E; i++)
+            if (masked[i] != -INFINITY) sum += exp((double)masked[i] - mx);
+        ids[round] = best;
+        w[round] = (float)(exp((double)masked[best] - mx) / sum);
+    }
+}
+
 /* Route one token: logits [E] → ids[k], weights[k] (transformers' router math).
  * fixed: the token's row of a hash-routed layer's table (ids given, only weighed), or NULL. */
 static void route_one(const ms_config *c, const float *logits, const float *bias, const int32_t *fixed, float *scratch,
@@ -47,6 +72,10 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
         for (int i = 0; i < K; i++) w[i] = (float)(w[i] / (sum + 1e-20)) * (float)c->routed_scale;
         return;
     }
+    if (c->router == MS_ROUTER_SPARSEMIXER) { /* top-2 by construction (the config checks K == 2) */
+        sparsemixer(logits, E, (float)c->router_jitter, scores, ids, w);
+        return;
+    }
     if (c->router == MS_ROUTER_SOFTMAX) {
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
@@ -55,6 +84,26 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
         for (int i = 0; i < E; i++) choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
+        topk(choice, E, K, ids);
+    } else if (c->router == MS_ROUTER_SOFTMAX_GROUP) { /* groups ranked by their best score (DeepSeek-V2) */
+        memcpy(scores, logits, (size_t)E * 4);
+        ms_softmax(scores, E);
+        memcpy(choice, scores, (size_t)E * 4);
+        int G = (int)c->n_group;
+        if (G > 1) {
+            int per = E / G, gid[4096];
+            float gs[4096];
+            unsigned char keep[4096] = {0};
+            for (int g = 0; g < G; g++) {
+                gs[g] = choice[g * per];
+                for (int i = 1; i < per; i++) gs[g] = choice[g * per + i] > gs[g] ? choice[g * per + i] : gs[g];
+            }
+            topk(gs, G, (int)c->topk_group, gid);
+            for (int i = 0; i < c->topk_group; i++) keep[gid[i]] = 1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g])
+                    for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
+        }
         topk(choice, E, K, ids);
     } else if (c->router == MS_ROUTER_TOPK_SOFTMAX) {
         topk(logits, E, K, ids);

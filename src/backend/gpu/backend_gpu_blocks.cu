@@ -18,6 +18,7 @@
  *  - attn_compressed: HCA entirely on the device; CSA scores its entries on the
  *    device and picks them on the host with ms_dsa_topk as above (one sync).
  *  - compress_append, mhc_*: elementwise / per-token kernels, matmuls for fn.
+ *  - layernorm (one block per row, sums in double), clamp (elementwise): DBRX and PhiMoE.
  * Every runtime name goes through gpu_port.h (hipcc compiles this file too). */
 #include <math.h>
 #include <stdlib.h>
@@ -994,9 +995,60 @@ static int b_mhc_head_weighted(ms_backend *be, const ms_qmat *fn, const float *b
     return ms_gpu_launched(err, "mhc head weighted");
 }
 
+/* ------------------------------------------------------------ LayerNorm and clamp (DBRX, PhiMoE) */
+
+/* One block of 256 threads per row: the mean, then the variance around it, in double as the CPU op
+ * sums them; y may equal x (every thread reads its elements before it writes them). */
+__global__ void k_layernorm(float *y, const float *x, const float *w, const float *b, int64_t d, float eps) {
+    __shared__ double sh[256];
+    const float *xr = x + (int64_t)blockIdx.x * d;
+    float *yr = y + (int64_t)blockIdx.x * d;
+    double acc = 0;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) acc += xr[i];
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int k = (int)blockDim.x / 2; k > 0; k >>= 1) {
+        if ((int)threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
+        __syncthreads();
+    }
+    const double mean = sh[0] / (double)d;
+    __syncthreads();
+    acc = 0;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) acc += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int k = (int)blockDim.x / 2; k > 0; k >>= 1) {
+        if ((int)threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
+        __syncthreads();
+    }
+    const float inv = (float)(1.0 / sqrt(sh[0] / (double)d + (double)eps)), m = (float)mean;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = (xr[i] - m) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+}
+static void b_layernorm(ms_backend *be, float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t d,
+                        float eps) {
+    if (rows < 1) return;
+    ms_err e = {0};
+    k_layernorm<<<(unsigned)rows, 256, 0, ms_gpu_be_dev(be)->stream>>>(y, x, w, b, d, eps);
+    ms_gpu_be_note(be, ms_gpu_launched(&e, "layernorm"), &e);
+}
+
+/* x[i] = min(max(x[i], lo), hi), NaN kept (as the CPU op) */
+__global__ void k_clamp(float *x, float lo, float hi, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
+}
+static void b_clamp(ms_backend *be, float *x, float lo, float hi, int64_t n) {
+    if (n < 1) return;
+    ms_err e = {0};
+    k_clamp<<<grid_for(n, 256), 256, 0, ms_gpu_be_dev(be)->stream>>>(x, lo, hi, n);
+    ms_gpu_be_note(be, ms_gpu_launched(&e, "clamp"), &e);
+}
+
 /* ------------------------------------------------------------ the table */
 
 void ms_gpu_blocks_fill(ms_backend_ops *o) {
+    o->layernorm = b_layernorm;
+    o->clamp = b_clamp;
     o->kda_forward = b_kda_forward;
     o->gdn_forward = b_gdn_forward;
     o->dsa_index = b_dsa_index;

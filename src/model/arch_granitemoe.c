@@ -1,0 +1,103 @@
+/* arch_granitemoe.c — IBM Granite MoE (granitemoe: Granite 3.0/3.1 MoE) and
+ * GraniteMoeShared (granitemoeshared): GQA with head_dim = hidden / heads,
+ * rotate_half RoPE, softmax over the top-k router logits (MS_ROUTER_TOPK_SOFTMAX),
+ * experts of intermediate_size stored fused per layer
+ * (block_sparse_moe.input_linear [E, 2I, H]: gate rows then up rows;
+ * output_linear [E, H, I]), and four multipliers, as config fields the engine
+ * applies: embedding_multiplier (embed_scale), attention_multiplier (the softmax
+ * scale itself), residual_multiplier (residual_scale: every sublayer's output
+ * before its residual add) and logits_scaling (logit_scale = 1 / logits_scaling).
+ * GraniteMoeShared adds a dense shared MLP of shared_intermediate_size
+ * (shared_mlp.input_linear [2S, H], gate rows then up rows; output_linear [H, S])
+ * beside the experts. transformers: models/granitemoe, models/granitemoeshared. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/arch_common.h"
+#include "model/model.h"
+
+static int configure_common(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    double em = 1.0, am = 0, rm = 1.0, ls = 1.0;
+    const char *pe = "rope";
+    int rc;
+    if ((rc = ms_json_int(j, "num_local_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_double(j, "embedding_multiplier", &em, where, err)) ||
+        (rc = ms_json_opt_double(j, "attention_multiplier", &am, where, err)) ||
+        (rc = ms_json_opt_double(j, "residual_multiplier", &rm, where, err)) ||
+        (rc = ms_json_opt_double(j, "logits_scaling", &ls, where, err)) ||
+        (rc = ms_json_opt_string(j, "position_embedding_type", &pe, where, err)))
+        return rc;
+    if (strcmp(pe, "rope"))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: position_embedding_type \"%.32s\" is not supported (rope)", where, pe);
+    if (!(ls > 0) || !(em > 0) || !(rm > 0) || am < 0)
+        return ms_fail(err, MS_ERR_FORMAT, "%s: embedding_multiplier, residual_multiplier and logits_scaling must be "
+                       "positive, attention_multiplier not negative", where);
+    if (c->n_heads < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: missing num_attention_heads", where);
+    c->head_dim = c->hidden / c->n_heads; /* GraniteMoeAttention: hidden_size // num_heads */
+    c->moe_inter = c->inter;
+    c->router = MS_ROUTER_TOPK_SOFTMAX;
+    c->n_group = c->topk_group = 1;
+    c->routed_scale = 1.0;
+    c->embed_scale = em;
+    c->residual_scale = rm;
+    c->logit_scale = 1.0 / ls;
+    if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
+    int64_t rd;
+    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
+        return rc;
+    c->attn_scale = am > 0 ? am : 1.0 / sqrt((double)c->head_dim);
+    for (int l = 0; l < c->n_layers; l++) {
+        c->layer_attn[l] = MS_ATTN_GQA;
+        c->layer_mlp[l] = MS_MLP_MOE;
+    }
+    return MS_OK;
+}
+
+static int configure_granitemoe(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    return configure_common(j, c, where, err);
+}
+
+static int configure_granitemoeshared(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int rc = configure_common(j, c, where, err);
+    if (!rc) rc = ms_json_opt_int(j, "shared_intermediate_size", 0, INT32_MAX, &c->shared_inter, where, err);
+    return rc;
+}
+
+/* A fused [2S, H] gate-then-up Linear as two views (L->gate, L->up) and its [H, S] down. */
+static int bind_shared_mlp(ms_binder *b, ms_layer *L, const char *pfx) {
+    const ms_config *c = b->cfg;
+    const int64_t S = c->shared_inter, D = c->hidden;
+    ms_qmat gu;
+    ms_bind_mat(b, &gu, MS_W_MATRIX, 2 * S, D, "%sshared_mlp.input_linear", pfx);
+    ms_bind_mat(b, &L->down, MS_W_MATRIX, D, S, "%sshared_mlp.output_linear", pfx);
+    if (b->rc || !b->ck) return b->rc;
+    if (gu.dtype != MS_DT_BF16 && gu.dtype != MS_DT_F16 && gu.dtype != MS_DT_F32)
+        return b->rc = ms_fail(b->err, MS_ERR_UNSUPPORTED, "%sshared_mlp.input_linear: dtype %s is not supported", pfx,
+                               ms_dtype_name(gu.dtype));
+    const size_t half = (size_t)(S * D) * (size_t)ms_dtype_bits(gu.dtype) / 8;
+    L->gate = (ms_qmat){.dtype = gu.dtype, .rows = S, .cols = D, .data = gu.data};
+    L->up = (ms_qmat){.dtype = gu.dtype, .rows = S, .cols = D, .data = (const uint8_t *)gu.data + half};
+    return MS_OK;
+}
+
+static int bind(ms_binder *b, ms_model *m) {
+    const ms_config *c = b->cfg;
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[64], w[96], gu[128], dn[128];
+        snprintf(p, sizeof p, "model.layers.%d.", l);
+        ms_bind_layer_norms(b, m, l, p);
+        ms_bind_gqa(b, m, l, p);
+        snprintf(w, sizeof w, "%sblock_sparse_moe.router.layer", p);
+        ms_bind_router(b, m, l, w, NULL);
+        snprintf(gu, sizeof gu, "%sblock_sparse_moe.input_linear.weight", p);
+        snprintf(dn, sizeof dn, "%sblock_sparse_moe.output_linear.weight", p);
+        ms_bind_fused_experts(b, m, l, gu, dn);
+        if (c->shared_inter) bind_shared_mlp(b, &m->layers[l], p);
+    }
+    return b->rc;
+}
+
+const ms_arch ms_arch_granitemoe = {"granitemoe", configure_granitemoe, bind};
+const ms_arch ms_arch_granitemoeshared = {"granitemoeshared", configure_granitemoeshared, bind};

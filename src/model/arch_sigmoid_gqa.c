@@ -1,0 +1,164 @@
+/* arch_sigmoid_gqa.c — three GQA families with DeepSeek-V3's MoE (sigmoid
+ * scores + e_score_correction_bias for the choice, group-limited top-k,
+ * norm_topk_prob, routed_scaling_factor, shared experts mlp.shared_experts),
+ * rotate_half RoPE, each with its own configure and bind over the shared blocks:
+ *   dots1       dots.llm1: per-head q/k RMSNorm, first_k_dense_replace dense
+ *               layers, sliding-window layers per layer_types (or from
+ *               max_window_layers on). transformers: models/dots1.
+ *   exaone_moe  K-EXAONE: EXAONE-4 attention (per-head q/k norm; with a
+ *               sliding_window, the "sliding_attention" layers use it and RoPE
+ *               while the full layers are NoPE), dense/MoE schedule from
+ *               mlp_layer_types (or first_k_dense_replace), num_experts and
+ *               num_shared_experts. transformers: models/exaone_moe.
+ *   solar_open  Solar Open: Llama attention (q/k/v biases per attention_bias,
+ *               o_proj without), partial rotary (default 1.0), MoE on every
+ *               layer. transformers: models/solar_open. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/arch_common.h"
+#include "model/model.h"
+
+/* The DeepSeek-V3 router and shared experts; GQA with rotate_half RoPE over rotary dims. */
+static int sigmoid_gqa(const cJSON *j, ms_config *c, int64_t n_shared, const char *where, ms_err *err) {
+    int rc;
+    c->router = MS_ROUTER_SIGMOID;
+    c->router_bias = 1;
+    c->shared_inter = n_shared * c->moe_inter;
+    if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
+    int64_t rd;
+    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
+        return rc;
+    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    for (int l = 0; l < c->n_layers; l++) c->layer_attn[l] = MS_ATTN_GQA;
+    return MS_OK;
+}
+
+/* sliding_window: 0 when null, def (the config class's default) when absent. */
+static int window_of(const cJSON *j, int64_t def, int64_t *w, const char *where, ms_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    *w = v ? 0 : def;
+    if (!v || cJSON_IsNull(v)) return MS_OK;
+    return ms_json_opt_int(j, "sliding_window", 1, INT32_MAX, w, where, err);
+}
+
+/* layer_types (when present): 1 per "sliding_attention" layer in sliding[], 0 per "full_attention".
+ * *have: whether the list was there. */
+static int layer_types(const cJSON *j, const ms_config *c, uint8_t *sliding, int *have, const char *where, ms_err *err) {
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    *have = 0;
+    if (!lt || cJSON_IsNull(lt)) return MS_OK;
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers)
+        return ms_fail(err, MS_ERR_FORMAT, "%s: layer_types must be a list of num_hidden_layers (%lld) names", where,
+                       (long long)c->n_layers);
+    int l = 0;
+    for (const cJSON *v = lt->child; v; v = v->next, l++) {
+        if (cJSON_IsString(v) && !strcmp(v->valuestring, "sliding_attention")) sliding[l] = 1;
+        else if (cJSON_IsString(v) && !strcmp(v->valuestring, "full_attention")) sliding[l] = 0;
+        else return ms_fail(err, MS_ERR_FORMAT, "%s: layer_types[%d] must be \"full_attention\" or \"sliding_attention\"", where, l);
+    }
+    *have = 1;
+    return MS_OK;
+}
+
+/* mlp_layer_types ("dense" | "sparse") when present, else first_k_dense_replace dense layers. */
+static int mlp_schedule(const cJSON *j, ms_config *c, int64_t first_dense, const char *where, ms_err *err) {
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "mlp_layer_types");
+    if (arr && !cJSON_IsNull(arr) && (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != c->n_layers))
+        return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_layer_types must be a list of num_hidden_layers (%lld) names", where,
+                       (long long)c->n_layers);
+    const cJSON *v = cJSON_IsArray(arr) ? arr->child : NULL;
+    for (int l = 0; l < c->n_layers; l++, v = v ? v->next : NULL) {
+        int dense = l < first_dense;
+        if (v) {
+            if (cJSON_IsString(v) && !strcmp(v->valuestring, "dense")) dense = 1;
+            else if (cJSON_IsString(v) && !strcmp(v->valuestring, "sparse")) dense = 0;
+            else return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", where, l);
+        }
+        c->layer_mlp[l] = dense ? MS_MLP_DENSE : MS_MLP_MOE;
+        if (dense && c->inter < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: dense layers need intermediate_size", where);
+    }
+    return MS_OK;
+}
+
+static int configure_dots1(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int64_t first_dense = 0, n_shared = 0, window = 0, max_window_layers = 62;
+    int rc, have = 0;
+    if ((rc = ms_json_int(j, "n_routed_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_int(j, "n_shared_experts", 0, 1024, &n_shared, where, err)) ||
+        (rc = ms_json_opt_int(j, "first_k_dense_replace", 0, MS_MAX_LAYERS, &first_dense, where, err)) ||
+        (rc = ms_json_opt_int(j, "max_window_layers", 0, INT32_MAX, &max_window_layers, where, err)) ||
+        (rc = window_of(j, 4096, &window, where, err)))
+        return rc;
+    c->qk_norm = MS_QKNORM_HEAD;
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = mlp_schedule(j, c, first_dense, where, err))) return rc;
+    uint8_t sliding[MS_MAX_LAYERS] = {0};
+    if ((rc = layer_types(j, c, sliding, &have, where, err))) return rc;
+    for (int l = 0; l < c->n_layers; l++) {
+        int s = have ? sliding[l] : window > 0 && l >= max_window_layers; /* Dots1Config's default schedule */
+        if (s && window < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: sliding_attention layers need sliding_window", where);
+        c->layer_window[l] = s ? (int32_t)window : 0;
+    }
+    return MS_OK;
+}
+
+static int configure_exaone_moe(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int64_t first_dense = 1, n_shared = 1, window = 0;
+    int rc, have = 0;
+    if ((rc = ms_json_int(j, "num_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_int(j, "num_shared_experts", 0, 1024, &n_shared, where, err)) ||
+        (rc = ms_json_opt_int(j, "first_k_dense_replace", 0, MS_MAX_LAYERS, &first_dense, where, err)) ||
+        (rc = window_of(j, 4096, &window, where, err)))
+        return rc;
+    c->qk_norm = MS_QKNORM_HEAD;
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = mlp_schedule(j, c, first_dense, where, err))) return rc;
+    uint8_t sliding[MS_MAX_LAYERS] = {0};
+    if ((rc = layer_types(j, c, sliding, &have, where, err))) return rc;
+    if (!have && window > 0) { /* Exaone4Config's schedule from an integer sliding_window_pattern */
+        int64_t pat = 4;
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "sliding_window_pattern");
+        if (p && !cJSON_IsNull(p) && !ms_json_is_int(p, 1, MS_MAX_LAYERS))
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: give layer_types for a sliding_window_pattern that is not an integer",
+                           where);
+        if (p && !cJSON_IsNull(p)) pat = (int64_t)p->valuedouble;
+        for (int l = 0; l < c->n_layers; l++) sliding[l] = (l + 1) % pat != 0;
+    }
+    /* with a sliding window the full layers are NoPE: their RoPE (rope_alt) has no rotary dims */
+    memset(&c->rope_alt, 0, sizeof c->rope_alt);
+    c->rope_alt.layout = MS_ROPE_HALF;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (sliding[l] && window < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: sliding_attention layers need sliding_window", where);
+        c->layer_window[l] = sliding[l] ? (int32_t)window : 0;
+        c->layer_rope[l] = window > 0 && !sliding[l];
+    }
+    return MS_OK;
+}
+
+static int configure_solar_open(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int64_t n_shared = 1;
+    int rc;
+    if ((rc = ms_json_int(j, "n_routed_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_int(j, "n_shared_experts", 0, 1024, &n_shared, where, err)))
+        return rc;
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err))) return rc;
+    for (int l = 0; l < c->n_layers; l++) c->layer_mlp[l] = MS_MLP_MOE;
+    return MS_OK;
+}
+
+static int bind(ms_binder *b, ms_model *m) {
+    const ms_config *c = b->cfg;
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[64];
+        snprintf(p, sizeof p, "model.layers.%d.", l);
+        ms_bind_layer_norms(b, m, l, p);
+        ms_bind_gqa(b, m, l, p);
+        ms_bind_ffn(b, m, l, p);
+    }
+    return b->rc;
+}
+
+const ms_arch ms_arch_dots1 = {"dots1", configure_dots1, bind};
+const ms_arch ms_arch_exaone_moe = {"exaone_moe", configure_exaone_moe, bind};
+const ms_arch ms_arch_solar_open = {"solar_open", configure_solar_open, bind};
