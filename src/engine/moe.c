@@ -142,6 +142,13 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     int E = (int)c->n_experts, W = (int)ms_router_width(c);
     int rc = ms_moe_route(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return ms_wrap(err, "layer %d router", layer);
+    if (e->choice_fn && !L->hash_ids && e->n_seqs == 1) /* ms_engine_observe_choices: a host-memory backend */
+        for (int t = 0; t < n; t++) {
+            ms_choice ch = {.kind = MS_CHOICE_EXPERTS, .layer = layer, .pos = (int64_t)e->seqs[0].e->n_past + t,
+                            .scores = e->rlog + (int64_t)t * W, .n_scores = W,
+                            .chosen = (const int32_t *)e->h_ids + (int64_t)t * c->top_k, .n_chosen = (int)c->top_k};
+            e->choice_fn(e->choice_ctx, &ch);
+        }
     /* split over devices (expert parallelism): keys by the expert's rank in (home device, id)
      * order, so each device's experts are one run of the lists */
     const int *home = NULL; /* expert parallelism: where each expert runs (its home, or here when replicated here) */
