@@ -127,8 +127,8 @@ int cmd_verify(int argc, char **argv) {
                "with the greedy steps run teacher-forced (a flip fails where the reference's top-1/top-2\n"
                "margin exceeds margin_bound = 2 tol; steps within it are listed as near_ties) and\n"
                "free-running, both agreements reported; the routed experts and DSA selections of the\n"
-               "teacher-forced steps are compared with a stored-tier engine's (choice_flips: a first flip\n"
-               "beyond its margin bound fails, steps after a flip are not judged by margin_bound).\n"
+               "teacher-forced steps are compared with a stored-tier engine's and forced to them\n"
+               "(choice_flips: one beyond its own margin bound fails).\n"
                "--cpu-activations q8 runs the CPU matmuls of MXFP4/INT4/Q8 weights with int8 activations\n"
                "(per 32, F32 scale; integer dot products) under the same 1e-3 tolerance (default f32).\n");
         return 0;
@@ -163,7 +163,7 @@ int cmd_verify(int argc, char **argv) {
     int rc = 1;
     ms_vc_log vc_ref = {0}, vc_got = {0}; /* --static-dtype: the choices (verify_choices.h) */
     ms_vc_flip *vc_flips = NULL;
-    int vc_on = 0, n_vc_flips = 0, vc_unmatched = 0, vc_first = -1;
+    int vc_on = 0, n_vc_flips = 0, vc_unmatched = 0;
     int64_t vc_compared = 0;
     const char *vc_why = NULL;
     float *out = NULL;
@@ -197,17 +197,16 @@ int cmd_verify(int argc, char **argv) {
      * fails. Steps whose top-1/top-2 margin is within the bound are near ties, listed with their
      * margins whether their ids agree or not.
      * Discrete choices (routed experts, DSA selections: engine.h ms_choice) are outside that
-     * derivation: one that flips moves the hidden state by O(1). The teacher-forced forwards run
-     * also over the stored tier (the reference's choices, a second engine), and every choice of
-     * both is compared (verify_choices.h). A choice's inputs are perturbed by a relative RMS of at
-     * most rel = eps sqrt(M) (M: every use on the path, an upper bound on those before it), its
-     * scores by rel rms(scores) (DSA: sqrt(F) times that, F perturbed factors), so a pair of
-     * scores by sqrt(2) of it, and its margin bound is 4 rel rms(scores) (2.8 of the pair's RMS,
-     * as for the logits). The first flipped choices in causal order (the earliest forward, then
-     * layer) must be near ties of their margin (margin <= bound): one beyond fails. Everything
-     * after a choice flipped has seen an O(1) change no bound covers: later choice flips, and token
-     * flips beyond the margin bound at the greedy steps from that forward on, are listed
-     * (after_choice_flip), not judged; steps_judged counts the steps before it. */
+     * derivation: one that flips moves the hidden state by O(1). So the teacher-forced forwards run
+     * first over the stored tier (the reference's choices, a second engine), and the requantized
+     * engine, reporting each choice it makes, is given the stored tier's instead wherever it
+     * differs (forced, as the tokens are): every later step and choice then sees the reference's
+     * choices and only the perturbation above (verify_choices.h). A choice's inputs are perturbed
+     * by a relative RMS of at most rel = eps sqrt(M) (M: every use on the path, an upper bound on
+     * those before it), its scores by rel rms(scores) (DSA: sqrt(F) times that, F perturbed
+     * factors), a pair by sqrt(2) of it, so its margin bound is 4 rel rms(scores) (2.8 of the
+     * pair's RMS, as for the logits): a choice that differs from the stored tier's with a margin
+     * above its bound fails, and every greedy flip is judged by margin_bound as above. */
     const int quant = x.model.static_dtype != MS_STATIC_STORED; /* --static-dtype or --static-store */
     double tol = TOL, rms_ref = 0;
     if (quant) {
@@ -242,6 +241,10 @@ int cmd_verify(int argc, char **argv) {
         int r = 1;
         if (x.backend || x.stages) vc_why = "the engine cannot report its choices (the CPU backend only)";
         else if ((r = stored_choices(dir, &eo, gp->data, n_gp, gen_ref, n_gen, &vc_ref, &vc_why)) < 0) goto done;
+        if (!r && ms_vc_force_from(&vc_got, &vc_ref)) {
+            fprintf(stderr, "moonshine verify: out of memory indexing the stored tier's choices\n");
+            goto done;
+        }
         if (!r && ms_engine_observe_choices(x.engine, ms_vc_observe, &vc_got, &err)) {
             vc_why = "the engine cannot report its choices (the CPU backend only)";
             r = 1;
@@ -285,10 +288,10 @@ int cmd_verify(int argc, char **argv) {
             fprintf(stderr, "moonshine verify: out of memory comparing the choices\n");
             goto done;
         }
-        bad_choice = ms_vc_judge(vc_flips, n_vc_flips, vc_unmatched, &vc_first);
+        bad_choice = ms_vc_judge(vc_flips, n_vc_flips, vc_unmatched);
     }
-    for (int i = 0; quant && i < n_gen; i++) /* token flips beyond the bound before any choice flipped fail */
-        if (st[i].got != gen_ref[i] && st[i].margin > bound && !(vc_first >= 0 && i >= vc_first)) bad_flip = 1;
+    for (int i = 0; quant && i < n_gen; i++) /* a greedy flip beyond the bound fails */
+        if (st[i].got != gen_ref[i] && st[i].margin > bound) bad_flip = 1;
     if (quant) {
         ms_engine_reset(x.engine);
         if (ms_engine_forward(x.engine, gp->data, n_gp, out, 0, &err)) {
@@ -329,13 +332,12 @@ int cmd_verify(int argc, char **argv) {
         for (int i = 0, k = 0; i < n_gen; i++)
             if (st[i].got != gen_ref[i])
                 printf("%s{\"step\":%d,\"ref\":%d,\"got\":%d,\"margin\":%.3g,\"pair_margin\":%.3g,\"pair_err\":%.3g,"
-                       "\"step_max_err\":%.3g,\"near_tie\":%s,\"after_choice_flip\":%s}",
+                       "\"step_max_err\":%.3g,\"near_tie\":%s}",
                        k++ ? "," : "", i, gen_ref[i], st[i].got, st[i].margin, st[i].pair_margin, st[i].pair_err,
-                       st[i].max_err, st[i].margin <= bound ? "true" : "false",
-                       vc_first >= 0 && i >= vc_first ? "true" : "false");
+                       st[i].max_err, st[i].margin <= bound ? "true" : "false");
         if (vc_on)
-            printf("],\"steps_judged\":%d,\"choices_compared\":%lld,\"choices_unmatched\":%d,\"choice_flips\":[",
-                   vc_first >= 0 ? vc_first : n_gen, (long long)vc_compared, vc_unmatched);
+            printf("],\"choices_compared\":%lld,\"choices_unmatched\":%d,\"choices_forced\":%lld,\"choice_flips\":[",
+                   (long long)vc_compared, vc_unmatched, (long long)vc_got.forced);
         else printf("],\"choices_compared\":null,\"choices_why\":\"%s\",\"choice_flips\":[", vc_why ? vc_why : "");
         for (int i = 0; i < n_vc_flips; i++) {
             const ms_vc_rec *r = &vc_flips[i].ref;

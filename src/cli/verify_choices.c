@@ -12,7 +12,7 @@ void ms_vc_init(ms_vc_log *g, const ms_model *m, double rel, int margins) {
 }
 
 void ms_vc_free(ms_vc_log *g) {
-    free(g->r), free(g->ids), free(g->scratch);
+    free(g->r), free(g->ids), free(g->scratch), free(g->from_ix);
     *g = (ms_vc_log){0};
 }
 
@@ -67,9 +67,11 @@ static double expert_margin(const ms_vc_log *g, const ms_choice *c, const int32_
     return hi;
 }
 
-void ms_vc_observe(void *ctx, const ms_choice *c) {
+static const ms_vc_rec *forced_choice(const ms_vc_log *g, const ms_vc_rec *k);
+
+int ms_vc_observe(void *ctx, const ms_choice *c, int32_t *force) {
     ms_vc_log *g = ctx;
-    if (g->oom) return;
+    if (g->oom) return 0;
     if (g->n == g->cap) {
         int64_t cap = g->cap ? 2 * g->cap : 256;
         ms_vc_rec *r = realloc(g->r, (size_t)cap * sizeof *r);
@@ -113,9 +115,16 @@ void ms_vc_observe(void *ctx, const ms_choice *c) {
     }
     g->n_ids += c->n_chosen;
     g->r[g->n++] = r;
-    return;
+    const ms_vc_rec *f = g->from ? forced_choice(g, &r) : NULL;
+    if (f && f->n == r.n && memcmp(g->from->ids + f->off, set, (size_t)r.n * sizeof *set)) {
+        memcpy(force, g->from->ids + f->off, (size_t)r.n * sizeof *force); /* sorted: ascending candidates */
+        g->forced++;
+        return 1;
+    }
+    return 0;
 oom:
     g->oom = 1;
+    return 0;
 }
 
 /* record order: (kind, layer, pos), then the forward, then the record's place in the log */
@@ -169,6 +178,18 @@ static int causal_cmp(const void *x, const void *y) {
     return a->pos < b->pos ? -1 : a->pos > b->pos;
 }
 
+int ms_vc_force_from(ms_vc_log *g, const ms_vc_log *ref) {
+    free(g->from_ix);
+    g->from = NULL;
+    if (!(g->from_ix = sorted_log(ref))) return -1;
+    g->from = ref;
+    return 0;
+}
+
+static const ms_vc_rec *forced_choice(const ms_vc_log *g, const ms_vc_rec *k) {
+    return in_effect((const vc_ix *)g->from_ix, g->from->n, k, k->fwd);
+}
+
 int ms_vc_compare(const ms_vc_log *ref, const ms_vc_log *got, ms_vc_flip **flips, int *n_flips, int *unmatched,
                   int64_t *compared) {
     vc_ix *a = sorted_log(ref), *b = sorted_log(got);
@@ -207,10 +228,9 @@ int ms_vc_compare(const ms_vc_log *ref, const ms_vc_log *got, ms_vc_flip **flips
     return 0;
 }
 
-int ms_vc_judge(const ms_vc_flip *f, int n, int unmatched, int *first_fwd) {
+int ms_vc_judge(const ms_vc_flip *f, int n, int unmatched) {
     int bad = unmatched > 0;
-    *first_fwd = n ? f[0].ref.fwd : -1;
     for (int i = 0; i < n; i++)
-        if (f[i].first && !(f[i].ref.margin <= f[i].ref.bound)) bad = 1;
+        if (!(f[i].ref.margin <= f[i].ref.bound)) bad = 1;
     return bad;
 }

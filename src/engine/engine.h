@@ -154,10 +154,16 @@ typedef struct ms_choice {
     const int32_t *chosen;
     int n_chosen;
 } ms_choice;
-typedef void (*ms_choice_fn)(void *ctx, const ms_choice *c);
-/* Every following forward of e calls fn(ctx, choice) for each choice above, in the order the
- * forward makes them (layer by layer; a layer's DSA selection before its experts); fn NULL
- * stops it (the default; nothing is computed for it then, and the logits never depend on it).
+/* The observer: returns 0 to let the forward go on with c's choice, or 1 after writing the
+ * choice the forward uses instead into force[c->n_chosen] (expert ids, weighed as the router
+ * weighs its own: core/backend.h ms_route_args.fixed; or DSA candidates, ascending, whose tokens
+ * replace the selected ones, a KPool query's tail kept): verify forces the stored tier's choices
+ * on the requantized engine, as it forces the reference's tokens. */
+typedef int (*ms_choice_fn)(void *ctx, const ms_choice *c, int32_t *force);
+/* Every following forward of e calls fn(ctx, choice, force) for each choice above, in the order
+ * the forward makes them (layer by layer; a layer's DSA selection before its experts); fn NULL
+ * stops it (the default; nothing is computed for it then). An observer that never forces leaves
+ * the logits bit for bit as without it.
  * Host-memory backends only: MS_ERR_UNSUPPORTED otherwise, and for a split (--gpus) or
  * hybrid engine, with nothing changed. Single-sequence forwards only: not called from a
  * ms_engine_decode_batch step of two or more sequences. */

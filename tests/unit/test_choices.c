@@ -1,6 +1,7 @@
 /* test_choices.c — ms_engine_observe_choices (engine.h): the routed experts and DSA selections a
- * forward reports, without changing its logits; and verify --static-dtype's comparison and rule
- * over them (src/cli/verify_choices.c, compiled in here: the CLI is not in the library). */
+ * forward reports, without changing its logits, and forced choices; and verify --static-dtype's
+ * comparison, forcing and rule over them (src/cli/verify_choices.c, compiled in here: the CLI is
+ * not in the library). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +13,10 @@
 typedef struct {
     const ms_model *m;
     int experts, dsa, bad;
+    int force; /* 1: force every choice to itself; 2: every experts choice to another set */
 } counts;
 
-static void count_cb(void *ctx, const ms_choice *c) {
+static int count_cb(void *ctx, const ms_choice *c, int32_t *force) {
     counts *k = ctx;
     const ms_config *cfg = &k->m->cfg;
     if (c->kind == MS_CHOICE_EXPERTS) {
@@ -29,6 +31,17 @@ static void count_cb(void *ctx, const ms_choice *c) {
         for (int i = 0; i < c->n_chosen; i++)
             if (c->chosen[i] < 0 || c->chosen[i] >= c->n_scores || (i && c->chosen[i] <= c->chosen[i - 1])) k->bad++;
     }
+    if (k->force == 1 || (k->force == 2 && c->kind == MS_CHOICE_EXPERTS)) {
+        memcpy(force, c->chosen, (size_t)c->n_chosen * sizeof *force);
+        if (k->force == 2) /* the lowest ids the router did not choose */
+            for (int i = 0, id = 0; i < c->n_chosen; i++, id++) {
+                for (int j = 0; j < c->n_chosen; j++)
+                    if (c->chosen[j] == id) id++, j = -1;
+                force[i] = id;
+            }
+        return 1;
+    }
+    return 0;
 }
 
 /* The reference's input_ids forwarded with and without an observer: the same logits bit for bit,
@@ -61,6 +74,16 @@ static void observe_fixture(const char *name, int want_dsa) {
         CHECK_MSG(k.experts == routed * n, "%s: %d expert reports, %d layers x %d tokens", name, k.experts, routed, n);
         CHECK_MSG(want_dsa ? k.dsa > 0 : k.dsa == 0, "%s: %d DSA reports", name, k.dsa);
         CHECK_MSG(!k.bad, "%s: %d malformed reports", name, k.bad);
+        /* every choice forced to itself: the same logits; the experts forced to others: not */
+        k.force = 1;
+        ms_engine_reset(e);
+        CHECK(ms_engine_forward(e, in->data, n, b, 1, &err) == MS_OK);
+        CHECK_MSG(!memcmp(a, b, sizeof(float) * (size_t)(n * V)), "%s: logits differ with choices forced to themselves", name);
+        k.force = 2;
+        ms_engine_reset(e);
+        CHECK(ms_engine_forward(e, in->data, n, b, 1, &err) == MS_OK);
+        CHECK_MSG(memcmp(a, b, sizeof(float) * (size_t)(n * V)), "%s: forcing other experts changed nothing", name);
+        k.force = 0;
         /* stopped: nothing more is reported */
         CHECK(ms_engine_observe_choices(e, NULL, NULL, &err) == MS_OK);
         ms_engine_reset(e);
@@ -85,7 +108,8 @@ static void put(ms_vc_log *g, int fwd, int layer, int64_t pos, const float *l, i
     g->fwd = fwd;
     ms_choice c = {.kind = MS_CHOICE_EXPERTS, .layer = layer, .pos = pos, .scores = l, .n_scores = E, .chosen = ids,
                    .n_chosen = k};
-    ms_vc_observe(g, &c);
+    int32_t f[64];
+    ms_vc_observe(g, &c, f);
 }
 
 /* The margin, the comparison (the choice in effect per forward) and the rule, on qwen3_moe's router
@@ -114,14 +138,14 @@ TEST(margins_compare_and_rule) {
     /* a flip beyond its bound, first: fails */
     put(&b, 0, ml, 5, clear, E, other, K);
     ms_vc_flip *f = NULL;
-    int nf = 0, un = 0, first = 0;
+    int nf = 0, un = 0;
     int64_t cmp = 0;
     CHECK(ms_vc_compare(&a, &b, &f, &nf, &un, &cmp) == 0);
     CHECK(nf == 1 && un == 0 && cmp == 1 && f[0].first);
-    CHECK(ms_vc_judge(f, nf, un, &first) == 1 && first == 0);
+    CHECK(ms_vc_judge(f, nf, un) == 1);
     free(f);
     ms_vc_free(&a), ms_vc_free(&b);
-    /* a near tie flips at forward 1; a clear choice flips after it (at forward 2): passes, first 1 */
+    /* a near tie flips at forward 1: passes; a clear choice flipping after it (forward 2) fails */
     ms_vc_init(&a, &m, 0.01, 1);
     ms_vc_init(&b, &m, 0, 0);
     put(&a, 0, ml, 5, clear, E, top, K), put(&b, 0, ml, 5, clear, E, top, K);
@@ -130,12 +154,12 @@ TEST(margins_compare_and_rule) {
     CHECK(a.r[1].margin < a.r[1].bound);
     CHECK(ms_vc_compare(&a, &b, &f, &nf, &un, &cmp) == 0);
     CHECK(nf == 2 && cmp == 3 && f[0].first && !f[1].first && f[0].ref.fwd == 1);
-    CHECK(ms_vc_judge(f, nf, un, &first) == 0 && first == 1);
+    CHECK(ms_vc_judge(f, 1, un) == 0 && ms_vc_judge(f, nf, un) == 1);
     free(f);
     /* a choice only one engine made: fails */
     put(&b, 3, ml, 8, clear, E, top, K);
     CHECK(ms_vc_compare(&a, &b, &f, &nf, &un, &cmp) == 0);
-    CHECK(un == 1 && ms_vc_judge(f, nf, un, &first) == 1);
+    CHECK(un == 1 && ms_vc_judge(f, 1, un) == 1);
     free(f);
     ms_vc_free(&a), ms_vc_free(&b);
     /* a re-derived choice (a DSA tie replay) holds from its forward on; the other engine's earlier one
@@ -154,8 +178,21 @@ TEST(margins_compare_and_rule) {
     const int32_t sel[2] = {0, 2};
     a.fwd = 0;
     ms_choice c = {.kind = MS_CHOICE_DSA, .layer = 0, .pos = 3, .scores = sc, .n_scores = 4, .chosen = sel, .n_chosen = 2};
-    ms_vc_observe(&a, &c);
+    int32_t fo[2];
+    CHECK(ms_vc_observe(&a, &c, fo) == 0);
     CHECK_NEAR(a.r[0].margin, 0.1, 1e-6);
+    /* forcing: a log forced from a's gives a's choice where the engine chose otherwise */
+    ms_vc_init(&b, &m, 0, 0);
+    CHECK(ms_vc_force_from(&b, &a) == 0);
+    const int32_t mine[2] = {0, 3}, same[2] = {0, 2};
+    b.fwd = 1; /* a later forward: a's choice from forward 0 is in effect */
+    c.chosen = mine;
+    CHECK(ms_vc_observe(&b, &c, fo) == 1 && fo[0] == 0 && fo[1] == 2 && b.forced == 1);
+    c.chosen = same;
+    CHECK(ms_vc_observe(&b, &c, fo) == 0 && b.forced == 1);
+    c.pos = 2; /* a site a never chose at: nothing forced */
+    CHECK(ms_vc_observe(&b, &c, fo) == 0);
+    ms_vc_free(&b);
     ms_vc_free(&a);
     ms_test_fixture_close(&m, &ref);
 }

@@ -28,8 +28,15 @@ static void topk(const float *v, int n, int k, int *idx) {
     }
 }
 
+/* ids[k]: fixed[k] when given, else the top k of v[n] */
+static void pick(const float *v, int n, int k, int *ids, const int32_t *fixed) {
+    if (fixed) for (int i = 0; i < k; i++) ids[i] = fixed[i];
+    else topk(v, n, k, ids);
+}
+
 /* Route one token: logits [E] → ids[k], weights[k] (transformers' router math).
- * fixed: the token's row of a hash-routed layer's table (ids given, only weighed), or NULL. */
+ * fixed: the token's ids given (a hash-routed layer's table row, or ids an observer forced),
+ * only weighed as the router weighs its own choice; or NULL. */
 static void route_one(const ms_config *c, const float *logits, const float *bias, const int32_t *fixed, float *scratch,
                       int *ids, float *w) {
     int E = (int)ms_router_width(c), K = (int)c->top_k;
@@ -40,8 +47,7 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
             scores[i] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
             choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
         }
-        if (fixed) for (int i = 0; i < K; i++) ids[i] = fixed[i];
-        else topk(choice, E, K, ids);
+        pick(choice, E, K, ids, fixed);
         double sum = 0;
         for (int i = 0; i < K; i++) sum += (w[i] = scores[ids[i]]);
         for (int i = 0; i < K; i++) w[i] = (float)(w[i] / (sum + 1e-20)) * (float)c->routed_scale;
@@ -50,14 +56,14 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
     if (c->router == MS_ROUTER_SOFTMAX) {
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
-        topk(scores, E, K, ids);
+        pick(scores, E, K, ids, fixed);
     } else if (c->router == MS_ROUTER_SOFTMAX_BIAS) {
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
         for (int i = 0; i < E; i++) choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
-        topk(choice, E, K, ids);
+        pick(choice, E, K, ids, fixed);
     } else if (c->router == MS_ROUTER_TOPK_SOFTMAX) {
-        topk(logits, E, K, ids);
+        pick(logits, E, K, ids, fixed);
         for (int i = 0; i < K; i++) w[i] = logits[ids[i]];
         ms_softmax(w, K);
         return;
@@ -67,7 +73,7 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
             choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
         }
         int G = (int)c->n_group;
-        if (G > 1) {
+        if (G > 1 && !fixed) {
             int per = E / G, gid[4096];
             float gs[4096];
             for (int g = 0; g < G; g++) {
@@ -82,7 +88,7 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
                 if (!keep[g])
                     for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
         }
-        topk(choice, E, K, ids);
+        pick(choice, E, K, ids, fixed);
     }
     double sum = 0;
     for (int i = 0; i < K; i++) {
