@@ -73,6 +73,7 @@ static int stored_choices(const char *dir, const ms_cli_opts *eo, const int32_t 
                           const int32_t *ids, int n_gen, ms_vc_log *g, const char **why) {
     ms_cli_opts o = *eo;
     o.static_dtype = MS_STATIC_STORED, o.static_store = NULL;
+    o.stream_opts.trace_path = NULL; /* --expert-trace records the requantized engine alone */
     ms_cli_ctx s;
     if (ms_cli_open("verify", dir, &o, &s)) return -1;
     ms_err err = {0};
