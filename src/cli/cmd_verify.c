@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/verify_choices.h"
 
 #define TOL 1e-3
 
@@ -65,6 +66,37 @@ typedef struct {
     double margin, max_err, pair_margin, pair_err;
 } gen_step;
 
+/* --static-dtype: the teacher-forced forwards of gen_prompt and gen_ids[0..n_gen-2] on an engine of the
+ * stored static tier (dir opened again with eo, the tier stored), their choices into g (with margins).
+ * 0 ok; 1 when the choices cannot be observed there (*why says so); -1 failed (message printed). */
+static int stored_choices(const char *dir, const ms_cli_opts *eo, const int32_t *prompt, int n_prompt,
+                          const int32_t *ids, int n_gen, ms_vc_log *g, const char **why) {
+    ms_cli_opts o = *eo;
+    o.static_dtype = MS_STATIC_STORED, o.static_store = NULL;
+    o.stream_opts.trace_path = NULL; /* --expert-trace records the requantized engine alone */
+    ms_cli_ctx s;
+    if (ms_cli_open("verify", dir, &o, &s)) return -1;
+    ms_err err = {0};
+    int rc = 0;
+    if (ms_engine_observe_choices(s.engine, ms_vc_observe, g, &err)) {
+        *why = "the engine cannot report its choices (the CPU backend only)";
+        rc = 1;
+    }
+    for (int i = 0; !rc && i < n_gen; i++) {
+        g->fwd = i;
+        if (ms_engine_forward(s.engine, i ? &ids[i - 1] : prompt, i ? 1 : n_prompt, NULL, 0, &err)) {
+            fprintf(stderr, "moonshine verify: stored tier: %s\n", err.msg);
+            rc = -1;
+        }
+    }
+    if (!rc && g->oom) {
+        fprintf(stderr, "moonshine verify: out of memory recording the stored tier's choices\n");
+        rc = -1;
+    }
+    ms_cli_close(&s);
+    return rc;
+}
+
 static double max_abs(const float *a, const float *b, int64_t n) {
     double m = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -95,7 +127,9 @@ int cmd_verify(int argc, char **argv) {
                "derived from its measured quantization error (tol in the JSON line; docs/performance.md),\n"
                "with the greedy steps run teacher-forced (a flip fails where the reference's top-1/top-2\n"
                "margin exceeds margin_bound = 2 tol; steps within it are listed as near_ties) and\n"
-               "free-running, both agreements reported.\n"
+               "free-running, both agreements reported; the routed experts and DSA selections of the\n"
+               "teacher-forced steps are compared with a stored-tier engine's and forced to them\n"
+               "(choice_flips: one beyond its own margin bound fails).\n"
                "--cpu-activations q8 runs the CPU matmuls of MXFP4/INT4/Q8 weights with int8 activations\n"
                "(per 32, F32 scale; integer dot products), bf16 the BF16/FP8 decode matvecs with BF16 activations\n"
                "(vdpbf16ps), q8+bf16 both, under the same 1e-3 tolerance (default f32).\n");
@@ -129,6 +163,11 @@ int cmd_verify(int argc, char **argv) {
     const ms_tensor *gi = ref_tensor(&ref, "gen_ids", MS_DT_I32, 1, path);
     const ms_tensor *gl = ref_tensor(&ref, "gen_logits", MS_DT_F32, 2, path);
     int rc = 1;
+    ms_vc_log vc_ref = {0}, vc_got = {0}; /* --static-dtype: the choices (verify_choices.h) */
+    ms_vc_flip *vc_flips = NULL;
+    int vc_on = 0, n_vc_flips = 0, vc_unmatched = 0;
+    int64_t vc_compared = 0;
+    const char *vc_why = NULL;
     float *out = NULL;
     gen_step *st = NULL; /* per greedy step */
     FILE *dump = NULL;
@@ -158,7 +197,18 @@ int cmd_verify(int argc, char **argv) {
      * exceeds the reference's margin between them; that difference has RMS sqrt(2) sigma, so a
      * margin above bound = 2 tol = 4 sigma (2.8 of its RMS) must keep the reference id: a flip there
      * fails. Steps whose top-1/top-2 margin is within the bound are near ties, listed with their
-     * margins whether their ids agree or not. */
+     * margins whether their ids agree or not.
+     * Discrete choices (routed experts, DSA selections: engine.h ms_choice) are outside that
+     * derivation: one that flips moves the hidden state by O(1). So the teacher-forced forwards run
+     * first over the stored tier (the reference's choices, a second engine), and the requantized
+     * engine, reporting each choice it makes, is given the stored tier's instead wherever it
+     * differs (forced, as the tokens are): every later step and choice then sees the reference's
+     * choices and only the perturbation above (verify_choices.h). A choice's inputs are perturbed
+     * by a relative RMS of at most rel = eps sqrt(M) (M: every use on the path, an upper bound on
+     * those before it), its scores by rel rms(scores) (DSA: sqrt(F) times that, F perturbed
+     * factors), a pair by sqrt(2) of it, so its margin bound is 4 rel rms(scores) (2.8 of the
+     * pair's RMS, as for the logits): a choice that differs from the stored tier's with a margin
+     * above its bound fails, and every greedy flip is judged by margin_bound as above. */
     const int quant = x.model.static_dtype != MS_STATIC_STORED; /* --static-dtype or --static-store */
     double tol = TOL, rms_ref = 0;
     if (quant) {
@@ -166,7 +216,7 @@ int cmd_verify(int argc, char **argv) {
         rms_ref = sqrt(rms_ref / ((double)n_in * V));
         tol = 2.0 * x.model.requant_rel_rms * sqrt((double)x.model.requant_uses) * rms_ref;
     }
-    int pre_agree = 0, gen_agree = 0, bad_flip = 0;
+    int pre_agree = 0, gen_agree = 0, bad_flip = 0, bad_choice = 0;
     if (ms_engine_forward(x.engine, in->data, n_in, out, 1, &err)) {
         fprintf(stderr, "moonshine verify: %s\n", err.msg);
         goto done;
@@ -187,6 +237,22 @@ int cmd_verify(int argc, char **argv) {
     int ids_match = 1;
     const int32_t *gen_ref = gi->data;
     const float *gen_logits = gl->data;
+    if (quant) { /* the choices of the same teacher-forced forwards over the stored tier, then of these */
+        ms_vc_init(&vc_ref, &x.model, x.model.requant_rel_rms * sqrt((double)x.model.requant_uses), 1);
+        ms_vc_init(&vc_got, &x.model, 0, 0);
+        int r = 1;
+        if (x.backend || x.stages) vc_why = "the engine cannot report its choices (the CPU backend only)";
+        else if ((r = stored_choices(dir, &eo, gp->data, n_gp, gen_ref, n_gen, &vc_ref, &vc_why)) < 0) goto done;
+        if (!r && ms_vc_force_from(&vc_got, &vc_ref)) {
+            fprintf(stderr, "moonshine verify: out of memory indexing the stored tier's choices\n");
+            goto done;
+        }
+        if (!r && ms_engine_observe_choices(x.engine, ms_vc_observe, &vc_got, &err)) {
+            vc_why = "the engine cannot report its choices (the CPU backend only)";
+            r = 1;
+        }
+        vc_on = !r;
+    }
     if (ms_engine_forward(x.engine, gp->data, n_gp, out, 0, &err)) {
         fprintf(stderr, "moonshine verify: %s\n", err.msg);
         goto done;
@@ -203,12 +269,13 @@ int cmd_verify(int argc, char **argv) {
             ids_match = 0;
             st[i].pair_margin = (double)gr[gen_ref[i]] - gr[tok];
             st[i].pair_err = ((double)out[tok] - gr[tok]) - ((double)out[gen_ref[i]] - gr[gen_ref[i]]);
-            if (quant ? st[i].margin > bound : (double)gr[gen_ref[i]] - gr[tok] > 2 * d) bad_flip = 1;
+            if (!quant && (double)gr[gen_ref[i]] - gr[tok] > 2 * d) bad_flip = 1;
         } else {
             gen_agree++;
         }
         if (quant) tok = gen_ref[i]; /* teacher-forced */
         if (dump_f32(dump, out, V)) goto dump_err;
+        vc_got.fwd = i + 1;
         if (i + 1 < n_gen && ms_engine_forward(x.engine, &tok, 1, out, 0, &err)) {
             fprintf(stderr, "moonshine verify: %s\n", err.msg);
             goto done;
@@ -217,6 +284,16 @@ int cmd_verify(int argc, char **argv) {
     /* free-running (quantized tiers only; the stored tier's loop above already is): the engine's own
      * greedy ids from gen_prompt, agreement with gen_ids and the first step that differs */
     int free_agree = 0, free_first = -1;
+    if (vc_on) { /* the choices compared; the rule in the comment at tol */
+        ms_engine_observe_choices(x.engine, NULL, NULL, &err);
+        if (vc_got.oom || ms_vc_compare(&vc_ref, &vc_got, &vc_flips, &n_vc_flips, &vc_unmatched, &vc_compared)) {
+            fprintf(stderr, "moonshine verify: out of memory comparing the choices\n");
+            goto done;
+        }
+        bad_choice = ms_vc_judge(vc_flips, n_vc_flips, vc_unmatched);
+    }
+    for (int i = 0; quant && i < n_gen; i++) /* a greedy flip beyond the bound fails */
+        if (st[i].got != gen_ref[i] && st[i].margin > bound) bad_flip = 1;
     if (quant) {
         ms_engine_reset(x.engine);
         if (ms_engine_forward(x.engine, gp->data, n_gp, out, 0, &err)) {
@@ -240,7 +317,7 @@ int cmd_verify(int argc, char **argv) {
     }
     const char *name = strrchr(dir, '/');
     name = name && name[1] ? name + 1 : dir;
-    int ok = quant ? mean_abs <= tol && !bad_flip : e1 <= TOL && e2 <= TOL && ids_match;
+    int ok = quant ? mean_abs <= tol && !bad_flip && !bad_choice : e1 <= TOL && e2 <= TOL && ids_match;
     if (quant) {
         printf("{\"fixture\":\"%s\",\"arch\":\"%s\",\"static_dtype\":\"%s\",\"logits_max_abs_err\":%.3g,"
                "\"logits_mean_abs_err\":%.3g,\"gen_logits_max_abs_err\":%.3g,\"mean_tol\":%.3g,\"eps\":%.3g,\"uses\":%d,"
@@ -260,6 +337,17 @@ int cmd_verify(int argc, char **argv) {
                        "\"step_max_err\":%.3g,\"near_tie\":%s}",
                        k++ ? "," : "", i, gen_ref[i], st[i].got, st[i].margin, st[i].pair_margin, st[i].pair_err,
                        st[i].max_err, st[i].margin <= bound ? "true" : "false");
+        if (vc_on)
+            printf("],\"choices_compared\":%lld,\"choices_unmatched\":%d,\"choices_forced\":%lld,\"choice_flips\":[",
+                   (long long)vc_compared, vc_unmatched, (long long)vc_got.forced);
+        else printf("],\"choices_compared\":null,\"choices_why\":\"%s\",\"choice_flips\":[", vc_why ? vc_why : "");
+        for (int i = 0; i < n_vc_flips; i++) {
+            const ms_vc_rec *r = &vc_flips[i].ref;
+            printf("%s{\"step\":%d,\"kind\":\"%s\",\"layer\":%d,\"pos\":%lld,\"margin\":%.3g,\"bound\":%.3g,"
+                   "\"near_tie\":%s,\"first\":%s}",
+                   i ? "," : "", r->fwd, r->kind == MS_CHOICE_DSA ? "dsa" : "experts", r->layer, (long long)r->pos,
+                   r->margin, r->bound, r->margin <= r->bound ? "true" : "false", vc_flips[i].first ? "true" : "false");
+        }
         printf("],\"ok\":%s}\n", ok ? "true" : "false");
     }
     else {
@@ -276,7 +364,8 @@ dump_err:
     rc = 1;
 done:
     if (dump) fclose(dump);
-    free(out), free(st);
+    free(out), free(st), free(vc_flips);
+    ms_vc_free(&vc_ref), ms_vc_free(&vc_got);
     ms_cli_close(&x);
     ms_checkpoint_close(&ref);
     return rc;

@@ -96,7 +96,8 @@ typedef struct ms_attn_mla_args {
 
 /* Router of every kind the config knows (ms_router_kind), for n tokens:
  *   logits [n, E] (a router Linear bias already added), bias [E] or NULL
- *   (correction bias), fixed [n, K] or NULL (hash routing: ids given, only weighed)
+ *   (correction bias), fixed [n, K] or NULL (ids given, only weighed: hash routing, or ids an
+ *   observer forced, engine.h; every router kind)
  *   ids [n, K], w [n, K] out: transformers' choice and weights (ties: lower id first;
  *   NaN logits never chosen while another is left; never an id of -1).
  * Reads only the router fields of c (router, n_experts, top_k, n_group,

@@ -209,6 +209,47 @@ void ms_dsa_engine_hand_on(const ms_engine *from, ms_engine *to, int n) {
     memcpy(to->dsa->cnt, from->dsa->cnt, sizeof(int32_t) * (size_t)n);
 }
 
+/* ms_engine_observe_choices (a host-memory backend): each query of the chunk whose candidates outnumber
+ * what it selected, with every candidate's index score and the candidates selected (engine.h); a
+ * forced choice rewrites the query's selection row (the idx and cnt the attention reads). */
+static int observe(ms_engine *e, ms_dsa_state *s, int layer, int n, ms_err *err) {
+    const ms_dsa_cfg *cfg = &s->cfg;
+    const int64_t p0 = e->n_past, kp = cfg->kpool > 1 ? cfg->kpool : 1;
+    const int64_t cap = ms_dsa_candidates(cfg, p0 + n - 1);
+    float *sc = malloc((size_t)(cap > 0 ? cap : 1) * sizeof *sc);
+    int32_t *ch = malloc((size_t)s->width * 3 * sizeof *ch), *fo = ch + s->width, *nr = fo + s->width;
+    int rc = sc && ch ? MS_OK : ms_fail(err, MS_ERR_NOMEM, "layer %d: out of memory observing the DSA selection", layer);
+    for (int t = 0; !rc && t < n; t++) {
+        const int64_t pos = p0 + t, nc = ms_dsa_candidates(cfg, pos);
+        const int32_t *row = s->idx + (size_t)t * s->width;
+        int k = 0;
+        for (int j = 0; j < s->cnt[t]; j++) { /* ascending positions; a pool's tokens are consecutive */
+            int32_t cand = (int32_t)(row[j] / kp);
+            if (cand < nc && (k == 0 || ch[k - 1] != cand)) ch[k++] = cand;
+        }
+        if (nc <= k) continue;
+        int64_t got = ms_dsa_scores(cfg, &s->cache[layer], s->q + (size_t)t * cfg->n_heads * cfg->head_dim,
+                                    s->w + (size_t)t * cfg->n_heads, pos, sc, cap, err);
+        if (got < 0) rc = (int)got;
+        else {
+            ms_choice c = {.kind = MS_CHOICE_DSA, .layer = layer, .pos = pos, .scores = sc, .n_scores = (int)got,
+                           .chosen = ch, .n_chosen = k};
+            if (e->choice_fn(e->choice_ctx, &c, fo)) { /* forced: the candidates' tokens, then the tail as chosen */
+                int32_t *rw = s->idx + (size_t)t * s->width;
+                int m = 0;
+                for (int j = 0; j < k; j++)
+                    for (int64_t q = 0; q < kp && m < s->width; q++) nr[m++] = (int32_t)(fo[j] * kp + q);
+                for (int j = 0; j < s->cnt[t]; j++)
+                    if (rw[j] / kp >= nc && m < s->width) nr[m++] = rw[j];
+                for (int j = 0; j < s->width; j++) rw[j] = j < m ? nr[j] : -1;
+                s->cnt[t] = m;
+            }
+        }
+    }
+    free(sc), free(ch);
+    return rc ? ms_wrap(err, "layer %d: observing the DSA selection", layer) : MS_OK;
+}
+
 int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, const float *xn, ms_err *err) {
     ms_dsa_state *s = e->dsa;
     const ms_config *c = &e->m->cfg;
@@ -242,6 +283,7 @@ int ms_dsa_engine_select(ms_engine *e, int layer, int n, const float *q_resid, c
             return ms_fail(err, MS_ERR_UNSUPPORTED,
                            "layer %d: position %lld has no key to attend to (KPool without the tail)", layer,
                            (long long)(p0 + t));
+    if (e->choice_fn && e->n_seqs == 1) return observe(e, s, layer, n, err);
     return MS_OK;
 }
 

@@ -433,6 +433,13 @@ int ms_engine_n_past(const ms_engine *e) { return e->n_past; }
 int ms_engine_max_ctx(const ms_engine *e) { return e->max_ctx; }
 const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e) { return &e->stats; }
+
+int ms_engine_observe_choices(ms_engine *e, ms_choice_fn fn, void *ctx, ms_err *err) {
+    if (fn && (!e->be->host_memory || e->staged || e->stage_e || e->hyb))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "observing choices needs a single host-memory backend (%s)", e->be->name);
+    e->choice_fn = fn, e->choice_ctx = fn ? ctx : NULL;
+    return MS_OK;
+}
 int ms_engine_n_stages(const ms_engine *e) { return e->stage_e ? e->stages->n : 1; }
 const ms_engine_stats *ms_engine_stage_stats(const ms_engine *e, int s) {
     if (s < 0 || s >= ms_engine_n_stages(e)) return NULL;

@@ -136,6 +136,44 @@ int ms_engine_greedy_logits(ms_engine *e, float *logits, ms_err *err);
 int ms_engine_decode_batch(ms_engine *const *es, int k, const int32_t *tokens, float *logits, ms_err *err);
 
 const ms_engine_stats *ms_engine_get_stats(const ms_engine *e);
+
+/* A discrete choice one forward made, for inspection (verify --static-dtype judges where a
+ * requantized static tier chose otherwise: docs/performance.md "Q8 static tier"):
+ *   MS_CHOICE_EXPERTS: the routed experts of the token at pos in MoE layer `layer`: scores
+ *     [n_scores] its router logits (ms_router_width of them, the router Linear's bias added:
+ *     what ms_route_args.logits receives), chosen [n_chosen] the ids picked (top_k, the
+ *     router's order). Hash-routed layers (no choice) are not reported.
+ *   MS_CHOICE_DSA: the lightning indexer's selection for the query at pos in layer `layer`:
+ *     scores [n_scores] the index score of every candidate (ms_dsa_scores: per key t <= pos, or
+ *     per complete pool with KPool), chosen [n_chosen] the candidates selected (key positions,
+ *     or pool numbers; a KPool query's own tail tokens are not candidates). Only queries with
+ *     more candidates than the selection keeps are reported (otherwise nothing is chosen).
+ * A DSA tie replay (ops/dsa.h) reports the replayed positions again: the later report holds.
+ * Both arrays are host memory valid during the call only. */
+typedef enum { MS_CHOICE_EXPERTS = 0, MS_CHOICE_DSA = 1 } ms_choice_kind;
+typedef struct ms_choice {
+    ms_choice_kind kind;
+    int layer;
+    int64_t pos;
+    const float *scores;
+    int n_scores;
+    const int32_t *chosen;
+    int n_chosen;
+} ms_choice;
+/* The observer: returns 0 to let the forward go on with c's choice, or 1 after writing the
+ * choice the forward uses instead into force[c->n_chosen] (expert ids, weighed as the router
+ * weighs its own: core/backend.h ms_route_args.fixed; or DSA candidates, ascending, whose tokens
+ * replace the selected ones, a KPool query's tail kept): verify forces the stored tier's choices
+ * on the requantized engine, as it forces the reference's tokens. */
+typedef int (*ms_choice_fn)(void *ctx, const ms_choice *c, int32_t *force);
+/* Every following forward of e calls fn(ctx, choice, force) for each choice above, in the order
+ * the forward makes them (layer by layer; a layer's DSA selection before its experts); fn NULL
+ * stops it (the default; nothing is computed for it then). An observer that never forces leaves
+ * the logits bit for bit as without it.
+ * Host-memory backends only: MS_ERR_UNSUPPORTED otherwise, and for a split (--gpus) or
+ * hybrid engine, with nothing changed. Single-sequence forwards only: not called from a
+ * ms_engine_decode_batch step of two or more sequences. */
+int ms_engine_observe_choices(ms_engine *e, ms_choice_fn fn, void *ctx, ms_err *err);
 /* Stages of a split engine (1 without ms_engine_opts.stages), and stage s's statistics
  * (stage 0: e's own; NULL when s is out of range). */
 int ms_engine_n_stages(const ms_engine *e);

@@ -103,6 +103,8 @@ struct ms_engine {
     int64_t step_bound, step_bucket, step_warm;
     void *step_graph;
     ms_engine_stats step_delta; /* what one recorded step adds to stats */
+    ms_choice_fn choice_fn;     /* ms_engine_observe_choices, or NULL */
+    void *choice_ctx;
     int keep_logits;            /* a device forward leaves the head's output in e->logits (no download) */
     int32_t *pick;              /* [be] the greedy pick of ms_engine_decode_greedy */
     float *host_logits;         /* [vocab] host memory: ms_engine_decode_greedy's logits on a host-memory backend */

@@ -141,6 +141,30 @@ void ms_moe_zero_experts(ms_engine *e, ms_backend *be, const float *in, float *a
     if (m > 0) be->ops->scale_add_rows(be, acc, in, e->ex_tokens + q0, e->ex_w + q0, m, D);
 }
 
+/* ms_engine_observe_choices (a host-memory backend): each token's routed experts reported; where the
+ * observer forces other ids, the chunk is weighed again with the ids given (h_fixed). */
+static int observe_route(ms_engine *e, const ms_layer *L, int layer, int n, ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    const int64_t W = ms_router_width(c), K = c->top_k;
+    int forced = 0;
+    for (int t = 0; t < n; t++) {
+        ms_choice ch = {.kind = MS_CHOICE_EXPERTS, .layer = layer, .pos = (int64_t)e->seqs[0].e->n_past + t,
+                        .scores = e->rlog + t * W, .n_scores = (int)W, .chosen = (const int32_t *)e->h_ids + t * K,
+                        .n_chosen = (int)K};
+        int32_t *f = e->h_fixed + t * K;
+        if (e->choice_fn(e->choice_ctx, &ch, f)) forced = 1;
+        else memcpy(f, e->h_ids + t * K, (size_t)K * sizeof *f);
+    }
+    if (!forced) return MS_OK;
+    ms_backend *be = e->be;
+    ms_route_args a = {.c = c, .logits = e->rlog, .bias = L->router_bias, .fixed = e->h_fixed, .n = n,
+                       .ids = e->topk_ids, .w = e->topk_w};
+    be->ops->route(be, &a);
+    int rc = be->ops->download(be, e->h_ids, e->topk_ids, (size_t)(n * K) * sizeof(int), err);
+    if (!rc) rc = be->ops->download(be, e->h_w, e->topk_w, (size_t)(n * K) * 4, err);
+    return rc;
+}
+
 /* The routed experts of layer over n tokens through host lists: the router's ids
  * downloaded, expert-major lists (counting sort of (token, slot) pairs by expert),
  * acquired in groups from the expert source, run by the backend's moe_experts. */
@@ -152,6 +176,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     int E = (int)c->n_experts;
     int rc = ms_moe_route(e, L, e->xn, n, e->chunk_tokens, e->topk_ids, e->topk_w, err);
     if (rc) return ms_wrap(err, "layer %d router", layer);
+    if (e->choice_fn && !L->hash_ids && e->n_seqs == 1 && (rc = observe_route(e, L, layer, n, err))) return rc;
     /* split over devices (expert parallelism): keys by the expert's rank in (home device, id)
      * order, so each device's experts are one run of the lists */
     const int *home = NULL; /* expert parallelism: where each expert runs (its home, or here when replicated here) */

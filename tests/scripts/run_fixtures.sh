@@ -2,9 +2,9 @@
 # moonshine verify on every fixture the engine supports (tests/fixtures.list, then the trained
 # demo model's lines in tests/fixtures-demo.list, then the requantized static tiers of
 # tests/fixtures-static.list), with the extra flags each line gives.
-# Lines: FIXTURE_DIR [FLAGS...]
+# Lines: FIXTURE_DIR [FLAGS...]. Arguments: the lists to run instead of those three.
 pass=0; fail=0
-for list in tests/fixtures.list tests/fixtures-demo.list tests/fixtures-static.list; do
+for list in ${*:-tests/fixtures.list tests/fixtures-demo.list tests/fixtures-static.list}; do
 while read -r dir flags; do
     case "$dir" in ''|'#'*) continue;; esac
     out=$(${MOONSHINE:-./build/moonshine} verify $dir $flags 2>&1); rc=$?

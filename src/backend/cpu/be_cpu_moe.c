@@ -29,12 +29,14 @@ static void topk(const float *v, int n, int k, int *idx) {
 }
 
 /* PhiMoE's sparsemixer at inference (top-2): per round, the best remaining logit m; the softmax over the
- * remaining logits s with (m - s) / max(|s|, m) <= 2 eps (float, as torch computes it) gives its weight. */
-static void sparsemixer(const float *logits, int E, float eps, float *scratch, int *ids, float *w) {
+ * remaining logits s with (m - s) / max(|s|, m) <= 2 eps (float, as torch computes it) gives its weight.
+ * fixed (or NULL): the two ids given (an observer's forced choice), weighed by the same rule. */
+static void sparsemixer(const float *logits, int E, float eps, const int32_t *fixed, float *scratch, int *ids,
+                        float *w) {
     float *masked = scratch;
     for (int round = 0; round < 2; round++) {
-        int best = -1;
-        for (int i = 0; i < E; i++) {
+        int best = fixed ? fixed[round] : -1; /* fixed: the ids given, weighed by the same rule */
+        for (int i = 0; i < E && !fixed; i++) {
             if (round && i == ids[0]) continue;
             if (best < 0 || logits[i] > logits[best]) best = i;
         }
@@ -53,8 +55,15 @@ static void sparsemixer(const float *logits, int E, float eps, float *scratch, i
     }
 }
 
+/* ids[k]: fixed[k] when given, else the top k of v[n] */
+static void pick(const float *v, int n, int k, int *ids, const int32_t *fixed) {
+    if (fixed) for (int i = 0; i < k; i++) ids[i] = fixed[i];
+    else topk(v, n, k, ids);
+}
+
 /* Route one token: logits [E] → ids[k], weights[k] (transformers' router math).
- * fixed: the token's row of a hash-routed layer's table (ids given, only weighed), or NULL. */
+ * fixed: the token's ids given (a hash-routed layer's table row, or ids an observer forced),
+ * only weighed as the router weighs its own choice; or NULL. */
 static void route_one(const ms_config *c, const float *logits, const float *bias, const int32_t *fixed, float *scratch,
                       int *ids, float *w) {
     int E = (int)ms_router_width(c), K = (int)c->top_k;
@@ -65,26 +74,25 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
             scores[i] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
             choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
         }
-        if (fixed) for (int i = 0; i < K; i++) ids[i] = fixed[i];
-        else topk(choice, E, K, ids);
+        pick(choice, E, K, ids, fixed);
         double sum = 0;
         for (int i = 0; i < K; i++) sum += (w[i] = scores[ids[i]]);
         for (int i = 0; i < K; i++) w[i] = (float)(w[i] / (sum + 1e-20)) * (float)c->routed_scale;
         return;
     }
     if (c->router == MS_ROUTER_SPARSEMIXER) { /* top-2 by construction (the config checks K == 2) */
-        sparsemixer(logits, E, (float)c->router_jitter, scores, ids, w);
+        sparsemixer(logits, E, (float)c->router_jitter, fixed, scores, ids, w);
         return;
     }
     if (c->router == MS_ROUTER_SOFTMAX) {
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
-        topk(scores, E, K, ids);
+        pick(scores, E, K, ids, fixed);
     } else if (c->router == MS_ROUTER_SOFTMAX_BIAS) {
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
         for (int i = 0; i < E; i++) choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
-        topk(choice, E, K, ids);
+        pick(choice, E, K, ids, fixed);
     } else if (c->router == MS_ROUTER_SOFTMAX_GROUP) { /* groups ranked by their best score (DeepSeek-V2) */
         memcpy(scores, logits, (size_t)E * 4);
         ms_softmax(scores, E);
@@ -104,9 +112,9 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
                 if (!keep[g])
                     for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
         }
-        topk(choice, E, K, ids);
+        pick(choice, E, K, ids, fixed);
     } else if (c->router == MS_ROUTER_TOPK_SOFTMAX) {
-        topk(logits, E, K, ids);
+        pick(logits, E, K, ids, fixed);
         for (int i = 0; i < K; i++) w[i] = logits[ids[i]];
         ms_softmax(w, K);
         return;
@@ -116,7 +124,7 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
             choice[i] = scores[i] + (bias ? bias[i] : 0.0f);
         }
         int G = (int)c->n_group;
-        if (G > 1) {
+        if (G > 1 && !fixed) {
             int per = E / G, gid[4096];
             float gs[4096];
             for (int g = 0; g < G; g++) {
@@ -131,7 +139,7 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
                 if (!keep[g])
                     for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
         }
-        topk(choice, E, K, ids);
+        pick(choice, E, K, ids, fixed);
     }
     double sum = 0;
     for (int i = 0; i < K; i++) {
