@@ -1011,8 +1011,8 @@ extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, c
             break;
         RX_CASE(DT_F4, DT_F4);
         case DT_I4 * 8 + DT_I4:
-            if (i4_decode_mode()) launch_rx<DT_I4M>(gu, dn, g->stream);
-            else launch_rx<DT_I4>(gu, dn, g->stream);
+            if (i4_decode_mode()) launch_rx<DT_I4M>(gu, dn, g->stream, g->pdl);
+            else launch_rx<DT_I4>(gu, dn, g->stream, g->pdl);
             break;
 #undef RX_CASE
         default: goto unfused; /* gate and down of different dtypes */
