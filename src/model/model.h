@@ -153,11 +153,10 @@ int ms_model_static_read_progress(ms_model *m, const ms_progress *progress, ms_e
 
 /* The static tier's matrix dtype (--static-dtype): STORED keeps the checkpoint's;
  * Q8 and FP8 requantize the BF16/F16 matrices of attention (GQA, MLA, and the KDA and
- * gated-DeltaNet projections), dense MLPs, shared experts, latent-MoE projections and
- * the head (the embedding too when the head is its view) into blocks of
+ * gated-DeltaNet projections), dense MLPs, shared experts, latent-MoE projections, the
+ * embedding and the head into blocks of
  * MS_Q8_BLOCK along a row with BF16 scales (core/qmat.h: Q8 int8, or FP8 E4M3 with
- * ms_quant_fp8_row's scales). Never requantized: an untied embedding (a token reads one
- * row: no decode bytes to save), vectors (norms, biases), routers and
+ * ms_quant_fp8_row's scales). Never requantized: vectors (norms, biases), routers and
  * the shared-expert gate, routed experts, F32 and already-quantized matrices, the short
  * convolutions and parameter vectors of KDA / gated DeltaNet, and the DSA indexer,
  * compressed-attention and mHC weights (host code that reads their dtype itself). */

@@ -89,11 +89,6 @@ int ms_rq_eligible(const ms_qmat *w) {
     return w->data && !w->scale && (w->dtype == MS_DT_BF16 || w->dtype == MS_DT_F16) && w->rows > 0 && w->cols > 0;
 }
 
-int ms_rq_wanted(const ms_model *m, const ms_rq_ref *r) {
-    if (!ms_rq_eligible(r->w)) return 0;
-    return r->w != &m->embed || m->lm_head.data == m->embed.data;
-}
-
 /* index of an earlier eligible ref viewing the same bytes (same data, shape, dtype), else -1 */
 int ms_rq_earlier_same(const ms_rq_ref *r, int i, const ms_qmat *olds) {
     for (int j = 0; j < i; j++)
@@ -116,7 +111,7 @@ uint64_t ms_model_static_bytes_as(const ms_model *m, ms_static_dtype d) {
     uint64_t old_b = 0, new_b = 0;
     for (int i = 0; i < n; i++) {
         olds[i] = *r[i].w;
-        if (!ms_rq_wanted(m, &r[i]) || ms_rq_earlier_same(r, i, olds) >= 0) continue;
+        if (!ms_rq_eligible(r[i].w) || ms_rq_earlier_same(r, i, olds) >= 0) continue;
         old_b += ms_qmat_bytes(r[i].w);
         new_b += ms_static_dtype_matrix_bytes(d, r[i].w->rows, r[i].w->cols);
     }
@@ -292,7 +287,7 @@ int ms_model_requant_static(ms_model *m, ms_static_dtype d, ms_pool *pool, ms_er
     for (int i = 0; i < n; i++) {
         olds[i] = *r[i].w;
         src[i] = -1;
-        if (!ms_rq_wanted(m, &r[i])) continue;
+        if (!ms_rq_eligible(r[i].w)) continue;
         uses++;
         int j = ms_rq_earlier_same(r, i, olds);
         if (j >= 0) {

@@ -22,11 +22,6 @@ typedef struct {
 int ms_rq_collect(ms_model *m, ms_rq_ref *out);
 /* 1 when w is a BF16/F16 matrix that is requantized (not already quantized, not empty). */
 int ms_rq_eligible(const ms_qmat *w);
-/* 1 when view r of m is requantized: eligible, and not the embedding unless the head is the
- * embedding's view (tied). An untied embedding stays stored: a token reads one row of it, so
- * requantizing it saves no decode bytes, and its error reaches every layer
- * (docs/performance.md "Q8 static tier"). */
-int ms_rq_wanted(const ms_model *m, const ms_rq_ref *r);
 /* The index j < i of an earlier view with the same bytes as r[i] (olds[j]: view j before any
  * replacement; same data, shape and dtype: a tied head), else -1. */
 int ms_rq_earlier_same(const ms_rq_ref *r, int i, const ms_qmat *olds);

@@ -261,7 +261,7 @@ int ms_static_store_open(ms_model *m, const char *dir, ms_static_dtype want, ms_
     for (int i = 0; i < nv; i++) {
         olds[i] = *r[i].w;
         srcix[i] = -1;
-        if (!ms_rq_wanted(m, &r[i])) continue;
+        if (!ms_rq_eligible(r[i].w)) continue;
         uses++;
         int j = ms_rq_earlier_same(r, i, olds);
         srcix[i] = j >= 0 ? srcix[j] : nu++;
