@@ -189,7 +189,7 @@ TEST(gpt_oss_mxfp4) { check_fixture("gpt_oss_mxfp4"); }
 TEST(mimo_v2_flash) { check_fixture("mimo_v2_flash"); }
 TEST(longcat_flash) { check_fixture("tests/fixtures/extra/longcat_flash"); } /* zero-computation experts */
 /* INT4 (compressed-tensors pack-quantized) experts: the list fixture of tests/fixtures/extra */
-TEST(kimi_k25_int4) { check_fixture("../../../fixtures/extra/kimi_k25_int4"); }
+TEST(kimi_k25_int4) { check_fixture("tests/fixtures/extra/kimi_k25_int4"); }
 
 /* ms_streaming_acquire_each: every requested expert handed over once, as the bytes of the
  * checkpoint; a callback's failure ends the acquire with its status and pins nothing. */
