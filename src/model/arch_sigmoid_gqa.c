@@ -9,7 +9,8 @@
  *               sliding_window, the "sliding_attention" layers use it and RoPE
  *               while the full layers are NoPE), dense/MoE schedule from
  *               mlp_layer_types (or first_k_dense_replace), num_experts and
- *               num_shared_experts. transformers: models/exaone_moe.
+ *               num_shared_experts; the correction bias at mlp.e_score_correction_bias.
+ *               transformers: models/exaone_moe.
  *   solar_open  Solar Open: Llama attention (q/k/v biases per attention_bias,
  *               o_proj without), partial rotary (default 1.0), MoE on every
  *               layer. transformers: models/solar_open. */
@@ -159,6 +160,35 @@ static int bind(ms_binder *b, ms_model *m) {
     return b->rc;
 }
 
+/* K-EXAONE: the correction bias is mlp.e_score_correction_bias (what transformers saves and the published
+ * checkpoint holds), or mlp.gate.e_score_correction_bias. */
+static int bind_exaone_moe(ms_binder *b, ms_model *m) {
+    const ms_config *c = b->cfg;
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[64], w[96], bias[128];
+        snprintf(p, sizeof p, "model.layers.%d.", l);
+        ms_bind_layer_norms(b, m, l, p);
+        ms_bind_gqa(b, m, l, p);
+        if (c->layer_mlp[l] == MS_MLP_DENSE) {
+            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+            continue;
+        }
+        snprintf(w, sizeof w, "%smlp.gate", p);
+        if (ms_bind_has(b, "%smlp.gate.e_score_correction_bias", p))
+            snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
+        else
+            snprintf(bias, sizeof bias, "%smlp.e_score_correction_bias", p);
+        ms_bind_router(b, m, l, w, bias);
+        if (c->shared_inter)
+            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
+                        "mlp.shared_experts.down_proj");
+        snprintf(w, sizeof w, "%smlp.experts", p);
+        ms_bind_experts_at(b, m, l, w);
+    }
+    return b->rc;
+}
+
 const ms_arch ms_arch_dots1 = {"dots1", configure_dots1, bind};
-const ms_arch ms_arch_exaone_moe = {"exaone_moe", configure_exaone_moe, bind};
+const ms_arch ms_arch_exaone_moe = {"exaone_moe", configure_exaone_moe, bind_exaone_moe};
 const ms_arch ms_arch_solar_open = {"solar_open", configure_solar_open, bind};
