@@ -213,9 +213,12 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
             bool live = k < nch;
             int c0 = (live ? k : 0) * VEC; /* a dead chunk decodes zeros against column 0 */
             const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4;
+            /* INT4: a dead chunk's zero nibbles, offset by 2^23 alone, decode to 0 (offset by the zero
+             * point they would be -uz, and a dead chunk is not scaled) */
             float off[MM_R];
 #pragma unroll
-            for (int r = 0; r < MM_R; r++) off[r] = DT == DT_I4 ? i4_off(jb.zero, zrow[r], zsh[r], c0 >> a.bshift) : 0.0f;
+            for (int r = 0; r < MM_R; r++)
+                off[r] = DT == DT_I4 && live ? i4_off(jb.zero, zrow[r], zsh[r], c0 >> a.bshift) : -8388608.0f;
             float part[MM_R][NT];
 #pragma unroll
             for (int r = 0; r < MM_R; r++)
