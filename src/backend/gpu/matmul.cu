@@ -35,8 +35,7 @@
 #define MM_MAXJ 64    /* jobs per launch */
 #define MM_MAXNT 8    /* tokens per pass */
 
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_FP8 = 3, DT_F4 = 4, DT_FP8_CVT = 5 /* FP8, other decode */, DT_I4 = 6,
-       DT_I4M = 7 /* INT4, the masked decode of the routed kernels (MS_GPU_I4_DECODE=mask) */ };
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_FP8 = 3, DT_F4 = 4, DT_FP8_CVT = 5 /* FP8, other decode */, DT_I4 = 6 };
 enum { SC_NONE = 0, SC_F32 = 1, SC_BF16 = 2, SC_E8M0 = 3, SC_F16 = 4 };
 
 typedef struct mm_job {
@@ -110,29 +109,6 @@ template <> struct mm_traits<DT_FP8> { enum { VEC = 16, SUB = 8 }; };
 template <> struct mm_traits<DT_F4> { enum { VEC = 32, SUB = 8 }; };
 template <> struct mm_traits<DT_FP8_CVT> { enum { VEC = 16, SUB = 8 }; };
 template <> struct mm_traits<DT_I4> { enum { VEC = 32, SUB = 8 }; };
-template <> struct mm_traits<DT_I4M> { enum { VEC = 32, SUB = 8 }; };
-
-/* The masked INT4 decode (DT_I4M, the routed kernels' rx_chunk): nibble j of a word is read in
- * place, without its shift, as the float 2^23 + u 16^m (0x4B000000 | (word & (15 << 4m)), m = j
- * for j < 5; the word shifted right by 20 once for j = 5, 6, 7: m = j - 5), minus 2^23 + uz 16^m:
- * exactly (u - uz) 16^m, one logic op per value instead of a shift and a mask. The activation of
- * column j is multiplied by 16^-m (exact: a power of two) so each product (u - uz) x, and with it
- * every FMA, is the plain decode's, bit for bit (unless 16^-m x falls below the normal range,
- * |x| < 2^-110). i4m_m: m of nibble j; i4m_offs: the five offsets of a zero point. */
-static __device__ __forceinline__ int i4m_m(int j) { return j < 5 ? j : j - 5; }
-static __device__ __forceinline__ void i4m_offs(int uz, float (&off)[5]) {
-#pragma unroll
-    for (int m = 0; m < 5; m++) off[m] = -(8388608.0f + (float)(uz << (4 * m)));
-}
-static __device__ __forceinline__ void i4m_decode(uint32_t q, const float (&off)[5], float *w) {
-    const uint32_t q2 = q >> 20;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int m = i4m_m(j);
-        const uint32_t bits = (j < 5 ? q : q2) & (15u << (4 * m));
-        w[j] = __uint_as_float(0x4B000000u | bits) + off[m];
-    }
-}
 
 /* Decode sub-group `sub` of a 16-byte chunk into SUB floats. FP8 comes out
  * times 2^-112, MXFP4 times 2 (kernel_scale puts that back with the block scale);
@@ -178,17 +154,6 @@ static int fp8_decode_mode(void) {
     if (mode < 0) {
         const char *e = getenv("MS_GPU_FP8_DECODE");
         mode = e && !strcmp(e, "shift") ? 1 : 0;
-    }
-    return mode;
-}
-
-/* INT4 decode of the routed kernels: 0 = shift and mask per nibble (DT_I4), 1 = masked in place
- * (DT_I4M, above); MS_GPU_I4_DECODE=mask (read once) selects the latter for A/B measurements. */
-static int i4_decode_mode(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("MS_GPU_I4_DECODE");
-        mode = e && !strcmp(e, "mask") ? 1 : 0;
     }
     return mode;
 }
@@ -268,9 +233,12 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
             bool live = k < nch;
             int c0 = (live ? k : 0) * VEC; /* a dead chunk decodes zeros against column 0 */
             const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4;
+            /* INT4: a dead chunk's zero nibbles, offset by 2^23 alone, decode to 0 (offset by the zero
+             * point they would be -uz, and a dead chunk is not scaled) */
             float off[MM_R];
 #pragma unroll
-            for (int r = 0; r < MM_R; r++) off[r] = DT == DT_I4 ? i4_off(jb.zero, zrow[r], zsh[r], c0 >> a.bshift) : 0.0f;
+            for (int r = 0; r < MM_R; r++)
+                off[r] = DT == DT_I4 && live ? i4_off(jb.zero, zrow[r], zsh[r], c0 >> a.bshift) : -8388608.0f;
             float part[MM_R][NT];
 #pragma unroll
             for (int r = 0; r < MM_R; r++)
@@ -758,13 +726,10 @@ static __device__ __forceinline__ void rx_chunk(const uint4 (&raw)[MM_R], const 
                                                 const int64_t (&zrow)[MM_R], const int (&zsh)[MM_R]) {
     typedef mm_traits<DT> T;
     const int SUB = T::SUB, NSUB = T::VEC / T::SUB;
-    const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4 || DT == DT_I4M;
-    float off[MM_R], offm[MM_R][5];
+    const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4;
+    float off[MM_R];
 #pragma unroll
-    for (int r = 0; r < MM_R; r++) {
-        off[r] = DT == DT_I4 ? i4_off(zp[r], zrow[r], zsh[r], c0 >> bshift) : 0.0f;
-        if (DT == DT_I4M) i4m_offs(i4_uz(zp[r], zrow[r], zsh[r], c0 >> bshift), offm[r]);
-    }
+    for (int r = 0; r < MM_R; r++) off[r] = DT == DT_I4 ? i4_off(zp[r], zrow[r], zsh[r], c0 >> bshift) : 0.0f;
     float part[MM_R];
 #pragma unroll
     for (int r = 0; r < MM_R; r++) part[r] = 0.0f;
@@ -777,19 +742,10 @@ static __device__ __forceinline__ void rx_chunk(const uint4 (&raw)[MM_R], const 
             float4 v = x4[i];
             xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
         }
-        if (DT == DT_I4M) {
-#pragma unroll
-            for (int i = 0; i < SUB; i++) xv[i] *= __uint_as_float((uint32_t)(127 - 4 * i4m_m(i)) << 23); /* 16^-m */
-        }
 #pragma unroll
         for (int r = 0; r < MM_R; r++) {
             float wv[SUB];
-            if (DT == DT_I4M) {
-                const uint32_t q[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
-                i4m_decode(q[s], offm[r], wv);
-            } else {
-                decode<DT>(raw[r], s, wv, off[r]);
-            }
+            decode<DT>(raw[r], s, wv, off[r]);
 #pragma unroll
             for (int i = 0; i < SUB; i++) {
                 if (SCALED) part[r] = fmaf(wv[i], xv[i], part[r]);
@@ -1010,10 +966,7 @@ extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, c
             else launch_rx<DT_FP8_CVT>(gu, dn, g->stream, g->pdl);
             break;
         RX_CASE(DT_F4, DT_F4);
-        case DT_I4 * 8 + DT_I4:
-            if (i4_decode_mode()) launch_rx<DT_I4M>(gu, dn, g->stream, g->pdl);
-            else launch_rx<DT_I4>(gu, dn, g->stream, g->pdl);
-            break;
+        RX_CASE(DT_I4, DT_I4);
 #undef RX_CASE
         default: goto unfused; /* gate and down of different dtypes */
         }
