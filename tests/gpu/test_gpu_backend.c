@@ -1369,7 +1369,8 @@ TEST(backend_step) {
  * the attribute and on one without: the same kernels in the same order, so the logits of every
  * step must be bit-identical (a kernel that read its predecessor's output before the wait would
  * show as a difference); the step must have stayed recorded (the programmatic edges captured). */
-static int pdl_decode(ms_model *m, int pdl, int steps, float *out, int *recorded, ms_err *err) {
+static int pdl_decode(ms_model *m, int pdl, int steps, float *out, int *recorded, uint64_t *edges, uint64_t *prog,
+                      ms_err *err) {
     ms_backend *be = NULL;
     ms_engine *e = NULL;
     setenv("MS_GPU_PDL", pdl ? "1" : "0", 1);
@@ -1389,6 +1390,8 @@ static int pdl_decode(ms_model *m, int pdl, int steps, float *out, int *recorded
         rc = ms_engine_forward(e, &t, 1, out + (int64_t)s * V, 0, err);
     }
     *recorded = e && !e->step_off && e->step_graph;
+    *edges = *prog = 0;
+    if (be) ms_backend_gpu_graph_edges(be, edges, prog);
     if (e) ms_engine_destroy(e);
     if (be) be->ops->destroy(be);
     return rc;
@@ -1409,15 +1412,19 @@ TEST(backend_step_pdl) {
         int64_t n = (int64_t)(steps + 1) * m.cfg.vocab;
         float *on = calloc((size_t)n, 4), *off = calloc((size_t)n, 4);
         int rec_on = 0, rec_off = 0;
-        int rc1 = pdl_decode(&m, 1, steps, on, &rec_on, &err);
+        uint64_t ed_on = 0, pe_on = 0, ed_off = 0, pe_off = 0;
+        int rc1 = pdl_decode(&m, 1, steps, on, &rec_on, &ed_on, &pe_on, &err);
         CHECK_MSG(rc1 == MS_OK, "%s with PDL: %s", fx[f], err.msg);
-        int rc2 = pdl_decode(&m, 0, steps, off, &rec_off, &err);
+        int rc2 = pdl_decode(&m, 0, steps, off, &rec_off, &ed_off, &pe_off, &err);
         CHECK_MSG(rc2 == MS_OK, "%s without PDL: %s", fx[f], err.msg);
         int64_t diff = 0;
         for (int64_t i = 0; i < n; i++) diff += memcmp(&on[i], &off[i], 4) != 0;
-        printf("  backend_step_pdl %s: %d steps, %lld of %lld logits differ, step recorded %d / %d (pdl / not)\n",
-               fx[f], steps, (long long)diff, (long long)n, rec_on, rec_off);
+        printf("  backend_step_pdl %s: %d steps, %lld of %lld logits differ, step recorded %d / %d (pdl / not), "
+               "graph edges %llu (%llu programmatic) / %llu (%llu)\n",
+               fx[f], steps, (long long)diff, (long long)n, rec_on, rec_off, (unsigned long long)ed_on,
+               (unsigned long long)pe_on, (unsigned long long)ed_off, (unsigned long long)pe_off);
         CHECK_MSG(diff == 0, "%s: %lld logits differ with PDL", fx[f], (long long)diff);
+        CHECK_MSG(pe_off == 0, "%s: %llu programmatic edges without PDL", fx[f], (unsigned long long)pe_off);
         CHECK_MSG(rec_on == rec_off && (f || rec_on), "%s: the decode step recorded %d with PDL, %d without", fx[f],
                   rec_on, rec_off);
         free(on), free(off);
