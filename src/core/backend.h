@@ -296,11 +296,6 @@ typedef struct ms_backend_ops {
      * router x and the route op's selection of them into a->ids / a->w (a->n = 1, no fixed
      * ids, no logit bias: the engine asks only then), in one step where the backend can */
     void (*router_route)(ms_backend *be, const ms_route_args *a, const float *x, const ms_qmat *router);
-    /* Optional (NULL: the engine runs add_rmsnorm, then router_route): x[i] += y[i] for i < d,
-     * xn = rmsnorm(x) * w as add_rmsnorm does (one row of d = router->cols), then router_route(a,
-     * xn, router) (a->n = 1 as there), in one step where the backend can */
-    void (*add_rmsnorm_router_route)(ms_backend *be, float *x, const float *y, float *xn, const float *w, float eps,
-                                     const ms_route_args *a, const ms_qmat *router);
     /* dst[i] = src[rows[i]] for i < m, rows of d floats (rows: host array) */
     void (*gather_rows)(ms_backend *be, float *dst, const float *src, const int *rows, int m, int64_t d);
     /* dst[rows[i]] += w[i] * src[i] for i < m in order (rows, w: host arrays) */

@@ -550,7 +550,6 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
     int nb = e->staged && e->stage > 0 ? e->ares_nb : 0; /* a later stage: the blocks handed on */
     const int64_t BS = (int64_t)e->max_batch * D;
     int fuse = fused_add_norm(e), normed = 0; /* normed: e->xn already holds this layer's attention input */
-    e->ffn_pending = 0;
     for (int l = e->l0; l < e->l1 && !rc; l++) {
         const ms_layer *L = &m->layers[l];
         if (e->mhc && (rc = ms_mhc_engine_pre(e, l, 0, n, &in, err))) break;
@@ -576,11 +575,7 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
         sublayer_out(e, e->tmp, L->attn_post_norm, n);
-        if (fuse && n == 1 && be->ops->add_rmsnorm_router_route && c->layer_mlp[l] == MS_MLP_MOE &&
-            !c->layer_shortcut[l] && !c->latent_moe && ms_moe_device_router(e, l, n)) {
-            e->ffn_pending = 1, e->ffn_pend_y = e->tmp, e->ffn_pend_w = L->ffn_norm; /* ms_ffn_moe's router adds and norms */
-            h = e->x;
-        } else if (fuse) {
+        if (fuse) {
             be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, L->ffn_norm, n, D, eps);
             h = e->x;
         } else {

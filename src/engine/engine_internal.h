@@ -89,10 +89,6 @@ struct ms_engine {
     /* decode lookahead: the experts layer la_layer was predicted to pick (-1: none pending) */
     int la_layer;
     const float *ffn_in; /* [n, hidden] the current layer's FFN input before its norm (the lookahead re-norms it) */
-    /* forward_rows' residual add + FFN norm (x += ffn_pend_y, xn = rmsnorm(x) ffn_pend_w) left to
-     * ms_ffn_moe when its device router takes them in one op (add_rmsnorm_router_route) */
-    int ffn_pending;
-    const float *ffn_pend_y, *ffn_pend_w;
     int la_ids[MS_LOOKAHEAD_MAX_K];
     /* the replayable decode step (engine/decode_step.c): step [be] {position, token id} of the
      * token in flight when step_mode is 1 (the ops read them from there); the recorded graph
@@ -188,9 +184,6 @@ void ms_kda_config_of(const ms_config *c, ms_kda_config *out);
 int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_qmat *down, int n, const float *in,
                  float *out, int accumulate);
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err);
-/* Whether ms_ffn_moe routes layer's n rows through the backend's router_route (the decode path
- * of resident experts routed on the device); then forward_rows may leave its add + norm to it. */
-int ms_moe_device_router(const ms_engine *e, int layer, int n);
 /* Pieces of the MoE layer (engine/moe.c) the hybrid layer shares: the gated activation of
  * kind; layer L's router over x [n, hidden] into ids / w [n, K] (backend memory), downloaded
  * into e->h_ids / e->h_w; the expert-major lists of that routing (returns the unique

@@ -280,22 +280,9 @@ void ms_moe_latent_up(ms_engine *e, const ms_layer *L, int n, float *acc, float 
     e->be->ops->matmul(e->be, out, acc, n, &L->lat_up, 0);
 }
 
-int ms_moe_device_router(const ms_engine *e, int layer, int n) {
-    const ms_config *c = &e->m->cfg;
-    const ms_layer *L = &e->w->layers[layer];
-    const ms_backend_ops *o = e->be->ops;
-    return n == 1 && !ms_hybrid_layer(e, layer) && o->moe_experts_routed && e->experts == e->own_experts &&
-           !L->hash_ids && L->experts && !e->no_routed && !c->n_zero_experts &&
-           !(e->staged && e->stages->expert_home) && o->router_route && !L->router_lbias;
-}
-
 int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
-    const ms_config *c = &e->m->cfg;
-    if (e->ffn_pending && (c->latent_moe || !ms_moe_device_router(e, layer, n))) { /* forward_rows' add + norm, now */
-        e->be->ops->add_rmsnorm(e->be, e->x, e->ffn_pend_y, e->xn, e->ffn_pend_w, n, c->hidden, (float)c->rms_eps);
-        e->ffn_pending = 0;
-    }
     if (ms_hybrid_layer(e, layer)) return ms_hybrid_ffn_moe(e, layer, n, out, err); /* experts on the CPU */
+    const ms_config *c = &e->m->cfg;
     const ms_layer *L = &e->w->layers[layer];
     ms_backend *be = e->be;
     int E = (int)c->n_experts, K = (int)c->top_k;
@@ -309,11 +296,7 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         !e->no_routed && !c->n_zero_experts && !(e->staged && e->stages->expert_home)) { /* split experts: the lists dispatch them */
         ms_route_args ra = {.c = c, .logits = e->rlog, .bias = L->router_bias, .n = 1, .ids = e->topk_ids,
                             .w = e->topk_w};
-        if (be->ops->router_route && !L->router_lbias && e->ffn_pending) { /* with forward_rows' add + norm */
-            be->ops->add_rmsnorm_router_route(be, e->x, e->ffn_pend_y, e->xn, e->ffn_pend_w, (float)c->rms_eps, &ra,
-                                              &L->router);
-            e->ffn_pending = 0;
-        } else if (be->ops->router_route && !L->router_lbias) {
+        if (be->ops->router_route && !L->router_lbias) {
             be->ops->router_route(be, &ra, e->xn, &L->router);
         } else {
             be->ops->matmul(be, e->rlog, e->xn, 1, &L->router, 0);

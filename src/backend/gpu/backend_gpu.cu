@@ -254,7 +254,6 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(matmul); PROF_WRAP(matmul_many); PROF_WRAP(rmsnorm); PROF_WRAP(add_bias); PROF_WRAP(add);
     PROF_WRAP(scale); PROF_WRAP(mul_sigmoid); PROF_WRAP(rope); PROF_WRAP(glu); PROF_WRAP(embed);
     PROF_WRAP(attn_gqa); PROF_WRAP(attn_mla); PROF_WRAP(route); PROF_WRAP(router_route); PROF_WRAP(gather_rows);
-    PROF_WRAP(add_rmsnorm_router_route);
     PROF_WRAP(scatter_add_rows); PROF_WRAP(scale_add_rows); PROF_WRAP(add_bias_any); PROF_WRAP(split_gate_up); PROF_WRAP(add_gated_rows);
     PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
@@ -1062,25 +1061,6 @@ static void g_router_route(ms_backend *be, const ms_route_args *a, const float *
     g_route(be, a);
 }
 
-/* add_rmsnorm, then router_route, in the one launch of ms_gpu_add_rmsnorm_router_route where it
- * takes them (else the two ops). */
-static void g_add_rmsnorm_router_route(ms_backend *be, float *x, const float *y, float *xn, const float *w, float eps,
-                                       const ms_route_args *a, const ms_qmat *router) {
-    gpu_backend *b = gb(be);
-    const ms_config *c = a->c;
-    if (a->n == 1 && !a->fixed && (c->router == MS_ROUTER_SOFTMAX || c->router == MS_ROUTER_TOPK_SOFTMAX ||
-                                   (c->router == MS_ROUTER_SIGMOID && c->n_group <= 1))) {
-        ms_gpu_route_cfg rc_ = {(ms_gpu_router)c->router, (int)c->n_experts, (int)c->top_k, 1, 1,
-                                c->norm_topk_prob ? 1 : 0, (float)c->routed_scale};
-        ms_err e = {0};
-        int rc = ms_gpu_add_rmsnorm_router_route(b->g, x, y, xn, w, eps, (int32_t *)a->ids, a->w, (float *)a->logits,
-                                                 router, a->bias, &rc_, &e);
-        if (rc != MS_ERR_UNSUPPORTED) return note(b, rc, &e);
-    }
-    g_add_rmsnorm(be, x, y, xn, w, 1, router->cols, eps);
-    g_router_route(be, a, xn, router);
-}
-
 typedef struct {
     int32_t row[ROW_BATCH];
     float w[ROW_BATCH];
@@ -1375,7 +1355,6 @@ static void fill_ops(ms_backend_ops *o) {
     o->attn_mla = g_attn_mla;
     o->route = g_route;
     o->router_route = g_router_route;
-    o->add_rmsnorm_router_route = g_add_rmsnorm_router_route;
     o->gather_rows = g_gather_rows;
     o->scatter_add_rows = g_scatter_add_rows;
     o->scale_add_rows = g_scale_add_rows;

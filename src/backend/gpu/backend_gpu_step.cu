@@ -10,6 +10,7 @@
 #include "backend/gpu/rope_head.h"
 #include "backend/gpu/backend_gpu_blocks.h" /* ms_gpu_be_dev, ms_gpu_be_note, ms_gpu_be_report */
 #include "backend/gpu/backend_gpu_step.h"
+#include "backend/gpu/backend_gpu.h" /* ms_backend_gpu_graph_edges */
 
 /* A void op's launch failure, noted for the next sync / download. */
 static void launched(ms_backend *be, const char *what) {
@@ -134,6 +135,7 @@ static int g_graph_end(ms_backend *be, void **graph, ms_err *err) {
     gpuError_t ge = gpuStreamEndCapture(g->stream, &gr);
     int bad = ge != gpuSuccess || !gr || (*failed && !st->cap_failed);
     gpuGraphExec_t ex = NULL;
+    if (!bad) ms_graph_edges(gr, &st->edges, &st->prog_edges);
     if (!bad && gpuGraphInstantiateWithFlags(&ex, gr, 0) != gpuSuccess) bad = 1, ex = NULL;
     if (gr) (void)gpuGraphDestroy(gr);
     (void)gpuGetLastError();
@@ -163,6 +165,11 @@ static void g_graph_free(ms_backend *be, void *graph) {
     if (!sg) return;
     (void)gpuGraphExecDestroy(sg->exec);
     free(sg);
+}
+
+extern "C" void ms_backend_gpu_graph_edges(ms_backend *be, uint64_t *edges, uint64_t *programmatic) {
+    ms_gpu_step_state *st = ms_gpu_be_step(be);
+    *edges = st->edges, *programmatic = st->prog_edges;
 }
 
 void ms_gpu_step_fill(ms_backend_ops *o) {

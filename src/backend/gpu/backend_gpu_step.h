@@ -18,11 +18,12 @@ extern "C" {
  * setup paths refuse to grow scratch, replace a RoPE slot or build a routed-expert table then);
  * the failure state before it (restored when a recording fails); gen counts the moves of
  * scratch buffers and RoPE slots that a recorded graph bakes in (graph_launch refuses a stale
- * graph). */
+ * graph); the edge counts of the last recording (ms_backend_gpu_graph_edges). */
 typedef struct ms_gpu_step_state {
     int capturing, cap_failed;
     ms_err cap_fail;
     unsigned gen;
+    uint64_t edges, prog_edges; /* the last recorded graph's dependency edges, and its programmatic ones */
 } ms_gpu_step_state;
 
 /* backend_gpu.cu: the state above; whether the per-op profile is on; the first-failure note

@@ -13,7 +13,7 @@ static int legacy_bits(const char *v) {
         const char *w;
         int bit;
     } words[] = {{"experts", MS_GPU_LEG_EXPERTS}, {"route", MS_GPU_LEG_ROUTE}, {"norm", MS_GPU_LEG_NORM},
-                 {"router", MS_GPU_LEG_ROUTER}, {"prenorm", MS_GPU_LEG_PRENORM}};
+                 {"router", MS_GPU_LEG_ROUTER}};
     int bits = 0;
     while (*v) {
         size_t n = strcspn(v, ",");

@@ -232,15 +232,6 @@ int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, const int32_
  * router, layout, or MS_GPU_LEGACY_DECODE "router" (then matmul and ms_gpu_route). */
 int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x, const ms_qmat *router,
                         const float *bias, const ms_gpu_route_cfg *c, ms_err *err);
-/* The same with the residual add and the norm before it in the one launch: x += y, xn =
- * rmsnorm(x) * w (w NULL: ones) over d = router->cols, bit for bit as the backend's add_rmsnorm
- * (its register kernel: every block sums the squares in that kernel's order), then the router
- * on xn; x, y, xn, w 16-byte aligned, distinct, d a multiple of 4 up to 8192.
- * MS_ERR_UNSUPPORTED where ms_gpu_router_route refuses, for another shape, or with
- * MS_GPU_LEGACY_DECODE "prenorm" (then add_rmsnorm and ms_gpu_router_route). */
-int ms_gpu_add_rmsnorm_router_route(ms_gpu *g, float *x, const float *y, float *xn, const float *w, float eps,
-                                    int32_t *ids, float *weights, float *logits, const ms_qmat *router,
-                                    const float *bias, const ms_gpu_route_cfg *c, ms_err *err);
 
 /* Timing with device events on the context's stream (for benches): ms_gpu_timer_start
  * records a start event; ms_gpu_timer_stop records the end, waits, and gives the

@@ -44,7 +44,7 @@ struct ms_gpu {
     int *cnt;  /* arrival counters of the last-block patterns (zero between launches), cnt_n of them */
     int cnt_n;
     int legacy; /* MS_GPU_LEGACY_DECODE at open (A/B measurements): "1" or "all" every earlier decode kernel,
-                 * else a comma list of experts, route, norm, router, prenorm (MS_GPU_LEG_* bits) */
+                 * else a comma list of experts, route, norm, router (MS_GPU_LEG_* bits) */
     int attn_mode; /* MS_GPU_ATTN at open (A/B measurements): MS_GPU_ATTN_* below */
     int attn_splits; /* MS_GPU_ATTN_SPLITS at open: the decode kernel's splits at most (0: MS_GPU_ATTN_MAXS) */
     int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+
@@ -62,7 +62,6 @@ struct ms_gpu {
 #define MS_GPU_LEG_ROUTE 2   /* the block router */
 #define MS_GPU_LEG_NORM 4    /* add_rmsnorm by loops */
 #define MS_GPU_LEG_ROUTER 16 /* the router matmul and the routing in two launches */
-#define MS_GPU_LEG_PRENORM 32 /* add_rmsnorm before the router + route kernel in its own launch */
 
 /* Turn a runtime status into an ms status with the runtime's message. */
 static inline int ms_gpu_check(gpuError_t e, ms_err *err, const char *what) {

@@ -15,6 +15,7 @@
 #define MS_GPU_PORT_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP)
 /* ---------------------------------------------------------------- HIP */
@@ -86,6 +87,13 @@ static inline int ms_pdl_capable(const void *kernel) {
 }
 static __device__ __forceinline__ void ms_pdl_wait(void) {}
 static __device__ __forceinline__ void ms_pdl_launch(void) {}
+/* The dependency edges of graph g (programmatic ones: none on HIP); 0 when it cannot tell. */
+static inline void ms_graph_edges(hipGraph_t g, uint64_t *edges, uint64_t *programmatic) {
+    size_t n = 0;
+    *programmatic = 0;
+    if (hipGraphGetEdges(g, NULL, NULL, &n) != hipSuccess) (void)hipGetLastError(), n = 0;
+    *edges = n;
+}
 
 /* lane shuffles: HIP has no mask argument */
 static __device__ __forceinline__ float ms_shfl_xor(float v, int m) { return __shfl_xor(v, m, MS_WARP); }
@@ -213,6 +221,44 @@ static __device__ __forceinline__ void ms_pdl_wait(void) {
 static __device__ __forceinline__ void ms_pdl_launch(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+/* The dependency edges of graph g and how many are programmatic (a PDL launch captured after a
+ * kernel); 0 when the runtime cannot tell (before CUDA 12.3: the total only). */
+static inline void ms_graph_edges(cudaGraph_t g, uint64_t *edges, uint64_t *programmatic) {
+    size_t n = 0;
+    *edges = 0, *programmatic = 0;
+#if CUDART_VERSION >= 13000
+    if (cudaGraphGetEdges(g, NULL, NULL, NULL, &n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+#elif CUDART_VERSION >= 12030
+    if (cudaGraphGetEdges_v2(g, NULL, NULL, NULL, &n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+#else
+    if (cudaGraphGetEdges(g, NULL, NULL, &n) != cudaSuccess) (void)cudaGetLastError(), n = 0;
+    *edges = n;
+    return;
+#endif
+    *edges = n;
+#if CUDART_VERSION >= 12030
+    if (!n) return;
+    cudaGraphNode_t *from = (cudaGraphNode_t *)malloc(n * sizeof *from), *to = (cudaGraphNode_t *)malloc(n * sizeof *to);
+    cudaGraphEdgeData *ed = (cudaGraphEdgeData *)malloc(n * sizeof *ed);
+    size_t m = n;
+#if CUDART_VERSION >= 13000
+    cudaError_t e = from && to && ed ? cudaGraphGetEdges(g, from, to, ed, &m) : cudaErrorMemoryAllocation;
+#else
+    cudaError_t e = from && to && ed ? cudaGraphGetEdges_v2(g, from, to, ed, &m) : cudaErrorMemoryAllocation;
+#endif
+    if (e == cudaSuccess)
+        for (size_t i = 0; i < m && i < n; i++) *programmatic += ed[i].type == cudaGraphDependencyTypeProgrammatic;
+    else
+        (void)cudaGetLastError();
+    free(from), free(to), free(ed);
 #endif
 }
 

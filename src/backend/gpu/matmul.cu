@@ -1007,52 +1007,9 @@ typedef struct rr_args {
     int64_t rows, cols, scols;
     int brow, bshift, scale_dt;
     ms_gpu_route_cfg c;
-    /* PRE: x is px + py, normed with pw into pxn first (the add_rmsnorm register kernel's
-     * geometry: pth threads of pnv float4 each) */
-    float *px, *pxn;
-    const float *py, *pw;
-    float eps;
-    int pth, pnv;
 } rr_args;
 
-/* PRE (rr_kernel): xs4 [cols / 4] (shared) := rmsnorm(px + py) * pw, summed exactly as
- * k_add_rmsnorm_reg<pnv> with pth threads does (virtual thread T = 32 vw + lane of virtual warp
- * vw owns float4s T + k pth, k < pnv, its squares in one fma chain; the warps' sums in warp
- * order), so xs4 is bit for bit that kernel's xn; block 0 writes it to pxn. */
-static __device__ void rr_prenorm(const rr_args &a, float4 *xs4) {
-    __shared__ float sh[512 / 32];
-    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
-    const int n4 = (int)(a.cols / 4), nvw = a.pth / MS_WARP;
-    const float4 *x4 = (const float4 *)a.px, *y4 = (const float4 *)a.py;
-    for (int vw = warp; vw < nvw; vw += nw) {
-        const int T = vw * MS_WARP + lane;
-        float ss = 0.0f;
-        for (int k = 0; k < a.pnv; k++) {
-            int i = T + k * a.pth;
-            if (i >= n4) continue;
-            float4 p = x4[i], q = y4[i];
-            float4 v = make_float4(p.x + q.x, p.y + q.y, p.z + q.z, p.w + q.w);
-            xs4[i] = v;
-            ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss);
-            ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
-        }
-        ss = ms_warp_sum(ss);
-        if (lane == 0) sh[vw] = ss;
-    }
-    __syncthreads();
-    float t = 0.0f;
-    for (int i = 0; i < nvw; i++) t += sh[i];
-    const float inv = 1.0f / sqrtf(t / (float)a.cols + a.eps);
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
-        float4 v = xs4[i], g = a.pw ? ((const float4 *)a.pw)[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        v = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
-        xs4[i] = v;
-        if (blockIdx.x == 0) ((float4 *)a.pxn)[i] = v;
-    }
-    __syncthreads();
-}
-
-template <int DT, bool PRE>
+template <int DT>
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) {
     typedef mm_traits<DT> T;
     const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
@@ -1082,9 +1039,6 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
             raw[u][r] = k < nch ? ms_load_stream16(wr[r] + k) : make_uint4(0, 0, 0, 0);
         }
     ms_pdl_wait();
-    extern __shared__ float4 xs4[]; /* PRE: the normed x */
-    const float *xin = a.x;
-    if (PRE) rr_prenorm(a, xs4), xin = (const float *)xs4;
     for (int64_t k0 = threadIdx.x; k0 < nch; k0 += U * STEP) {
         if (k0 != (int64_t)threadIdx.x)
 #pragma unroll
@@ -1098,7 +1052,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
         for (int u = 0; u < U; u++) {
             int64_t k = k0 + u * STEP;
             if (k < nch)
-                rx_chunk<DT>(raw[u], xin + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc, zp, zrow, zsh);
+                rx_chunk<DT>(raw[u], a.x + k * VEC, sp, srow, (int)(k * VEC), a.scale_dt, a.bshift, acc, zp, zrow, zsh);
         }
     }
     __shared__ float red[MM_WARPS][MM_R];
@@ -1121,34 +1075,22 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (PRE) /* the residual, now that every block has read it: px + py again (the same rounding) */
-        for (int64_t i = threadIdx.x; i < a.cols / 4; i += blockDim.x) {
-            float4 p = ((const float4 *)a.px)[i], q = ((const float4 *)a.py)[i];
-            ((float4 *)a.px)[i] = make_float4(p.x + q.x, p.y + q.y, p.z + q.z, p.w + q.w);
-        }
     for (int64_t i = threadIdx.x; i < a.rows; i += blockDim.x) lg[i] = ms_load_cg(a.logits + i);
     __syncthreads();
     route_block_token(a.ids, a.wout, lg, a.bias, a.c, scores, choice, taken, ids);
 }
 
-/* ms_gpu_router_route, and with pre (x, y, xn, w, eps) ms_gpu_add_rmsnorm_router_route. */
-typedef struct rr_pre {
-    float *x, *xn;
-    const float *y, *w;
-    float eps;
-} rr_pre;
-static int router_route_impl(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
-                             const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c, const rr_pre *pre,
-                             ms_err *err) {
+extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
+                                   const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c, ms_err *err) {
     MS_GPU_CHECK_CTX(g, err);
     int rc = ms_gpu_qmat_check(router, "ms_gpu_router_route", err);
     if (rc) return rc;
-    if (!ids || !weights || !logits || !(pre || x) || !c) return ms_fail(err, MS_ERR_ARG, "ms_gpu_router_route: NULL argument");
+    if (!ids || !weights || !logits || !x || !c) return ms_fail(err, MS_ERR_ARG, "ms_gpu_router_route: NULL argument");
     int kind_ok = c->kind == MS_GPU_ROUTER_SOFTMAX || c->kind == MS_GPU_ROUTER_TOPK_SOFTMAX ||
                   (c->kind == MS_GPU_ROUTER_SIGMOID && c->n_group <= 1);
     int dt = kernel_dtype(router->dtype);
     if ((g->legacy & MS_GPU_LEG_ROUTER) || !kind_ok || dt < 0 || dt == DT_I4 || c->n_experts != router->rows ||
-        c->n_experts > RT_MAXE || c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts || (x && (uintptr_t)x % 16) ||
+        c->n_experts > RT_MAXE || c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts || (uintptr_t)x % 16 ||
         (uintptr_t)router->data % 16 || !vec_layout_ok(router))
         return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_router_route: not this router (kind %d, %lld rows, top %d)",
                        (int)c->kind, (long long)router->rows, c->top_k);
@@ -1160,49 +1102,18 @@ static int router_route_impl(ms_gpu *g, int32_t *ids, float *weights, float *log
     a.w = (const uint8_t *)router->data, a.scale = (const uint8_t *)router->scale, a.x = x, a.bias = bias;
     a.logits = logits, a.wout = weights, a.ids = ids, a.rows = m.rows, a.cols = m.cols, a.scols = m.scols;
     a.brow = m.brow, a.bshift = m.bshift, a.scale_dt = m.scale_dt, a.c = *c;
-    size_t shm = 0;
-    if (pre) { /* the register add_rmsnorm's geometry (backend_gpu.cu g_add_rmsnorm) */
-        int64_t d = a.cols, n4 = d / 4;
-        if ((g->legacy & (MS_GPU_LEG_PRENORM | MS_GPU_LEG_NORM)) || !pre->x || !pre->y || !pre->xn || d % 4 || n4 > 2048 ||
-            ((uintptr_t)pre->x | (uintptr_t)pre->y | (uintptr_t)pre->xn | (uintptr_t)pre->w) % 16 ||
-            pre->x == pre->y || pre->xn == pre->y || pre->xn == pre->x)
-            return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_add_rmsnorm_router_route: not this shape (%lld)", (long long)d);
-        int nv = n4 <= 512 ? 1 : n4 <= 1024 ? 2 : n4 <= 2048 ? 4 : 8;
-        int th = (int)((n4 + nv - 1) / nv);
-        a.px = pre->x, a.py = pre->y, a.pxn = pre->xn, a.pw = pre->w, a.eps = pre->eps;
-        a.pth = (th + 63) / 64 * 64, a.pnv = nv;
-        shm = (size_t)d * 4;
-    }
     if (!(a.cnt = ms_gpu_counters(g, 1, err))) return err ? err->code : MS_ERR_NOMEM;
     unsigned blocks = (unsigned)((a.rows + MM_R - 1) / MM_R);
     dim3 th(MM_WARPS * MS_WARP);
-#define RR_LAUNCH(DT)                                                                                    \
-    (pre ? ms_launch(g->pdl, rr_kernel<DT, true>, dim3(blocks), th, shm, g->stream, a)                 \
-         : ms_launch(g->pdl, rr_kernel<DT, false>, dim3(blocks), th, 0, g->stream, a))
     switch (kernel_dtype(router->dtype)) {
-    case DT_F32: RR_LAUNCH(DT_F32); break;
-    case DT_F16: RR_LAUNCH(DT_F16); break;
-    case DT_BF16: RR_LAUNCH(DT_BF16); break;
+    case DT_F32: ms_launch(g->pdl, rr_kernel<DT_F32>, dim3(blocks), th, 0, g->stream, a); break;
+    case DT_F16: ms_launch(g->pdl, rr_kernel<DT_F16>, dim3(blocks), th, 0, g->stream, a); break;
+    case DT_BF16: ms_launch(g->pdl, rr_kernel<DT_BF16>, dim3(blocks), th, 0, g->stream, a); break;
     case DT_FP8:
-        if (fp8_decode_mode()) RR_LAUNCH(DT_FP8);
-        else RR_LAUNCH(DT_FP8_CVT);
+        if (fp8_decode_mode()) ms_launch(g->pdl, rr_kernel<DT_FP8>, dim3(blocks), th, 0, g->stream, a);
+        else ms_launch(g->pdl, rr_kernel<DT_FP8_CVT>, dim3(blocks), th, 0, g->stream, a);
         break;
-    default: RR_LAUNCH(DT_F4); break;
+    default: ms_launch(g->pdl, rr_kernel<DT_F4>, dim3(blocks), th, 0, g->stream, a); break;
     }
-#undef RR_LAUNCH
-    return ms_gpu_launched(err, pre ? "add_rmsnorm + router + route" : "router + route");
-}
-
-extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
-                                   const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c, ms_err *err) {
-    if (!x) return ms_fail(err, MS_ERR_ARG, "ms_gpu_router_route: NULL x");
-    return router_route_impl(g, ids, weights, logits, x, router, bias, c, NULL, err);
-}
-
-extern "C" int ms_gpu_add_rmsnorm_router_route(ms_gpu *g, float *x, const float *y, float *xn, const float *w,
-                                               float eps, int32_t *ids, float *weights, float *logits,
-                                               const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c,
-                                               ms_err *err) {
-    rr_pre p = {x, xn, y, w, eps};
-    return router_route_impl(g, ids, weights, logits, NULL, router, bias, c, &p, err);
+    return ms_gpu_launched(err, "router + route");
 }
