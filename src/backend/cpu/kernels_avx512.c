@@ -94,10 +94,11 @@ INL __m512 fp4_table(void) {
  * One 64-byte load gives 32 BF16 weights; v << 16 is the F32 of the even columns, v & 0xffff0000
  * of the odd ones, against x rewritten once per call into even/odd halves per 32 columns
  * (bfe_x_prep, f4_x_prep's layout; the tail past the last full 32 stays in column order).
- * Lane j of the even accumulator sums exactly the products lane 2j (mod 16) of bf16_rows'
+ * Lane j of the even accumulator sums exactly the products lane 2j (mod 16) of that form's
  * a0 / a1 sums, in the same order, and likewise the odd one, so two permutes at the end give
- * a0 and a1 bit for bit; the tail and the reduction are bf16_rows'. Per 32 columns: 1 load, a
- * shift and an and instead of two widening (cross-lane) loads and two shifts. */
+ * a0 and a1 bit for bit; the tail and the reduction are that form's (tests/unit/test_bf16dot.c
+ * checks the bytes against a scalar emulation of it). Per 32 columns: 1 load, a shift and an
+ * and instead of two widening (cross-lane) loads and two shifts. */
 static int64_t f4_x_need(const ms_qmat *w);
 T512 static void f4_x_prep(const ms_qmat *w, const float *x, float *xs);
 static int64_t bfe_x_need(const ms_qmat *w) { return w->dtype == MS_DT_BF16 ? w->cols : f4_x_need(w); }
