@@ -7,7 +7,8 @@
  * the F32 pool's bytes, and a Q8+BF16 pool the Q8 pool's on MXFP4. (3) Names. (4) The
  * F32-activation AVX-512 BF16 decode gives exactly the sums of its documented form
  * (kernels_avx512.c: a0 lane i column i of each 32, a1 column 16 + i, FMA in column order, a
- * masked 16-wide tail into a0, _mm512_reduce_add_ps of a0 + a1), emulated here in scalar C. */
+ * masked 16-wide tail into a0, _mm512_reduce_add_ps of a0 + a1), emulated here in scalar C; the
+ * AVX2 one likewise (8-lane a0 / a1 over 16 columns, its hsum). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -161,6 +162,42 @@ TEST(bf16_f32_decode_bits) {
             CHECK_MSG(bad == 0, "isa %s K %lld: %d rows differ from the documented sums", ms_cpu_isa_name((ms_cpu_isa)isa),
                       (long long)C, bad);
         }
+        free(wb), free(x), free(y);
+    }
+}
+
+/* The AVX2 form: a0 lane i column i of each 16, a1 column 8 + i, hsum (kernels_avx2.c) of a0 + a1;
+ * shapes without a scalar tail (K % 16 == 0: its contraction is the compiler's). */
+static float bf16_row_form8(const uint16_t *w, const float *x, int64_t K) {
+    float a0[8] = {0}, a1[8] = {0}, v[8], s4[4];
+    for (int64_t k = 0; k + 16 <= K; k += 16)
+        for (int i = 0; i < 8; i++) {
+            a0[i] = fmaf(ms_bf16_to_f32(w[k + i]), x[k + i], a0[i]);
+            a1[i] = fmaf(ms_bf16_to_f32(w[k + 8 + i]), x[k + 8 + i], a1[i]);
+        }
+    for (int i = 0; i < 8; i++) v[i] = a0[i] + a1[i];
+    for (int i = 0; i < 4; i++) s4[i] = v[i] + v[i + 4];
+    float t0 = s4[0] + s4[2], t1 = s4[1] + s4[3];
+    return t0 + t1;
+}
+
+TEST(bf16_f32_decode_bits_avx2) {
+    if (!ms_cpu_isa_supported(MS_ISA_AVX2)) return;
+    static const int64_t shapes[][2] = {{37, 2048}, {21, 96}, {17, 4128}, {9, 16}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int64_t R = shapes[si][0], C = shapes[si][1];
+        uint16_t *wb = malloc((size_t)(R * C) * 2);
+        float *x = malloc((size_t)C * sizeof *x), *y = malloc((size_t)R * sizeof *y);
+        for (int64_t i = 0; i < R * C; i++) wb[i] = ms_f32_to_bf16(frand());
+        for (int64_t i = 0; i < C; i++) x[i] = frand();
+        ms_qmat w = {.dtype = MS_DT_BF16, .rows = R, .cols = C, .data = wb};
+        ms_matmul(bpool(MS_ISA_AVX2, 3, MS_ACT_F32), y, x, 1, &w);
+        int bad = 0;
+        for (int64_t r = 0; r < R; r++) {
+            float e = bf16_row_form8(wb + r * C, x, C);
+            bad += memcmp(&e, &y[r], 4) != 0;
+        }
+        CHECK_MSG(bad == 0, "avx2 K %lld: %d rows differ from the documented sums", (long long)C, bad);
         free(wb), free(x), free(y);
     }
 }
