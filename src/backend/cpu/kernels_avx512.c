@@ -137,6 +137,7 @@ INL void bfe_rows(const uint16_t *w, int64_t K, const float *xs, float *out, con
     UNROLL8 for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
 }
 
+/* The avx512 gemv for BF16: rows [r0, r1) against xs = bfe_x_prep's rewrite of x. */
 T512 static void bfe_gemv(const ms_qmat *w, const float *xs, float *y, int64_t r0, int64_t r1, int acc) {
     const int64_t K = w->cols;
     const uint16_t *base = (const uint16_t *)w->data;
@@ -639,6 +640,7 @@ INLBF void bfd_rows(const uint16_t *w, int64_t K, const uint16_t *xb, float *out
     UNROLL8 for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
 }
 
+/* mm_kernels.gemv for a BF16 w against x = bf_x_prep's BF16 scratch: rows [r0, r1). */
 TBF static void bfd_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     const int64_t K = w->cols;
     const uint16_t *base = (const uint16_t *)w->data, *xb = (const uint16_t *)x;
@@ -655,6 +657,7 @@ TBF static void bfd_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0,
     }
 }
 
+/* ms_kernels_avx512bf16.gemv: BF16 on vdpbf16ps, every other dtype the avx512 gemv. */
 T512 static void gemv_bf(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     if (w->dtype == MS_DT_BF16) bfd_gemv(w, x, y, r0, r1, acc);
     else gemv(w, x, y, r0, r1, acc);
