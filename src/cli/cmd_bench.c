@@ -137,7 +137,7 @@ int cmd_bench(int argc, char **argv) {
                "process CPU time of the decode loop, prefill_cpu_s of the prefill (with --threads 1: the work without\n"
                "time-sharing waits).\n"
                "--cpu-activations q8: int8 activations and integer dot products for MXFP4/INT4/Q8 weights on\n"
-               "the CPU; bf16: BF16-rounded activations and vdpbf16ps for the BF16 and FP8 decode matvecs (AVX512_BF16\n"
+               "the CPU; bf16: BF16-rounded activations and vdpbf16ps for the BF16 decode matvec (AVX512_BF16\n"
                "CPUs); q8+bf16 both (default f32; docs/performance.md gives the error per fixture).\n"
                "--drop-cache evicts the model's files from the page cache first. decode_expert_hit_rate,\n"
                "decode_disk_bytes_per_token and decode_read_wait_s repeat hit_rate, expert_bytes_read_per_token\n"

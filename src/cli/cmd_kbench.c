@@ -173,7 +173,7 @@ int cmd_kbench(int argc, char **argv) {
                "matvecs. Prints one JSON line. best_call_gbps: the quickest single call of a decode row (on a\n"
                "shared machine the steadier figure of what the kernel does when it runs).\n"
                "--activations q8: int8 activations per 32 and integer dot products for mxfp4, int4 and q8\n"
-               "(the other dtypes keep F32); bf16: BF16-rounded activations and vdpbf16ps for bf16 and f8_e4m3 (AVX512_BF16\n"
+               "(the other dtypes keep F32); bf16: BF16-rounded activations and vdpbf16ps for bf16 (AVX512_BF16\n"
                "CPUs; elsewhere F32); q8+bf16 both. --quick skips the 151936x2048 shape. --seconds: time per measurement (default 0.6).\n");
         return 0;
     }

@@ -63,7 +63,7 @@ int cmd_run(int argc, char **argv) {
                "--save-state FILE: after generating, feed the last generated id too and save the state\n"
                "(its tokens: the loaded state's, the prompt, every generated id) atomically; see docs/state.md.\n"
                "--cpu-activations f32|q8|bf16|q8+bf16: q8 multiplies MXFP4/INT4/Q8 weights with int8 activations\n"
-               "(per 32, F32 scale) on the CPU; bf16 rounds the BF16/FP8 decode matvecs' activations to BF16\n"
+               "(per 32, F32 scale) on the CPU; bf16 rounds the BF16 decode matvec's activations to BF16\n"
                "(vdpbf16ps, AVX512_BF16 CPUs); default f32.\n",
                usage);
         return 0;

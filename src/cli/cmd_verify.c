@@ -131,7 +131,7 @@ int cmd_verify(int argc, char **argv) {
                "teacher-forced steps are compared with a stored-tier engine's and forced to them\n"
                "(choice_flips: one beyond its own margin bound fails).\n"
                "--cpu-activations q8 runs the CPU matmuls of MXFP4/INT4/Q8 weights with int8 activations\n"
-               "(per 32, F32 scale; integer dot products), bf16 the BF16/FP8 decode matvecs with BF16 activations\n"
+               "(per 32, F32 scale; integer dot products), bf16 the BF16 decode matvecs with BF16 activations\n"
                "(vdpbf16ps), q8+bf16 both, under the same 1e-3 tolerance (default f32).\n");
         return 0;
     }

@@ -32,9 +32,8 @@ typedef enum ms_cpu_isa {
  * reference kernels'). Q8: for MXFP4, INT4 and Q8 weights the activations are
  * rounded to int8 per block of 32 with an F32 scale (amax / 127) and multiplied
  * in integers (core/qmat.h dtypes; FP8 and 16/32-bit weights keep F32). BF16:
- * the decode matvec of BF16 and FP8 e4m3 weights rounds x to BF16 and uses
- * vdpbf16ps, on an AVX-512 ISA of a CPU with AVX512_BF16 only (elsewhere, and for
- * prefill, F32).
+ * the decode matvec of BF16 weights rounds x to BF16 and uses vdpbf16ps, on an
+ * AVX-512 ISA of a CPU with AVX512_BF16 only (elsewhere, and for prefill, F32).
  * Q8_BF16 is both (the values are bit flags: Q8 | BF16). */
 typedef enum ms_cpu_act {
     MS_ACT_F32 = 0,

@@ -30,8 +30,8 @@ typedef struct mm_kernels {
     void (*tile)(const float *buf, int ld, int nr, const float *x, int64_t ldx, int nt, int kc, float *y,
                  int64_t ldy, int acc);
     /* Optional (NULL: none): floats of scratch gemv wants x rewritten into for w (0: none),
-     * and the rewrite (x[w->cols] -> xs); gemv then gets xs in place of x. An F8 weight whose
-     * x_need is 0 gets x * MM_F8_XSCALE from matmul.c instead (every table but avx512bf16). */
+     * and the rewrite (x[w->cols] -> xs); gemv then gets xs in place of x. F8 is not done this
+     * way (matmul.c pre-scales x for every table). */
     int64_t (*x_need)(const ms_qmat *w);
     void (*x_prep)(const ms_qmat *w, const float *x, float *xs);
     /* Vector primitives (see ops.h for contracts). */
@@ -45,8 +45,8 @@ typedef struct mm_kernels {
 extern const mm_kernels ms_kernels_scalar;
 extern const mm_kernels ms_kernels_avx2;
 extern const mm_kernels ms_kernels_avx512;
-/* avx512 with the BF16 and FP8 matvecs on vdpbf16ps against BF16-rounded x (MS_ACT_BF16 on
- * a CPU with AVX512_BF16); every other kernel is avx512's. */
+/* avx512 with the BF16 matvec on vdpbf16ps against BF16-rounded x (MS_ACT_BF16 on a CPU
+ * with AVX512_BF16); every other kernel is avx512's. */
 extern const mm_kernels ms_kernels_avx512bf16;
 
 /* The table for the process's ISA (initializes dispatch on first use), for

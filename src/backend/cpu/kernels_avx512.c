@@ -94,10 +94,11 @@ INL __m512 fp4_table(void) {
  * One 64-byte load gives 32 BF16 weights; v << 16 is the F32 of the even columns, v & 0xffff0000
  * of the odd ones, against x rewritten once per call into even/odd halves per 32 columns
  * (bfe_x_prep, f4_x_prep's layout; the tail past the last full 32 stays in column order).
- * Lane j of the even accumulator sums exactly the products lane 2j (mod 16) of bf16_rows'
+ * Lane j of the even accumulator sums exactly the products lane 2j (mod 16) of that form's
  * a0 / a1 sums, in the same order, and likewise the odd one, so two permutes at the end give
- * a0 and a1 bit for bit; the tail and the reduction are bf16_rows'. Per 32 columns: 1 load, a
- * shift and an and instead of two widening (cross-lane) loads and two shifts. */
+ * a0 and a1 bit for bit; the tail and the reduction are that form's (tests/unit/test_bf16dot.c
+ * checks the bytes against a scalar emulation of it). Per 32 columns: 1 load, a shift and an
+ * and instead of two widening (cross-lane) loads and two shifts. */
 static int64_t f4_x_need(const ms_qmat *w);
 T512 static void f4_x_prep(const ms_qmat *w, const float *x, float *xs);
 static int64_t bfe_x_need(const ms_qmat *w) { return w->dtype == MS_DT_BF16 ? w->cols : f4_x_need(w); }
@@ -136,6 +137,7 @@ INL void bfe_rows(const uint16_t *w, int64_t K, const float *xs, float *out, con
     UNROLL8 for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
 }
 
+/* The avx512 gemv for BF16: rows [r0, r1) against xs = bfe_x_prep's rewrite of x. */
 T512 static void bfe_gemv(const ms_qmat *w, const float *xs, float *y, int64_t r0, int64_t r1, int acc) {
     const int64_t K = w->cols;
     const uint16_t *base = (const uint16_t *)w->data;
@@ -592,19 +594,17 @@ T512 static void tile(const float *buf, int ld, int nr, const float *x, int64_t 
  * scratch: bf_x_prep), vdpbf16ps: each F32 lane gets the exact products of a column
  * pair added in (DAZ/FTZ, as the instruction does). Results differ from the F32
  * kernels by the rounding of x (|x - bf16(x)| <= 2^-9 |x|) and the summation order.
- * FP8 e4m3 weights likewise (bf8_gemv); other dtypes take the avx512 kernels unchanged. */
+ * Other dtypes take the avx512 kernels unchanged. */
 #define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
 #define INLBF static inline __attribute__((always_inline)) TBF
 
-/* The dtypes this table runs on vdpbf16ps: BF16, and FP8 e4m3 with F32/BF16/F16 block scales. */
-static int bf_takes(const ms_qmat *w) { return w->dtype == MS_DT_BF16 || (w->dtype == MS_DT_F8_E4M3 && f8_fast(w)); }
 static int64_t bf_x_need(const ms_qmat *w) {
-    if (bf_takes(w)) return (w->cols + 31) / 32 * 16; /* 2 BF16 per float, padded to 32 */
+    if (w->dtype == MS_DT_BF16) return (w->cols + 31) / 32 * 16; /* 2 BF16 per float, padded to 32 */
     return f4_x_need(w);
 }
 /* x (cols floats) -> BF16 in xs, zeros up to a multiple of 32; F4 as the avx512 table. */
 TBF static void bf_x_prep(const ms_qmat *w, const float *x, float *xs) {
-    if (!bf_takes(w)) {
+    if (w->dtype != MS_DT_BF16) {
         f4_x_prep(w, x, xs);
         return;
     }
@@ -640,6 +640,7 @@ INLBF void bfd_rows(const uint16_t *w, int64_t K, const uint16_t *xb, float *out
     UNROLL8 for (int i = 0; i < NR; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
 }
 
+/* mm_kernels.gemv for a BF16 w against x = bf_x_prep's BF16 scratch: rows [r0, r1). */
 TBF static void bfd_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     const int64_t K = w->cols;
     const uint16_t *base = (const uint16_t *)w->data, *xb = (const uint16_t *)x;
@@ -656,56 +657,9 @@ TBF static void bfd_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0,
     }
 }
 
-/* FP8 e4m3 on vdpbf16ps: 32 codes -> the 32 BF16 values, exact (every e4m3 value is a BF16
- * normal or zero; vdpbf16ps would flush BF16 subnormals, and none occurs): for exponent field
- * e >= 1 the bits are sign | (e + 120) << 7 | m << 4; the 7 subnormal codes (e == 0, m = 1..7,
- * value m * 2^-9) come from a table. 0x7f/0xff (NaN in e4m3fn) read as +-480, as the F32
- * kernels. A product underflows only for |x| < 2^-117. */
-INLBF __m512i f8_bh32(__m256i b) {
-    const __m512i v = _mm512_cvtepu8_epi16(b);
-    const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7f));
-    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x80)), 8);
-    __m512i n = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-    /* m * 2^-9 for m = 0..7: 0, 2^-9, 2^-8, 1.5 2^-8, 2^-7, 1.25 2^-7, 1.5 2^-7, 1.75 2^-7 */
-    const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                         0x3c60, 0x3c40, 0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0);
-    n = _mm512_mask_permutexvar_epi16(n, _mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x78)), mag, sub);
-    return _mm512_or_si512(n, sign);
-}
-
-/* FP8 rows one at a time: per column block (bcol), 64 codes a step into two BF16 dots, the
- * block's partial sum times its scale into the row sum. */
-TBF static void bf8_gemv(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
-    const int64_t K = w->cols, bc = w->scale ? w->bcol : K;
-    const uint16_t *xb = (const uint16_t *)x;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *p = (const uint8_t *)w->data + r * K;
-        const int64_t sr = w->scale ? r / w->brow : 0;
-        __m512 a = _mm512_setzero_ps();
-        for (int64_t c0 = 0, cb = 0; c0 < K; c0 += bc, cb++) {
-            const int64_t c1 = c0 + bc < K ? c0 + bc : K;
-            __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-            int64_t k = c0;
-            for (; k + 64 <= c1; k += 64) {
-                __m256i l0 = _mm256_loadu_si256((const __m256i *)(p + k)), l1 = _mm256_loadu_si256((const __m256i *)(p + k + 32));
-                b0 = _mm512_dpbf16_ps(b0, (__m512bh)f8_bh32(l0), ld_bh(xb + k));
-                b1 = _mm512_dpbf16_ps(b1, (__m512bh)f8_bh32(l1), ld_bh(xb + k + 32));
-            }
-            for (; k < c1; k += 32) { /* x past c1 may be nonzero: mask both sides */
-                __mmask32 m = c1 - k >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << (c1 - k)) - 1);
-                __m512bh wv = (__m512bh)_mm512_maskz_mov_epi16(m, f8_bh32(_mm256_maskz_loadu_epi8(m, p + k)));
-                b0 = _mm512_dpbf16_ps(b0, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, xb + k));
-            }
-            a = _mm512_fmadd_ps(_mm512_add_ps(b0, b1), _mm512_set1_ps(mm_scale_at(w, sr, cb)), a);
-        }
-        float s = _mm512_reduce_add_ps(a);
-        y[r] = acc ? y[r] + s : s;
-    }
-}
-
+/* ms_kernels_avx512bf16.gemv: BF16 on vdpbf16ps, every other dtype the avx512 gemv. */
 T512 static void gemv_bf(const ms_qmat *w, const float *x, float *y, int64_t r0, int64_t r1, int acc) {
     if (w->dtype == MS_DT_BF16) bfd_gemv(w, x, y, r0, r1, acc);
-    else if (bf_takes(w)) bf8_gemv(w, x, y, r0, r1, acc);
     else gemv(w, x, y, r0, r1, acc);
 }
 

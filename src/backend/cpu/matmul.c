@@ -253,8 +253,8 @@ static int plan(const mm_kernels *k, const qk_kernels *qk, int nth, float *y, co
         j->gemv = 1;
         j->rows_per_task = rpt;
         j->n_tasks = (int)((w->rows + rpt - 1) / rpt);
-        if (k->x_need && k->x_need(w)) *xs_need = k->x_need(w);
-        else if (w->dtype == MS_DT_F8_E4M3) *xs_need = w->cols;
+        if (w->dtype == MS_DT_F8_E4M3) *xs_need = w->cols;
+        else if (k->x_need) *xs_need = k->x_need(w);
         return j->n_tasks;
     }
     j->n_rb = (w->rows + MM_RB - 1) / MM_RB;
@@ -265,8 +265,8 @@ static int plan(const mm_kernels *k, const qk_kernels *qk, int nth, float *y, co
     return j->n_tasks;
 }
 
-/* Points a decode job whose table rewrites x for w (x_need) at that rewrite in xs, an F8
- * job otherwise at x * MM_F8_XSCALE written into xs; without
+/* Points an F8 decode job at x * MM_F8_XSCALE written into xs (another dtype whose
+ * table has x_prep: at its rewrite of x); without
  * scratch (xs NULL: allocation failed) the job takes the tile path instead. */
 static void use_scratch(mm_job *j, float *xs, int nth) {
     if (!xs && j->qk) { /* Q8 without scratch: the F32 path */
@@ -292,9 +292,9 @@ static void use_scratch(mm_job *j, float *xs, int nth) {
         j->xq = q, j->xd = d, j->xm = m;
         return;
     }
-    if (j->k->x_need && j->k->x_need(j->w)) j->k->x_prep(j->w, j->x, xs);
-    else if (j->w->dtype == MS_DT_F8_E4M3)
+    if (j->w->dtype == MS_DT_F8_E4M3)
         for (int64_t c = 0; c < j->w->cols; c++) xs[c] = j->x[c] * MM_F8_XSCALE;
+    else j->k->x_prep(j->w, j->x, xs);
     j->x = xs;
 }
 
