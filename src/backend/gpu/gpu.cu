@@ -46,6 +46,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     const char *am = getenv("MS_GPU_ATTN");
     g->attn_mode = am && !strcmp(am, "old") ? MS_GPU_ATTN_OLD : am && !strcmp(am, "combine") ? MS_GPU_ATTN_COMBINE
                                                                                             : MS_GPU_ATTN_FOLD;
+    const char *ro = getenv("MS_GPU_ROUTER");
+    g->router_old = ro && !strcmp(ro, "old");
     const char *as = getenv("MS_GPU_ATTN_SPLITS");
     g->attn_splits = as ? atoi(as) : 0;
     if (g->attn_splits < 0 || g->attn_splits > MS_GPU_ATTN_MAXS) g->attn_splits = 0;

@@ -47,6 +47,8 @@ struct ms_gpu {
                  * else a comma list of experts, route, norm, router (MS_GPU_LEG_* bits) */
     int attn_mode; /* MS_GPU_ATTN at open (A/B measurements): MS_GPU_ATTN_* below */
     int attn_splits; /* MS_GPU_ATTN_SPLITS at open: the decode kernel's splits at most (0: MS_GPU_ATTN_MAXS) */
+    int router_old; /* MS_GPU_ROUTER=old at open (A/B measurements): ms_gpu_router_route's earlier kernel (rows
+                     * of 4 per block of 128 threads, the ranks by one loop per expert) */
     int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+
                  * device, device code built for it, and MS_GPU_PDL not "0" at open */
 };

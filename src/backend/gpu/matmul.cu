@@ -1080,6 +1080,110 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rr_kernel(const rr_args a) 
     route_block_token(a.ids, a.wout, lg, a.bias, a.c, scores, choice, taken, ids);
 }
 
+/* The default router + route kernel: a block per router row (the logit of expert blockIdx.x), its
+ * threads over the row's 16-byte chunks (RR1_U per thread in one round: every chunk of rows up to
+ * RR1_U x 512 chunks loaded by its own lane, all loads issued before the wait and before any use),
+ * so the whole router is in flight in one wave of E blocks; the row's dot in a fixed order (a
+ * thread's chunks in column order, the warp's butterfly, the warps in order), written by thread 0,
+ * which counts the block's arrival; the last block loads the E logits and routes them with
+ * route_block_ranked (route_block_token's ids and weights). Neither the arrival order nor eager /
+ * recorded / replayed changes a bit. MS_GPU_ROUTER=old: rr_kernel above. */
+#define RR1_U 4
+#define RR1_MAXT 512
+template <int DT>
+__global__ void __launch_bounds__(RR1_MAXT) rr1_kernel(const rr_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, SUB = T::SUB, NSUB = VEC / SUB, U = RR1_U;
+    const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT;
+    const int64_t row = blockIdx.x, nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
+    const int tid = (int)threadIdx.x, nt = (int)blockDim.x;
+    ms_pdl_launch();
+    const uint4 *wr = (const uint4 *)(a.w + row * rowbytes);
+    const int64_t srow = (row / a.brow) * a.scols;
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t k = tid + (int64_t)u * nt;
+        raw[u] = k < nch ? ms_load_stream16(wr + k) : make_uint4(0, 0, 0, 0);
+    }
+    ms_pdl_wait(); /* x is the previous kernel's output */
+    float acc = 0.0f;
+    for (int64_t k0 = tid; k0 < nch; k0 += (int64_t)U * nt) {
+        if (k0 != tid)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t k = k0 + (int64_t)u * nt;
+                raw[u] = k < nch ? ms_load_stream16(wr + k) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t k = k0 + (int64_t)u * nt;
+            if (k >= nch) continue;
+            const int c0 = (int)(k * VEC);
+            float part = 0.0f;
+#pragma unroll
+            for (int s = 0; s < NSUB; s++) {
+                float w[SUB], xv[SUB];
+                decode<DT>(raw[u], s, w, 0.0f);
+                const float4 *x4 = (const float4 *)(a.x + c0 + s * SUB);
+#pragma unroll
+                for (int i = 0; i < SUB / 4; i++) {
+                    const float4 v = x4[i];
+                    xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+                }
+#pragma unroll
+                for (int i = 0; i < SUB; i++) {
+                    if (SCALED) part = fmaf(w[i], xv[i], part);
+                    else acc = fmaf(w[i], xv[i], acc);
+                }
+            }
+            if (SCALED) {
+                float sc = kernel_scale<DT>();
+                if (a.scale_dt != SC_NONE) sc *= load_scale(a.scale, a.scale_dt, srow + (c0 >> a.bshift));
+                acc = fmaf(sc, part, acc);
+            }
+        }
+    }
+    __shared__ float red[RR1_MAXT / MS_WARP];
+    __shared__ int last;
+    __shared__ __align__(16) float lg[RT_MAXE], scores[RT_MAXE], choice[RT_MAXE];
+    __shared__ unsigned char taken[RT_MAXE];
+    __shared__ int ids[RT_MAXK];
+    const float v = ms_warp_sum(acc);
+    if (tid % MS_WARP == 0) red[tid / MS_WARP] = v;
+    __syncthreads();
+    if (tid == 0) {
+        float y = 0.0f;
+        for (int w = 0; w < nt / MS_WARP; w++) y += red[w];
+        a.logits[row] = y;
+        __threadfence();
+        last = atomicAdd(a.cnt, 1) == (int)gridDim.x - 1;
+        if (last) *a.cnt = 0; /* ready for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int E = (int)a.rows, epad = route_rank_pad(E, nt);
+    for (int i = tid; i < epad; i += nt) {
+        const float l = i < E ? ms_load_cg(a.logits + i) : NAN;
+        lg[i] = l;
+        if (i >= E) scores[i] = choice[i] = NAN; /* the rank pads (route_block_ranked) */
+    }
+    __syncthreads();
+    route_block_ranked(a.ids, a.wout, lg, a.bias, a.c, scores, choice, taken, ids);
+}
+
+/* rr1_kernel's block size: every chunk of a row by its own lane up to 256 chunks (more chunks
+ * per thread past that, RR1_U a round), at least one thread per expert for the ranks up to
+ * RR1_MAXT, a whole number of warps. */
+static unsigned rr1_threads(int64_t nch, int64_t E) {
+    int64_t t = nch < 256 ? nch : 256;
+    if (t < E) t = E;
+    if (t > RR1_MAXT) t = RR1_MAXT;
+    t = (t + MS_WARP - 1) / MS_WARP * MS_WARP;
+    return (unsigned)(t < MS_WARP ? MS_WARP : t);
+}
+
 extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x,
                                    const ms_qmat *router, const float *bias, const ms_gpu_route_cfg *c, ms_err *err) {
     MS_GPU_CHECK_CTX(g, err);
@@ -1103,6 +1207,21 @@ extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, floa
     a.logits = logits, a.wout = weights, a.ids = ids, a.rows = m.rows, a.cols = m.cols, a.scols = m.scols;
     a.brow = m.brow, a.bshift = m.bshift, a.scale_dt = m.scale_dt, a.c = *c;
     if (!(a.cnt = ms_gpu_counters(g, 1, err))) return err ? err->code : MS_ERR_NOMEM;
+    if (!g->router_old) {
+        const int64_t vec = dt == DT_F32 ? 4 : dt == DT_F4 ? 32 : dt == DT_F16 || dt == DT_BF16 ? 8 : 16;
+        dim3 grid((unsigned)a.rows), th1(rr1_threads(a.cols / vec, a.rows));
+        switch (dt) {
+        case DT_F32: ms_launch(g->pdl, rr1_kernel<DT_F32>, grid, th1, 0, g->stream, a); break;
+        case DT_F16: ms_launch(g->pdl, rr1_kernel<DT_F16>, grid, th1, 0, g->stream, a); break;
+        case DT_BF16: ms_launch(g->pdl, rr1_kernel<DT_BF16>, grid, th1, 0, g->stream, a); break;
+        case DT_FP8:
+            if (fp8_decode_mode()) ms_launch(g->pdl, rr1_kernel<DT_FP8>, grid, th1, 0, g->stream, a);
+            else ms_launch(g->pdl, rr1_kernel<DT_FP8_CVT>, grid, th1, 0, g->stream, a);
+            break;
+        default: ms_launch(g->pdl, rr1_kernel<DT_F4>, grid, th1, 0, g->stream, a); break;
+        }
+        return ms_gpu_launched(err, "router + route");
+    }
     unsigned blocks = (unsigned)((a.rows + MM_R - 1) / MM_R);
     dim3 th(MM_WARPS * MS_WARP);
     switch (kernel_dtype(router->dtype)) {

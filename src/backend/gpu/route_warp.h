@@ -142,4 +142,84 @@ static __device__ inline void route_block_token(int32_t *ids_out, float *w_out, 
     if (threadIdx.x == 0) route_weights(ids_out, w_out, lg, scores, c, ids);
 }
 
+/* route_block_ranked's split of the rank count: P lanes per expert (a power of two <= MS_WARP,
+ * P E <= the block's T threads; 1 when E > T / 2), each over seg values (a multiple of 4); the
+ * ranked arrays hold epad = seg P values, those past E NaN (route_rank_pad). */
+static __device__ __forceinline__ int route_rank_lanes(int E, int T) {
+    int P = 1;
+    while (P < MS_WARP && 2 * P * E <= T) P *= 2;
+    return P;
+}
+static __device__ __forceinline__ int route_rank_seg(int E, int P) { return ((E + P - 1) / P + 3) & ~3; }
+/* The padded length of the arrays route_block_ranked ranks: seg P, at most E + 4 P when P > 1
+ * (then 4 E <= T), E rounded up to 4 when P = 1; so <= RT_MAXE for E <= RT_MAXE, T <= 1024. */
+static __device__ __forceinline__ int route_rank_pad(int E, int T) {
+    const int P = route_rank_lanes(E, T);
+    return route_rank_seg(E, P) * P;
+}
+
+/* How many of the values sel [j0, j0 + seg) rank before expert i (value v = sel[i]) in
+ * route_warp_token's order: larger first, ties to the lower index, NaN after every number and
+ * among themselves by index (so a NaN pad past E never counts); exact while under K, else some
+ * count >= K (the scan stops there). 16-byte shared loads, all lanes of a warp reading the same
+ * address (a broadcast), 16 values between the stop tests. */
+static __device__ __forceinline__ int route_rank_count(const float *sel, int i, int j0, int seg, int K) {
+    const float v = sel[i];
+    const float4 *p = (const float4 *)(sel + j0);
+    const int n4 = seg / 4;
+    int cnt = 0;
+    if (!isnan(v)) {
+        for (int q = 0; q < n4 && cnt < K; q += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (q + u < n4) {
+                    const float4 s = p[q + u];
+                    const int j = j0 + 4 * (q + u);
+                    cnt += (int)(s.x > v || (s.x == v && j < i)) + (int)(s.y > v || (s.y == v && j + 1 < i)) +
+                           (int)(s.z > v || (s.z == v && j + 2 < i)) + (int)(s.w > v || (s.w == v && j + 3 < i));
+                }
+            }
+        }
+    } else {
+        for (int q = 0; q < n4 && cnt < K; q++) {
+            const float4 s = p[q];
+            const int j = j0 + 4 * q;
+            cnt += (int)(!isnan(s.x) || j < i) + (int)(!isnan(s.y) || j + 1 < i) + (int)(!isnan(s.z) || j + 2 < i) +
+                   (int)(!isnan(s.w) || j + 3 < i);
+        }
+    }
+    return cnt;
+}
+
+/* route_block_token's contract (the same ids and weights) with the ranks counted by P lanes per
+ * expert (route_rank_lanes) in 16-byte shared loads and their counts summed by shuffles. The
+ * caller has padded lg, scores and choice (16-byte aligned, shared) with NaN from E up to
+ * route_rank_pad(E, blockDim.x) and synchronized the block. Every thread of the block calls it. */
+static __device__ inline void route_block_ranked(int32_t *ids_out, float *w_out, const float *lg, const float *bias,
+                                                 const ms_gpu_route_cfg &c, float *scores, float *choice,
+                                                 unsigned char *taken, int *ids) {
+    const int E = c.n_experts, K = c.top_k, T = (int)blockDim.x;
+    __shared__ const float *rsel_sh;
+    if (threadIdx.x < MS_WARP) {
+        const float *sel = route_warp_scores(lg, bias, c, scores, choice, taken);
+        if (threadIdx.x == 0) rsel_sh = sel;
+    }
+    __syncthreads();
+    const float *sel = rsel_sh;
+    const int P = route_rank_lanes(E, T), seg = route_rank_seg(E, P);
+    if (P > 1) { /* one expert per P lanes (P E <= T): every lane joins the shuffles */
+        const int i = (int)threadIdx.x / P, part = (int)threadIdx.x % P;
+        int cnt = i < E ? route_rank_count(sel, i, part * seg, seg, K) : 0;
+        for (int m = 1; m < P; m <<= 1) cnt += ms_shfl_xor_i(cnt, m);
+        if (i < E && part == 0 && cnt < K) ids[cnt] = i;
+    } else {
+        for (int i = threadIdx.x; i < E; i += T) {
+            int cnt = route_rank_count(sel, i, 0, seg, K);
+            if (cnt < K) ids[cnt] = i;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) route_weights(ids_out, w_out, lg, scores, c, ids);
+}
+
 #endif
