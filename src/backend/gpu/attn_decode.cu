@@ -132,6 +132,8 @@ __global__ void __launch_bounds__(AD_THREADS, 2) attn_dec_kernel(ad_args a) {
     __shared__ float4 wo[AD_WARPS][GB][NCV * MS_WARP];
     __shared__ int last;
     const ms_gpu_attn_cfg &c = a.c;
+    ms_pdl_launch();
+    ms_pdl_wait(); /* q, the caches, the position and the counters are earlier kernels' (launched with PDL) */
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
     const int H = c.n_heads, G = H / c.n_kv_heads, hd4 = c.head_dim / 4, vd4 = c.v_head_dim / 4;
     const int kvh = blockIdx.x / a.ngrp, grp = blockIdx.x % a.ngrp, t = blockIdx.y, split = blockIdx.z;
@@ -285,6 +287,8 @@ __global__ void __launch_bounds__(AD_THREADS, 2) attn_dec_kernel(ad_args a) {
 }
 
 template <int GB> __global__ void __launch_bounds__(AD_THREADS) attn_dec_combine_kernel(ad_args a) {
+    ms_pdl_launch();
+    ms_pdl_wait(); /* the partials are the decode kernel's */
     const int G = a.c.n_heads / a.c.n_kv_heads, kvh = blockIdx.x / a.ngrp, grp = blockIdx.x % a.ngrp;
     const int gn = G - grp * GB < GB ? G - grp * GB : GB;
     ad_combine<GB>(a, blockIdx.y, kvh * G + grp * GB, gn);
@@ -296,8 +300,8 @@ static int ad_chunks(int d) {
     return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 0;
 }
 
-template <int GB, int NC, int NCV> static void ad_launch(dim3 grid, gpuStream_t st, const ad_args &a) {
-    attn_dec_kernel<GB, NC, NCV><<<grid, AD_THREADS, 0, st>>>(a);
+template <int GB, int NC, int NCV> static void ad_launch(int pdl, dim3 grid, gpuStream_t st, const ad_args &a) {
+    ms_launch(pdl, attn_dec_kernel<GB, NC, NCV>, grid, dim3(AD_THREADS), 0, st, a);
 }
 
 int ms_gpu_attn_dec(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
@@ -338,7 +342,7 @@ int ms_gpu_attn_dec(ms_gpu *g, float *out, const float *q, const float *k_cache,
     if (fold && !(a.cnt = ms_gpu_counters(g, blocks, err))) return err ? err->code : MS_ERR_NOMEM;
     dim3 grid((unsigned)bx, (unsigned)n, (unsigned)splits);
 #define AD_CASE(GBV, NCA, NCB) \
-    if (gb == GBV && nc == NCA && ncv == NCB) ad_launch<GBV, NCA, NCB>(grid, g->stream, a)
+    if (gb == GBV && nc == NCA && ncv == NCB) ad_launch<GBV, NCA, NCB>(g->pdl_attn, grid, g->stream, a)
     AD_CASE(1, 1, 1); else AD_CASE(2, 1, 1); else AD_CASE(4, 1, 1); else AD_CASE(8, 1, 1);
     else AD_CASE(1, 2, 1); else AD_CASE(2, 2, 1); else AD_CASE(4, 2, 1);
     else AD_CASE(1, 2, 2); else AD_CASE(2, 2, 2); else AD_CASE(4, 2, 2);
@@ -350,10 +354,10 @@ int ms_gpu_attn_dec(ms_gpu *g, float *out, const float *q, const float *k_cache,
     if (rc || splits == 1 || fold) return rc;
     dim3 cgrid((unsigned)bx, (unsigned)n);
     switch (gb) {
-    case 1: attn_dec_combine_kernel<1><<<cgrid, AD_THREADS, 0, g->stream>>>(a); break;
-    case 2: attn_dec_combine_kernel<2><<<cgrid, AD_THREADS, 0, g->stream>>>(a); break;
-    case 4: attn_dec_combine_kernel<4><<<cgrid, AD_THREADS, 0, g->stream>>>(a); break;
-    default: attn_dec_combine_kernel<8><<<cgrid, AD_THREADS, 0, g->stream>>>(a); break;
+    case 1: ms_launch(g->pdl_attn, attn_dec_combine_kernel<1>, cgrid, dim3(AD_THREADS), 0, g->stream, a); break;
+    case 2: ms_launch(g->pdl_attn, attn_dec_combine_kernel<2>, cgrid, dim3(AD_THREADS), 0, g->stream, a); break;
+    case 4: ms_launch(g->pdl_attn, attn_dec_combine_kernel<4>, cgrid, dim3(AD_THREADS), 0, g->stream, a); break;
+    default: ms_launch(g->pdl_attn, attn_dec_combine_kernel<8>, cgrid, dim3(AD_THREADS), 0, g->stream, a); break;
     }
     return ms_gpu_launched(err, "attention (decode combine)");
 }

@@ -62,6 +62,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     }
     const char *pd = getenv("MS_GPU_PDL"); /* MS_GPU_PDL=0: every kernel in plain stream order (A/B) */
     g->pdl = !(pd && !strcmp(pd, "0")) && g->prop.major >= 9 && ms_pdl_capable((const void *)k_pdl_probe);
+    const char *pa = getenv("MS_GPU_ATTN_PDL"); /* MS_GPU_ATTN_PDL=0: the attention kernels launch plainly (A/B) */
+    g->pdl_attn = g->pdl && !(pa && !strcmp(pa, "0"));
     *out = g;
     return MS_OK;
 }

@@ -51,6 +51,8 @@ struct ms_gpu {
                      * of 4 per block of 128 threads, the ranks by one loop per expert) */
     int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+
                  * device, device code built for it, and MS_GPU_PDL not "0" at open */
+    int pdl_attn; /* the GQA attention kernels (attn_decode.cu, ops.cu's split + combine) in that chain too:
+                   * pdl and MS_GPU_ATTN_PDL not "0" at open (A/B measurements: "0" launches them plainly) */
 };
 
 /* ms_gpu.attn_mode: which GQA attention kernels ms_gpu_attn_gqa takes */

@@ -288,6 +288,8 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
     __shared__ float wm[AT_WARPS][GB], wl[AT_WARPS][GB];
     __shared__ float wo[AT_WARPS][GB][PV * MS_WARP];
     constexpr int VB = PV <= 4 ? 2 * AT_VB : AT_VB; /* more rows in flight where registers allow (short contexts) */
+    ms_pdl_launch();
+    ms_pdl_wait(); /* q, the caches and the position are earlier kernels' (launched with PDL) */
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
     const int H = c.n_heads, hd = c.head_dim, vd = c.v_head_dim, G = H / c.n_kv_heads;
     const int h0 = blockIdx.x * GB, kvh = h0 / G, t = blockIdx.y, split = blockIdx.z;
@@ -392,6 +394,8 @@ __global__ void __launch_bounds__(AT_WARPS *MS_WARP)
 /* out[t, h] = sum over splits of out_s e^(m_s - M) / (sum_s l_s e^(m_s - M) + e^(sink - M)). */
 __global__ void attn_combine_kernel(float *out, const float *part, const float *sinks, int splits, int H, int vd) {
     const int h = blockIdx.x, t = blockIdx.y;
+    ms_pdl_launch();
+    ms_pdl_wait(); /* the partials are the split kernel's */
     const float *src = part + ((int64_t)t * H + h) * splits * (vd + 2);
     float M = sinks ? sinks[h] : -INFINITY;
     for (int s = 0; s < splits; s++)
@@ -413,9 +417,9 @@ __global__ void attn_combine_kernel(float *out, const float *part, const float *
 }
 
 template <int GB, int PV>
-static void launch_attn(dim3 grid, gpuStream_t st, float *part, const float *q, const float *K, const float *V,
+static void launch_attn(int pdl, dim3 grid, gpuStream_t st, float *part, const float *q, const float *K, const float *V,
                         int64_t pos0, const int64_t *pos_dev, int splits, const ms_gpu_attn_cfg &c) {
-    attn_split_kernel<GB, PV><<<grid, AT_WARPS * MS_WARP, 0, st>>>(part, q, K, V, pos0, pos_dev, splits, c);
+    ms_launch(pdl, attn_split_kernel<GB, PV>, grid, dim3(AT_WARPS * MS_WARP), 0, st, part, q, K, V, pos0, pos_dev, splits, c);
 }
 
 extern "C" size_t ms_gpu_attn_scratch_floats(int n, const ms_gpu_attn_cfg *c) {
@@ -459,7 +463,7 @@ static int attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache,
     dim3 grid((unsigned)(c->n_heads / gb), (unsigned)n, (unsigned)splits);
 #define AT_CASE(GBV, PVV) \
     if (gb == GBV && pv == PVV)                                                                                       \
-        launch_attn<GBV, PVV>(grid, g->stream, scratch, q, k_cache, v_cache, pos0, pos_dev, splits, *c)
+        launch_attn<GBV, PVV>(g->pdl_attn, grid, g->stream, scratch, q, k_cache, v_cache, pos0, pos_dev, splits, *c)
     AT_CASE(1, 2); else AT_CASE(2, 2); else AT_CASE(4, 2); else AT_CASE(8, 2);
     else AT_CASE(1, 4); else AT_CASE(2, 4); else AT_CASE(4, 4); else AT_CASE(8, 4);
     else AT_CASE(1, 8); else AT_CASE(2, 8); else AT_CASE(4, 8);
@@ -468,8 +472,8 @@ static int attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache,
 #undef AT_CASE
     int rc = ms_gpu_launched(err, "attention (split)");
     if (rc) return rc;
-    attn_combine_kernel<<<dim3((unsigned)c->n_heads, (unsigned)n), 128, 0, g->stream>>>(out, scratch, sinks, splits,
-                                                                                      c->n_heads, c->v_head_dim);
+    ms_launch(g->pdl_attn, attn_combine_kernel, dim3((unsigned)c->n_heads, (unsigned)n), dim3(128), 0, g->stream, out,
+              (const float *)scratch, sinks, splits, (int)c->n_heads, (int)c->v_head_dim);
     return ms_gpu_launched(err, "attention (combine)");
 }
 
