@@ -56,20 +56,6 @@ static ms_backend *legacy_gbe(void) {
     CHECK(g_lbe->ops->reserve(g_lbe, &c, 4096, 16, &err) == MS_OK);
     return g_lbe;
 }
-/* A third GPU backend on ms_gpu_router_route's earlier kernel (MS_GPU_ROUTER=old while it opens). */
-static ms_backend *g_rbe;
-static ms_backend *router_old_gbe(void) {
-    if (g_rbe) return g_rbe;
-    ms_err err = {0};
-    setenv("MS_GPU_ROUTER", "old", 1);
-    int rc = ms_backend_gpu_create(0, &g_rbe, &err);
-    unsetenv("MS_GPU_ROUTER");
-    if (rc) {
-        fprintf(stderr, "test_gpu: GPU backend: %s\n", err.msg);
-        exit(1);
-    }
-    return g_rbe;
-}
 static float *bup(const float *h, int64_t n) {
     void *d = NULL;
     ms_err err = {0};
@@ -594,7 +580,22 @@ TEST(backend_router_route) {
         }
 }
 
-/* router_route's kernel over the router geometries of the families (64 / 128 / 256 / 384 experts,
+/* Two contexts of device 0 for the router kernel: the default (0) and MS_GPU_ROUTER=old while it
+ * opens (1); open for the rest of the run. */
+static ms_gpu *g_rctx[2];
+static ms_gpu *gpu_ctx(int old) {
+    if (g_rctx[old]) return g_rctx[old];
+    ms_err err = {0};
+    if (old) setenv("MS_GPU_ROUTER", "old", 1);
+    int rc = ms_gpu_open(0, &g_rctx[old], &err);
+    if (old) unsetenv("MS_GPU_ROUTER");
+    if (rc) {
+        fprintf(stderr, "test_gpu: GPU context: %s\n", err.msg);
+        exit(1);
+    }
+    return g_rctx[old];
+}
+/* ms_gpu_router_route's kernel over the router geometries of the families (64 / 128 / 256 / 384 experts,
  * hidden 2048 / 4096 / 7168, top-k 1..16, BF16 and FP8 rows; softmax, top-k softmax, sigmoid +
  * bias) and on the edges of its rank split (E 8, 96 and 1024), on the default kernel and on the
  * earlier one (MS_GPU_ROUTER=old): logits within the dot-product bound of the CPU's matmul, ids
@@ -651,24 +652,26 @@ TEST(backend_router_route_geometry) {
         float *first_l = NULL, *first_w = NULL;
         int first_id[64];
         for (int run = 0; run < 3; run++) { /* default, default again, MS_GPU_ROUTER=old */
-            ms_backend *G = run < 2 ? gbe() : router_old_gbe();
+            ms_gpu *gg = run < 2 ? gpu_ctx(0) : gpu_ctx(1);
             ms_err err = {0};
             ms_qmat dw;
-            CHECK(G->ops->place_qmat(G, &w, &dw, &err) == MS_OK);
+            CHECK(ms_gpu_qmat_upload(gg, &w, &dw, &err) == MS_OK);
             void *p[5];
             size_t sz[5] = {(size_t)D * 4, (size_t)E * 4, (size_t)E * 4, 64 * 4, 64 * 4};
             const void *hp[5] = {x, bias, ref, ref, ref};
             for (int i = 0; i < 5; i++) {
-                CHECK(G->ops->alloc(G, sz[i], &p[i], &err) == MS_OK);
-                CHECK(G->ops->upload(G, p[i], hp[i], i < 3 ? sz[i] : (size_t)(E < 64 ? E : 64) * 4, &err) == MS_OK);
+                CHECK(ms_gpu_alloc(gg, sz[i], &p[i], &err) == MS_OK);
+                CHECK(ms_gpu_upload(gg, p[i], hp[i], i < 3 ? sz[i] : (size_t)(E < 64 ? E : 64) * 4, &err) == MS_OK);
             }
-            ms_route_args a = {.c = &c, .logits = p[2], .bias = p[1], .n = 1, .ids = (int *)p[4], .w = p[3]};
-            G->ops->router_route(G, &a, p[0], &dw);
+            /* the one-launch kernel itself (MS_ERR_UNSUPPORTED would send the backend op to the two ops) */
+            ms_gpu_route_cfg rc_ = {(ms_gpu_router)c.router, E, K, 1, 1, c.norm_topk_prob ? 1 : 0, (float)c.routed_scale};
+            CHECK_MSG(ms_gpu_router_route(gg, (int32_t *)p[4], p[3], p[2], p[0], &dw, p[1], &rc_, &err) == MS_OK,
+                      "%s: ms_gpu_router_route: %s", nm, err.msg);
             float *gl = malloc((size_t)E * 4), gw[64], rw[64];
             int gid[64], rid[64];
-            CHECK(G->ops->download(G, gl, p[2], (size_t)E * 4, &err) == MS_OK);
-            CHECK(G->ops->download(G, gw, p[3], (size_t)K * 4, &err) == MS_OK);
-            CHECK(G->ops->download(G, gid, p[4], (size_t)K * 4, &err) == MS_OK);
+            CHECK(ms_gpu_download(gg, gl, p[2], (size_t)E * 4, &err) == MS_OK);
+            CHECK(ms_gpu_download(gg, gw, p[3], (size_t)K * 4, &err) == MS_OK);
+            CHECK(ms_gpu_download(gg, gid, p[4], (size_t)K * 4, &err) == MS_OK);
             double worst = 0;
             int lbad = 0;
             for (int i = 0; i < E; i++) {
@@ -683,7 +686,7 @@ TEST(backend_router_route_geometry) {
             for (int i = 0; i < K; i++) idbad += gid[i] != rid[i];
             char rn[160];
             snprintf(rn, sizeof rn, "%s%s", nm, run == 1 ? " (again)" : run == 2 ? " (old)" : "");
-            if (run != 1) printf("  backend %-60s logits max err/bound %.3f, ids %s\n", rn, worst, idbad ? "DIFFER" : "equal");
+            if (run != 1) printf("  %-68s logits max err/bound %.3f, ids %s\n", rn, worst, idbad ? "DIFFER" : "equal");
             CHECK_MSG(lbad == 0, "%s: %d logits out of bound", rn, lbad);
             CHECK_MSG(idbad == 0, "%s: %d ids differ", rn, idbad);
             cmpv(rn, gw, rw, K, 4 * (E / 256.0 + 16) * U32 + 2e-6, 1e-30);
@@ -695,7 +698,8 @@ TEST(backend_router_route_geometry) {
                               !memcmp(first_id, gid, (size_t)K * 4),
                           "%s: a second run differs", rn);
             }
-            for (int i = 0; i < 5; i++) G->ops->free(G, p[i]);
+            for (int i = 0; i < 5; i++) ms_gpu_free(gg, p[i]);
+            ms_gpu_qmat_free(gg, &dw);
             free(gl);
         }
         free(first_l), free(first_w);

@@ -228,7 +228,9 @@ int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, const int32_
  * kernel's layouts, x 16-byte aligned), then ms_gpu_route's selection and weights of them
  * (softmax, top-k softmax, or sigmoid without groups) into ids /
  * weights [top_k], by the matvec's last block to finish (the block's threads rank the experts:
- * ms_gpu_route's ids and weights). MS_ERR_UNSUPPORTED for any other
+ * ms_gpu_route's ids and weights). A block per router row (MS_GPU_ROUTER=old at context open: the
+ * earlier kernel, 4 rows per block); the logits, ids and weights do not depend on the blocks'
+ * order (the same bits eager, recorded, replayed). MS_ERR_UNSUPPORTED for any other
  * router, layout, or MS_GPU_LEGACY_DECODE "router" (then matmul and ms_gpu_route). */
 int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, float *logits, const float *x, const ms_qmat *router,
                         const float *bias, const ms_gpu_route_cfg *c, ms_err *err);
