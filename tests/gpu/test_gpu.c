@@ -181,6 +181,7 @@ int main(void) {
     test_gpu_run_backend(&pass, &fail);
     test_gpu_run_comm(&pass, &fail);
     test_gpu_run_prefill(&pass, &fail);
+    test_gpu_run_router(&pass, &fail);
     printf("%d passed, %d failed\n", pass, fail);
     return fail ? 1 : 0;
 }

@@ -72,5 +72,7 @@ void test_gpu_run_backend(int *pass, int *fail);
 void test_gpu_run_comm(int *pass, int *fail);
 /* test_gpu_prefill.c: the tiled prefill attention (attn_prefill.h) against the CPU twin, and its timing. */
 void test_gpu_run_prefill(int *pass, int *fail);
+/* test_gpu_router.c: ms_gpu_router_route's kernel over the families' router geometries. */
+void test_gpu_run_router(int *pass, int *fail);
 
 #endif
