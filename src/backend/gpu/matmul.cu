@@ -835,6 +835,187 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
     }
 }
 
+/* ---- the gate + up kernel for the narrow dtypes (FP8, MXFP4, INT4), several row pairs per block.
+ * rx_gu_kernel's block moves 4 rows (14 KB of INT4 at the Kimi K2 shape, 1.75 chunks per thread)
+ * and pays its start (ids -> table -> weights), reduction and epilogue for them; rx_gup_kernel's
+ * block owns P consecutive row quads (inter rows i0 .. i0 + 2P - 1 of one slot, P from rx_quads)
+ * and keeps one item (a 16-byte chunk of its 4 rows, with their scale bits and INT4 zero words)
+ * loaded ahead: the next item's loads are issued before the current one is decoded, across the
+ * quads' boundary too, and the scale and zero point reach the decode without a load of their own.
+ * Each thread walks the same chunks in the same order as rx_gu_kernel (k = lane, lane + STEP, ...
+ * of each row, one FMA chain per row and chunk, the scale applied per chunk), the warp and block
+ * sums are the same: the same products summed in the same order, so the same bits.
+ * MS_GPU_RX=old (gpu_rx_old) keeps rx_gu_kernel for A/B runs. */
+#define RX_MAXP 8 /* row quads per block, at most */
+#ifndef RX_GUP_MINB
+#define RX_GUP_MINB 1 /* blocks per SM asked of ptxas: 6 (80 registers) spills at INT4 */
+#endif
+
+typedef struct rx_item {
+    uint4 raw[MM_R];
+    uint32_t sb[MM_R]; /* scale bits (load_scale_bits) */
+    uint32_t zw[2];    /* INT4: the zero words of matrix 0 (gate or fused) and 1 (up); 8 << zsh when symmetric */
+    int zsh;           /* INT4: row 0's nibble shift (the quad's rows are consecutive in one word) */
+} rx_item;
+
+/* The raw bits of scale i (F32, BF16, F16, E8M0): the load without the conversion, so that a
+ * prefetch does not wait on it; scale_of_bits converts them as load_scale would. */
+static __device__ __forceinline__ uint32_t load_scale_bits(const uint8_t *s, int dt, int64_t i) {
+    if (dt == SC_F32) return ((const uint32_t *)s)[i];
+    if (dt == SC_BF16 || dt == SC_F16) return ((const uint16_t *)s)[i];
+    if (dt == SC_E8M0) return s[i];
+    return 0;
+}
+static __device__ __forceinline__ float scale_of_bits(uint32_t b, int dt) {
+    if (dt == SC_F32) return __uint_as_float(b);
+    if (dt == SC_BF16) return ms_bf16_to_f32_dev(b);
+    if (dt == SC_E8M0) return ms_e8m0_to_f32_dev(b);
+    if (dt == SC_F16) return ms_f16_to_f32_dev(b);
+    return 1.0f;
+}
+
+/* Row r of a quad of the block (inter rows i0, i0 + 1, clamped to I - 1 as rx_gu_kernel): its
+ * weight row and scale row index; the zero word row of rows 0 (and 1: the up matrix's) and row
+ * 0's nibble shift. Rows 0..3 of a quad (i0 even) sit in one group of 8 rows of each matrix: the
+ * zero word is shared, the shift of row r is zsh + 4 r (fused) or zsh + 4 (r / 2) (separate);
+ * a clamped row (I odd) may get another zero point: its result is dropped. Indices fit 32 bits
+ * (one expert matrix's scales or zero words). */
+typedef struct rx_quad {
+    const uint4 *wr[MM_R];
+    int srow[MM_R], zrow;
+    int zsh;
+} rx_quad;
+
+static __device__ __forceinline__ void rx_quad_of(const rx_args &a, const ms_gpu_ex_ptrs &e, int64_t i0, int64_t rowbytes,
+                                                  rx_quad &qd) {
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int64_t i = i0 + r / 2 < a.I ? i0 + r / 2 : a.I - 1;
+        int kind = r % 2, m = a.fused ? 0 : kind;
+        int64_t row = a.fused ? 2 * i + kind : i;
+        qd.wr[r] = (const uint4 *)((const uint8_t *)e.w[m] + row * rowbytes);
+        qd.srow[r] = (int)(a.brow == 1 ? row * a.scols : (row / a.brow) * a.scols);
+    }
+    int64_t row0 = a.fused ? 2 * i0 : i0, zr;
+    i4_zrow(row0, a.scols, &zr, &qd.zsh);
+    qd.zrow = (int)zr;
+}
+
+/* Issue the loads of chunk k of quad qd's rows (weights, scale bits, zero words) into it. */
+template <int DT>
+static __device__ __forceinline__ void rx_fetch(const rx_args &a, const ms_gpu_ex_ptrs &e, const rx_quad &qd, int64_t k,
+                                                int VEC, rx_item &it) {
+    const int64_t g = (k * VEC) >> a.bshift;
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int m = a.fused ? 0 : r % 2;
+        it.raw[r] = ms_load_stream16(qd.wr[r] + k);
+        it.sb[r] = a.scale_dt != SC_NONE ? load_scale_bits((const uint8_t *)e.s[m], a.scale_dt, qd.srow[r] + g) : 0u;
+    }
+    if (DT == DT_I4) {
+        it.zsh = qd.zsh;
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            const uint32_t *z = (const uint32_t *)e.z[a.fused ? 0 : m];
+            it.zw[m] = z ? z[qd.zrow + g] : 0x88888888u;
+        }
+    }
+}
+
+/* acc[r] += item it's share of row r against x at column c0: rx_chunk's products and order. */
+template <int DT>
+static __device__ __forceinline__ void rx_use(const rx_item &it, const float *xp, int scale_dt, int fused,
+                                              float (&acc)[MM_R]) {
+    typedef mm_traits<DT> T;
+    const int SUB = T::SUB, NSUB = T::VEC / T::SUB;
+    float off[MM_R], part[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int sh = it.zsh + 4 * (fused ? r : r / 2);
+        off[r] = DT == DT_I4 ? -(8388608.0f + (float)((it.zw[fused ? 0 : r % 2] >> sh) & 15u)) : 0.0f;
+        part[r] = 0.0f;
+    }
+#pragma unroll
+    for (int s = 0; s < NSUB; s++) {
+        float xv[SUB];
+        const float4 *x4 = (const float4 *)(xp + s * SUB);
+#pragma unroll
+        for (int i = 0; i < SUB / 4; i++) {
+            float4 v = x4[i];
+            xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) {
+            float wv[SUB];
+            decode<DT>(it.raw[r], s, wv, off[r]);
+#pragma unroll
+            for (int i = 0; i < SUB; i++) part[r] = fmaf(wv[i], xv[i], part[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        float sc = kernel_scale<DT>();
+        if (scale_dt != SC_NONE) sc *= scale_of_bits(it.sb[r], scale_dt);
+        acc[r] = fmaf(sc, part[r], acc[r]);
+    }
+}
+
+template <int DT>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP, RX_GUP_MINB) rx_gup_kernel(const rx_args a, int P) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC;
+    const int STEP = (int)blockDim.x; /* as rx_gu_kernel (rx_warps): the same chunks per thread */
+    const int j = blockIdx.y, lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    const int64_t npairs = (a.I + 1) / 2, p0 = (int64_t)blockIdx.x * P;
+    const int nq = (int)(npairs - p0 < P ? npairs - p0 : P);
+    ms_pdl_launch();
+    ms_pdl_wait(); /* the ids, weights and x are earlier kernels' output */
+    const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
+    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
+    __shared__ float red[RX_MAXP][MM_WARPS][MM_R];
+    rx_quad qd;
+    rx_item nx;
+    int fq = 0;                   /* the quad of the item loaded ahead */
+    int64_t fk = threadIdx.x;     /* its chunk */
+    rx_quad_of(a, e, 2 * p0, rowbytes, qd);
+    if (fk < nch) rx_fetch<DT>(a, e, qd, fk, VEC, nx);
+    for (int q = 0; q < nq; q++) {
+        float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t k = threadIdx.x; k < nch; k += STEP) {
+            rx_item cur = nx;
+            fk += STEP;
+            if (fk >= nch) { /* the next item is the next quad's first chunk */
+                fk = threadIdx.x, fq++;
+                if (fq < nq) rx_quad_of(a, e, 2 * (p0 + fq), rowbytes, qd);
+            }
+            if (fq < nq) rx_fetch<DT>(a, e, qd, fk, VEC, nx);
+            rx_use<DT>(cur, a.x + k * VEC, a.scale_dt, a.fused, acc);
+        }
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) {
+            float v = ms_warp_sum(acc[r]);
+            if (lane == 0) red[q][warp][r] = v;
+        }
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < 2 * nq) {
+        int q = threadIdx.x / 2, o = threadIdx.x % 2;
+        int64_t i = 2 * (p0 + q) + o;
+        if (i < a.I) {
+            float gt = 0.0f, up = 0.0f;
+            for (int w = 0; w < (int)(blockDim.x / MS_WARP); w++) gt += red[q][w][2 * o], up += red[q][w][2 * o + 1];
+            if (a.fused) {
+                gt += ms_bias_at(e.bias[0], a.bias_dt, 2 * i);
+                up += ms_bias_at(e.bias[0], a.bias_dt, 2 * i + 1);
+            } else {
+                gt += ms_bias_at(e.bias[0], a.bias_dt, i);
+                up += ms_bias_at(e.bias[1], a.bias_dt, i);
+            }
+            a.h[j * a.I + i] = a.w[j] * ms_glu_apply(gt, up, a.p);
+        }
+    }
+}
+
 template <int DT>
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_args a) {
     typedef mm_traits<DT> T;
@@ -915,11 +1096,40 @@ static int rx_warps(int64_t nch) {
     return qx_old() || w > MM_WARPS ? MM_WARPS : w < 1 ? 1 : (int)w;
 }
 
+/* MS_GPU_RX=old (read once; A/B measurements): the narrow dtypes' gate + up keep rx_gu_kernel
+ * (one row quad per block) instead of rx_gup_kernel. */
+static int rx_old(void) {
+    static int old = -1;
+    if (old < 0) {
+        const char *e = getenv("MS_GPU_RX");
+        old = e && !strcmp(e, "old");
+    }
+    return old;
+}
+
+/* Row quads per block of rx_gup_kernel: enough for about 32 KB of weights per block (at most
+ * RX_MAXP), fewer while the grid would have under 512 blocks (4 per SM of an H200). */
+static int rx_quads(int64_t rowbytes, int64_t I, int K) {
+    int64_t quad = 4 * rowbytes, npairs = (I + 1) / 2;
+    int P = (int)((32768 + quad - 1) / quad);
+    if (P > RX_MAXP) P = RX_MAXP;
+    if (P > npairs) P = (int)npairs;
+    while (P > 1 && ((npairs + P - 1) / P) * K < 512) P /= 2;
+    return P < 1 ? 1 : P;
+}
+
 template <int DT>
 static void launch_rx(const rx_args &gu, const rx_args &dn, gpuStream_t st, int pdl) {
+    typedef mm_traits<DT> T;
     dim3 block(MM_WARPS * MS_WARP);
-    dim3 gblock(rx_warps(gu.cols / mm_traits<DT>::VEC) * MS_WARP);
-    ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
+    dim3 gblock(rx_warps(gu.cols / T::VEC) * MS_WARP);
+    const bool narrow = DT == DT_FP8 || DT == DT_FP8_CVT || DT == DT_F4 || DT == DT_I4;
+    if (narrow && !rx_old()) {
+        int P = rx_quads(gu.cols * (128 / T::VEC) / 8, gu.I, gu.K);
+        int64_t npairs = (gu.I + 1) / 2;
+        ms_launch(pdl, rx_gup_kernel<DT>, dim3((unsigned)((npairs + P - 1) / P), (unsigned)gu.K), gblock, 0, st, gu, P);
+    } else
+        ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
     ms_launch(pdl, rx_down_kernel<DT>, dim3((unsigned)((dn.D + MM_R - 1) / MM_R)), block, 0, st, dn);
 }
 
