@@ -1088,6 +1088,83 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
     }
 }
 
+/* ---- the down kernel with one item loaded ahead (rx_downp_kernel): rx_down_kernel's virtual row
+ * (slot s of rank s in ascending expert id, chunk c), the same chunks per thread in the same
+ * order and the same products, so the same bits; the next item's loads (weights, scale bits,
+ * the zero word: rows d0 .. d0 + 3 of one group of 8) are issued before the current item is
+ * decoded, and its x offset travels with it. MS_GPU_RX=old or olddown keeps rx_down_kernel. */
+template <int DT>
+static __device__ __forceinline__ void rx_dfetch(const rx_args &a, const uint8_t *w, const uint8_t *sc, const uint8_t *z,
+                                                 int slot, const int64_t (&roff)[MM_R], const int (&srow)[MM_R],
+                                                 int zrow, int64_t c, int VEC, rx_item &it, int64_t &xo) {
+    const int64_t g = (c * VEC) >> a.bshift;
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        it.raw[r] = ms_load_stream16((const uint4 *)(w + roff[r]) + c);
+        it.sb[r] = a.scale_dt != SC_NONE ? load_scale_bits(sc, a.scale_dt, srow[r] + g) : 0u;
+    }
+    if (DT == DT_I4) it.zw[0] = z ? ((const uint32_t *)z)[zrow + g] : 0x88888888u;
+    xo = (int64_t)slot * a.I + c * VEC;
+}
+
+template <int DT>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_downp_kernel(const rx_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP;
+    __shared__ int ord[32];
+    __shared__ const uint8_t *sw[32], *ss[32], *sz[32];
+    const int K = a.K;
+    ms_pdl_launch();
+    ms_pdl_wait(); /* the ids, weights and h are earlier kernels' output */
+    if (threadIdx.x < K) { /* slot of rank r in ascending expert id (ids of one token are distinct) */
+        int id = a.ids[threadIdx.x], rank = 0;
+        for (int q = 0; q < K; q++) rank += a.ids[q] < id || (a.ids[q] == id && q < (int)threadIdx.x);
+        ord[rank] = threadIdx.x;
+        sw[rank] = (const uint8_t *)a.tab[id].w[2];
+        ss[rank] = (const uint8_t *)a.tab[id].s[2];
+        sz[rank] = (const uint8_t *)a.tab[id].z[2];
+    }
+    __syncthreads();
+    const int64_t d0 = (int64_t)blockIdx.x * MM_R;
+    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8, total = (int64_t)K * nch;
+    int64_t roff[MM_R];
+    int srow[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int64_t d = d0 + r < a.D ? d0 + r : a.D - 1;
+        roff[r] = d * rowbytes;
+        srow[r] = (int)((d / a.brow) * a.scols);
+    }
+    int64_t zr;
+    rx_item nx;
+    i4_zrow(d0, a.scols, &zr, &nx.zsh); /* rows d0 .. d0 + 3: one zero word, shifts zsh + 4 r */
+    const int zrow = (int)zr;
+    float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int s = (int)(threadIdx.x / nch);
+    int64_t c = threadIdx.x - (int64_t)s * nch, xn = 0;
+    if ((int64_t)threadIdx.x < total) rx_dfetch<DT>(a, sw[s], ss[s], sz[s], ord[s], roff, srow, zrow, c, VEC, nx, xn);
+    for (int64_t k = threadIdx.x; k < total; k += STEP) {
+        rx_item cur = nx;
+        int64_t xo = xn;
+        c += STEP;
+        while (c >= nch && s < K) c -= nch, s++;
+        if (k + STEP < total) rx_dfetch<DT>(a, sw[s], ss[s], sz[s], ord[s], roff, srow, zrow, c, VEC, nx, xn);
+        rx_use<DT>(cur, a.x + xo, a.scale_dt, 1, acc);
+    }
+    __shared__ float red[MM_WARPS][MM_R];
+    rx_block_reduce(acc, red);
+    if (threadIdx.x < MM_R && d0 + threadIdx.x < a.D) {
+        int64_t d = d0 + threadIdx.x;
+        float v = 0.0f;
+        for (int w = 0; w < MM_WARPS; w++) v += red[w][threadIdx.x];
+        for (int q = 0; q < K; q++) { /* down biases, ascending expert id */
+            const void *b = a.tab[a.ids[ord[q]]].bias[2];
+            if (b) v = fmaf(a.w[ord[q]], ms_bias_at(b, a.bias_dt, d), v);
+        }
+        a.acc[d] = v;
+    }
+}
+
 /* Warps per block of the gate + up kernel over rows of nch 16-byte chunks: enough for one
  * chunk per lane, at most MM_WARPS (MXFP4 rows of 2048 columns have 64 chunks: two warps,
  * not four with half the lanes idle); MS_GPU_QX=old: always MM_WARPS. */
@@ -1096,13 +1173,15 @@ static int rx_warps(int64_t nch) {
     return qx_old() || w > MM_WARPS ? MM_WARPS : w < 1 ? 1 : (int)w;
 }
 
-/* MS_GPU_RX=old (read once; A/B measurements): the narrow dtypes' gate + up keep rx_gu_kernel
- * (one row quad per block) instead of rx_gup_kernel. */
+/* MS_GPU_RX (read once; A/B measurements) for the narrow dtypes (FP8, MXFP4, INT4): old keeps
+ * the earlier kernels (rx_gu_kernel, rx_down_kernel), oldgu only the earlier gate + up, olddown
+ * only the earlier down; unset (or anything else): rx_gup_kernel and rx_downp_kernel.
+ * Bits: 1 the earlier gate + up, 2 the earlier down. */
 static int rx_old(void) {
     static int old = -1;
     if (old < 0) {
         const char *e = getenv("MS_GPU_RX");
-        old = e && !strcmp(e, "old");
+        old = !e ? 0 : !strcmp(e, "old") ? 3 : !strcmp(e, "oldgu") ? 1 : !strcmp(e, "olddown") ? 2 : 0;
     }
     return old;
 }
@@ -1124,13 +1203,16 @@ static void launch_rx(const rx_args &gu, const rx_args &dn, gpuStream_t st, int 
     dim3 block(MM_WARPS * MS_WARP);
     dim3 gblock(rx_warps(gu.cols / T::VEC) * MS_WARP);
     const bool narrow = DT == DT_FP8 || DT == DT_FP8_CVT || DT == DT_F4 || DT == DT_I4;
-    if (narrow && !rx_old()) {
+    if (narrow && !(rx_old() & 1)) {
         int P = rx_quads(gu.cols * (128 / T::VEC) / 8, gu.I, gu.K);
         int64_t npairs = (gu.I + 1) / 2;
         ms_launch(pdl, rx_gup_kernel<DT>, dim3((unsigned)((npairs + P - 1) / P), (unsigned)gu.K), gblock, 0, st, gu, P);
     } else
         ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
-    ms_launch(pdl, rx_down_kernel<DT>, dim3((unsigned)((dn.D + MM_R - 1) / MM_R)), block, 0, st, dn);
+    if (narrow && !(rx_old() & 2))
+        ms_launch(pdl, rx_downp_kernel<DT>, dim3((unsigned)((dn.D + MM_R - 1) / MM_R)), block, 0, st, dn);
+    else
+        ms_launch(pdl, rx_down_kernel<DT>, dim3((unsigned)((dn.D + MM_R - 1) / MM_R)), block, 0, st, dn);
 }
 
 /* Whether the vector kernel takes a matrix of w's layout over a 16-byte aligned x (as mm_run). */
