@@ -49,6 +49,8 @@ struct ms_gpu {
     int attn_splits; /* MS_GPU_ATTN_SPLITS at open: the decode kernel's splits at most (0: MS_GPU_ATTN_MAXS) */
     int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+
                  * device, device code built for it, and MS_GPU_PDL not "0" at open */
+    int rx_occ[7][4]; /* matmul.cu: resident blocks per SM of rx_gup_kernel by kernel dtype and warps
+                       * per block - 1, 0 until first asked */
 };
 
 /* ms_gpu.attn_mode: which GQA attention kernels ms_gpu_attn_gqa takes */

@@ -1186,25 +1186,52 @@ static int rx_old(void) {
     return old;
 }
 
-/* Row quads per block of rx_gup_kernel: enough for about 32 KB of weights per block (at most
- * RX_MAXP), fewer while the grid would have under 512 blocks (4 per SM of an H200). */
-static int rx_quads(int64_t rowbytes, int64_t I, int K) {
+/* Row quads per block of rx_gup_kernel: P in 1 .. Pmax (Pmax for about 64 KB of weights per
+ * block, at most RX_MAXP) with the least ceil(blocks / res) * (P + 1), res the blocks resident on
+ * the device at once: whole waves of blocks (a block's time taken as P quads plus one for its start
+ * and end), the smaller P on ties. E.g. on an H200 (res 660 at 5 blocks per SM): the Kimi K2
+ * shape (8 slots) INT4 P = 5, FP8 3; the Qwen3 shape (8 slots, 384 pairs) FP8 / INT4 / MXFP4 5. */
+static int rx_quads(int64_t rowbytes, int64_t I, int K, int64_t res) {
     int64_t quad = 4 * rowbytes, npairs = (I + 1) / 2;
-    int P = (int)((32768 + quad - 1) / quad);
-    if (P > RX_MAXP) P = RX_MAXP;
-    if (P > npairs) P = (int)npairs;
-    while (P > 1 && ((npairs + P - 1) / P) * K < 512) P /= 2;
-    return P < 1 ? 1 : P;
+    int64_t pmax = (65536 + quad - 1) / quad;
+    if (pmax > RX_MAXP) pmax = RX_MAXP;
+    if (pmax > npairs) pmax = npairs;
+    if (res < 1) res = 1;
+    int best = 1;
+    int64_t bcost = -1;
+    for (int P = 1; P <= pmax; P++) {
+        int64_t blocks = ((npairs + P - 1) / P) * K, cost = ((blocks + res - 1) / res) * (P + 1);
+        if (bcost < 0 || cost < bcost) best = P, bcost = cost;
+    }
+    return best;
+}
+
+/* Resident blocks per SM of rx_gup_kernel<DT> at `warps` warps per block (cached in g; 1 when the
+ * runtime does not say). */
+template <int DT>
+static int rx_occupancy(ms_gpu *g, int warps) {
+    int &o = g->rx_occ[DT][warps - 1];
+    if (!o) {
+        int n = 0;
+        if (gpuOccupancyMaxActiveBlocksPerMultiprocessor(&n, rx_gup_kernel<DT>, warps * MS_WARP, 0) != gpuSuccess || n < 1)
+            n = 1, (void)gpuGetLastError();
+        o = n;
+    }
+    return o;
 }
 
 template <int DT>
-static void launch_rx(const rx_args &gu, const rx_args &dn, gpuStream_t st, int pdl) {
+static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
+    gpuStream_t st = g->stream;
+    int pdl = g->pdl;
     typedef mm_traits<DT> T;
     dim3 block(MM_WARPS * MS_WARP);
     dim3 gblock(rx_warps(gu.cols / T::VEC) * MS_WARP);
     const bool narrow = DT == DT_FP8 || DT == DT_FP8_CVT || DT == DT_F4 || DT == DT_I4;
     if (narrow && !(rx_old() & 1)) {
-        int P = rx_quads(gu.cols * (128 / T::VEC) / 8, gu.I, gu.K);
+        int warps = (int)(gblock.x / MS_WARP);
+        int64_t res = (int64_t)g->prop.multiProcessorCount * rx_occupancy<DT>(g, warps);
+        int P = rx_quads(gu.cols * (128 / T::VEC) / 8, gu.I, gu.K, res);
         int64_t npairs = (gu.I + 1) / 2;
         ms_launch(pdl, rx_gup_kernel<DT>, dim3((unsigned)((npairs + P - 1) / P), (unsigned)gu.K), gblock, 0, st, gu, P);
     } else
@@ -1249,13 +1276,13 @@ extern "C" int ms_gpu_moe_routed(ms_gpu *g, float *acc, const float *x, int K, c
         dn.x = H;
         rx_layout(gu, gate), rx_layout(dn, down);
         switch (kernel_dtype(gate->dtype) * 8 + kernel_dtype(down->dtype)) {
-#define RX_CASE(DT, LDT) case DT * 8 + DT: launch_rx<LDT>(gu, dn, g->stream, g->pdl); break
+#define RX_CASE(DT, LDT) case DT * 8 + DT: launch_rx<LDT>(g, gu, dn); break
         RX_CASE(DT_F32, DT_F32);
         RX_CASE(DT_F16, DT_F16);
         RX_CASE(DT_BF16, DT_BF16);
         case DT_FP8 * 8 + DT_FP8:
-            if (fp8_decode_mode()) launch_rx<DT_FP8>(gu, dn, g->stream, g->pdl);
-            else launch_rx<DT_FP8_CVT>(gu, dn, g->stream, g->pdl);
+            if (fp8_decode_mode()) launch_rx<DT_FP8>(g, gu, dn);
+            else launch_rx<DT_FP8_CVT>(g, gu, dn);
             break;
         RX_CASE(DT_F4, DT_F4);
         RX_CASE(DT_I4, DT_I4);
