@@ -1227,19 +1227,24 @@ static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
     typedef mm_traits<DT> T;
     dim3 block(MM_WARPS * MS_WARP);
     dim3 gblock(rx_warps(gu.cols / T::VEC) * MS_WARP);
-    const bool narrow = DT == DT_FP8 || DT == DT_FP8_CVT || DT == DT_F4 || DT == DT_I4;
-    if (narrow && !(rx_old() & 1)) {
-        int warps = (int)(gblock.x / MS_WARP);
-        int64_t res = (int64_t)g->prop.multiProcessorCount * rx_occupancy<DT>(g, warps);
-        int P = rx_quads(gu.cols * (128 / T::VEC) / 8, gu.I, gu.K, res);
-        int64_t npairs = (gu.I + 1) / 2;
-        ms_launch(pdl, rx_gup_kernel<DT>, dim3((unsigned)((npairs + P - 1) / P), (unsigned)gu.K), gblock, 0, st, gu, P);
-    } else
+    constexpr bool narrow = DT == DT_FP8 || DT == DT_FP8_CVT || DT == DT_F4 || DT == DT_I4;
+    const dim3 dgrid((unsigned)((dn.D + MM_R - 1) / MM_R));
+    if constexpr (narrow) { /* rx_gup_kernel / rx_downp_kernel exist for these only */
+        if (!(rx_old() & 1)) {
+            int warps = (int)(gblock.x / MS_WARP);
+            int64_t res = (int64_t)g->prop.multiProcessorCount * rx_occupancy<DT>(g, warps);
+            int P = rx_quads(gu.cols * (128 / T::VEC) / 8, gu.I, gu.K, res);
+            int64_t npairs = (gu.I + 1) / 2;
+            ms_launch(pdl, rx_gup_kernel<DT>, dim3((unsigned)((npairs + P - 1) / P), (unsigned)gu.K), gblock, 0, st, gu,
+                      P);
+        } else
+            ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
+        if (!(rx_old() & 2)) ms_launch(pdl, rx_downp_kernel<DT>, dgrid, block, 0, st, dn);
+        else ms_launch(pdl, rx_down_kernel<DT>, dgrid, block, 0, st, dn);
+    } else {
         ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
-    if (narrow && !(rx_old() & 2))
-        ms_launch(pdl, rx_downp_kernel<DT>, dim3((unsigned)((dn.D + MM_R - 1) / MM_R)), block, 0, st, dn);
-    else
-        ms_launch(pdl, rx_down_kernel<DT>, dim3((unsigned)((dn.D + MM_R - 1) / MM_R)), block, 0, st, dn);
+        ms_launch(pdl, rx_down_kernel<DT>, dgrid, block, 0, st, dn);
+    }
 }
 
 /* Whether the vector kernel takes a matrix of w's layout over a 16-byte aligned x (as mm_run). */
