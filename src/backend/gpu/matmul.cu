@@ -847,9 +847,6 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
  * sums are the same: the same products summed in the same order, so the same bits.
  * MS_GPU_RX=old (gpu_rx_old) keeps rx_gu_kernel for A/B runs. */
 #define RX_MAXP 8 /* row quads per block, at most */
-#ifndef RX_GUP_MINB
-#define RX_GUP_MINB 1 /* blocks per SM asked of ptxas: 6 (80 registers) spills at INT4 */
-#endif
 
 typedef struct rx_item {
     uint4 raw[MM_R];
@@ -960,8 +957,10 @@ static __device__ __forceinline__ void rx_use(const rx_item &it, const float *xp
     }
 }
 
+/* ptxas sm_90: 96 registers (INT4, FP8, MXFP4); a second __launch_bounds__ argument of 1 gave 252,
+ * of 6 (80) spills. */
 template <int DT>
-__global__ void __launch_bounds__(MM_WARPS *MS_WARP, RX_GUP_MINB) rx_gup_kernel(const rx_args a, int P) {
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gup_kernel(const rx_args a, int P) {
     typedef mm_traits<DT> T;
     const int VEC = T::VEC;
     const int STEP = (int)blockDim.x; /* as rx_gu_kernel (rx_warps): the same chunks per thread */
