@@ -1188,8 +1188,9 @@ static int rx_old(void) {
 /* Row quads per block of rx_gup_kernel: P in 1 .. Pmax (Pmax for about 64 KB of weights per
  * block, at most RX_MAXP) with the least ceil(blocks / res) * (P + 1), res the blocks resident on
  * the device at once: whole waves of blocks (a block's time taken as P quads plus one for its start
- * and end), the smaller P on ties. E.g. on an H200 (res 660 at 5 blocks per SM): the Kimi K2
- * shape (8 slots) INT4 P = 5, FP8 3; the Qwen3 shape (8 slots, 384 pairs) FP8 / INT4 / MXFP4 5. */
+ * and end), the smaller P on ties. E.g. on an H200 (96 registers: 5 blocks of 4 warps per SM,
+ * 10 of 2): the Kimi K2 shape (8 slots) INT4 P = 5, FP8 3; the Qwen3 shape (8 slots, 384 pairs)
+ * FP8 5, INT4 / MXFP4 (64 chunks a row: two-warp blocks) 3. */
 static int rx_quads(int64_t rowbytes, int64_t I, int K, int64_t res) {
     int64_t quad = 4 * rowbytes, npairs = (I + 1) / 2;
     int64_t pmax = (65536 + quad - 1) / quad;
