@@ -38,6 +38,7 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuDevAttrGlobalMemoryBusWidth hipDeviceAttributeMemoryBusWidth
 #define gpuMemGetInfo hipMemGetInfo
 #define gpuFuncSetAttribute hipFuncSetAttribute
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
@@ -140,6 +141,7 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuDevAttrMemoryClockRate cudaDevAttrMemoryClockRate
 #define gpuDevAttrGlobalMemoryBusWidth cudaDevAttrGlobalMemoryBusWidth
 #define gpuMemGetInfo cudaMemGetInfo
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define gpuFuncSetAttribute cudaFuncSetAttribute
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMalloc cudaMalloc
