@@ -14,6 +14,8 @@
  *                  accumulation: F32-level accuracy (the bound in tests/gpu/test_gpu_prefill.c).
  * MS_GPU_FA_AUTO takes MMA where the device has it, else FMA, and reads MS_GPU_PREFILL_ATTN
  * (each call): "old" refuses (the caller runs the split-K kernel), "fma" / "mma" pick the form.
+ * MS_GPU_FA_LOAD=async (each call; CUDA sm_80+) stages the K/V tiles by cp.async, every copy of a
+ * tile in flight at once, instead of one load and store after another (opt-in until measured).
  *
  * Shapes: H % KV == 0, head_dim a multiple of 8 up to 256, v_head_dim a multiple of 8 up to
  * 512 (wider than 128: slices of 128 value columns in blocks of their own, each recomputing the
@@ -37,9 +39,9 @@ enum { MS_GPU_FA_AUTO = 0, MS_GPU_FA_FMA = 1, MS_GPU_FA_MMA = 2 };
 int ms_gpu_attn_prefill(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
                         const float *sinks, int n, int64_t pos0, const ms_gpu_attn_cfg *cfg, int form, ms_err *err);
 
-/* The backend's choice for a chunk (MS_GPU_FA_AUTO, the heuristic below): 1 when the tiled
- * kernel is expected to beat the split-K one for n tokens at pos0 (enough row tiles to fill
- * the device, or short contexts), else 0. Reads no environment. */
+/* The backend's choice for a chunk: 1 when the tiled kernel is expected to beat the split-K one
+ * for n >= 2 tokens at pos0 (at least one block per SM, or the chunk ends within 1024
+ * positions), else 0. Reads no environment. */
 int ms_gpu_attn_prefill_wanted(ms_gpu *g, int n, int64_t pos0, const ms_gpu_attn_cfg *cfg);
 
 #ifdef __cplusplus
