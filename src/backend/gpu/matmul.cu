@@ -1172,15 +1172,17 @@ static int rx_warps(int64_t nch) {
     return qx_old() || w > MM_WARPS ? MM_WARPS : w < 1 ? 1 : (int)w;
 }
 
-/* MS_GPU_RX (read once; A/B measurements) for the narrow dtypes (FP8, MXFP4, INT4): old keeps
- * the earlier kernels (rx_gu_kernel, rx_down_kernel), oldgu only the earlier gate + up, olddown
- * only the earlier down; unset (or anything else): rx_gup_kernel and rx_downp_kernel.
+/* MS_GPU_RX (read once; A/B measurements) for the narrow dtypes (FP8, MXFP4, INT4). Default (unset,
+ * or oldgu): rx_gu_kernel for gate + up and rx_downp_kernel for down, the fastest pair measured on
+ * the H200 (Kimi K2 shape: INT4 134 vs 146 us with both earlier kernels, FP8 107 vs 109;
+ * rx_gup_kernel measured slower: INT4 165, FP8 175, docs/performance.md). new: rx_gup_kernel and
+ * rx_downp_kernel; old: rx_gu_kernel and rx_down_kernel; olddown: rx_gup_kernel and rx_down_kernel.
  * Bits: 1 the earlier gate + up, 2 the earlier down. */
 static int rx_old(void) {
     static int old = -1;
     if (old < 0) {
         const char *e = getenv("MS_GPU_RX");
-        old = !e ? 0 : !strcmp(e, "old") ? 3 : !strcmp(e, "oldgu") ? 1 : !strcmp(e, "olddown") ? 2 : 0;
+        old = !e ? 1 : !strcmp(e, "old") ? 3 : !strcmp(e, "new") ? 0 : !strcmp(e, "olddown") ? 2 : 1;
     }
     return old;
 }
