@@ -327,12 +327,11 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gup_kernel(const rx_args
     }
 }
 
-template <int DT>
-__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_args a) {
-    typedef mm_traits<DT> T;
-    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
-    __shared__ int ord[32];
-    __shared__ const uint8_t *sw[32], *ss[32], *sz[32];
+/* The start of the down kernels (rx_down_kernel, rx_downp_kernel): the dependent-launch trigger
+ * and wait, then the K slots in ascending expert id into the block's shared arrays: ord[rank] the
+ * slot of that rank, sw / ss / sz its down weights, scales and zero points. */
+static __device__ __forceinline__ void rx_down_slots(const rx_args &a, int (&ord)[32], const uint8_t *(&sw)[32],
+                                                     const uint8_t *(&ss)[32], const uint8_t *(&sz)[32]) {
     const int K = a.K;
     ms_pdl_launch();
     ms_pdl_wait(); /* the ids, weights and h are earlier kernels' output */
@@ -345,6 +344,16 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
         sz[rank] = (const uint8_t *)a.tab[id].z[2];
     }
     __syncthreads();
+}
+
+template <int DT>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP, U = 2;
+    __shared__ int ord[32];
+    __shared__ const uint8_t *sw[32], *ss[32], *sz[32];
+    const int K = a.K;
+    rx_down_slots(a, ord, sw, ss, sz);
     const int64_t d0 = (int64_t)blockIdx.x * MM_R;
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8, total = (int64_t)K * nch;
     int64_t roff[MM_R], srow[MM_R], zrow[MM_R];
@@ -425,17 +434,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_downp_kernel(const rx_ar
     __shared__ int ord[32];
     __shared__ const uint8_t *sw[32], *ss[32], *sz[32];
     const int K = a.K;
-    ms_pdl_launch();
-    ms_pdl_wait(); /* the ids, weights and h are earlier kernels' output */
-    if (threadIdx.x < K) { /* slot of rank r in ascending expert id (ids of one token are distinct) */
-        int id = a.ids[threadIdx.x], rank = 0;
-        for (int q = 0; q < K; q++) rank += a.ids[q] < id || (a.ids[q] == id && q < (int)threadIdx.x);
-        ord[rank] = threadIdx.x;
-        sw[rank] = (const uint8_t *)a.tab[id].w[2];
-        ss[rank] = (const uint8_t *)a.tab[id].s[2];
-        sz[rank] = (const uint8_t *)a.tab[id].z[2];
-    }
-    __syncthreads();
+    rx_down_slots(a, ord, sw, ss, sz);
     const int64_t d0 = (int64_t)blockIdx.x * MM_R;
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8, total = (int64_t)K * nch;
     int64_t roff[MM_R];
