@@ -18,7 +18,8 @@
  * magnitude.
  *
  * The checks live in test_gpu_kernels.c (the kernels of gpu.h against their twins) and
- * test_gpu_backend.c (the GPU backend op by op against the CPU backend); this file holds the
+ * test_gpu_backend.c (the GPU backend op by op against the CPU backend; test_gpu_step.c its decode
+ * step), with test_gpu_comm.c, test_gpu_prefill.c, test_gpu_router.c; this file holds the
  * helpers they share (test_gpu.h) and main. */
 #include <math.h>
 #include <stdint.h>
@@ -179,6 +180,7 @@ int main(void) {
     int pass = 0, fail = 0;
     test_gpu_run_kernels(&pass, &fail);
     test_gpu_run_backend(&pass, &fail);
+    test_gpu_run_step(&pass, &fail);
     test_gpu_run_comm(&pass, &fail);
     test_gpu_run_prefill(&pass, &fail);
     test_gpu_run_router(&pass, &fail);

@@ -68,6 +68,20 @@ double dot_bound(int64_t N);
  * backend op by op against the CPU backend. */
 void test_gpu_run_kernels(int *pass, int *fail);
 void test_gpu_run_backend(int *pass, int *fail);
+/* test_gpu_step.c: the GPU backend's replayable decode step and PDL through whole decodes. */
+void test_gpu_run_step(int *pass, int *fail);
+/* test_gpu_backend.c's GPU backend and buffers (also used by test_gpu_step.c): gbe() the backend
+ * (opened and reserved at the first call; exits when it cannot), bup a device copy of n host
+ * floats, bget a malloc'd host copy of n device floats, same: device d := host h, gfree frees a
+ * device buffer; maxabs the largest |v|, cmpv checks got against ref within rel |ref| + abs
+ * elementwise (NaN matches NaN) and prints the worst ratio. */
+ms_backend *gbe(void);
+float *bup(const float *h, int64_t n);
+float *bget(const float *d, int64_t n);
+void same(float *d, const float *h, int64_t n);
+void gfree(void *d);
+double maxabs(const float *v, int64_t n);
+void cmpv(const char *what, const float *got, const float *ref, int64_t n, double rel, double abs_);
 /* test_gpu_comm.c: several GPU backends in one process (the comm, a split engine). */
 void test_gpu_run_comm(int *pass, int *fail);
 /* test_gpu_prefill.c: the tiled prefill attention (attn_prefill.h) against the CPU twin, and its timing. */

@@ -1161,7 +1161,7 @@ static void g_add_gated_rows(ms_backend *be, float *y, const float *x, const flo
 
 /* One decode token's routed experts from the router's device output (no host round trip):
  * a device table of the layer's resident experts (built at the first call for that layer's
- * host array), then matmul.cu's four launches. */
+ * host array), then matmul_routed.cu's launches (ms_gpu_moe_routed). */
 typedef struct rx_table {
     const ms_expert_view *key;
     const void *key_w; /* expert 0's placed gate data: placed weights are never freed before destroy, so a

@@ -217,7 +217,7 @@ int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err) {
         return MS_OK;
     case MS_DT_Q8: /* the requantized static tier: matmul_q.cu (test_gpu matmul_q_*, verify --static-dtype q8) */
         return ms_gpu_qmat_check_q(w, what, err);
-    case MS_DT_I4: /* INT4 (Kimi K2 / K2.5 experts; zero points when asymmetric): matmul_q.cu, matmul.cu, gemm.cu */
+    case MS_DT_I4: /* INT4 (Kimi K2 / K2.5 experts; zero points when asymmetric): matmul_q.cu, matmul*.cu, gemm.cu */
         return ms_gpu_qmat_check_q(w, what, err);
     default:
         return ms_fail(err, MS_ERR_UNSUPPORTED, "%s: weight dtype %s is not supported on the gpu", what,

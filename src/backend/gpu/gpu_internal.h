@@ -53,7 +53,7 @@ struct ms_gpu {
                  * device, device code built for it, and MS_GPU_PDL not "0" at open */
     int pdl_attn; /* the GQA attention kernels (attn_decode.cu, ops.cu's split + combine) in that chain too:
                    * pdl and MS_GPU_ATTN_PDL not "0" at open (A/B measurements: "0" launches them plainly) */
-    int rx_occ[7][4]; /* matmul.cu: resident blocks per SM of rx_gup_kernel by kernel dtype and warps
+    int rx_occ[7][4]; /* matmul_routed.cu: resident blocks per SM of rx_gup_kernel by kernel dtype and warps
                        * per block - 1, 0 until first asked */
 };
 
