@@ -136,6 +136,18 @@ int ms_bind_layer_norms(ms_binder *b, struct ms_model *m, int layer, const char 
 /* The layer's FFN per cfg->layer_mlp: dense mlp.{gate,up,down}_proj of width
  * cfg->inter, or ms_bind_routed_moe. */
 int ms_bind_ffn(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* A per-layer binder: binds layer `layer`'s tensors whose names lie below pfx
+ * ("model.layers.3."), recording the first error in b; returns b->rc.
+ * ms_bind_gqa, ms_bind_mla, ms_bind_ffn and ms_bind_routed_moe are ones. */
+typedef int ms_layer_binder(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* The decoder-layer loop most families share: for l = 0 .. n_layers-1, with
+ * pfx = "<layers>.<l>." (layers e.g. "model.layers"), ms_bind_layer_norms, then
+ * attn, then ffn, each with (b, m, l, pfx); stops at the first error. Binds no
+ * trunk. Returns b->rc. */
+int ms_bind_layers(ms_binder *b, struct ms_model *m, const char *layers, ms_layer_binder *attn, ms_layer_binder *ffn);
+/* ms_bind_trunk with model.embed_tokens, model.norm.weight, lm_head, then
+ * ms_bind_layers over "model.layers": the whole model of a plain decoder. */
+int ms_bind_decoder(ms_binder *b, struct ms_model *m, ms_layer_binder *attn, ms_layer_binder *ffn);
 /* Attention Residuals pair "<pfx>norm.weight" [hidden] and "<pfx>proj.weight"
  * [1, hidden] (pfx e.g. "model.layers.3.mlp_res_"), as F32 copies. */
 int ms_bind_attn_res(ms_binder *b, struct ms_attn_res *out, const char *pfx);

@@ -147,47 +147,29 @@ static int configure_solar_open(const cJSON *j, ms_config *c, const char *where,
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
-    const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        ms_bind_ffn(b, m, l, p);
-    }
-    return b->rc;
-}
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ms_bind_ffn); }
 
 /* K-EXAONE: the correction bias is mlp.e_score_correction_bias (what transformers saves and the published
  * checkpoint holds), or mlp.gate.e_score_correction_bias. */
-static int bind_exaone_moe(ms_binder *b, ms_model *m) {
+static int ffn_exaone_moe(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96], bias[128];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        if (c->layer_mlp[l] == MS_MLP_DENSE) {
-            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
-            continue;
-        }
-        snprintf(w, sizeof w, "%smlp.gate", p);
-        if (ms_bind_has(b, "%smlp.gate.e_score_correction_bias", p))
-            snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
-        else
-            snprintf(bias, sizeof bias, "%smlp.e_score_correction_bias", p);
-        ms_bind_router(b, m, l, w, bias);
-        if (c->shared_inter)
-            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-                        "mlp.shared_experts.down_proj");
-        snprintf(w, sizeof w, "%smlp.experts", p);
-        ms_bind_experts_at(b, m, l, w);
-    }
-    return b->rc;
+    char w[160], bias[200];
+    if (c->layer_mlp[l] == MS_MLP_DENSE)
+        return ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+    snprintf(w, sizeof w, "%smlp.gate", p);
+    if (ms_bind_has(b, "%smlp.gate.e_score_correction_bias", p))
+        snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
+    else
+        snprintf(bias, sizeof bias, "%smlp.e_score_correction_bias", p);
+    ms_bind_router(b, m, l, w, bias);
+    if (c->shared_inter)
+        ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
+                    "mlp.shared_experts.down_proj");
+    snprintf(w, sizeof w, "%smlp.experts", p);
+    return ms_bind_experts_at(b, m, l, w);
 }
+
+static int bind_exaone_moe(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn_exaone_moe); }
 
 const ms_arch ms_arch_dots1 = {"dots1", configure_dots1, bind};
 const ms_arch ms_arch_exaone_moe = {"exaone_moe", configure_exaone_moe, bind_exaone_moe};

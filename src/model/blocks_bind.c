@@ -213,6 +213,23 @@ int ms_bind_ffn(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     return ms_bind_routed_moe(b, m, layer, pfx);
 }
 
+int ms_bind_layers(ms_binder *b, ms_model *m, const char *layers, ms_layer_binder *attn, ms_layer_binder *ffn) {
+    const ms_config *c = b->cfg;
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[160];
+        snprintf(p, sizeof p, "%s.%d.", layers, l);
+        ms_bind_layer_norms(b, m, l, p);
+        attn(b, m, l, p);
+        ffn(b, m, l, p);
+    }
+    return b->rc;
+}
+
+int ms_bind_decoder(ms_binder *b, ms_model *m, ms_layer_binder *attn, ms_layer_binder *ffn) {
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    return ms_bind_layers(b, m, "model.layers", attn, ffn);
+}
+
 /* src [E, r, c] -> dst [E, c, r], elements of es bytes. */
 static void transpose_last2(uint8_t *dst, const uint8_t *src, int64_t E, int64_t r, int64_t c, size_t es) {
     for (int64_t e = 0; e < E; e++)
