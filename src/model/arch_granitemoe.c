@@ -81,23 +81,19 @@ static int bind_shared_mlp(ms_binder *b, ms_layer *L, const char *pfx) {
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
+static int ffn(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96], gu[128], dn[128];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        snprintf(w, sizeof w, "%sblock_sparse_moe.router.layer", p);
-        ms_bind_router(b, m, l, w, NULL);
-        snprintf(gu, sizeof gu, "%sblock_sparse_moe.input_linear.weight", p);
-        snprintf(dn, sizeof dn, "%sblock_sparse_moe.output_linear.weight", p);
-        ms_bind_fused_experts(b, m, l, gu, dn);
-        if (c->shared_inter) bind_shared_mlp(b, &m->layers[l], p);
-    }
+    char w[200], gu[200], dn[200];
+    snprintf(w, sizeof w, "%sblock_sparse_moe.router.layer", p);
+    ms_bind_router(b, m, l, w, NULL);
+    snprintf(gu, sizeof gu, "%sblock_sparse_moe.input_linear.weight", p);
+    snprintf(dn, sizeof dn, "%sblock_sparse_moe.output_linear.weight", p);
+    ms_bind_fused_experts(b, m, l, gu, dn);
+    if (c->shared_inter) bind_shared_mlp(b, &m->layers[l], p);
     return b->rc;
 }
+
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn); }
 
 const ms_arch ms_arch_granitemoe = {"granitemoe", configure_granitemoe, bind};
 const ms_arch ms_arch_granitemoeshared = {"granitemoeshared", configure_granitemoeshared, bind};

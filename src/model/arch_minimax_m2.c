@@ -30,23 +30,16 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
-    const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96], bias[128];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_layer *L = &m->layers[l];
-        ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", p);
-        ms_bind_vec(b, &L->ffn_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", p);
-        ms_bind_gqa(b, m, l, p);
-        snprintf(w, sizeof w, "%sblock_sparse_moe.gate", p);
-        snprintf(bias, sizeof bias, "%sblock_sparse_moe.e_score_correction_bias", p);
-        ms_bind_router(b, m, l, w, bias);
-        ms_bind_experts(b, m, l, "model.layers.%d.block_sparse_moe.experts.%d.w1",
-                        "model.layers.%d.block_sparse_moe.experts.%d.w3", "model.layers.%d.block_sparse_moe.experts.%d.w2");
-    }
-    return b->rc;
+static int ffn(ms_binder *b, ms_model *m, int l, const char *p) {
+    char w[160], bias[200];
+    snprintf(w, sizeof w, "%sblock_sparse_moe.gate", p);
+    snprintf(bias, sizeof bias, "%sblock_sparse_moe.e_score_correction_bias", p);
+    ms_bind_router(b, m, l, w, bias);
+    return ms_bind_experts(b, m, l, "model.layers.%d.block_sparse_moe.experts.%d.w1",
+                           "model.layers.%d.block_sparse_moe.experts.%d.w3",
+                           "model.layers.%d.block_sparse_moe.experts.%d.w2");
 }
+
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn); }
 
 const ms_arch ms_arch_minimax_m2 = {"minimax_m2", configure, bind};
