@@ -131,6 +131,19 @@ int ms_bind_routed_moe(ms_binder *b, struct ms_model *m, int layer, const char *
  * fused base.gate_up_proj / base.down_proj as ms_bind_fused_experts binds them (what transformers 5
  * saves for a family without a checkpoint conversion mapping). */
 int ms_bind_experts_at(ms_binder *b, struct ms_model *m, int layer, const char *base);
+/* The dense SwiGLU MLP mlp.{gate,up,down}_proj of width cfg->inter under pfx. */
+int ms_bind_dense_mlp(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* DeepSeek's shared experts mlp.shared_experts.{gate,up,down}_proj of width
+ * cfg->shared_inter under pfx; nothing when cfg->shared_inter is 0. */
+int ms_bind_shared_experts(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* Qwen2-MoE's gated shared expert under pfx: mlp.shared_expert.{gate,up,down}_proj
+ * of width cfg->shared_inter and its gate mlp.shared_expert_gate [1, hidden];
+ * nothing when cfg->shared_inter is 0. */
+int ms_bind_gated_shared_expert(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* Mixtral's sparse MoE block under pfx: router block_sparse_moe.gate, with
+ * block_sparse_moe.<bias> as its correction bias when bias is not NULL, and
+ * experts block_sparse_moe.experts.E.{w1,w3,w2} (gate, up, down). */
+int ms_bind_sparse_moe(ms_binder *b, struct ms_model *m, int layer, const char *pfx, const char *bias);
 /* pfx input_layernorm.weight and post_attention_layernorm.weight [hidden]. */
 int ms_bind_layer_norms(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 /* The layer's FFN per cfg->layer_mlp: dense mlp.{gate,up,down}_proj of width

@@ -58,14 +58,7 @@ static int configure_mixtral(const cJSON *j, ms_config *c, const char *where, ms
     return ms_arch_check_moe(c, where, err);
 }
 
-static int ffn_mixtral(ms_binder *b, ms_model *m, int l, const char *p) {
-    char w[160];
-    snprintf(w, sizeof w, "%sblock_sparse_moe.gate", p);
-    ms_bind_router(b, m, l, w, NULL);
-    return ms_bind_experts(b, m, l, "model.layers.%d.block_sparse_moe.experts.%d.w1",
-                           "model.layers.%d.block_sparse_moe.experts.%d.w3",
-                           "model.layers.%d.block_sparse_moe.experts.%d.w2");
-}
+static int ffn_mixtral(ms_binder *b, ms_model *m, int l, const char *p) { return ms_bind_sparse_moe(b, m, l, p, NULL); }
 
 static int bind_mixtral(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn_mixtral); }
 
@@ -104,17 +97,11 @@ static int configure_qwen2_moe(const cJSON *j, ms_config *c, const char *where, 
 
 static int ffn_qwen2_moe(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_layer *L = &m->layers[l];
     char w[160];
-    if (c->layer_mlp[l] == MS_MLP_DENSE)
-        return ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+    if (c->layer_mlp[l] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, l, p);
     snprintf(w, sizeof w, "%smlp.gate", p);
     ms_bind_router(b, m, l, w, NULL);
-    if (c->shared_inter) {
-        ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
-                    "mlp.shared_expert.down_proj");
-        ms_bind_mat(b, &L->shared_gate, MS_W_ROUTER, 1, c->hidden, "%smlp.shared_expert_gate", p);
-    }
+    ms_bind_gated_shared_expert(b, m, l, p);
     return ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.experts.%d.up_proj",
                            "model.layers.%d.mlp.experts.%d.down_proj");
 }

@@ -31,13 +31,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
 }
 
 static int ffn(ms_binder *b, ms_model *m, int l, const char *p) {
-    char w[160], bias[200];
-    snprintf(w, sizeof w, "%sblock_sparse_moe.gate", p);
-    snprintf(bias, sizeof bias, "%sblock_sparse_moe.e_score_correction_bias", p);
-    ms_bind_router(b, m, l, w, bias);
-    return ms_bind_experts(b, m, l, "model.layers.%d.block_sparse_moe.experts.%d.w1",
-                           "model.layers.%d.block_sparse_moe.experts.%d.w3",
-                           "model.layers.%d.block_sparse_moe.experts.%d.w2");
+    return ms_bind_sparse_moe(b, m, l, p, "e_score_correction_bias");
 }
 
 static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn); }

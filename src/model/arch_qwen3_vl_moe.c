@@ -35,8 +35,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
 static int ffn(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
     char w[200], gu[200], dn[200];
-    if (c->layer_mlp[l] == MS_MLP_DENSE)
-        return ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+    if (c->layer_mlp[l] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, l, p);
     snprintf(w, sizeof w, "%smlp.gate", p);
     snprintf(gu, sizeof gu, "%smlp.experts.gate_up_proj", p);
     snprintf(dn, sizeof dn, "%smlp.experts.down_proj", p);

@@ -154,17 +154,14 @@ static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bin
 static int ffn_exaone_moe(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
     char w[160], bias[200];
-    if (c->layer_mlp[l] == MS_MLP_DENSE)
-        return ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+    if (c->layer_mlp[l] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, l, p);
     snprintf(w, sizeof w, "%smlp.gate", p);
     if (ms_bind_has(b, "%smlp.gate.e_score_correction_bias", p))
         snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
     else
         snprintf(bias, sizeof bias, "%smlp.e_score_correction_bias", p);
     ms_bind_router(b, m, l, w, bias);
-    if (c->shared_inter)
-        ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-                    "mlp.shared_experts.down_proj");
+    ms_bind_shared_experts(b, m, l, p);
     snprintf(w, sizeof w, "%smlp.experts", p);
     return ms_bind_experts_at(b, m, l, w);
 }

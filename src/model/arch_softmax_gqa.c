@@ -183,14 +183,11 @@ static int bind_ernie_bias(ms_binder *b, ms_layer *L, const char *pfx) {
 static int ffn_ernie(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
     char w[160];
-    if (c->layer_mlp[l] == MS_MLP_DENSE)
-        return ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+    if (c->layer_mlp[l] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, l, p);
     snprintf(w, sizeof w, "%smlp.gate", p);
     ms_bind_router(b, m, l, w, NULL);
     bind_ernie_bias(b, &m->layers[l], p);
-    if (c->shared_inter)
-        ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-                    "mlp.shared_experts.down_proj");
+    ms_bind_shared_experts(b, m, l, p);
     snprintf(w, sizeof w, "%smlp.experts", p);
     return ms_bind_experts_at(b, m, l, w);
 }
