@@ -16,7 +16,6 @@
  *              transformers: models/flex_olmo.
  * Sliding-window attention (Mixtral, Qwen2 use_sliding_window) and OLMoE's
  * clip_qkv are refused. */
-#include <math.h>
 #include <stdio.h>
 
 #include "model/arch_common.h"
@@ -26,10 +25,7 @@
 static int gqa_rope(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int rc;
     if ((rc = ms_arch_check_gqa(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     c->n_group = c->topk_group = 1;
     c->routed_scale = 1.0;
     for (int l = 0; l < c->n_layers; l++) {

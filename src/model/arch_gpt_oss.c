@@ -4,7 +4,6 @@
  * fused experts (interleaved gate/up rows, biases, clamped SwiGLU). Experts
  * are MXFP4 (_blocks/_scales, the official format) or BF16 stored transposed
  * ([E, in, out], x @ W). transformers: models/gpt_oss. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,10 +35,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
     if (c->hidden % 32 || c->moe_inter % 32)
         return ms_fail(err, MS_ERR_FORMAT, "%s: hidden_size and intermediate_size must be multiples of 32", where);
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
     if (lt && (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers))
         return ms_fail(err, MS_ERR_FORMAT, "%s: layer_types must list %lld layer types", where, (long long)c->n_layers);

@@ -10,7 +10,6 @@
  * GraniteMoeShared adds a dense shared MLP of shared_intermediate_size
  * (shared_mlp.input_linear [2S, H], gate rows then up rows; output_linear [H, S])
  * beside the experts. transformers: models/granitemoe, models/granitemoeshared. */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -43,10 +42,8 @@ static int configure_common(const cJSON *j, ms_config *c, const char *where, ms_
     c->residual_scale = rm;
     c->logit_scale = 1.0 / ls;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = am > 0 ? am : 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
+    if (am > 0) c->attn_scale = am;
     for (int l = 0; l < c->n_layers; l++) {
         c->layer_attn[l] = MS_ATTN_GQA;
         c->layer_mlp[l] = MS_MLP_MOE;

@@ -5,7 +5,6 @@
  * feed-forward per mlp_layer_types; DeepSeek-style sigmoid router with group-
  * limited top-k, no shared experts. transformers: models/mimo_v2_flash. */
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "model/arch_common.h"

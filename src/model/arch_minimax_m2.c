@@ -2,9 +2,6 @@
  * projections (all heads together), partial rotary, sigmoid router with
  * correction bias and renormalised top-k, experts w1/w3/w2 of width
  * intermediate_size, every layer MoE. transformers: models/minimax_m2. */
-#include <math.h>
-#include <stdio.h>
-
 #include "model/arch_common.h"
 #include "model/model.h"
 
@@ -19,10 +16,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     c->n_group = c->topk_group = 1;
     c->qk_norm = MS_QKNORM_FULL;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) {
         c->layer_attn[l] = MS_ATTN_GQA;
         c->layer_mlp[l] = MS_MLP_MOE;

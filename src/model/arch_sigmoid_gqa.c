@@ -14,7 +14,6 @@
  *   solar_open  Solar Open: Llama attention (q/k/v biases per attention_bias,
  *               o_proj without), partial rotary (default 1.0), MoE on every
  *               layer. transformers: models/solar_open. */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -28,10 +27,7 @@ static int sigmoid_gqa(const cJSON *j, ms_config *c, int64_t n_shared, const cha
     c->router_bias = 1;
     c->shared_inter = n_shared * c->moe_inter;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) c->layer_attn[l] = MS_ATTN_GQA;
     return MS_OK;
 }
@@ -63,26 +59,6 @@ static int layer_types(const cJSON *j, const ms_config *c, uint8_t *sliding, int
     return MS_OK;
 }
 
-/* mlp_layer_types ("dense" | "sparse") when present, else first_k_dense_replace dense layers. */
-static int mlp_schedule(const cJSON *j, ms_config *c, int64_t first_dense, const char *where, ms_err *err) {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "mlp_layer_types");
-    if (arr && !cJSON_IsNull(arr) && (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != c->n_layers))
-        return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_layer_types must be a list of num_hidden_layers (%lld) names", where,
-                       (long long)c->n_layers);
-    const cJSON *v = cJSON_IsArray(arr) ? arr->child : NULL;
-    for (int l = 0; l < c->n_layers; l++, v = v ? v->next : NULL) {
-        int dense = l < first_dense;
-        if (v) {
-            if (cJSON_IsString(v) && !strcmp(v->valuestring, "dense")) dense = 1;
-            else if (cJSON_IsString(v) && !strcmp(v->valuestring, "sparse")) dense = 0;
-            else return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", where, l);
-        }
-        c->layer_mlp[l] = dense ? MS_MLP_DENSE : MS_MLP_MOE;
-        if (dense && c->inter < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: dense layers need intermediate_size", where);
-    }
-    return MS_OK;
-}
-
 static int configure_dots1(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int64_t first_dense = 0, n_shared = 0, window = 0, max_window_layers = 62;
     int rc, have = 0;
@@ -93,7 +69,7 @@ static int configure_dots1(const cJSON *j, ms_config *c, const char *where, ms_e
         (rc = window_of(j, 4096, &window, where, err)))
         return rc;
     c->qk_norm = MS_QKNORM_HEAD;
-    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = mlp_schedule(j, c, first_dense, where, err))) return rc;
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = ms_arch_mlp_layer_types(j, c, first_dense, where, err))) return rc;
     uint8_t sliding[MS_MAX_LAYERS] = {0};
     if ((rc = layer_types(j, c, sliding, &have, where, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) {
@@ -113,7 +89,7 @@ static int configure_exaone_moe(const cJSON *j, ms_config *c, const char *where,
         (rc = window_of(j, 4096, &window, where, err)))
         return rc;
     c->qk_norm = MS_QKNORM_HEAD;
-    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = mlp_schedule(j, c, first_dense, where, err))) return rc;
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = ms_arch_mlp_layer_types(j, c, first_dense, where, err))) return rc;
     uint8_t sliding[MS_MAX_LAYERS] = {0};
     if ((rc = layer_types(j, c, sliding, &have, where, err))) return rc;
     if (!have && window > 0) { /* Exaone4Config's schedule from an integer sliding_window_pattern */

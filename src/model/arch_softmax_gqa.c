@@ -149,11 +149,7 @@ static int configure_ernie(const cJSON *j, ms_config *c, const char *where, ms_e
     c->attn_bias = 0;
     c->shared_inter = n_shared * c->moe_inter;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) ||
-        (rc = ms_config_rope(j, c, rd, MS_ROPE_INTERLEAVED, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_INTERLEAVED, where, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) {
         c->layer_attn[l] = MS_ATTN_GQA;
         c->layer_mlp[l] = ((l + 1) % interval == 0 && l >= start && l <= end) ? MS_MLP_MOE : MS_MLP_DENSE;
