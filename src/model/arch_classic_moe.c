@@ -98,8 +98,8 @@ static int ffn_qwen2_moe(ms_binder *b, ms_model *m, int l, const char *p) {
     snprintf(w, sizeof w, "%smlp.gate", p);
     ms_bind_router(b, m, l, w, NULL);
     ms_bind_gated_shared_expert(b, m, l, p);
-    return ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.experts.%d.up_proj",
-                           "model.layers.%d.mlp.experts.%d.down_proj");
+    return ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj",
+                           "model.layers.%d.mlp.experts.%d.up_proj", "model.layers.%d.mlp.experts.%d.down_proj");
 }
 
 static int bind_qwen2_moe(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn_qwen2_moe); }

@@ -46,7 +46,8 @@ int ms_arch_check_gqa(const ms_config *c, const char *where, ms_err *err) {
 int ms_arch_gqa_rope(const cJSON *j, ms_config *c, ms_rope_layout layout, const char *where, ms_err *err) {
     int64_t rd;
     int rc;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, layout, where, err))) return rc;
+    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, layout, where, err)))
+        return rc;
     c->attn_scale = 1.0 / sqrt((double)c->head_dim);
     return MS_OK;
 }

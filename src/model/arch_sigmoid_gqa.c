@@ -69,7 +69,8 @@ static int configure_dots1(const cJSON *j, ms_config *c, const char *where, ms_e
         (rc = window_of(j, 4096, &window, where, err)))
         return rc;
     c->qk_norm = MS_QKNORM_HEAD;
-    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = ms_arch_mlp_layer_types(j, c, first_dense, where, err))) return rc;
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = ms_arch_mlp_layer_types(j, c, first_dense, where, err)))
+        return rc;
     uint8_t sliding[MS_MAX_LAYERS] = {0};
     if ((rc = layer_types(j, c, sliding, &have, where, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) {
@@ -89,7 +90,8 @@ static int configure_exaone_moe(const cJSON *j, ms_config *c, const char *where,
         (rc = window_of(j, 4096, &window, where, err)))
         return rc;
     c->qk_norm = MS_QKNORM_HEAD;
-    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = ms_arch_mlp_layer_types(j, c, first_dense, where, err))) return rc;
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = ms_arch_mlp_layer_types(j, c, first_dense, where, err)))
+        return rc;
     uint8_t sliding[MS_MAX_LAYERS] = {0};
     if ((rc = layer_types(j, c, sliding, &have, where, err))) return rc;
     if (!have && window > 0) { /* Exaone4Config's schedule from an integer sliding_window_pattern */
