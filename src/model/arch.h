@@ -131,11 +131,36 @@ int ms_bind_routed_moe(ms_binder *b, struct ms_model *m, int layer, const char *
  * fused base.gate_up_proj / base.down_proj as ms_bind_fused_experts binds them (what transformers 5
  * saves for a family without a checkpoint conversion mapping). */
 int ms_bind_experts_at(ms_binder *b, struct ms_model *m, int layer, const char *base);
+/* The dense SwiGLU MLP mlp.{gate,up,down}_proj of width cfg->inter under pfx. */
+int ms_bind_dense_mlp(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* DeepSeek's shared experts mlp.shared_experts.{gate,up,down}_proj of width
+ * cfg->shared_inter under pfx; nothing when cfg->shared_inter is 0. */
+int ms_bind_shared_experts(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* Qwen2-MoE's gated shared expert under pfx: mlp.shared_expert.{gate,up,down}_proj
+ * of width cfg->shared_inter and its gate mlp.shared_expert_gate [1, hidden];
+ * nothing when cfg->shared_inter is 0. */
+int ms_bind_gated_shared_expert(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* Mixtral's sparse MoE block under pfx: router block_sparse_moe.gate, with
+ * block_sparse_moe.<bias> as its correction bias when bias is not NULL, and
+ * experts block_sparse_moe.experts.E.{w1,w3,w2} (gate, up, down). */
+int ms_bind_sparse_moe(ms_binder *b, struct ms_model *m, int layer, const char *pfx, const char *bias);
 /* pfx input_layernorm.weight and post_attention_layernorm.weight [hidden]. */
 int ms_bind_layer_norms(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
 /* The layer's FFN per cfg->layer_mlp: dense mlp.{gate,up,down}_proj of width
  * cfg->inter, or ms_bind_routed_moe. */
 int ms_bind_ffn(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* A per-layer binder: binds layer `layer`'s tensors whose names lie below pfx
+ * ("model.layers.3."), recording the first error in b; returns b->rc.
+ * ms_bind_gqa, ms_bind_mla, ms_bind_ffn and ms_bind_routed_moe are ones. */
+typedef int ms_layer_binder(ms_binder *b, struct ms_model *m, int layer, const char *pfx);
+/* The decoder-layer loop most families share: for l = 0 .. n_layers-1, with
+ * pfx = "<layers>.<l>." (layers e.g. "model.layers"), ms_bind_layer_norms, then
+ * attn, then ffn, each with (b, m, l, pfx); stops at the first error. Binds no
+ * trunk. Returns b->rc. */
+int ms_bind_layers(ms_binder *b, struct ms_model *m, const char *layers, ms_layer_binder *attn, ms_layer_binder *ffn);
+/* ms_bind_trunk with model.embed_tokens, model.norm.weight, lm_head, then
+ * ms_bind_layers over "model.layers": the whole model of a plain decoder. */
+int ms_bind_decoder(ms_binder *b, struct ms_model *m, ms_layer_binder *attn, ms_layer_binder *ffn);
 /* Attention Residuals pair "<pfx>norm.weight" [hidden] and "<pfx>proj.weight"
  * [1, hidden] (pfx e.g. "model.layers.3.mlp_res_"), as F32 copies. */
 int ms_bind_attn_res(ms_binder *b, struct ms_attn_res *out, const char *pfx);

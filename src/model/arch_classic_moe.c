@@ -16,7 +16,6 @@
  *              transformers: models/flex_olmo.
  * Sliding-window attention (Mixtral, Qwen2 use_sliding_window) and OLMoE's
  * clip_qkv are refused. */
-#include <math.h>
 #include <stdio.h>
 
 #include "model/arch_common.h"
@@ -26,10 +25,7 @@
 static int gqa_rope(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int rc;
     if ((rc = ms_arch_check_gqa(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     c->n_group = c->topk_group = 1;
     c->routed_scale = 1.0;
     for (int l = 0; l < c->n_layers; l++) {
@@ -58,21 +54,9 @@ static int configure_mixtral(const cJSON *j, ms_config *c, const char *where, ms
     return ms_arch_check_moe(c, where, err);
 }
 
-static int bind_mixtral(ms_binder *b, ms_model *m) {
-    const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        snprintf(w, sizeof w, "%sblock_sparse_moe.gate", p);
-        ms_bind_router(b, m, l, w, NULL);
-        ms_bind_experts(b, m, l, "model.layers.%d.block_sparse_moe.experts.%d.w1",
-                        "model.layers.%d.block_sparse_moe.experts.%d.w3", "model.layers.%d.block_sparse_moe.experts.%d.w2");
-    }
-    return b->rc;
-}
+static int ffn_mixtral(ms_binder *b, ms_model *m, int l, const char *p) { return ms_bind_sparse_moe(b, m, l, p, NULL); }
+
+static int bind_mixtral(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn_mixtral); }
 
 static int configure_qwen2_moe(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int64_t step = 1;
@@ -107,31 +91,18 @@ static int configure_qwen2_moe(const cJSON *j, ms_config *c, const char *where, 
     return MS_OK;
 }
 
-static int bind_qwen2_moe(ms_binder *b, ms_model *m) {
+static int ffn_qwen2_moe(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_layer *L = &m->layers[l];
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        if (c->layer_mlp[l] == MS_MLP_DENSE) {
-            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
-            continue;
-        }
-        snprintf(w, sizeof w, "%smlp.gate", p);
-        ms_bind_router(b, m, l, w, NULL);
-        if (c->shared_inter) {
-            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
-                        "mlp.shared_expert.down_proj");
-            ms_bind_mat(b, &L->shared_gate, MS_W_ROUTER, 1, c->hidden, "%smlp.shared_expert_gate", p);
-        }
-        ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.experts.%d.up_proj",
-                        "model.layers.%d.mlp.experts.%d.down_proj");
-    }
-    return b->rc;
+    char w[160];
+    if (c->layer_mlp[l] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, l, p);
+    snprintf(w, sizeof w, "%smlp.gate", p);
+    ms_bind_router(b, m, l, w, NULL);
+    ms_bind_gated_shared_expert(b, m, l, p);
+    return ms_bind_experts(b, m, l, "model.layers.%d.mlp.experts.%d.gate_proj",
+                           "model.layers.%d.mlp.experts.%d.up_proj", "model.layers.%d.mlp.experts.%d.down_proj");
 }
+
+static int bind_qwen2_moe(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn_qwen2_moe); }
 
 static int configure_olmoe(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int rc;
@@ -145,18 +116,7 @@ static int configure_olmoe(const cJSON *j, ms_config *c, const char *where, ms_e
     return ms_arch_check_moe(c, where, err);
 }
 
-static int bind_olmoe(ms_binder *b, ms_model *m) {
-    const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        ms_bind_routed_moe(b, m, l, p);
-    }
-    return b->rc;
-}
+static int bind_olmoe(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ms_bind_routed_moe); }
 
 /* FlexOlmo: OLMoE's blocks with the norms after each sublayer (cfg post_norm): no input norms,
  * post_attention_layernorm on the attention output and post_feedforward_layernorm on the MoE

@@ -1,6 +1,7 @@
 #include "model/arch_common.h"
 
 #include <math.h>
+#include <string.h>
 
 int ms_arch_rotary_dim(const cJSON *j, const ms_config *c, int64_t *out, const char *where, ms_err *err) {
     int64_t rd = 0;
@@ -39,5 +40,33 @@ int ms_arch_check_gqa(const ms_config *c, const char *where, ms_err *err) {
         return ms_fail(err, MS_ERR_FORMAT, "%s: num_attention_heads %lld must be a multiple of num_key_value_heads %lld",
                        where, (long long)c->n_heads, (long long)c->n_kv_heads);
     if (c->head_dim < 2) return ms_fail(err, MS_ERR_FORMAT, "%s: head_dim must be at least 2", where);
+    return MS_OK;
+}
+
+int ms_arch_gqa_rope(const cJSON *j, ms_config *c, ms_rope_layout layout, const char *where, ms_err *err) {
+    int64_t rd;
+    int rc;
+    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, layout, where, err)))
+        return rc;
+    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    return MS_OK;
+}
+
+int ms_arch_mlp_layer_types(const cJSON *j, ms_config *c, int64_t first_dense, const char *where, ms_err *err) {
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "mlp_layer_types");
+    if (arr && !cJSON_IsNull(arr) && (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != c->n_layers))
+        return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_layer_types must be a list of num_hidden_layers (%lld) names", where,
+                       (long long)c->n_layers);
+    const cJSON *v = cJSON_IsArray(arr) ? arr->child : NULL;
+    for (int l = 0; l < c->n_layers; l++, v = v ? v->next : NULL) {
+        int dense = l < first_dense;
+        if (v) {
+            if (cJSON_IsString(v) && !strcmp(v->valuestring, "dense")) dense = 1;
+            else if (cJSON_IsString(v) && !strcmp(v->valuestring, "sparse")) dense = 0;
+            else return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", where, l);
+        }
+        c->layer_mlp[l] = dense ? MS_MLP_DENSE : MS_MLP_MOE;
+        if (dense && c->inter < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: dense layers need intermediate_size", where);
+    }
     return MS_OK;
 }

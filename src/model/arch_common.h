@@ -8,6 +8,13 @@
 /* Rotary dims for GQA families: rotary_dim, or head_dim * partial_rotary_factor
  * (top level or in rope_parameters), default head_dim. */
 int ms_arch_rotary_dim(const cJSON *j, const ms_config *c, int64_t *out, const char *where, ms_err *err);
+/* RoPE of a GQA family over its rotary dims (ms_arch_rotary_dim), in layout,
+ * into c->rope (ms_config_rope), and the attention scale 1/sqrt(head_dim). */
+int ms_arch_gqa_rope(const cJSON *j, ms_config *c, ms_rope_layout layout, const char *where, ms_err *err);
+/* The dense/MoE schedule: mlp_layer_types ("dense" | "sparse", one per layer)
+ * when present, else the first first_dense layers dense and the rest MoE, into
+ * c->layer_mlp; dense layers need intermediate_size. */
+int ms_arch_mlp_layer_types(const cJSON *j, ms_config *c, int64_t first_dense, const char *where, ms_err *err);
 /* Check the MoE fields every routed family needs. */
 int ms_arch_check_moe(const ms_config *c, const char *where, ms_err *err);
 /* Check GQA head fields. */

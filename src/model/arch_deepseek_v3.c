@@ -2,7 +2,6 @@
  * with group-limited top-k, shared experts, first_k_dense_replace dense layers.
  * transformers: models/deepseek_v3/modeling_deepseek_v3.py. */
 #include <math.h>
-#include <stdio.h>
 
 #include "model/arch_common.h"
 #include "model/model.h"
@@ -43,17 +42,6 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
-    const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_mla(b, m, l, p);
-        ms_bind_ffn(b, m, l, p);
-    }
-    return b->rc;
-}
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_mla, ms_bind_ffn); }
 
 const ms_arch ms_arch_deepseek_v3 = {"deepseek_v3", configure, bind};

@@ -2,9 +2,6 @@
  * (rotate_half on the first dims), optional per-head q/k norm and q/k/v bias,
  * sigmoid router with correction bias and group-limited top-k, shared
  * experts, first_k_dense_replace. transformers: models/glm4_moe. */
-#include <math.h>
-#include <stdio.h>
-
 #include "model/arch_common.h"
 #include "model/model.h"
 
@@ -22,10 +19,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     c->qk_norm = qk_norm ? MS_QKNORM_HEAD : MS_QKNORM_NONE;
     c->shared_inter = n_shared * c->moe_inter;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     if (first_dense > 0 && c->inter < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: missing intermediate_size", where);
     for (int l = 0; l < c->n_layers; l++) {
         c->layer_attn[l] = MS_ATTN_GQA;
@@ -34,17 +28,6 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
-    const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        ms_bind_ffn(b, m, l, p);
-    }
-    return b->rc;
-}
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ms_bind_ffn); }
 
 const ms_arch ms_arch_glm4_moe = {"glm4_moe", configure, bind};

@@ -135,16 +135,14 @@ static int bind(ms_binder *b, ms_model *m) {
             }
         }
         if (c->layer_mlp[l] == MS_MLP_DENSE) {
-            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+            ms_bind_dense_mlp(b, m, l, p);
             continue;
         }
         char w[128], bias[160];
         snprintf(w, sizeof w, "%smlp.gate", p);
         snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
         ms_bind_router(b, m, l, w, bias);
-        if (c->shared_inter)
-            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-                        "mlp.shared_experts.down_proj");
+        ms_bind_shared_experts(b, m, l, p);
         ms_bind_experts(b, m, l, "model.language_model.layers.%d.mlp.experts.%d.gate_proj",
                         "model.language_model.layers.%d.mlp.experts.%d.up_proj",
                         "model.language_model.layers.%d.mlp.experts.%d.down_proj");

@@ -4,7 +4,6 @@
  * fused experts (interleaved gate/up rows, biases, clamped SwiGLU). Experts
  * are MXFP4 (_blocks/_scales, the official format) or BF16 stored transposed
  * ([E, in, out], x @ W). transformers: models/gpt_oss. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,10 +35,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
     if (c->hidden % 32 || c->moe_inter % 32)
         return ms_fail(err, MS_ERR_FORMAT, "%s: hidden_size and intermediate_size must be multiples of 32", where);
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
     if (lt && (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers))
         return ms_fail(err, MS_ERR_FORMAT, "%s: layer_types must list %lld layer types", where, (long long)c->n_layers);
@@ -167,25 +163,27 @@ static void bind_experts(ms_binder *b, ms_model *m, int l, const char *p) {
     }
 }
 
-static int bind(ms_binder *b, ms_model *m) {
+/* GQA with o_proj's bias and the per-head sinks. */
+static int attn(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96], bias[96];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_layer *L = &m->layers[l];
-        ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", p);
-        ms_bind_vec(b, &L->ffn_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", p);
-        ms_bind_gqa(b, m, l, p);
-        ms_bind_vec(b, &L->bo, MS_W_VECTOR, c->hidden, 0, "%sself_attn.o_proj.bias", p);
-        ms_bind_vec(b, &L->sinks, MS_W_VECTOR, c->n_heads, 0, "%sself_attn.sinks", p);
-        snprintf(w, sizeof w, "%smlp.router", p);
-        ms_bind_router(b, m, l, w, NULL);
-        snprintf(bias, sizeof bias, "%smlp.router.bias", p);
-        ms_bind_vec(b, &L->router_lbias, MS_W_VECTOR, c->n_experts, 0, "%s", bias);
-        bind_experts(b, m, l, p);
-    }
+    ms_layer *L = &m->layers[l];
+    ms_bind_gqa(b, m, l, p);
+    ms_bind_vec(b, &L->bo, MS_W_VECTOR, c->hidden, 0, "%sself_attn.o_proj.bias", p);
+    ms_bind_vec(b, &L->sinks, MS_W_VECTOR, c->n_heads, 0, "%sself_attn.sinks", p);
     return b->rc;
 }
+
+/* Router mlp.router with its logit bias, then the fused experts. */
+static int ffn(ms_binder *b, ms_model *m, int l, const char *p) {
+    const ms_config *c = b->cfg;
+    char w[160];
+    snprintf(w, sizeof w, "%smlp.router", p);
+    ms_bind_router(b, m, l, w, NULL);
+    ms_bind_vec(b, &m->layers[l].router_lbias, MS_W_VECTOR, c->n_experts, 0, "%smlp.router.bias", p);
+    bind_experts(b, m, l, p);
+    return b->rc;
+}
+
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, attn, ffn); }
 
 const ms_arch ms_arch_gpt_oss = {"gpt_oss", configure, bind};

@@ -10,7 +10,6 @@
  * GraniteMoeShared adds a dense shared MLP of shared_intermediate_size
  * (shared_mlp.input_linear [2S, H], gate rows then up rows; output_linear [H, S])
  * beside the experts. transformers: models/granitemoe, models/granitemoeshared. */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -43,10 +42,8 @@ static int configure_common(const cJSON *j, ms_config *c, const char *where, ms_
     c->residual_scale = rm;
     c->logit_scale = 1.0 / ls;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = am > 0 ? am : 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
+    if (am > 0) c->attn_scale = am;
     for (int l = 0; l < c->n_layers; l++) {
         c->layer_attn[l] = MS_ATTN_GQA;
         c->layer_mlp[l] = MS_MLP_MOE;
@@ -81,23 +78,19 @@ static int bind_shared_mlp(ms_binder *b, ms_layer *L, const char *pfx) {
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
+static int ffn(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96], gu[128], dn[128];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        snprintf(w, sizeof w, "%sblock_sparse_moe.router.layer", p);
-        ms_bind_router(b, m, l, w, NULL);
-        snprintf(gu, sizeof gu, "%sblock_sparse_moe.input_linear.weight", p);
-        snprintf(dn, sizeof dn, "%sblock_sparse_moe.output_linear.weight", p);
-        ms_bind_fused_experts(b, m, l, gu, dn);
-        if (c->shared_inter) bind_shared_mlp(b, &m->layers[l], p);
-    }
+    char w[200], gu[200], dn[200];
+    snprintf(w, sizeof w, "%sblock_sparse_moe.router.layer", p);
+    ms_bind_router(b, m, l, w, NULL);
+    snprintf(gu, sizeof gu, "%sblock_sparse_moe.input_linear.weight", p);
+    snprintf(dn, sizeof dn, "%sblock_sparse_moe.output_linear.weight", p);
+    ms_bind_fused_experts(b, m, l, gu, dn);
+    if (c->shared_inter) bind_shared_mlp(b, &m->layers[l], p);
     return b->rc;
 }
+
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn); }
 
 const ms_arch ms_arch_granitemoe = {"granitemoe", configure_granitemoe, bind};
 const ms_arch ms_arch_granitemoeshared = {"granitemoeshared", configure_granitemoeshared, bind};

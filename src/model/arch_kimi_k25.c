@@ -36,7 +36,6 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
 }
 
 static int bind(ms_binder *b, ms_model *m) {
-    const ms_config *c = b->cfg;
     const char *layers = "model.layers";
     if (ms_bind_has(b, "model.language_model.embed_tokens.weight")) { /* transformers' module names */
         ms_bind_trunk(b, m, "model.language_model.embed_tokens", "model.language_model.norm.weight", "lm_head");
@@ -46,14 +45,7 @@ static int bind(ms_binder *b, ms_model *m) {
         ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
         if (ms_bind_has(b, "model.blocks.0.input_layernorm.weight")) layers = "model.blocks";
     }
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[96];
-        snprintf(p, sizeof p, "%s.%d.", layers, l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_mla(b, m, l, p);
-        ms_bind_ffn(b, m, l, p);
-    }
-    return b->rc;
+    return ms_bind_layers(b, m, layers, ms_bind_mla, ms_bind_ffn);
 }
 
 const ms_arch ms_arch_kimi_k25 = {"kimi_k25", configure, bind};

@@ -5,7 +5,6 @@
  * feed-forward per mlp_layer_types; DeepSeek-style sigmoid router with group-
  * limited top-k, no shared experts. transformers: models/mimo_v2_flash. */
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "model/arch_common.h"
@@ -69,20 +68,15 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
+/* GQA plus the attention sinks of the layers that have them. */
+static int attn(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_layer *L = &m->layers[l];
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        if (c->layer_sinks[l])
-            ms_bind_vec(b, &L->sinks, MS_W_VECTOR, c->n_heads, 0, "%sself_attn.attention_sink_bias", p);
-        ms_bind_ffn(b, m, l, p);
-    }
+    ms_bind_gqa(b, m, l, p);
+    if (c->layer_sinks[l])
+        ms_bind_vec(b, &m->layers[l].sinks, MS_W_VECTOR, c->n_heads, 0, "%sself_attn.attention_sink_bias", p);
     return b->rc;
 }
+
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, attn, ms_bind_ffn); }
 
 const ms_arch ms_arch_mimo_v2_flash = {"mimo_v2_flash", configure, bind};

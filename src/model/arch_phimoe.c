@@ -10,7 +10,6 @@
  * (mlp.experts.gate_up_proj / down_proj, ms_bind_fused_experts). RoPE scaling other
  * than YaRN (the published "longrope") is refused by the RoPE parser by name.
  * transformers: models/phimoe. */
-#include <math.h>
 #include <stdio.h>
 
 #include "model/arch_common.h"
@@ -42,10 +41,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     c->attn_bias = attn_bias;
     c->o_bias = attn_bias;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) {
         c->layer_attn[l] = MS_ATTN_GQA;
         c->layer_mlp[l] = MS_MLP_MOE;

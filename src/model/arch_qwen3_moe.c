@@ -1,9 +1,6 @@
 /* arch_qwen3_moe.c — Qwen3 MoE: GQA with per-head q/k RMSNorm, full RoPE
  * (rotate_half), softmax router with optional top-k renormalisation, no
  * shared experts. transformers: models/qwen3_moe/modeling_qwen3_moe.py. */
-#include <math.h>
-#include <stdio.h>
-
 #include "model/arch_common.h"
 #include "model/model.h"
 
@@ -21,10 +18,7 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     c->n_group = c->topk_group = 1;
     c->routed_scale = 1.0;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     uint8_t mlp_only[MS_MAX_LAYERS] = {0};
     const cJSON *mo = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
     if (mo && !cJSON_IsNull(mo)) {
@@ -44,17 +38,6 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
-    const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        ms_bind_ffn(b, m, l, p);
-    }
-    return b->rc;
-}
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ms_bind_ffn); }
 
 const ms_arch ms_arch_qwen3_moe = {"qwen3_moe", configure, bind};

@@ -175,16 +175,12 @@ int ms_bind_qwen3_next_text(ms_binder *b, ms_model *m, const char *tm) {
             zero_centred(L->k_norm, c->head_dim);
         }
         if (c->layer_mlp[l] == MS_MLP_DENSE) {
-            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+            ms_bind_dense_mlp(b, m, l, p);
             continue;
         }
         snprintf(w, sizeof w, "%smlp.gate", p);
         ms_bind_router(b, m, l, w, NULL);
-        if (c->shared_inter) {
-            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
-                        "mlp.shared_expert.down_proj");
-            ms_bind_mat(b, &L->shared_gate, MS_W_ROUTER, 1, c->hidden, "%smlp.shared_expert_gate", p);
-        }
+        ms_bind_gated_shared_expert(b, m, l, p);
         ms_bind_experts(b, m, l, ge, ue, de);
     }
     return b->rc;

@@ -32,25 +32,20 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
+static int ffn(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
+    char w[200], gu[200], dn[200];
+    if (c->layer_mlp[l] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, l, p);
+    snprintf(w, sizeof w, "%smlp.gate", p);
+    snprintf(gu, sizeof gu, "%smlp.experts.gate_up_proj", p);
+    snprintf(dn, sizeof dn, "%smlp.experts.down_proj", p);
+    ms_bind_router(b, m, l, w, NULL);
+    return ms_bind_fused_experts(b, m, l, gu, dn);
+}
+
+static int bind(ms_binder *b, ms_model *m) {
     ms_bind_trunk(b, m, "model.language_model.embed_tokens", "model.language_model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[96], w[128], gu[128], dn[128];
-        snprintf(p, sizeof p, "model.language_model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        if (c->layer_mlp[l] == MS_MLP_DENSE) {
-            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
-            continue;
-        }
-        snprintf(w, sizeof w, "%smlp.gate", p);
-        snprintf(gu, sizeof gu, "%smlp.experts.gate_up_proj", p);
-        snprintf(dn, sizeof dn, "%smlp.experts.down_proj", p);
-        ms_bind_router(b, m, l, w, NULL);
-        ms_bind_fused_experts(b, m, l, gu, dn);
-    }
-    return b->rc;
+    return ms_bind_layers(b, m, "model.language_model.layers", ms_bind_gqa, ffn);
 }
 
 const ms_arch ms_arch_qwen3_vl_moe = {"qwen3_vl_moe", configure, bind};

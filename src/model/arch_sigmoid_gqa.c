@@ -14,7 +14,6 @@
  *   solar_open  Solar Open: Llama attention (q/k/v biases per attention_bias,
  *               o_proj without), partial rotary (default 1.0), MoE on every
  *               layer. transformers: models/solar_open. */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -28,10 +27,7 @@ static int sigmoid_gqa(const cJSON *j, ms_config *c, int64_t n_shared, const cha
     c->router_bias = 1;
     c->shared_inter = n_shared * c->moe_inter;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) || (rc = ms_config_rope(j, c, rd, MS_ROPE_HALF, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_HALF, where, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) c->layer_attn[l] = MS_ATTN_GQA;
     return MS_OK;
 }
@@ -63,26 +59,6 @@ static int layer_types(const cJSON *j, const ms_config *c, uint8_t *sliding, int
     return MS_OK;
 }
 
-/* mlp_layer_types ("dense" | "sparse") when present, else first_k_dense_replace dense layers. */
-static int mlp_schedule(const cJSON *j, ms_config *c, int64_t first_dense, const char *where, ms_err *err) {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "mlp_layer_types");
-    if (arr && !cJSON_IsNull(arr) && (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != c->n_layers))
-        return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_layer_types must be a list of num_hidden_layers (%lld) names", where,
-                       (long long)c->n_layers);
-    const cJSON *v = cJSON_IsArray(arr) ? arr->child : NULL;
-    for (int l = 0; l < c->n_layers; l++, v = v ? v->next : NULL) {
-        int dense = l < first_dense;
-        if (v) {
-            if (cJSON_IsString(v) && !strcmp(v->valuestring, "dense")) dense = 1;
-            else if (cJSON_IsString(v) && !strcmp(v->valuestring, "sparse")) dense = 0;
-            else return ms_fail(err, MS_ERR_FORMAT, "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", where, l);
-        }
-        c->layer_mlp[l] = dense ? MS_MLP_DENSE : MS_MLP_MOE;
-        if (dense && c->inter < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: dense layers need intermediate_size", where);
-    }
-    return MS_OK;
-}
-
 static int configure_dots1(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int64_t first_dense = 0, n_shared = 0, window = 0, max_window_layers = 62;
     int rc, have = 0;
@@ -93,7 +69,8 @@ static int configure_dots1(const cJSON *j, ms_config *c, const char *where, ms_e
         (rc = window_of(j, 4096, &window, where, err)))
         return rc;
     c->qk_norm = MS_QKNORM_HEAD;
-    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = mlp_schedule(j, c, first_dense, where, err))) return rc;
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = ms_arch_mlp_layer_types(j, c, first_dense, where, err)))
+        return rc;
     uint8_t sliding[MS_MAX_LAYERS] = {0};
     if ((rc = layer_types(j, c, sliding, &have, where, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) {
@@ -113,7 +90,8 @@ static int configure_exaone_moe(const cJSON *j, ms_config *c, const char *where,
         (rc = window_of(j, 4096, &window, where, err)))
         return rc;
     c->qk_norm = MS_QKNORM_HEAD;
-    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = mlp_schedule(j, c, first_dense, where, err))) return rc;
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = ms_arch_mlp_layer_types(j, c, first_dense, where, err)))
+        return rc;
     uint8_t sliding[MS_MAX_LAYERS] = {0};
     if ((rc = layer_types(j, c, sliding, &have, where, err))) return rc;
     if (!have && window > 0) { /* Exaone4Config's schedule from an integer sliding_window_pattern */
@@ -147,47 +125,26 @@ static int configure_solar_open(const cJSON *j, ms_config *c, const char *where,
     return MS_OK;
 }
 
-static int bind(ms_binder *b, ms_model *m) {
-    const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        ms_bind_ffn(b, m, l, p);
-    }
-    return b->rc;
-}
+static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ms_bind_ffn); }
 
 /* K-EXAONE: the correction bias is mlp.e_score_correction_bias (what transformers saves and the published
  * checkpoint holds), or mlp.gate.e_score_correction_bias. */
-static int bind_exaone_moe(ms_binder *b, ms_model *m) {
+static int ffn_exaone_moe(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96], bias[128];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        if (c->layer_mlp[l] == MS_MLP_DENSE) {
-            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
-            continue;
-        }
-        snprintf(w, sizeof w, "%smlp.gate", p);
-        if (ms_bind_has(b, "%smlp.gate.e_score_correction_bias", p))
-            snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
-        else
-            snprintf(bias, sizeof bias, "%smlp.e_score_correction_bias", p);
-        ms_bind_router(b, m, l, w, bias);
-        if (c->shared_inter)
-            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-                        "mlp.shared_experts.down_proj");
-        snprintf(w, sizeof w, "%smlp.experts", p);
-        ms_bind_experts_at(b, m, l, w);
-    }
-    return b->rc;
+    char w[160], bias[200];
+    if (c->layer_mlp[l] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, l, p);
+    snprintf(w, sizeof w, "%smlp.gate", p);
+    if (ms_bind_has(b, "%smlp.gate.e_score_correction_bias", p))
+        snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", p);
+    else
+        snprintf(bias, sizeof bias, "%smlp.e_score_correction_bias", p);
+    ms_bind_router(b, m, l, w, bias);
+    ms_bind_shared_experts(b, m, l, p);
+    snprintf(w, sizeof w, "%smlp.experts", p);
+    return ms_bind_experts_at(b, m, l, w);
 }
+
+static int bind_exaone_moe(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn_exaone_moe); }
 
 const ms_arch ms_arch_dots1 = {"dots1", configure_dots1, bind};
 const ms_arch ms_arch_exaone_moe = {"exaone_moe", configure_exaone_moe, bind_exaone_moe};

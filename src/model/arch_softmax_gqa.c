@@ -94,36 +94,38 @@ static int configure_hunyuan(const cJSON *j, ms_config *c, const char *where, ms
     return MS_OK;
 }
 
-static int bind_hunyuan(ms_binder *b, ms_model *m) {
+/* Hunyuan's attention: GQA with o_proj biased along with q/k/v, q/k norms named query_/key_layernorm. */
+static int attn_hunyuan(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_layer *L = &m->layers[l];
-        ms_bind_vec(b, &L->attn_norm, MS_W_NORM, c->hidden, 0, "%sinput_layernorm.weight", p);
-        ms_bind_vec(b, &L->ffn_norm, MS_W_NORM, c->hidden, 0, "%spost_attention_layernorm.weight", p);
-        ms_bind_mat(b, &L->wq, MS_W_MATRIX, c->n_heads * c->head_dim, c->hidden, "%sself_attn.q_proj", p);
-        ms_bind_mat(b, &L->wk, MS_W_MATRIX, c->n_kv_heads * c->head_dim, c->hidden, "%sself_attn.k_proj", p);
-        ms_bind_mat(b, &L->wv, MS_W_MATRIX, c->n_kv_heads * c->head_dim, c->hidden, "%sself_attn.v_proj", p);
-        ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, c->n_heads * c->head_dim, "%sself_attn.o_proj", p);
-        if (c->attn_bias) {
-            ms_bind_vec(b, &L->bq, MS_W_VECTOR, c->n_heads * c->head_dim, 0, "%sself_attn.q_proj.bias", p);
-            ms_bind_vec(b, &L->bk, MS_W_VECTOR, c->n_kv_heads * c->head_dim, 0, "%sself_attn.k_proj.bias", p);
-            ms_bind_vec(b, &L->bv, MS_W_VECTOR, c->n_kv_heads * c->head_dim, 0, "%sself_attn.v_proj.bias", p);
-            ms_bind_vec(b, &L->bo, MS_W_VECTOR, c->hidden, 0, "%sself_attn.o_proj.bias", p);
-        }
-        ms_bind_vec(b, &L->q_norm, MS_W_NORM, c->head_dim, 0, "%sself_attn.query_layernorm.weight", p);
-        ms_bind_vec(b, &L->k_norm, MS_W_NORM, c->head_dim, 0, "%sself_attn.key_layernorm.weight", p);
-        snprintf(w, sizeof w, "%smlp.gate.wg", p);
-        ms_bind_router(b, m, l, w, NULL);
-        ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_mlp.gate_proj", "mlp.shared_mlp.up_proj",
-                    "mlp.shared_mlp.down_proj");
-        snprintf(w, sizeof w, "%smlp.experts", p);
-        ms_bind_experts_at(b, m, l, w);
+    ms_layer *L = &m->layers[l];
+    ms_bind_mat(b, &L->wq, MS_W_MATRIX, c->n_heads * c->head_dim, c->hidden, "%sself_attn.q_proj", p);
+    ms_bind_mat(b, &L->wk, MS_W_MATRIX, c->n_kv_heads * c->head_dim, c->hidden, "%sself_attn.k_proj", p);
+    ms_bind_mat(b, &L->wv, MS_W_MATRIX, c->n_kv_heads * c->head_dim, c->hidden, "%sself_attn.v_proj", p);
+    ms_bind_mat(b, &L->wo, MS_W_MATRIX, c->hidden, c->n_heads * c->head_dim, "%sself_attn.o_proj", p);
+    if (c->attn_bias) {
+        ms_bind_vec(b, &L->bq, MS_W_VECTOR, c->n_heads * c->head_dim, 0, "%sself_attn.q_proj.bias", p);
+        ms_bind_vec(b, &L->bk, MS_W_VECTOR, c->n_kv_heads * c->head_dim, 0, "%sself_attn.k_proj.bias", p);
+        ms_bind_vec(b, &L->bv, MS_W_VECTOR, c->n_kv_heads * c->head_dim, 0, "%sself_attn.v_proj.bias", p);
+        ms_bind_vec(b, &L->bo, MS_W_VECTOR, c->hidden, 0, "%sself_attn.o_proj.bias", p);
     }
+    ms_bind_vec(b, &L->q_norm, MS_W_NORM, c->head_dim, 0, "%sself_attn.query_layernorm.weight", p);
+    ms_bind_vec(b, &L->k_norm, MS_W_NORM, c->head_dim, 0, "%sself_attn.key_layernorm.weight", p);
     return b->rc;
 }
+
+/* Router mlp.gate.wg, the shared MLP mlp.shared_mlp on every layer, experts mlp.experts. */
+static int ffn_hunyuan(ms_binder *b, ms_model *m, int l, const char *p) {
+    const ms_config *c = b->cfg;
+    char w[160];
+    snprintf(w, sizeof w, "%smlp.gate.wg", p);
+    ms_bind_router(b, m, l, w, NULL);
+    ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_mlp.gate_proj", "mlp.shared_mlp.up_proj",
+                "mlp.shared_mlp.down_proj");
+    snprintf(w, sizeof w, "%smlp.experts", p);
+    return ms_bind_experts_at(b, m, l, w);
+}
+
+static int bind_hunyuan(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, attn_hunyuan, ffn_hunyuan); }
 
 static int configure_ernie(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int64_t n_shared = 0, start = 1, end = -1, interval = 1;
@@ -147,11 +149,7 @@ static int configure_ernie(const cJSON *j, ms_config *c, const char *where, ms_e
     c->attn_bias = 0;
     c->shared_inter = n_shared * c->moe_inter;
     if ((rc = ms_arch_check_gqa(c, where, err)) || (rc = ms_arch_check_moe(c, where, err))) return rc;
-    int64_t rd;
-    if ((rc = ms_arch_rotary_dim(j, c, &rd, where, err)) ||
-        (rc = ms_config_rope(j, c, rd, MS_ROPE_INTERLEAVED, where, err)))
-        return rc;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+    if ((rc = ms_arch_gqa_rope(j, c, MS_ROPE_INTERLEAVED, where, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) {
         c->layer_attn[l] = MS_ATTN_GQA;
         c->layer_mlp[l] = ((l + 1) % interval == 0 && l >= start && l <= end) ? MS_MLP_MOE : MS_MLP_DENSE;
@@ -178,29 +176,19 @@ static int bind_ernie_bias(ms_binder *b, ms_layer *L, const char *pfx) {
     return MS_OK;
 }
 
-static int bind_ernie(ms_binder *b, ms_model *m) {
+static int ffn_ernie(ms_binder *b, ms_model *m, int l, const char *p) {
     const ms_config *c = b->cfg;
-    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
-    for (int l = 0; l < c->n_layers && !b->rc; l++) {
-        char p[64], w[96];
-        snprintf(p, sizeof p, "model.layers.%d.", l);
-        ms_bind_layer_norms(b, m, l, p);
-        ms_bind_gqa(b, m, l, p);
-        if (c->layer_mlp[l] == MS_MLP_DENSE) {
-            ms_bind_mlp(b, m, l, p, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
-            continue;
-        }
-        snprintf(w, sizeof w, "%smlp.gate", p);
-        ms_bind_router(b, m, l, w, NULL);
-        bind_ernie_bias(b, &m->layers[l], p);
-        if (c->shared_inter)
-            ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-                        "mlp.shared_experts.down_proj");
-        snprintf(w, sizeof w, "%smlp.experts", p);
-        ms_bind_experts_at(b, m, l, w);
-    }
-    return b->rc;
+    char w[160];
+    if (c->layer_mlp[l] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, l, p);
+    snprintf(w, sizeof w, "%smlp.gate", p);
+    ms_bind_router(b, m, l, w, NULL);
+    bind_ernie_bias(b, &m->layers[l], p);
+    ms_bind_shared_experts(b, m, l, p);
+    snprintf(w, sizeof w, "%smlp.experts", p);
+    return ms_bind_experts_at(b, m, l, w);
 }
+
+static int bind_ernie(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn_ernie); }
 
 const ms_arch ms_arch_hunyuan_v1_moe = {"hunyuan_v1_moe", configure_hunyuan, bind_hunyuan};
 const ms_arch ms_arch_ernie4_5_moe = {"ernie4_5_moe", configure_ernie, bind_ernie};

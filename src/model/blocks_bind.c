@@ -168,15 +168,43 @@ int ms_bind_layer_experts(ms_binder *b, ms_model *m, int layer, const char *gate
     return bind_experts(b, m, layer, gate_fmt, up_fmt, down_fmt, 0);
 }
 
+int ms_bind_dense_mlp(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    return ms_bind_mlp(b, m, layer, pfx, b->cfg->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+}
+
+int ms_bind_shared_experts(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    const ms_config *c = b->cfg;
+    if (!c->shared_inter) return b->rc;
+    return ms_bind_mlp(b, m, layer, pfx, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
+                       "mlp.shared_experts.down_proj");
+}
+
+int ms_bind_gated_shared_expert(ms_binder *b, ms_model *m, int layer, const char *pfx) {
+    const ms_config *c = b->cfg;
+    if (!c->shared_inter) return b->rc;
+    ms_bind_mlp(b, m, layer, pfx, c->shared_inter, "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+                "mlp.shared_expert.down_proj");
+    return ms_bind_mat(b, &m->layers[layer].shared_gate, MS_W_ROUTER, 1, c->hidden, "%smlp.shared_expert_gate", pfx);
+}
+
+int ms_bind_sparse_moe(ms_binder *b, ms_model *m, int layer, const char *pfx, const char *bias) {
+    char w[160], bn[200], g[200], u[200], d[200];
+    snprintf(w, sizeof w, "%sblock_sparse_moe.gate", pfx);
+    if (bias) snprintf(bn, sizeof bn, "%sblock_sparse_moe.%s", pfx, bias);
+    ms_bind_router(b, m, layer, w, bias ? bn : NULL);
+    snprintf(g, sizeof g, "%sblock_sparse_moe.experts.%%d.w1", pfx);
+    snprintf(u, sizeof u, "%sblock_sparse_moe.experts.%%d.w3", pfx);
+    snprintf(d, sizeof d, "%sblock_sparse_moe.experts.%%d.w2", pfx);
+    return ms_bind_layer_experts(b, m, layer, g, u, d);
+}
+
 int ms_bind_routed_moe(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     const ms_config *c = b->cfg;
     char w[160], bias[200], g[200];
     snprintf(w, sizeof w, "%smlp.gate", pfx);
     snprintf(bias, sizeof bias, "%smlp.gate.e_score_correction_bias", pfx);
     ms_bind_router(b, m, layer, w, c->router_bias ? bias : NULL);
-    if (c->shared_inter)
-        ms_bind_mlp(b, m, layer, pfx, c->shared_inter, "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
-                    "mlp.shared_experts.down_proj");
+    ms_bind_shared_experts(b, m, layer, pfx);
     snprintf(g, sizeof g, "%smlp.experts", pfx);
     return ms_bind_experts_at(b, m, layer, g);
 }
@@ -208,9 +236,25 @@ int ms_bind_layer_norms(ms_binder *b, ms_model *m, int layer, const char *pfx) {
 
 int ms_bind_ffn(ms_binder *b, ms_model *m, int layer, const char *pfx) {
     const ms_config *c = b->cfg;
-    if (c->layer_mlp[layer] == MS_MLP_DENSE)
-        return ms_bind_mlp(b, m, layer, pfx, c->inter, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj");
+    if (c->layer_mlp[layer] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, layer, pfx);
     return ms_bind_routed_moe(b, m, layer, pfx);
+}
+
+int ms_bind_layers(ms_binder *b, ms_model *m, const char *layers, ms_layer_binder *attn, ms_layer_binder *ffn) {
+    const ms_config *c = b->cfg;
+    for (int l = 0; l < c->n_layers && !b->rc; l++) {
+        char p[160];
+        snprintf(p, sizeof p, "%s.%d.", layers, l);
+        ms_bind_layer_norms(b, m, l, p);
+        attn(b, m, l, p);
+        ffn(b, m, l, p);
+    }
+    return b->rc;
+}
+
+int ms_bind_decoder(ms_binder *b, ms_model *m, ms_layer_binder *attn, ms_layer_binder *ffn) {
+    ms_bind_trunk(b, m, "model.embed_tokens", "model.norm.weight", "lm_head");
+    return ms_bind_layers(b, m, "model.layers", attn, ffn);
 }
 
 /* src [E, r, c] -> dst [E, c, r], elements of es bytes. */
