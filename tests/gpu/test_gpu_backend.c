@@ -35,15 +35,14 @@ ms_backend *gbe(void) {
     CHECK(g_gbe->ops->reserve(g_gbe, &c, 4096, 16, &err) == MS_OK);
     return g_gbe;
 }
-/* A second GPU backend on the earlier decode kernels (MS_GPU_LEGACY_DECODE=1 while it opens):
- * the routed experts in four launches, the block router, the loop add_rmsnorm, router and route apart. */
-static ms_backend *g_lbe;
-static ms_backend *legacy_gbe(void) {
-    if (g_lbe) return g_lbe;
+/* A GPU backend opened with environment variable var set to val (the A/B switches are read when
+ * a context opens), reserved as gbe(); cached in *slot. */
+static ms_backend *env_gbe(ms_backend **slot, const char *var, const char *val) {
+    if (*slot) return *slot;
     ms_err err = {0};
-    setenv("MS_GPU_LEGACY_DECODE", "1", 1);
-    int rc = ms_backend_gpu_create(0, &g_lbe, &err);
-    unsetenv("MS_GPU_LEGACY_DECODE");
+    setenv(var, val, 1);
+    int rc = ms_backend_gpu_create(0, slot, &err);
+    unsetenv(var);
     if (rc) {
         fprintf(stderr, "test_gpu: GPU backend: %s\n", err.msg);
         exit(1);
@@ -51,9 +50,16 @@ static ms_backend *legacy_gbe(void) {
     ms_config c;
     memset(&c, 0, sizeof c);
     c.n_heads = 64, c.head_dim = 128;
-    CHECK(g_lbe->ops->reserve(g_lbe, &c, 4096, 16, &err) == MS_OK);
-    return g_lbe;
+    CHECK((*slot)->ops->reserve(*slot, &c, 4096, 16, &err) == MS_OK);
+    return *slot;
 }
+/* A second GPU backend on the earlier decode kernels (MS_GPU_LEGACY_DECODE=1 while it opens):
+ * the routed experts in four launches, the block router, the loop add_rmsnorm, router and route apart. */
+static ms_backend *g_lbe;
+static ms_backend *legacy_gbe(void) { return env_gbe(&g_lbe, "MS_GPU_LEGACY_DECODE", "1"); }
+/* A third on the staged routed-expert kernels (MS_GPU_RX=tma while it opens). */
+static ms_backend *g_tbe;
+static ms_backend *tma_gbe(void) { return env_gbe(&g_tbe, "MS_GPU_RX", "tma"); }
 float *bup(const float *h, int64_t n) {
     void *d = NULL;
     ms_err err = {0};
@@ -694,7 +700,8 @@ TEST(backend_fused) {
  * separate and fused interleaved gate_up, F32/BF16/F16 biases, the Qwen3 shape (D 2048, I 768, 8 of
  * 16), FP8 with F32 and BF16 128x128 scales (a partial block), MXFP4 (E8M0 per 32), F16, F32, and a
  * width the vector kernel refuses (the four-launch path). Bound: the summation-order bound of the
- * down dot over K I terms plus the propagated gate/up error, as 1e-4 of the output's scale. */
+ * down dot over K I terms plus the propagated gate/up error, as 1e-4 of the output's scale. On the
+ * default backend the staged kernels (MS_GPU_RX=tma, tma_gbe) run the same call too: bit-identical. */
 static void check_routed(ms_backend *G, const char *what, const wkind *k, int64_t D, int64_t I, int E, int K,
                          int fused, ms_dtype bias_dt, int clamped) {
     ms_backend *C = cpu();
@@ -766,6 +773,21 @@ static void check_routed(ms_backend *G, const char *what, const wkind *k, int64_
     float *got = malloc((size_t)D * 4);
     CHECK(G->ops->download(G, got, dacc, (size_t)D * 4, &err) == MS_OK);
     cmpv(what, got, acc, D, 1e-4, 1e-4 * maxabs(acc, D));
+    if (G == gbe()) { /* the staged kernels (MS_GPU_RX=tma) over the same device buffers: the same bits */
+        ms_backend *T = tma_gbe();
+        void *dacc2 = NULL;
+        CHECK(G->ops->alloc(G, (size_t)D * 4, &dacc2, &err) == MS_OK);
+        ms_moe_routed_args rb = ra;
+        rb.acc = dacc2;
+        CHECK_MSG(T->ops->moe_experts_routed(T, &rb, &err) == MS_OK, "%s (tma): %s", what, err.msg);
+        float *got2 = malloc((size_t)D * 4);
+        CHECK(T->ops->download(T, got2, dacc2, (size_t)D * 4, &err) == MS_OK);
+        int64_t ndiff = 0;
+        for (int64_t d = 0; d < D; d++) ndiff += memcmp(&got[d], &got2[d], 4) != 0;
+        CHECK_MSG(ndiff == 0, "%s: MS_GPU_RX=tma differs from the default kernels in %lld of %lld outputs", what,
+                  (long long)ndiff, (long long)D);
+        free(got2), G->ops->free(G, dacc2);
+    }
     free(got);
     G->ops->free(G, din), G->ops->free(G, dacc), G->ops->free(G, dwt), G->ops->free(G, did);
     for (int e = 0; e < E; e++) {
@@ -792,6 +814,9 @@ TEST(backend_routed_experts) {
         RX("fp8 bf16 128x128, I 320 (partial block)", &K_FP8B, 512, 320, 12, 3, 0, MS_DT_INVALID, 0);
         RX("mxfp4 fused gate_up, bf16 biases, clamped", &K_F4, 576, 320, 12, 4, 1, MS_DT_BF16, 1);
         RX("mxfp4 separate, 6 of 16", &K_F4, 1024, 512, 16, 6, 0, MS_DT_INVALID, 0);
+        RX("mxfp4 qwen3 shape, 8 of 8", &K_F4, 2048, 768, 8, 8, 0, MS_DT_INVALID, 0);
+        RX("fp8 7168 x 256, 2 of 4 (4 chunks a lane)", &K_FP8, 7168, 256, 4, 2, 0, MS_DT_INVALID, 0);
+        RX("fp8 256 x 2048, 8 of 8 (64 KB down blocks)", &K_FP8, 256, 2048, 8, 8, 0, MS_DT_INVALID, 0);
         RX("bf16 fused gate_up, f32 biases", &K_BF16, 512, 256, 8, 2, 1, MS_DT_F32, 0);
         RX("f16 separate, f16 biases", &K_F16, 256, 128, 8, 3, 0, MS_DT_F16, 0);
         RX("f32 separate, 1 of 4", &K_F32, 256, 96, 4, 1, 0, MS_DT_INVALID, 0);

@@ -86,6 +86,36 @@ typedef struct rx_args {
 } rx_args;
 
 
+/* The gate + up kernels' epilogue for inter row i of slot j (o = 0, 1: the first or second row
+ * of its quad): the gate and up sums over the block's warps (red[w][2 o], red[w][2 o + 1], warp
+ * 0 first), the biases of expert e, then h[j, i] = w[j] act(gate, up). */
+static __device__ __forceinline__ void rx_gu_out(const rx_args &a, const ms_gpu_ex_ptrs &e, int j, int64_t i,
+                                                 const float (*red)[MM_R], int o) {
+    float gt = 0.0f, up = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x / MS_WARP); w++) gt += red[w][2 * o], up += red[w][2 * o + 1];
+    if (a.fused) {
+        gt += ms_bias_at(e.bias[0], a.bias_dt, 2 * i);
+        up += ms_bias_at(e.bias[0], a.bias_dt, 2 * i + 1);
+    } else {
+        gt += ms_bias_at(e.bias[0], a.bias_dt, i);
+        up += ms_bias_at(e.bias[1], a.bias_dt, i);
+    }
+    a.h[j * a.I + i] = a.w[j] * ms_glu_apply(gt, up, a.p);
+}
+
+/* The down kernels' epilogue for output row d: the block's warp sums (red[w][r], warp 0 first),
+ * then the K slots' down biases in ascending expert id (ord: the slot of each rank), into acc[d]. */
+static __device__ __forceinline__ void rx_down_out(const rx_args &a, const int (&ord)[32], int64_t d,
+                                                   const float (*red)[MM_R], int r) {
+    float v = 0.0f;
+    for (int w = 0; w < MM_WARPS; w++) v += red[w][r];
+    for (int q = 0; q < a.K; q++) { /* down biases, ascending expert id */
+        const void *b = a.tab[a.ids[ord[q]]].bias[2];
+        if (b) v = fmaf(a.w[ord[q]], ms_bias_at(b, a.bias_dt, d), v);
+    }
+    a.acc[d] = v;
+}
+
 template <int DT>
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args a) {
     typedef mm_traits<DT> T;
@@ -131,35 +161,11 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
     }
     __shared__ float red[MM_WARPS][MM_R];
     rx_block_reduce(acc, red);
-    if (threadIdx.x < 2 && i0 + threadIdx.x < a.I) {
-        int o = threadIdx.x;
-        int64_t i = i0 + o;
-        float gt = 0.0f, up = 0.0f;
-        for (int w = 0; w < (int)(blockDim.x / MS_WARP); w++) gt += red[w][2 * o], up += red[w][2 * o + 1];
-        if (a.fused) {
-            gt += ms_bias_at(e.bias[0], a.bias_dt, 2 * i);
-            up += ms_bias_at(e.bias[0], a.bias_dt, 2 * i + 1);
-        } else {
-            gt += ms_bias_at(e.bias[0], a.bias_dt, i);
-            up += ms_bias_at(e.bias[1], a.bias_dt, i);
-        }
-        a.h[j * a.I + i] = a.w[j] * ms_glu_apply(gt, up, a.p);
-    }
+    if (threadIdx.x < 2 && i0 + threadIdx.x < a.I) rx_gu_out(a, e, j, i0 + threadIdx.x, red, threadIdx.x);
 }
 
-/* ---- the gate + up kernel for the narrow dtypes (FP8, MXFP4, INT4), several row pairs per block.
- * rx_gu_kernel's block moves 4 rows (14 KB of INT4 at the Kimi K2 shape, 1.75 chunks per thread)
- * and pays its start (ids -> table -> weights), reduction and epilogue for them; rx_gup_kernel's
- * block owns P consecutive row quads (inter rows i0 .. i0 + 2P - 1 of one slot, P from rx_quads)
- * and keeps one item (a 16-byte chunk of its 4 rows, with their scale bits and INT4 zero words)
- * loaded ahead: the next item's loads are issued before the current one is decoded, across the
- * quads' boundary too, and the scale and zero point reach the decode without a load of their own.
- * Each thread walks the same chunks in the same order as rx_gu_kernel (k = lane, lane + STEP, ...
- * of each row, one FMA chain per row and chunk, the scale applied per chunk), the warp and block
- * sums are the same: the same products summed in the same order, so the same bits.
- * MS_GPU_RX=old (gpu_rx_old) keeps rx_gu_kernel for A/B runs. */
-#define RX_MAXP 8 /* row quads per block, at most */
-
+/* ---- one item of the look-ahead and staged kernels: a 16-byte chunk of a block's 4 rows with
+ * their scale bits and INT4 zero words, loaded ahead of its decode (rx_use). */
 typedef struct rx_item {
     uint4 raw[MM_R];
     uint32_t sb[MM_R]; /* scale bits (load_scale_bits) */
@@ -183,60 +189,14 @@ static __device__ __forceinline__ float scale_of_bits(uint32_t b, int dt) {
     return 1.0f;
 }
 
-/* Row r of a quad of the block (inter rows i0, i0 + 1, clamped to I - 1 as rx_gu_kernel): its
- * weight row and scale row index; the zero word row of rows 0 (and 1: the up matrix's) and row
- * 0's nibble shift. Rows 0..3 of a quad (i0 even) sit in one group of 8 rows of each matrix: the
- * zero word is shared, the shift of row r is zsh + 4 r (fused) or zsh + 4 (r / 2) (separate);
- * a clamped row (I odd) may get another zero point: its result is dropped. Indices fit 32 bits
- * (one expert matrix's scales or zero words). */
-typedef struct rx_quad {
-    const uint4 *wr[MM_R];
-    int srow[MM_R], zrow;
-    int zsh;
-} rx_quad;
-
-static __device__ __forceinline__ void rx_quad_of(const rx_args &a, const ms_gpu_ex_ptrs &e, int64_t i0, int64_t rowbytes,
-                                                  rx_quad &qd) {
-#pragma unroll
-    for (int r = 0; r < MM_R; r++) {
-        int64_t i = i0 + r / 2 < a.I ? i0 + r / 2 : a.I - 1;
-        int kind = r % 2, m = a.fused ? 0 : kind;
-        int64_t row = a.fused ? 2 * i + kind : i;
-        qd.wr[r] = (const uint4 *)((const uint8_t *)e.w[m] + row * rowbytes);
-        qd.srow[r] = (int)(a.brow == 1 ? row * a.scols : (row / a.brow) * a.scols);
-    }
-    int64_t row0 = a.fused ? 2 * i0 : i0, zr;
-    i4_zrow(row0, a.scols, &zr, &qd.zsh);
-    qd.zrow = (int)zr;
-}
-
-/* Issue the loads of chunk k of quad qd's rows (weights, scale bits, zero words) into it. */
-template <int DT>
-static __device__ __forceinline__ void rx_fetch(const rx_args &a, const ms_gpu_ex_ptrs &e, const rx_quad &qd, int64_t k,
-                                                int VEC, rx_item &it) {
-    const int64_t g = (k * VEC) >> a.bshift;
-#pragma unroll
-    for (int r = 0; r < MM_R; r++) {
-        int m = a.fused ? 0 : r % 2;
-        it.raw[r] = ms_load_stream16(qd.wr[r] + k);
-        it.sb[r] = a.scale_dt != SC_NONE ? load_scale_bits((const uint8_t *)e.s[m], a.scale_dt, qd.srow[r] + g) : 0u;
-    }
-    if (DT == DT_I4) {
-        it.zsh = qd.zsh;
-#pragma unroll
-        for (int m = 0; m < 2; m++) {
-            const uint32_t *z = (const uint32_t *)e.z[a.fused ? 0 : m];
-            it.zw[m] = z ? z[qd.zrow + g] : 0x88888888u;
-        }
-    }
-}
-
-/* acc[r] += item it's share of row r against x at column c0: rx_chunk's products and order. */
+/* acc[r] += item it's share of row r against x at column c0 (rows 0..3 of a quad: fused, or gate
+ * and up of two inter rows): rx_chunk's products and order, the scale and zero point from it. */
 template <int DT>
 static __device__ __forceinline__ void rx_use(const rx_item &it, const float *xp, int scale_dt, int fused,
                                               float (&acc)[MM_R]) {
     typedef mm_traits<DT> T;
     const int SUB = T::SUB, NSUB = T::VEC / T::SUB;
+    const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4;
     float off[MM_R], part[MM_R];
 #pragma unroll
     for (int r = 0; r < MM_R; r++) {
@@ -258,71 +218,18 @@ static __device__ __forceinline__ void rx_use(const rx_item &it, const float *xp
             float wv[SUB];
             decode<DT>(it.raw[r], s, wv, off[r]);
 #pragma unroll
-            for (int i = 0; i < SUB; i++) part[r] = fmaf(wv[i], xv[i], part[r]);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < MM_R; r++) {
-        float sc = kernel_scale<DT>();
-        if (scale_dt != SC_NONE) sc *= scale_of_bits(it.sb[r], scale_dt);
-        acc[r] = fmaf(sc, part[r], acc[r]);
-    }
-}
-
-/* ptxas sm_90: 96 registers (INT4, FP8, MXFP4); a second __launch_bounds__ argument of 1 gave 252,
- * of 6 (80) spills. */
-template <int DT>
-__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gup_kernel(const rx_args a, int P) {
-    typedef mm_traits<DT> T;
-    const int VEC = T::VEC;
-    const int STEP = (int)blockDim.x; /* as rx_gu_kernel (rx_warps): the same chunks per thread */
-    const int j = blockIdx.y, lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
-    const int64_t npairs = (a.I + 1) / 2, p0 = (int64_t)blockIdx.x * P;
-    const int nq = (int)(npairs - p0 < P ? npairs - p0 : P);
-    ms_pdl_launch();
-    ms_pdl_wait(); /* the ids, weights and x are earlier kernels' output */
-    const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
-    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
-    __shared__ float red[RX_MAXP][MM_WARPS][MM_R];
-    rx_quad qd;
-    rx_item nx;
-    int fq = 0;                   /* the quad of the item loaded ahead */
-    int64_t fk = threadIdx.x;     /* its chunk */
-    rx_quad_of(a, e, 2 * p0, rowbytes, qd);
-    if (fk < nch) rx_fetch<DT>(a, e, qd, fk, VEC, nx);
-    for (int q = 0; q < nq; q++) {
-        float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int64_t k = threadIdx.x; k < nch; k += STEP) {
-            rx_item cur = nx;
-            fk += STEP;
-            if (fk >= nch) { /* the next item is the next quad's first chunk */
-                fk = threadIdx.x, fq++;
-                if (fq < nq) rx_quad_of(a, e, 2 * (p0 + fq), rowbytes, qd);
+            for (int i = 0; i < SUB; i++) {
+                if (SCALED) part[r] = fmaf(wv[i], xv[i], part[r]);
+                else acc[r] = fmaf(wv[i], xv[i], acc[r]);
             }
-            if (fq < nq) rx_fetch<DT>(a, e, qd, fk, VEC, nx);
-            rx_use<DT>(cur, a.x + k * VEC, a.scale_dt, a.fused, acc);
         }
+    }
+    if (SCALED) {
 #pragma unroll
         for (int r = 0; r < MM_R; r++) {
-            float v = ms_warp_sum(acc[r]);
-            if (lane == 0) red[q][warp][r] = v;
-        }
-    }
-    __syncthreads();
-    if ((int)threadIdx.x < 2 * nq) {
-        int q = threadIdx.x / 2, o = threadIdx.x % 2;
-        int64_t i = 2 * (p0 + q) + o;
-        if (i < a.I) {
-            float gt = 0.0f, up = 0.0f;
-            for (int w = 0; w < (int)(blockDim.x / MS_WARP); w++) gt += red[q][w][2 * o], up += red[q][w][2 * o + 1];
-            if (a.fused) {
-                gt += ms_bias_at(e.bias[0], a.bias_dt, 2 * i);
-                up += ms_bias_at(e.bias[0], a.bias_dt, 2 * i + 1);
-            } else {
-                gt += ms_bias_at(e.bias[0], a.bias_dt, i);
-                up += ms_bias_at(e.bias[1], a.bias_dt, i);
-            }
-            a.h[j * a.I + i] = a.w[j] * ms_glu_apply(gt, up, a.p);
+            float sc = kernel_scale<DT>();
+            if (scale_dt != SC_NONE) sc *= scale_of_bits(it.sb[r], scale_dt);
+            acc[r] = fmaf(sc, part[r], acc[r]);
         }
     }
 }
@@ -396,16 +303,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
     }
     __shared__ float red[MM_WARPS][MM_R];
     rx_block_reduce(acc, red);
-    if (threadIdx.x < MM_R && d0 + threadIdx.x < a.D) {
-        int64_t d = d0 + threadIdx.x;
-        float v = 0.0f;
-        for (int w = 0; w < MM_WARPS; w++) v += red[w][threadIdx.x];
-        for (int q = 0; q < K; q++) { /* down biases, ascending expert id */
-            const void *b = a.tab[a.ids[ord[q]]].bias[2];
-            if (b) v = fmaf(a.w[ord[q]], ms_bias_at(b, a.bias_dt, d), v);
-        }
-        a.acc[d] = v;
-    }
+    if (threadIdx.x < MM_R && d0 + threadIdx.x < a.D) rx_down_out(a, ord, d0 + threadIdx.x, red, threadIdx.x);
 }
 
 /* ---- the down kernel with one item loaded ahead (rx_downp_kernel): rx_down_kernel's virtual row
@@ -463,16 +361,225 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_downp_kernel(const rx_ar
     }
     __shared__ float red[MM_WARPS][MM_R];
     rx_block_reduce(acc, red);
-    if (threadIdx.x < MM_R && d0 + threadIdx.x < a.D) {
-        int64_t d = d0 + threadIdx.x;
-        float v = 0.0f;
-        for (int w = 0; w < MM_WARPS; w++) v += red[w][threadIdx.x];
-        for (int q = 0; q < K; q++) { /* down biases, ascending expert id */
-            const void *b = a.tab[a.ids[ord[q]]].bias[2];
-            if (b) v = fmaf(a.w[ord[q]], ms_bias_at(b, a.bias_dt, d), v);
+    if (threadIdx.x < MM_R && d0 + threadIdx.x < a.D) rx_down_out(a, ord, d0 + threadIdx.x, red, threadIdx.x);
+}
+
+/* ---- the staged kernels (MS_GPU_RX=tma, sm_90 CUDA builds): a block's weight bytes are copied
+ * into shared memory by bulk asynchronous copies (cp.async.bulk, completion on one mbarrier)
+ * issued right after the ids -> table chain, so a block has all of them in flight at once with
+ * no register cost (up to 48 KB a block, 4-6 blocks an SM: the Qwen3-30B shape's 25 MB of FP8
+ * gate + up rows in one wave of blocks); the scale bits and INT4 zero words are loaded into
+ * registers while the copies fly, x after. Each thread then decodes the same chunks in the same
+ * order with the same products and sums as rx_gu_kernel and rx_downp_kernel / rx_down_kernel:
+ * the same bits. */
+#if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP)
+#define RX_TMA 0
+#else
+#define RX_TMA 1
+#endif
+#define RX_TMA_GU_MAX (44 * 1024) /* dynamic shared bytes of a staged gate + up block, at most */
+#define RX_TMA_DN_MAX (96 * 1024) /* of a staged down block (over 48 KB: the opt-in attribute) */
+
+#if RX_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RX_TMA_DEV 1
+static __device__ __forceinline__ uint32_t rx_sh(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+#else
+#define RX_TMA_DEV 0
+#endif
+
+/* One thread: the barrier with one arrival, visible to the copies (async proxy). */
+static __device__ __forceinline__ void rx_bar_init(uint64_t *bar) {
+#if RX_TMA_DEV
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(rx_sh(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+/* One thread, once: the arrival, expecting `bytes` of copies. */
+static __device__ __forceinline__ void rx_bar_expect(uint64_t *bar, uint32_t bytes) {
+#if RX_TMA_DEV
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(rx_sh(bar)), "r"(bytes) : "memory");
+#endif
+}
+/* Copy `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst,
+ * completing on bar. */
+static __device__ __forceinline__ void rx_bulk(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+#if RX_TMA_DEV
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     rx_sh(dst)),
+                 "l"(src), "r"(bytes), "r"(rx_sh(bar))
+                 : "memory");
+#endif
+}
+/* Every thread: wait until the barrier's first phase completed (the copies landed). */
+static __device__ __forceinline__ void rx_bar_wait(uint64_t *bar) {
+#if RX_TMA_DEV
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(rx_sh(bar))
+                     : "memory");
+#elif defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    __trap(); /* built without sm_90 bulk copies: the host never picks these kernels there (rx_tma_ok) */
+#endif
+}
+
+/* Gate + up, staged: the block owns NQ quads of slot j (inter rows i0 .. i0 + 2 NQ - 1), copies
+ * their valid rows (separate: gate rows at shared row 0, up rows at 2 NQ; fused: rows 2 i0 ..
+ * in order), and each thread takes chunks k = lane, lane + STEP, .. (U of them at most: U STEP >=
+ * the row's chunks) of every row, as rx_gu_kernel. Shared: 4 NQ rows. */
+/* ptxas sm_90: at most 96 registers (NQ 4 of MXFP4: 8 bytes of spill without the second
+ * __launch_bounds__ argument, which allows 128). */
+template <int DT, int NQ, int U>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP, 4) rx_gut_kernel(const rx_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, STEP = (int)blockDim.x;
+    extern __shared__ __align__(128) uint8_t rx_sm[];
+    __shared__ uint64_t bar;
+    __shared__ float red[NQ][MM_WARPS][MM_R];
+    const int j = blockIdx.y, lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    const int64_t i0 = (int64_t)blockIdx.x * 2 * NQ;
+    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
+    const int nv = (int)(a.I - i0 < 2 * NQ ? a.I - i0 : 2 * NQ); /* valid inter rows */
+    if (threadIdx.x == 0) rx_bar_init(&bar);
+    ms_pdl_launch();
+    ms_pdl_wait(); /* the ids, weights and x are earlier kernels' output */
+    const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
+    __syncthreads(); /* the barrier's init */
+    if (threadIdx.x == 0) {
+        const uint32_t n = (uint32_t)(nv * rowbytes);
+        rx_bar_expect(&bar, 2 * n);
+        if (a.fused) rx_bulk(rx_sm, (const uint8_t *)e.w[0] + 2 * i0 * rowbytes, 2 * n, &bar);
+        else {
+            rx_bulk(rx_sm, (const uint8_t *)e.w[0] + i0 * rowbytes, n, &bar);
+            rx_bulk(rx_sm + 2 * NQ * rowbytes, (const uint8_t *)e.w[1] + i0 * rowbytes, n, &bar);
         }
-        a.acc[d] = v;
     }
+    rx_item it[U][NQ]; /* the scale bits and zero words now, the chunks from shared memory later */
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t k = threadIdx.x + (int64_t)u * STEP, g = (k * VEC) >> a.bshift;
+#pragma unroll
+        for (int q = 0; q < NQ; q++) {
+            if (k >= nch || 2 * q >= nv) continue;
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) {
+                int64_t i = i0 + 2 * q + r / 2 < a.I ? i0 + 2 * q + r / 2 : a.I - 1;
+                int kind = r % 2, m = a.fused ? 0 : kind;
+                int64_t row = a.fused ? 2 * i + kind : i;
+                int64_t srow = a.brow == 1 ? row * a.scols : (row / a.brow) * a.scols;
+                it[u][q].sb[r] = a.scale_dt != SC_NONE ? load_scale_bits((const uint8_t *)e.s[m], a.scale_dt, srow + g) : 0u;
+            }
+            it[u][q].zsh = 0;
+            if (DT == DT_I4) {
+                int64_t row0 = a.fused ? 2 * (i0 + 2 * q) : i0 + 2 * q, zr;
+                i4_zrow(row0, a.scols, &zr, &it[u][q].zsh);
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    const uint32_t *z = (const uint32_t *)e.z[a.fused ? 0 : m];
+                    it[u][q].zw[m] = z ? z[zr + g] : 0x88888888u;
+                }
+            }
+        }
+    }
+    float acc[NQ][MM_R];
+#pragma unroll
+    for (int q = 0; q < NQ; q++)
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) acc[q][r] = 0.0f;
+    rx_bar_wait(&bar);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t k = threadIdx.x + (int64_t)u * STEP;
+        if (k >= nch) break;
+#pragma unroll
+        for (int q = 0; q < NQ; q++) {
+            if (2 * q >= nv) break;
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) {
+                int li = 2 * q + r / 2 < nv ? 2 * q + r / 2 : nv - 1, kind = r % 2;
+                int sr = a.fused ? 2 * li + kind : kind * 2 * NQ + li;
+                it[u][q].raw[r] = ((const uint4 *)(rx_sm + sr * rowbytes))[k];
+            }
+            rx_use<DT>(it[u][q], a.x + k * VEC, a.scale_dt, a.fused, acc[q]);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < NQ; q++)
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) {
+            float v = ms_warp_sum(acc[q][r]);
+            if (lane == 0) red[q][warp][r] = v;
+        }
+    __syncthreads();
+    if ((int)threadIdx.x < nv) rx_gu_out(a, e, j, i0 + threadIdx.x, red[threadIdx.x / 2], threadIdx.x % 2);
+}
+
+/* Down, staged: rx_down_kernel's block (output rows d0 .. d0 + 3, the K slots' down rows as one
+ * virtual row in ascending expert id) with the K x 4 row segments copied (segment 4 s + r: rank
+ * s, row d0 + r); each thread takes virtual chunks k = lane, lane + STEP, .. (NIT of them at
+ * most). Shared: 4 K segments of I columns. */
+template <int DT, int NIT>
+__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_downt_kernel(const rx_args a) {
+    typedef mm_traits<DT> T;
+    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP;
+    extern __shared__ __align__(128) uint8_t rx_sm[];
+    __shared__ uint64_t bar;
+    __shared__ int ord[32];
+    __shared__ const uint8_t *sw[32], *ss[32], *sz[32];
+    const int K = a.K;
+    if (threadIdx.x == 0) rx_bar_init(&bar);
+    rx_down_slots(a, ord, sw, ss, sz); /* its __syncthreads publishes the barrier's init too */
+    const int64_t d0 = (int64_t)blockIdx.x * MM_R;
+    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8, total = (int64_t)K * nch;
+    if (threadIdx.x < MS_WARP) {
+        if (threadIdx.x == 0) rx_bar_expect(&bar, (uint32_t)(4 * K * rowbytes));
+#if RX_TMA_DEV
+        __syncwarp(); /* the expectation before the copies that complete on it */
+#endif
+        for (int t = threadIdx.x; t < 4 * K; t += MS_WARP) {
+            int64_t d = d0 + t % 4 < a.D ? d0 + t % 4 : a.D - 1;
+            rx_bulk(rx_sm + t * rowbytes, sw[t / 4] + d * rowbytes, (uint32_t)rowbytes, &bar);
+        }
+    }
+    int srow[MM_R];
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        int64_t d = d0 + r < a.D ? d0 + r : a.D - 1;
+        srow[r] = (int)((d / a.brow) * a.scols);
+    }
+    int64_t zr;
+    int zsh;
+    i4_zrow(d0, a.scols, &zr, &zsh); /* rows d0 .. d0 + 3: one zero word, shifts zsh + 4 r */
+    rx_item it[NIT];
+#pragma unroll
+    for (int n = 0; n < NIT; n++) {
+        const int64_t k = threadIdx.x + (int64_t)n * STEP;
+        if (k >= total) break;
+        const int s = (int)(k / nch);
+        const int64_t g = ((k - s * nch) * VEC) >> a.bshift;
+#pragma unroll
+        for (int r = 0; r < MM_R; r++)
+            it[n].sb[r] = a.scale_dt != SC_NONE ? load_scale_bits(ss[s], a.scale_dt, srow[r] + g) : 0u;
+        it[n].zsh = zsh;
+        if (DT == DT_I4) it[n].zw[0] = sz[s] ? ((const uint32_t *)sz[s])[zr + g] : 0x88888888u;
+    }
+    float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    rx_bar_wait(&bar);
+#pragma unroll
+    for (int n = 0; n < NIT; n++) {
+        const int64_t k = threadIdx.x + (int64_t)n * STEP;
+        if (k >= total) break;
+        const int s = (int)(k / nch);
+        const int64_t c = k - s * nch;
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) it[n].raw[r] = ((const uint4 *)(rx_sm + (4 * s + r) * rowbytes))[c];
+        rx_use<DT>(it[n], a.x + (int64_t)ord[s] * a.I + c * VEC, a.scale_dt, 1, acc);
+    }
+    __shared__ float red[MM_WARPS][MM_R];
+    rx_block_reduce(acc, red);
+    if (threadIdx.x < MM_R && d0 + threadIdx.x < a.D) rx_down_out(a, ord, d0 + threadIdx.x, red, threadIdx.x);
 }
 
 /* Warps per block of the gate + up kernel over rows of nch 16-byte chunks: enough for one
@@ -483,56 +590,69 @@ static int rx_warps(int64_t nch) {
     return qx_old() || w > MM_WARPS ? MM_WARPS : w < 1 ? 1 : (int)w;
 }
 
-/* MS_GPU_RX (read once; A/B measurements) for the narrow dtypes (FP8, MXFP4, INT4). Default (unset,
- * or oldgu): rx_gu_kernel for gate + up and rx_downp_kernel for down, the fastest pair measured on
- * the H200 (Kimi K2 shape: INT4 134 vs 146 us with both earlier kernels, FP8 107 vs 109;
- * rx_gup_kernel measured slower: INT4 165, FP8 175, docs/performance.md). new: rx_gup_kernel and
- * rx_downp_kernel; old: rx_gu_kernel and rx_down_kernel; olddown: rx_gup_kernel and rx_down_kernel.
- * Bits: 1 the earlier gate + up, 2 the earlier down. */
-static int rx_old(void) {
-    static int old = -1;
-    if (old < 0) {
-        const char *e = getenv("MS_GPU_RX");
-        old = !e ? 1 : !strcmp(e, "old") ? 3 : !strcmp(e, "new") ? 0 : !strcmp(e, "olddown") ? 2 : 1;
-    }
-    return old;
+/* Whether the staged kernels take the routed experts of g: an sm_90+ device, device code built
+ * for it (the bulk copies are in the sm_90 code only), MS_GPU_RX=tma at open (ms_gpu.rx_mode). */
+static int rx_tma_ok(const ms_gpu *g) { return RX_TMA && g->rx_mode == MS_GPU_RX_TMA && g->rx_tma_cap; }
+
+/* Launch the staged gate + up kernel (NQ quads per block, U chunks per thread and row). */
+template <int DT, int NQ, int U> static void launch_gut(ms_gpu *g, const rx_args &gu, dim3 block, size_t shm) {
+    int64_t npairs = (gu.I + 1) / 2;
+    dim3 grid((unsigned)((npairs + NQ - 1) / NQ), (unsigned)gu.K);
+    ms_launch(g->pdl, rx_gut_kernel<DT, NQ, U>, grid, block, shm, g->stream, gu);
 }
 
-/* Row quads per block of rx_gup_kernel: P in 1 .. Pmax (Pmax for about 64 KB of weights per
- * block, at most RX_MAXP) with the least ceil(blocks / res) * (P + 1), res the blocks resident on
- * the device at once: whole waves of blocks (a block's time taken as P quads plus one for its start
- * and end), the smaller P on ties. E.g. on an H200 (96 registers: 5 blocks of 4 warps per SM,
- * 10 of 2): the Kimi K2 shape (8 slots) INT4 P = 5, FP8 3; the Qwen3 shape (8 slots, 384 pairs)
- * FP8 5, INT4 / MXFP4 (64 chunks a row: two-warp blocks) 3. */
-static int rx_quads(int64_t rowbytes, int64_t I, int K, int64_t res) {
-    int64_t quad = 4 * rowbytes, npairs = (I + 1) / 2;
-    int64_t pmax = (65536 + quad - 1) / quad;
-    if (pmax > RX_MAXP) pmax = RX_MAXP;
-    if (pmax > npairs) pmax = npairs;
-    if (res < 1) res = 1;
-    int best = 1;
-    int64_t bcost = -1;
-    for (int P = 1; P <= pmax; P++) {
-        int64_t blocks = ((npairs + P - 1) / P) * K, cost = ((blocks + res - 1) / res) * (P + 1);
-        if (bcost < 0 || cost < bcost) best = P, bcost = cost;
-    }
-    return best;
+/* The staged gate + up kernel when its block fits (rows whose chunks a thread covers in 4 passes
+ * at most: 1 pass 4 quads a block, 2 passes 2, 3-4 passes 1; the quads' rows in RX_TMA_GU_MAX);
+ * 0 when it does not (the caller takes rx_gu_kernel). */
+template <int DT> static int launch_gu_tma(ms_gpu *g, const rx_args &gu, dim3 block) {
+    typedef mm_traits<DT> T;
+    const int64_t nch = gu.cols / T::VEC, rowbytes = gu.cols * (128 / T::VEC) / 8;
+    const int64_t passes = (nch + block.x - 1) / block.x;
+    const int nq = passes <= 1 ? 4 : passes <= 2 ? 2 : 1;
+    const size_t shm = (size_t)(4 * nq * rowbytes);
+    if (!rx_tma_ok(g) || passes > 4 || shm > RX_TMA_GU_MAX) return 0;
+    if (nq == 4) launch_gut<DT, 4, 1>(g, gu, block, shm);
+    else if (nq == 2) launch_gut<DT, 2, 2>(g, gu, block, shm);
+    else launch_gut<DT, 1, 4>(g, gu, block, shm);
+    return 1;
 }
 
-/* Resident blocks per SM of rx_gup_kernel<DT> at `warps` warps per block (cached in g; 1 when the
- * runtime does not say). */
-template <int DT>
-static int rx_occupancy(ms_gpu *g, int warps) {
-    int &o = g->rx_occ[DT][warps - 1];
-    if (!o) {
-        int n = 0;
-        if (gpuOccupancyMaxActiveBlocksPerMultiprocessor(&n, rx_gup_kernel<DT>, warps * MS_WARP, 0) != gpuSuccess || n < 1)
-            n = 1, (void)gpuGetLastError();
-        o = n;
+/* Launch the staged down kernel with NIT chunks per thread, opting in to its shared bytes. */
+template <int DT, int NIT> static int launch_dt(ms_gpu *g, const rx_args &dn, dim3 grid, size_t shm) {
+    if (shm > 32 * 1024) { /* the default limit is 48 KB with the static arrays */
+        /* opt in once per instance and context: rx_smem bit DT * 4 + log2(NIT) */
+        unsigned bit = 1u << (DT * 4 + (NIT == 1 ? 0 : NIT == 2 ? 1 : NIT == 4 ? 2 : 3));
+        if (!(g->rx_smem & bit)) {
+            if (gpuFuncSetAttribute((const void *)rx_downt_kernel<DT, NIT>, gpuFuncAttributeMaxDynamicSharedMemorySize,
+                                    RX_TMA_DN_MAX) != gpuSuccess) {
+                (void)gpuGetLastError();
+                return 0;
+            }
+            g->rx_smem |= bit;
+        }
     }
-    return o;
+    ms_launch(g->pdl, rx_downt_kernel<DT, NIT>, grid, dim3(MM_WARPS * MS_WARP), shm, g->stream, dn);
+    return 1;
 }
 
+/* The staged down kernel when its block fits (8 chunks per thread at most, 4 K row segments in
+ * RX_TMA_DN_MAX); 0 when it does not (the caller takes rx_downp_kernel or rx_down_kernel). */
+template <int DT> static int launch_dn_tma(ms_gpu *g, const rx_args &dn, dim3 grid) {
+    typedef mm_traits<DT> T;
+    const int64_t nch = dn.cols / T::VEC, rowbytes = dn.cols * (128 / T::VEC) / 8;
+    const int64_t nit = ((int64_t)dn.K * nch + MM_WARPS * MS_WARP - 1) / (MM_WARPS * MS_WARP);
+    const size_t shm = (size_t)(4 * dn.K * rowbytes);
+    if (!rx_tma_ok(g) || nit > 8 || shm > RX_TMA_DN_MAX) return 0;
+    if (nit <= 1) return launch_dt<DT, 1>(g, dn, grid, shm);
+    if (nit <= 2) return launch_dt<DT, 2>(g, dn, grid, shm);
+    if (nit <= 4) return launch_dt<DT, 4>(g, dn, grid, shm);
+    return launch_dt<DT, 8>(g, dn, grid, shm);
+}
+
+/* The two launches by ms_gpu.rx_mode (MS_GPU_RX at open; A/B measurements). Default: rx_gu_kernel
+ * for gate + up, and for down rx_downp_kernel (FP8, MXFP4, INT4; Kimi K2 shape INT4 134 us vs 146
+ * with rx_down_kernel) or rx_down_kernel (F32, F16, BF16). old: rx_gu_kernel and rx_down_kernel.
+ * tma: the staged kernels where their blocks fit, else the default's. */
 template <int DT>
 static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
     gpuStream_t st = g->stream;
@@ -542,24 +662,17 @@ static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
     dim3 gblock(rx_warps(gu.cols / T::VEC) * MS_WARP);
     constexpr bool narrow = DT == DT_FP8 || DT == DT_FP8_CVT || DT == DT_F4 || DT == DT_I4;
     const dim3 dgrid((unsigned)((dn.D + MM_R - 1) / MM_R));
-    if constexpr (narrow) { /* rx_gup_kernel / rx_downp_kernel exist for these only */
-        if (!(rx_old() & 1)) {
-            int warps = (int)(gblock.x / MS_WARP);
-            int64_t res = (int64_t)g->prop.multiProcessorCount * rx_occupancy<DT>(g, warps);
-            int P = rx_quads(gu.cols * (128 / T::VEC) / 8, gu.I, gu.K, res);
-            int64_t npairs = (gu.I + 1) / 2;
-            ms_launch(pdl, rx_gup_kernel<DT>, dim3((unsigned)((npairs + P - 1) / P), (unsigned)gu.K), gblock, 0, st, gu,
-                      P);
-        } else
-            ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
-        if (!(rx_old() & 2)) ms_launch(pdl, rx_downp_kernel<DT>, dgrid, block, 0, st, dn);
-        else ms_launch(pdl, rx_down_kernel<DT>, dgrid, block, 0, st, dn);
-    } else {
+    if (!launch_gu_tma<DT>(g, gu, gblock))
         ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
-        ms_launch(pdl, rx_down_kernel<DT>, dgrid, block, 0, st, dn);
+    if (launch_dn_tma<DT>(g, dn, dgrid)) return;
+    if constexpr (narrow) {
+        if (g->rx_mode != MS_GPU_RX_OLD) {
+            ms_launch(pdl, rx_downp_kernel<DT>, dgrid, block, 0, st, dn);
+            return;
+        }
     }
+    ms_launch(pdl, rx_down_kernel<DT>, dgrid, block, 0, st, dn);
 }
-
 
 static void rx_layout(rx_args &a, const ms_qmat *w) {
     mm_args m;
