@@ -62,6 +62,7 @@ struct ms_gpu {
 #define MS_GPU_RX_DEFAULT 0 /* rx_gu_kernel, rx_downp_kernel (FP8, MXFP4, INT4) / rx_down_kernel */
 #define MS_GPU_RX_OLD 1     /* MS_GPU_RX=old: rx_gu_kernel, rx_down_kernel */
 #define MS_GPU_RX_TMA 2     /* MS_GPU_RX=tma: the staged kernels (bulk copies into shared memory) where they fit */
+#define MS_GPU_RX_TMAE 3    /* MS_GPU_RX=tmae: tma, the down kernel's copies issued before its wait for gate + up */
 
 /* ms_gpu.attn_mode: which GQA attention kernels ms_gpu_attn_gqa takes */
 #define MS_GPU_ATTN_FOLD 0    /* attn_decode.cu's kernel, the last block of a head group combines the splits */

@@ -82,6 +82,8 @@ typedef struct rx_args {
     float *h, *acc;
     int64_t I, D, cols, scols; /* cols: the kernel's row width (D for gate/up, I for down) */
     int K, brow, bshift, scale_dt, fused, bias_dt;
+    int early; /* MS_GPU_RX=tmae (the staged kernels): gate + up lets down launch after its own wait, down
+                * reads the ids and issues its copies before its wait (rx_down_slots) */
     ms_gpu_glu_params p;
 } rx_args;
 
@@ -201,7 +203,8 @@ static __device__ __forceinline__ void rx_use(const rx_item &it, const float *xp
 #pragma unroll
     for (int r = 0; r < MM_R; r++) {
         int sh = it.zsh + 4 * (fused ? r : r / 2);
-        off[r] = DT == DT_I4 ? -(8388608.0f + (float)((it.zw[fused ? 0 : r % 2] >> sh) & 15u)) : 0.0f;
+        uint32_t zw = fused || r % 2 == 0 ? it.zw[0] : it.zw[1];
+        off[r] = DT == DT_I4 ? -(8388608.0f + (float)((zw >> sh) & 15u)) : 0.0f;
         part[r] = 0.0f;
     }
 #pragma unroll
@@ -234,17 +237,33 @@ static __device__ __forceinline__ void rx_use(const rx_item &it, const float *xp
     }
 }
 
-/* The start of the down kernels (rx_down_kernel, rx_downp_kernel): the dependent-launch trigger
- * and wait, then the K slots in ascending expert id into the block's shared arrays: ord[rank] the
- * slot of that rank, sw / ss / sz its down weights, scales and zero points. */
+/* An id the router (two kernels back) wrote, read through L2 (no L1 line of an earlier layer's). */
+static __device__ __forceinline__ int rx_id_cg(const int32_t *p) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP)
+    return *(const volatile int32_t *)p;
+#else
+    return __ldcg(p);
+#endif
+}
+
+/* The start of the down kernels (rx_down_kernel, rx_downp_kernel, rx_downt_kernel): the
+ * dependent-launch trigger and wait, then the K slots in ascending expert id into the block's
+ * shared arrays: ord[rank] the slot of that rank, sw / ss / sz its down weights, scales and zero
+ * points. a.early (rx_downt_kernel only): no wait here, the caller waits before it reads h. That
+ * reads the ids before this kernel's wait, which is safe because the gate + up kernel (the
+ * previous one) triggers this launch only after its own wait: once every gate + up block has
+ * triggered, the router that wrote the ids has completed and its writes are in L2 (read past L1). */
 static __device__ __forceinline__ void rx_down_slots(const rx_args &a, int (&ord)[32], const uint8_t *(&sw)[32],
                                                      const uint8_t *(&ss)[32], const uint8_t *(&sz)[32]) {
     const int K = a.K;
     ms_pdl_launch();
-    ms_pdl_wait(); /* the ids, weights and h are earlier kernels' output */
+    if (!a.early) ms_pdl_wait(); /* the ids, weights and h are earlier kernels' output */
     if (threadIdx.x < K) { /* slot of rank r in ascending expert id (ids of one token are distinct) */
-        int id = a.ids[threadIdx.x], rank = 0;
-        for (int q = 0; q < K; q++) rank += a.ids[q] < id || (a.ids[q] == id && q < (int)threadIdx.x);
+        int id = rx_id_cg(a.ids + threadIdx.x), rank = 0;
+        for (int q = 0; q < K; q++) {
+            int iq = rx_id_cg(a.ids + q);
+            rank += iq < id || (iq == id && q < (int)threadIdx.x);
+        }
         ord[rank] = threadIdx.x;
         sw[rank] = (const uint8_t *)a.tab[id].w[2];
         ss[rank] = (const uint8_t *)a.tab[id].s[2];
@@ -443,8 +462,9 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP, 4) rx_gut_kernel(const rx_a
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const int nv = (int)(a.I - i0 < 2 * NQ ? a.I - i0 : 2 * NQ); /* valid inter rows */
     if (threadIdx.x == 0) rx_bar_init(&bar);
-    ms_pdl_launch();
+    if (!a.early) ms_pdl_launch();
     ms_pdl_wait(); /* the ids, weights and x are earlier kernels' output */
+    if (a.early) ms_pdl_launch(); /* after the wait: the down kernel reads the ids before its own */
     const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
     __syncthreads(); /* the barrier's init */
     if (threadIdx.x == 0) {
@@ -474,12 +494,12 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP, 4) rx_gut_kernel(const rx_a
             it[u][q].zsh = 0;
             if (DT == DT_I4) {
                 int64_t row0 = a.fused ? 2 * (i0 + 2 * q) : i0 + 2 * q, zr;
-                i4_zrow(row0, a.scols, &zr, &it[u][q].zsh);
-#pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    const uint32_t *z = (const uint32_t *)e.z[a.fused ? 0 : m];
-                    it[u][q].zw[m] = z ? z[zr + g] : 0x88888888u;
-                }
+                int zsh;
+                i4_zrow(row0, a.scols, &zr, &zsh);
+                it[u][q].zsh = zsh;
+                const uint32_t *z0 = (const uint32_t *)e.z[0], *z1 = (const uint32_t *)e.z[a.fused ? 0 : 1];
+                it[u][q].zw[0] = z0 ? z0[zr + g] : 0x88888888u;
+                it[u][q].zw[1] = z1 ? z1[zr + g] : 0x88888888u;
             }
         }
     }
@@ -566,6 +586,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_downt_kernel(const rx_ar
         if (DT == DT_I4) it[n].zw[0] = sz[s] ? ((const uint32_t *)sz[s])[zr + g] : 0x88888888u;
     }
     float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (a.early) ms_pdl_wait(); /* h and the route weights are the gate + up kernel's */
     rx_bar_wait(&bar);
 #pragma unroll
     for (int n = 0; n < NIT; n++) {
@@ -592,7 +613,9 @@ static int rx_warps(int64_t nch) {
 
 /* Whether the staged kernels take the routed experts of g: an sm_90+ device, device code built
  * for it (the bulk copies are in the sm_90 code only), MS_GPU_RX=tma at open (ms_gpu.rx_mode). */
-static int rx_tma_ok(const ms_gpu *g) { return RX_TMA && g->rx_mode == MS_GPU_RX_TMA && g->rx_tma_cap; }
+static int rx_tma_ok(const ms_gpu *g) {
+    return RX_TMA && (g->rx_mode == MS_GPU_RX_TMA || g->rx_mode == MS_GPU_RX_TMAE) && g->rx_tma_cap;
+}
 
 /* Launch the staged gate + up kernel (NQ quads per block, U chunks per thread and row). */
 template <int DT, int NQ, int U> static void launch_gut(ms_gpu *g, const rx_args &gu, dim3 block, size_t shm) {
@@ -604,13 +627,18 @@ template <int DT, int NQ, int U> static void launch_gut(ms_gpu *g, const rx_args
 /* The staged gate + up kernel when its block fits (rows whose chunks a thread covers in 4 passes
  * at most: 1 pass 4 quads a block, 2 passes 2, 3-4 passes 1; the quads' rows in RX_TMA_GU_MAX);
  * 0 when it does not (the caller takes rx_gu_kernel). */
-template <int DT> static int launch_gu_tma(ms_gpu *g, const rx_args &gu, dim3 block) {
+template <int DT> static int gu_tma_shape(const ms_gpu *g, const rx_args &gu, dim3 block, int *nq, size_t *shm) {
     typedef mm_traits<DT> T;
     const int64_t nch = gu.cols / T::VEC, rowbytes = gu.cols * (128 / T::VEC) / 8;
     const int64_t passes = (nch + block.x - 1) / block.x;
-    const int nq = passes <= 1 ? 4 : passes <= 2 ? 2 : 1;
-    const size_t shm = (size_t)(4 * nq * rowbytes);
-    if (!rx_tma_ok(g) || passes > 4 || shm > RX_TMA_GU_MAX) return 0;
+    *nq = passes <= 1 ? 4 : passes <= 2 ? 2 : 1;
+    *shm = (size_t)(4 * *nq * rowbytes);
+    return rx_tma_ok(g) && passes <= 4 && *shm <= RX_TMA_GU_MAX;
+}
+template <int DT> static int launch_gu_tma(ms_gpu *g, const rx_args &gu, dim3 block) {
+    int nq;
+    size_t shm;
+    if (!gu_tma_shape<DT>(g, gu, block, &nq, &shm)) return 0;
     if (nq == 4) launch_gut<DT, 4, 1>(g, gu, block, shm);
     else if (nq == 2) launch_gut<DT, 2, 2>(g, gu, block, shm);
     else launch_gut<DT, 1, 4>(g, gu, block, shm);
@@ -637,12 +665,25 @@ template <int DT, int NIT> static int launch_dt(ms_gpu *g, const rx_args &dn, di
 
 /* The staged down kernel when its block fits (8 chunks per thread at most, 4 K row segments in
  * RX_TMA_DN_MAX); 0 when it does not (the caller takes rx_downp_kernel or rx_down_kernel). */
-template <int DT> static int launch_dn_tma(ms_gpu *g, const rx_args &dn, dim3 grid) {
+template <int DT> static int dn_tma_shape(const ms_gpu *g, const rx_args &dn, int64_t *nit, size_t *shm) {
     typedef mm_traits<DT> T;
     const int64_t nch = dn.cols / T::VEC, rowbytes = dn.cols * (128 / T::VEC) / 8;
-    const int64_t nit = ((int64_t)dn.K * nch + MM_WARPS * MS_WARP - 1) / (MM_WARPS * MS_WARP);
-    const size_t shm = (size_t)(4 * dn.K * rowbytes);
-    if (!rx_tma_ok(g) || nit > 8 || shm > RX_TMA_DN_MAX) return 0;
+    *nit = ((int64_t)dn.K * nch + MM_WARPS * MS_WARP - 1) / (MM_WARPS * MS_WARP);
+    *shm = (size_t)(4 * dn.K * rowbytes);
+    return rx_tma_ok(g) && *nit <= 8 && *shm <= RX_TMA_DN_MAX;
+}
+/* Whether both staged kernels take this call (MS_GPU_RX=tmae needs both: the early down pairs
+ * with the staged gate + up's late trigger). */
+template <int DT> static int rx_tma_fits(const ms_gpu *g, const rx_args &gu, dim3 gblock, const rx_args &dn) {
+    int nq;
+    int64_t nit;
+    size_t s1, s2;
+    return gu_tma_shape<DT>(g, gu, gblock, &nq, &s1) && dn_tma_shape<DT>(g, dn, &nit, &s2);
+}
+template <int DT> static int launch_dn_tma(ms_gpu *g, const rx_args &dn, dim3 grid) {
+    int64_t nit;
+    size_t shm;
+    if (!dn_tma_shape<DT>(g, dn, &nit, &shm)) return 0;
     if (nit <= 1) return launch_dt<DT, 1>(g, dn, grid, shm);
     if (nit <= 2) return launch_dt<DT, 2>(g, dn, grid, shm);
     if (nit <= 4) return launch_dt<DT, 4>(g, dn, grid, shm);
@@ -652,7 +693,8 @@ template <int DT> static int launch_dn_tma(ms_gpu *g, const rx_args &dn, dim3 gr
 /* The two launches by ms_gpu.rx_mode (MS_GPU_RX at open; A/B measurements). Default: rx_gu_kernel
  * for gate + up, and for down rx_downp_kernel (FP8, MXFP4, INT4; Kimi K2 shape INT4 134 us vs 146
  * with rx_down_kernel) or rx_down_kernel (F32, F16, BF16). old: rx_gu_kernel and rx_down_kernel.
- * tma: the staged kernels where their blocks fit, else the default's. */
+ * tma: the staged kernels where their blocks fit, else the default's; tmae: tma, and where both
+ * staged kernels fit the down kernel's copies are issued before it waits for gate + up (a.early). */
 template <int DT>
 static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
     gpuStream_t st = g->stream;
@@ -662,9 +704,11 @@ static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
     dim3 gblock(rx_warps(gu.cols / T::VEC) * MS_WARP);
     constexpr bool narrow = DT == DT_FP8 || DT == DT_FP8_CVT || DT == DT_F4 || DT == DT_I4;
     const dim3 dgrid((unsigned)((dn.D + MM_R - 1) / MM_R));
-    if (!launch_gu_tma<DT>(g, gu, gblock))
+    rx_args gue = gu, dne = dn; /* tmae: the early down when both staged kernels take the call */
+    gue.early = dne.early = g->rx_mode == MS_GPU_RX_TMAE && rx_tma_fits<DT>(g, gu, gblock, dn);
+    if (!launch_gu_tma<DT>(g, gue, gblock))
         ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
-    if (launch_dn_tma<DT>(g, dn, dgrid)) return;
+    if (launch_dn_tma<DT>(g, dne, dgrid)) return;
     if constexpr (narrow) {
         if (g->rx_mode != MS_GPU_RX_OLD) {
             ms_launch(pdl, rx_downp_kernel<DT>, dgrid, block, 0, st, dn);
