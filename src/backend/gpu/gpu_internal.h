@@ -59,7 +59,7 @@ struct ms_gpu {
 };
 
 /* ms_gpu.rx_mode: which routed-expert decode kernels ms_gpu_moe_routed takes (matmul_routed.cu) */
-#define MS_GPU_RX_DEFAULT 0 /* rx_gu_kernel, rx_downp_kernel (FP8, MXFP4, INT4) / rx_down_kernel */
+#define MS_GPU_RX_DEFAULT 0 /* rx_gu_kernel, rx_downp_kernel (FP8, MXFP4, INT4) / rx_down_kernel (MS_GPU_RX=plain) */
 #define MS_GPU_RX_OLD 1     /* MS_GPU_RX=old: rx_gu_kernel, rx_down_kernel */
 #define MS_GPU_RX_TMA 2     /* MS_GPU_RX=tma: the staged kernels (bulk copies into shared memory) where they fit */
 #define MS_GPU_RX_TMAE 3    /* MS_GPU_RX=tmae: tma, the down kernel's copies issued before its wait for gate + up */
