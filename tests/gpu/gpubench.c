@@ -239,8 +239,8 @@ static void bench_routed(const bdt *d, int E, int K, int64_t D, int64_t I) {
     const char *fp8 = getenv("MS_GPU_FP8_DECODE"), *qx = getenv("MS_GPU_QX"), *rx = getenv("MS_GPU_RX");
     printf("{\"bench\":\"moe_routed\",\"dtype\":\"%s\",\"experts\":%d,\"k\":%d,\"hidden\":%lld,\"inter\":%lld,"
            "\"fp8_decode\":\"%s\",\"qx\":\"%s\",\"rx\":\"%s\",\"bytes\":%.0f,\"us\":%.2f,\"gbs\":%.1f,\"frac_copy\":%.3f}\n",
-           d->name, E, K, (long long)D, (long long)I, fp8 ? fp8 : "default", qx ? qx : "new", rx ? rx : "default", bytes, us, gbs,
-           g_copy > 0 ? gbs / g_copy : 0.0);
+           d->name, E, K, (long long)D, (long long)I, fp8 ? fp8 : "default", qx ? qx : "new", rx ? rx : "default", bytes,
+           us, gbs, g_copy > 0 ? gbs / g_copy : 0.0);
     fflush(stdout);
     for (int i = 0; i < 3 * E; i++) ms_gpu_qmat_free(G, &dg[i]);
     ms_gpu_free(G, dtab), ms_gpu_free(G, dids), ms_gpu_free(G, dw), ms_gpu_free(G, x), ms_gpu_free(G, acc);

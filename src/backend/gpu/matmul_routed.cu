@@ -435,7 +435,8 @@ static __device__ __forceinline__ void rx_bar_wait(uint64_t *bar) {
 #if RX_TMA_DEV
     uint32_t done = 0;
     while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+                     " selp.u32 %0, 1, 0, p;\n}"
                      : "=r"(done)
                      : "r"(rx_sh(bar))
                      : "memory");
@@ -489,7 +490,8 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP, 4) rx_gut_kernel(const rx_a
                 int kind = r % 2, m = a.fused ? 0 : kind;
                 int64_t row = a.fused ? 2 * i + kind : i;
                 int64_t srow = a.brow == 1 ? row * a.scols : (row / a.brow) * a.scols;
-                it[u][q].sb[r] = a.scale_dt != SC_NONE ? load_scale_bits((const uint8_t *)e.s[m], a.scale_dt, srow + g) : 0u;
+                it[u][q].sb[r] =
+                    a.scale_dt != SC_NONE ? load_scale_bits((const uint8_t *)e.s[m], a.scale_dt, srow + g) : 0u;
             }
             it[u][q].zsh = 0;
             if (DT == DT_I4) {
