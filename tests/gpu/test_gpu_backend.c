@@ -825,6 +825,7 @@ TEST(backend_routed_experts) {
         RX("bf16 fused gate_up, f32 biases", &K_BF16, 512, 256, 8, 2, 1, MS_DT_F32, 0);
         RX("f16 separate, f16 biases", &K_F16, 256, 128, 8, 3, 0, MS_DT_F16, 0);
         RX("f32 separate, 1 of 4", &K_F32, 256, 96, 4, 1, 0, MS_DT_INVALID, 0);
+        RX("f32 I 36, 3 of 4 (the last block's quads partly past I)", &K_F32, 256, 36, 4, 3, 0, MS_DT_INVALID, 0);
         RX("bf16 I 100 (not a vector width)", &K_BF16, 256, 100, 8, 4, 0, MS_DT_INVALID, 0);
         RX("bf16 32 of 64", &K_BF16, 256, 128, 64, 32, 0, MS_DT_INVALID, 0);
 #undef RX

@@ -449,8 +449,9 @@ static __device__ __forceinline__ void rx_bar_wait(uint64_t *bar) {
  * their valid rows (separate: gate rows at shared row 0, up rows at 2 NQ; fused: rows 2 i0 ..
  * in order), and each thread takes chunks k = lane, lane + STEP, .. (U of them at most: U STEP >=
  * the row's chunks) of every row, as rx_gu_kernel. Shared: 4 NQ rows. */
-/* ptxas sm_90: at most 96 registers (NQ 4 of MXFP4: 8 bytes of spill without the second
- * __launch_bounds__ argument, which allows 128). */
+/* ptxas sm_90: 46-128 registers, no spills (FP8 64-72, INT4 / MXFP4 up to 128: their blocks at
+ * the Qwen3 shape have 2 warps); without the second __launch_bounds__ argument ptxas held them at
+ * 96 and MXFP4 with NQ 4 spilled. */
 template <int DT, int NQ, int U>
 __global__ void __launch_bounds__(MM_WARPS *MS_WARP, 4) rx_gut_kernel(const rx_args a) {
     typedef mm_traits<DT> T;
