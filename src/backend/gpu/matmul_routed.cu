@@ -440,7 +440,7 @@ static __device__ __forceinline__ void rx_bar_wait(uint64_t *bar) {
                      : "=r"(done)
                      : "r"(rx_sh(bar))
                      : "memory");
-#elif defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#elif defined(__CUDA_ARCH__) && !(defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP))
     __trap(); /* built without sm_90 bulk copies: the host never picks these kernels there (rx_tma_ok) */
 #endif
 }
