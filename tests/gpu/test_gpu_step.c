@@ -170,19 +170,142 @@ TEST(backend_step) {
     gfree(dstep);
 }
 
+/* A buffer of n floats on backend be (alloc + upload), and n floats back (download: waits). */
+static float *fup(ms_backend *be, const float *h, int64_t n) {
+    ms_err err = {0};
+    void *d = NULL;
+    CHECK(be->ops->alloc(be, (size_t)n * 4, &d, &err) == MS_OK);
+    CHECK(be->ops->upload(be, d, h, (size_t)n * 4, &err) == MS_OK);
+    return (float *)d;
+}
+static float *fget(ms_backend *be, const float *d, int64_t n) {
+    ms_err err = {0};
+    float *h = malloc((size_t)n * 4);
+    CHECK(be->ops->download(be, h, d, (size_t)n * 4, &err) == MS_OK);
+    return h;
+}
+
+/* qkv_attn_at (MS_GPU_QKV_ATTN=1: qkv_at's work in the decode attention kernel's prologue) on
+ * backend F against qkv_at then attn_gqa on backend G (the default): the same inputs at positions
+ * pos[0] (eager), pos[1] (recorded, launched) and pos[2] (replayed), q and k re-uploaded before
+ * each; the output and both whole caches must be the same bits. */
+static void fold_case(ms_backend *G, ms_backend *F, int64_t H, int64_t KV, int64_t hd, int rdim, int inter, double af,
+                      int norm, int64_t window, int sinks, const int64_t pos[3]) {
+    const int64_t vd = hd, ctx = 1024, kd = KV * hd, vt = KV * vd;
+    ms_rope r;
+    memset(&r, 0, sizeof r);
+    r.dim = rdim, r.layout = inter ? MS_ROPE_INTERLEAVED : MS_ROPE_HALF, r.attn_factor = af;
+    for (int i = 0; i < r.dim / 2; i++) r.inv_freq[i] = pow(1e6, -2.0 * i / r.dim);
+    float *kc = randv(ctx * kd, 1.0f), *vc = randv(ctx * vt, 1.0f), *q0 = randv(H * hd, 1.0f);
+    float *k0 = randv(kd, 1.0f), *v0 = randv(vt, 1.0f), *wq = randv(hd, 1.0f), *wk = randv(hd, 1.0f);
+    float *sk = sinks ? randv(H, 2.0f) : NULL, *zo = calloc((size_t)(H * vd), 4);
+    float *res[2][3][3]; /* backend, position, (out, k cache, v cache) */
+    ms_backend *B[2] = {G, F};
+    char nm[160];
+    snprintf(nm, sizeof nm, "%lld/%lld heads of %lld, rope %d%s x %.2f, norm %d, window %lld, sinks %d",
+             (long long)H, (long long)KV, (long long)hd, rdim, inter ? " interleaved" : "", af, norm,
+             (long long)window, sinks);
+    for (int b = 0; b < 2; b++) {
+        ms_backend *X = B[b];
+        ms_err err = {0};
+        int64_t *dstep = NULL;
+        CHECK(X->ops->alloc(X, 16, (void **)&dstep, &err) == MS_OK);
+        float *dkc = fup(X, kc, ctx * kd), *dvc = fup(X, vc, ctx * vt), *dq = fup(X, q0, H * hd);
+        float *dk = fup(X, k0, kd), *dv = fup(X, v0, vt), *dwq = fup(X, wq, hd), *dwk = fup(X, wk, hd);
+        float *ds = sk ? fup(X, sk, H) : NULL, *dout = fup(X, zo, H * vd);
+        ms_attn_gqa_args a = {.out = dout, .q = dq, .k = dkc, .v = dvc, .n = 1, .n_past = 1023, .H = H, .KV = KV,
+                              .hd = hd, .vd = vd, .window = window, .sinks = ds, .scale = 1.0f / sqrtf((float)hd),
+                              .pos_dev = dstep};
+        void *graph = NULL;
+        for (int i = 0; i < 3; i++) {
+            int64_t hv[2] = {pos[i], 0};
+            CHECK(X->ops->upload(X, dstep, hv, 16, &err) == MS_OK);
+            CHECK(X->ops->upload(X, dq, q0, (size_t)(H * hd) * 4, &err) == MS_OK);
+            CHECK(X->ops->upload(X, dk, k0, (size_t)kd * 4, &err) == MS_OK);
+            if (i == 1) CHECK_MSG(X->ops->graph_begin(X, &err) == MS_OK, "%s", err.msg);
+            if (i < 2) {
+                if (b) {
+                    int rc = X->ops->qkv_attn_at(X, &r, dq, dwq, dk, dwk, dv, norm, 1e-6f, &a, &err);
+                    CHECK_MSG(rc == MS_OK, "qkv_attn_at (%s): %s", nm, err.msg);
+                } else {
+                    X->ops->qkv_at(X, &r, dq, H, dwq, dk, KV, dwk, dv, vd, dkc, dvc, hd, norm, 1e-6f, dstep);
+                    CHECK_MSG(X->ops->attn_gqa(X, &a, &err) == MS_OK, "%s", err.msg);
+                }
+            }
+            if (i == 1) {
+                CHECK_MSG(X->ops->graph_end(X, &graph, &err) == MS_OK && graph, "%s", err.msg);
+            }
+            if (i > 0) CHECK_MSG(graph && X->ops->graph_launch(X, graph, &err) == MS_OK, "%s", err.msg);
+            res[b][i][0] = fget(X, dout, H * vd), res[b][i][1] = fget(X, dkc, ctx * kd);
+            res[b][i][2] = fget(X, dvc, ctx * vt);
+        }
+        X->ops->graph_free(X, graph);
+        void *bufs[10] = {dkc, dvc, dq, dk, dv, dwq, dwk, ds, dout, dstep};
+        for (int j = 0; j < 10; j++)
+            if (bufs[j]) X->ops->free(X, bufs[j]);
+    }
+    const int64_t len[3] = {H * vd, ctx * kd, ctx * vt};
+    const char *what[3] = {"output", "key cache", "value cache"};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            int64_t diff = 0;
+            for (int64_t x = 0; x < len[j]; x++) diff += memcmp(&res[0][i][j][x], &res[1][i][j][x], 4) != 0;
+            CHECK_MSG(diff == 0, "qkv_attn_at (%s) at %lld: %lld of %lld %s floats differ from qkv_at + attn_gqa", nm,
+                      (long long)pos[i], (long long)diff, (long long)len[j], what[j]);
+            if (j == 0)
+                printf("  qkv_attn_at %s at %lld (%s): output %s\n", nm, (long long)pos[i],
+                       i == 0 ? "eager" : i == 1 ? "recorded" : "replayed", diff ? "DIFFERS" : "bit-identical");
+            free(res[0][i][j]), free(res[1][i][j]);
+        }
+    free(kc), free(vc), free(q0), free(k0), free(v0), free(wq), free(wk), free(sk), free(zo);
+}
+
+/* The fold of qkv_at into the attention (qkv_attn_at) on a backend opened with MS_GPU_QKV_ATTN=1,
+ * against the default backend's two ops: Qwen3's shape (norm, half-split), a partial interleaved
+ * rotation with an attention factor and no norm, a window with sinks, 12 query heads per KV head
+ * (two head groups: two blocks write the token's cache rows), head dims 64 and 256, early and
+ * late positions (empty splits, one split holding the token's key). Also: refused on a default
+ * backend (MS_ERR_UNSUPPORTED, nothing run). */
+TEST(backend_step_fold) {
+    SKIP_UNLESS_SELECTED("backend_step_fold");
+    ms_backend *G = gbe(), *F = NULL;
+    ms_err err = {0};
+    setenv("MS_GPU_QKV_ATTN", "1", 1);
+    int rc = ms_backend_gpu_create(0, &F, &err);
+    unsetenv("MS_GPU_QKV_ATTN");
+    CHECK_MSG(rc == MS_OK, "%s", err.msg);
+    if (rc) return;
+    {
+        ms_rope r;
+        memset(&r, 0, sizeof r);
+        r.dim = 128, r.layout = MS_ROPE_HALF, r.attn_factor = 1.0;
+        ms_attn_gqa_args a = {.n = 1, .H = 32, .KV = 4, .hd = 128, .vd = 128, .pos_dev = (const int64_t *)16};
+        CHECK(G->ops->qkv_attn_at(G, &r, NULL, NULL, NULL, NULL, NULL, 1, 1e-6f, &a, &err) == MS_ERR_UNSUPPORTED);
+    }
+    const int64_t p1[3] = {700, 701, 900}, p2[3] = {3, 4, 255}, p3[3] = {0, 1, 1000};
+    fold_case(G, F, 32, 4, 128, 128, 0, 1.0, 1, 0, 0, p1);
+    fold_case(G, F, 32, 4, 128, 128, 0, 1.0, 1, 0, 0, p2);
+    fold_case(G, F, 32, 4, 128, 64, 1, 1.1, 0, 0, 0, p1);
+    fold_case(G, F, 64, 8, 64, 64, 0, 1.0, 1, 300, 1, p1);
+    fold_case(G, F, 24, 2, 128, 128, 0, 1.0, 1, 0, 1, p3);
+    fold_case(G, F, 16, 4, 256, 128, 1, 1.0, 1, 0, 0, p1);
+    F->ops->destroy(F);
+}
+
 /* Programmatic dependent launch (MS_GPU_PDL, gpu_port.h ms_launch) through whole decodes: a fixture
  * model (softmax router, top-k softmax with biases, sigmoid with a correction bias) decoded
  * greedily past a 256-token bucket (the step recorded twice, replayed between) on a backend with
  * the attribute and on one without: the same kernels in the same order, so the logits of every
  * step must be bit-identical (a kernel that read its predecessor's output before the wait would
  * show as a difference); the step must have stayed recorded (the programmatic edges captured). */
-static int pdl_decode(ms_model *m, int pdl, int steps, float *out, int *recorded, uint64_t *edges, uint64_t *prog,
-                      ms_err *err) {
+static int pdl_decode(ms_model *m, int pdl, int fold, int steps, float *out, int *recorded, uint64_t *edges,
+                      uint64_t *prog, ms_err *err) {
     ms_backend *be = NULL;
     ms_engine *e = NULL;
     setenv("MS_GPU_PDL", pdl ? "1" : "0", 1);
+    if (fold) setenv("MS_GPU_QKV_ATTN", "1", 1); /* qkv_at in the attention's prologue (qkv_attn_at) */
     int rc = ms_backend_gpu_create(0, &be, err);
-    unsetenv("MS_GPU_PDL");
+    unsetenv("MS_GPU_PDL"), unsetenv("MS_GPU_QKV_ATTN");
     ms_engine_opts o = {.max_ctx = steps + 16, .max_batch = 16, .backend = be};
     if (!rc) rc = ms_engine_create(m, &o, &e, err);
     int64_t V = m->cfg.vocab;
@@ -220,12 +343,30 @@ TEST(backend_step_pdl) {
         float *on = calloc((size_t)n, 4), *off = calloc((size_t)n, 4);
         int rec_on = 0, rec_off = 0;
         uint64_t ed_on = 0, pe_on = 0, ed_off = 0, pe_off = 0;
-        int rc1 = pdl_decode(&m, 1, steps, on, &rec_on, &ed_on, &pe_on, &err);
+        int rc1 = pdl_decode(&m, 1, 0, steps, on, &rec_on, &ed_on, &pe_on, &err);
         CHECK_MSG(rc1 == MS_OK, "%s with PDL: %s", fx[f], err.msg);
-        int rc2 = pdl_decode(&m, 0, steps, off, &rec_off, &ed_off, &pe_off, &err);
+        int rc2 = pdl_decode(&m, 0, 0, steps, off, &rec_off, &ed_off, &pe_off, &err);
         CHECK_MSG(rc2 == MS_OK, "%s without PDL: %s", fx[f], err.msg);
         int64_t diff = 0;
         for (int64_t i = 0; i < n; i++) diff += memcmp(&on[i], &off[i], 4) != 0;
+        { /* the same decode with qkv_at folded into the attention (MS_GPU_QKV_ATTN=1): the same bits, one
+           * kernel fewer per layer in the recorded step */
+            int rec_f = 0;
+            uint64_t ed_f = 0, pe_f = 0;
+            float *fo = calloc((size_t)n, 4);
+            int rc3 = pdl_decode(&m, 1, 1, steps, fo, &rec_f, &ed_f, &pe_f, &err);
+            CHECK_MSG(rc3 == MS_OK, "%s folded: %s", fx[f], err.msg);
+            int64_t d3 = 0;
+            for (int64_t i = 0; i < n; i++) d3 += memcmp(&on[i], &fo[i], 4) != 0;
+            free(fo);
+            printf("  backend_step_pdl %s folded (MS_GPU_QKV_ATTN=1): %lld of %lld logits differ, step recorded %d, "
+                   "graph edges %llu (%llu programmatic)\n",
+                   fx[f], (long long)d3, (long long)n, rec_f, (unsigned long long)ed_f, (unsigned long long)pe_f);
+            CHECK_MSG(d3 == 0, "%s: %lld logits differ with qkv_at folded", fx[f], (long long)d3);
+            CHECK_MSG(rec_f == rec_on, "%s: the folded step recorded %d, %d without", fx[f], rec_f, rec_on);
+            CHECK_MSG(!rec_f || ed_f < ed_on, "%s: the folded step has %llu edges, not fewer than %llu", fx[f],
+                      (unsigned long long)ed_f, (unsigned long long)ed_on);
+        }
         printf("  backend_step_pdl %s: %d steps, %lld of %lld logits differ, step recorded %d / %d (pdl / not), "
                "graph edges %llu (%llu programmatic) / %llu (%llu)\n",
                fx[f], steps, (long long)diff, (long long)n, rec_on, rec_off, (unsigned long long)ed_on,

@@ -64,6 +64,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     g->pdl = !(pd && !strcmp(pd, "0")) && g->prop.major >= 9 && ms_pdl_capable((const void *)k_pdl_probe);
     const char *pa = getenv("MS_GPU_ATTN_PDL"); /* MS_GPU_ATTN_PDL=0: the attention kernels launch plainly (A/B) */
     g->pdl_attn = g->pdl && !(pa && !strcmp(pa, "0"));
+    const char *qa = getenv("MS_GPU_QKV_ATTN"); /* MS_GPU_QKV_ATTN=1: qkv_at in the attention's prologue (A/B) */
+    g->qkv_attn = qa && !strcmp(qa, "1");
     *out = g;
     return MS_OK;
 }
