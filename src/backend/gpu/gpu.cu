@@ -66,6 +66,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     g->pdl_attn = g->pdl && !(pa && !strcmp(pa, "0"));
     const char *qa = getenv("MS_GPU_QKV_ATTN"); /* MS_GPU_QKV_ATTN=1: qkv_at in the attention's prologue (A/B) */
     g->qkv_attn = qa && !strcmp(qa, "1");
+    const char *mu = getenv("MS_GPU_MV_U"); /* MS_GPU_MV_U=4: 4 chunks per lane a round, one token's wide rows */
+    g->mv_u4 = mu && !strcmp(mu, "4");
     *out = g;
     return MS_OK;
 }

@@ -55,6 +55,8 @@ struct ms_gpu {
                    * pdl and MS_GPU_ATTN_PDL not "0" at open (A/B measurements: "0" launches them plainly) */
     int qkv_attn; /* MS_GPU_QKV_ATTN=1 at open (A/B measurements): the replayable step's qkv_at folded into the
                    * decode attention kernel's prologue (backend qkv_attn_at; 0: qkv_at, then the attention) */
+    int mv_u4; /* MS_GPU_MV_U=4 at open (A/B measurements): one token's wide rows (over 256 chunks) with 4
+                * chunks per lane a round in matmul.cu's vector kernel (0: 2) */
     int rx_occ[7][4]; /* matmul_routed.cu: resident blocks per SM of rx_gup_kernel by kernel dtype and warps
                        * per block - 1, 0 until first asked */
 };
