@@ -413,6 +413,10 @@ typedef struct ms_backend_ops {
      * first index of the largest value as `if (x[v] > x[best]) best = v` from best = 0 finds it
      * (NaN never wins; a NaN x[0] gives 0) */
     void (*argmax)(ms_backend *be, const float *x, int64_t n, int32_t *out);
+    /* optional (NULL: argmax, and the caller uploads the next step): argmax, then step [2] (the
+     * replayable step's {position, token id}, backend memory) = {step[0] + 1, the pick}: the step of
+     * the next greedy token, written where the pick is */
+    void (*argmax_step)(ms_backend *be, const float *x, int64_t n, int32_t *out, int64_t *step);
     /* optional (a model with cfg layernorm needs it): y = (x - mean) / sqrt(var + eps) * (w ? w : 1) + (b ? b : 0)
      * over rows of d (mean and population variance of each row, as torch's LayerNorm); y may equal x */
     void (*layernorm)(ms_backend *be, float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t d,

@@ -148,6 +148,32 @@ TEST(backend_step) {
             CHECK(G->ops->download(G, &got1, dpick, 4, &err) == MS_OK);
             CHECK_MSG(got1 == best, "argmax case %d (n %lld): %d, the host loop %lld", f, (long long)n, got1,
                       (long long)best);
+            if (f == 0) { /* argmax_step (a backend opened with MS_GPU_STEP_NEXT=1): the pick, and the next step */
+                ms_backend *S = NULL;
+                setenv("MS_GPU_STEP_NEXT", "1", 1);
+                CHECK(ms_backend_gpu_create(0, &S, &err) == MS_OK);
+                unsetenv("MS_GPU_STEP_NEXT");
+                CHECK(G->ops->argmax_step == NULL);
+                if (S) {
+                    int32_t *sp = NULL;
+                    int64_t *ss = NULL, sv[2] = {41, 5}, sb[2] = {0, 0};
+                    float *sx = NULL;
+                    CHECK(S->ops->alloc(S, 4, (void **)&sp, &err) == MS_OK);
+                    CHECK(S->ops->alloc(S, 16, (void **)&ss, &err) == MS_OK);
+                    CHECK(S->ops->alloc(S, (size_t)n * 4, (void **)&sx, &err) == MS_OK);
+                    CHECK(S->ops->upload(S, ss, sv, 16, &err) == MS_OK);
+                    CHECK(S->ops->upload(S, sx, x, (size_t)n * 4, &err) == MS_OK);
+                    CHECK(S->ops->argmax_step != NULL);
+                    if (S->ops->argmax_step) S->ops->argmax_step(S, sx, n, sp, ss);
+                    int32_t g2 = -1;
+                    CHECK(S->ops->download(S, &g2, sp, 4, &err) == MS_OK);
+                    CHECK(S->ops->download(S, sb, ss, 16, &err) == MS_OK);
+                    CHECK_MSG(g2 == best && sb[0] == 42 && sb[1] == best, "argmax_step: %d, step {%lld, %lld}", g2,
+                              (long long)sb[0], (long long)sb[1]);
+                    S->ops->free(S, sp), S->ops->free(S, ss), S->ops->free(S, sx);
+                    S->ops->destroy(S);
+                }
+            }
             printf("  backend argmax case %d (n %lld): %d %s\n", f, (long long)n, got1, got1 == best ? "ok" : "WRONG");
             gfree(dx), free(x);
         }
@@ -326,6 +352,33 @@ static int pdl_decode(ms_model *m, int pdl, int fold, int steps, float *out, int
     if (be) be->ops->destroy(be);
     return rc;
 }
+/* The same decode through ms_engine_decode_greedy (the pick on the device) on a backend opened with
+ * MS_GPU_STEP_NEXT=1 (argmax_step: the pick writes the next token's step, no upload) and
+ * MS_GPU_QKV_ATTN=1: ids[s] for s = 1..steps (ids[0] the prompt's greedy token, picked on the host
+ * from the prefill's logits). Returns the status. */
+static int greedy_decode(ms_model *m, int steps, int32_t *ids, ms_err *err) {
+    ms_backend *be = NULL;
+    ms_engine *e = NULL;
+    setenv("MS_GPU_STEP_NEXT", "1", 1), setenv("MS_GPU_QKV_ATTN", "1", 1);
+    int rc = ms_backend_gpu_create(0, &be, err);
+    unsetenv("MS_GPU_STEP_NEXT"), unsetenv("MS_GPU_QKV_ATTN");
+    ms_engine_opts o = {.max_ctx = steps + 16, .max_batch = 16, .backend = be};
+    if (!rc) rc = ms_engine_create(m, &o, &e, err);
+    int64_t V = m->cfg.vocab;
+    int32_t pr[8];
+    for (int i = 0; i < 8; i++) pr[i] = (int32_t)((i * 37 + 1) % V);
+    float *lg = malloc((size_t)V * 4);
+    if (!rc) rc = ms_engine_forward(e, pr, 8, lg, 0, err);
+    ids[0] = 0;
+    for (int64_t v = 1; !rc && v < V; v++)
+        if (lg[v] > lg[ids[0]]) ids[0] = (int32_t)v;
+    for (int s = 1; !rc && s <= steps; s++) rc = ms_engine_decode_greedy(e, ids[s - 1], &ids[s], err);
+    free(lg);
+    if (e) ms_engine_destroy(e);
+    if (be) be->ops->destroy(be);
+    return rc;
+}
+
 TEST(backend_step_pdl) {
     SKIP_UNLESS_SELECTED("backend_step_pdl");
     const char *fx[3] = {"qwen3_moe", "gpt_oss", "glm4_moe"};
@@ -366,6 +419,24 @@ TEST(backend_step_pdl) {
             CHECK_MSG(rec_f == rec_on, "%s: the folded step recorded %d, %d without", fx[f], rec_f, rec_on);
             CHECK_MSG(!rec_f || ed_f < ed_on, "%s: the folded step has %llu edges, not fewer than %llu", fx[f],
                       (unsigned long long)ed_f, (unsigned long long)ed_on);
+        }
+        { /* greedy ids picked on the device with the next step written by the pick (MS_GPU_STEP_NEXT=1)
+           * = the host's picks from the logits above */
+            int32_t *ids = calloc((size_t)steps + 1, 4);
+            int rc4 = greedy_decode(&m, steps, ids, &err);
+            CHECK_MSG(rc4 == MS_OK, "%s greedy (MS_GPU_STEP_NEXT=1): %s", fx[f], err.msg);
+            int bad = 0;
+            for (int st = 1; st <= steps && !rc4; st++) {
+                const float *prev = on + (int64_t)(st - 1) * m.cfg.vocab;
+                int32_t t = 0;
+                for (int64_t v = 1; v < m.cfg.vocab; v++)
+                    if (prev[v] > prev[t]) t = (int32_t)v;
+                bad += t != ids[st - 1];
+            }
+            printf("  backend_step_pdl %s greedy on the device (MS_GPU_STEP_NEXT=1, MS_GPU_QKV_ATTN=1): %d of %d ids "
+                   "differ from the host's picks\n", fx[f], bad, steps);
+            CHECK_MSG(bad == 0, "%s: %d greedy ids differ with MS_GPU_STEP_NEXT=1", fx[f], bad);
+            free(ids);
         }
         printf("  backend_step_pdl %s: %d steps, %lld of %lld logits differ, step recorded %d / %d (pdl / not), "
                "graph edges %llu (%llu programmatic) / %llu (%llu)\n",

@@ -87,7 +87,7 @@ static int g_qkv_attn_at(ms_backend *be, const ms_rope *r, float *q, const float
 /* The greedy pick (core/backend.h argmax): one block of 1024 threads, each the first index of
  * its own largest value over a strided slice (strict >, so NaN never wins), then the largest
  * value and the smallest index holding it; a NaN x[0] gives 0 as the host loop. */
-__global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int32_t *out) {
+__global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int32_t *out, int64_t *step) {
     __shared__ float sm[1024 / MS_WARP];
     __shared__ int64_t si[1024 / MS_WARP];
     ms_pdl_launch();
@@ -110,14 +110,24 @@ __global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int3
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x / MS_WARP); w++)
             if (sm[w] > m || (sm[w] == m && si[w] < bi)) m = sm[w], bi = si[w];
-        *out = x0 != x0 ? 0 : (int32_t)bi;
+        const int32_t pick = x0 != x0 ? 0 : (int32_t)bi;
+        *out = pick;
+        if (step) step[0] += 1, step[1] = pick; /* argmax_step: the next greedy token's step */
     }
 }
 static void g_argmax(ms_backend *be, const float *x, int64_t n, int32_t *out) {
     if (n < 1) return;
     ms_gpu *g = ms_gpu_be_dev(be);
-    ms_launch(g->pdl, k_argmax, dim3(1), dim3(1024), 0, g->stream, x, n, out);
+    ms_launch(g->pdl, k_argmax, dim3(1), dim3(1024), 0, g->stream, x, n, out, (int64_t *)NULL);
     launched(be, "argmax");
+}
+/* argmax_step (core/backend.h): the same pick, and step = {step[0] + 1, the pick}. Filled when
+ * MS_GPU_STEP_NEXT=1 at backend creation (A/B; else NULL: the engine uploads each step). */
+static void g_argmax_step(ms_backend *be, const float *x, int64_t n, int32_t *out, int64_t *step) {
+    if (n < 1) return;
+    ms_gpu *g = ms_gpu_be_dev(be);
+    ms_launch(g->pdl, k_argmax, dim3(1), dim3(1024), 0, g->stream, x, n, out, step);
+    launched(be, "argmax_step");
 }
 
 /* A recorded step: the instantiated graph, and what it baked in (the backend's gen, the
@@ -204,4 +214,6 @@ void ms_gpu_step_fill(ms_backend_ops *o) {
     o->graph_launch = g_graph_launch;
     o->graph_free = g_graph_free;
     o->argmax = g_argmax;
+    const char *sn = getenv("MS_GPU_STEP_NEXT"); /* MS_GPU_STEP_NEXT=1: the pick writes the next step (A/B) */
+    o->argmax_step = sn && !strcmp(sn, "1") ? g_argmax_step : NULL;
 }
