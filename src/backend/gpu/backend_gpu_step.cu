@@ -60,30 +60,6 @@ static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, con
     launched(be, "qkv_at");
 }
 
-/* qkv_attn_at (core/backend.h): qkv_at's work in the decode attention kernel's prologue
- * (attn_decode.cu, ms_gpu_qkv_pro: the same bits as qkv_at then attn_gqa) when MS_GPU_QKV_ATTN=1
- * was set at open and the kernel takes the shape; else MS_ERR_UNSUPPORTED before anything runs. */
-static int g_qkv_attn_at(ms_backend *be, const ms_rope *r, float *q, const float *wq, float *k, const float *wk,
-                         const float *v, int norm, float eps, const ms_attn_gqa_args *a, ms_err *err) {
-    ms_gpu *g = ms_gpu_be_dev(be);
-    int half = r->dim / 2;
-    if (!g->qkv_attn || g->attn_mode == MS_GPU_ATTN_OLD || !a->pos_dev || a->n != 1 || a->H < 1 || a->KV < 1 ||
-        a->H % a->KV || a->hd < 4 || a->hd % 4 || a->vd < 1 || a->window < 0 || 2 * half > a->hd ||
-        ((uintptr_t)a->k % 16))
-        return ms_fail(err, MS_ERR_UNSUPPORTED, "qkv_attn_at: not folded (MS_GPU_QKV_ATTN, the shape)");
-    int rc = ms_gpu_be_report(be, err);
-    if (rc) return rc;
-    ms_gpu_attn_cfg c = {(int)a->H, (int)a->KV, (int)a->hd, (int)a->vd, (int)a->window, a->scale};
-    float *scr;
-    if ((rc = ms_gpu_be_attn_scratch(be, &c, &scr, err))) return rc;
-    const float *inv = ms_gpu_be_rope_table(be, r);
-    if (!inv) return ms_gpu_be_report(be, err); /* the table's failure, noted */
-    ms_gpu_qkv_pro p = {k, v, wq, wk, inv, (float *)a->k, (float *)a->v, r->attn_factor, eps, norm, half, /* written */
-                        (int)(r->layout == MS_ROPE_INTERLEAVED)};
-    rc = ms_gpu_attn_dec(g, a->out, q, a->k, a->v, a->sinks, 1, a->n_past, a->pos_dev, &c, scr, &p, err);
-    return rc < 0 ? ms_fail(err, MS_ERR_UNSUPPORTED, "qkv_attn_at: the decode kernel does not take the shape") : rc;
-}
-
 /* The greedy pick (core/backend.h argmax): one block of 1024 threads, each the first index of
  * its own largest value over a strided slice (strict >, so NaN never wins), then the largest
  * value and the smallest index holding it; a NaN x[0] gives 0 as the host loop. */
@@ -128,6 +104,30 @@ static void g_argmax_step(ms_backend *be, const float *x, int64_t n, int32_t *ou
     ms_gpu *g = ms_gpu_be_dev(be);
     ms_launch(g->pdl, k_argmax, dim3(1), dim3(1024), 0, g->stream, x, n, out, step);
     launched(be, "argmax_step");
+}
+
+/* qkv_attn_at (core/backend.h): qkv_at's work in the decode attention kernel's prologue
+ * (attn_decode.cu, ms_gpu_qkv_pro: the same bits as qkv_at then attn_gqa) when MS_GPU_QKV_ATTN=1
+ * was set at open and the kernel takes the shape; else MS_ERR_UNSUPPORTED before anything runs. */
+static int g_qkv_attn_at(ms_backend *be, const ms_rope *r, float *q, const float *wq, float *k, const float *wk,
+                         const float *v, int norm, float eps, const ms_attn_gqa_args *a, ms_err *err) {
+    ms_gpu *g = ms_gpu_be_dev(be);
+    int half = r->dim / 2;
+    if (!g->qkv_attn || g->attn_mode == MS_GPU_ATTN_OLD || !a->pos_dev || a->n != 1 || a->H < 1 || a->KV < 1 ||
+        a->H % a->KV || a->hd < 4 || a->hd % 4 || a->vd < 1 || a->window < 0 || 2 * half > a->hd ||
+        ((uintptr_t)a->k % 16))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "qkv_attn_at: not folded (MS_GPU_QKV_ATTN, the shape)");
+    int rc = ms_gpu_be_report(be, err);
+    if (rc) return rc;
+    ms_gpu_attn_cfg c = {(int)a->H, (int)a->KV, (int)a->hd, (int)a->vd, (int)a->window, a->scale};
+    float *scr;
+    if ((rc = ms_gpu_be_attn_scratch(be, &c, &scr, err))) return rc;
+    const float *inv = ms_gpu_be_rope_table(be, r);
+    if (!inv) return ms_gpu_be_report(be, err); /* the table's failure, noted */
+    ms_gpu_qkv_pro p = {k, v, wq, wk, inv, (float *)a->k, (float *)a->v, r->attn_factor, eps, norm, half, /* written */
+                        (int)(r->layout == MS_ROPE_INTERLEAVED)};
+    rc = ms_gpu_attn_dec(g, a->out, q, a->k, a->v, a->sinks, 1, a->n_past, a->pos_dev, &c, scr, &p, err);
+    return rc < 0 ? ms_fail(err, MS_ERR_UNSUPPORTED, "qkv_attn_at: the decode kernel does not take the shape") : rc;
 }
 
 /* A recorded step: the instantiated graph, and what it baked in (the backend's gen, the
@@ -208,7 +208,6 @@ extern "C" void ms_backend_gpu_graph_edges(ms_backend *be, uint64_t *edges, uint
 
 void ms_gpu_step_fill(ms_backend_ops *o) {
     o->qkv_at = g_qkv_at;
-    o->qkv_attn_at = g_qkv_attn_at;
     o->graph_begin = g_graph_begin;
     o->graph_end = g_graph_end;
     o->graph_launch = g_graph_launch;
@@ -216,4 +215,5 @@ void ms_gpu_step_fill(ms_backend_ops *o) {
     o->argmax = g_argmax;
     const char *sn = getenv("MS_GPU_STEP_NEXT"); /* MS_GPU_STEP_NEXT=1: the pick writes the next step (A/B) */
     o->argmax_step = sn && !strcmp(sn, "1") ? g_argmax_step : NULL;
+    o->qkv_attn_at = g_qkv_attn_at;
 }

@@ -47,16 +47,16 @@ struct ms_gpu {
                  * else a comma list of experts, route, norm, router (MS_GPU_LEG_* bits) */
     int attn_mode; /* MS_GPU_ATTN at open (A/B measurements): MS_GPU_ATTN_* below */
     int attn_splits; /* MS_GPU_ATTN_SPLITS at open: the decode kernel's splits at most (0: MS_GPU_ATTN_MAXS) */
+    int qkv_attn; /* MS_GPU_QKV_ATTN=1 at open (A/B measurements): the replayable step's qkv_at folded into the
+                   * decode attention kernel's prologue (backend qkv_attn_at; 0: qkv_at, then the attention) */
+    int mv_u4; /* MS_GPU_MV_U=4 at open (A/B measurements): one token's wide rows (over 256 chunks) with 4
+                * chunks per lane a round in matmul.cu's vector kernel (0: 2) */
     int router_old; /* MS_GPU_ROUTER=old at open (A/B measurements): ms_gpu_router_route's earlier kernel (rows
                      * of 4 per block of 128 threads, the ranks by one loop per expert) */
     int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+
                  * device, device code built for it, and MS_GPU_PDL not "0" at open */
     int pdl_attn; /* the GQA attention kernels (attn_decode.cu, ops.cu's split + combine) in that chain too:
                    * pdl and MS_GPU_ATTN_PDL not "0" at open (A/B measurements: "0" launches them plainly) */
-    int qkv_attn; /* MS_GPU_QKV_ATTN=1 at open (A/B measurements): the replayable step's qkv_at folded into the
-                   * decode attention kernel's prologue (backend qkv_attn_at; 0: qkv_at, then the attention) */
-    int mv_u4; /* MS_GPU_MV_U=4 at open (A/B measurements): one token's wide rows (over 256 chunks) with 4
-                * chunks per lane a round in matmul.cu's vector kernel (0: 2) */
     int rx_occ[7][4]; /* matmul_routed.cu: resident blocks per SM of rx_gup_kernel by kernel dtype and warps
                        * per block - 1, 0 until first asked */
 };
