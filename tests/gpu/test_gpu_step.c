@@ -129,16 +129,23 @@ TEST(backend_step) {
     }
     { /* argmax: the greedy pick of the host loop (first index of the largest; NaN never wins; NaN
        * at 0 gives 0) on vocabulary rows: plain, a coarse grid (ties), NaNs, NaN at 0, -inf, tiny */
-        int32_t *dpick = NULL;
+        int32_t *dpick = NULL, *bpick = NULL;
         CHECK(G->ops->alloc(G, 4, (void **)&dpick, &err) == MS_OK);
-        int64_t ns[7] = {151936, 151936, 151936, 151936, 129280, 1, 1500};
-        for (int f = 0; f < 7; f++) {
+        ms_backend *Bk = NULL; /* MS_GPU_ARGMAX_BLOCKS=1: the pick by a block per 1024 values */
+        setenv("MS_GPU_ARGMAX_BLOCKS", "1", 1);
+        CHECK(ms_backend_gpu_create(0, &Bk, &err) == MS_OK);
+        unsetenv("MS_GPU_ARGMAX_BLOCKS");
+        if (Bk) CHECK(Bk->ops->alloc(Bk, 4, (void **)&bpick, &err) == MS_OK);
+        int64_t ns[9] = {151936, 151936, 151936, 151936, 129280, 1, 1500, 1024, 1025};
+        for (int f = 0; f < 9; f++) {
             int64_t n = ns[f];
             float *x = randv(n, 3.0f);
             if (f == 1 || f == 6) for (int64_t i = 0; i < n; i++) x[i] = roundf(x[i]); /* many ties */
             if (f == 2) for (int64_t i = 0; i < n; i += 7) x[i] = NAN;
             if (f == 3) x[0] = NAN;
             if (f == 4) for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
+            if (f == 7) for (int64_t i = 0; i < n; i++) x[i] = i % 2 ? 0.0f : -0.0f; /* -0 = +0: index 0 */
+            if (f == 8) x[1024] = 1e30f;
             int64_t best = 0;
             for (int64_t v = 0; v < n; v++)
                 if (x[v] > x[best]) best = v;
@@ -174,10 +181,28 @@ TEST(backend_step) {
                     S->ops->destroy(S);
                 }
             }
-            printf("  backend argmax case %d (n %lld): %d %s\n", f, (long long)n, got1, got1 == best ? "ok" : "WRONG");
+            int32_t got2 = -1;
+            if (Bk && bpick) {
+                float *bx = NULL;
+                CHECK(Bk->ops->alloc(Bk, (size_t)n * 4, (void **)&bx, &err) == MS_OK);
+                CHECK(Bk->ops->upload(Bk, bx, x, (size_t)n * 4, &err) == MS_OK);
+                for (int rep = 0; rep < 2; rep++) { /* twice: the counter and the max reset by the last block */
+                    Bk->ops->argmax(Bk, bx, n, bpick);
+                    CHECK(Bk->ops->download(Bk, &got2, bpick, 4, &err) == MS_OK);
+                    CHECK_MSG(got2 == best, "argmax (blocks) case %d (n %lld) run %d: %d, the host loop %lld", f,
+                              (long long)n, rep, got2, (long long)best);
+                }
+                Bk->ops->free(Bk, bx);
+            }
+            printf("  backend argmax case %d (n %lld): %d, blocks %d %s\n", f, (long long)n, got1, got2,
+                   got1 == best && got2 == best ? "ok" : "WRONG");
             gfree(dx), free(x);
         }
         gfree(dpick);
+        if (Bk) {
+            if (bpick) Bk->ops->free(Bk, bpick);
+            Bk->ops->destroy(Bk);
+        }
     }
     { /* a recording with a host round trip in it: refused, the backend still works */
         float h[4] = {1, 2, 3, 4}, back[4] = {0};
@@ -353,15 +378,15 @@ static int pdl_decode(ms_model *m, int pdl, int fold, int steps, float *out, int
     return rc;
 }
 /* The same decode through ms_engine_decode_greedy (the pick on the device) on a backend opened with
- * MS_GPU_STEP_NEXT=1 (argmax_step: the pick writes the next token's step, no upload) and
- * MS_GPU_QKV_ATTN=1: ids[s] for s = 1..steps (ids[0] the prompt's greedy token, picked on the host
+ * MS_GPU_STEP_NEXT=1 (argmax_step: the pick writes the next token's step, no upload),
+ * MS_GPU_QKV_ATTN=1 and MS_GPU_ARGMAX_BLOCKS=1: ids[s] for s = 1..steps (ids[0] the prompt's greedy token, picked on the host
  * from the prefill's logits). Returns the status. */
 static int greedy_decode(ms_model *m, int steps, int32_t *ids, ms_err *err) {
     ms_backend *be = NULL;
     ms_engine *e = NULL;
-    setenv("MS_GPU_STEP_NEXT", "1", 1), setenv("MS_GPU_QKV_ATTN", "1", 1);
+    setenv("MS_GPU_STEP_NEXT", "1", 1), setenv("MS_GPU_QKV_ATTN", "1", 1), setenv("MS_GPU_ARGMAX_BLOCKS", "1", 1);
     int rc = ms_backend_gpu_create(0, &be, err);
-    unsetenv("MS_GPU_STEP_NEXT"), unsetenv("MS_GPU_QKV_ATTN");
+    unsetenv("MS_GPU_STEP_NEXT"), unsetenv("MS_GPU_QKV_ATTN"), unsetenv("MS_GPU_ARGMAX_BLOCKS");
     ms_engine_opts o = {.max_ctx = steps + 16, .max_batch = 16, .backend = be};
     if (!rc) rc = ms_engine_create(m, &o, &e, err);
     int64_t V = m->cfg.vocab;
@@ -433,7 +458,7 @@ TEST(backend_step_pdl) {
                     if (prev[v] > prev[t]) t = (int32_t)v;
                 bad += t != ids[st - 1];
             }
-            printf("  backend_step_pdl %s greedy on the device (MS_GPU_STEP_NEXT=1, MS_GPU_QKV_ATTN=1): %d of %d ids "
+            printf("  backend_step_pdl %s greedy on the device (MS_GPU_STEP_NEXT, QKV_ATTN, ARGMAX_BLOCKS=1): %d of %d ids "
                    "differ from the host's picks\n", fx[f], bad, steps);
             CHECK_MSG(bad == 0, "%s: %d greedy ids differ with MS_GPU_STEP_NEXT=1", fx[f], bad);
             free(ids);

@@ -68,6 +68,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     g->qkv_attn = qa && !strcmp(qa, "1");
     const char *mu = getenv("MS_GPU_MV_U"); /* MS_GPU_MV_U=4: 4 chunks per lane a round, one token's wide rows */
     g->mv_u4 = mu && !strcmp(mu, "4");
+    const char *ab = getenv("MS_GPU_ARGMAX_BLOCKS"); /* MS_GPU_ARGMAX_BLOCKS=1: the pick by many blocks */
+    g->argmax_blocks = ab && !strcmp(ab, "1");
     *out = g;
     return MS_OK;
 }

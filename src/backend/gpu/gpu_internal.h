@@ -51,6 +51,8 @@ struct ms_gpu {
                    * decode attention kernel's prologue (backend qkv_attn_at; 0: qkv_at, then the attention) */
     int mv_u4; /* MS_GPU_MV_U=4 at open (A/B measurements): one token's wide rows (over 256 chunks) with 4
                 * chunks per lane a round in matmul.cu's vector kernel (0: 2) */
+    int argmax_blocks; /* MS_GPU_ARGMAX_BLOCKS=1 at open (A/B measurements): the greedy pick by a block per
+                        * 1024 values and a 64-bit max (backend_gpu_step.cu; 0: one block of 1024 threads) */
     int router_old; /* MS_GPU_ROUTER=old at open (A/B measurements): ms_gpu_router_route's earlier kernel (rows
                      * of 4 per block of 128 threads, the ranks by one loop per expert) */
     int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+
