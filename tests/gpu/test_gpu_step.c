@@ -160,7 +160,6 @@ TEST(backend_step) {
                 setenv("MS_GPU_STEP_NEXT", "1", 1);
                 CHECK(ms_backend_gpu_create(0, &S, &err) == MS_OK);
                 unsetenv("MS_GPU_STEP_NEXT");
-                CHECK(G->ops->argmax_step == NULL);
                 if (S) {
                     int32_t *sp = NULL;
                     int64_t *ss = NULL, sv[2] = {41, 5}, sb[2] = {0, 0};
@@ -312,20 +311,25 @@ static void fold_case(ms_backend *G, ms_backend *F, int64_t H, int64_t KV, int64
 }
 
 /* The fold of qkv_at into the attention (qkv_attn_at) on a backend opened with MS_GPU_QKV_ATTN=1,
- * against the default backend's two ops: Qwen3's shape (norm, half-split), a partial interleaved
+ * against the two ops on one opened with MS_GPU_QKV_ATTN=0: Qwen3's shape (norm, half-split), a partial interleaved
  * rotation with an attention factor and no norm, a window with sinks, 12 query heads per KV head
  * (two head groups: two blocks write the token's cache rows), head dims 64 and 256, early and
  * late positions (empty splits, one split holding the token's key). Also: refused on a default
- * backend (MS_ERR_UNSUPPORTED, nothing run). */
+ * MS_GPU_QKV_ATTN=0 backend (MS_ERR_UNSUPPORTED, nothing run). */
 TEST(backend_step_fold) {
     SKIP_UNLESS_SELECTED("backend_step_fold");
-    ms_backend *G = gbe(), *F = NULL;
+    ms_backend *G = NULL, *F = NULL;
     ms_err err = {0};
     setenv("MS_GPU_QKV_ATTN", "1", 1);
     int rc = ms_backend_gpu_create(0, &F, &err);
+    setenv("MS_GPU_QKV_ATTN", "0", 1);
+    if (!rc) rc = ms_backend_gpu_create(0, &G, &err);
     unsetenv("MS_GPU_QKV_ATTN");
     CHECK_MSG(rc == MS_OK, "%s", err.msg);
-    if (rc) return;
+    if (rc) {
+        if (F) F->ops->destroy(F);
+        return;
+    }
     {
         ms_rope r;
         memset(&r, 0, sizeof r);
@@ -340,7 +344,7 @@ TEST(backend_step_fold) {
     fold_case(G, F, 64, 8, 64, 64, 0, 1.0, 1, 300, 1, p1);
     fold_case(G, F, 24, 2, 128, 128, 0, 1.0, 1, 0, 1, p3);
     fold_case(G, F, 16, 4, 256, 128, 1, 1.0, 1, 0, 0, p1);
-    F->ops->destroy(F);
+    F->ops->destroy(F), G->ops->destroy(G);
 }
 
 /* Programmatic dependent launch (MS_GPU_PDL, gpu_port.h ms_launch) through whole decodes: a fixture
@@ -354,7 +358,7 @@ static int pdl_decode(ms_model *m, int pdl, int fold, int steps, float *out, int
     ms_backend *be = NULL;
     ms_engine *e = NULL;
     setenv("MS_GPU_PDL", pdl ? "1" : "0", 1);
-    if (fold) setenv("MS_GPU_QKV_ATTN", "1", 1); /* qkv_at in the attention's prologue (qkv_attn_at) */
+    setenv("MS_GPU_QKV_ATTN", fold ? "1" : "0", 1); /* qkv_at in the attention's prologue (qkv_attn_at) or not */
     int rc = ms_backend_gpu_create(0, &be, err);
     unsetenv("MS_GPU_PDL"), unsetenv("MS_GPU_QKV_ATTN");
     ms_engine_opts o = {.max_ctx = steps + 16, .max_batch = 16, .backend = be};
