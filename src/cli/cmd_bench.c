@@ -146,7 +146,8 @@ int cmd_bench(int argc, char **argv) {
                "device-to-device copies, read + write; bw_source says which) and --profile decodes G more tokens\n"
                "with every op timed by device events: \"profile\" holds microseconds and calls per token by op,\n"
                "their sum, and the device time span (gaps between ops included); with MS_GPU_PROFILE_STALL_US=N\n"
-               "each token's ops wait behind an N-microsecond device spin, so the events time the device alone.\n"
+               "each token's ops wait behind an N-microsecond device spin, so the events time the device alone;\n"
+               "its tokens take the timed decode's path (the device pick: no logits download where it picks).\n"
                "argmax_us_per_token: the host time of the greedy pick between decoded tokens (part of decode);\n"
                "a device backend picks on the device (ms_engine_decode_greedy, greedy_on_device 1: one id per\n"
                "token comes back instead of the logits; MS_GPU_ARGMAX=0 turns it off).\n"
@@ -250,7 +251,8 @@ int cmd_bench(int argc, char **argv) {
     double c2 = cpu_seconds(); /* = end of the prefill */
     double argmax_s = 0;
     int picked = 0; /* device backends: the engine picks the greedy token where the logits are (one id down) */
-    for (int64_t i = 0, dev_pick = device, best = 0; i < G; i++) {
+    int64_t best = 0; /* after the loop: the last pick when picked */
+    for (int64_t i = 0, dev_pick = device; i < G; i++) {
         double ta = ms_now();
         if (!picked) best = greedy(logits, c->vocab);
         argmax_s += ms_now() - ta;
@@ -360,9 +362,15 @@ int cmd_bench(int argc, char **argv) {
     char pj[4096] = "";
     if (profile && device) { /* G more tokens, each op timed (after the timed run: events cost time) */
         if (ms_cli_profile(&x, 1)) goto done;
+        /* the timed loop's path: the pick on the device where it was (no logits download), else the host's */
+        int pp = picked;
+        if (!pp) best = greedy(logits, c->vocab);
         for (int64_t i = 0; i < G; i++) {
-            int32_t best = greedy(logits, c->vocab);
-            if (ms_engine_forward(x.engine, &best, 1, logits, 0, &err)) goto fail;
+            int32_t tok = (int32_t)best, nx = 0;
+            int rc2 = pp ? ms_engine_decode_greedy(x.engine, tok, &nx, &err) : MS_ERR_UNSUPPORTED;
+            if (rc2 == MS_ERR_UNSUPPORTED) pp = 0, rc2 = ms_engine_forward(x.engine, &tok, 1, logits, 0, &err);
+            if (rc2) goto fail;
+            best = pp ? nx : greedy(logits, c->vocab);
         }
         memcpy(pj, ",\"profile\":", 11);
         if (ms_cli_profile_json(&x, (int)G, pj + 11, sizeof pj - 12) <= 0) pj[0] = 0;

@@ -407,6 +407,16 @@ typedef struct ms_backend_ops {
      * first index of the largest value as `if (x[v] > x[best]) best = v` from best = 0 finds it
      * (NaN never wins; a NaN x[0] gives 0) */
     void (*argmax)(ms_backend *be, const float *x, int64_t n, int32_t *out);
+    /* optional (NULL: argmax, and the caller uploads the next step): argmax, then step [2] (the
+     * replayable step's {position, token id}, backend memory) = {step[0] + 1, the pick}: the step of
+     * the next greedy token, written where the pick is */
+    void (*argmax_step)(ms_backend *be, const float *x, int64_t n, int32_t *out, int64_t *step);
+    /* optional (NULL, or MS_ERR_UNSUPPORTED having done nothing: the caller runs qkv_at, then attn_gqa):
+     * the replayable step's qkv_at work (q [a->H * a->hd], k, v, the caches a->k / a->v, a->hd,
+     * a->vd, wq, wk, norm, eps) and then attn_gqa (a, one token, a->pos_dev the step) in one op, with
+     * the same results; q and k are scratch (either may be changed or not). */
+    int (*qkv_attn_at)(ms_backend *be, const ms_rope *r, float *q, const float *wq, float *k, const float *wk,
+                       const float *v, int norm, float eps, const ms_attn_gqa_args *a, ms_err *err);
     /* optional (a model with cfg layernorm needs it): y = (x - mean) / sqrt(var + eps) * (w ? w : 1) + (b ? b : 0)
      * over rows of d (mean and population variance of each row, as torch's LayerNorm); y may equal x */
     void (*layernorm)(ms_backend *be, float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t d,

@@ -58,13 +58,20 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         int sn = sq->n;
         float *qs = q + (int64_t)sq->row * qd, *ks = k + (int64_t)sq->row * kd, *vs = v + (int64_t)sq->row * vtot;
         if (e->step_mode) { /* one token at the position in e->step: norms, RoPE and the cache rows in one op */
-            be->ops->qkv_at(be, rope, qs, H, L->q_norm, ks, KV, L->k_norm, vs, vd, se->k_cache[layer],
-                            se->v_cache[layer], hd, fused, eps, e->step);
             ms_attn_gqa_args a = {.out = e->att, .q = qs, .k = se->k_cache[layer], .v = se->v_cache[layer], .n = 1,
                                   .n_past = e->step_bound, .H = H, .KV = KV, .hd = hd, .vd = vd,
                                   .window = c->layer_window[layer], .sinks = L->sinks, .scale = (float)c->attn_scale,
                                   .pos_dev = e->step};
-            int rc = be->ops->attn_gqa(be, &a, err);
+            int rc = MS_ERR_UNSUPPORTED;
+            ms_err fe = {0};
+            if (be->ops->qkv_attn_at) /* both in one op where the backend has it */
+                rc = be->ops->qkv_attn_at(be, rope, qs, L->q_norm, ks, L->k_norm, vs, fused, eps, &a, &fe);
+            if (rc && rc != MS_ERR_UNSUPPORTED && err) *err = fe;
+            if (rc == MS_ERR_UNSUPPORTED) {
+                be->ops->qkv_at(be, rope, qs, H, L->q_norm, ks, KV, L->k_norm, vs, vd, se->k_cache[layer],
+                                se->v_cache[layer], hd, fused, eps, e->step);
+                rc = be->ops->attn_gqa(be, &a, err);
+            }
             if (rc) return ms_wrap(err, "layer %d", layer);
             continue;
         }

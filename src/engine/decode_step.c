@@ -128,6 +128,7 @@ int ms_engine_step(ms_engine *e, int32_t token, float *logits, ms_err *err) {
             return MS_ERR_UNSUPPORTED;
         }
         e->step_warm = e->step_bucket = -1;
+        e->step_dev_pos = -1;
     }
     int64_t pos = e->n_past, bucket = pos / STEP_BUCKET;
     int64_t bound = (bucket + 1) * STEP_BUCKET - 1;
@@ -137,7 +138,11 @@ int ms_engine_step(ms_engine *e, int32_t token, float *logits, ms_err *err) {
         e->step_graph = NULL;
     }
     int64_t hv[2] = {pos, token};
-    if ((rc = be->ops->upload(be, e->step, hv, sizeof hv, err))) return rc;
+    if (e->step_dev_pos != pos || e->step_dev_tok != token) { /* else the device holds it (argmax_step) */
+        e->step_dev_pos = -1;
+        if ((rc = be->ops->upload(be, e->step, hv, sizeof hv, err))) return rc;
+        e->step_dev_pos = pos, e->step_dev_tok = token;
+    }
     e->step_bound = bound;
     if (e->step_graph) {
         rc = be->ops->graph_launch(be, e->step_graph, err);

@@ -772,8 +772,14 @@ int ms_engine_decode_greedy(ms_engine *e, int32_t token, int32_t *next, ms_err *
         e->keep_logits = 0;
     }
     if (rc) return rc;
-    be->ops->argmax(be, e->logits, V, e->pick);
-    return be->ops->download(be, next, e->pick, sizeof(int32_t), err);
+    /* where the device step holds this token's position, the pick also writes the next token's step */
+    int64_t *st = be->ops->argmax_step && e->step && e->step_dev_pos == e->n_past - 1 ? e->step : NULL;
+    if (st) be->ops->argmax_step(be, e->logits, V, e->pick, st);
+    else be->ops->argmax(be, e->logits, V, e->pick);
+    if (st) e->step_dev_pos = -1; /* until the pick is known */
+    rc = be->ops->download(be, next, e->pick, sizeof(int32_t), err);
+    if (st && !rc) e->step_dev_pos = e->n_past, e->step_dev_tok = *next;
+    return rc;
 }
 
 int ms_engine_greedy_logits(ms_engine *e, float *logits, ms_err *err) {

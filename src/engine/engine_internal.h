@@ -97,6 +97,8 @@ struct ms_engine {
     int64_t *step;
     int step_mode, step_off;
     int64_t step_bound, step_bucket, step_warm;
+    int64_t step_dev_pos; /* what e->step holds on the device: {step_dev_pos, step_dev_tok} (-1: unknown); */
+    int32_t step_dev_tok; /* argmax_step writes the next greedy token's there, and then no upload is needed */
     void *step_graph;
     ms_engine_stats step_delta; /* what one recorded step adds to stats */
     ms_choice_fn choice_fn;     /* ms_engine_observe_choices, or NULL */

@@ -115,6 +115,56 @@ TEST(matmul_odd_shapes) {
     check_matmul(&K_BF16, 129, 64, 8);
 }
 
+/* MS_GPU_MV_U=4 (a context opened with it: 4 chunks per lane a round for one token's rows of
+ * more than 256 chunks) against one opened with MS_GPU_MV_U=2: the same bits (a lane's chunks in the same
+ * order), on o_proj's 2048 x 4096 and wider rows of every vector dtype, and rows of 256 chunks
+ * or fewer (untouched). */
+TEST(matmul_mv_u4) {
+    SKIP_UNLESS_SELECTED("matmul_mv_u4");
+    ms_gpu *g4 = NULL, *g2 = NULL;
+    ms_err err = {0};
+    setenv("MS_GPU_MV_U", "4", 1);
+    int rc = ms_gpu_open(0, &g4, &err);
+    setenv("MS_GPU_MV_U", "2", 1);
+    if (!rc) rc = ms_gpu_open(0, &g2, &err);
+    unsetenv("MS_GPU_MV_U");
+    CHECK_MSG(rc == MS_OK, "%s", err.msg);
+    if (rc) {
+        if (g4) ms_gpu_close(g4);
+        return;
+    }
+    const struct { const wkind *k; int64_t rows, cols; } cs[] = {
+        {&K_BF16, 2048, 4096}, {&K_BF16, 777, 7168}, {&K_BF16, 64, 2056}, {&K_F16, 300, 4104}, {&K_F32, 100, 2052},
+        {&K_FP8, 512, 7168}, {&K_FP8B, 200, 8192}, {&K_F4, 100, 16384}, {&K_BF16, 512, 2048}};
+    for (int c = 0; c < (int)(sizeof cs / sizeof cs[0]); c++) {
+        ms_qmat w = make_w(cs[c].k, cs[c].rows, cs[c].cols), d1, d4;
+        CHECK(ms_gpu_qmat_upload(g2, &w, &d1, &err) == MS_OK);
+        CHECK(ms_gpu_qmat_upload(g4, &w, &d4, &err) == MS_OK);
+        float *x = randv(cs[c].cols, 1.0f), *a = malloc((size_t)cs[c].rows * 4), *b = malloc((size_t)cs[c].rows * 4);
+        void *x1, *y1, *x4, *y4;
+        CHECK(ms_gpu_alloc(g2, (size_t)cs[c].cols * 4, &x1, &err) == MS_OK);
+        CHECK(ms_gpu_alloc(g2, (size_t)cs[c].rows * 4, &y1, &err) == MS_OK);
+        CHECK(ms_gpu_alloc(g4, (size_t)cs[c].cols * 4, &x4, &err) == MS_OK);
+        CHECK(ms_gpu_alloc(g4, (size_t)cs[c].rows * 4, &y4, &err) == MS_OK);
+        CHECK(ms_gpu_upload(g2, x1, x, (size_t)cs[c].cols * 4, &err) == MS_OK);
+        CHECK(ms_gpu_upload(g4, x4, x, (size_t)cs[c].cols * 4, &err) == MS_OK);
+        CHECK(ms_gpu_matmul(g2, (float *)y1, (const float *)x1, 1, &d1, 0, &err) == MS_OK);
+        CHECK(ms_gpu_matmul(g4, (float *)y4, (const float *)x4, 1, &d4, 0, &err) == MS_OK);
+        CHECK(ms_gpu_download(g2, a, y1, (size_t)cs[c].rows * 4, &err) == MS_OK);
+        CHECK(ms_gpu_download(g4, b, y4, (size_t)cs[c].rows * 4, &err) == MS_OK);
+        int64_t diff = 0;
+        for (int64_t i = 0; i < cs[c].rows; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+        printf("  matmul MS_GPU_MV_U=4 %-24s [%5lld x %5lld]: %lld of %lld rows differ\n", cs[c].k->name,
+               (long long)cs[c].rows, (long long)cs[c].cols, (long long)diff, (long long)cs[c].rows);
+        CHECK_MSG(diff == 0, "MS_GPU_MV_U=4 %s [%lld x %lld]: %lld rows differ", cs[c].k->name, (long long)cs[c].rows,
+                  (long long)cs[c].cols, (long long)diff);
+        ms_gpu_free(g2, x1), ms_gpu_free(g2, y1), ms_gpu_free(g4, x4), ms_gpu_free(g4, y4);
+        ms_gpu_qmat_free(g2, &d1), ms_gpu_qmat_free(g4, &d4);
+        free(x), free(a), free(b), free_w(&w);
+    }
+    ms_gpu_close(g4), ms_gpu_close(g2);
+}
+
 TEST(matmul_vocab_rows) {
     SKIP_UNLESS_SELECTED("matmul_vocab_rows");
     check_matmul(&K_BF16, 151936, 2048, 1); /* Qwen3 vocab head */

@@ -129,16 +129,23 @@ TEST(backend_step) {
     }
     { /* argmax: the greedy pick of the host loop (first index of the largest; NaN never wins; NaN
        * at 0 gives 0) on vocabulary rows: plain, a coarse grid (ties), NaNs, NaN at 0, -inf, tiny */
-        int32_t *dpick = NULL;
+        int32_t *dpick = NULL, *bpick = NULL;
         CHECK(G->ops->alloc(G, 4, (void **)&dpick, &err) == MS_OK);
-        int64_t ns[7] = {151936, 151936, 151936, 151936, 129280, 1, 1500};
-        for (int f = 0; f < 7; f++) {
+        ms_backend *Bk = NULL; /* MS_GPU_ARGMAX_BLOCKS=1: the pick by a block per 1024 values */
+        setenv("MS_GPU_ARGMAX_BLOCKS", "1", 1);
+        CHECK(ms_backend_gpu_create(0, &Bk, &err) == MS_OK);
+        unsetenv("MS_GPU_ARGMAX_BLOCKS");
+        if (Bk) CHECK(Bk->ops->alloc(Bk, 4, (void **)&bpick, &err) == MS_OK);
+        int64_t ns[9] = {151936, 151936, 151936, 151936, 129280, 1, 1500, 1024, 1025};
+        for (int f = 0; f < 9; f++) {
             int64_t n = ns[f];
             float *x = randv(n, 3.0f);
             if (f == 1 || f == 6) for (int64_t i = 0; i < n; i++) x[i] = roundf(x[i]); /* many ties */
             if (f == 2) for (int64_t i = 0; i < n; i += 7) x[i] = NAN;
             if (f == 3) x[0] = NAN;
             if (f == 4) for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
+            if (f == 7) for (int64_t i = 0; i < n; i++) x[i] = i % 2 ? 0.0f : -0.0f; /* -0 = +0: index 0 */
+            if (f == 8) x[1024] = 1e30f;
             int64_t best = 0;
             for (int64_t v = 0; v < n; v++)
                 if (x[v] > x[best]) best = v;
@@ -148,10 +155,53 @@ TEST(backend_step) {
             CHECK(G->ops->download(G, &got1, dpick, 4, &err) == MS_OK);
             CHECK_MSG(got1 == best, "argmax case %d (n %lld): %d, the host loop %lld", f, (long long)n, got1,
                       (long long)best);
-            printf("  backend argmax case %d (n %lld): %d %s\n", f, (long long)n, got1, got1 == best ? "ok" : "WRONG");
+            if (f == 0) { /* argmax_step (a backend opened with MS_GPU_STEP_NEXT=1): the pick, and the next step */
+                ms_backend *S = NULL;
+                setenv("MS_GPU_STEP_NEXT", "1", 1);
+                CHECK(ms_backend_gpu_create(0, &S, &err) == MS_OK);
+                unsetenv("MS_GPU_STEP_NEXT");
+                if (S) {
+                    int32_t *sp = NULL;
+                    int64_t *ss = NULL, sv[2] = {41, 5}, sb[2] = {0, 0};
+                    float *sx = NULL;
+                    CHECK(S->ops->alloc(S, 4, (void **)&sp, &err) == MS_OK);
+                    CHECK(S->ops->alloc(S, 16, (void **)&ss, &err) == MS_OK);
+                    CHECK(S->ops->alloc(S, (size_t)n * 4, (void **)&sx, &err) == MS_OK);
+                    CHECK(S->ops->upload(S, ss, sv, 16, &err) == MS_OK);
+                    CHECK(S->ops->upload(S, sx, x, (size_t)n * 4, &err) == MS_OK);
+                    CHECK(S->ops->argmax_step != NULL);
+                    if (S->ops->argmax_step) S->ops->argmax_step(S, sx, n, sp, ss);
+                    int32_t g2 = -1;
+                    CHECK(S->ops->download(S, &g2, sp, 4, &err) == MS_OK);
+                    CHECK(S->ops->download(S, sb, ss, 16, &err) == MS_OK);
+                    CHECK_MSG(g2 == best && sb[0] == 42 && sb[1] == best, "argmax_step: %d, step {%lld, %lld}", g2,
+                              (long long)sb[0], (long long)sb[1]);
+                    S->ops->free(S, sp), S->ops->free(S, ss), S->ops->free(S, sx);
+                    S->ops->destroy(S);
+                }
+            }
+            int32_t got2 = -1;
+            if (Bk && bpick) {
+                float *bx = NULL;
+                CHECK(Bk->ops->alloc(Bk, (size_t)n * 4, (void **)&bx, &err) == MS_OK);
+                CHECK(Bk->ops->upload(Bk, bx, x, (size_t)n * 4, &err) == MS_OK);
+                for (int rep = 0; rep < 2; rep++) { /* twice: the counter and the max reset by the last block */
+                    Bk->ops->argmax(Bk, bx, n, bpick);
+                    CHECK(Bk->ops->download(Bk, &got2, bpick, 4, &err) == MS_OK);
+                    CHECK_MSG(got2 == best, "argmax (blocks) case %d (n %lld) run %d: %d, the host loop %lld", f,
+                              (long long)n, rep, got2, (long long)best);
+                }
+                Bk->ops->free(Bk, bx);
+            }
+            printf("  backend argmax case %d (n %lld): %d, blocks %d %s\n", f, (long long)n, got1, got2,
+                   got1 == best && got2 == best ? "ok" : "WRONG");
             gfree(dx), free(x);
         }
         gfree(dpick);
+        if (Bk) {
+            if (bpick) Bk->ops->free(Bk, bpick);
+            Bk->ops->destroy(Bk);
+        }
     }
     { /* a recording with a host round trip in it: refused, the backend still works */
         float h[4] = {1, 2, 3, 4}, back[4] = {0};
@@ -170,19 +220,147 @@ TEST(backend_step) {
     gfree(dstep);
 }
 
+/* A buffer of n floats on backend be (alloc + upload), and n floats back (download: waits). */
+static float *fup(ms_backend *be, const float *h, int64_t n) {
+    ms_err err = {0};
+    void *d = NULL;
+    CHECK(be->ops->alloc(be, (size_t)n * 4, &d, &err) == MS_OK);
+    CHECK(be->ops->upload(be, d, h, (size_t)n * 4, &err) == MS_OK);
+    return (float *)d;
+}
+static float *fget(ms_backend *be, const float *d, int64_t n) {
+    ms_err err = {0};
+    float *h = malloc((size_t)n * 4);
+    CHECK(be->ops->download(be, h, d, (size_t)n * 4, &err) == MS_OK);
+    return h;
+}
+
+/* qkv_attn_at (MS_GPU_QKV_ATTN=1: qkv_at's work in the decode attention kernel's prologue) on
+ * backend F against qkv_at then attn_gqa on backend G (the default): the same inputs at positions
+ * pos[0] (eager), pos[1] (recorded, launched) and pos[2] (replayed), q and k re-uploaded before
+ * each; the output and both whole caches must be the same bits. */
+static void fold_case(ms_backend *G, ms_backend *F, int64_t H, int64_t KV, int64_t hd, int rdim, int inter, double af,
+                      int norm, int64_t window, int sinks, const int64_t pos[3]) {
+    const int64_t vd = hd, ctx = 1024, kd = KV * hd, vt = KV * vd;
+    ms_rope r;
+    memset(&r, 0, sizeof r);
+    r.dim = rdim, r.layout = inter ? MS_ROPE_INTERLEAVED : MS_ROPE_HALF, r.attn_factor = af;
+    for (int i = 0; i < r.dim / 2; i++) r.inv_freq[i] = pow(1e6, -2.0 * i / r.dim);
+    float *kc = randv(ctx * kd, 1.0f), *vc = randv(ctx * vt, 1.0f), *q0 = randv(H * hd, 1.0f);
+    float *k0 = randv(kd, 1.0f), *v0 = randv(vt, 1.0f), *wq = randv(hd, 1.0f), *wk = randv(hd, 1.0f);
+    float *sk = sinks ? randv(H, 2.0f) : NULL, *zo = calloc((size_t)(H * vd), 4);
+    float *res[2][3][3]; /* backend, position, (out, k cache, v cache) */
+    ms_backend *B[2] = {G, F};
+    char nm[160];
+    snprintf(nm, sizeof nm, "%lld/%lld heads of %lld, rope %d%s x %.2f, norm %d, window %lld, sinks %d",
+             (long long)H, (long long)KV, (long long)hd, rdim, inter ? " interleaved" : "", af, norm,
+             (long long)window, sinks);
+    for (int b = 0; b < 2; b++) {
+        ms_backend *X = B[b];
+        ms_err err = {0};
+        int64_t *dstep = NULL;
+        CHECK(X->ops->alloc(X, 16, (void **)&dstep, &err) == MS_OK);
+        float *dkc = fup(X, kc, ctx * kd), *dvc = fup(X, vc, ctx * vt), *dq = fup(X, q0, H * hd);
+        float *dk = fup(X, k0, kd), *dv = fup(X, v0, vt), *dwq = fup(X, wq, hd), *dwk = fup(X, wk, hd);
+        float *ds = sk ? fup(X, sk, H) : NULL, *dout = fup(X, zo, H * vd);
+        ms_attn_gqa_args a = {.out = dout, .q = dq, .k = dkc, .v = dvc, .n = 1, .n_past = 1023, .H = H, .KV = KV,
+                              .hd = hd, .vd = vd, .window = window, .sinks = ds, .scale = 1.0f / sqrtf((float)hd),
+                              .pos_dev = dstep};
+        void *graph = NULL;
+        for (int i = 0; i < 3; i++) {
+            int64_t hv[2] = {pos[i], 0};
+            CHECK(X->ops->upload(X, dstep, hv, 16, &err) == MS_OK);
+            CHECK(X->ops->upload(X, dq, q0, (size_t)(H * hd) * 4, &err) == MS_OK);
+            CHECK(X->ops->upload(X, dk, k0, (size_t)kd * 4, &err) == MS_OK);
+            if (i == 1) CHECK_MSG(X->ops->graph_begin(X, &err) == MS_OK, "%s", err.msg);
+            if (i < 2) {
+                if (b) {
+                    int rc = X->ops->qkv_attn_at(X, &r, dq, dwq, dk, dwk, dv, norm, 1e-6f, &a, &err);
+                    CHECK_MSG(rc == MS_OK, "qkv_attn_at (%s): %s", nm, err.msg);
+                } else {
+                    X->ops->qkv_at(X, &r, dq, H, dwq, dk, KV, dwk, dv, vd, dkc, dvc, hd, norm, 1e-6f, dstep);
+                    CHECK_MSG(X->ops->attn_gqa(X, &a, &err) == MS_OK, "%s", err.msg);
+                }
+            }
+            if (i == 1) {
+                CHECK_MSG(X->ops->graph_end(X, &graph, &err) == MS_OK && graph, "%s", err.msg);
+            }
+            if (i > 0) CHECK_MSG(graph && X->ops->graph_launch(X, graph, &err) == MS_OK, "%s", err.msg);
+            res[b][i][0] = fget(X, dout, H * vd), res[b][i][1] = fget(X, dkc, ctx * kd);
+            res[b][i][2] = fget(X, dvc, ctx * vt);
+        }
+        X->ops->graph_free(X, graph);
+        void *bufs[10] = {dkc, dvc, dq, dk, dv, dwq, dwk, ds, dout, dstep};
+        for (int j = 0; j < 10; j++)
+            if (bufs[j]) X->ops->free(X, bufs[j]);
+    }
+    const int64_t len[3] = {H * vd, ctx * kd, ctx * vt};
+    const char *what[3] = {"output", "key cache", "value cache"};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            int64_t diff = 0;
+            for (int64_t x = 0; x < len[j]; x++) diff += memcmp(&res[0][i][j][x], &res[1][i][j][x], 4) != 0;
+            CHECK_MSG(diff == 0, "qkv_attn_at (%s) at %lld: %lld of %lld %s floats differ from qkv_at + attn_gqa", nm,
+                      (long long)pos[i], (long long)diff, (long long)len[j], what[j]);
+            if (j == 0)
+                printf("  qkv_attn_at %s at %lld (%s): output %s\n", nm, (long long)pos[i],
+                       i == 0 ? "eager" : i == 1 ? "recorded" : "replayed", diff ? "DIFFERS" : "bit-identical");
+            free(res[0][i][j]), free(res[1][i][j]);
+        }
+    free(kc), free(vc), free(q0), free(k0), free(v0), free(wq), free(wk), free(sk), free(zo);
+}
+
+/* The fold of qkv_at into the attention (qkv_attn_at) on a backend opened with MS_GPU_QKV_ATTN=1,
+ * against the two ops on one opened with MS_GPU_QKV_ATTN=0: Qwen3's shape (norm, half-split), a partial interleaved
+ * rotation with an attention factor and no norm, a window with sinks, 12 query heads per KV head
+ * (two head groups: two blocks write the token's cache rows), head dims 64 and 256, early and
+ * late positions (empty splits, one split holding the token's key). Also: refused on a default
+ * MS_GPU_QKV_ATTN=0 backend (MS_ERR_UNSUPPORTED, nothing run). */
+TEST(backend_step_fold) {
+    SKIP_UNLESS_SELECTED("backend_step_fold");
+    ms_backend *G = NULL, *F = NULL;
+    ms_err err = {0};
+    setenv("MS_GPU_QKV_ATTN", "1", 1);
+    int rc = ms_backend_gpu_create(0, &F, &err);
+    setenv("MS_GPU_QKV_ATTN", "0", 1);
+    if (!rc) rc = ms_backend_gpu_create(0, &G, &err);
+    unsetenv("MS_GPU_QKV_ATTN");
+    CHECK_MSG(rc == MS_OK, "%s", err.msg);
+    if (rc) {
+        if (F) F->ops->destroy(F);
+        return;
+    }
+    {
+        ms_rope r;
+        memset(&r, 0, sizeof r);
+        r.dim = 128, r.layout = MS_ROPE_HALF, r.attn_factor = 1.0;
+        ms_attn_gqa_args a = {.n = 1, .H = 32, .KV = 4, .hd = 128, .vd = 128, .pos_dev = (const int64_t *)16};
+        CHECK(G->ops->qkv_attn_at(G, &r, NULL, NULL, NULL, NULL, NULL, 1, 1e-6f, &a, &err) == MS_ERR_UNSUPPORTED);
+    }
+    const int64_t p1[3] = {700, 701, 900}, p2[3] = {3, 4, 255}, p3[3] = {0, 1, 1000};
+    fold_case(G, F, 32, 4, 128, 128, 0, 1.0, 1, 0, 0, p1);
+    fold_case(G, F, 32, 4, 128, 128, 0, 1.0, 1, 0, 0, p2);
+    fold_case(G, F, 32, 4, 128, 64, 1, 1.1, 0, 0, 0, p1);
+    fold_case(G, F, 64, 8, 64, 64, 0, 1.0, 1, 300, 1, p1);
+    fold_case(G, F, 24, 2, 128, 128, 0, 1.0, 1, 0, 1, p3);
+    fold_case(G, F, 16, 4, 256, 128, 1, 1.0, 1, 0, 0, p1);
+    F->ops->destroy(F), G->ops->destroy(G);
+}
+
 /* Programmatic dependent launch (MS_GPU_PDL, gpu_port.h ms_launch) through whole decodes: a fixture
  * model (softmax router, top-k softmax with biases, sigmoid with a correction bias) decoded
  * greedily past a 256-token bucket (the step recorded twice, replayed between) on a backend with
  * the attribute and on one without: the same kernels in the same order, so the logits of every
  * step must be bit-identical (a kernel that read its predecessor's output before the wait would
  * show as a difference); the step must have stayed recorded (the programmatic edges captured). */
-static int pdl_decode(ms_model *m, int pdl, int steps, float *out, int *recorded, uint64_t *edges, uint64_t *prog,
-                      ms_err *err) {
+static int pdl_decode(ms_model *m, int pdl, int fold, int steps, float *out, int *recorded, uint64_t *edges,
+                      uint64_t *prog, ms_err *err) {
     ms_backend *be = NULL;
     ms_engine *e = NULL;
     setenv("MS_GPU_PDL", pdl ? "1" : "0", 1);
+    setenv("MS_GPU_QKV_ATTN", fold ? "1" : "0", 1); /* qkv_at in the attention's prologue (qkv_attn_at) or not */
     int rc = ms_backend_gpu_create(0, &be, err);
-    unsetenv("MS_GPU_PDL");
+    unsetenv("MS_GPU_PDL"), unsetenv("MS_GPU_QKV_ATTN");
     ms_engine_opts o = {.max_ctx = steps + 16, .max_batch = 16, .backend = be};
     if (!rc) rc = ms_engine_create(m, &o, &e, err);
     int64_t V = m->cfg.vocab;
@@ -203,6 +381,33 @@ static int pdl_decode(ms_model *m, int pdl, int steps, float *out, int *recorded
     if (be) be->ops->destroy(be);
     return rc;
 }
+/* The same decode through ms_engine_decode_greedy (the pick on the device) on a backend opened with
+ * MS_GPU_STEP_NEXT=1 (argmax_step: the pick writes the next token's step, no upload),
+ * MS_GPU_QKV_ATTN=1 and MS_GPU_ARGMAX_BLOCKS=1: ids[s] for s = 1..steps (ids[0] the prompt's greedy token, picked on the host
+ * from the prefill's logits). Returns the status. */
+static int greedy_decode(ms_model *m, int steps, int32_t *ids, ms_err *err) {
+    ms_backend *be = NULL;
+    ms_engine *e = NULL;
+    setenv("MS_GPU_STEP_NEXT", "1", 1), setenv("MS_GPU_QKV_ATTN", "1", 1), setenv("MS_GPU_ARGMAX_BLOCKS", "1", 1);
+    int rc = ms_backend_gpu_create(0, &be, err);
+    unsetenv("MS_GPU_STEP_NEXT"), unsetenv("MS_GPU_QKV_ATTN"), unsetenv("MS_GPU_ARGMAX_BLOCKS");
+    ms_engine_opts o = {.max_ctx = steps + 16, .max_batch = 16, .backend = be};
+    if (!rc) rc = ms_engine_create(m, &o, &e, err);
+    int64_t V = m->cfg.vocab;
+    int32_t pr[8];
+    for (int i = 0; i < 8; i++) pr[i] = (int32_t)((i * 37 + 1) % V);
+    float *lg = malloc((size_t)V * 4);
+    if (!rc) rc = ms_engine_forward(e, pr, 8, lg, 0, err);
+    ids[0] = 0;
+    for (int64_t v = 1; !rc && v < V; v++)
+        if (lg[v] > lg[ids[0]]) ids[0] = (int32_t)v;
+    for (int s = 1; !rc && s <= steps; s++) rc = ms_engine_decode_greedy(e, ids[s - 1], &ids[s], err);
+    free(lg);
+    if (e) ms_engine_destroy(e);
+    if (be) be->ops->destroy(be);
+    return rc;
+}
+
 TEST(backend_step_pdl) {
     SKIP_UNLESS_SELECTED("backend_step_pdl");
     const char *fx[3] = {"qwen3_moe", "gpt_oss", "glm4_moe"};
@@ -220,12 +425,48 @@ TEST(backend_step_pdl) {
         float *on = calloc((size_t)n, 4), *off = calloc((size_t)n, 4);
         int rec_on = 0, rec_off = 0;
         uint64_t ed_on = 0, pe_on = 0, ed_off = 0, pe_off = 0;
-        int rc1 = pdl_decode(&m, 1, steps, on, &rec_on, &ed_on, &pe_on, &err);
+        int rc1 = pdl_decode(&m, 1, 0, steps, on, &rec_on, &ed_on, &pe_on, &err);
         CHECK_MSG(rc1 == MS_OK, "%s with PDL: %s", fx[f], err.msg);
-        int rc2 = pdl_decode(&m, 0, steps, off, &rec_off, &ed_off, &pe_off, &err);
+        int rc2 = pdl_decode(&m, 0, 0, steps, off, &rec_off, &ed_off, &pe_off, &err);
         CHECK_MSG(rc2 == MS_OK, "%s without PDL: %s", fx[f], err.msg);
         int64_t diff = 0;
         for (int64_t i = 0; i < n; i++) diff += memcmp(&on[i], &off[i], 4) != 0;
+        { /* the same decode with qkv_at folded into the attention (MS_GPU_QKV_ATTN=1): the same bits, one
+           * kernel fewer per layer in the recorded step */
+            int rec_f = 0;
+            uint64_t ed_f = 0, pe_f = 0;
+            float *fo = calloc((size_t)n, 4);
+            int rc3 = pdl_decode(&m, 1, 1, steps, fo, &rec_f, &ed_f, &pe_f, &err);
+            CHECK_MSG(rc3 == MS_OK, "%s folded: %s", fx[f], err.msg);
+            int64_t d3 = 0;
+            for (int64_t i = 0; i < n; i++) d3 += memcmp(&on[i], &fo[i], 4) != 0;
+            free(fo);
+            printf("  backend_step_pdl %s folded (MS_GPU_QKV_ATTN=1): %lld of %lld logits differ, step recorded %d, "
+                   "graph edges %llu (%llu programmatic)\n",
+                   fx[f], (long long)d3, (long long)n, rec_f, (unsigned long long)ed_f, (unsigned long long)pe_f);
+            CHECK_MSG(d3 == 0, "%s: %lld logits differ with qkv_at folded", fx[f], (long long)d3);
+            CHECK_MSG(rec_f == rec_on, "%s: the folded step recorded %d, %d without", fx[f], rec_f, rec_on);
+            CHECK_MSG(!rec_f || ed_f < ed_on, "%s: the folded step has %llu edges, not fewer than %llu", fx[f],
+                      (unsigned long long)ed_f, (unsigned long long)ed_on);
+        }
+        { /* greedy ids picked on the device with the next step written by the pick (MS_GPU_STEP_NEXT=1)
+           * = the host's picks from the logits above */
+            int32_t *ids = calloc((size_t)steps + 1, 4);
+            int rc4 = greedy_decode(&m, steps, ids, &err);
+            CHECK_MSG(rc4 == MS_OK, "%s greedy (MS_GPU_STEP_NEXT=1): %s", fx[f], err.msg);
+            int bad = 0;
+            for (int st = 1; st <= steps && !rc4; st++) {
+                const float *prev = on + (int64_t)(st - 1) * m.cfg.vocab;
+                int32_t t = 0;
+                for (int64_t v = 1; v < m.cfg.vocab; v++)
+                    if (prev[v] > prev[t]) t = (int32_t)v;
+                bad += t != ids[st - 1];
+            }
+            printf("  backend_step_pdl %s greedy on the device (MS_GPU_STEP_NEXT, QKV_ATTN, ARGMAX_BLOCKS=1): %d of %d ids "
+                   "differ from the host's picks\n", fx[f], bad, steps);
+            CHECK_MSG(bad == 0, "%s: %d greedy ids differ with MS_GPU_STEP_NEXT=1", fx[f], bad);
+            free(ids);
+        }
         printf("  backend_step_pdl %s: %d steps, %lld of %lld logits differ, step recorded %d / %d (pdl / not), "
                "graph edges %llu (%llu programmatic) / %llu (%llu)\n",
                fx[f], steps, (long long)diff, (long long)n, rec_on, rec_off, (unsigned long long)ed_on,

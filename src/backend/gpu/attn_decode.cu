@@ -46,6 +46,7 @@ typedef struct ad_args {
     int *cnt;          /* arrival counters [n * gridDim.x] (zero between launches), NULL: no fold */
     int splits, ngrp;  /* key splits; head groups per KV head */
     ms_gpu_attn_cfg c;
+    ms_gpu_qkv_pro pro; /* the FQ kernels: q raw, qkv_at's norms, RoPE and cache rows in their prologue */
 } ad_args;
 
 /* The full warp sums of NV partials per lane (NV a power of two <= MS_WARP): level O (MS_WARP/2
@@ -124,15 +125,75 @@ template <int GB> static __device__ void ad_combine(const ad_args &a, int t, int
     }
 }
 
-template <int GB, int NC, int NCV>
+/* One head's rope(norm(src)) by one warp (the FQ prologue), rope_head.h's arithmetic to the bit:
+ * the sum of squares in the order of qkv_at's 128-thread block (its thread T adds elements T,
+ * T + 128, .. in order; the butterfly sums of its warps added in warp order to 0), the norm
+ * x * r * w, the rotation of pair i with cs[i] = (cos, sin) times the attention factor, the dims
+ * past 2 half copied. buf: hd floats of shared memory (dst may be buf). act is warp-uniform; every
+ * warp of the block calls it (ms_syncwarp is a block barrier on HIP). */
+static __device__ __forceinline__ void ad_head_prep(const float *src, float *buf, float *dst, int hd,
+                                                    const ms_gpu_qkv_pro &pr, const float *w, const float2 *cs,
+                                                    int lane, bool act) {
+    constexpr int NWV = 128 / MS_WARP; /* qkv_at's warps */
+    float part[NWV];
+#pragma unroll
+    for (int vw = 0; vw < NWV; vw++) {
+        part[vw] = 0.0f;
+        if (act)
+            for (int i = vw * MS_WARP + lane; i < hd; i += 128) {
+                const float x = src[i];
+                buf[i] = x;
+                part[vw] = fmaf(x, x, part[vw]);
+            }
+    }
+    float tot = 0.0f;
+#pragma unroll
+    for (int vw = 0; vw < NWV; vw++) tot += ms_warp_sum(part[vw]);
+    if (act && pr.norm) {
+        const float r = 1.0f / sqrtf(tot / (float)hd + pr.eps);
+        for (int i = lane; i < hd; i += MS_WARP) buf[i] = buf[i] * r * (w ? w[i] : 1.0f); /* the lane's own elements */
+    }
+    ms_syncwarp(); /* the rotation pairs cross lanes */
+    if (!act) return;
+    const int half = pr.half;
+    if (dst != buf)
+        for (int i = lane; i < hd; i += MS_WARP)
+            if (i >= 2 * half) dst[i] = buf[i];
+    for (int i = lane; i < half; i += MS_WARP) {
+        const int ia = pr.interleaved ? 2 * i : i, ib = pr.interleaved ? 2 * i + 1 : i + half;
+        const float2 t = cs[i];
+        const float x0 = buf[ia], x1 = buf[ib];
+        dst[ia] = __fsub_rn(__fmul_rn(x0, t.x), __fmul_rn(x1, t.y));
+        dst[ib] = __fadd_rn(__fmul_rn(x1, t.x), __fmul_rn(x0, t.y));
+    }
+}
+
+/* cs[i] = (cos, sin) of pair i's angle (float)pos * inv[i] in double, times attn_factor, rounded to
+ * float (rope_head.h's), i < half, by the block's threads; out of line (the double trig's frame
+ * and registers stay out of the attention loop's). */
+static __device__ __noinline__ void ad_rope_cs(float2 *cs, int half, const float *inv, int64_t pos, double af) {
+    for (int i = threadIdx.x; i < half; i += AD_THREADS) {
+        const float ang = (float)pos * inv[i];
+        cs[i] = make_float2((float)(cos((double)ang) * af), (float)(sin((double)ang) * af));
+    }
+}
+
+template <int GB, int NC, int NCV, bool FQ>
 __global__ void __launch_bounds__(AD_THREADS, 2) attn_dec_kernel(ad_args a) {
     constexpr int KT = ad_kt(GB, NC, NCV), NV = KT * GB, R = MS_WARP / NV;
     __shared__ float sp[AD_WARPS][NV], scor[AD_WARPS][GB];
     __shared__ float wm[AD_WARPS][GB], wl[AD_WARPS][GB], ew[AD_WARPS][GB], bM[GB], bL[GB];
     __shared__ float4 wo[AD_WARPS][GB][NCV * MS_WARP];
     __shared__ int last;
+    constexpr int QS = NC * MS_WARP * 4; /* FQ: floats per head in qn */
+    __shared__ __align__(16) float qn[FQ ? GB * QS : 4], kn[FQ ? QS : 4];
+    __shared__ float2 cs[FQ ? QS / 2 : 2];
     const ms_gpu_attn_cfg &c = a.c;
     ms_pdl_launch();
+    if constexpr (FQ) { /* the RoPE angles: a table and the step's position (uploaded before the step's first
+                         * kernel, which every kernel of the chain starts after), so before the wait */
+        ad_rope_cs(cs, a.pro.half, a.pro.inv, *a.pos_dev, a.pro.attn_factor);
+    }
     ms_pdl_wait(); /* q, the caches, the position and the counters are earlier kernels' (launched with PDL) */
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
     const int H = c.n_heads, G = H / c.n_kv_heads, hd4 = c.head_dim / 4, vd4 = c.v_head_dim / 4;
@@ -145,13 +206,39 @@ __global__ void __launch_bounds__(AD_THREADS, 2) attn_dec_kernel(ad_args a) {
     const int64_t k1 = k0 + per - 1 < p ? k0 + per - 1 : p; /* inclusive; k0 > k1: no keys */
     const float4 *K4 = (const float4 *)a.K + (int64_t)kvh * hd4, *V4 = (const float4 *)a.V + (int64_t)kvh * vd4;
     const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (FQ) { /* qkv_at's work (one token, t = 0): the group's query heads normed and rotated into
+                         * qn (every block with keys: redundant, cheap), and by the block(s) whose keys hold
+                         * the token's own, its key head normed and rotated and its value row, written into
+                         * cache row p (visible to the block after the barrier; no other block reads row p) */
+        if (k0 <= k1) {
+            const bool own = p <= k1; /* k0 <= p: p is the last key of the last split with keys */
+            const int items = gn + (own ? 1 : 0), hd = c.head_dim, vd = c.v_head_dim, KV = c.n_kv_heads;
+            __syncthreads(); /* cs */
+#pragma unroll 1
+            for (int b0 = 0; b0 < items; b0 += AD_WARPS) {
+                const int it = b0 + warp;
+                const bool act = it < items, isk = it == gn;
+                const float *src = !act ? a.q : isk ? a.pro.k + (int64_t)kvh * hd : a.q + (int64_t)(h0 + it) * hd;
+                float *buf = isk || !act ? kn : qn + it * QS;
+                float *dst = isk ? a.pro.kc + (p * KV + kvh) * hd : buf;
+                ad_head_prep(src, buf, dst, hd, a.pro, isk ? a.pro.wk : a.pro.wq, cs, lane, act);
+            }
+            if (own)
+                for (int i = threadIdx.x; i < vd; i += AD_THREADS)
+                    a.pro.vc[(p * KV + kvh) * vd + i] = a.pro.v[(int64_t)kvh * vd + i];
+            for (int i = threadIdx.x; i < GB * QS; i += AD_THREADS) /* padded heads and dims: zeros */
+                if (i / QS >= gn || i % QS >= hd) qn[i] = 0.0f;
+            __syncthreads();
+        }
+    }
     float4 qr[GB][NC], acc[GB][NCV];
 #pragma unroll
     for (int g = 0; g < GB; g++) {
 #pragma unroll
         for (int i = 0; i < NC; i++) {
             const int ci = lane + i * MS_WARP;
-            qr[g][i] = g < gn && ci < hd4 ? ((const float4 *)a.q)[((int64_t)t * H + h0 + g) * hd4 + ci] : z4;
+            if constexpr (!FQ) /* FQ: the queries stay in qn (shared), read per tile: registers for the tile's */
+                qr[g][i] = g < gn && ci < hd4 ? ((const float4 *)a.q)[((int64_t)t * H + h0 + g) * hd4 + ci] : z4;
         }
 #pragma unroll
         for (int j = 0; j < NCV; j++) acc[g][j] = z4;
@@ -188,8 +275,9 @@ __global__ void __launch_bounds__(AD_THREADS, 2) attn_dec_kernel(ad_args a) {
                     float s = 0.0f;
 #pragma unroll
                     for (int i = 0; i < NC; i++) {
-                        s = fmaf(qr[g][i].x, kr[k][i].x, s), s = fmaf(qr[g][i].y, kr[k][i].y, s);
-                        s = fmaf(qr[g][i].z, kr[k][i].z, s), s = fmaf(qr[g][i].w, kr[k][i].w, s);
+                        const float4 qg = FQ ? ((const float4 *)(qn + g * QS))[lane + i * MS_WARP] : qr[g][i];
+                        s = fmaf(qg.x, kr[k][i].x, s), s = fmaf(qg.y, kr[k][i].y, s);
+                        s = fmaf(qg.z, kr[k][i].z, s), s = fmaf(qg.w, kr[k][i].w, s);
                     }
                     v[k * GB + g] = s;
                 }
@@ -301,14 +389,16 @@ static int ad_chunks(int d) {
 }
 
 template <int GB, int NC, int NCV> static void ad_launch(int pdl, dim3 grid, gpuStream_t st, const ad_args &a) {
-    ms_launch(pdl, attn_dec_kernel<GB, NC, NCV>, grid, dim3(AD_THREADS), 0, st, a);
+    if (a.pro.inv) ms_launch(pdl, attn_dec_kernel<GB, NC, NCV, true>, grid, dim3(AD_THREADS), 0, st, a);
+    else ms_launch(pdl, attn_dec_kernel<GB, NC, NCV, false>, grid, dim3(AD_THREADS), 0, st, a);
 }
 
 int ms_gpu_attn_dec(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
                     const float *sinks, int n, int64_t pos0, const int64_t *pos_dev, const ms_gpu_attn_cfg *c,
-                    float *scratch, ms_err *err) {
+                    float *scratch, const ms_gpu_qkv_pro *pro, ms_err *err) {
     const int hd = c->head_dim, vd = c->v_head_dim, G = c->n_heads / c->n_kv_heads;
     if (vd % 4 || ((uintptr_t)v_cache | (uintptr_t)out | (uintptr_t)scratch) % 16 || n > AD_MAXTOK) return -1;
+    if (pro && (n != 1 || !pos_dev || !pro->inv || 2 * pro->half > hd)) return -1;
     int nc = ad_chunks(hd), ncv = ad_chunks(vd);
     if (!nc || !ncv) return -1;
     /* the instantiated chunk pairs: (1,1), (2,1), (2,2), (4,4); others take the next wider */
@@ -337,6 +427,7 @@ int ms_gpu_attn_dec(ms_gpu *g, float *out, const float *q, const float *k_cache,
     memset(&a, 0, sizeof a);
     a.out = out, a.q = q, a.K = k_cache, a.V = v_cache, a.sinks = sinks, a.pos_dev = pos_dev, a.pos0 = pos0;
     a.splits = (int)splits, a.ngrp = ngrp, a.c = *c;
+    if (pro) a.pro = *pro;
     a.po = scratch, a.pml = scratch + (int64_t)n * c->n_heads * splits * vd;
     const int fold = splits > 1 && g->attn_mode == MS_GPU_ATTN_FOLD;
     if (fold && !(a.cnt = ms_gpu_counters(g, blocks, err))) return err ? err->code : MS_ERR_NOMEM;

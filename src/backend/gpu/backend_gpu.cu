@@ -258,7 +258,8 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
     PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
-    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix); PROF_WRAP(embed_at); PROF_WRAP(qkv_at); PROF_WRAP(argmax);
+    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix); PROF_WRAP(embed_at); PROF_WRAP(qkv_at); PROF_WRAP(qkv_attn_at);
+    PROF_WRAP(argmax); PROF_WRAP(argmax_step);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -805,6 +806,12 @@ static void g_embed(ms_backend *be, float *x, const ms_qmat *table, const int32_
 
 /* ---------------------------------------------------------- attention */
 
+int ms_gpu_be_attn_scratch(ms_backend *be, const ms_gpu_attn_cfg *c, float **scr, ms_err *err) { /* step.h */
+    gpu_backend *b = gb(be);
+    int rc = grow(b, &b->attn_scr, &b->attn_cap, ms_gpu_attn_scratch_floats(ATT_TOK, c), err);
+    *scr = rc ? NULL : b->attn_scr;
+    return rc;
+}
 static int g_attn_gqa(ms_backend *be, const ms_attn_gqa_args *a, ms_err *err) {
     gpu_backend *b = gb(be);
     int rc = report(b, err);

@@ -63,7 +63,7 @@ static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, con
 /* The greedy pick (core/backend.h argmax): one block of 1024 threads, each the first index of
  * its own largest value over a strided slice (strict >, so NaN never wins), then the largest
  * value and the smallest index holding it; a NaN x[0] gives 0 as the host loop. */
-__global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int32_t *out) {
+__global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int32_t *out, int64_t *step) {
     __shared__ float sm[1024 / MS_WARP];
     __shared__ int64_t si[1024 / MS_WARP];
     ms_pdl_launch();
@@ -86,14 +86,106 @@ __global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int3
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x / MS_WARP); w++)
             if (sm[w] > m || (sm[w] == m && si[w] < bi)) m = sm[w], bi = si[w];
-        *out = x0 != x0 ? 0 : (int32_t)bi;
+        const int32_t pick = x0 != x0 ? 0 : (int32_t)bi;
+        *out = pick;
+        if (step) step[0] += 1, step[1] = pick; /* argmax_step: the next greedy token's step */
     }
 }
-static void g_argmax(ms_backend *be, const float *x, int64_t n, int32_t *out) {
-    if (n < 1) return;
+/* The greedy pick by many blocks (MS_GPU_ARGMAX_BLOCKS=1 at backend creation; A/B): a block of 256
+ * threads per 1024 values, each thread the first index of its largest over its strided slice (from
+ * (x[0], 0), strict >: NaN never wins), the block's best as the 64-bit key (orderable bits of the
+ * value, -0 as +0, high; ~index low: larger value first, then the smaller index) into a max at
+ * cnt[2..3] (atomicMax: any arrival order, the same key), the last block to arrive (cnt[0]) writes
+ * the pick (0 when x[0] is NaN, as the host loop) and resets both; the ids of k_argmax. */
+static __device__ __forceinline__ unsigned long long am_key(float v, int64_t i) {
+    uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((unsigned long long)b << 32) | (0xFFFFFFFFu - (uint32_t)i);
+}
+__global__ void __launch_bounds__(256) k_argmax_blocks(const float *x, int64_t n, int32_t *out, int64_t *step,
+                                                      int *cnt) {
+    __shared__ unsigned long long sk[256 / MS_WARP];
+    __shared__ int last;
+    ms_pdl_launch();
+    ms_pdl_wait();
+    const float x0 = x[0];
+    float m = x0;
+    int64_t bi = 0;
+    const int64_t b0 = (int64_t)blockIdx.x * 1024, b1 = b0 + 1024 < n ? b0 + 1024 : n;
+#pragma unroll 4
+    for (int64_t v = b0 + threadIdx.x; v < b1; v += 256) {
+        const float y = x[v];
+        if (y > m) m = y, bi = v;
+    }
+    unsigned long long k = am_key(m, bi); /* m is never NaN unless x0 is (then the pick is 0 anyway) */
+    for (int o = MS_WARP / 2; o > 0; o /= 2) {
+        const unsigned long long ok = ((unsigned long long)(uint32_t)ms_shfl_xor_i((int)(k >> 32), o) << 32) |
+                                      (uint32_t)ms_shfl_xor_i((int)(uint32_t)k, o);
+        k = ok > k ? ok : k;
+    }
+    if (threadIdx.x % MS_WARP == 0) sk[threadIdx.x / MS_WARP] = k;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 256 / MS_WARP; w++) k = sk[w] > k ? sk[w] : k;
+        unsigned long long *slot = (unsigned long long *)(cnt + 2);
+        atomicMax(slot, k);
+        __threadfence();
+        last = atomicAdd(cnt, 1) == (int)gridDim.x - 1;
+        if (last) {
+            __threadfence();
+            const unsigned long long best = atomicExch(slot, 0ull); /* the max; reset for the next launch */
+            cnt[0] = 0;
+            const int32_t pick = x0 != x0 ? 0 : (int32_t)(0xFFFFFFFFu - (uint32_t)best);
+            *out = pick;
+            if (step) step[0] += 1, step[1] = pick;
+        }
+    }
+}
+/* Launch the pick (k_argmax, or k_argmax_blocks when the backend was made with MS_GPU_ARGMAX_BLOCKS=1). */
+static void argmax_launch(ms_backend *be, const float *x, int64_t n, int32_t *out, int64_t *step) {
     ms_gpu *g = ms_gpu_be_dev(be);
-    ms_launch(g->pdl, k_argmax, dim3(1), dim3(1024), 0, g->stream, x, n, out);
-    launched(be, "argmax");
+    int *cnt = NULL;
+    if (g->argmax_blocks && n <= INT64_C(1) << 31) {
+        ms_err e = {0};
+        if (!(cnt = ms_gpu_counters(g, 4, &e))) return ms_gpu_be_note(be, e.code, &e);
+    }
+    if (cnt)
+        ms_launch(g->pdl, k_argmax_blocks, dim3((unsigned)((n + 1023) / 1024)), dim3(256), 0, g->stream, x, n, out,
+                  step, cnt);
+    else ms_launch(g->pdl, k_argmax, dim3(1), dim3(1024), 0, g->stream, x, n, out, step);
+    launched(be, step ? "argmax_step" : "argmax");
+}
+/* argmax_step (core/backend.h): the same pick, and step = {step[0] + 1, the pick}. Filled when
+ * MS_GPU_STEP_NEXT=1 at backend creation (A/B; else NULL: the engine uploads each step). */
+static void g_argmax(ms_backend *be, const float *x, int64_t n, int32_t *out) {
+    if (n >= 1) argmax_launch(be, x, n, out, NULL);
+}
+static void g_argmax_step(ms_backend *be, const float *x, int64_t n, int32_t *out, int64_t *step) {
+    if (n >= 1) argmax_launch(be, x, n, out, step);
+}
+
+/* qkv_attn_at (core/backend.h): qkv_at's work in the decode attention kernel's prologue
+ * (attn_decode.cu, ms_gpu_qkv_pro: the same bits as qkv_at then attn_gqa) when MS_GPU_QKV_ATTN=1
+ * was set at open and the kernel takes the shape; else MS_ERR_UNSUPPORTED before anything runs. */
+static int g_qkv_attn_at(ms_backend *be, const ms_rope *r, float *q, const float *wq, float *k, const float *wk,
+                         const float *v, int norm, float eps, const ms_attn_gqa_args *a, ms_err *err) {
+    ms_gpu *g = ms_gpu_be_dev(be);
+    int half = r->dim / 2;
+    if (!g->qkv_attn || g->attn_mode == MS_GPU_ATTN_OLD || !a->pos_dev || a->n != 1 || a->H < 1 || a->KV < 1 ||
+        a->H % a->KV || a->hd < 4 || a->hd % 4 || a->vd < 1 || a->window < 0 || 2 * half > a->hd ||
+        ((uintptr_t)a->k % 16))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "qkv_attn_at: not folded (MS_GPU_QKV_ATTN, the shape)");
+    int rc = ms_gpu_be_report(be, err);
+    if (rc) return rc;
+    ms_gpu_attn_cfg c = {(int)a->H, (int)a->KV, (int)a->hd, (int)a->vd, (int)a->window, a->scale};
+    float *scr;
+    if ((rc = ms_gpu_be_attn_scratch(be, &c, &scr, err))) return rc;
+    const float *inv = ms_gpu_be_rope_table(be, r);
+    if (!inv) return ms_gpu_be_report(be, err); /* the table's failure, noted */
+    ms_gpu_qkv_pro p = {k, v, wq, wk, inv, (float *)a->k, (float *)a->v, r->attn_factor, eps, norm, half, /* written */
+                        (int)(r->layout == MS_ROPE_INTERLEAVED)};
+    rc = ms_gpu_attn_dec(g, a->out, q, a->k, a->v, a->sinks, 1, a->n_past, a->pos_dev, &c, scr, &p, err);
+    return rc < 0 ? ms_fail(err, MS_ERR_UNSUPPORTED, "qkv_attn_at: the decode kernel does not take the shape") : rc;
 }
 
 /* A recorded step: the instantiated graph, and what it baked in (the backend's gen, the
@@ -179,4 +271,7 @@ void ms_gpu_step_fill(ms_backend_ops *o) {
     o->graph_launch = g_graph_launch;
     o->graph_free = g_graph_free;
     o->argmax = g_argmax;
+    const char *sn = getenv("MS_GPU_STEP_NEXT"); /* MS_GPU_STEP_NEXT=1: the pick writes the next step (A/B) */
+    o->argmax_step = sn && !strcmp(sn, "1") ? g_argmax_step : NULL;
+    o->qkv_attn_at = g_qkv_attn_at;
 }

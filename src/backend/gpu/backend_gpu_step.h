@@ -33,7 +33,10 @@ ms_gpu_step_state *ms_gpu_be_step(ms_backend *be);
 int ms_gpu_be_profiling(ms_backend *be);
 void ms_gpu_be_fail_state(ms_backend *be, int **failed, ms_err **fail);
 const float *ms_gpu_be_rope_table(ms_backend *be, const ms_rope *r);
-/* backend_gpu_step.cu: fill the ops it implements (qkv_at, graph_*, argmax) into o. */
+/* backend_gpu.cu: the GQA attention's scratch for c's shape in *scr, grown (a failure status with
+ * err set: a recording cannot grow it). */
+int ms_gpu_be_attn_scratch(ms_backend *be, const ms_gpu_attn_cfg *c, float **scr, ms_err *err);
+/* backend_gpu_step.cu: fill the ops it implements (qkv_at, qkv_attn_at, graph_*, argmax) into o. */
 void ms_gpu_step_fill(ms_backend_ops *o);
 
 #endif

@@ -47,6 +47,12 @@ struct ms_gpu {
                  * else a comma list of experts, route, norm, router (MS_GPU_LEG_* bits) */
     int attn_mode; /* MS_GPU_ATTN at open (A/B measurements): MS_GPU_ATTN_* below */
     int attn_splits; /* MS_GPU_ATTN_SPLITS at open: the decode kernel's splits at most (0: MS_GPU_ATTN_MAXS) */
+    int qkv_attn; /* MS_GPU_QKV_ATTN=1 at open (A/B measurements): the replayable step's qkv_at folded into the
+                   * decode attention kernel's prologue (backend qkv_attn_at; 0: qkv_at, then the attention) */
+    int mv_u4; /* MS_GPU_MV_U=4 at open (A/B measurements): one token's wide rows (over 256 chunks) with 4
+                * chunks per lane a round in matmul.cu's vector kernel (0: 2) */
+    int argmax_blocks; /* MS_GPU_ARGMAX_BLOCKS=1 at open (A/B measurements): the greedy pick by a block per
+                        * 1024 values and a 64-bit max (backend_gpu_step.cu; 0: one block of 1024 threads) */
     int router_old; /* MS_GPU_ROUTER=old at open (A/B measurements): ms_gpu_router_route's earlier kernel (rows
                      * of 4 per block of 128 threads, the ranks by one loop per expert) */
     int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+
@@ -115,9 +121,23 @@ int *ms_gpu_counters(ms_gpu *g, int64_t n, ms_err *err);
  * nothing, for what it does not take (value dim not a multiple of 4, v or out not 16-byte
  * aligned, more than 16 query tokens); the caller then runs ops.cu's kernel. Arguments were
  * validated by the caller. */
+/* pro (NULL: none): one token (n 1, pos_dev set) whose q holds the raw query heads; the kernel
+ * first does qkv_at's work (core/backend.h) with rope_head.h's arithmetic, to the bit: the query
+ * heads of each block normed and rotated in shared memory (q is not written), and the key head
+ * normed and rotated and the value row copied into cache row *pos_dev by the block(s) whose keys
+ * hold it. -1 also when pro cannot be taken (2 half > head dim, no table). */
+typedef struct ms_gpu_qkv_pro {
+    const float *k, *v;   /* the token's raw key [kv heads * head dim] and value [kv heads * value dim] rows */
+    const float *wq, *wk; /* the per-head-dim norm weights (NULL: ones) */
+    const float *inv;     /* the RoPE inverse frequencies (half of them; device memory) */
+    float *kc, *vc;       /* the caches, [., kv heads * head dim] and [., kv heads * value dim] */
+    double attn_factor;
+    float eps;
+    int norm, half, interleaved; /* norm 0: the rotation alone; half: the rotated pairs per head */
+} ms_gpu_qkv_pro;
 int ms_gpu_attn_dec(ms_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
                     const float *sinks, int n, int64_t pos0, const int64_t *pos_dev, const ms_gpu_attn_cfg *c,
-                    float *scratch, ms_err *err);
+                    float *scratch, const ms_gpu_qkv_pro *pro, ms_err *err);
 
 /* Validate a weight view for the kernels (dtype, shape, scale layout); `what` names it. */
 int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err);

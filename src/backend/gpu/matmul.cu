@@ -236,11 +236,16 @@ int kernel_dtype(ms_dtype dt) {
     }
 }
 
+/* u4: one token's rows of more than 2 x 128 chunks with 4 chunks per lane a round (MS_GPU_MV_U=4:
+ * o_proj's 4096 BF16 columns in one round, all its loads issued before the PDL wait); a lane's
+ * chunks are summed in the same order either way (the same bits for finite activations). */
 template <int DT>
-static void launch_vec(const mm_args &a, int nj, gpuStream_t st, int pdl) {
+static void launch_vec(const mm_args &a, int nj, gpuStream_t st, int pdl, int u4) {
     dim3 grid = a.nflat ? dim3((unsigned)a.boff[a.nflat]) : dim3((unsigned)((a.rows + MM_R - 1) / MM_R), (unsigned)nj);
     dim3 block(MM_WARPS * MS_WARP);
-    if (a.n == 1) ms_launch(pdl, mm_vec_kernel<DT, 1, 2>, grid, block, 0, st, a);
+    if (a.n == 1 && u4 && a.cols / mm_traits<DT>::VEC > 2 * MM_WARPS * MS_WARP)
+        ms_launch(pdl, mm_vec_kernel<DT, 1, 4>, grid, block, 0, st, a);
+    else if (a.n == 1) ms_launch(pdl, mm_vec_kernel<DT, 1, 2>, grid, block, 0, st, a);
     else if (a.n == 2) ms_launch(pdl, mm_vec_kernel<DT, 2, 2>, grid, block, 0, st, a);
     else if (a.n <= 4) ms_launch(pdl, mm_vec_kernel<DT, 4, 1>, grid, block, 0, st, a);
     else ms_launch(pdl, mm_vec_kernel<DT, 8, 1>, grid, block, 0, st, a);
@@ -273,15 +278,15 @@ int mm_run(ms_gpu *g, const ms_qmat *w, const mm_args &a, int nj, int aligned, i
     if (a.bcol & (a.bcol - 1)) vec_ok = 0; /* the vector kernel shifts by log2(bcol) */
     if (vec_ok) {
         switch (dt) {
-        case DT_F32: launch_vec<DT_F32>(a, nj, g->stream, g->pdl); break;
-        case DT_F16: launch_vec<DT_F16>(a, nj, g->stream, g->pdl); break;
-        case DT_BF16: launch_vec<DT_BF16>(a, nj, g->stream, g->pdl); break;
+        case DT_F32: launch_vec<DT_F32>(a, nj, g->stream, g->pdl, g->mv_u4); break;
+        case DT_F16: launch_vec<DT_F16>(a, nj, g->stream, g->pdl, g->mv_u4); break;
+        case DT_BF16: launch_vec<DT_BF16>(a, nj, g->stream, g->pdl, g->mv_u4); break;
         case DT_FP8:
-            if (fp8_decode_mode()) launch_vec<DT_FP8>(a, nj, g->stream, g->pdl);
-            else launch_vec<DT_FP8_CVT>(a, nj, g->stream, g->pdl);
+            if (fp8_decode_mode()) launch_vec<DT_FP8>(a, nj, g->stream, g->pdl, g->mv_u4);
+            else launch_vec<DT_FP8_CVT>(a, nj, g->stream, g->pdl, g->mv_u4);
             break;
-        case DT_I4: launch_vec<DT_I4>(a, nj, g->stream, g->pdl); break;
-        default: launch_vec<DT_F4>(a, nj, g->stream, g->pdl); break;
+        case DT_I4: launch_vec<DT_I4>(a, nj, g->stream, g->pdl, g->mv_u4); break;
+        default: launch_vec<DT_F4>(a, nj, g->stream, g->pdl, g->mv_u4); break;
         }
     } else {
         dim3 grid((unsigned)((a.rows + MM_WARPS - 1) / MM_WARPS), (unsigned)nj);

@@ -441,7 +441,7 @@ static int attn_gqa(ms_gpu *g, float *out, const float *q, const float *k_cache,
     if (((uintptr_t)k_cache | (uintptr_t)q) % 16)
         return ms_fail(err, MS_ERR_ARG, "ms_gpu_attn_gqa: q and the key cache must be 16-byte aligned");
     if (g->attn_mode != MS_GPU_ATTN_OLD) { /* the decode kernel (attn_decode.cu) where it takes the shape */
-        int rc = ms_gpu_attn_dec(g, out, q, k_cache, v_cache, sinks, n, pos0, pos_dev, c, scratch, err);
+        int rc = ms_gpu_attn_dec(g, out, q, k_cache, v_cache, sinks, n, pos0, pos_dev, c, scratch, NULL, err);
         if (rc >= 0) return rc;
     }
     int G = c->n_heads / c->n_kv_heads;
