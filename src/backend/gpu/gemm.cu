@@ -858,7 +858,8 @@ static void moe_rb_of(const ms_moe_args *a, const moe_layout *L, moe_rb *rb) {
  * gemm_mma.cu's kernel (the weights as stored, no dequantized copy, no split rows, no BLAS):
  * "1" / "all" every dtype it takes, else a comma list of bf16, fp8, mxfp4; unset or "0" none.
  * MS_GPU_MOE_PARTS=1|2 (read per call; default 3) the activations' BF16 parts there: 3 is the
- * F32-activation level (exact to 2^-27), 2 and 1 a faster mode of its own error (2^-17, 2^-9). */
+ * F32-activation level (the three-part split is exact), 2 and 1 a faster mode of its own error
+ * (each activation to 2^-16 / 2^-8 relative). */
 #define MM_BF16 1
 #define MM_FP8 2
 #define MM_F4 4

@@ -7,7 +7,7 @@
  * whose values are exact in BF16 unscaled; MXFP4, e2m1 times its E8M0 scale, exact in
  * BF16) into shared memory as BF16, and the pairs' F32 activation rows (FP8: times the
  * tile's block scale, one F32 rounding, as gemm.cu's row-block form) split into `parts`
- * BF16 parts (3: exact to 2^-27, the F32-activation level; 2: 2^-17; 1: 2^-9), then
+ * BF16 parts (3: exact, the F32-activation level; 2: 2^-16 relative; 1: 2^-8), then
  * mma.sync m16n8k16 BF16 -> F32: the hi part into one accumulator, the others into a
  * second, summed at the end (second + first). */
 #ifndef MS_GPU_GEMM_MMA_H
