@@ -437,7 +437,8 @@ TEST(backend_gemm) {
 /* The grouped experts through gemm_mma.cu's kernel (MS_GPU_MOE_MMA=all): BF16, FP8 (F32 and BF16
  * 128 x 128 scales, fused gate_up with biases and a limit), MXFP4 (fused, biases, limit), a hot
  * expert of 1100 pairs (two items, partial pair tiles), the Qwen3 shape; then the faster forms of
- * 2 and 1 activation parts (MS_GPU_MOE_PARTS) on the same shapes, each with its own bound. */
+ * 2 and 1 activation parts (MS_GPU_MOE_PARTS) on the same shapes, each with its own bound, and
+ * tiles of 32 and 16 pairs forced (MS_GPU_MOE_NT). */
 TEST(backend_gemm_mma) {
     SKIP_UNLESS_SELECTED("backend_gemm_mma");
     ms_backend *G = gbe();
@@ -445,10 +446,12 @@ TEST(backend_gemm_mma) {
     setenv("MS_GPU_MOE_MMA", "all", 1);
     static const double xerr[3] = {0, 0x1p-16, 0x1p-8};
     static const char *parts[3] = {"3", "2", "1"};
+    static const char *nts[3] = {"auto", "32", "16"}; /* pairs per tile: the kernel's choice, then each forced */
     for (int pi = 0; pi < 3; pi++) {
         setenv("MS_GPU_MOE_PARTS", parts[pi], 1);
+        if (pi) setenv("MS_GPU_MOE_NT", nts[pi], 1);
         g_moe_want_mma = 1, g_moe_xerr = xerr[pi];
-        printf("  mma kernel, %s activation parts\n", parts[pi]);
+        printf("  mma kernel, %s activation parts, tiles of %s pairs\n", parts[pi], nts[pi]);
         if (pi == 0) { /* the Qwen3-30B-A3B expert shape (32 of its 128 experts), the gpt-oss one */
             check_gemm_moe("mma bf16 (qwen3 shape)", &K_BF16, 32, 8, 64, 2048, 768, 0, 0, 0.0f, 0);
             check_gemm_moe("mma fp8 f32 128x128 scales (qwen3 shape)", &K_FP8, 32, 8, 96, 2048, 768, 0, 0, 0.0f, 0);
@@ -464,6 +467,7 @@ TEST(backend_gemm_mma) {
     }
     g_moe_want_mma = 0, g_moe_xerr = 0;
     unsetenv("MS_GPU_MOE_PARTS");
+    unsetenv("MS_GPU_MOE_NT");
     /* a layout the kernel refuses (inter 320: a partial FP8 row block) keeps the earlier path */
     check_gemm_moe("mma refused: fp8 partial row block (hi + lo)", &K_FP8, 8, 2, 21, 256, 320, 0, 0, 0.0f, 0);
     unsetenv("MS_GPU_MOE_MMA");

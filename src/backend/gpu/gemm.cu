@@ -927,7 +927,11 @@ static int moe_group_mma(ms_gpu_blas *b, const ms_moe_args *a, const moe_item *i
                          int64_t M1, int64_t I, int64_t D, int bdt, int ntok, const ms_mma_gemm *mm, int64_t scols1,
                          int64_t scols2, ms_err *err) {
     int rc, gp0 = it[0].p0, gpn = it[ni - 1].p0 + it[ni - 1].m - gp0, ntl = 0;
-    for (int i = 0; i < ni; i++) ntl += (it[i].m + MS_MMA_NT - 1) / MS_MMA_NT;
+    /* pairs per tile: 32, or 16 where the items average under 24 pairs (a 256-token chunk of 128
+     * experts top-8: 16 each); MS_GPU_MOE_NT=16|32 (read per call) forces one */
+    const char *ntenv = getenv("MS_GPU_MOE_NT");
+    int ntp = ntenv && atoi(ntenv) == 16 ? 16 : ntenv && atoi(ntenv) == 32 ? 32 : gpn < 24 * ni ? 16 : 32;
+    for (int i = 0; i < ni; i++) ntl += (it[i].m + ntp - 1) / ntp;
     int64_t wide = nmat * M1 > D ? nmat * M1 : D;
     size_t o_w = align8((size_t)gpn * sizeof(pair_rec)), o_tl = align8(o_w + (size_t)gpn * 4);
     size_t o_to = align8(o_tl + (size_t)gpn * 4), o_pl = align8(o_to + (size_t)(gpn + 1) * 4);
@@ -957,8 +961,8 @@ static int moe_group_mma(ms_gpu_blas *b, const ms_moe_args *a, const moe_item *i
             pr[p - gp0] = (pair_rec){a->tok[p], it[i].col + q, it[i].m, i};
             pw[p - gp0] = a->w[p];
         }
-        for (int n0 = 0; n0 < it[i].m; n0 += MS_MMA_NT)
-            tt[k++] = (ms_mma_tile){i, it[i].p0 - gp0 + n0, it[i].m - n0 < MS_MMA_NT ? it[i].m - n0 : MS_MMA_NT, 0};
+        for (int n0 = 0; n0 < it[i].m; n0 += ntp)
+            tt[k++] = (ms_mma_tile){i, it[i].p0 - gp0 + n0, it[i].m - n0 < ntp ? it[i].m - n0 : ntp, 0};
     }
     /* tokens: a counting sort of the group's pairs by token (stable), as moe_group */
     int *cnt = b->hcnt;
@@ -979,7 +983,7 @@ static int moe_group_mma(ms_gpu_blas *b, const ms_moe_args *a, const moe_item *i
     g1.items = (const ms_mma_item *)(Dm + o_it), g1.tiles = (const ms_mma_tile *)(Dm + o_tile), g1.ntiles = ntl;
     g1.xrow = &dpr->tok, g1.ocol = &dpr->col, g1.xstride = g1.ostride = (int)(sizeof(pair_rec) / sizeof(int));
     g1.x = a->in, g1.ldx = D, g1.out = b->cs, g1.cols = cols, g1.M = M1, g1.K = D, g1.mat0 = 0, g1.nmat = nmat;
-    g1.scols = scols1;
+    g1.scols = scols1, g1.nt = ntp;
     if ((rc = ms_gpu_mma_gemm((void *)st, &g1, err))) return rc;
     ms_gpu_glu_params act = {a->act->kind == MS_ACT_SITU, a->act->limit, a->act->alpha, a->act->up_offset,
                              a->act->beta, a->act->linear_beta};

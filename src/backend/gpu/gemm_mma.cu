@@ -8,7 +8,6 @@
 #if !defined(__HIP_PLATFORM_AMD__) && !defined(MS_GPU_HIP)
 
 #define MT MS_MMA_MT
-#define NT MS_MMA_NT
 #define KT MS_MMA_KT
 #define LDW 20 /* shared row stride in 32-bit words: 16 (KT BF16) + 4, fragment loads on distinct banks */
 
@@ -55,13 +54,13 @@ template <int WDT> struct mm_w {
 };
 
 /* Grid (tiles, nmat x row tiles), 128 threads: warp w owns rows 32w .. 32w + 31 of the tile
- * (two m16 tiles) and all 32 pairs (four n8 tiles). */
-template <int WDT, int NP>
+ * (two m16 tiles) and all NT (16 or 32) pairs (NT / 8 n8 tiles). */
+template <int WDT, int NP, int NT>
 __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     __shared__ __align__(16) uint32_t As[MT * LDW];
     __shared__ __align__(16) uint32_t Bs[NP * NT * LDW];
-    constexpr int J = mm_w<WDT>::J;
+    constexpr int J = mm_w<WDT>::J, XJ = NT / 16, NI = NT / 8;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const ms_mma_tile tile = a.tiles[blockIdx.x];
     const int tpm = (int)((a.M + MT - 1) / MT), mt = (int)blockIdx.y / tpm;
@@ -89,10 +88,10 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
     /* FP8: the tile's scale row (its rows lie in one scale row block) */
     const int64_t srow = WDT == MS_MMA_FP8 ? (row0 / a.brow) * a.scols : 0;
     /* this thread's activation chunks: pairs n = tid / 8 + 16 j, columns (tid % 8) 4 .. + 3 */
-    const float *xr[2];
+    const float *xr[XJ];
     const int xk = (tid & 7) * 4;
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < XJ; j++) {
         int n = (tid >> 3) + 16 * j;
         if (n < tile.np) {
             int p = tile.p0 + n;
@@ -102,7 +101,7 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
             xr[j] = NULL;
     }
     uint4 ra[J];
-    float4 rx[2];
+    float4 rx[XJ];
     uint32_t rs = 0;
     float xsc = 1.0f;
     auto load = [&](int64_t k0) {
@@ -117,7 +116,7 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
             xsc = a.sdt == 1 ? ((const float *)S)[si] : ms_bf16_to_f32_dev(((const uint16_t *)S)[si]);
         }
 #pragma unroll
-        for (int j = 0; j < 2; j++) rx[j] = xr[j] ? *(const float4 *)(xr[j] + k0) : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j = 0; j < XJ; j++) rx[j] = xr[j] ? *(const float4 *)(xr[j] + k0) : make_float4(0.f, 0.f, 0.f, 0.f);
     };
     auto store = [&]() {
 #pragma unroll
@@ -149,7 +148,7 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
             }
         }
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < XJ; j++) {
             int n = (tid >> 3) + 16 * j;
             float v[4] = {rx[j].x, rx[j].y, rx[j].z, rx[j].w};
             uint32_t p[4][3];
@@ -161,11 +160,11 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
                     make_uint2(p[0][q] | (p[1][q] << 16), p[2][q] | (p[3][q] << 16));
         }
     };
-    float acc[2][4][4], acl[2][4][4];
+    float acc[2][NI][4], acl[2][NI][4];
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f, acl[mi][ni][e] = 0.0f;
     load(0);
@@ -185,7 +184,7 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
 #pragma unroll
             for (int q = 0; q < NP; q++)
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
+                for (int ni = 0; ni < NI; ni++) {
                     const uint32_t *r = Bs + (q * NT + ni * 8 + g) * LDW + ks * 8 + t;
                     uint32_t b0 = r[0], b1 = r[4];
 #pragma unroll
@@ -195,7 +194,7 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
     }
     /* c[h 2 + e]: row g + 8 h, pair 2 t + e of each m16 x n8 tile */
 #pragma unroll
-    for (int ni = 0; ni < 4; ni++)
+    for (int ni = 0; ni < NI; ni++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             int n = ni * 8 + 2 * t + e;
@@ -213,31 +212,36 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
 #endif
 }
 
-/* One stage through k_mma_gemm<WDT, NP>: MS_ERR_UNSUPPORTED when its device code is older than sm_80. */
-template <int WDT, int NP>
+/* One stage through k_mma_gemm<WDT, NP, NT>: MS_ERR_UNSUPPORTED when its device code is older than sm_80. */
+template <int WDT, int NP, int NT>
 static int mm_launch(const ms_mma_gemm *a, gpuStream_t st, ms_err *err) {
-    if (ms_kernel_ptx((const void *)k_mma_gemm<WDT, NP>) < 80)
+    if (ms_kernel_ptx((const void *)k_mma_gemm<WDT, NP, NT>) < 80)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): mma gemm: no sm_80+ device code", MS_GPU_BACKEND_NAME);
     int tpm = (int)((a->M + MT - 1) / MT);
-    k_mma_gemm<WDT, NP><<<dim3((unsigned)a->ntiles, (unsigned)(a->nmat * tpm)), 128, 0, st>>>(*a);
+    k_mma_gemm<WDT, NP, NT><<<dim3((unsigned)a->ntiles, (unsigned)(a->nmat * tpm)), 128, 0, st>>>(*a);
     return ms_gpu_launched(err, "mma gemm");
 }
-template <int WDT>
+template <int WDT, int NT>
 static int mm_launch_np(const ms_mma_gemm *a, gpuStream_t st, ms_err *err) {
-    return a->parts == 1 ? mm_launch<WDT, 1>(a, st, err)
-           : a->parts == 2 ? mm_launch<WDT, 2>(a, st, err)
-                           : mm_launch<WDT, 3>(a, st, err);
+    return a->parts == 1 ? mm_launch<WDT, 1, NT>(a, st, err)
+           : a->parts == 2 ? mm_launch<WDT, 2, NT>(a, st, err)
+                           : mm_launch<WDT, 3, NT>(a, st, err);
+}
+template <int WDT>
+static int mm_launch_nt(const ms_mma_gemm *a, gpuStream_t st, ms_err *err) {
+    return a->nt == 16 ? mm_launch_np<WDT, 16>(a, st, err) : mm_launch_np<WDT, 32>(a, st, err);
 }
 
 extern "C" int ms_gpu_mma_gemm(void *stream, const ms_mma_gemm *a, ms_err *err) {
-    if (a->K % KT || a->parts < 1 || a->parts > 3 || a->wdt < MS_MMA_BF16 || a->wdt > MS_MMA_F4)
-        return ms_fail(err, MS_ERR_SHAPE, "gpu (%s): mma gemm: K %lld, parts %d, dtype %d", MS_GPU_BACKEND_NAME,
-                       (long long)a->K, a->parts, a->wdt);
+    if (a->K % KT || a->parts < 1 || a->parts > 3 || a->wdt < MS_MMA_BF16 || a->wdt > MS_MMA_F4 ||
+        (a->nt != 16 && a->nt != 32))
+        return ms_fail(err, MS_ERR_SHAPE, "gpu (%s): mma gemm: K %lld, parts %d, dtype %d, tile %d", MS_GPU_BACKEND_NAME,
+                       (long long)a->K, a->parts, a->wdt, a->nt);
     if (a->ntiles < 1 || a->M < 1) return MS_OK;
     gpuStream_t st = (gpuStream_t)stream;
-    return a->wdt == MS_MMA_BF16  ? mm_launch_np<MS_MMA_BF16>(a, st, err)
-           : a->wdt == MS_MMA_FP8 ? mm_launch_np<MS_MMA_FP8>(a, st, err)
-                                  : mm_launch_np<MS_MMA_F4>(a, st, err);
+    return a->wdt == MS_MMA_BF16  ? mm_launch_nt<MS_MMA_BF16>(a, st, err)
+           : a->wdt == MS_MMA_FP8 ? mm_launch_nt<MS_MMA_FP8>(a, st, err)
+                                  : mm_launch_nt<MS_MMA_F4>(a, st, err);
 }
 
 #else /* HIP: no kernel */

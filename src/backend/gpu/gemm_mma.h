@@ -2,7 +2,7 @@
  * weights (gemm_mma.cu; CUDA, compute capability >= 8.0): the routed-experts path of
  * gemm.cu without the dequantized copies, the split activation rows and the BLAS.
  *
- * A block computes a 128-row x 32-pair tile of one matrix of one expert for the pairs
+ * A block computes a 128-row x 32-pair (or 16-pair) tile of one matrix of one expert for the pairs
  * of one item: per 32-wide K step it loads the weight tile as stored (BF16; FP8 E4M3,
  * whose values are exact in BF16 unscaled; MXFP4, e2m1 times its E8M0 scale, exact in
  * BF16) into shared memory as BF16, and the pairs' F32 activation rows (FP8: times the
@@ -22,7 +22,7 @@ extern "C" {
 #endif
 
 #define MS_MMA_MT 128 /* rows of a block's tile: FP8 scale row blocks must be a multiple of it */
-#define MS_MMA_NT 32  /* pairs of a tile */
+#define MS_MMA_NT 32  /* pairs of a tile at most (ms_mma_gemm.nt: 16 or 32) */
 #define MS_MMA_KT 32  /* K step: K of both stages a multiple of it, scale column blocks too */
 
 enum { MS_MMA_BF16, MS_MMA_FP8, MS_MMA_F4 };
@@ -34,7 +34,7 @@ typedef struct {
     const void *s[3];
 } ms_mma_item;
 
-/* A tile of pairs: group pair indices p0 .. p0 + np - 1 (np <= MS_MMA_NT) of item `item`. */
+/* A tile of pairs: group pair indices p0 .. p0 + np - 1 (np <= ms_mma_gemm.nt) of item `item`. */
 typedef struct {
     int item, p0, np, unused;
 } ms_mma_tile;
@@ -55,13 +55,13 @@ typedef struct {
     int64_t ldx;
     float *out;
     int64_t cols, M, K;
-    int mat0, nmat, wdt, sdt, brow, bshift, parts;
+    int mat0, nmat, wdt, sdt, brow, bshift, parts, nt; /* nt: pairs per tile, 16 or 32 */
     int64_t scols;
 } ms_mma_gemm;
 
 /* Launches one stage on stream (a gpuStream_t) and checks the launch. MS_ERR_UNSUPPORTED
  * for a build without the kernel (HIP, or no device code for sm_80+), MS_ERR_SHAPE for
- * K not a multiple of MS_MMA_KT or parts outside 1..3. */
+ * K not a multiple of MS_MMA_KT, parts outside 1..3 or nt not 16 / 32. */
 int ms_gpu_mma_gemm(void *stream, const ms_mma_gemm *a, ms_err *err);
 
 #ifdef __cplusplus
