@@ -891,7 +891,7 @@ static int log2_pow2(int64_t v) {
 static int moe_mma_of(const ms_gpu_blas *b, const ms_moe_args *a, const moe_layout *L, const moe_rb *rb,
                       ms_mma_gemm *m, int64_t *scols1, int64_t *scols2) {
     int want = moe_mma_env();
-    if (!want || b->g->prop.major < 8 || L->D % MS_MMA_KT || L->I % MS_MMA_KT) return 0;
+    if (!want || b->g->prop.major < 8 || L->D % MS_MMA_KT || L->I % MS_MMA_KT || !ms_gpu_mma_gemm_ok()) return 0;
     const ms_qmat *g = &a->views[0].gate, *d = &a->views[0].down;
     memset(m, 0, sizeof *m);
     m->parts = moe_parts_env();

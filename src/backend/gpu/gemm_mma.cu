@@ -232,6 +232,8 @@ static int mm_launch_nt(const ms_mma_gemm *a, gpuStream_t st, ms_err *err) {
     return a->nt == 16 ? mm_launch_np<WDT, 16>(a, st, err) : mm_launch_np<WDT, 32>(a, st, err);
 }
 
+extern "C" int ms_gpu_mma_gemm_ok(void) { return ms_kernel_ptx((const void *)k_mma_gemm<MS_MMA_BF16, 3, 32>) >= 80; }
+
 extern "C" int ms_gpu_mma_gemm(void *stream, const ms_mma_gemm *a, ms_err *err) {
     if (a->K % KT || a->parts < 1 || a->parts > 3 || a->wdt < MS_MMA_BF16 || a->wdt > MS_MMA_F4 ||
         (a->nt != 16 && a->nt != 32))
@@ -245,6 +247,8 @@ extern "C" int ms_gpu_mma_gemm(void *stream, const ms_mma_gemm *a, ms_err *err) 
 }
 
 #else /* HIP: no kernel */
+
+extern "C" int ms_gpu_mma_gemm_ok(void) { return 0; }
 
 extern "C" int ms_gpu_mma_gemm(void *stream, const ms_mma_gemm *a, ms_err *err) {
     (void)stream, (void)a;

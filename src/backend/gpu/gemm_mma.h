@@ -63,6 +63,8 @@ typedef struct {
  * for a build without the kernel (HIP, or no device code for sm_80+), MS_ERR_SHAPE for
  * K not a multiple of MS_MMA_KT, parts outside 1..3 or nt not 16 / 32. */
 int ms_gpu_mma_gemm(void *stream, const ms_mma_gemm *a, ms_err *err);
+/* 1 when this build has the kernel for the current device (CUDA device code for sm_80+), else 0. */
+int ms_gpu_mma_gemm_ok(void);
 
 #ifdef __cplusplus
 }
