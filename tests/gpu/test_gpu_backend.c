@@ -231,6 +231,7 @@ static double split_err(const wkind *k) { return k->dt == MS_DT_F8_E4M3 && k->sd
  * 1: 2^-8: the rounding of what the earlier parts leave) in both stages. */
 static int g_moe_want_mma;
 static double g_moe_xerr;
+static int g_dense_want_mma; /* check_gemm_dense asserts the kernel ran (MS_GPU_DENSE_MMA=1) */
 
 static void check_gemm_dense(const wkind *k, int64_t rows, int64_t cols, int n, int acc) {
     ms_backend *C = cpu(), *G = gbe();
@@ -240,12 +241,14 @@ static void check_gemm_dense(const wkind *k, int64_t rows, int64_t cols, int n, 
     float *x = randv((int64_t)n * cols, 1.0f), *ref = randv((int64_t)n * rows, 1.0f);
     float *y0 = dupv(ref, (int64_t)n * rows);
     float *dx = bup(x, (int64_t)n * cols), *dy = bup(ref, (int64_t)n * rows);
-    uint64_t d0, m0, d1, m1;
+    uint64_t d0, m0, d1, m1, q0 = ms_backend_gpu_gemm_mma_calls(G);
     ms_backend_gpu_gemm_calls(G, &d0, &m0);
     C->ops->matmul(C, ref, x, n, &w, acc);
     G->ops->matmul(G, dy, dx, n, &dw, acc);
     float *got = bget(dy, (int64_t)n * rows);
     ms_backend_gpu_gemm_calls(G, &d1, &m1);
+    CHECK_MSG(!g_dense_want_mma || ms_backend_gpu_gemm_mma_calls(G) == q0 + 1, "gemm %s n=%d: not through the mma kernel",
+              k->name, n);
     double *l1 = malloc((size_t)n * rows * 8);
     l1_rows(&w, x, n, l1);
     double worst = 0;
@@ -452,6 +455,19 @@ TEST(backend_gemm_mma) {
         if (pi) setenv("MS_GPU_MOE_NT", nts[pi], 1);
         g_moe_want_mma = 1, g_moe_xerr = xerr[pi];
         printf("  mma kernel, %s activation parts, tiles of %s pairs\n", parts[pi], nts[pi]);
+        if (pi == 0) { /* dense matmuls through the kernel (MS_GPU_DENSE_MMA=1), the check_gemm_dense bound */
+            setenv("MS_GPU_DENSE_MMA", "1", 1);
+            g_dense_want_mma = 1;
+            const wkind *dk[4] = {&K_BF16, &K_FP8, &K_FP8B, &K_F4};
+            int dn[4] = {2, 17, 40, 67};
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) check_gemm_dense(dk[i], 333, 1024, dn[j], j == 2);
+            check_gemm_dense(&K_F4, 2880, 2880, 33, 0);
+            check_gemm_dense(&K_FP8, 4096, 2048, 96, 1);
+            g_dense_want_mma = 0;
+            check_gemm_dense(&K_FP8, 1001, 2896, 40, 0); /* columns not a multiple of 32: the BLAS path */
+            unsetenv("MS_GPU_DENSE_MMA");
+        }
         if (pi == 0) { /* the Qwen3-30B-A3B expert shape (32 of its 128 experts), the gpt-oss one */
             check_gemm_moe("mma bf16 (qwen3 shape)", &K_BF16, 32, 8, 64, 2048, 768, 0, 0, 0.0f, 0);
             check_gemm_moe("mma fp8 f32 128x128 scales (qwen3 shape)", &K_FP8, 32, 8, 96, 2048, 768, 0, 0, 0.0f, 0);

@@ -260,7 +260,7 @@ struct ms_gpu_blas {
     size_t hmeta_cap;
     int *hcnt; /* host: per-token counts (the combine's CSR) */
     size_t hcnt_cap;
-    uint64_t mma_calls; /* moe calls through gemm_mma.cu's kernel (ms_gpu_blas_mma_calls) */
+    uint64_t mma_calls; /* moe and dense calls through gemm_mma.cu's kernel (ms_gpu_blas_mma_calls) */
 };
 
 /* Device scratch *p of at least need elements of elem bytes (grown by a quarter more; old contents
@@ -383,11 +383,14 @@ static int gemm_bf16_ld(ms_gpu_blas *b, int64_t m, int64_t cols, int64_t k, cons
                    err, "gemm (bf16)");
 }
 
+static int dense_mma(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc, ms_err *err);
+
 extern "C" int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc,
                                   ms_err *err) {
     if (!b || !y || !x || !w || n < 1) return ms_fail(err, MS_ERR_ARG, "gemm: bad arguments");
     int rc = ms_gpu_qmat_check(w, "weight", err);
     if (rc) return rc;
+    if ((rc = dense_mma(b, y, x, n, w, acc, err)) != -1) return rc; /* -1: not taken */
     int64_t M = w->rows, K = w->cols;
     if (w->dtype == MS_DT_F32 && !w->scale) { /* F32 weights: the F32 GEMM (no TF32: default math mode) */
         const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
@@ -918,6 +921,49 @@ static int moe_mma_of(const ms_gpu_blas *b, const ms_moe_args *a, const moe_layo
         if (!al16(v->gate.data) || !al16(v->down.data) || (v->up.data && !al16(v->up.data))) return 0;
     }
     return 1;
+}
+
+/* MS_GPU_DENSE_MMA=1 (read per call; A/B measurements, opt-in): dense matmuls of BF16, FP8 E4M3
+ * (block scales of a multiple of MS_MMA_MT rows and MS_MMA_KT columns) and MXFP4 weights through
+ * gemm_mma.cu's kernel as one item of n pairs (MS_GPU_MOE_PARTS activation parts). Returns -1 when
+ * not taken (the BLAS path runs), else the launch's status. */
+static int dense_mma(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc, ms_err *err) {
+    const char *e = getenv("MS_GPU_DENSE_MMA");
+    if (!e || strcmp(e, "1") || b->g->prop.major < 8 || w->cols % MS_MMA_KT || !al16(w->data) || !al16(x) ||
+        !ms_gpu_mma_gemm_ok())
+        return -1;
+    ms_mma_gemm m;
+    memset(&m, 0, sizeof m);
+    int sh = w->scale ? log2_pow2(w->bcol) : 0;
+    if (w->dtype == MS_DT_BF16 && !w->scale) {
+        m.wdt = MS_MMA_BF16;
+    } else if (w->dtype == MS_DT_F8_E4M3 && w->scale &&
+               (w->scale_dtype == MS_DT_F32 || w->scale_dtype == MS_DT_BF16) && w->brow > 0 &&
+               w->brow % MS_MMA_MT == 0 && sh >= 0 && ((int64_t)1 << sh) % MS_MMA_KT == 0) {
+        m.wdt = MS_MMA_FP8, m.sdt = w->scale_dtype == MS_DT_F32 ? 1 : 2, m.brow = w->brow, m.bshift = sh;
+        m.scols = (w->cols + w->bcol - 1) / w->bcol;
+    } else if (w->dtype == MS_DT_F4 && w->scale && w->scale_dtype == MS_DT_F8_E8M0 && w->brow == 1 && sh >= 0 &&
+               ((int64_t)1 << sh) % MS_MMA_KT == 0) {
+        m.wdt = MS_MMA_F4, m.bshift = sh, m.scols = (w->cols + w->bcol - 1) / w->bcol;
+    } else
+        return -1;
+    m.parts = moe_parts_env(), m.nt = n < 24 ? 16 : 32, m.accum = acc;
+    int ntl = (n + m.nt - 1) / m.nt, rc;
+    size_t o_tile = align8(sizeof(ms_mma_item)), total = o_tile + (size_t)ntl * sizeof(ms_mma_tile);
+    if ((rc = grow_host((void **)&b->hmeta, &b->hmeta_cap, total, err)) ||
+        (rc = grow_dev(b->g, &b->meta, &b->meta_cap, total, 1, err)))
+        return rc;
+    ms_mma_item *it = (ms_mma_item *)b->hmeta;
+    *it = (ms_mma_item){{w->data, NULL, NULL}, {w->scale, NULL, NULL}};
+    ms_mma_tile *tt = (ms_mma_tile *)(b->hmeta + o_tile);
+    for (int i = 0; i < ntl; i++)
+        tt[i] = (ms_mma_tile){0, i * m.nt, n - i * m.nt < m.nt ? n - i * m.nt : m.nt, 0};
+    if ((rc = ms_gpu_upload(b->g, b->meta, b->hmeta, total, err))) return rc;
+    m.items = (const ms_mma_item *)b->meta, m.tiles = (const ms_mma_tile *)((uint8_t *)b->meta + o_tile);
+    m.ntiles = ntl, m.x = x, m.ldx = w->cols, m.out = y, m.cols = n, m.M = w->rows, m.K = w->cols, m.nmat = 1;
+    if ((rc = ms_gpu_mma_gemm((void *)b->g->stream, &m, err))) return rc;
+    b->mma_calls++;
+    return MS_OK;
 }
 
 /* One group of items through gemm_mma.cu: upload of its tables (pairs, weights, the token CSR,

@@ -199,14 +199,16 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
         for (int e = 0; e < 2; e++) {
             int n = ni * 8 + 2 * t + e;
             if (n >= tile.np) continue;
-            int64_t oc = a.ocol[(int64_t)(tile.p0 + n) * a.ostride];
+            int64_t oc = a.ocol ? a.ocol[(int64_t)(tile.p0 + n) * a.ostride] : tile.p0 + n;
             float *o = a.out + ((int64_t)mt * a.cols + oc) * a.M;
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     int64_t r = row0 + warp * 32 + mi * 16 + g + 8 * h;
-                    if (r < a.M) o[r] = NP > 1 ? acl[mi][ni][2 * h + e] + acc[mi][ni][2 * h + e] : acc[mi][ni][2 * h + e];
+                    if (r >= a.M) continue;
+                    float v = NP > 1 ? acl[mi][ni][2 * h + e] + acc[mi][ni][2 * h + e] : acc[mi][ni][2 * h + e];
+                    o[r] = a.accum ? o[r] + v : v;
                 }
         }
 #endif

@@ -40,8 +40,9 @@ typedef struct {
 } ms_mma_tile;
 
 /* One stage's launch. Pair p's activation row is x + xrow(p) ldx (xrow(p) = xrow[p xstride],
- * p itself when xrow is NULL), its output column ocol[p ostride]; matrix mt of the stage
- * (mt < nmat: item w[mat0 + mt]) writes out[(mt cols + ocol) M + r] for its M rows. The
+ * p itself when xrow is NULL), its output column ocol[p ostride] (p when NULL); matrix mt of
+ * the stage (mt < nmat: item w[mat0 + mt]) writes out[(mt cols + ocol) M + r] for its M rows
+ * (accum: adds to it). The
  * weight: wdt (MS_MMA_*), rows of K values; FP8: scales sdt (1 F32, 2 BF16) in blocks
  * of brow rows x 2^bshift columns, scols per scale row; F4: E8M0 scales per 2^bshift
  * columns of each row, scols per row. items / tiles / xrow / ocol are device arrays. */
@@ -56,6 +57,7 @@ typedef struct {
     float *out;
     int64_t cols, M, K;
     int mat0, nmat, wdt, sdt, brow, bshift, parts, nt; /* nt: pairs per tile, 16 or 32 */
+    int accum;
     int64_t scols;
 } ms_mma_gemm;
 
