@@ -453,8 +453,10 @@ TEST(backend_gemm_mma) {
     for (int pi = 0; pi < 3; pi++) {
         setenv("MS_GPU_MOE_PARTS", parts[pi], 1);
         if (pi) setenv("MS_GPU_MOE_NT", nts[pi], 1);
+        if (pi == 1) setenv("MS_GPU_MOE_MMA_DB", "1", 1); /* the double-buffered form on this pass */
+        else unsetenv("MS_GPU_MOE_MMA_DB");
         g_moe_want_mma = 1, g_moe_xerr = xerr[pi];
-        printf("  mma kernel, %s activation parts, tiles of %s pairs\n", parts[pi], nts[pi]);
+        printf("  mma kernel, %s activation parts, tiles of %s pairs%s\n", parts[pi], nts[pi], pi == 1 ? ", double-buffered" : "");
         if (pi == 0) { /* dense matmuls through the kernel (MS_GPU_DENSE_MMA=1), the check_gemm_dense bound */
             setenv("MS_GPU_DENSE_MMA", "1", 1);
             g_dense_want_mma = 1;

@@ -877,6 +877,11 @@ static int moe_parts_env(void) {
     int v = e ? atoi(e) : 3;
     return v >= 1 && v <= 3 ? v : 3;
 }
+/* MS_GPU_MOE_MMA_DB=1 (read per call; A/B): the kernel's double-buffered form */
+static int mma_db_env(void) {
+    const char *e = getenv("MS_GPU_MOE_MMA_DB");
+    return e && !strcmp(e, "1");
+}
 static int al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 /* log2 of a power of two v (-1 otherwise) */
 static int log2_pow2(int64_t v) {
@@ -897,7 +902,7 @@ static int moe_mma_of(const ms_gpu_blas *b, const ms_moe_args *a, const moe_layo
     if (!want || b->g->prop.major < 8 || L->D % MS_MMA_KT || L->I % MS_MMA_KT || !ms_gpu_mma_gemm_ok()) return 0;
     const ms_qmat *g = &a->views[0].gate, *d = &a->views[0].down;
     memset(m, 0, sizeof *m);
-    m->parts = moe_parts_env();
+    m->parts = moe_parts_env(), m->db = mma_db_env();
     *scols1 = *scols2 = 0;
     if (g->dtype == MS_DT_BF16 && !g->scale && !d->scale) {
         if (!(want & MM_BF16)) return 0;
@@ -947,7 +952,7 @@ static int dense_mma(ms_gpu_blas *b, float *y, const float *x, int n, const ms_q
         m.wdt = MS_MMA_F4, m.bshift = sh, m.scols = (w->cols + w->bcol - 1) / w->bcol;
     } else
         return -1;
-    m.parts = moe_parts_env(), m.nt = n < 24 ? 16 : 32, m.accum = acc;
+    m.parts = moe_parts_env(), m.nt = n < 24 ? 16 : 32, m.accum = acc, m.db = mma_db_env();
     int ntl = (n + m.nt - 1) / m.nt, rc;
     size_t o_tile = align8(sizeof(ms_mma_item)), total = o_tile + (size_t)ntl * sizeof(ms_mma_tile);
     if ((rc = grow_host((void **)&b->hmeta, &b->hmeta_cap, total, err)) ||

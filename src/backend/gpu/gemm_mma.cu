@@ -54,12 +54,14 @@ template <int WDT> struct mm_w {
 };
 
 /* Grid (tiles, nmat x row tiles), 128 threads: warp w owns rows 32w .. 32w + 31 of the tile
- * (two m16 tiles) and all NT (16 or 32) pairs (NT / 8 n8 tiles). */
-template <int WDT, int NP, int NT>
+ * (two m16 tiles) and all NT (16 or 32) pairs (NT / 8 n8 tiles). DB: two shared buffers, the
+ * next step's tiles stored while others compute (one barrier per step instead of two). */
+template <int WDT, int NP, int NT, int DB>
 __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) uint32_t As[MT * LDW];
-    __shared__ __align__(16) uint32_t Bs[NP * NT * LDW];
+    __shared__ __align__(16) uint32_t As_[(DB ? 2 : 1) * MT * LDW];
+    __shared__ __align__(16) uint32_t Bs_[(DB ? 2 : 1) * NP * NT * LDW];
+    uint32_t *As = As_, *Bs = Bs_;
     constexpr int J = mm_w<WDT>::J, XJ = NT / 16, NI = NT / 8;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const ms_mma_tile tile = a.tiles[blockIdx.x];
@@ -168,10 +170,15 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f, acl[mi][ni][e] = 0.0f;
     load(0);
-    for (int64_t k0 = 0; k0 < K; k0 += KT) {
-        __syncthreads(); /* the previous step's fragments are read */
-        store();
-        __syncthreads();
+    if (DB) store(), __syncthreads();
+    for (int64_t k0 = 0, cur = 0; k0 < K; k0 += KT, cur ^= 1) {
+        if (DB) {
+            As = As_ + cur * (MT * LDW), Bs = Bs_ + cur * (NP * NT * LDW);
+        } else {
+            __syncthreads(); /* the previous step's fragments are read */
+            store();
+            __syncthreads();
+        }
         if (k0 + KT < K) load(k0 + KT); /* in flight during this step's products */
 #pragma unroll
         for (int ks = 0; ks < 2; ks++) {
@@ -190,6 +197,11 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
 #pragma unroll
                     for (int mi = 0; mi < 2; mi++) mm_mma(q ? acl[mi][ni] : acc[mi][ni], af[mi], b0, b1);
                 }
+        }
+        if (DB && k0 + KT < K) { /* the next step's tiles into the other buffer; one barrier */
+            As = As_ + (cur ^ 1) * (MT * LDW), Bs = Bs_ + (cur ^ 1) * (NP * NT * LDW);
+            store();
+            __syncthreads();
         }
     }
     /* c[h 2 + e]: row g + 8 h, pair 2 t + e of each m16 x n8 tile */
@@ -214,14 +226,18 @@ __global__ void __launch_bounds__(128) k_mma_gemm(ms_mma_gemm a) {
 #endif
 }
 
-/* One stage through k_mma_gemm<WDT, NP, NT>: MS_ERR_UNSUPPORTED when its device code is older than sm_80. */
-template <int WDT, int NP, int NT>
-static int mm_launch(const ms_mma_gemm *a, gpuStream_t st, ms_err *err) {
-    if (ms_kernel_ptx((const void *)k_mma_gemm<WDT, NP, NT>) < 80)
+/* One stage through k_mma_gemm<WDT, NP, NT, DB>: MS_ERR_UNSUPPORTED when its device code is older than sm_80. */
+template <int WDT, int NP, int NT, int DB>
+static int mm_launch_db(const ms_mma_gemm *a, gpuStream_t st, ms_err *err) {
+    if (ms_kernel_ptx((const void *)k_mma_gemm<WDT, NP, NT, DB>) < 80)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "gpu (%s): mma gemm: no sm_80+ device code", MS_GPU_BACKEND_NAME);
     int tpm = (int)((a->M + MT - 1) / MT);
-    k_mma_gemm<WDT, NP, NT><<<dim3((unsigned)a->ntiles, (unsigned)(a->nmat * tpm)), 128, 0, st>>>(*a);
+    k_mma_gemm<WDT, NP, NT, DB><<<dim3((unsigned)a->ntiles, (unsigned)(a->nmat * tpm)), 128, 0, st>>>(*a);
     return ms_gpu_launched(err, "mma gemm");
+}
+template <int WDT, int NP, int NT>
+static int mm_launch(const ms_mma_gemm *a, gpuStream_t st, ms_err *err) {
+    return a->db ? mm_launch_db<WDT, NP, NT, 1>(a, st, err) : mm_launch_db<WDT, NP, NT, 0>(a, st, err);
 }
 template <int WDT, int NT>
 static int mm_launch_np(const ms_mma_gemm *a, gpuStream_t st, ms_err *err) {
@@ -234,7 +250,7 @@ static int mm_launch_nt(const ms_mma_gemm *a, gpuStream_t st, ms_err *err) {
     return a->nt == 16 ? mm_launch_np<WDT, 16>(a, st, err) : mm_launch_np<WDT, 32>(a, st, err);
 }
 
-extern "C" int ms_gpu_mma_gemm_ok(void) { return ms_kernel_ptx((const void *)k_mma_gemm<MS_MMA_BF16, 3, 32>) >= 80; }
+extern "C" int ms_gpu_mma_gemm_ok(void) { return ms_kernel_ptx((const void *)k_mma_gemm<MS_MMA_BF16, 3, 32, 0>) >= 80; }
 
 extern "C" int ms_gpu_mma_gemm(void *stream, const ms_mma_gemm *a, ms_err *err) {
     if (a->K % KT || a->parts < 1 || a->parts > 3 || a->wdt < MS_MMA_BF16 || a->wdt > MS_MMA_F4 ||

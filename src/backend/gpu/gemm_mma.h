@@ -58,6 +58,7 @@ typedef struct {
     int64_t cols, M, K;
     int mat0, nmat, wdt, sdt, brow, bshift, parts, nt; /* nt: pairs per tile, 16 or 32 */
     int accum;
+    int db; /* two shared buffers (one barrier per K step) instead of one */
     int64_t scols;
 } ms_mma_gemm;
 
