@@ -866,9 +866,12 @@ static void moe_rb_of(const ms_moe_args *a, const moe_layout *L, moe_rb *rb) {
 #define MM_BF16 1
 #define MM_FP8 2
 #define MM_F4 4
+#define MM_DEFAULT 0    /* the dtypes taken when MS_GPU_MOE_MMA is unset */
+#define MM_DB_DEFAULT 0 /* the double-buffered form when MS_GPU_MOE_MMA_DB is unset */
 static int moe_mma_env(void) {
     const char *e = getenv("MS_GPU_MOE_MMA");
-    if (!e || !*e || !strcmp(e, "0")) return 0;
+    if (!e || !*e) return MM_DEFAULT;
+    if (!strcmp(e, "0")) return 0;
     if (!strcmp(e, "1") || !strcmp(e, "all")) return MM_BF16 | MM_FP8 | MM_F4;
     return (strstr(e, "bf16") ? MM_BF16 : 0) | (strstr(e, "fp8") ? MM_FP8 : 0) | (strstr(e, "mxfp4") ? MM_F4 : 0);
 }
@@ -877,10 +880,10 @@ static int moe_parts_env(void) {
     int v = e ? atoi(e) : 3;
     return v >= 1 && v <= 3 ? v : 3;
 }
-/* MS_GPU_MOE_MMA_DB=1 (read per call; A/B): the kernel's double-buffered form */
+/* MS_GPU_MOE_MMA_DB=1|0 (read per call; A/B): the kernel's double-buffered form or not */
 static int mma_db_env(void) {
     const char *e = getenv("MS_GPU_MOE_MMA_DB");
-    return e && !strcmp(e, "1");
+    return e && *e ? !strcmp(e, "1") : MM_DB_DEFAULT;
 }
 static int al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 /* log2 of a power of two v (-1 otherwise) */
