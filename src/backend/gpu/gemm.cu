@@ -935,9 +935,11 @@ static int moe_mma_of(const ms_gpu_blas *b, const ms_moe_args *a, const moe_layo
  * (block scales of a multiple of MS_MMA_MT rows and MS_MMA_KT columns) and MXFP4 weights through
  * gemm_mma.cu's kernel as one item of n pairs (MS_GPU_MOE_PARTS activation parts). Returns -1 when
  * not taken (the BLAS path runs), else the launch's status. */
+#define DENSE_MMA_DEFAULT 0 /* dense matmuls through the kernel when MS_GPU_DENSE_MMA is unset */
 static int dense_mma(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc, ms_err *err) {
     const char *e = getenv("MS_GPU_DENSE_MMA");
-    if (!e || strcmp(e, "1") || b->g->prop.major < 8 || w->cols % MS_MMA_KT || !al16(w->data) || !al16(x) ||
+    int want = e && *e ? !strcmp(e, "1") : DENSE_MMA_DEFAULT;
+    if (!want || b->g->prop.major < 8 || w->cols % MS_MMA_KT || !al16(w->data) || !al16(x) ||
         !ms_gpu_mma_gemm_ok())
         return -1;
     ms_mma_gemm m;
