@@ -6,7 +6,8 @@
  * Every weight is replicated into copies that together exceed 1 GiB and the
  * timed launches cycle through them, so the bytes come from HBM, not L2.
  * Usage: gpubench [--peak-gbs 4800] [--quick] [--matvec DTYPE ROWS COLS N] [--gemm DTYPE ROWS COLS]
- *                 [--routed DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER] (one line per dtype, in order) */
+ *                 [--routed DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER] (one line per dtype, in order)
+ *                 [--moe-gemm DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER N] (prefill grouped experts, N tokens) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -249,6 +250,71 @@ static void bench_routed(const bdt *d, int E, int K, int64_t D, int64_t I) {
     free((void *)hg.data), free((void *)hg.scale), free((void *)hd.data), free((void *)hd.scale);
 }
 
+/* A prefill chunk's routed experts through the grouped GEMMs (ms_gpu_blas_moe, the backend's
+ * prefill path): E experts of [I, D] gate and up and [D, I] down resident, n tokens routed to K
+ * distinct random experts each. Time per call (the host tables and uploads included) and the
+ * weight-level TFLOPS (2 x pairs x 3 D I; the activation parts not counted); MS_GPU_MOE_MMA /
+ * MS_GPU_MOE_PARTS name the path. */
+static void bench_moe_gemm(const bdt *d, int E, int K, int64_t D, int64_t I, int n) {
+    ms_err err = {0};
+    ms_gpu_blas *bl = NULL;
+    if (ms_gpu_blas_open(G, &bl, &err)) die("blas", &err);
+    ms_qmat hg = host_w(d, I, D), hd = host_w(d, D, I);
+    ms_qmat *dg = calloc((size_t)E * 3, sizeof *dg);
+    ms_expert_view *v = calloc((size_t)E, sizeof *v);
+    for (int e = 0; e < E; e++) {
+        for (int m = 0; m < 3; m++)
+            if (ms_gpu_qmat_upload(G, m == 2 ? &hd : &hg, &dg[3 * e + m], &err)) die("upload", &err);
+        v[e].gate = dg[3 * e], v[e].up = dg[3 * e + 1], v[e].down = dg[3 * e + 2];
+    }
+    int P = n * K, *ids = malloc((size_t)P * 4), *cnt = calloc((size_t)E + 1, 4), *tok = malloc((size_t)P * 4);
+    int *off = malloc((size_t)(E + 1) * 4), *pos = malloc((size_t)E * 4);
+    float *w = malloc((size_t)P * 4);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < K; j++) {
+            int id, dup;
+            do {
+                id = (int)(rnd() % (uint64_t)E), dup = 0;
+                for (int q = 0; q < j; q++) dup |= ids[t * K + q] == id;
+            } while (dup);
+            ids[t * K + j] = id;
+        }
+    for (int i = 0; i < P; i++) cnt[ids[i] + 1]++;
+    for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+    memcpy(pos, cnt, (size_t)E * 4);
+    for (int i = 0; i < P; i++) tok[pos[ids[i]]] = i / K, w[pos[ids[i]]++] = 1.0f / (float)K;
+    int nu = 0;
+    ms_expert_view *vu = calloc((size_t)E, sizeof *vu);
+    for (int e = 0; e < E; e++)
+        if (cnt[e + 1] > cnt[e]) off[nu] = cnt[e], vu[nu] = v[e], nu++;
+    off[nu] = P;
+    void *x, *acc;
+    if (ms_gpu_alloc(G, (size_t)n * D * 4, &x, &err) || ms_gpu_alloc(G, (size_t)n * D * 4, &acc, &err)) die("alloc", &err);
+    ms_gpu_zero(G, x, (size_t)n * D * 4, &err), ms_gpu_zero(G, acc, (size_t)n * D * 4, &err);
+    ms_glu act = {.kind = MS_ACT_SILU, .alpha = 1.0f};
+    ms_moe_args a = {.in = x, .acc = acc, .D = D, .act = &act, .nu = nu, .views = vu, .off = off, .tok = tok, .w = w};
+    float ms = 0, best = 1e30f;
+    for (int round = 0; round < 4; round++) {
+        const int reps = 3;
+        if (ms_gpu_timer_start(G, &err)) die("timer", &err);
+        for (int r = 0; r < reps; r++)
+            if (ms_gpu_blas_moe(bl, &a, &err)) die("grouped experts", &err);
+        if (ms_gpu_timer_stop(G, &ms, &err)) die("timer", &err);
+        if (round && ms / reps < best) best = ms / reps;
+    }
+    const char *mm = getenv("MS_GPU_MOE_MMA"), *pa = getenv("MS_GPU_MOE_PARTS");
+    printf("{\"bench\":\"moe_gemm\",\"dtype\":\"%s\",\"experts\":%d,\"k\":%d,\"hidden\":%lld,\"inter\":%lld,\"n\":%d,"
+           "\"mma\":\"%s\",\"parts\":\"%s\",\"mma_calls\":%llu,\"us\":%.1f,\"tflops\":%.1f}\n",
+           d->name, E, K, (long long)D, (long long)I, n, mm ? mm : "off", pa ? pa : "3",
+           (unsigned long long)ms_gpu_blas_mma_calls(bl), best * 1e3, 2.0 * P * 3 * D * I / (best * 1e-3) / 1e12);
+    fflush(stdout);
+    ms_gpu_free(G, x), ms_gpu_free(G, acc);
+    for (int i = 0; i < 3 * E; i++) ms_gpu_qmat_free(G, &dg[i]);
+    free(dg), free(v), free(vu), free(ids), free(cnt), free(tok), free(off), free(pos), free(w);
+    free((void *)hg.data), free((void *)hg.scale), free((void *)hd.data), free((void *)hd.scale);
+    ms_gpu_blas_close(bl);
+}
+
 static void bench_attn(int H, int KV, int hd, int64_t ctx, int window) {
     ms_err err = {0};
     size_t kvb = (size_t)ctx * KV * hd * 4;
@@ -322,7 +388,7 @@ static void bench_gemm(const bdt *d, int64_t rows, int64_t cols) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, one = -1, one_n = 1, gemm = -1, routed[16], n_routed = 0, r_e = 0, r_k = 0;
+    int quick = 0, one = -1, one_n = 1, gemm = -1, routed[16], n_routed = 0, r_e = 0, r_k = 0, moe_n = 0;
     int64_t one_r = 0, one_c = 0, a_ctx[8];
     int a_h[8], a_kv[8], a_hd[8], n_attn = 0;
     for (int i = 1; i < argc; i++) {
@@ -342,6 +408,23 @@ int main(int argc, char **argv) {
             i += 3;
             if (gemm < 0 || one_r < 1 || one_c < 1) {
                 fprintf(stderr, "gpubench: --gemm DTYPE ROWS COLS (dtype bf16|f16|f32|f8_e4m3|mxfp4)\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--moe-gemm") && i + 6 < argc) { /* DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER N */
+            int bad = 0;
+            for (const char *p = argv[i + 1]; *p && !bad;) {
+                const char *c = strchr(p, ',');
+                size_t len = c ? (size_t)(c - p) : strlen(p);
+                int di = dt_index(p, len);
+                if (di < 0 || n_routed >= 16) bad = 1;
+                else routed[n_routed++] = di;
+                p += len + (c ? 1 : 0);
+            }
+            r_e = atoi(argv[i + 2]), r_k = atoi(argv[i + 3]), one_r = atoll(argv[i + 4]), one_c = atoll(argv[i + 5]);
+            moe_n = atoi(argv[i + 6]);
+            i += 6;
+            if (bad || r_e < 1 || r_k < 1 || r_k > r_e || moe_n < 1) {
+                fprintf(stderr, "gpubench: --moe-gemm DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER N\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--routed") && i + 5 < argc) { /* DTYPE[,DTYPE...] EXPERTS K HIDDEN INTER */
@@ -386,6 +469,11 @@ int main(int argc, char **argv) {
     measure_copy();
     if (n_attn) {
         for (int j = 0; j < n_attn; j++) bench_attn(a_h[j], a_kv[j], a_hd[j], a_ctx[j], 0);
+        ms_gpu_close(G);
+        return 0;
+    }
+    if (n_routed && moe_n) {
+        for (int q = 0; q < n_routed; q++) bench_moe_gemm(&k_dt[routed[q]], r_e, r_k, one_r, one_c, moe_n);
         ms_gpu_close(G);
         return 0;
     }

@@ -235,6 +235,12 @@ TEST(backend_dense) {
  * so a dot product of N terms is within (2N + 16) u sum|terms|; the weight's BF16
  * pair carries 2^-18 of each value where hi + lo is not exact (FP8 with F32 scales). */
 static double split_err(const wkind *k) { return k->dt == MS_DT_F8_E4M3 && k->sdt == MS_DT_F32 ? 0x1p-18 : 0; }
+/* backend_gemm_mma: check_gemm_moe asserts that the call went through gemm_mma.cu's kernel, and
+ * the activations' BF16 parts there carry g_moe_xerr of each value (3 parts: 0, exact; 2: 2^-16;
+ * 1: 2^-8: the rounding of what the earlier parts leave) in both stages. */
+static int g_moe_want_mma;
+static double g_moe_xerr;
+static int g_dense_want_mma; /* check_gemm_dense asserts the kernel ran (MS_GPU_DENSE_MMA=1) */
 
 static void check_gemm_dense(const wkind *k, int64_t rows, int64_t cols, int n, int acc) {
     ms_backend *C = cpu(), *G = gbe();
@@ -244,12 +250,14 @@ static void check_gemm_dense(const wkind *k, int64_t rows, int64_t cols, int n, 
     float *x = randv((int64_t)n * cols, 1.0f), *ref = randv((int64_t)n * rows, 1.0f);
     float *y0 = dupv(ref, (int64_t)n * rows);
     float *dx = bup(x, (int64_t)n * cols), *dy = bup(ref, (int64_t)n * rows);
-    uint64_t d0, m0, d1, m1;
+    uint64_t d0, m0, d1, m1, q0 = ms_backend_gpu_gemm_mma_calls(G);
     ms_backend_gpu_gemm_calls(G, &d0, &m0);
     C->ops->matmul(C, ref, x, n, &w, acc);
     G->ops->matmul(G, dy, dx, n, &dw, acc);
     float *got = bget(dy, (int64_t)n * rows);
     ms_backend_gpu_gemm_calls(G, &d1, &m1);
+    CHECK_MSG(!g_dense_want_mma || ms_backend_gpu_gemm_mma_calls(G) == q0 + 1, "gemm %s n=%d: not through the mma kernel",
+              k->name, n);
     double *l1 = malloc((size_t)n * rows * 8);
     l1_rows(&w, x, n, l1);
     double worst = 0;
@@ -340,14 +348,16 @@ static void check_gemm_moe(const char *what, const wkind *k, int E, int K, int n
     ms_moe_args ga = ca; /* the composed op's scratch (unused by the grouped path) */
     ga.in = dx, ga.acc = dacc, ga.views = du, ga.xs = scr, ga.g = scr + mb * D, ga.u = scr + mb * D + mb * 2 * I,
     ga.ys = scr + mb * D + mb * 4 * I;
-    uint64_t d0, m0, d1, m1;
+    uint64_t d0, m0, d1, m1, q0 = ms_backend_gpu_gemm_mma_calls(G);
     ms_backend_gpu_gemm_calls(G, &d0, &m0);
     G->ops->moe_experts(G, &ga);
     float *got = bget(dacc, (int64_t)n * D);
     ms_backend_gpu_gemm_calls(G, &d1, &m1);
+    uint64_t q1 = ms_backend_gpu_gemm_mma_calls(G);
     CHECK(G->ops->sync(G, &err) == MS_OK);
     double scale = maxabs(ref, (int64_t)n * D) + 1e-30, worst = 0;
-    double tol = (8 * ((2.0 * D + 16) * U32 + (2.0 * I + 16) * U32 + 2 * split_err(k)) + (K + 2) * 4 * U32) * scale * 4;
+    double tol = (8 * ((2.0 * D + 16) * U32 + (2.0 * I + 16) * U32 + 2 * split_err(k) + 2 * g_moe_xerr) + (K + 2) * 4 * U32) *
+                 scale * 4;
     int bad = 0;
     for (int64_t i = 0; i < (int64_t)n * D; i++) {
         double e = fabs((double)got[i] - ref[i]) / tol;
@@ -357,6 +367,7 @@ static void check_gemm_moe(const char *what, const wkind *k, int E, int K, int n
     printf("  backend gemm experts %-40s n=%-4d E=%d K=%d max err/bound %.3f (max |acc| %.3g)\n", what, n, E, K, worst,
            scale);
     CHECK_MSG(m1 == m0 + 1, "gemm experts %s: did not run grouped", what);
+    CHECK_MSG(!g_moe_want_mma || q1 == q0 + 1, "gemm experts %s: did not run through the mma kernel", what);
     CHECK_MSG(bad == 0, "gemm experts %s: %d out of bound", what, bad);
     gfree(dx), gfree(dacc), gfree(scr);
     for (int e = 0; e < E; e++) {
@@ -433,6 +444,61 @@ TEST(backend_gemm) {
     check_gemm_moe("bf16 biases, limit 7", &K_BF16, 8, 2, 17, 256, 96, 0, 1, 7.0f, 0);
     check_gemm_moe("bf16, one hot expert (1100 rows)", &K_BF16, 6, 2, 1100, 128, 64, 0, 0, 0.0f, 1);
     CHECK(ms_backend_gpu_gemm_min(G, 16, 48, 4) == MS_OK); /* back near the defaults for the other tests */
+}
+
+/* The grouped experts through gemm_mma.cu's kernel (MS_GPU_MOE_MMA=all): BF16, FP8 (F32 and BF16
+ * 128 x 128 scales, fused gate_up with biases and a limit), MXFP4 (fused, biases, limit), a hot
+ * expert of 1100 pairs (two items, partial pair tiles), the Qwen3 shape; then the faster forms of
+ * 2 and 1 activation parts (MS_GPU_MOE_PARTS) on the same shapes, each with its own bound, and
+ * tiles of 32 and 16 pairs forced (MS_GPU_MOE_NT). */
+TEST(backend_gemm_mma) {
+    SKIP_UNLESS_SELECTED("backend_gemm_mma");
+    ms_backend *G = gbe();
+    CHECK(ms_backend_gpu_gemm_min(G, 2, 2, 2) == MS_OK);
+    setenv("MS_GPU_MOE_MMA", "all", 1);
+    static const double xerr[3] = {0, 0x1p-16, 0x1p-8};
+    static const char *parts[3] = {"3", "2", "1"};
+    static const char *nts[3] = {"auto", "32", "16"}; /* pairs per tile: the kernel's choice, then each forced */
+    for (int pi = 0; pi < 3; pi++) {
+        setenv("MS_GPU_MOE_PARTS", parts[pi], 1);
+        if (pi) setenv("MS_GPU_MOE_NT", nts[pi], 1);
+        if (pi == 1) setenv("MS_GPU_MOE_MMA_DB", "1", 1); /* the double-buffered form on this pass */
+        else unsetenv("MS_GPU_MOE_MMA_DB");
+        g_moe_want_mma = 1, g_moe_xerr = xerr[pi];
+        printf("  mma kernel, %s activation parts, tiles of %s pairs%s\n", parts[pi], nts[pi], pi == 1 ? ", double-buffered" : "");
+        if (pi == 0) { /* dense matmuls through the kernel (MS_GPU_DENSE_MMA=1), the check_gemm_dense bound */
+            setenv("MS_GPU_DENSE_MMA", "1", 1);
+            g_dense_want_mma = 1;
+            const wkind *dk[4] = {&K_BF16, &K_FP8, &K_FP8B, &K_F4};
+            int dn[4] = {2, 17, 40, 67};
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) check_gemm_dense(dk[i], 333, 1024, dn[j], j == 2);
+            check_gemm_dense(&K_F4, 2880, 2880, 33, 0);
+            check_gemm_dense(&K_FP8, 4096, 2048, 96, 1);
+            g_dense_want_mma = 0;
+            check_gemm_dense(&K_FP8, 1001, 2896, 40, 0); /* columns not a multiple of 32: the BLAS path */
+            unsetenv("MS_GPU_DENSE_MMA");
+        }
+        if (pi == 0) { /* the Qwen3-30B-A3B expert shape (32 of its 128 experts), the gpt-oss one */
+            check_gemm_moe("mma bf16 (qwen3 shape)", &K_BF16, 32, 8, 64, 2048, 768, 0, 0, 0.0f, 0);
+            check_gemm_moe("mma fp8 f32 128x128 scales (qwen3 shape)", &K_FP8, 32, 8, 96, 2048, 768, 0, 0, 0.0f, 0);
+            check_gemm_moe("mma mxfp4 (gpt-oss shape 2880)", &K_F4, 4, 2, 21, 2880, 2880, 1, 1, 7.0f, 0);
+        }
+        check_gemm_moe("mma fp8 f32 128x128 scales", &K_FP8, 16, 4, 40, 512, 384, 0, 0, 0.0f, 0);
+        check_gemm_moe("mma fp8 bf16 scales", &K_FP8B, 16, 4, 40, 512, 256, 0, 0, 0.0f, 0);
+        check_gemm_moe("mma fp8 fused gate_up, biases, limit 7", &K_FP8, 8, 4, 33, 384, 192, 1, 1, 7.0f, 0);
+        check_gemm_moe("mma mxfp4 fused gate_up, biases, limit 7", &K_F4, 8, 4, 40, 320, 128, 1, 1, 7.0f, 0);
+        check_gemm_moe("mma bf16 biases, limit 7", &K_BF16, 8, 2, 17, 256, 96, 0, 1, 7.0f, 0);
+        check_gemm_moe("mma bf16, one hot expert (1100 rows)", &K_BF16, 6, 2, 1100, 128, 64, 0, 0, 0.0f, 1);
+        check_gemm_moe("mma fp8, one hot expert (1100 rows)", &K_FP8B, 6, 2, 1100, 256, 128, 0, 0, 0.0f, 1);
+    }
+    g_moe_want_mma = 0, g_moe_xerr = 0;
+    unsetenv("MS_GPU_MOE_PARTS");
+    unsetenv("MS_GPU_MOE_NT");
+    /* a layout the kernel refuses (inter 320: a partial FP8 row block) keeps the earlier path */
+    check_gemm_moe("mma refused: fp8 partial row block (hi + lo)", &K_FP8, 8, 2, 21, 256, 320, 0, 0, 0.0f, 0);
+    unsetenv("MS_GPU_MOE_MMA");
+    CHECK(ms_backend_gpu_gemm_min(G, 16, 48, 4) == MS_OK);
 }
 
 TEST(backend_route) {

@@ -56,6 +56,8 @@ int ms_backend_gpu_copy_bandwidth(ms_backend *be, double *bytes_per_s, ms_err *e
 int ms_backend_gpu_gemm_min(ms_backend *be, int dense, int dequantized, int experts);
 /* How many matmuls and moe_experts calls ran through the GEMMs so far (tests, benches). */
 void ms_backend_gpu_gemm_calls(ms_backend *be, uint64_t *dense, uint64_t *experts);
+/* Of those routed-expert calls, the ones through gemm_mma.cu's kernel (MS_GPU_MOE_MMA). */
+uint64_t ms_backend_gpu_gemm_mma_calls(ms_backend *be);
 /* The dependency edges of the last decode step recorded (graph_end): all of them, and those
  * programmatic (a kernel launched with programmatic dependent launch after a kernel; 0 without
  * PDL or on HIP). Both 0 before any recording. */

@@ -14,6 +14,7 @@ extern "C" {
 #include "core/backend.h" /* C linkage (ms_moe_experts_composed) before gemm.h includes it */
 }
 #include "backend/gpu/gemm.h"
+#include "backend/gpu/gemm_mma.h"
 #include "backend/gpu/backend_gpu.h"
 
 /* accessors of backend_gpu.cu (backend_gpu_blocks.h has their siblings) */
@@ -259,6 +260,7 @@ struct ms_gpu_blas {
     size_t hmeta_cap;
     int *hcnt; /* host: per-token counts (the combine's CSR) */
     size_t hcnt_cap;
+    uint64_t mma_calls; /* moe and dense calls through gemm_mma.cu's kernel (ms_gpu_blas_mma_calls) */
 };
 
 /* Device scratch *p of at least need elements of elem bytes (grown by a quarter more; old contents
@@ -381,11 +383,14 @@ static int gemm_bf16_ld(ms_gpu_blas *b, int64_t m, int64_t cols, int64_t k, cons
                    err, "gemm (bf16)");
 }
 
+static int dense_mma(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc, ms_err *err);
+
 extern "C" int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc,
                                   ms_err *err) {
     if (!b || !y || !x || !w || n < 1) return ms_fail(err, MS_ERR_ARG, "gemm: bad arguments");
     int rc = ms_gpu_qmat_check(w, "weight", err);
     if (rc) return rc;
+    if ((rc = dense_mma(b, y, x, n, w, acc, err)) != -1) return rc; /* -1: not taken */
     int64_t M = w->rows, K = w->cols;
     if (w->dtype == MS_DT_F32 && !w->scale) { /* F32 weights: the F32 GEMM (no TF32: default math mode) */
         const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
@@ -473,12 +478,13 @@ __global__ void k_split_pairs_rb(const float *in, const pair_rec *pr, const void
         split3(src[c] * rb_scale(s, sdt, rb * scols + (c >> bshift)), d0 + c, d1 + c, d2 + c);
 }
 
-/* The sum of a pair's parts of one output element: cs [parts][cols][ld], rows col + j m. */
+/* The sum of a pair's parts of one output element: cs [parts][cols][ld], rows col + j m (j < nj:
+ * 3 activation parts, or 1 where the GEMM summed them: gemm_mma.cu). */
 static __device__ __forceinline__ float parts_sum(const float *cs, int64_t cols, int64_t ld, int part0, int nq,
-                                                  const pair_rec &p, int64_t e) {
+                                                  const pair_rec &p, int64_t e, int nj = 3) {
     float s = 0.0f;
     for (int q = nq - 1; q >= 0; q--)
-        for (int j = 2; j >= 0; j--) s += cs[((int64_t)(part0 + q) * cols + p.col + (int64_t)j * p.m) * ld + e];
+        for (int j = nj - 1; j >= 0; j--) s += cs[((int64_t)(part0 + q) * cols + p.col + (int64_t)j * p.m) * ld + e];
     return s;
 }
 
@@ -529,11 +535,32 @@ __global__ void k_glu_pairs_rb(const float *cs1, const pair_rec *pr, const void 
     }
 }
 
+/* k_glu_pairs_rb's activation h of every pair (blockIdx.x) from stage-1 outputs that hold one
+ * summed part per pair (gemm_mma.cu), as F32 rows h[pair][I] for the second stage. */
+__global__ void k_glu_pairs_h(const float *cs1, const pair_rec *pr, const void *const *bias, int64_t cols, int64_t I,
+                              int64_t M1, int fused, int bdt, ms_gpu_glu_params act, float *h) {
+    pair_rec p = pr[blockIdx.x];
+    const void *gb = bias[3 * p.item], *ub = bias[3 * p.item + 1];
+    float *o = h + (int64_t)blockIdx.x * I;
+    for (int64_t i = threadIdx.x; i < I; i += blockDim.x) {
+        float g, u;
+        if (fused) {
+            g = parts_sum(cs1, cols, M1, 0, 1, p, 2 * i, 1) + ms_bias_at(gb, bdt, 2 * i);
+            u = parts_sum(cs1, cols, M1, 0, 1, p, 2 * i + 1, 1) + ms_bias_at(gb, bdt, 2 * i + 1);
+        } else {
+            g = parts_sum(cs1, cols, M1, 0, 1, p, i, 1) + ms_bias_at(gb, bdt, i);
+            u = parts_sum(cs1, cols, M1, 1, 1, p, i, 1) + ms_bias_at(ub, bdt, i);
+        }
+        o[i] = ms_glu_apply(g, u, act);
+    }
+}
+
 /* acc[tok] += w[p] * (down(p) + bias) over each token's pairs in order (tlist: the
- * tokens, toff: CSR into plist, group pair indices ascending). One block per token. */
+ * tokens, toff: CSR into plist, group pair indices ascending; nj: activation parts per
+ * pair in cs2). One block per token. */
 __global__ void k_combine(float *acc, const float *cs2, const pair_rec *pr, const float *pw, const void *const *bias,
                           const int *tlist, const int *toff, const int *plist, int64_t cols, int64_t D, int nq,
-                          int bdt) {
+                          int bdt, int nj) {
     int t = tlist[blockIdx.x], k0 = toff[blockIdx.x], k1 = toff[blockIdx.x + 1];
     float *o = acc + (int64_t)t * D;
     for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
@@ -541,7 +568,7 @@ __global__ void k_combine(float *acc, const float *cs2, const pair_rec *pr, cons
         for (int k = k0; k < k1; k++) {
             int pi = plist[k];
             pair_rec p = pr[pi];
-            float y = parts_sum(cs2, cols, D, 0, nq, p, c) + ms_bias_at(bias[3 * p.item + 2], bdt, c);
+            float y = parts_sum(cs2, cols, D, 0, nq, p, c, nj) + ms_bias_at(bias[3 * p.item + 2], bdt, c);
             v += pw[pi] * y;
         }
         o[c] = v;
@@ -764,7 +791,7 @@ static int moe_group(ms_gpu_blas *b, const ms_moe_args *a, moe_item *it, int ni,
         e2 += (size_t)cnt2;
     }
     k_combine<<<nt, 256, 0, st>>>(a->acc, b->cs, dpr, (const float *)(Dm + o_w), dbias, (const int *)(Dm + o_tl),
-                                  (const int *)(Dm + o_to), (const int *)(Dm + o_pl), cols, D, np, bdt);
+                                  (const int *)(Dm + o_to), (const int *)(Dm + o_pl), cols, D, np, bdt, 3);
     return ms_gpu_launched(err, "grouped experts: combine");
 }
 
@@ -828,6 +855,242 @@ static void moe_rb_of(const ms_moe_args *a, const moe_layout *L, moe_rb *rb) {
     rb->scols1 = (L->D + g->bcol - 1) / g->bcol, rb->scols2 = (L->I + g->bcol - 1) / g->bcol;
 }
 
+/* ------------------------------------------ routed experts through gemm_mma.cu's kernel */
+
+/* MS_GPU_MOE_MMA (read per call; A/B measurements): routed experts of these dtypes take
+ * gemm_mma.cu's kernel (the weights as stored, no dequantized copy, no split rows, no BLAS):
+ * "1" / "all" every dtype it takes, else a comma list of bf16, fp8, mxfp4; unset or "0" none.
+ * MS_GPU_MOE_PARTS=1|2 (read per call; default 3) the activations' BF16 parts there: 3 is the
+ * F32-activation level (the three-part split is exact), 2 and 1 a faster mode of its own error
+ * (each activation to 2^-16 / 2^-8 relative). */
+#define MM_BF16 1
+#define MM_FP8 2
+#define MM_F4 4
+#define MM_DEFAULT 0    /* the dtypes taken when MS_GPU_MOE_MMA is unset */
+#define MM_DB_DEFAULT 0 /* the double-buffered form when MS_GPU_MOE_MMA_DB is unset */
+static int moe_mma_env(void) {
+    const char *e = getenv("MS_GPU_MOE_MMA");
+    if (!e || !*e) return MM_DEFAULT;
+    if (!strcmp(e, "0")) return 0;
+    if (!strcmp(e, "1") || !strcmp(e, "all")) return MM_BF16 | MM_FP8 | MM_F4;
+    return (strstr(e, "bf16") ? MM_BF16 : 0) | (strstr(e, "fp8") ? MM_FP8 : 0) | (strstr(e, "mxfp4") ? MM_F4 : 0);
+}
+static int moe_parts_env(void) {
+    const char *e = getenv("MS_GPU_MOE_PARTS");
+    int v = e ? atoi(e) : 3;
+    return v >= 1 && v <= 3 ? v : 3;
+}
+/* MS_GPU_MOE_MMA_DB=1|0 (read per call; A/B): the kernel's double-buffered form or not */
+static int mma_db_env(void) {
+    const char *e = getenv("MS_GPU_MOE_MMA_DB");
+    return e && *e ? !strcmp(e, "1") : MM_DB_DEFAULT;
+}
+static int al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+/* log2 of a power of two v (-1 otherwise) */
+static int log2_pow2(int64_t v) {
+    if (v < 1 || (v & (v - 1))) return -1;
+    int sh = 0;
+    while (((int64_t)1 << sh) < v) sh++;
+    return sh;
+}
+
+/* Whether experts of layout L (row-block form rb) take gemm_mma.cu's kernel; fills m's weight
+ * fields (dtype, scales, parts) and the scale columns per scale row of both stages. BF16 without
+ * scales; FP8 E4M3 in the row-block form with scale blocks of a multiple of MS_MMA_MT rows and
+ * MS_MMA_KT columns; MXFP4 with E8M0 scales per row and a power-of-two multiple of MS_MMA_KT
+ * columns; D and I multiples of MS_MMA_KT, every weight 16-byte aligned, an sm_80+ device. */
+static int moe_mma_of(const ms_gpu_blas *b, const ms_moe_args *a, const moe_layout *L, const moe_rb *rb,
+                      ms_mma_gemm *m, int64_t *scols1, int64_t *scols2) {
+    int want = moe_mma_env();
+    if (!want || b->g->prop.major < 8 || L->D % MS_MMA_KT || L->I % MS_MMA_KT || !ms_gpu_mma_gemm_ok()) return 0;
+    const ms_qmat *g = &a->views[0].gate, *d = &a->views[0].down;
+    memset(m, 0, sizeof *m);
+    m->parts = moe_parts_env(), m->db = mma_db_env();
+    *scols1 = *scols2 = 0;
+    if (g->dtype == MS_DT_BF16 && !g->scale && !d->scale) {
+        if (!(want & MM_BF16)) return 0;
+        m->wdt = MS_MMA_BF16;
+    } else if (g->dtype == MS_DT_F8_E4M3 && rb->brow) {
+        if (!(want & MM_FP8) || rb->brow % MS_MMA_MT || ((int64_t)1 << rb->bshift) % MS_MMA_KT) return 0;
+        m->wdt = MS_MMA_FP8, m->sdt = rb->sdt == WS_F32 ? 1 : 2, m->brow = rb->brow, m->bshift = rb->bshift;
+        *scols1 = rb->scols1, *scols2 = rb->scols2;
+    } else if (g->dtype == MS_DT_F4 && g->scale && g->scale_dtype == MS_DT_F8_E8M0 && d->scale &&
+               d->scale_dtype == MS_DT_F8_E8M0) {
+        int sh = log2_pow2(g->bcol);
+        if (!(want & MM_F4) || g->brow != 1 || d->brow != 1 || d->bcol != g->bcol || sh < 0 ||
+            ((int64_t)1 << sh) % MS_MMA_KT)
+            return 0;
+        m->wdt = MS_MMA_F4, m->bshift = sh;
+        *scols1 = (L->D + g->bcol - 1) / g->bcol, *scols2 = (L->I + g->bcol - 1) / g->bcol;
+    } else
+        return 0;
+    for (int u = 0; u < a->nu; u++) {
+        const ms_expert_view *v = &a->views[u];
+        if (!al16(v->gate.data) || !al16(v->down.data) || (v->up.data && !al16(v->up.data))) return 0;
+    }
+    return 1;
+}
+
+/* MS_GPU_DENSE_MMA=1 (read per call; A/B measurements, opt-in): dense matmuls of BF16, FP8 E4M3
+ * (block scales of a multiple of MS_MMA_MT rows and MS_MMA_KT columns) and MXFP4 weights through
+ * gemm_mma.cu's kernel as one item of n pairs (MS_GPU_MOE_PARTS activation parts). Returns -1 when
+ * not taken (the BLAS path runs), else the launch's status. */
+#define DENSE_MMA_DEFAULT 0 /* dense matmuls through the kernel when MS_GPU_DENSE_MMA is unset */
+static int dense_mma(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc, ms_err *err) {
+    const char *e = getenv("MS_GPU_DENSE_MMA");
+    int want = e && *e ? !strcmp(e, "1") : DENSE_MMA_DEFAULT;
+    if (!want || b->g->prop.major < 8 || w->cols % MS_MMA_KT || !al16(w->data) || !al16(x) ||
+        !ms_gpu_mma_gemm_ok())
+        return -1;
+    ms_mma_gemm m;
+    memset(&m, 0, sizeof m);
+    int sh = w->scale ? log2_pow2(w->bcol) : 0;
+    if (w->dtype == MS_DT_BF16 && !w->scale) {
+        m.wdt = MS_MMA_BF16;
+    } else if (w->dtype == MS_DT_F8_E4M3 && w->scale &&
+               (w->scale_dtype == MS_DT_F32 || w->scale_dtype == MS_DT_BF16) && w->brow > 0 &&
+               w->brow % MS_MMA_MT == 0 && sh >= 0 && ((int64_t)1 << sh) % MS_MMA_KT == 0) {
+        m.wdt = MS_MMA_FP8, m.sdt = w->scale_dtype == MS_DT_F32 ? 1 : 2, m.brow = w->brow, m.bshift = sh;
+        m.scols = (w->cols + w->bcol - 1) / w->bcol;
+    } else if (w->dtype == MS_DT_F4 && w->scale && w->scale_dtype == MS_DT_F8_E8M0 && w->brow == 1 && sh >= 0 &&
+               ((int64_t)1 << sh) % MS_MMA_KT == 0) {
+        m.wdt = MS_MMA_F4, m.bshift = sh, m.scols = (w->cols + w->bcol - 1) / w->bcol;
+    } else
+        return -1;
+    m.parts = moe_parts_env(), m.nt = n < 24 ? 16 : 32, m.accum = acc, m.db = mma_db_env();
+    int ntl = (n + m.nt - 1) / m.nt, rc;
+    size_t o_tile = align8(sizeof(ms_mma_item)), total = o_tile + (size_t)ntl * sizeof(ms_mma_tile);
+    if ((rc = grow_host((void **)&b->hmeta, &b->hmeta_cap, total, err)) ||
+        (rc = grow_dev(b->g, &b->meta, &b->meta_cap, total, 1, err)))
+        return rc;
+    ms_mma_item *it = (ms_mma_item *)b->hmeta;
+    *it = (ms_mma_item){{w->data, NULL, NULL}, {w->scale, NULL, NULL}};
+    ms_mma_tile *tt = (ms_mma_tile *)(b->hmeta + o_tile);
+    for (int i = 0; i < ntl; i++)
+        tt[i] = (ms_mma_tile){0, i * m.nt, n - i * m.nt < m.nt ? n - i * m.nt : m.nt, 0};
+    if ((rc = ms_gpu_upload(b->g, b->meta, b->hmeta, total, err))) return rc;
+    m.items = (const ms_mma_item *)b->meta, m.tiles = (const ms_mma_tile *)((uint8_t *)b->meta + o_tile);
+    m.ntiles = ntl, m.x = x, m.ldx = w->cols, m.out = y, m.cols = n, m.M = w->rows, m.K = w->cols, m.nmat = 1;
+    if ((rc = ms_gpu_mma_gemm((void *)b->g->stream, &m, err))) return rc;
+    b->mma_calls++;
+    return MS_OK;
+}
+
+/* One group of items through gemm_mma.cu: upload of its tables (pairs, weights, the token CSR,
+ * biases, items, tiles), stage 1 (gate / up of every pair from the activations as stored),
+ * the activation h as F32 rows, stage 2 (down), combine. Items laid out one column per pair. */
+static int moe_group_mma(ms_gpu_blas *b, const ms_moe_args *a, const moe_item *it, int ni, int cols, int nmat,
+                         int64_t M1, int64_t I, int64_t D, int bdt, int ntok, const ms_mma_gemm *mm, int64_t scols1,
+                         int64_t scols2, ms_err *err) {
+    int rc, gp0 = it[0].p0, gpn = it[ni - 1].p0 + it[ni - 1].m - gp0, ntl = 0;
+    /* pairs per tile: 32, or 16 where the items average under 24 pairs (a 256-token chunk of 128
+     * experts top-8: 16 each); MS_GPU_MOE_NT=16|32 (read per call) forces one */
+    const char *ntenv = getenv("MS_GPU_MOE_NT");
+    int ntp = ntenv && atoi(ntenv) == 16 ? 16 : ntenv && atoi(ntenv) == 32 ? 32 : gpn < 24 * ni ? 16 : 32;
+    for (int i = 0; i < ni; i++) ntl += (it[i].m + ntp - 1) / ntp;
+    int64_t wide = nmat * M1 > D ? nmat * M1 : D;
+    size_t o_w = align8((size_t)gpn * sizeof(pair_rec)), o_tl = align8(o_w + (size_t)gpn * 4);
+    size_t o_to = align8(o_tl + (size_t)gpn * 4), o_pl = align8(o_to + (size_t)(gpn + 1) * 4);
+    size_t o_bias = align8(o_pl + (size_t)gpn * 4), o_it = o_bias + (size_t)ni * 3 * sizeof(void *);
+    size_t o_tile = align8(o_it + (size_t)ni * sizeof(ms_mma_item));
+    size_t total = o_tile + (size_t)ntl * sizeof(ms_mma_tile);
+    if ((rc = grow_host((void **)&b->hmeta, &b->hmeta_cap, total, err)) ||
+        (rc = grow_dev(b->g, &b->meta, &b->meta_cap, total, 1, err)) ||
+        (rc = grow_dev(b->g, (void **)&b->xs, &b->xs_cap, (size_t)gpn * (size_t)I * 2, 2, err)) ||
+        (rc = grow_dev(b->g, (void **)&b->cs, &b->cs_cap, (size_t)cols * (size_t)wide, 4, err)))
+        return rc;
+    uint8_t *H = b->hmeta, *Dm = (uint8_t *)b->meta;
+    pair_rec *pr = (pair_rec *)H;
+    float *pw = (float *)(H + o_w);
+    int *tl = (int *)(H + o_tl), *to = (int *)(H + o_to), *pl = (int *)(H + o_pl);
+    const void **bias = (const void **)(H + o_bias);
+    ms_mma_item *mi = (ms_mma_item *)(H + o_it);
+    ms_mma_tile *tt = (ms_mma_tile *)(H + o_tile);
+    int k = 0;
+    for (int i = 0; i < ni; i++) {
+        const ms_expert_view *v = &a->views[it[i].u];
+        bias[3 * i] = v->gate_bias, bias[3 * i + 1] = v->up_bias, bias[3 * i + 2] = v->down_bias;
+        mi[i] = (ms_mma_item){{v->gate.data, nmat == 2 ? v->up.data : NULL, v->down.data},
+                              {v->gate.scale, nmat == 2 ? v->up.scale : NULL, v->down.scale}};
+        for (int q = 0; q < it[i].m; q++) {
+            int p = it[i].p0 + q;
+            pr[p - gp0] = (pair_rec){a->tok[p], it[i].col + q, it[i].m, i};
+            pw[p - gp0] = a->w[p];
+        }
+        for (int n0 = 0; n0 < it[i].m; n0 += ntp)
+            tt[k++] = (ms_mma_tile){i, it[i].p0 - gp0 + n0, it[i].m - n0 < ntp ? it[i].m - n0 : ntp, 0};
+    }
+    /* tokens: a counting sort of the group's pairs by token (stable), as moe_group */
+    int *cnt = b->hcnt;
+    memset(cnt, 0, (size_t)(ntok + 1) * sizeof(int));
+    for (int p = 0; p < gpn; p++) cnt[a->tok[gp0 + p] + 1]++;
+    int nt = 0;
+    for (int t = 0; t < ntok; t++) {
+        if (cnt[t + 1]) tl[nt] = t, to[nt] = cnt[t], nt++;
+        cnt[t + 1] += cnt[t];
+    }
+    to[nt] = gpn;
+    for (int p = 0; p < gpn; p++) pl[cnt[a->tok[gp0 + p]]++] = p;
+    if ((rc = ms_gpu_upload(b->g, b->meta, b->hmeta, total, err))) return rc;
+    gpuStream_t st = b->g->stream;
+    const pair_rec *dpr = (const pair_rec *)Dm;
+    const void *const *dbias = (const void *const *)(Dm + o_bias);
+    ms_mma_gemm g1 = *mm;
+    g1.items = (const ms_mma_item *)(Dm + o_it), g1.tiles = (const ms_mma_tile *)(Dm + o_tile), g1.ntiles = ntl;
+    g1.xrow = &dpr->tok, g1.ocol = &dpr->col, g1.xstride = g1.ostride = (int)(sizeof(pair_rec) / sizeof(int));
+    g1.x = a->in, g1.ldx = D, g1.out = b->cs, g1.cols = cols, g1.M = M1, g1.K = D, g1.mat0 = 0, g1.nmat = nmat;
+    g1.scols = scols1, g1.nt = ntp;
+    if ((rc = ms_gpu_mma_gemm((void *)st, &g1, err))) return rc;
+    ms_gpu_glu_params act = {a->act->kind == MS_ACT_SITU, a->act->limit, a->act->alpha, a->act->up_offset,
+                             a->act->beta, a->act->linear_beta};
+    float *h = (float *)b->xs;
+    k_glu_pairs_h<<<gpn, 256, 0, st>>>(b->cs, dpr, dbias, cols, I, M1, nmat == 1, bdt, act, h);
+    if ((rc = ms_gpu_launched(err, "grouped experts (mma): activation"))) return rc;
+    ms_mma_gemm g2 = g1;
+    g2.xrow = NULL, g2.x = h, g2.ldx = I, g2.M = D, g2.K = I, g2.mat0 = 2, g2.nmat = 1, g2.scols = scols2;
+    if ((rc = ms_gpu_mma_gemm((void *)st, &g2, err))) return rc;
+    k_combine<<<nt, 256, 0, st>>>(a->acc, b->cs, dpr, (const float *)(Dm + o_w), dbias, (const int *)(Dm + o_tl),
+                                  (const int *)(Dm + o_to), (const int *)(Dm + o_pl), cols, D, 1, bdt, 1);
+    return ms_gpu_launched(err, "grouped experts (mma): combine");
+}
+
+/* ms_gpu_blas_moe through gemm_mma.cu (moe_mma_of took the layout): items of at most MROWS pairs
+ * of one expert, one column per pair, groups while the stage outputs and the F32 rows of h fit. */
+static int moe_run_mma(ms_gpu_blas *b, const ms_moe_args *a, const moe_layout *L, const ms_mma_gemm *mm,
+                       int64_t scols1, int64_t scols2, ms_err *err) {
+    int64_t D = L->D, I = L->I, M1 = L->M1;
+    int nmat = L->nmat;
+    int64_t wide = nmat * M1 > D ? nmat * M1 : D;
+    int64_t cap = (int64_t)(CS_CAP / (size_t)wide), cap2 = (int64_t)(XS_CAP / (2 * (size_t)I));
+    if (cap2 < cap) cap = cap2;
+    if (cap < 1) cap = 1;
+    int64_t mch = cap < MROWS ? cap : MROWS;
+    int P0 = a->off[0], Ptot = a->off[a->nu] - P0, ntok = 0, rc = MS_OK;
+    for (int i = 0; i < Ptot; i++)
+        if (a->tok[P0 + i] + 1 > ntok) ntok = a->tok[P0 + i] + 1;
+    if ((rc = grow_host((void **)&b->hcnt, &b->hcnt_cap, (size_t)(ntok + 1) * sizeof(int), err))) return rc;
+    size_t n_items_max = (size_t)a->nu + (size_t)Ptot / (size_t)mch + 1;
+    moe_item *items = (moe_item *)malloc(n_items_max * sizeof *items);
+    if (!items) return ms_fail(err, MS_ERR_NOMEM, "grouped experts: out of host memory");
+    int ni = 0;
+    for (int u = 0; u < a->nu; u++)
+        for (int p = a->off[u]; p < a->off[u + 1]; p += (int)mch) {
+            int m = a->off[u + 1] - p < mch ? a->off[u + 1] - p : (int)mch;
+            items[ni++] = (moe_item){u, p, m, m, 0};
+        }
+    for (int i0 = 0; i0 < ni && !rc;) {
+        int i1 = i0, cols = 0;
+        while (i1 < ni && (i1 == i0 || cols + items[i1].P <= cap)) items[i1].col = cols, cols += items[i1].P, i1++;
+        rc = moe_group_mma(b, a, items + i0, i1 - i0, cols, nmat, M1, I, D, L->bdt, ntok, mm, scols1, scols2, err);
+        i0 = i1;
+    }
+    free(items);
+    if (!rc) b->mma_calls++;
+    return rc;
+}
+
+extern "C" uint64_t ms_gpu_blas_mma_calls(const ms_gpu_blas *b) { return b ? b->mma_calls : 0; }
+
 extern "C" int ms_gpu_blas_moe_supported(const ms_moe_args *a, ms_err *err) {
     moe_layout L;
     return moe_layout_of(a, &L, err);
@@ -840,6 +1103,9 @@ extern "C" int ms_gpu_blas_moe(ms_gpu_blas *b, const ms_moe_args *a, ms_err *err
     if (rc) return rc;
     moe_rb rb;
     moe_rb_of(a, &L, &rb);
+    ms_mma_gemm mm;
+    int64_t sc1, sc2;
+    if (moe_mma_of(b, a, &L, &rb, &mm, &sc1, &sc2)) return moe_run_mma(b, a, &L, &mm, sc1, sc2, err);
     if (rb.brow) L.nq = 1; /* one BF16 weight part: the E4M3 values unscaled */
     int nq = L.nq, nmat = L.nmat, np = nq ? nq : 1, bdt = L.bdt;
     int64_t D = L.D, I = L.I, M1 = L.M1;
@@ -898,6 +1164,10 @@ extern "C" int ms_gpu_blas_open(ms_gpu *g, ms_gpu_blas **out, ms_err *err) {
     return no_blas(err);
 }
 extern "C" void ms_gpu_blas_close(ms_gpu_blas *b) { (void)b; }
+extern "C" uint64_t ms_gpu_blas_mma_calls(const ms_gpu_blas *b) {
+    (void)b;
+    return 0;
+}
 extern "C" int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int n, const ms_qmat *w, int acc,
                                   ms_err *err) {
     (void)b, (void)y, (void)x, (void)n, (void)w, (void)acc;
@@ -1032,4 +1302,9 @@ extern "C" void ms_backend_gpu_gemm_calls(ms_backend *be, uint64_t *dense, uint6
     gemm_state *s = state(be, 0);
     *dense = s ? s->dense_calls : 0;
     *experts = s ? s->moe_calls : 0;
+}
+
+extern "C" uint64_t ms_backend_gpu_gemm_mma_calls(ms_backend *be) {
+    gemm_state *s = state(be, 0);
+    return s ? ms_gpu_blas_mma_calls(s->blas) : 0;
 }

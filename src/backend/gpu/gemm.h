@@ -37,6 +37,8 @@ int ms_gpu_blas_matmul(ms_gpu_blas *b, float *y, const float *x, int n, const ms
  * the weighted sum into acc per token in pair order (the composed op's order).
  * MS_ERR_UNSUPPORTED (nothing done) for experts of mixed layouts or F32 weights. */
 int ms_gpu_blas_moe(ms_gpu_blas *b, const ms_moe_args *a, ms_err *err);
+/* ms_gpu_blas_moe calls that ran through gemm_mma.cu's kernel (MS_GPU_MOE_MMA); 0 for NULL. */
+uint64_t ms_gpu_blas_mma_calls(const ms_gpu_blas *b);
 /* MS_OK when ms_gpu_blas_moe takes these experts (then any failure of it is a real one). */
 int ms_gpu_blas_moe_supported(const ms_moe_args *a, ms_err *err);
 

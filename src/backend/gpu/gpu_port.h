@@ -212,6 +212,15 @@ static inline int ms_pdl_capable(const void *kernel) {
     }
     return fa.ptxVersion >= 90;
 }
+/* The PTX version (major * 10 + minor) kernel's device code was built for; 0 when unknown. */
+static inline int ms_kernel_ptx(const void *kernel) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return fa.ptxVersion;
+}
 /* Wait until the stream's previous kernels have completed and their writes are visible (a
  * no-op when the kernel was launched without the attribute); let the stream's next kernel
  * launch (its own waits still order it after this kernel's completion). */
