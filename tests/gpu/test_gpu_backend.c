@@ -964,7 +964,7 @@ TEST(backend_linear) {
     SKIP_UNLESS_SELECTED("backend_linear");
     ms_backend *C = cpu(), *G = gbe();
     ms_err err = {0};
-    for (int variant = 0; variant < 3; variant++) {
+    for (int variant = 0; variant < 4; variant++) { /* 3: KDA at head dim 128 (the decode kernel's 4 blocks a head) */
         const int D = 256, T1 = 20, T = T1 + 2;
         int64_t conv_len, S_len, out_n = (int64_t)T * D;
         float *x = randv(out_n, 1.0f), *ref = calloc((size_t)out_n, 4), *dx = bup(x, out_n), *dout = bup(ref, out_n);
@@ -977,9 +977,10 @@ TEST(backend_linear) {
         ms_gdn_config gc = {0};
         ms_kda_weights kw = {0}, dkw;
         ms_gdn_weights gw = {0}, dgw;
-        if (variant < 2) {
-            const int H = 4, d = 32, K = 4, Cc = H * d;
-            kc = (ms_kda_config){D, H, d, K, variant ? MS_DECAY_LOWER_BOUND : MS_DECAY_SOFTPLUS, -5.0f, variant, 1e-6f};
+        const int kda = variant != 2, lb = variant == 1;
+        if (kda) {
+            const int H = variant == 3 ? 2 : 4, d = variant == 3 ? 128 : 32, K = 4, Cc = H * d;
+            kc = (ms_kda_config){D, H, d, K, lb ? MS_DECAY_LOWER_BOUND : MS_DECAY_SOFTPLUS, -5.0f, lb, 1e-6f};
             kw.q_proj = qm(HV(Cc * D, 0.06f), Cc, D), kw.k_proj = qm(HV(Cc * D, 0.06f), Cc, D);
             kw.v_proj = qm(HV(Cc * D, 0.06f), Cc, D);
             kw.q_conv = qm(HV(Cc * K, 0.5f), Cc, K), kw.k_conv = qm(HV(Cc * K, 0.5f), Cc, K);
@@ -987,14 +988,16 @@ TEST(backend_linear) {
             kw.f_a = qm(HV(d * D, 0.06f), d, D), kw.f_b = qm(HV(Cc * d, 0.2f), Cc, d);
             kw.A_log = qm(HV(H, 0.5f), 1, H), kw.dt_bias = qm(HV(Cc, 0.5f), 1, Cc);
             kw.b_proj = qm(HV(H * D, 0.06f), H, D);
-            if (variant) kw.g_proj = qm(HV(Cc * D, 0.06f), Cc, D);
+            if (lb) kw.g_proj = qm(HV(Cc * D, 0.06f), Cc, D);
             else kw.g_a = qm(HV(d * D, 0.06f), d, D), kw.g_b = qm(HV(Cc * d, 0.2f), Cc, d);
             kw.o_norm = qm(bufs[nb++] = onesv(d, 0.1f), 1, d), kw.o_proj = qm(HV(D * Cc, 0.06f), D, Cc);
             dkw = kw;
             ms_qmat *src = &kw.q_proj, *dst = &dkw.q_proj;
             for (size_t i = 0; i < sizeof kw / sizeof kw.q_proj; i++) dst[i] = placed(&src[i]);
             ms_kda_state_lens(&kc, &conv_len, &S_len);
-            what = variant ? "kda_forward (lower-bound gate, full-rank gate)" : "kda_forward (softplus, low-rank gate)";
+            what = lb ? "kda_forward (lower-bound gate, full-rank gate)"
+                 : variant == 3 ? "kda_forward (softplus, low-rank gate, head dim 128)"
+                                : "kda_forward (softplus, low-rank gate)";
             dk = d, Cw = Cc;
         } else {
             const int Hk = 2, Hv = 4, k = 32, v = 24, K = 4;
@@ -1018,7 +1021,7 @@ TEST(backend_linear) {
         int steps[3] = {T1, 1, 1}, t0 = 0;
         for (int s = 0; s < 3; s++) {
             int n = steps[s], rc1, rc2;
-            if (variant < 2) {
+            if (kda) {
                 rc1 = C->ops->kda_forward(C, &kc, &kw, &hs, x + (int64_t)t0 * D, n, ref + (int64_t)t0 * D, &err);
                 rc2 = G->ops->kda_forward(G, &kc, &dkw, &ds, dx + (int64_t)t0 * D, n, dout + (int64_t)t0 * D, &err);
             } else {
