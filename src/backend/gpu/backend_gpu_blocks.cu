@@ -194,6 +194,28 @@ __global__ void k_sigmoid_rows(float *x, int64_t ld, int n, int width) {
         x[(i / width) * ld + i % width] = sigm(x[(i / width) * ld + i % width]);
 }
 
+#define KDA1_MAXD 256 /* head dims the step kernel holds (d % 32 == 0) */
+#define KDA1_THREADS 256
+#define KDA1_NC 32 /* state columns per block */
+
+/* the sum over the block of one value per thread (KDA1_THREADS threads); sh: KDA1_THREADS / MS_WARP slots */
+static __device__ float kda1_bsum(float v, float *sh) {
+    v = ms_warp_sum(v);
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = 0;
+    for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) t += sh[w];
+    return t;
+}
+
+/* sum of v over the lanes of this warp that hold the same column quad (lane % 8) */
+static __device__ __forceinline__ float kda1_rgsum(float v) {
+    for (int off = 8; off < MS_WARP; off <<= 1) v += ms_shfl_xor(v, off);
+    return v;
+}
+
 typedef struct {
     const float *q, *k, *v, *g, *beta;
     int64_t ld_q, ld_k, ld_v, ld_g, ld_beta, ld_o;
@@ -254,7 +276,90 @@ __global__ void __launch_bounds__(BLK_THREADS) k_delta(delta_a a) {
     }
 }
 
+/* The delta rule over a.n tokens with the state tile in registers (dk % 32 == 0, dk <= 256,
+ * dv % 32 == 0): block (value head h, columns e0 .. e0 + 31) of 256 threads, thread (row group
+ * rg, column quad cq) holding S[h][rg + 32 r][e0 + 4 cq .. + 3] (k_kda_step's layout) across the
+ * tokens; per token the L2 norms and both products over the keys are block sums (shuffles, then
+ * one shared row per warp) instead of k_delta's serial loops. Same arithmetic, other orders. */
+__global__ void __launch_bounds__(KDA1_THREADS) k_delta_tile(delta_a a) {
+    __shared__ float qs[KDA1_MAXD], ks[KDA1_MAXD], dec[KDA1_MAXD], vv[KDA1_NC];
+    __shared__ float red[KDA1_THREADS / MS_WARP][KDA1_NC], sums[2][KDA1_THREADS / MS_WARP];
+    const int h = blockIdx.x, e0 = blockIdx.y * KDA1_NC, dk = a.dk, dv = a.dv, tid = threadIdx.x;
+    const int hq = h / (a.Hv / a.Hk), cq = tid & 7, rg = tid >> 3, R = dk >> 5, lane = tid % MS_WARP,
+              warp = tid / MS_WARP;
+    float *S = a.S + (int64_t)h * dk * dv;
+    float4 s[KDA1_MAXD / 32];
+#pragma unroll
+    for (int r = 0; r < KDA1_MAXD / 32; r++)
+        if (r < R) s[r] = *(const float4 *)(S + (int64_t)(rg + 32 * r) * dv + e0 + 4 * cq);
+    for (int t = 0; t < a.n; t++) {
+        const float *qt = a.q + (int64_t)t * a.ld_q + (int64_t)hq * dk, *kt = a.k + (int64_t)t * a.ld_k + (int64_t)hq * dk;
+        const float *gt = a.g + (int64_t)t * a.ld_g;
+        float pq = 0, pk = 0;
+        for (int i = tid; i < dk; i += KDA1_THREADS) {
+            float x = qt[i], y = kt[i];
+            qs[i] = x, ks[i] = y, pq += x * x, pk += y * y;
+            dec[i] = expf(a.g_per_head ? gt[h] : gt[(int64_t)h * dk + i]);
+        }
+        if (tid < KDA1_NC) vv[tid] = a.v[(int64_t)t * a.ld_v + (int64_t)h * dv + e0 + tid];
+        pq = ms_warp_sum(pq), pk = ms_warp_sum(pk);
+        if (lane == 0) sums[0][warp] = pq, sums[1][warp] = pk;
+        __syncthreads();
+        float sq = 0, sk = 0;
+        for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) sq += sums[0][w], sk += sums[1][w];
+        const float nq = a.scale / sqrtf(sq + a.eps), nk = 1.0f / sqrtf(sk + a.eps);
+        const float beta = a.beta[(int64_t)t * a.ld_beta + h];
+        float kv0 = 0, kv1 = 0, kv2 = 0, kv3 = 0;
+#pragma unroll
+        for (int r = 0; r < KDA1_MAXD / 32; r++)
+            if (r < R) {
+                const int i = rg + 32 * r;
+                const float di = dec[i], ki = ks[i] * nk;
+                s[r].x *= di, s[r].y *= di, s[r].z *= di, s[r].w *= di;
+                kv0 += ki * s[r].x, kv1 += ki * s[r].y, kv2 += ki * s[r].z, kv3 += ki * s[r].w;
+            }
+        kv0 = kda1_rgsum(kv0), kv1 = kda1_rgsum(kv1), kv2 = kda1_rgsum(kv2), kv3 = kda1_rgsum(kv3);
+        if (lane < 8) red[warp][4 * cq] = kv0, red[warp][4 * cq + 1] = kv1, red[warp][4 * cq + 2] = kv2, red[warp][4 * cq + 3] = kv3;
+        __syncthreads();
+        float u[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float tt = 0;
+            for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) tt += red[w][4 * cq + j];
+            u[j] = beta * (vv[4 * cq + j] - tt);
+        }
+        __syncthreads();
+        float o0 = 0, o1 = 0, o2 = 0, o3 = 0;
+#pragma unroll
+        for (int r = 0; r < KDA1_MAXD / 32; r++)
+            if (r < R) {
+                const int i = rg + 32 * r;
+                const float ki = ks[i] * nk, qi = qs[i] * nq;
+                s[r].x += ki * u[0], s[r].y += ki * u[1], s[r].z += ki * u[2], s[r].w += ki * u[3];
+                o0 += qi * s[r].x, o1 += qi * s[r].y, o2 += qi * s[r].z, o3 += qi * s[r].w;
+            }
+        o0 = kda1_rgsum(o0), o1 = kda1_rgsum(o1), o2 = kda1_rgsum(o2), o3 = kda1_rgsum(o3);
+        if (lane < 8) red[warp][4 * cq] = o0, red[warp][4 * cq + 1] = o1, red[warp][4 * cq + 2] = o2, red[warp][4 * cq + 3] = o3;
+        __syncthreads();
+        if (tid < KDA1_NC) {
+            float tt = 0;
+            for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) tt += red[w][tid];
+            a.o[(int64_t)t * a.ld_o + (int64_t)h * dv + e0 + tid] = tt;
+        }
+        __syncthreads(); /* qs / ks / dec / vv / red / sums are the next token's */
+    }
+#pragma unroll
+    for (int r = 0; r < KDA1_MAXD / 32; r++)
+        if (r < R) *(float4 *)(S + (int64_t)(rg + 32 * r) * dv + e0 + 4 * cq) = s[r];
+}
+
 static int run_delta(ms_backend *be, delta_a a, ms_err *err) {
+    blk_state *bst = bs(be);
+    if (bst && !bst->kda_old && a.dk % 32 == 0 && a.dk <= KDA1_MAXD && a.dv % KDA1_NC == 0 &&
+        ((uintptr_t)a.S & 15) == 0) {
+        k_delta_tile<<<dim3((unsigned)a.Hv, (unsigned)(a.dv / KDA1_NC)), KDA1_THREADS, 0, ms_gpu_be_dev(be)->stream>>>(a);
+        return ms_gpu_launched(err, "delta rule");
+    }
     int ncol = a.dv < 32 ? a.dv : 32;
     while (ncol > 1 && ((size_t)a.dk * ncol + 3 * (size_t)a.dk) * 4 > 40 * 1024) ncol /= 2;
     size_t shm = ((size_t)a.dk * ncol + 3 * (size_t)a.dk) * 4;
@@ -321,10 +426,6 @@ static int gnorm_launch(ms_backend *be, float *o, const float *gate, int64_t row
  * f_b / g_b in one, k_kda_step (convolutions, decay gate, beta, L2 norms, the delta rule, the
  * gated RMSNorm), o_proj. */
 
-#define KDA1_MAXD 256 /* head dims the step kernel holds (d % 32 == 0) */
-#define KDA1_THREADS 256
-#define KDA1_NC 32 /* state columns per block */
-
 typedef struct {
     const float *q, *k, *v; /* the projections of x before the convolutions [C] */
     const float *f;         /* f_b's output [C] (before the decay gate) */
@@ -338,24 +439,6 @@ typedef struct {
     int has_A, has_bias, lower, H, d, K;
     float lb, eps, scale, norm_eps;
 } kda1_a;
-
-/* the sum over the block of one value per thread (KDA1_THREADS threads); sh: KDA1_THREADS / MS_WARP slots */
-static __device__ float kda1_bsum(float v, float *sh) {
-    v = ms_warp_sum(v);
-    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
-    __syncthreads();
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    float t = 0;
-    for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) t += sh[w];
-    return t;
-}
-
-/* sum of v over the lanes of this warp that hold the same column quad (lane % 8) */
-static __device__ __forceinline__ float kda1_rgsum(float v) {
-    for (int off = 8; off < MS_WARP; off <<= 1) v += ms_shfl_xor(v, off);
-    return v;
-}
 
 /* The causal convolution of channel c with its K - 1 carried inputs, SiLU after (ms_short_conv). */
 static __device__ __forceinline__ float kda1_conv(vec_t w, const float *st, float x, int64_t c, int K) {
