@@ -19,6 +19,7 @@ typedef struct {
     float *olat, *part;
     const float *qlat, *q, *latent;
     const int32_t *sel, *sel_count;
+    const int64_t *pos; /* device position (or NULL: n_past) */
     int *cnt;
     int64_t n_past, H, lora, rope, nope, chunk;
     float scale;
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(MLAD_WARPS *MS_WARP) k_mla_decode(const mlad_a
     for (int64_t i = threadIdx.x; i < a.lora; i += blockDim.x) qs[i] = a.qlat[h * a.lora + i];
     for (int64_t i = threadIdx.x; i < a.rope; i += blockDim.x) qs[a.lora + i] = a.q[h * qk + a.nope + i];
     __syncthreads();
-    const int64_t cnt = a.sel ? a.sel_count[0] : a.n_past + 1;
+    const int64_t cnt = a.sel ? a.sel_count[0] : (a.pos ? a.pos[0] : a.n_past) + 1;
     const int64_t k0 = sp * a.chunk, k1 = k0 + a.chunk < cnt ? k0 + a.chunk : cnt;
     float m = -INFINITY, l = 0, o[MLAD_MAXL / MS_WARP];
 #pragma unroll
@@ -114,14 +115,15 @@ static void mlad_split(int64_t keys, int64_t *chunk, int64_t *ns) {
 size_t ms_gpu_mla_decode_scratch(int64_t H, int64_t lora) { return (size_t)(H * MLAD_MAXNS * (lora + 2)); }
 
 int ms_gpu_mla_decode(ms_gpu *g, float *olat, const float *qlat, const float *q, const float *latent,
-                      const int32_t *sel, const int32_t *sel_count, int64_t sel_width, int64_t n_past, int64_t H,
-                      int64_t lora, int64_t rope, int64_t nope, float scale, float *scr, ms_err *err) {
+                      const int32_t *sel, const int32_t *sel_count, int64_t sel_width, int64_t n_past,
+                      const int64_t *pos_dev, int64_t H, int64_t lora, int64_t rope, int64_t nope, float scale, float *scr,
+                      ms_err *err) {
     if (lora < 1 || lora > MLAD_MAXL || rope < 0 || H < 1 || H > 65535)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "MLA decode: latent width %lld, %lld heads", (long long)lora,
                        (long long)H);
     int64_t chunk, ns;
     mlad_split(sel ? sel_width : n_past + 1, &chunk, &ns);
-    mlad_a a = {olat, scr, qlat, q, latent, sel, sel_count, NULL, n_past, H, lora, rope, nope, chunk, scale};
+    mlad_a a = {olat, scr, qlat, q, latent, sel, sel_count, pos_dev, NULL, n_past, H, lora, rope, nope, chunk, scale};
     if (!(a.cnt = ms_gpu_counters(g, H, err))) return err ? err->code : MS_ERR_NOMEM;
     size_t shm = (size_t)(lora + rope + 2 * MLAD_WARPS + MLAD_WARPS * lora) * 4;
     k_mla_decode<<<dim3((unsigned)H, (unsigned)ns), MLAD_WARPS * MS_WARP, shm, g->stream>>>(a);

@@ -988,6 +988,8 @@ static int g_attn_mla(ms_backend *be, const ms_attn_mla_args *a, ms_err *err) {
             return rc;
     }
     size_t per = (size_t)(ATT_TOK * H * lora);
+    if (a->pos_dev && (a->n != 1 || a->sel || b->mla_old))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "MLA attention: a device position needs one token, no selection");
     const int split = a->n == 1 && !b->mla_old; /* decode: the keys split over blocks (attn_mla.cu) */
     if ((rc = grow(b, &b->work, &b->work_cap, 2 * per + (split ? ms_gpu_mla_decode_scratch(H, lora) : 0), err)))
         return rc;
@@ -1002,8 +1004,8 @@ static int g_attn_mla(ms_backend *be, const ms_attn_mla_args *a, ms_err *err) {
         mla_attn_args m = {olat, qlat, a->q, a->latent, dsel, dcnt, a->sel_width, a->n_past, t0, H, lora, rope, nope,
                            qk, a->scale};
         if (!split) k_mla_attn<<<grid, MLA_WARPS * MS_WARP, shm, b->g->stream>>>(m);
-        else if ((rc = ms_gpu_mla_decode(b->g, olat, qlat, a->q, a->latent, dsel, dcnt, a->sel_width, a->n_past, H,
-                                          lora, rope, nope, a->scale, b->work + 2 * per, err)))
+        else if ((rc = ms_gpu_mla_decode(b->g, olat, qlat, a->q, a->latent, dsel, dcnt, a->sel_width, a->n_past,
+                                          a->pos_dev, H, lora, rope, nope, a->scale, b->work + 2 * per, err)))
             return rc;
         k_mla_out<<<go, 256, 0, b->g->stream>>>(a->out, olat, W, t0, H, nope, vd, lora, dkv);
         if ((rc = ms_gpu_launched(err, "MLA attention"))) return rc;
@@ -1402,6 +1404,7 @@ extern "C" int ms_backend_gpu_create(int device, ms_backend **out, ms_err *err) 
     const char *am = getenv("MS_GPU_ARGMAX"); /* MS_GPU_ARGMAX=0: no device greedy pick (A/B) */
     if (am && !strcmp(am, "0")) b->ops.argmax = NULL;
     b->mla_old = getenv("MS_GPU_MLA") && !strcmp(getenv("MS_GPU_MLA"), "old"); /* A/B: the earlier MLA decode */
+    if (b->mla_old) b->ops.latent_at = NULL; /* and MLA layers out of the replayable step */
     b->base.impl = b;
     int rc = ms_gpu_open(device, &b->g, err);
     if (!rc) {

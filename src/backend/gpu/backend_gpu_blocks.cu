@@ -30,6 +30,7 @@ extern "C" { /* the C headers: the reference's DSA top-k, RoPE angles, block che
 }
 #include "backend/gpu/backend_gpu.h"
 #include "backend/gpu/backend_gpu_blocks.h"
+#include "backend/gpu/backend_gpu_step.h" /* the recording state: scratch moves stale a recorded step */
 
 #define BLK_SLICE 1024 /* tokens per pass of the linear-attention blocks (bounds the scratch) */
 #define BLK_THREADS 128
@@ -75,6 +76,9 @@ static int scratch(ms_backend *be, size_t floats, float **out, ms_err *err) {
     blk_state *s = bs(be);
     if (!s) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
     if (s->scr_cap < floats) {
+        ms_gpu_step_state *st = ms_gpu_be_step(be); /* KDA decode is part of the replayable step */
+        if (st->capturing) return ms_fail(err, MS_ERR_LIMIT, "gpu: linear-attention scratch grows during a recorded step");
+        st->gen++;
         ms_gpu *g = ms_gpu_be_dev(be);
         ms_gpu_free(g, s->scr);
         s->scr = NULL, s->scr_cap = 0;
