@@ -30,6 +30,7 @@ extern "C" { /* the C headers: the reference's DSA top-k, RoPE angles, block che
 }
 #include "backend/gpu/backend_gpu.h"
 #include "backend/gpu/backend_gpu_blocks.h"
+#include "backend/gpu/gemm.h" /* the prefill GEMMs of the projections */
 #include "backend/gpu/backend_gpu_step.h" /* the recording state: scratch moves stale a recorded step */
 
 #define BLK_SLICE 1024 /* tokens per pass of the linear-attention blocks (bounds the scratch) */
@@ -608,6 +609,15 @@ static int kda_step(ms_backend *be, const ms_kda_config *c, const ms_kda_weights
     return ms_gpu_matmul(g, out, o, 1, &w->o_proj, 0, err);
 }
 
+/* y = W x of n tokens: through the backend's GEMM hook (gemm.cu) when n reaches its threshold
+ * (prefill chunks), else the matvec kernels (MS_GPU_KDA=old: the kernels always). */
+static int blk_matmul(ms_backend *be, ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc,
+                      ms_err *err) {
+    blk_state *bst = bs(be);
+    if (n > 1 && bst && !bst->kda_old && ms_gpu_gemm_matmul(be, y, x, n, w, acc)) return ms_gpu_be_report(be, err);
+    return ms_gpu_matmul(g, y, x, n, w, acc, err);
+}
+
 static int b_kda_forward(ms_backend *be, const ms_kda_config *c, const ms_kda_weights *w, ms_kda_state *st,
                          const float *x, int n, float *out, ms_err *err) {
     int rc = ms_gpu_be_report(be, err);
@@ -632,23 +642,26 @@ static int b_kda_forward(ms_backend *be, const ms_kda_config *c, const ms_kda_we
     for (int t0 = 0; t0 < n; t0 += slice) {
         const int m = n - t0 < slice ? n - t0 : slice;
         const float *xs = x + (size_t)t0 * c->hidden;
-        if ((rc = ms_gpu_matmul(g, q, xs, m, &w->q_proj, 0, err)) || (rc = ms_gpu_matmul(g, k, xs, m, &w->k_proj, 0, err)) ||
-            (rc = ms_gpu_matmul(g, v, xs, m, &w->v_proj, 0, err)) ||
+        if ((rc = blk_matmul(be, g, q, xs, m, &w->q_proj, 0, err)) ||
+            (rc = blk_matmul(be, g, k, xs, m, &w->k_proj, 0, err)) ||
+            (rc = blk_matmul(be, g, v, xs, m, &w->v_proj, 0, err)) ||
             (rc = conv_launch(be, q, C, m, C, &w->q_conv, cs_q, "KDA q_conv1d", err)) ||
             (rc = conv_launch(be, k, C, m, C, &w->k_conv, cs_k, "KDA k_conv1d", err)) ||
             (rc = conv_launch(be, v, C, m, C, &w->v_conv, cs_v, "KDA v_conv1d", err)) ||
-            (rc = ms_gpu_matmul(g, lr, xs, m, &w->f_a, 0, err)) || (rc = ms_gpu_matmul(g, gg, lr, m, &w->f_b, 0, err)) ||
+            (rc = blk_matmul(be, g, lr, xs, m, &w->f_a, 0, err)) ||
+            (rc = blk_matmul(be, g, gg, lr, m, &w->f_b, 0, err)) ||
             (rc = gate_launch(be, gg, C, m, H, d, &w->A_log, w->dt_bias.data ? &w->dt_bias : NULL,
                               c->decay == MS_DECAY_LOWER_BOUND, c->lower_bound, err)) ||
-            (rc = ms_gpu_matmul(g, beta, xs, m, &w->b_proj, 0, err)))
+            (rc = blk_matmul(be, g, beta, xs, m, &w->b_proj, 0, err)))
             break;
         k_sigmoid_rows<<<grid_for((int64_t)m * H, 256), 256, 0, g->stream>>>(beta, H, m, H);
         delta_a a = {q, k, v, gg, beta, C, C, C, C, H, C, o, st->S, m, H, H, d, d, 0, 0, 1e-6f, 1.0f / sqrtf((float)d)};
         if ((rc = run_delta(be, a, err))) break;
-        if (c->full_rank_gate) rc = ms_gpu_matmul(g, gate, xs, m, &w->g_proj, 0, err);
-        else if (!(rc = ms_gpu_matmul(g, lr, xs, m, &w->g_a, 0, err))) rc = ms_gpu_matmul(g, gate, lr, m, &w->g_b, 0, err);
+        if (c->full_rank_gate) rc = blk_matmul(be, g, gate, xs, m, &w->g_proj, 0, err);
+        else if (!(rc = blk_matmul(be, g, lr, xs, m, &w->g_a, 0, err)))
+            rc = blk_matmul(be, g, gate, lr, m, &w->g_b, 0, err);
         if (rc || (rc = gnorm_launch(be, o, gate, (int64_t)m * H, d, &w->o_norm, c->norm_eps, 0, err)) ||
-            (rc = ms_gpu_matmul(g, out + (size_t)t0 * c->hidden, o, m, &w->o_proj, 0, err)))
+            (rc = blk_matmul(be, g, out + (size_t)t0 * c->hidden, o, m, &w->o_proj, 0, err)))
             break;
     }
     return rc ? ms_wrap(err, "KDA forward") : MS_OK;
@@ -699,11 +712,13 @@ static int b_gdn_forward(ms_backend *be, const ms_gdn_config *c, const ms_gdn_we
         const int m = n - t0 < slice ? n - t0 : slice;
         const float *xs = x + (size_t)t0 * c->hidden;
         if (ms_gdn_split(w)) { /* split projections (Qwen3.5) write the rows in the order the block uses */
-            if ((rc = ms_gpu_matmul(g, qkv, xs, m, &w->in_qkv, 0, err)) || (rc = ms_gpu_matmul(g, z, xs, m, &w->in_z, 0, err)) ||
-                (rc = ms_gpu_matmul(g, b, xs, m, &w->in_b, 0, err)) || (rc = ms_gpu_matmul(g, a, xs, m, &w->in_a, 0, err)))
+            if ((rc = blk_matmul(be, g, qkv, xs, m, &w->in_qkv, 0, err)) ||
+                (rc = blk_matmul(be, g, z, xs, m, &w->in_z, 0, err)) ||
+                (rc = blk_matmul(be, g, b, xs, m, &w->in_b, 0, err)) || (rc = blk_matmul(be, g, a, xs, m, &w->in_a, 0, err)))
                 break;
         } else {
-            if ((rc = ms_gpu_matmul(g, qkvz, xs, m, &w->in_qkvz, 0, err)) || (rc = ms_gpu_matmul(g, ba, xs, m, &w->in_ba, 0, err)))
+            if ((rc = blk_matmul(be, g, qkvz, xs, m, &w->in_qkvz, 0, err)) ||
+                (rc = blk_matmul(be, g, ba, xs, m, &w->in_ba, 0, err)))
                 break;
             k_gdn_split<<<grid_for((int64_t)m * P, 256), 256, 0, g->stream>>>(qkv, z, b, a, qkvz, ba, m, Hk, Hv, dk, dv);
             if ((rc = ms_gpu_launched(err, "gated DeltaNet split"))) break;
@@ -715,7 +730,7 @@ static int b_gdn_forward(ms_backend *be, const ms_gdn_config *c, const ms_gdn_we
         delta_a da = {qkv, qkv + Kd, qkv + 2 * Kd, a, b, C, C, C, Hv, Hv, Vd, o, st->S, m, Hk, Hv, dk, dv, 1, 0, 1e-6f,
                       1.0f / sqrtf((float)dk)};
         if ((rc = run_delta(be, da, err)) || (rc = gnorm_launch(be, o, z, (int64_t)m * Hv, dv, &w->norm, c->norm_eps, 1, err)) ||
-            (rc = ms_gpu_matmul(g, out + (size_t)t0 * c->hidden, o, m, &w->out_proj, 0, err)))
+            (rc = blk_matmul(be, g, out + (size_t)t0 * c->hidden, o, m, &w->out_proj, 0, err)))
             break;
     }
     return rc ? ms_wrap(err, "gated DeltaNet forward") : MS_OK;
