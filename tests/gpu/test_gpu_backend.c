@@ -964,7 +964,7 @@ TEST(backend_linear) {
     SKIP_UNLESS_SELECTED("backend_linear");
     ms_backend *C = cpu(), *G = gbe();
     ms_err err = {0};
-    for (int variant = 0; variant < 4; variant++) { /* 3: KDA at head dim 128 (the decode kernel's 4 blocks a head) */
+    for (int variant = 0; variant < 5; variant++) { /* 3: KDA at head dim 128 (the decode kernel's 4 blocks a head); 4: DeltaNet, value dim 32 (k_delta_tile) */
         const int D = 256, T1 = 20, T = T1 + 2;
         int64_t conv_len, S_len, out_n = (int64_t)T * D;
         float *x = randv(out_n, 1.0f), *ref = calloc((size_t)out_n, 4), *dx = bup(x, out_n), *dout = bup(ref, out_n);
@@ -977,7 +977,7 @@ TEST(backend_linear) {
         ms_gdn_config gc = {0};
         ms_kda_weights kw = {0}, dkw;
         ms_gdn_weights gw = {0}, dgw;
-        const int kda = variant != 2, lb = variant == 1;
+        const int kda = variant != 2 && variant != 4, lb = variant == 1;
         if (kda) {
             const int H = variant == 3 ? 2 : 4, d = variant == 3 ? 128 : 32, K = 4, Cc = H * d;
             kc = (ms_kda_config){D, H, d, K, lb ? MS_DECAY_LOWER_BOUND : MS_DECAY_SOFTPLUS, -5.0f, lb, 1e-6f};
@@ -1000,7 +1000,7 @@ TEST(backend_linear) {
                                 : "kda_forward (softplus, low-rank gate)";
             dk = d, Cw = Cc;
         } else {
-            const int Hk = 2, Hv = 4, k = 32, v = 24, K = 4;
+            const int Hk = 2, Hv = 4, k = 32, v = variant == 4 ? 32 : 24, K = 4;
             const int64_t Kd = Hk * k, Vd = Hv * v, Cc = 2 * Kd + Vd, P = 2 * Kd + 2 * Vd;
             gc = (ms_gdn_config){D, Hk, Hv, k, v, K, 1e-6f};
             gw.in_qkvz = qm(HV(P * D, 0.06f), P, D), gw.in_ba = qm(HV(2 * Hv * D, 0.06f), 2 * Hv, D);
@@ -1011,7 +1011,8 @@ TEST(backend_linear) {
             ms_qmat *src = &gw.in_qkvz, *dst = &dgw.in_qkvz;
             for (size_t i = 0; i < sizeof gw / sizeof gw.in_qkvz; i++) dst[i] = placed(&src[i]);
             ms_gdn_state_lens(&gc, &conv_len, &S_len);
-            what = "gdn_forward (2 key heads, 4 value heads)";
+            what = variant == 4 ? "gdn_forward (2 key heads, 4 value heads, value dim 32)"
+                                : "gdn_forward (2 key heads, 4 value heads)";
             dk = k, Cw = (int)Vd;
         }
 #undef HV
