@@ -402,11 +402,10 @@ typedef struct ms_backend_ops {
     void (*qkv_at)(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k, int64_t kh,
                    const float *wk, const float *v, int64_t vd, float *k_cache, float *v_cache, int64_t hd, int norm,
                    float eps, const int64_t *step);
-    /* latent_at: row step[0] of an MLA latent cache [., lw] = [rmsnorm(kv[0..lora)) * w (as rmsnorm
-     *   with eps), kv[lora..lw) as is] (no RoPE: the step takes MLA layers without rotary dims);
-     *   attn_mla then reads the position from a->pos_dev. */
-    void (*latent_at)(ms_backend *be, float *cache, int64_t lw, const float *kv, const float *w, int64_t lora,
-                      float eps, const int64_t *step);
+    /* latent_at: row step[0] of an MLA latent cache [., lw] = row [lw] (the engine normalizes the latent
+     *   in place first; the step takes MLA layers without rotary dims); attn_mla then reads the
+     *   position from a->pos_dev. */
+    void (*latent_at)(ms_backend *be, float *cache, int64_t lw, const float *row, const int64_t *step);
     int (*graph_begin)(ms_backend *be, ms_err *err);
     int (*graph_end)(ms_backend *be, void **graph, ms_err *err);
     int (*graph_launch)(ms_backend *be, void *graph, ms_err *err);

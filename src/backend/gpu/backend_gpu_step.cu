@@ -60,28 +60,14 @@ static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, con
     launched(be, "qkv_at");
 }
 
-/* latent_at (core/backend.h): one block of 256 threads, the norm as ops.cu's rmsnorm kernel
- * (the same sums, so the row is the eager path's bit for bit). */
-__global__ void k_latent_at(float *cache, int64_t lw, const float *kv, const float *w, int64_t lora, float eps,
-                            const int64_t *step) {
-    __shared__ float sh[256 / MS_WARP];
-    float *row = cache + step[0] * lw;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < lora; i += blockDim.x) ss = fmaf(kv[i], kv[i], ss);
-    ss = ms_warp_sum(ss);
-    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
-    if (lane == 0) sh[warp] = ss;
-    __syncthreads();
-    float t = 0.0f;
-    for (int i = 0; i < (int)(blockDim.x / MS_WARP); i++) t += sh[i];
-    const float inv = 1.0f / sqrtf(t / (float)lora + eps);
-    for (int64_t i = threadIdx.x; i < lora; i += blockDim.x) row[i] = kv[i] * inv * (w ? w[i] : 1.0f);
-    for (int64_t i = lora + threadIdx.x; i < lw; i += blockDim.x) row[i] = kv[i];
+/* latent_at (core/backend.h): the row copied to row step[0] of the cache, one block. */
+__global__ void k_latent_at(float *cache, int64_t lw, const float *row, const int64_t *step) {
+    float *dst = cache + step[0] * lw;
+    for (int64_t i = threadIdx.x; i < lw; i += blockDim.x) dst[i] = row[i];
 }
-static void g_latent_at(ms_backend *be, float *cache, int64_t lw, const float *kv, const float *w, int64_t lora,
-                        float eps, const int64_t *step) {
-    if (lora < 1 || lw < lora) return;
-    k_latent_at<<<1, 256, 0, ms_gpu_be_dev(be)->stream>>>(cache, lw, kv, w, lora, eps, step);
+static void g_latent_at(ms_backend *be, float *cache, int64_t lw, const float *row, const int64_t *step) {
+    if (lw < 1) return;
+    k_latent_at<<<1, 256, 0, ms_gpu_be_dev(be)->stream>>>(cache, lw, row, step);
     launched(be, "latent_at");
 }
 
