@@ -24,7 +24,7 @@ static int dtype_arg(const char *s, ms_dtype *out) {
 int cmd_synth(int argc, char **argv) {
     const char *usage = "usage: moonshine synth --config CONFIG.json --out DIR [--seed N] [--dtype f32|bf16]\n"
                         "                       [--expert-dtype bf16|fp8|mxfp4|int4|int4-asym] [--shard-mib M] [--tokenizer DIR]\n"
-                        "                       [--threads N]\n";
+                        "                       [--threads N] [--layers N]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sWrites a deterministic random-weight checkpoint of any supported architecture in its\n"
                "original layout (per-expert tensors, FP8 with 128x128 weight_scale_inv, MXFP4 as\n"
@@ -32,13 +32,16 @@ int cmd_synth(int argc, char **argv) {
                "weight_packed int32 + BF16 weight_scale per 32 + weight_shape; int4-asym: symmetric false\n"
                "with min/max scales and weight_zero_point int32 packed along the rows), sharded with an\n"
                "index when larger than --shard-mib (default 4096), streaming (bounded memory). --threads N\n"
-               "writes N tensors at a time (default: one per online CPU); the bytes do not depend on it.\n", usage);
+               "writes N tensors at a time (default: one per online CPU); the bytes do not depend on it.\n"
+               "--layers N cuts num_hidden_layers to N and the config's per-layer lists with it (lists of\n"
+               "num_hidden_layers entries such as layer_types / mlp_layer_types keep their first N; integer\n"
+               "lists under a *_layers key, such as linear_attn_config.kda_layers, keep the layers 1..N).\n", usage);
         return 0;
     }
     ms_synth_opts o = {.dtype = MS_DT_BF16, .expert_dtype = MS_DT_INVALID};
-    int64_t seed = 0, shard = 0, threads = 0;
+    int64_t seed = 0, shard = 0, threads = 0, layers = 0;
     if (ms_arg_int(argc, argv, "--seed", 0, INT64_MAX, &seed) || ms_arg_int(argc, argv, "--shard-mib", 1, 1 << 24, &shard) ||
-        ms_arg_int(argc, argv, "--threads", 1, 1024, &threads))
+        ms_arg_int(argc, argv, "--threads", 1, 1024, &threads) || ms_arg_int(argc, argv, "--layers", 1, 1 << 20, &layers))
         return 2;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -64,6 +67,7 @@ int cmd_synth(int argc, char **argv) {
     }
     o.seed = (uint64_t)seed;
     o.threads = (int)threads;
+    o.layers = (int)layers;
     o.shard_bytes = (uint64_t)shard << 20;
     ms_synth_result r;
     ms_err err = {0};

@@ -92,6 +92,9 @@ typedef struct ms_attn_mla_args {
     const int32_t *sel_count;
     int64_t sel_width;
     int expanded;
+    /* a replayable decode step (optional ops below): n = 1 at the position *pos_dev (backend
+     * memory, int64), absorbed, no sel; n_past then an upper bound of it (the grid's size) */
+    const int64_t *pos_dev;
 } ms_attn_mla_args;
 
 /* Router of every kind the config knows (ms_router_kind), for n tokens:
@@ -399,6 +402,10 @@ typedef struct ms_backend_ops {
     void (*qkv_at)(ms_backend *be, const ms_rope *r, float *q, int64_t qh, const float *wq, float *k, int64_t kh,
                    const float *wk, const float *v, int64_t vd, float *k_cache, float *v_cache, int64_t hd, int norm,
                    float eps, const int64_t *step);
+    /* latent_at: row step[0] of an MLA latent cache [., lw] = row [lw] (the engine normalizes the latent
+     *   in place first; the step takes MLA layers without rotary dims); attn_mla then reads the
+     *   position from a->pos_dev. */
+    void (*latent_at)(ms_backend *be, float *cache, int64_t lw, const float *row, const int64_t *step);
     int (*graph_begin)(ms_backend *be, ms_err *err);
     int (*graph_end)(ms_backend *be, void **graph, ms_err *err);
     int (*graph_launch)(ms_backend *be, void *graph, ms_err *err);

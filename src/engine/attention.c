@@ -165,7 +165,7 @@ int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         const float *kvs = e->kv + (int64_t)sq->row * lw;
         float *qs = e->q + (int64_t)sq->row * H * qk;
         /* the cache rows of positions n_past..: the normalized latent, then the roped k_pe */
-        float *dst = se->latent[layer] + (int64_t)se->n_past * lw;
+        float *dst = e->step_mode ? e->kv + (int64_t)sq->row * lw : se->latent[layer] + (int64_t)se->n_past * lw;
         for (int t = 0; t < sn; t++) be->ops->rmsnorm(be, dst + t * lw, kvs + t * lw, L->kv_a_norm, 1, lora, eps);
         be->ops->copy_rows(be, dst + lora, lw, kvs + lora, lw, sn, rope);
         be->ops->rope(be, &c->rope, dst, sn, lw, 1, 0, lora, se->n_past, 1.0f);
@@ -176,6 +176,11 @@ int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         ms_attn_mla_args a = {.out = e->att + (int64_t)sq->row * H * vd, .q = qs, .latent = se->latent[layer],
                               .kv_b = &L->kv_b, .n = sn, .n_past = se->n_past, .H = H, .lora = lora, .rope = rope,
                               .nope = nope, .vd = vd, .scale = (float)c->attn_scale, .expanded = expanded};
+        if (e->step_mode) { /* the replayable step (NoPE MLA, one token): the row normalized in place above goes
+                             * to the position in e->step; the attention reads it there */
+            be->ops->latent_at(be, se->latent[layer], lw, dst, e->step);
+            a.n_past = e->step_bound, a.pos_dev = e->step;
+        }
         if (c->layer_dsa[layer]) ms_dsa_engine_selection(se, &a.sel, &a.sel_count, &a.sel_width);
         int rc = be->ops->attn_mla(be, &a, err);
         if (rc) return ms_wrap(err, "layer %d", layer);

@@ -16,8 +16,8 @@
  * again; a recording that fails (an op that needs the host) turns the step off for
  * the engine, and the token runs as before, so the results never depend on it.
  *
- * Which models: GQA attention in every layer, no mHC, Attention Residuals, DSA or
- * compressed attention; MoE layers with resident experts routed on the device (no
+ * Which models: GQA, KDA or NoPE MLA (latent_at) attention in every layer, no mHC,
+ * Attention Residuals, DSA or compressed attention; MoE layers with resident experts routed on the device (no
  * hash routing, no router of a kind the device routes on the host). The backend
  * leaves the graph ops NULL when it has none (the CPU) or when they are switched
  * off (the GPU's MS_GPU_GRAPH=0), and the engine then runs every step as before. */
@@ -41,8 +41,12 @@ static int step_qualifies(const ms_engine *e) {
     if (e->experts != e->own_experts) return 0; /* streamed experts: router ids go to the host */
     if (c->qk_norm_after_rope) return 0; /* qkv_at normalizes before its RoPE */
     for (int l = 0; l < c->n_layers; l++) {
-        if (c->layer_attn[l] != MS_ATTN_GQA) return 0;
-        if ((c->layer_rope[l] ? c->rope_alt.dim : c->rope.dim) == 0) return 0; /* NoPE layers: qkv_at always ropes */
+        if (c->layer_attn[l] == MS_ATTN_MLA) { /* latent_at writes the cache row; no RoPE, no indexer */
+            if (!o->latent_at || c->rope.dim != 0 || c->layer_dsa[l]) return 0;
+        } else if (c->layer_attn[l] != MS_ATTN_KDA) { /* KDA: no per-token value but the state */
+            if (c->layer_attn[l] != MS_ATTN_GQA) return 0;
+            if ((c->layer_rope[l] ? c->rope_alt.dim : c->rope.dim) == 0) return 0; /* NoPE layers: qkv_at always ropes */
+        }
         if (c->layer_mlp[l] == MS_MLP_MOE) {
             const ms_layer *L = &e->w->layers[l];
             /* routers the device routes on the host (route's downloads are not part of a graph) */

@@ -25,8 +25,8 @@ int ms_ffn_dense(ms_engine *e, const ms_qmat *gate, const ms_qmat *up, const ms_
     ms_backend *be = e->be;
     int64_t I = gate->rows;
     ms_glu act = ms_moe_glu(&e->m->cfg, e->m->cfg.act);
-    be->ops->matmul(be, e->g, in, n, gate, 0);
-    be->ops->matmul(be, e->u, in, n, up, 0);
+    ms_matmul_job gu[2] = {{e->g, in, n, gate, 0}, {e->u, in, n, up, 0}}; /* one pass (one launch on a device) */
+    be->ops->matmul_many(be, gu, 2);
     be->ops->glu(be, &act, e->g, e->u, (int64_t)n * I);
     be->ops->matmul(be, out, e->g, n, down, accumulate);
     return MS_OK;

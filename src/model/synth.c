@@ -350,6 +350,59 @@ static ms_dtype pick_dtype(const ms_synth_opts *o, const ms_config *c, ms_wkind 
     return o->dtype;
 }
 
+/* Whether key names a list of layer numbers (linear_attn_config's kda_layers, full_attn_layers). */
+static int layer_list_key(const char *key) {
+    size_t n = key ? strlen(key) : 0;
+    return n > 7 && !strcmp(key + n - 7, "_layers");
+}
+
+/* Cut the layer lists of one JSON object to n layers of old: arrays of exactly old entries
+ * (layer_types, mlp_layer_types, ...) keep their first n; integer lists under a *_layers key
+ * keep the entries 1..n (the 1-based layer numbers Kimi Linear's linear_attn_config writes).
+ * depth: objects below this one are cut too (one level: linear_attn_config). */
+static void cut_lists(cJSON *obj, int old, int n, int depth) {
+    cJSON *it = obj ? obj->child : NULL;
+    for (; it; it = it->next) {
+        if (cJSON_IsObject(it) && depth > 0) {
+            cut_lists(it, old, n, depth - 1);
+        } else if (cJSON_IsArray(it) && layer_list_key(it->string)) {
+            for (int i = cJSON_GetArraySize(it) - 1; i >= 0; i--) {
+                const cJSON *v = cJSON_GetArrayItem(it, i);
+                if (cJSON_IsNumber(v) && v->valuedouble > n) cJSON_DeleteItemFromArray(it, i);
+            }
+        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == old) {
+            for (int i = old - 1; i >= n; i--) cJSON_DeleteItemFromArray(it, i);
+        }
+    }
+}
+
+/* o->layers > 0: the config text with num_hidden_layers cut to o->layers and its per-layer
+ * lists with it (cut_lists); *text is replaced (the caller frees it). */
+static int cut_config(const ms_synth_opts *o, char **text, size_t *len, ms_err *err) {
+    cJSON *j = NULL;
+    int rc = ms_json_parse(*text, *len, o->config_path, &j, err);
+    if (rc) return rc;
+    const cJSON *nl = cJSON_GetObjectItemCaseSensitive(j, "num_hidden_layers");
+    if (!ms_json_is_int(nl, 1, MS_MAX_LAYERS)) {
+        cJSON_Delete(j);
+        return ms_fail(err, MS_ERR_FORMAT, "%s: --layers needs an integer num_hidden_layers", o->config_path);
+    }
+    int old = (int)nl->valuedouble;
+    if (o->layers > old) {
+        cJSON_Delete(j);
+        return ms_fail(err, MS_ERR_ARG, "synth: --layers %d is more than the config's %d layers", o->layers, old);
+    }
+    cut_lists(j, old, o->layers, 1);
+    cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "num_hidden_layers"), o->layers);
+    char *cs = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!cs) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    free(*text);
+    *text = cs;
+    *len = strlen(cs);
+    return MS_OK;
+}
+
 int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
     char *text = NULL;
     size_t len;
@@ -365,6 +418,7 @@ int ms_synth(const ms_synth_opts *o, ms_synth_result *res, ms_err *err) {
         o->expert_dtype != MS_DT_F8_E4M3 && o->expert_dtype != MS_DT_F4 && o->expert_dtype != MS_DT_I4)
         return ms_fail(err, MS_ERR_ARG, "synth: --expert-dtype must be f32, bf16, f16, fp8, mxfp4 or int4");
     if ((rc = ms_read_file(o->config_path, 16u << 20, &text, &len, err))) return rc;
+    if (o->layers > 0 && (rc = cut_config(o, &text, &len, err))) goto out;
     ms_config cfg;
     if ((rc = ms_config_parse(text, len, o->config_path, &cfg, err))) goto out;
     if ((rc = ms_json_parse(text, len, o->config_path, &cj, err))) goto out;

@@ -22,6 +22,9 @@ typedef struct ms_synth_opts {
     const char *tokenizer_dir;/* optional: tokenizer files copied from here */
     const ms_progress *progress; /* optional: bytes of tensor data written (util/progress.h); called
                                   * from the writer threads, one call at a time */
+    int layers;               /* > 0: num_hidden_layers cut to this, the config's per-layer lists
+                               * with it (lists of num_hidden_layers entries keep their first
+                               * layers; integer lists under a *_layers key keep 1..layers) */
     int threads;              /* tensor writers (<= 1: the caller alone); the bytes written do not
                                * depend on it (each tensor is drawn from (seed, name) alone) */
 } ms_synth_opts;

@@ -1061,7 +1061,7 @@ TEST(backend_linear) {
     SKIP_UNLESS_SELECTED("backend_linear");
     ms_backend *C = cpu(), *G = gbe();
     ms_err err = {0};
-    for (int variant = 0; variant < 3; variant++) {
+    for (int variant = 0; variant < 5; variant++) { /* 3: KDA at head dim 128 (the decode kernel's 4 blocks a head); 4: DeltaNet, value dim 32 (k_delta_tile) */
         const int D = 256, T1 = 20, T = T1 + 2;
         int64_t conv_len, S_len, out_n = (int64_t)T * D;
         float *x = randv(out_n, 1.0f), *ref = calloc((size_t)out_n, 4), *dx = bup(x, out_n), *dout = bup(ref, out_n);
@@ -1074,9 +1074,10 @@ TEST(backend_linear) {
         ms_gdn_config gc = {0};
         ms_kda_weights kw = {0}, dkw;
         ms_gdn_weights gw = {0}, dgw;
-        if (variant < 2) {
-            const int H = 4, d = 32, K = 4, Cc = H * d;
-            kc = (ms_kda_config){D, H, d, K, variant ? MS_DECAY_LOWER_BOUND : MS_DECAY_SOFTPLUS, -5.0f, variant, 1e-6f};
+        const int kda = variant != 2 && variant != 4, lb = variant == 1;
+        if (kda) {
+            const int H = variant == 3 ? 2 : 4, d = variant == 3 ? 128 : 32, K = 4, Cc = H * d;
+            kc = (ms_kda_config){D, H, d, K, lb ? MS_DECAY_LOWER_BOUND : MS_DECAY_SOFTPLUS, -5.0f, lb, 1e-6f};
             kw.q_proj = qm(HV(Cc * D, 0.06f), Cc, D), kw.k_proj = qm(HV(Cc * D, 0.06f), Cc, D);
             kw.v_proj = qm(HV(Cc * D, 0.06f), Cc, D);
             kw.q_conv = qm(HV(Cc * K, 0.5f), Cc, K), kw.k_conv = qm(HV(Cc * K, 0.5f), Cc, K);
@@ -1084,17 +1085,19 @@ TEST(backend_linear) {
             kw.f_a = qm(HV(d * D, 0.06f), d, D), kw.f_b = qm(HV(Cc * d, 0.2f), Cc, d);
             kw.A_log = qm(HV(H, 0.5f), 1, H), kw.dt_bias = qm(HV(Cc, 0.5f), 1, Cc);
             kw.b_proj = qm(HV(H * D, 0.06f), H, D);
-            if (variant) kw.g_proj = qm(HV(Cc * D, 0.06f), Cc, D);
+            if (lb) kw.g_proj = qm(HV(Cc * D, 0.06f), Cc, D);
             else kw.g_a = qm(HV(d * D, 0.06f), d, D), kw.g_b = qm(HV(Cc * d, 0.2f), Cc, d);
             kw.o_norm = qm(bufs[nb++] = onesv(d, 0.1f), 1, d), kw.o_proj = qm(HV(D * Cc, 0.06f), D, Cc);
             dkw = kw;
             ms_qmat *src = &kw.q_proj, *dst = &dkw.q_proj;
             for (size_t i = 0; i < sizeof kw / sizeof kw.q_proj; i++) dst[i] = placed(&src[i]);
             ms_kda_state_lens(&kc, &conv_len, &S_len);
-            what = variant ? "kda_forward (lower-bound gate, full-rank gate)" : "kda_forward (softplus, low-rank gate)";
+            what = lb ? "kda_forward (lower-bound gate, full-rank gate)"
+                 : variant == 3 ? "kda_forward (softplus, low-rank gate, head dim 128)"
+                                : "kda_forward (softplus, low-rank gate)";
             dk = d, Cw = Cc;
         } else {
-            const int Hk = 2, Hv = 4, k = 32, v = 24, K = 4;
+            const int Hk = 2, Hv = 4, k = 32, v = variant == 4 ? 32 : 24, K = 4;
             const int64_t Kd = Hk * k, Vd = Hv * v, Cc = 2 * Kd + Vd, P = 2 * Kd + 2 * Vd;
             gc = (ms_gdn_config){D, Hk, Hv, k, v, K, 1e-6f};
             gw.in_qkvz = qm(HV(P * D, 0.06f), P, D), gw.in_ba = qm(HV(2 * Hv * D, 0.06f), 2 * Hv, D);
@@ -1105,7 +1108,8 @@ TEST(backend_linear) {
             ms_qmat *src = &gw.in_qkvz, *dst = &dgw.in_qkvz;
             for (size_t i = 0; i < sizeof gw / sizeof gw.in_qkvz; i++) dst[i] = placed(&src[i]);
             ms_gdn_state_lens(&gc, &conv_len, &S_len);
-            what = "gdn_forward (2 key heads, 4 value heads)";
+            what = variant == 4 ? "gdn_forward (2 key heads, 4 value heads, value dim 32)"
+                                : "gdn_forward (2 key heads, 4 value heads)";
             dk = k, Cw = (int)Vd;
         }
 #undef HV
@@ -1115,7 +1119,7 @@ TEST(backend_linear) {
         int steps[3] = {T1, 1, 1}, t0 = 0;
         for (int s = 0; s < 3; s++) {
             int n = steps[s], rc1, rc2;
-            if (variant < 2) {
+            if (kda) {
                 rc1 = C->ops->kda_forward(C, &kc, &kw, &hs, x + (int64_t)t0 * D, n, ref + (int64_t)t0 * D, &err);
                 rc2 = G->ops->kda_forward(G, &kc, &dkw, &ds, dx + (int64_t)t0 * D, n, dout + (int64_t)t0 * D, &err);
             } else {

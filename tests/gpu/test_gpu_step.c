@@ -480,4 +480,79 @@ TEST(backend_step_pdl) {
     }
 }
 
+/* The replayable step of KDA and NoPE-MLA models (Kimi Linear: latent_at, attn_mla at pos_dev, the
+ * KDA decode kernels recorded): whole greedy decodes of fixture models past a 256-token bucket with
+ * the step and with MS_GPU_GRAPH=0 (every token eager). The step must record, the greedy ids must be
+ * the same, and the logits agree: latent_at is the rmsnorm kernel's sums, the MLA splits are the
+ * same up to 2048 keys (the bound adds empty ones), so they are expected bit-identical; the check
+ * allows 1e-5 of the largest logit and prints how many differ. */
+static int graph_decode(ms_model *m, int graph, int steps, float *out, int *recorded, ms_err *err) {
+    ms_backend *be = NULL;
+    ms_engine *e = NULL;
+    if (!graph) setenv("MS_GPU_GRAPH", "0", 1);
+    int rc = ms_backend_gpu_create(0, &be, err);
+    unsetenv("MS_GPU_GRAPH");
+    ms_engine_opts o = {.max_ctx = steps + 16, .max_batch = 16, .backend = be};
+    if (!rc) rc = ms_engine_create(m, &o, &e, err);
+    int64_t V = m->cfg.vocab;
+    int32_t ids[8];
+    for (int i = 0; i < 8; i++) ids[i] = (int32_t)((i * 37 + 1) % V);
+    if (!rc) rc = ms_engine_forward(e, ids, 8, out, 0, err);
+    for (int s = 1; !rc && s <= steps; s++) {
+        const float *prev = out + (int64_t)(s - 1) * V;
+        int32_t t = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (prev[v] > prev[t]) t = (int32_t)v;
+        rc = ms_engine_forward(e, &t, 1, out + (int64_t)s * V, 0, err);
+    }
+    *recorded = e && !e->step_off && e->step_graph;
+    if (e) ms_engine_destroy(e);
+    if (be) be->ops->destroy(be);
+    return rc;
+}
+TEST(backend_step_linear) {
+    SKIP_UNLESS_SELECTED("backend_step_linear");
+    const char *fx[3] = {"tests/data/fixtures/models/kimi_linear", "tests/fixtures/extra/kimi_linear_mla_first",
+                         "tests/data/fixtures/models/kimi_linear_fp8"};
+    const int steps = 264;
+    for (int f = 0; f < 3; f++) {
+        ms_model m;
+        ms_err err = {0};
+        if (ms_model_load(fx[f], &m, &err)) {
+            printf("  backend_step_linear %s: skipped (%s)\n", fx[f], err.msg);
+            continue;
+        }
+        int64_t V = m.cfg.vocab, n = (int64_t)(steps + 1) * V;
+        float *on = calloc((size_t)n, 4), *off = calloc((size_t)n, 4);
+        int rec_on = 0, rec_off = 0;
+        int rc1 = graph_decode(&m, 1, steps, on, &rec_on, &err);
+        CHECK_MSG(rc1 == MS_OK, "%s with the step: %s", fx[f], err.msg);
+        int rc2 = graph_decode(&m, 0, steps, off, &rec_off, &err);
+        CHECK_MSG(rc2 == MS_OK, "%s without: %s", fx[f], err.msg);
+        int64_t diff = 0, idiff = 0;
+        double worst = 0, big = maxabs(off, n);
+        for (int64_t i = 0; i < n; i++) {
+            diff += memcmp(&on[i], &off[i], 4) != 0;
+            double d = fabs((double)on[i] - off[i]);
+            if (d > worst) worst = d;
+        }
+        for (int s = 0; s <= steps; s++) { /* the greedy ids */
+            int32_t a = 0, b = 0;
+            for (int64_t v = 1; v < V; v++) {
+                if (on[s * V + v] > on[s * V + a]) a = (int32_t)v;
+                if (off[s * V + v] > off[s * V + b]) b = (int32_t)v;
+            }
+            idiff += a != b;
+        }
+        printf("  backend_step_linear %s: %d steps, step recorded %d (off: %d), %lld of %lld logits differ (worst "
+               "%.3g of %.3g), %lld ids differ\n",
+               fx[f], steps, rec_on, rec_off, (long long)diff, (long long)n, worst, big, (long long)idiff);
+        CHECK_MSG(rec_on && !rec_off, "%s: the decode step recorded %d with the graph, %d without", fx[f], rec_on,
+                  rec_off);
+        CHECK_MSG(idiff == 0 && worst <= 1e-5 * big, "%s: %lld ids differ, worst %g", fx[f], (long long)idiff, worst);
+        free(on), free(off);
+        ms_model_free(&m);
+    }
+}
+
 TEST_GPU_RUNNER(test_gpu_run_step)

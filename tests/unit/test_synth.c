@@ -88,4 +88,27 @@ TEST(synth_rejects_bad_config) {
     rmdir(d);
 }
 
+/* --layers: a Kimi Linear config cut from 4 layers to 2 loads with its per-layer lists cut
+ * (layer_types, mlp_layer_types; linear_attn_config's 1-based kda_layers / full_attn_layers keep
+ * 1..2), and asking for more layers than the config has is refused. */
+TEST(synth_cut_layers) {
+    char d[] = "/tmp/ms_synth4XXXXXX";
+    CHECK(mkdtemp(d) != NULL);
+    ms_err e = {0};
+    ms_synth_result r;
+    ms_synth_opts o = {.config_path = MS_TEST_FIXTURES "kimi_linear/config.json", .out_dir = d, .seed = 1,
+                       .dtype = MS_DT_BF16, .expert_dtype = MS_DT_F4, .layers = 2};
+    CHECK_MSG(ms_synth(&o, &r, &e) == 0, "%s", e.msg);
+    ms_model m;
+    CHECK_MSG(ms_model_load(d, &m, &e) == 0, "%s", e.msg);
+    CHECK(m.cfg.n_layers == 2 && m.cfg.layer_attn[0] == MS_ATTN_KDA && m.cfg.layer_attn[1] == MS_ATTN_KDA);
+    CHECK(m.cfg.layer_mlp[0] == MS_MLP_DENSE && m.cfg.layer_mlp[1] == MS_MLP_MOE);
+    ms_model_free(&m);
+    o.layers = 5;
+    CHECK(ms_synth(&o, &r, &e) == MS_ERR_ARG);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", d);
+    CHECK(system(cmd) == 0);
+}
+
 TEST_MAIN()

@@ -17,6 +17,7 @@ extern "C" {
 #include "backend/cpu/backend_cpu.h" /* ms_route_host: the router kinds the device kernel lacks */
 }
 #include "backend/gpu/backend_gpu.h"
+#include "backend/gpu/attn_mla.h"
 #include "backend/gpu/backend_gpu_blocks.h" /* the linear / sparse / compressed attention and mHC ops */
 #include "backend/gpu/backend_gpu_step.h"   /* the replayable decode step's ops */
 #include "backend/gpu/gemm.h"               /* prefill GEMMs through the vendor BLAS */
@@ -72,6 +73,7 @@ typedef struct gpu_backend {
     struct prof_class *prof_classes;
     int prof_nc;
     ms_gpu_step_state step; /* the replayable decode step (backend_gpu_step.h) */
+    int mla_old; /* MS_GPU_MLA=old at creation: MLA decode through the one-block-per-head kernel (A/B) */
 } gpu_backend;
 
 static gpu_backend *gb(ms_backend *be) { return (gpu_backend *)be->impl; }
@@ -842,7 +844,7 @@ __global__ void k_mla_qlat(float *qlat, const float *q, qview W, int64_t H, int6
     int64_t h = blockIdx.x, t = blockIdx.y;
     for (int64_t r = threadIdx.x; r < nope; r += blockDim.x) qn[r] = q[(t * H + h) * qk + r];
     __syncthreads();
-    for (int64_t c = threadIdx.x; c < lora; c += blockDim.x) {
+    for (int64_t c = blockIdx.z * blockDim.x + threadIdx.x; c < lora; c += blockDim.x * gridDim.z) {
         float acc = 0;
         for (int64_t r = 0; r < nope; r++) acc = fmaf(qn[r], qv_at(W, h * dkv + r, c), acc);
         qlat[(t * H + h) * lora + c] = acc;
@@ -913,7 +915,7 @@ __global__ void k_mla_out(float *out, const float *olat, qview W, int64_t t0, in
     const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP, nw = blockDim.x / MS_WARP;
     int64_t h = blockIdx.x, tl = blockIdx.y;
     const float *ol = olat + (tl * H + h) * lora;
-    for (int64_t i = warp; i < vd; i += nw) {
+    for (int64_t i = blockIdx.z * nw + warp; i < vd; i += nw * gridDim.z) { /* z: slices of the rows */
         float part = 0;
         for (int64_t c = lane; c < lora; c += MS_WARP) part = fmaf(qv_at(W, h * dkv + nope + i, c), ol[c], part);
         part = ms_warp_sum(part);
@@ -993,18 +995,26 @@ static int g_attn_mla(ms_backend *be, const ms_attn_mla_args *a, ms_err *err) {
             return rc;
     }
     size_t per = (size_t)(ATT_TOK * H * lora);
-    if ((rc = grow(b, &b->work, &b->work_cap, 2 * per, err))) return rc;
+    if (a->pos_dev && (a->n != 1 || a->sel || b->mla_old))
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "MLA attention: a device position needs one token, no selection");
+    const int split = a->n == 1 && !b->mla_old; /* decode: the keys split over blocks (attn_mla.cu) */
+    if ((rc = grow(b, &b->work, &b->work_cap, 2 * per + (split ? ms_gpu_mla_decode_scratch(H, lora) : 0), err)))
+        return rc;
     float *qlat = b->work, *olat = b->work + per;
     size_t shm = (size_t)(lora + rope + 2 * MLA_WARPS + MLA_WARPS * lora) * 4;
     for (int t0 = 0; t0 < a->n; t0 += ATT_TOK) {
         int k = a->n - t0 < ATT_TOK ? a->n - t0 : ATT_TOK;
-        dim3 grid((unsigned)H, (unsigned)k);
-        k_mla_qlat<<<grid, 256, (size_t)nope * 4, b->g->stream>>>(qlat, a->q + (int64_t)t0 * H * qk, W, H, nope, qk,
+        dim3 grid((unsigned)H, (unsigned)k), gq(grid.x, grid.y, (unsigned)((lora + 63) / 64)); /* z: column slices */
+        dim3 go(grid.x, grid.y, (unsigned)((vd + 7) / 8)); /* z: 8 rows each (a warp a row) */
+        k_mla_qlat<<<gq, 64, (size_t)nope * 4, b->g->stream>>>(qlat, a->q + (int64_t)t0 * H * qk, W, H, nope, qk,
                                                                   lora, dkv);
         mla_attn_args m = {olat, qlat, a->q, a->latent, dsel, dcnt, a->sel_width, a->n_past, t0, H, lora, rope, nope,
                            qk, a->scale};
-        k_mla_attn<<<grid, MLA_WARPS * MS_WARP, shm, b->g->stream>>>(m);
-        k_mla_out<<<grid, 256, 0, b->g->stream>>>(a->out, olat, W, t0, H, nope, vd, lora, dkv);
+        if (!split) k_mla_attn<<<grid, MLA_WARPS * MS_WARP, shm, b->g->stream>>>(m);
+        else if ((rc = ms_gpu_mla_decode(b->g, olat, qlat, a->q, a->latent, dsel, dcnt, a->sel_width, a->n_past,
+                                          a->pos_dev, H, lora, rope, nope, a->scale, b->work + 2 * per, err)))
+            return rc;
+        k_mla_out<<<go, 256, 0, b->g->stream>>>(a->out, olat, W, t0, H, nope, vd, lora, dkv);
         if ((rc = ms_gpu_launched(err, "MLA attention"))) return rc;
     }
     return MS_OK;
@@ -1400,6 +1410,8 @@ extern "C" int ms_backend_gpu_create(int device, ms_backend **out, ms_err *err) 
     if (gr && !strcmp(gr, "0")) b->ops.graph_begin = NULL, b->ops.graph_end = NULL, b->ops.graph_launch = NULL;
     const char *am = getenv("MS_GPU_ARGMAX"); /* MS_GPU_ARGMAX=0: no device greedy pick (A/B) */
     if (am && !strcmp(am, "0")) b->ops.argmax = NULL;
+    b->mla_old = getenv("MS_GPU_MLA") && !strcmp(getenv("MS_GPU_MLA"), "old"); /* A/B: the earlier MLA decode */
+    if (b->mla_old) b->ops.latent_at = NULL; /* and MLA layers out of the replayable step */
     b->base.impl = b;
     int rc = ms_gpu_open(device, &b->g, err);
     if (!rc) {

@@ -30,6 +30,8 @@ extern "C" { /* the C headers: the reference's DSA top-k, RoPE angles, block che
 }
 #include "backend/gpu/backend_gpu.h"
 #include "backend/gpu/backend_gpu_blocks.h"
+#include "backend/gpu/gemm.h" /* the prefill GEMMs of the projections */
+#include "backend/gpu/backend_gpu_step.h" /* the recording state: scratch moves stale a recorded step */
 
 #define BLK_SLICE 1024 /* tokens per pass of the linear-attention blocks (bounds the scratch) */
 #define BLK_THREADS 128
@@ -42,11 +44,17 @@ typedef struct {
     size_t tab_cap;
     void *host; /* host scratch */
     size_t host_cap;
+    int kda_old; /* MS_GPU_KDA=old when the state was made: decode through the correctness-first ops */
 } blk_state;
 
 static blk_state *bs(ms_backend *be) {
     void **slot = ms_gpu_be_blocks(be);
-    if (!*slot) *slot = calloc(1, sizeof(blk_state));
+    if (!*slot) {
+        blk_state *s = (blk_state *)calloc(1, sizeof(blk_state));
+        const char *e = getenv("MS_GPU_KDA"); /* read once per backend: A/B runs in one binary */
+        if (s) s->kda_old = e && !strcmp(e, "old");
+        *slot = s;
+    }
     return (blk_state *)*slot;
 }
 
@@ -69,6 +77,9 @@ static int scratch(ms_backend *be, size_t floats, float **out, ms_err *err) {
     blk_state *s = bs(be);
     if (!s) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
     if (s->scr_cap < floats) {
+        ms_gpu_step_state *st = ms_gpu_be_step(be); /* KDA decode is part of the replayable step */
+        if (st->capturing) return ms_fail(err, MS_ERR_LIMIT, "gpu: linear-attention scratch grows during a recorded step");
+        st->gen++;
         ms_gpu *g = ms_gpu_be_dev(be);
         ms_gpu_free(g, s->scr);
         s->scr = NULL, s->scr_cap = 0;
@@ -188,6 +199,28 @@ __global__ void k_sigmoid_rows(float *x, int64_t ld, int n, int width) {
         x[(i / width) * ld + i % width] = sigm(x[(i / width) * ld + i % width]);
 }
 
+#define KDA1_MAXD 256 /* head dims the step kernel holds (d % 32 == 0) */
+#define KDA1_THREADS 256
+#define KDA1_NC 32 /* state columns per block */
+
+/* the sum over the block of one value per thread (KDA1_THREADS threads); sh: KDA1_THREADS / MS_WARP slots */
+static __device__ float kda1_bsum(float v, float *sh) {
+    v = ms_warp_sum(v);
+    const int lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = 0;
+    for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) t += sh[w];
+    return t;
+}
+
+/* sum of v over the lanes of this warp that hold the same column quad (lane % 8) */
+static __device__ __forceinline__ float kda1_rgsum(float v) {
+    for (int off = 8; off < MS_WARP; off <<= 1) v += ms_shfl_xor(v, off);
+    return v;
+}
+
 typedef struct {
     const float *q, *k, *v, *g, *beta;
     int64_t ld_q, ld_k, ld_v, ld_g, ld_beta, ld_o;
@@ -248,7 +281,90 @@ __global__ void __launch_bounds__(BLK_THREADS) k_delta(delta_a a) {
     }
 }
 
+/* The delta rule over a.n tokens with the state tile in registers (dk % 32 == 0, dk <= 256,
+ * dv % 32 == 0): block (value head h, columns e0 .. e0 + 31) of 256 threads, thread (row group
+ * rg, column quad cq) holding S[h][rg + 32 r][e0 + 4 cq .. + 3] (k_kda_step's layout) across the
+ * tokens; per token the L2 norms and both products over the keys are block sums (shuffles, then
+ * one shared row per warp) instead of k_delta's serial loops. Same arithmetic, other orders. */
+__global__ void __launch_bounds__(KDA1_THREADS) k_delta_tile(delta_a a) {
+    __shared__ float qs[KDA1_MAXD], ks[KDA1_MAXD], dec[KDA1_MAXD], vv[KDA1_NC];
+    __shared__ float red[KDA1_THREADS / MS_WARP][KDA1_NC], sums[2][KDA1_THREADS / MS_WARP];
+    const int h = blockIdx.x, e0 = blockIdx.y * KDA1_NC, dk = a.dk, dv = a.dv, tid = threadIdx.x;
+    const int hq = h / (a.Hv / a.Hk), cq = tid & 7, rg = tid >> 3, R = dk >> 5, lane = tid % MS_WARP,
+              warp = tid / MS_WARP;
+    float *S = a.S + (int64_t)h * dk * dv;
+    float4 s[KDA1_MAXD / 32];
+#pragma unroll
+    for (int r = 0; r < KDA1_MAXD / 32; r++)
+        if (r < R) s[r] = *(const float4 *)(S + (int64_t)(rg + 32 * r) * dv + e0 + 4 * cq);
+    for (int t = 0; t < a.n; t++) {
+        const float *qt = a.q + (int64_t)t * a.ld_q + (int64_t)hq * dk, *kt = a.k + (int64_t)t * a.ld_k + (int64_t)hq * dk;
+        const float *gt = a.g + (int64_t)t * a.ld_g;
+        float pq = 0, pk = 0;
+        for (int i = tid; i < dk; i += KDA1_THREADS) {
+            float x = qt[i], y = kt[i];
+            qs[i] = x, ks[i] = y, pq += x * x, pk += y * y;
+            dec[i] = expf(a.g_per_head ? gt[h] : gt[(int64_t)h * dk + i]);
+        }
+        if (tid < KDA1_NC) vv[tid] = a.v[(int64_t)t * a.ld_v + (int64_t)h * dv + e0 + tid];
+        pq = ms_warp_sum(pq), pk = ms_warp_sum(pk);
+        if (lane == 0) sums[0][warp] = pq, sums[1][warp] = pk;
+        __syncthreads();
+        float sq = 0, sk = 0;
+        for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) sq += sums[0][w], sk += sums[1][w];
+        const float nq = a.scale / sqrtf(sq + a.eps), nk = 1.0f / sqrtf(sk + a.eps);
+        const float beta = a.beta[(int64_t)t * a.ld_beta + h];
+        float kv0 = 0, kv1 = 0, kv2 = 0, kv3 = 0;
+#pragma unroll
+        for (int r = 0; r < KDA1_MAXD / 32; r++)
+            if (r < R) {
+                const int i = rg + 32 * r;
+                const float di = dec[i], ki = ks[i] * nk;
+                s[r].x *= di, s[r].y *= di, s[r].z *= di, s[r].w *= di;
+                kv0 += ki * s[r].x, kv1 += ki * s[r].y, kv2 += ki * s[r].z, kv3 += ki * s[r].w;
+            }
+        kv0 = kda1_rgsum(kv0), kv1 = kda1_rgsum(kv1), kv2 = kda1_rgsum(kv2), kv3 = kda1_rgsum(kv3);
+        if (lane < 8) red[warp][4 * cq] = kv0, red[warp][4 * cq + 1] = kv1, red[warp][4 * cq + 2] = kv2, red[warp][4 * cq + 3] = kv3;
+        __syncthreads();
+        float u[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float tt = 0;
+            for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) tt += red[w][4 * cq + j];
+            u[j] = beta * (vv[4 * cq + j] - tt);
+        }
+        __syncthreads();
+        float o0 = 0, o1 = 0, o2 = 0, o3 = 0;
+#pragma unroll
+        for (int r = 0; r < KDA1_MAXD / 32; r++)
+            if (r < R) {
+                const int i = rg + 32 * r;
+                const float ki = ks[i] * nk, qi = qs[i] * nq;
+                s[r].x += ki * u[0], s[r].y += ki * u[1], s[r].z += ki * u[2], s[r].w += ki * u[3];
+                o0 += qi * s[r].x, o1 += qi * s[r].y, o2 += qi * s[r].z, o3 += qi * s[r].w;
+            }
+        o0 = kda1_rgsum(o0), o1 = kda1_rgsum(o1), o2 = kda1_rgsum(o2), o3 = kda1_rgsum(o3);
+        if (lane < 8) red[warp][4 * cq] = o0, red[warp][4 * cq + 1] = o1, red[warp][4 * cq + 2] = o2, red[warp][4 * cq + 3] = o3;
+        __syncthreads();
+        if (tid < KDA1_NC) {
+            float tt = 0;
+            for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) tt += red[w][tid];
+            a.o[(int64_t)t * a.ld_o + (int64_t)h * dv + e0 + tid] = tt;
+        }
+        __syncthreads(); /* qs / ks / dec / vv / red / sums are the next token's */
+    }
+#pragma unroll
+    for (int r = 0; r < KDA1_MAXD / 32; r++)
+        if (r < R) *(float4 *)(S + (int64_t)(rg + 32 * r) * dv + e0 + 4 * cq) = s[r];
+}
+
 static int run_delta(ms_backend *be, delta_a a, ms_err *err) {
+    blk_state *bst = bs(be);
+    if (bst && !bst->kda_old && a.dk % 32 == 0 && a.dk <= KDA1_MAXD && a.dv % KDA1_NC == 0 &&
+        ((uintptr_t)a.S & 15) == 0) {
+        k_delta_tile<<<dim3((unsigned)a.Hv, (unsigned)(a.dv / KDA1_NC)), KDA1_THREADS, 0, ms_gpu_be_dev(be)->stream>>>(a);
+        return ms_gpu_launched(err, "delta rule");
+    }
     int ncol = a.dv < 32 ? a.dv : 32;
     while (ncol > 1 && ((size_t)a.dk * ncol + 3 * (size_t)a.dk) * 4 > 40 * 1024) ncol /= 2;
     size_t shm = ((size_t)a.dk * ncol + 3 * (size_t)a.dk) * 4;
@@ -311,6 +427,197 @@ static int gnorm_launch(ms_backend *be, float *o, const float *gate, int64_t row
     return ms_gpu_launched(err, "gated rmsnorm");
 }
 
+/* ---- KDA decode (one token) in four launches: the six projections of x in one matvec launch,
+ * f_b / g_b in one, k_kda_step (convolutions, decay gate, beta, L2 norms, the delta rule, the
+ * gated RMSNorm), o_proj. */
+
+typedef struct {
+    const float *q, *k, *v; /* the projections of x before the convolutions [C] */
+    const float *f;         /* f_b's output [C] (before the decay gate) */
+    const float *braw;      /* b_proj's output [H] (before the sigmoid) */
+    const float *gate;      /* the output gate [C] (before the sigmoid) */
+    float *o;               /* [C]: written normed and gated */
+    float *S;               /* [H][d][d] */
+    float *conv;            /* [3][C][K-1]: q, k, v */
+    int *cnt;               /* [H] arrival counters, zero between launches */
+    vec_t qw, kw, vw, A_log, dt_bias, onorm;
+    int has_A, has_bias, lower, H, d, K;
+    float lb, eps, scale, norm_eps;
+} kda1_a;
+
+/* The causal convolution of channel c with its K - 1 carried inputs, SiLU after (ms_short_conv). */
+static __device__ __forceinline__ float kda1_conv(vec_t w, const float *st, float x, int64_t c, int K) {
+    float acc = 0;
+    for (int t = 0; t < K - 1; t++) acc += vat(w, c * K + t) * st[t];
+    acc += vat(w, c * K + K - 1) * x;
+    return acc / (1.0f + expf(-acc));
+}
+static __device__ __forceinline__ void kda1_shift(float *st, float x, int K) {
+    for (int t = 0; t < K - 2; t++) st[t] = st[t + 1];
+    if (K > 1) st[K - 2] = x;
+}
+
+/* Block (head h, state columns e0 .. e0 + 31): thread (row group rg, column quad cq) holds
+ * S[h][rg + 32 r][e0 + 4 cq .. + 3] in registers. The last block of a head to arrive (the
+ * counter) applies the gated RMSNorm over the head's d outputs and moves the q / k
+ * convolution states (every block of the head reads them); each block moves its own v
+ * channels' state. Same arithmetic as the op-by-op path (k_short_conv, k_decay_gate, k_delta,
+ * k_gated_rmsnorm), other summation orders. */
+__global__ void __launch_bounds__(KDA1_THREADS) k_kda_step(kda1_a a) {
+    __shared__ float qs[KDA1_MAXD], ks[KDA1_MAXD], dec[KDA1_MAXD], vv[KDA1_NC];
+    __shared__ float red[KDA1_THREADS / MS_WARP][KDA1_NC], sums[KDA1_THREADS / MS_WARP];
+    __shared__ int last;
+    const int h = blockIdx.x, e0 = blockIdx.y * KDA1_NC, d = a.d, K = a.K, tid = threadIdx.x;
+    const int cq = tid & 7, rg = tid >> 3, R = d >> 5, lane = tid % MS_WARP, warp = tid / MS_WARP;
+    const int64_t C = (int64_t)a.H * d, hd = (int64_t)h * d;
+    float *S = a.S + hd * d;
+    float *cs_q = a.conv, *cs_k = cs_q + C * (K - 1), *cs_v = cs_k + C * (K - 1);
+    float4 s[KDA1_MAXD / 32];
+#pragma unroll
+    for (int r = 0; r < KDA1_MAXD / 32; r++)
+        if (r < R) s[r] = *(const float4 *)(S + (int64_t)(rg + 32 * r) * d + e0 + 4 * cq);
+    for (int i = tid; i < 2 * d + KDA1_NC; i += KDA1_THREADS) {
+        if (i < d) {
+            qs[i] = kda1_conv(a.qw, cs_q + (hd + i) * (K - 1), a.q[hd + i], hd + i, K);
+        } else if (i < 2 * d) {
+            ks[i - d] = kda1_conv(a.kw, cs_k + (hd + i - d) * (K - 1), a.k[hd + i - d], hd + i - d, K);
+        } else {
+            int64_t c = hd + e0 + (i - 2 * d);
+            float *st = cs_v + c * (K - 1), x = a.v[c];
+            vv[i - 2 * d] = kda1_conv(a.vw, st, x, c, K);
+            kda1_shift(st, x, K); /* only this block reads these channels */
+        }
+    }
+    const float A = a.has_A ? expf(vat(a.A_log, h)) : 1.0f;
+    for (int i = tid; i < d; i += KDA1_THREADS) {
+        float x = a.f[hd + i] + (a.has_bias ? vat(a.dt_bias, hd + i) : 0.0f);
+        float g = a.lower ? a.lb * (1.0f / (1.0f + expf(-A * x))) : -A * (x > 20.0f ? x : logf(1.0f + expf(x)));
+        dec[i] = expf(g);
+    }
+    __syncthreads();
+    float pq = 0, pk = 0;
+    for (int i = tid; i < d; i += KDA1_THREADS) pq += qs[i] * qs[i], pk += ks[i] * ks[i];
+    const float nq = a.scale / sqrtf(kda1_bsum(pq, sums) + a.eps);
+    const float nk = 1.0f / sqrtf(kda1_bsum(pk, sums) + a.eps);
+    const float beta = sigm(a.braw[h]);
+    float kv0 = 0, kv1 = 0, kv2 = 0, kv3 = 0;
+#pragma unroll
+    for (int r = 0; r < KDA1_MAXD / 32; r++)
+        if (r < R) {
+            const int i = rg + 32 * r;
+            const float di = dec[i], ki = ks[i] * nk;
+            s[r].x *= di, s[r].y *= di, s[r].z *= di, s[r].w *= di;
+            kv0 += ki * s[r].x, kv1 += ki * s[r].y, kv2 += ki * s[r].z, kv3 += ki * s[r].w;
+        }
+    kv0 = kda1_rgsum(kv0), kv1 = kda1_rgsum(kv1), kv2 = kda1_rgsum(kv2), kv3 = kda1_rgsum(kv3);
+    if (lane < 8) red[warp][4 * cq] = kv0, red[warp][4 * cq + 1] = kv1, red[warp][4 * cq + 2] = kv2, red[warp][4 * cq + 3] = kv3;
+    __syncthreads();
+    float u[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float t = 0;
+        for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) t += red[w][4 * cq + j];
+        u[j] = beta * (vv[4 * cq + j] - t);
+    }
+    __syncthreads();
+    float o0 = 0, o1 = 0, o2 = 0, o3 = 0;
+#pragma unroll
+    for (int r = 0; r < KDA1_MAXD / 32; r++)
+        if (r < R) {
+            const int i = rg + 32 * r;
+            const float ki = ks[i] * nk, qi = qs[i] * nq;
+            s[r].x += ki * u[0], s[r].y += ki * u[1], s[r].z += ki * u[2], s[r].w += ki * u[3];
+            o0 += qi * s[r].x, o1 += qi * s[r].y, o2 += qi * s[r].z, o3 += qi * s[r].w;
+            *(float4 *)(S + (int64_t)i * d + e0 + 4 * cq) = s[r];
+        }
+    o0 = kda1_rgsum(o0), o1 = kda1_rgsum(o1), o2 = kda1_rgsum(o2), o3 = kda1_rgsum(o3);
+    if (lane < 8) red[warp][4 * cq] = o0, red[warp][4 * cq + 1] = o1, red[warp][4 * cq + 2] = o2, red[warp][4 * cq + 3] = o3;
+    __syncthreads();
+    if (tid < KDA1_NC) {
+        float t = 0;
+        for (int w = 0; w < KDA1_THREADS / MS_WARP; w++) t += red[w][tid];
+        a.o[hd + e0 + tid] = t;
+    }
+    if (gridDim.y > 1) { /* the head's last block to arrive goes on */
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int prev = atomicAdd(&a.cnt[h], 1);
+            last = prev == (int)gridDim.y - 1;
+            if (last) a.cnt[h] = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+    } else {
+        __syncthreads();
+    }
+    volatile float *ov = a.o + hd;
+    float ss = 0;
+    for (int i = tid; i < d; i += KDA1_THREADS) {
+        float x = ov[i];
+        ss += x * x;
+    }
+    const float inv = 1.0f / sqrtf(kda1_bsum(ss, sums) / (float)d + a.norm_eps);
+    for (int i = tid; i < d; i += KDA1_THREADS) ov[i] = ov[i] * inv * vat(a.onorm, i) * sigm(a.gate[hd + i]);
+    for (int i = tid; i < 2 * d; i += KDA1_THREADS) { /* every block of the head has read these */
+        if (i < d) kda1_shift(cs_q + (hd + i) * (K - 1), a.q[hd + i], K);
+        else kda1_shift(cs_k + (hd + i - d) * (K - 1), a.k[hd + i - d], K);
+    }
+}
+
+/* Whether the one-token kernels take this block (else the op-by-op path). */
+static int kda_step_fits(const ms_kda_config *c, const ms_kda_state *st) {
+    const int d = c->head_dim;
+    return d % 32 == 0 && d <= KDA1_MAXD && c->conv_kernel <= 16 && ((uintptr_t)st->S & 15) == 0;
+}
+
+static int kda_step(ms_backend *be, const ms_kda_config *c, const ms_kda_weights *w, ms_kda_state *st, const float *x,
+                    float *out, ms_err *err) {
+    const int H = c->heads, d = c->head_dim, C = H * d, K = c->conv_kernel;
+    ms_gpu *g = ms_gpu_be_dev(be);
+    float *buf;
+    int rc;
+    if ((rc = scratch(be, 6 * (size_t)C + 2 * (size_t)d + (size_t)H + 64, &buf, err))) return rc;
+    float *q = buf, *k = q + C, *v = k + C, *f = v + C, *gate = f + C, *o = gate + C, *lrf = o + C, *lrg = lrf + d;
+    float *braw = lrg + d;
+    int *cnt = ms_gpu_counters(g, H, err); /* zero between launches: each head's last block resets its own */
+    if (!cnt) return err ? err->code : MS_ERR_NOMEM;
+    kda1_a a;
+    memset(&a, 0, sizeof a);
+    if ((rc = vec_of(&w->q_conv, &a.qw, "KDA q_conv1d", err)) || (rc = vec_of(&w->k_conv, &a.kw, "KDA k_conv1d", err)) ||
+        (rc = vec_of(&w->v_conv, &a.vw, "KDA v_conv1d", err)) || (rc = vec_of(&w->o_norm, &a.onorm, "KDA o_norm", err)) ||
+        (w->A_log.data && (rc = vec_of(&w->A_log, &a.A_log, "decay gate A_log", err))) ||
+        (w->dt_bias.data && (rc = vec_of(&w->dt_bias, &a.dt_bias, "decay gate dt_bias", err))))
+        return rc;
+    ms_matmul_job ja[6], jb[2];
+    const ms_qmat *wa[6] = {&w->q_proj, &w->k_proj, &w->v_proj, &w->f_a, &w->b_proj,
+                            c->full_rank_gate ? &w->g_proj : &w->g_a};
+    float *ya[6] = {q, k, v, lrf, braw, c->full_rank_gate ? gate : lrg};
+    for (int i = 0; i < 6; i++) ja[i].y = ya[i], ja[i].x = x, ja[i].n = 1, ja[i].w = wa[i], ja[i].acc = 0;
+    jb[0].y = f, jb[0].x = lrf, jb[0].w = &w->f_b;
+    jb[1].y = gate, jb[1].x = lrg, jb[1].w = &w->g_b;
+    for (int i = 0; i < 2; i++) jb[i].n = 1, jb[i].acc = 0;
+    if ((rc = ms_gpu_matmul_many(g, ja, 6, err)) || (rc = ms_gpu_matmul_many(g, jb, c->full_rank_gate ? 1 : 2, err)))
+        return rc;
+    a.q = q, a.k = k, a.v = v, a.f = f, a.braw = braw, a.gate = gate, a.o = o, a.S = st->S, a.conv = st->conv;
+    a.cnt = cnt, a.has_A = a.A_log.p != NULL, a.has_bias = a.dt_bias.p != NULL;
+    a.lower = c->decay == MS_DECAY_LOWER_BOUND, a.lb = c->lower_bound, a.H = H, a.d = d, a.K = K;
+    a.eps = 1e-6f, a.scale = 1.0f / sqrtf((float)d), a.norm_eps = c->norm_eps;
+    k_kda_step<<<dim3((unsigned)H, (unsigned)(d / KDA1_NC)), KDA1_THREADS, 0, g->stream>>>(a);
+    if ((rc = ms_gpu_launched(err, "KDA decode step"))) return rc;
+    return ms_gpu_matmul(g, out, o, 1, &w->o_proj, 0, err);
+}
+
+/* y = W x of n tokens: through the backend's GEMM hook (gemm.cu) when n reaches its threshold
+ * (prefill chunks), else the matvec kernels (MS_GPU_KDA=old: the kernels always). */
+static int blk_matmul(ms_backend *be, ms_gpu *g, float *y, const float *x, int n, const ms_qmat *w, int acc,
+                      ms_err *err) {
+    blk_state *bst = bs(be);
+    if (n > 1 && bst && !bst->kda_old && ms_gpu_gemm_matmul(be, y, x, n, w, acc)) return ms_gpu_be_report(be, err);
+    return ms_gpu_matmul(g, y, x, n, w, acc, err);
+}
+
 static int b_kda_forward(ms_backend *be, const ms_kda_config *c, const ms_kda_weights *w, ms_kda_state *st,
                          const float *x, int n, float *out, ms_err *err) {
     int rc = ms_gpu_be_report(be, err);
@@ -321,6 +628,10 @@ static int b_kda_forward(ms_backend *be, const ms_kda_config *c, const ms_kda_we
     if (st->S_len != (int64_t)H * d * d || st->conv_len != 3 * (int64_t)C * (K - 1))
         return ms_fail(err, MS_ERR_ARG, "KDA forward: state was made for another config");
     ms_gpu *g = ms_gpu_be_dev(be);
+    blk_state *bst = bs(be);
+    if (!bst) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+    if (n == 1 && !bst->kda_old && kda_step_fits(c, st))
+        return (rc = kda_step(be, c, w, st, x, out, err)) ? ms_wrap(err, "KDA forward") : MS_OK;
     const int slice = n < BLK_SLICE ? n : BLK_SLICE;
     size_t per = (size_t)slice;
     float *buf;
@@ -331,23 +642,26 @@ static int b_kda_forward(ms_backend *be, const ms_kda_config *c, const ms_kda_we
     for (int t0 = 0; t0 < n; t0 += slice) {
         const int m = n - t0 < slice ? n - t0 : slice;
         const float *xs = x + (size_t)t0 * c->hidden;
-        if ((rc = ms_gpu_matmul(g, q, xs, m, &w->q_proj, 0, err)) || (rc = ms_gpu_matmul(g, k, xs, m, &w->k_proj, 0, err)) ||
-            (rc = ms_gpu_matmul(g, v, xs, m, &w->v_proj, 0, err)) ||
+        if ((rc = blk_matmul(be, g, q, xs, m, &w->q_proj, 0, err)) ||
+            (rc = blk_matmul(be, g, k, xs, m, &w->k_proj, 0, err)) ||
+            (rc = blk_matmul(be, g, v, xs, m, &w->v_proj, 0, err)) ||
             (rc = conv_launch(be, q, C, m, C, &w->q_conv, cs_q, "KDA q_conv1d", err)) ||
             (rc = conv_launch(be, k, C, m, C, &w->k_conv, cs_k, "KDA k_conv1d", err)) ||
             (rc = conv_launch(be, v, C, m, C, &w->v_conv, cs_v, "KDA v_conv1d", err)) ||
-            (rc = ms_gpu_matmul(g, lr, xs, m, &w->f_a, 0, err)) || (rc = ms_gpu_matmul(g, gg, lr, m, &w->f_b, 0, err)) ||
+            (rc = blk_matmul(be, g, lr, xs, m, &w->f_a, 0, err)) ||
+            (rc = blk_matmul(be, g, gg, lr, m, &w->f_b, 0, err)) ||
             (rc = gate_launch(be, gg, C, m, H, d, &w->A_log, w->dt_bias.data ? &w->dt_bias : NULL,
                               c->decay == MS_DECAY_LOWER_BOUND, c->lower_bound, err)) ||
-            (rc = ms_gpu_matmul(g, beta, xs, m, &w->b_proj, 0, err)))
+            (rc = blk_matmul(be, g, beta, xs, m, &w->b_proj, 0, err)))
             break;
         k_sigmoid_rows<<<grid_for((int64_t)m * H, 256), 256, 0, g->stream>>>(beta, H, m, H);
         delta_a a = {q, k, v, gg, beta, C, C, C, C, H, C, o, st->S, m, H, H, d, d, 0, 0, 1e-6f, 1.0f / sqrtf((float)d)};
         if ((rc = run_delta(be, a, err))) break;
-        if (c->full_rank_gate) rc = ms_gpu_matmul(g, gate, xs, m, &w->g_proj, 0, err);
-        else if (!(rc = ms_gpu_matmul(g, lr, xs, m, &w->g_a, 0, err))) rc = ms_gpu_matmul(g, gate, lr, m, &w->g_b, 0, err);
+        if (c->full_rank_gate) rc = blk_matmul(be, g, gate, xs, m, &w->g_proj, 0, err);
+        else if (!(rc = blk_matmul(be, g, lr, xs, m, &w->g_a, 0, err)))
+            rc = blk_matmul(be, g, gate, lr, m, &w->g_b, 0, err);
         if (rc || (rc = gnorm_launch(be, o, gate, (int64_t)m * H, d, &w->o_norm, c->norm_eps, 0, err)) ||
-            (rc = ms_gpu_matmul(g, out + (size_t)t0 * c->hidden, o, m, &w->o_proj, 0, err)))
+            (rc = blk_matmul(be, g, out + (size_t)t0 * c->hidden, o, m, &w->o_proj, 0, err)))
             break;
     }
     return rc ? ms_wrap(err, "KDA forward") : MS_OK;
@@ -398,11 +712,13 @@ static int b_gdn_forward(ms_backend *be, const ms_gdn_config *c, const ms_gdn_we
         const int m = n - t0 < slice ? n - t0 : slice;
         const float *xs = x + (size_t)t0 * c->hidden;
         if (ms_gdn_split(w)) { /* split projections (Qwen3.5) write the rows in the order the block uses */
-            if ((rc = ms_gpu_matmul(g, qkv, xs, m, &w->in_qkv, 0, err)) || (rc = ms_gpu_matmul(g, z, xs, m, &w->in_z, 0, err)) ||
-                (rc = ms_gpu_matmul(g, b, xs, m, &w->in_b, 0, err)) || (rc = ms_gpu_matmul(g, a, xs, m, &w->in_a, 0, err)))
+            if ((rc = blk_matmul(be, g, qkv, xs, m, &w->in_qkv, 0, err)) ||
+                (rc = blk_matmul(be, g, z, xs, m, &w->in_z, 0, err)) ||
+                (rc = blk_matmul(be, g, b, xs, m, &w->in_b, 0, err)) || (rc = blk_matmul(be, g, a, xs, m, &w->in_a, 0, err)))
                 break;
         } else {
-            if ((rc = ms_gpu_matmul(g, qkvz, xs, m, &w->in_qkvz, 0, err)) || (rc = ms_gpu_matmul(g, ba, xs, m, &w->in_ba, 0, err)))
+            if ((rc = blk_matmul(be, g, qkvz, xs, m, &w->in_qkvz, 0, err)) ||
+                (rc = blk_matmul(be, g, ba, xs, m, &w->in_ba, 0, err)))
                 break;
             k_gdn_split<<<grid_for((int64_t)m * P, 256), 256, 0, g->stream>>>(qkv, z, b, a, qkvz, ba, m, Hk, Hv, dk, dv);
             if ((rc = ms_gpu_launched(err, "gated DeltaNet split"))) break;
@@ -414,7 +730,7 @@ static int b_gdn_forward(ms_backend *be, const ms_gdn_config *c, const ms_gdn_we
         delta_a da = {qkv, qkv + Kd, qkv + 2 * Kd, a, b, C, C, C, Hv, Hv, Vd, o, st->S, m, Hk, Hv, dk, dv, 1, 0, 1e-6f,
                       1.0f / sqrtf((float)dk)};
         if ((rc = run_delta(be, da, err)) || (rc = gnorm_launch(be, o, z, (int64_t)m * Hv, dv, &w->norm, c->norm_eps, 1, err)) ||
-            (rc = ms_gpu_matmul(g, out + (size_t)t0 * c->hidden, o, m, &w->out_proj, 0, err)))
+            (rc = blk_matmul(be, g, out + (size_t)t0 * c->hidden, o, m, &w->out_proj, 0, err)))
             break;
     }
     return rc ? ms_wrap(err, "gated DeltaNet forward") : MS_OK;

@@ -60,6 +60,17 @@ static void g_qkv_at(ms_backend *be, const ms_rope *r, float *q, int64_t qh, con
     launched(be, "qkv_at");
 }
 
+/* latent_at (core/backend.h): the row copied to row step[0] of the cache, one block. */
+__global__ void k_latent_at(float *cache, int64_t lw, const float *row, const int64_t *step) {
+    float *dst = cache + step[0] * lw;
+    for (int64_t i = threadIdx.x; i < lw; i += blockDim.x) dst[i] = row[i];
+}
+static void g_latent_at(ms_backend *be, float *cache, int64_t lw, const float *row, const int64_t *step) {
+    if (lw < 1) return;
+    k_latent_at<<<1, 256, 0, ms_gpu_be_dev(be)->stream>>>(cache, lw, row, step);
+    launched(be, "latent_at");
+}
+
 /* The greedy pick (core/backend.h argmax): one block of 1024 threads, each the first index of
  * its own largest value over a strided slice (strict >, so NaN never wins), then the largest
  * value and the smallest index holding it; a NaN x[0] gives 0 as the host loop. */
@@ -266,6 +277,7 @@ extern "C" void ms_backend_gpu_graph_edges(ms_backend *be, uint64_t *edges, uint
 
 void ms_gpu_step_fill(ms_backend_ops *o) {
     o->qkv_at = g_qkv_at;
+    o->latent_at = g_latent_at;
     o->graph_begin = g_graph_begin;
     o->graph_end = g_graph_end;
     o->graph_launch = g_graph_launch;
