@@ -536,6 +536,19 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
      * as the device arena's inner source has top-k slots: every CPU expert would be a read) */
     x->hybrid = (ms_hybrid_opts){.cpu_layer = x->cpu_layers, .host = x->host_tier ? x->experts : NULL,
                                  .composed = hc && atoi(hc) > 0};
+    /* MS_HYBRID_GPU_SHARE=F|auto (opt-in): a CPU layer's chunk sends fraction F of its experts over PCIe to
+     * the device (auto: pinned PCIe / (PCIe + CPU expert rate) from the probes, 0.4 without them);
+     * MS_HYBRID_GPU_SLOTS=N device slots for them (default 2 x top-k) */
+    const char *gs = getenv("MS_HYBRID_GPU_SHARE"), *gsl = getenv("MS_HYBRID_GPU_SLOTS");
+    if (x->cpu_layers && gs && *gs) {
+        double pc = x->measure.pcie_h2d_gb_s, ce = x->measure.cpu_expert_gb_s;
+        double f = !strcmp(gs, "auto") ? (x->measured && pc > 0 && ce > 0 ? pc / (pc + ce) : 0.4) : atof(gs);
+        x->hybrid.gpu_share = f < 0 ? 0 : f > 1 ? 1 : f;
+        x->hybrid.gpu_slots = gsl ? atoi(gsl) : 0;
+        if (x->hybrid.gpu_share > 0)
+            fprintf(stderr, "moonshine %s: CPU layers send %.2f of a chunk's experts to %s over PCIe (%s)%s\n", cmd,
+                    x->hybrid.gpu_share, x->backend->name, gs, x->hybrid.host ? ": not with a host cache, off" : "");
+    }
     ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = ms_cli_engine_experts(x), .mla_form = eo->mla_form,
                         .backend = x->backend, .max_batch = eo->prefill_chunk, .hybrid = ms_cli_hybrid(x)};
     if (eo->static_store) { /* mapped, checked, bound: the plan below counts its dtype */

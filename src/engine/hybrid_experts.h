@@ -49,6 +49,15 @@ typedef struct ms_hybrid_opts {
     int composed;             /* 1: every expert through the composed form one by one (ms_moe_experts_composed),
                                * also in decode; 0 (default): experts of one row each (decode) in two
                                * matmul_many passes (all gate/up products, then all down products) */
+    double gpu_share;         /* > 0: of a CPU layer's chunk, this fraction of its experts (rounded, at most
+                               * gpu_slots; those with the highest expert ids) is uploaded over PCIe into
+                               * device slots and computed there while the CPU sums the others: both the
+                               * link and the CPU's RAM read feed the layer. The two partial sums are added
+                               * on the device (not the CPU engine's order: within rounding, not bytes).
+                               * Only with views of the mapping (host NULL); the CPU layers' expert spans
+                               * of the mapping are page-locked (host_register) so the copies are DMA.
+                               * 0 (default): every routed expert of a CPU layer on the CPU */
+    int gpu_slots;            /* device slots for gpu_share (0: 2 x top_k) */
 } ms_hybrid_opts;
 
 /* Counters of the CPU layers since engine creation. */
@@ -60,6 +69,10 @@ typedef struct ms_hybrid_stats {
     double wait_s;            /* waiting for the device's router output (the stream's queue drains) */
     double cpu_s;             /* host source acquires + the CPU expert sums */
     double tail_s;            /* upload of the sums and queuing the rest of the layer */
+    uint64_t gpu_experts;     /* of experts: those computed on the device (gpu_share) */
+    uint64_t gpu_expert_bytes; /* their bytes (uploaded; not in expert_bytes) */
+    double gpu_queue_s;       /* host time queuing their uploads and products (inside cpu_s) */
+    int gpu_pinned;           /* 1: the mapping's spans were page-locked for gpu_share */
 } ms_hybrid_stats;
 
 /* 0 and zeroed stats when e has no CPU layers. */
