@@ -13,6 +13,8 @@
  *           (its kernels and the engine's thread pool), into pinned host rows
  *   device  the sum goes up into the layer's expert accumulator (stream-ordered), the
  *           latent up-projection (if any) and the shared expert's rows are added.
+ * With ms_hybrid_opts.gpu_share, part of a chunk's experts is uploaded into device slots and
+ * summed on the device (queued before the CPU starts), the CPU's sum added to it there.
  * The other layers run as before through the engine's expert source (placed experts,
  * or the device expert source). Results equal the CPU path up to the device's F32
  * rounding (the CPU layers' sums are the CPU backend's own).
