@@ -170,7 +170,10 @@ static int share_init(ms_engine *e, struct ms_hybrid *h, const ms_hybrid_opts *o
                            h->slot_bytes / 1048576.0);
     h->share = o->gpu_share;
     h->share_slots = slots;
-    if (!be->ops->host_register) return MS_OK;
+    if (!be->ops->host_register) {
+        h->share = 0;
+        return MS_OK;
+    }
     /* every mapped file holding a CPU layer's expert: page-locked whole (the experts' uploads are DMA) */
     int failed = 0;
     for (int f = 0; f < m->ck.n_files; f++) {
@@ -188,6 +191,7 @@ static int share_init(ms_engine *e, struct ms_hybrid *h, const ms_hybrid_opts *o
         else failed++;
     }
     h->st.gpu_pinned = h->n_reg > 0 && !failed;
+    if (!h->st.gpu_pinned) h->share = 0; /* staged copies would hold the CPU up longer than they save */
     return MS_OK;
 }
 

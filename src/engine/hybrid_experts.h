@@ -57,7 +57,8 @@ typedef struct ms_hybrid_opts {
                                * link and the CPU's RAM read feed the layer. The two partial sums are added
                                * on the device (not the CPU engine's order: within rounding, not bytes).
                                * Only with views of the mapping (host NULL); the CPU layers' expert spans
-                               * of the mapping are page-locked (host_register) so the copies are DMA.
+                               * of the mapping are page-locked (host_register) so the copies are DMA;
+                               * where that fails the share is off (hybrid stats gpu_pinned 0).
                                * 0 (default): every routed expert of a CPU layer on the CPU */
     int gpu_slots;            /* device slots for gpu_share (0: 2 x top_k) */
 } ms_hybrid_opts;
