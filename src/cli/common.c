@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cpu/cpu.h"
@@ -438,9 +439,9 @@ static int hybrid_setup(const char *cmd, const ms_cli_opts *eo, ms_cli_ctx *x) {
 }
 
 /* The plan's options of x and eo with an expert cache of cache bytes (< 0: every expert resident). */
-static ms_plan_opts plan_opts(const ms_cli_ctx *x, const ms_cli_opts *eo, int ctx, int64_t cache) {
-    ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = x->threads, .expert_cache_bytes = cache,
-                       .static_load = x->static_load, .static_dtype = eo->static_dtype,
+static ms_plan_opts plan_opts(const ms_cli_ctx *x, const ms_cli_opts *eo, int ctx, int threads, int64_t cache) {
+    ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = threads, .expert_cache_bytes = cache,
+                       .static_load = eo->static_load, .static_dtype = eo->static_dtype,
                        .max_batch = eo->prefill_chunk,
                        .device_expert_bytes = eo->device_expert_mib > 0 ? (uint64_t)eo->device_expert_mib << 20 : 0};
     if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
@@ -448,9 +449,11 @@ static ms_plan_opts plan_opts(const ms_cli_ctx *x, const ms_cli_opts *eo, int ct
 }
 
 /* The host RAM tier --memory-mib leaves: the budget less the plan without an expert cache, at
- * most every routed expert, whole MiB; 0 when nothing is left (the smallest cache then). */
+ * most every routed expert, whole MiB; 0 when nothing is left (the smallest cache then). Before
+ * the pool exists: its size by ms_pool_create's rule (--threads, else one per online CPU). */
 static uint64_t plan_host_tier(const ms_cli_ctx *x, const ms_cli_opts *eo, int ctx) {
-    ms_plan_opts po = plan_opts(x, eo, ctx, 0);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    ms_plan_opts po = plan_opts(x, eo, ctx, eo->threads > 0 ? eo->threads : (int)(ncpu > 0 ? ncpu : 1), 0);
     ms_plan p;
     ms_err err = {0};
     uint64_t budget = (uint64_t)eo->memory_mib << 20;
@@ -469,25 +472,26 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
         return 1;
     }
-    x->static_load = eo->static_load;
-    x->pool = ms_pool_create(eo->threads);
-    x->threads = ms_pool_size(x->pool);
     x->host_tier = eo->host_cache_given;
     if (eo->stream) {
         char why[1024];
         ms_streaming_opts so = eo->stream_opts;
         if (eo->memory_mib > 0 && !eo->host_cache_given && !eo->gpus) { /* the host RAM tier sized by the plan */
-            so.cache_mib = (uint64_t)plan_host_tier(x, eo, ctx) >> 20;
+            so.cache_mib = (int64_t)(plan_host_tier(x, eo, ctx) >> 20);
             x->host_tier = so.cache_mib > 0;
-            fprintf(stderr, "moonshine %s: host expert tier sized by the memory plan (--memory-mib %lld): %llu MiB\n",
-                    cmd, (long long)eo->memory_mib, (unsigned long long)so.cache_mib);
+            fprintf(stderr, "moonshine %s: host expert tier sized by the memory plan (--memory-mib %lld): %lld MiB\n",
+                    cmd, (long long)eo->memory_mib, (long long)so.cache_mib);
         }
         if (ms_streaming_experts_create(&x->model, &so, &x->experts, why, sizeof why, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
-            goto fail;
+            ms_model_free(&x->model);
+            return 1;
         }
         fprintf(stderr, "moonshine %s: %s\n", cmd, why);
     }
+    x->static_load = eo->static_load;
+    x->pool = ms_pool_create(eo->threads);
+    x->threads = ms_pool_size(x->pool);
     if (x->pool && eo->cpu_act != MS_ACT_F32 && ms_cpu_set_activations(x->pool, (ms_cpu_act)eo->cpu_act, &err)) {
         fprintf(stderr, "moonshine %s: --cpu-activations: %s\n", cmd, err.msg);
         goto fail;
@@ -570,7 +574,7 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
             ms_streaming_stats(x->experts, &ss);
             cache = (int64_t)ss.slot_bytes * ss.n_slots; /* mapped lazily: nothing touched yet */
         }
-        ms_plan_opts po = plan_opts(x, eo, ctx, cache);
+        ms_plan_opts po = plan_opts(x, eo, ctx, x->threads, cache);
         if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)eo->memory_mib << 20, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
             goto fail;
