@@ -37,6 +37,7 @@ struct ms_hybrid {
     uint8_t *dslots;           /* device [share_slots x slot_bytes] */
     float *dxs, *dys, *dg, *du, *dsum; /* device scratch of the device experts' ops; dsum: the CPU's sum */
     int *gids, *goff;          /* [share_slots (+1)] */
+    ms_matmul_job *djobs;      /* [2 share_slots] the device's one-row form (experts_one_row on be) */
     ms_expert_view *gviews, *dviews; /* [share_slots] host views, their device copies */
     const void **reg;          /* [n_reg] page-locked spans of the mapping (host_unregister at free) */
     int n_reg;
@@ -130,7 +131,7 @@ void ms_hybrid_free(ms_engine *e) {
     free(h->in), free(h->acc), free(h->xs), free(h->ys), free(h->g), free(h->u), free(h->jobs);
     if (h->gate) e->be->ops->free(e->be, h->gate);
     for (int i = 0; i < h->n_reg; i++) e->be->ops->host_unregister(e->be, (void *)h->reg[i]);
-    free(h->reg), free(h->gids), free(h->goff), free(h->gviews), free(h->dviews);
+    free(h->reg), free(h->gids), free(h->goff), free(h->gviews), free(h->dviews), free(h->djobs);
     float *dev[] = {h->dxs, h->dys, h->dg, h->du, h->dsum};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) e->be->ops->free(e->be, dev[i]);
@@ -159,7 +160,9 @@ static int share_init(ms_engine *e, struct ms_hybrid *h, const ms_hybrid_opts *o
     h->gviews = calloc((size_t)slots, sizeof *h->gviews);
     h->dviews = calloc((size_t)slots, sizeof *h->dviews);
     h->reg = calloc((size_t)(m->ck.n_files > 0 ? m->ck.n_files : 1), sizeof *h->reg);
-    if (!h->gids || !h->goff || !h->gviews || !h->dviews || !h->reg) return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    h->djobs = malloc(2 * (size_t)slots * sizeof *h->djobs);
+    if (!h->gids || !h->goff || !h->gviews || !h->dviews || !h->reg || !h->djobs)
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory");
     int rc = be->ops->alloc(be, (size_t)h->slot_bytes * (size_t)slots, (void **)&h->dslots, err);
     if (!rc) rc = be->ops->alloc(be, B * (size_t)D * 4, (void **)&h->dxs, err);
     if (!rc) rc = be->ops->alloc(be, B * (size_t)D * 4, (void **)&h->dys, err);
@@ -340,7 +343,11 @@ int ms_hybrid_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         ms_moe_args ga = {.in = in, .acc = acc, .D = D, .act = &act, .nu = ng, .views = h->dviews, .off = h->goff,
                           .tok = e->ex_tokens, .w = e->ex_w, .max_batch = e->max_batch, .xs = h->dxs, .g = h->dg,
                           .u = h->du, .ys = h->dys};
-        be->ops->moe_experts(be, &ga);
+        /* decode: the one-row form through the device's ops (two matmul_many launches instead of a
+         * composed run per expert); chunks through the backend's moe_experts (grouped GEMMs) */
+        struct ms_hybrid dh = {.cpu = be, .g = h->dg, .u = h->du, .ys = h->dys, .jobs = h->djobs,
+                               .inter2 = h->inter2};
+        if (h->composed || ng > h->share_slots || !experts_one_row(&dh, &ga, e->max_batch)) be->ops->moe_experts(be, &ga);
         h->st.gpu_experts += (uint64_t)ng;
         h->st.gpu_queue_s += now_s() - tq;
     }
