@@ -144,8 +144,8 @@ void ms_hybrid_free(ms_engine *e) {
 }
 
 /* gpu_share's state: device slots and scratch, and the checkpoint files holding a CPU layer's
- * experts page-locked through the device backend (best effort: unregistered copies are staged,
- * slower, with the same bytes). */
+ * experts page-locked through the device backend. Where a file cannot be page-locked (or the
+ * backend has no host_register) the share is off: staged copies block the host. */
 static int share_init(ms_engine *e, struct ms_hybrid *h, const ms_hybrid_opts *o, ms_err *err) {
     const ms_model *m = e->m;
     const ms_config *c = &m->cfg;
