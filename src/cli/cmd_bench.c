@@ -353,11 +353,16 @@ int cmd_bench(int argc, char **argv) {
                  ",\"experts_on\":\"%s\",\"cpu_moe_layers\":%d,\"pcie_h2d_gb_s\":%.3f,\"pcie_pageable_gb_s\":%.3f,"
                  "\"ram_read_gb_s\":%.3f,\"cpu_expert_gb_s\":%.3f,\"auto_device_budget_mib\":%.1f,"
                  "\"hybrid_cpu_s_per_token\":%.6f,\"hybrid_wait_s_per_token\":%.6f,\"hybrid_tail_s_per_token\":%.6f,"
-                 "\"hybrid_cpu_expert_bytes_per_token\":%.0f,\"hybrid_cpu_gb_s\":%.3f",
+                 "\"hybrid_cpu_expert_bytes_per_token\":%.0f,\"hybrid_cpu_gb_s\":%.3f,"
+                 "\"hybrid_gpu_share\":%.3f,\"hybrid_gpu_experts_per_token\":%.2f,\"hybrid_gpu_bytes_per_token\":%.0f,"
+                 "\"hybrid_gpu_queue_s_per_token\":%.6f,\"hybrid_gpu_pinned\":%d",
                  ms_experts_on_name(eo.experts_on), hs1.cpu_layers, x.measure.pcie_h2d_gb_s,
                  x.measure.pcie_pageable_gb_s, x.measure.ram_read_gb_s, x.measure.cpu_expert_gb_s,
                  x.device_budget / 1048576.0, cs / (double)G, (hs1.wait_s - hs0.wait_s) / (double)G,
-                 (hs1.tail_s - hs0.tail_s) / (double)G, eb / (double)G, cs > 0 ? eb / cs / 1e9 : 0.0);
+                 (hs1.tail_s - hs0.tail_s) / (double)G, eb / (double)G, cs > 0 ? eb / cs / 1e9 : 0.0,
+                 x.hybrid.gpu_share, (double)(hs1.gpu_experts - hs0.gpu_experts) / (double)G,
+                 (double)(hs1.gpu_expert_bytes - hs0.gpu_expert_bytes) / (double)G,
+                 (hs1.gpu_queue_s - hs0.gpu_queue_s) / (double)G, hs1.gpu_pinned);
     }
     char pj[4096] = "";
     if (profile && device) { /* G more tokens, each op timed (after the timed run: events cost time) */

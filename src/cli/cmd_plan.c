@@ -12,11 +12,14 @@
 #include "engine/plan.h"
 
 int cmd_plan(int argc, char **argv) {
-    const char *usage = "usage: moonshine plan MODEL_DIR --memory-mib M [--context N] [--expert-cache-mib C] [--threads T] [--slots S] [--static-load mmap|read] [--static-dtype stored|q8|fp8] [--suggest] [--json]\n";
+    const char *usage = "usage: moonshine plan MODEL_DIR --memory-mib M [--context N] [--expert-cache-mib C] [--device-expert-mib D] [--threads T] [--slots S] [--static-load mmap|read] [--static-dtype stored|q8|fp8] [--suggest] [--json]\n";
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("%sPrints the memory ledger (static tier, expert cache, causal state, workspace, staging)\n"
                "for serving MODEL_DIR with N tokens of context (default 4096) and exits 1 when it does\n"
                "not fit in M MiB. Without --expert-cache-mib every routed expert is resident.\n"
+               "--device-expert-mib D adds the device tier (the device slot arena, on a device backend): a line\n"
+               "of its own, device memory, not in the host total; the expert cache line is then the host RAM tier\n"
+               "between it and the drive (page-locked; with --suggest, the largest that fits M).\n"
                "--slots S counts S sequences served at once (each its own causal state and workspace) and\n"
                "prints max_slots, the most that fit.\n"
                "--static-dtype q8|fp8 counts the static tier requantized (run with the same flag).\n"
@@ -30,8 +33,9 @@ int cmd_plan(int argc, char **argv) {
                "and prints that plan's ledger (the flags to run it with on the last line).\n", usage);
         return 0;
     }
-    int64_t mem = -1, ctx = 4096, cache = -1, threads = 1, slots = 1;
+    int64_t mem = -1, ctx = 4096, cache = -1, threads = 1, slots = 1, dmib = 0;
     if (ms_arg_int(argc, argv, "--memory-mib", 1, INT64_C(1) << 40, &mem) ||
+        ms_arg_int(argc, argv, "--device-expert-mib", 0, INT64_C(1) << 40, &dmib) ||
         ms_arg_int(argc, argv, "--context", 1, 1 << 28, &ctx) ||
         ms_arg_int(argc, argv, "--expert-cache-mib", 0, INT64_C(1) << 40, &cache) ||
         ms_arg_int(argc, argv, "--threads", 1, 1024, &threads) || ms_arg_int(argc, argv, "--slots", 1, 4096, &slots))
@@ -76,7 +80,8 @@ int cmd_plan(int argc, char **argv) {
     }
     ms_plan_opts o = {.context = (int)ctx, .threads = (int)threads,
                       .expert_cache_bytes = cache < 0 ? -1 : cache << 20, .staging_bytes = 0,
-                      .static_load = sload, .slots = (int)slots, .static_dtype = sdt};
+                      .static_load = sload, .slots = (int)slots, .static_dtype = sdt,
+                      .device_expert_bytes = (uint64_t)dmib << 20};
     if (o.context > m.cfg.max_pos && suggest && !ctx_given) o.context = (int)m.cfg.max_pos;
     ms_plan p;
     if (suggest) { /* the context, then the largest expert cache that fits with it */
@@ -124,12 +129,15 @@ int cmd_plan(int argc, char **argv) {
         ms_plan_format(&p, buf, sizeof buf);
         printf("%sbudget            %10.1f MiB  -> %s (at most %d slots fit)\n", buf, (double)mem,
                fits ? "fits" : "DOES NOT FIT", ms_plan_max_slots(&m, &o, (uint64_t)mem << 20));
-        if (suggest)
-            printf("suggest           --ctx %d %s%lld%s --static-dtype %s  (expert cache %.1f%% of the routed experts)\n",
-                   o.context, o.expert_cache_bytes < 0 ? "(experts resident" : "--expert-cache-mib ",
-                   o.expert_cache_bytes < 0 ? 0LL : (long long)(o.expert_cache_bytes >> 20),
-                   o.expert_cache_bytes < 0 ? ")" : "", ms_static_dtype_name(sdt),
+        if (suggest) {
+            char ec[64] = "(experts resident)", dv[48] = "";
+            if (o.expert_cache_bytes >= 0)
+                snprintf(ec, sizeof ec, "--expert-cache-mib %lld", (long long)(o.expert_cache_bytes >> 20));
+            if (dmib) snprintf(dv, sizeof dv, " --device-expert-mib %lld", (long long)dmib);
+            printf("suggest           --ctx %d %s%s --static-dtype %s  (expert cache %.1f%% of the routed experts)\n",
+                   o.context, ec, dv, ms_static_dtype_name(sdt),
                    m.expert_bytes ? 100.0 * (double)p.expert_bytes / (double)m.expert_bytes : 100.0);
+        }
     }
     ms_model_free(&m);
     return fits ? 0 : 1;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cpu/cpu.h"
@@ -412,19 +413,54 @@ static int hybrid_setup(const char *cmd, const ms_cli_opts *eo, ms_cli_ctx *x) {
         x->n_cpu_layers = ms_hybrid_auto_layers(&x->model, &x->measure, budget, x->experts != NULL, x->cpu_layers,
                                                 why, sizeof why);
         fprintf(stderr, "moonshine %s: %s\n", cmd, why);
+        /* the device's layers fit their budget: placed resident (MS_HYBRID_AUTO_ARENA=1 keeps the arena) */
+        uint64_t dev_bytes = 0;
+        for (int l = 0; l < c->n_layers; l++)
+            if (c->layer_mlp[l] == MS_MLP_MOE && !x->cpu_layers[l])
+                dev_bytes += ms_hybrid_expert_bytes(&x->model, l) * (uint64_t)c->n_experts;
+        const char *ka = getenv("MS_HYBRID_AUTO_ARENA");
+        x->hybrid_placed = x->n_cpu_layers > 0 && dev_bytes <= budget && !(ka && atoi(ka) > 0);
+        if (x->hybrid_placed && x->experts)
+            fprintf(stderr, "moonshine %s: experts-on auto: the device's %.1f MiB of experts placed resident (no "
+                            "device arena)\n", cmd, dev_bytes / 1048576.0);
     } else {
         x->n_cpu_layers = ms_hybrid_first_layers(c, eo->cpu_moe_layers, x->cpu_layers);
     }
     int n_moe = 0;
     for (int l = 0; l < c->n_layers; l++) n_moe += c->layer_mlp[l] == MS_MLP_MOE;
     fprintf(stderr, "moonshine %s: routed experts of %d of %d MoE layers on the CPU (from %s), the rest on %s\n", cmd,
-            x->n_cpu_layers, n_moe, x->experts && eo->host_cache_given ? "the host expert cache" : "the mapped checkpoint",
+            x->n_cpu_layers, n_moe, x->experts && x->host_tier ? "the host expert cache" : "the mapped checkpoint",
             x->backend->name);
     if (!x->n_cpu_layers) {
         free(x->cpu_layers);
         x->cpu_layers = NULL;
     }
     return 0;
+}
+
+/* The plan's options of x and eo with an expert cache of cache bytes (< 0: every expert resident). */
+static ms_plan_opts plan_opts(const ms_cli_ctx *x, const ms_cli_opts *eo, int ctx, int threads, int64_t cache) {
+    ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = threads, .expert_cache_bytes = cache,
+                       .static_load = eo->static_load, .static_dtype = eo->static_dtype,
+                       .max_batch = eo->prefill_chunk,
+                       .device_expert_bytes = eo->device_expert_mib > 0 ? (uint64_t)eo->device_expert_mib << 20 : 0};
+    if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
+    return po;
+}
+
+/* The host RAM tier --memory-mib leaves: the budget less the plan without an expert cache, at
+ * most every routed expert, whole MiB; 0 when nothing is left (the smallest cache then). Before
+ * the pool exists: its size by ms_pool_create's rule (--threads, else one per online CPU). */
+static uint64_t plan_host_tier(const ms_cli_ctx *x, const ms_cli_opts *eo, int ctx) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    ms_plan_opts po = plan_opts(x, eo, ctx, eo->threads > 0 ? eo->threads : (int)(ncpu > 0 ? ncpu : 1), 0);
+    ms_plan p;
+    ms_err err = {0};
+    uint64_t budget = (uint64_t)eo->memory_mib << 20;
+    if (ms_plan_make(&x->model, &po, &p, &err) || p.total >= budget) return 0;
+    uint64_t room = budget - p.total;
+    if (room > x->model.expert_bytes) room = (x->model.expert_bytes + (1u << 20) - 1) & ~((uint64_t)(1u << 20) - 1);
+    return room & ~((uint64_t)(1u << 20) - 1);
 }
 
 int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_ctx *x) {
@@ -436,9 +472,17 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
         fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
         return 1;
     }
+    x->host_tier = eo->host_cache_given;
     if (eo->stream) {
         char why[1024];
-        if (ms_streaming_experts_create(&x->model, &eo->stream_opts, &x->experts, why, sizeof why, &err)) {
+        ms_streaming_opts so = eo->stream_opts;
+        if (eo->memory_mib > 0 && !eo->host_cache_given && !eo->gpus) { /* the host RAM tier sized by the plan */
+            so.cache_mib = (int64_t)(plan_host_tier(x, eo, ctx) >> 20);
+            x->host_tier = so.cache_mib > 0;
+            fprintf(stderr, "moonshine %s: host expert tier sized by the memory plan (--memory-mib %lld): %lld MiB\n",
+                    cmd, (long long)eo->memory_mib, (long long)so.cache_mib);
+        }
+        if (ms_streaming_experts_create(&x->model, &so, &x->experts, why, sizeof why, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
             ms_model_free(&x->model);
             return 1;
@@ -467,7 +511,11 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     int n_moe = 0;
     for (int l = 0; l < x->model.cfg.n_layers; l++) n_moe += x->model.cfg.layer_mlp[l] == MS_MLP_MOE;
     /* every MoE layer's experts on the CPU: the host cache (if any) serves them, no device arena */
-    if (x->experts && x->backend && !x->backend->host_memory && x->n_cpu_layers < n_moe) {
+    if (x->hybrid_placed && x->experts && !x->host_tier) { /* only the arena's inner source: unused */
+        x->experts->ops->destroy(x->experts);
+        x->experts = NULL;
+    }
+    if (x->experts && x->backend && !x->backend->host_memory && x->n_cpu_layers < n_moe && !x->hybrid_placed) {
         /* the host cache feeds a device slot arena */
         char why[1024];
         /* --device-expert-mib N; 0: the smallest arena (top-k slots); not given: what the device has free */
@@ -490,8 +538,21 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     const char *hc = getenv("MS_HYBRID_COMPOSED");
     /* the CPU layers read the host cache when the user sized one, else the mapping (a cache made only
      * as the device arena's inner source has top-k slots: every CPU expert would be a read) */
-    x->hybrid = (ms_hybrid_opts){.cpu_layer = x->cpu_layers, .host = eo->host_cache_given ? x->experts : NULL,
+    x->hybrid = (ms_hybrid_opts){.cpu_layer = x->cpu_layers, .host = x->host_tier ? x->experts : NULL,
                                  .composed = hc && atoi(hc) > 0};
+    /* MS_HYBRID_GPU_SHARE=F|auto (opt-in): a CPU layer's chunk sends fraction F of its experts over PCIe to
+     * the device (auto: pinned PCIe / (PCIe + CPU expert rate) from the probes, 0.4 without them);
+     * MS_HYBRID_GPU_SLOTS=N device slots for them (default 2 x top-k) */
+    const char *gs = getenv("MS_HYBRID_GPU_SHARE"), *gsl = getenv("MS_HYBRID_GPU_SLOTS");
+    if (x->cpu_layers && gs && *gs) {
+        double pc = x->measure.pcie_h2d_gb_s, ce = x->measure.cpu_expert_gb_s;
+        double f = !strcmp(gs, "auto") ? (x->measured && pc > 0 && ce > 0 ? pc / (pc + ce) : 0.4) : atof(gs);
+        x->hybrid.gpu_share = f < 0 ? 0 : f > 1 ? 1 : f;
+        x->hybrid.gpu_slots = gsl ? atoi(gsl) : 0;
+        if (x->hybrid.gpu_share > 0)
+            fprintf(stderr, "moonshine %s: CPU layers send %.2f of a chunk's experts to %s over PCIe (%s)%s\n", cmd,
+                    x->hybrid.gpu_share, x->backend->name, gs, x->hybrid.host ? ": not with a host cache, off" : "");
+    }
     ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = ms_cli_engine_experts(x), .mla_form = eo->mla_form,
                         .backend = x->backend, .max_batch = eo->prefill_chunk, .hybrid = ms_cli_hybrid(x)};
     if (eo->static_store) { /* mapped, checked, bound: the plan below counts its dtype */
@@ -513,10 +574,7 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
             ms_streaming_stats(x->experts, &ss);
             cache = (int64_t)ss.slot_bytes * ss.n_slots; /* mapped lazily: nothing touched yet */
         }
-        ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = x->threads, .expert_cache_bytes = cache,
-                           .static_load = x->static_load, .static_dtype = eo->static_dtype,
-                           .max_batch = eo->prefill_chunk};
-        if (po.context > x->model.cfg.max_pos) po.context = (int)x->model.cfg.max_pos;
+        ms_plan_opts po = plan_opts(x, eo, ctx, x->threads, cache);
         if (ms_plan_make(&x->model, &po, &p, &err) || ms_plan_check(&p, (uint64_t)eo->memory_mib << 20, &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
             goto fail;

@@ -34,6 +34,11 @@ typedef struct ms_cli_ctx {
     int measured;               /* 1: measure holds the probes' figures (auto, or hybrid_probe) */
     ms_hybrid_measure measure;
     uint64_t device_budget;     /* the device's bytes for experts the auto rule used */
+    int host_tier;              /* 1: x->experts is a host RAM tier the CPU layers read (--expert-cache-mib,
+                                 * --store, or sized by --memory-mib's plan); 0: only the arena's inner source */
+    int hybrid_placed;          /* 1: auto put the other MoE layers' experts on the device and they fit
+                                 * in device_budget: placed resident, no device arena (a cold arena over
+                                 * the streaming cache would read every first use from the drive) */
     ms_hybrid_opts hybrid;      /* what ms_cli_open gave its engine (ms_cli_hybrid) */
 } ms_cli_ctx;
 

@@ -376,7 +376,9 @@ typedef struct ms_backend_ops {
      * the device expert source registers the streaming source's host cache, which the io_uring
      * reader fills, so that cache is the pinned staging with no extra copy. An upload from
      * registered memory may still be in flight when it returns: the caller syncs before it
-     * writes that memory again. unregister undoes it (before the memory is unmapped). */
+     * writes that memory again. unregister undoes it (before the memory is unmapped). A read-only
+     * range (a PROT_READ mapping: the mapped checkpoint, whose CPU-layer experts hybrid execution's
+     * gpu_share uploads) is registered read-only where the backend can. */
     int (*host_register)(ms_backend *be, void *p, size_t bytes, ms_err *err);
     void (*host_unregister)(ms_backend *be, void *p);
     /* Free and total bytes of the backend's memory now (the device expert source's default budget). */

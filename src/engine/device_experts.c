@@ -110,24 +110,32 @@ static int pin(dev_src *D, int layer, int slot, ms_err *err) {
     return MS_OK;
 }
 
-/* Every role of host view hv into slot: the device view dv (hv with its pointers moved). */
-static int upload_view(dev_src *D, int layer, int expert, int slot, const ms_expert_view *hv, ms_expert_view *dv,
-                       ms_err *err) {
+int ms_device_expert_upload(ms_backend *be, const ms_expert_view *hv, void *slot, uint64_t slot_bytes,
+                            ms_expert_view *dv, uint64_t *uploaded, ms_err *err) {
     *dv = *hv;
-    uint8_t *base = D->arena + (uint64_t)slot * D->slot_bytes;
+    uint8_t *base = slot;
     uint64_t off = 0, len;
     for (int r = 0; r < N_ROLES; r++) {
         const void **p = role_ref(dv, r, &len);
         if (!*p || !len) continue;
-        if (off + role_span(len) > D->slot_bytes)
-            return ms_fail(err, MS_ERR_SHAPE, "layer %d expert %d: %llu bytes do not fit a device slot of %llu", layer,
-                           expert, (unsigned long long)(off + role_span(len)), (unsigned long long)D->slot_bytes);
-        int rc = D->be->ops->upload(D->be, base + off, *p, (size_t)len, err);
-        if (rc) return ms_wrap(err, "layer %d expert %d: uploading into device slot %d", layer, expert, slot);
+        if (off + role_span(len) > slot_bytes)
+            return ms_fail(err, MS_ERR_SHAPE, "%llu bytes do not fit a device slot of %llu",
+                           (unsigned long long)(off + role_span(len)), (unsigned long long)slot_bytes);
+        int rc = be->ops->upload(be, base + off, *p, (size_t)len, err);
+        if (rc) return rc;
         *p = base + off;
         off += role_span(len);
-        D->st.upload_bytes += len;
+        if (uploaded) *uploaded += len;
     }
+    return MS_OK;
+}
+
+/* Every role of host view hv into slot: the device view dv (hv with its pointers moved). */
+static int upload_view(dev_src *D, int layer, int expert, int slot, const ms_expert_view *hv, ms_expert_view *dv,
+                       ms_err *err) {
+    int rc = ms_device_expert_upload(D->be, hv, D->arena + (uint64_t)slot * D->slot_bytes, D->slot_bytes, dv,
+                                     &D->st.upload_bytes, err);
+    if (rc) return ms_wrap(err, "layer %d expert %d: uploading into device slot %d", layer, expert, slot);
     D->st.uploads++;
     return MS_OK;
 }

@@ -80,6 +80,13 @@ ms_expert_source *ms_device_experts_inner(const ms_expert_source *s);
 
 /* Device bytes of one expert slot of m (every role of the largest expert, 256-aligned). */
 uint64_t ms_device_expert_slot_bytes(const ms_model *m);
+/* Every role of host view hv (weights, block scales, biases, INT4 zero points) queued for upload
+ * on be into slot (slot_bytes of backend memory, each role 256-byte aligned as the arena's slots):
+ * dv = hv with its pointers moved there. The copies are stream-ordered (from page-locked memory
+ * they are asynchronous: hv's bytes must stay until the stream passes them). *uploaded (if
+ * non-NULL) grows by the bytes queued. MS_ERR_SHAPE when the view does not fit. */
+int ms_device_expert_upload(ms_backend *be, const ms_expert_view *hv, void *slot, uint64_t slot_bytes,
+                            ms_expert_view *dv, uint64_t *uploaded, ms_err *err);
 /* The default budget: the device's free memory (mem_info) less what an engine of opts will
  * place and allocate there (the static tier, causal state, activations, the backend's
  * workspace) and a reserve (1/32 of the device, at least 256 MiB), capped at all of m's

@@ -11,6 +11,7 @@
 /* backend_cpu.h and cpu.h share the include guard MS_BACKEND_CPU_H: both are needed here */
 #undef MS_BACKEND_CPU_H
 #include "backend/cpu/backend_cpu.h"
+#include "engine/device_experts.h"
 #include "engine/engine_internal.h"
 
 /* The hybrid state of an engine (e->hyb). Host rows in and acc are page-locked through the
@@ -29,6 +30,17 @@ struct ms_hybrid {
     int64_t inter2;            /* floats per row of g / u */
     int composed;              /* ms_hybrid_opts.composed */
     ms_matmul_job *jobs;       /* [2 B] the one-row form's products */
+    /* gpu_share (ms_hybrid_opts): a chunk's highest-id experts uploaded into device slots */
+    double share;              /* fraction of a chunk's experts to the device; 0: none */
+    int share_slots;
+    uint64_t slot_bytes;
+    uint8_t *dslots;           /* device [share_slots x slot_bytes] */
+    float *dxs, *dys, *dg, *du, *dsum; /* device scratch of the device experts' ops; dsum: the CPU's sum */
+    int *gids, *goff;          /* [share_slots (+1)] */
+    ms_matmul_job *djobs;      /* [2 share_slots] the device's one-row form (experts_one_row on be) */
+    ms_expert_view *gviews, *dviews; /* [share_slots] host views, their device copies */
+    const void **reg;          /* [n_reg] page-locked spans of the mapping (host_unregister at free) */
+    int n_reg;
     ms_hybrid_stats st;
 };
 
@@ -118,11 +130,72 @@ void ms_hybrid_free(ms_engine *e) {
     if (h->acc_reg) e->be->ops->host_unregister(e->be, h->acc);
     free(h->in), free(h->acc), free(h->xs), free(h->ys), free(h->g), free(h->u), free(h->jobs);
     if (h->gate) e->be->ops->free(e->be, h->gate);
+    for (int i = 0; i < h->n_reg; i++) e->be->ops->host_unregister(e->be, (void *)h->reg[i]);
+    free(h->reg), free(h->gids), free(h->goff), free(h->gviews), free(h->dviews), free(h->djobs);
+    float *dev[] = {h->dxs, h->dys, h->dg, h->du, h->dsum};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        if (dev[i]) e->be->ops->free(e->be, dev[i]);
+    if (h->dslots) e->be->ops->free(e->be, h->dslots);
     if (h->own_host) h->own_host->ops->destroy(h->own_host);
     if (h->cpu) h->cpu->ops->destroy(h->cpu);
     free(h->cpu_layer);
     free(h);
     e->hyb = NULL;
+}
+
+/* gpu_share's state: device slots and scratch, and the checkpoint files holding a CPU layer's
+ * experts page-locked through the device backend. Where a file cannot be page-locked (or the
+ * backend has no host_register) the share is off: staged copies block the host. */
+static int share_init(ms_engine *e, struct ms_hybrid *h, const ms_hybrid_opts *o, ms_err *err) {
+    const ms_model *m = e->m;
+    const ms_config *c = &m->cfg;
+    ms_backend *be = e->be;
+    int slots = o->gpu_slots > 0 ? o->gpu_slots : 2 * (int)c->top_k;
+    size_t B = (size_t)e->max_batch;
+    int64_t D = c->latent_moe ? c->expert_hidden : c->hidden;
+    int64_t inter = 2 * (c->moe_inter > c->inter ? c->moe_inter : c->inter);
+    h->slot_bytes = ms_device_expert_slot_bytes(m);
+    h->gids = malloc((size_t)slots * sizeof *h->gids);
+    h->goff = malloc((size_t)(slots + 1) * sizeof *h->goff);
+    h->gviews = calloc((size_t)slots, sizeof *h->gviews);
+    h->dviews = calloc((size_t)slots, sizeof *h->dviews);
+    h->reg = calloc((size_t)(m->ck.n_files > 0 ? m->ck.n_files : 1), sizeof *h->reg);
+    h->djobs = malloc(2 * (size_t)slots * sizeof *h->djobs);
+    if (!h->gids || !h->goff || !h->gviews || !h->dviews || !h->reg || !h->djobs)
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    int rc = be->ops->alloc(be, (size_t)h->slot_bytes * (size_t)slots, (void **)&h->dslots, err);
+    if (!rc) rc = be->ops->alloc(be, B * (size_t)D * 4, (void **)&h->dxs, err);
+    if (!rc) rc = be->ops->alloc(be, B * (size_t)D * 4, (void **)&h->dys, err);
+    if (!rc) rc = be->ops->alloc(be, B * (size_t)D * 4, (void **)&h->dsum, err);
+    if (!rc) rc = be->ops->alloc(be, B * (size_t)inter * 4, (void **)&h->dg, err);
+    if (!rc) rc = be->ops->alloc(be, B * (size_t)inter * 4, (void **)&h->du, err);
+    if (rc) return ms_wrap(err, "device slots for the CPU layers' device share (%d x %.2f MiB)", slots,
+                           h->slot_bytes / 1048576.0);
+    h->share = o->gpu_share;
+    h->share_slots = slots;
+    if (!be->ops->host_register) {
+        h->share = 0;
+        return MS_OK;
+    }
+    /* every mapped file holding a CPU layer's expert: page-locked whole (the experts' uploads are DMA) */
+    int failed = 0;
+    for (int f = 0; f < m->ck.n_files; f++) {
+        const ms_mapping *mp = &m->ck.files[f].map;
+        int used = 0;
+        for (int l = 0; l < c->n_layers && !used && mp->data; l++)
+            for (int64_t x = 0; h->cpu_layer[l] && m->layers[l].experts && x < c->n_experts && !used; x++) {
+                const uint8_t *d = m->layers[l].experts[x].gate.data;
+                used = d >= mp->data && d < mp->data + mp->size;
+            }
+        if (!used) continue;
+        ms_err ignore = {0};
+        size_t bytes = (size_t)((mp->size + 4095) & ~(uint64_t)4095);
+        if (be->ops->host_register(be, (void *)mp->data, bytes, &ignore) == MS_OK) h->reg[h->n_reg++] = mp->data;
+        else failed++;
+    }
+    h->st.gpu_pinned = h->n_reg > 0 && !failed;
+    if (!h->st.gpu_pinned) h->share = 0; /* staged copies would hold the CPU up longer than they save */
+    return MS_OK;
 }
 
 int ms_hybrid_init(ms_engine *e, const ms_hybrid_opts *o, ms_err *err) {
@@ -169,6 +242,7 @@ int ms_hybrid_init(ms_engine *e, const ms_hybrid_opts *o, ms_err *err) {
         h->in_reg = e->be->ops->host_register(e->be, h->in, h->rows_bytes, &ignore) == MS_OK;
         h->acc_reg = e->be->ops->host_register(e->be, h->acc, h->rows_bytes, &ignore) == MS_OK;
     }
+    if (o->gpu_share > 0 && !o->host && (rc = share_init(e, h, o, err))) return rc;
     return MS_OK;
 }
 
@@ -247,8 +321,38 @@ int ms_hybrid_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     memset(h->acc, 0, (size_t)n * (size_t)D * 4);
     int group = h->host->max_acquire > 0 ? h->host->max_acquire : nu;
     const int *cnt = e->ex_count, *uniq = e->ex_uniq;
-    for (int g0 = 0; g0 < nu; g0 += group) {
-        int gn = nu - g0 < group ? nu - g0 : group;
+    /* gpu_share: the last ng experts (highest ids) up into device slots and summed there into acc,
+     * queued before the CPU starts on the first nu - ng */
+    int ng = h->share > 0 ? (int)(h->share * nu + 0.5) : 0;
+    if (ng > h->share_slots) ng = h->share_slots;
+    if (ng > nu) ng = nu;
+    int nc = nu - ng;
+    if (ng) {
+        double tq = now_s();
+        for (int u = 0; u < ng; u++) h->gids[u] = uniq[nc + u];
+        if ((rc = ms_experts_acquire(h->host, layer, ng, h->gids, h->gviews, err)))
+            return ms_wrap(err, "layer %d experts (device share)", layer);
+        be->ops->zero(be, acc, (size_t)n * (size_t)D * 4);
+        for (int u = 0; u < ng && !rc; u++)
+            rc = ms_device_expert_upload(be, &h->gviews[u], h->dslots + (uint64_t)u * h->slot_bytes, h->slot_bytes,
+                                         &h->dviews[u], &h->st.gpu_expert_bytes, err);
+        ms_experts_release(h->host, layer); /* the mapping's views stay valid while the copies run */
+        if (rc) return ms_wrap(err, "layer %d: an expert into a device slot", layer);
+        for (int u = 0; u < ng; u++) h->goff[u] = cnt[uniq[nc + u]];
+        h->goff[ng] = cnt[uniq[nu - 1] + 1];
+        ms_moe_args ga = {.in = in, .acc = acc, .D = D, .act = &act, .nu = ng, .views = h->dviews, .off = h->goff,
+                          .tok = e->ex_tokens, .w = e->ex_w, .max_batch = e->max_batch, .xs = h->dxs, .g = h->dg,
+                          .u = h->du, .ys = h->dys};
+        /* decode: the one-row form through the device's ops (two matmul_many launches instead of a
+         * composed run per expert); chunks through the backend's moe_experts (grouped GEMMs) */
+        struct ms_hybrid dh = {.cpu = be, .g = h->dg, .u = h->du, .ys = h->dys, .jobs = h->djobs,
+                               .inter2 = h->inter2};
+        if (h->composed || ng > h->share_slots || !experts_one_row(&dh, &ga, e->max_batch)) be->ops->moe_experts(be, &ga);
+        h->st.gpu_experts += (uint64_t)ng;
+        h->st.gpu_queue_s += now_s() - tq;
+    }
+    for (int g0 = 0; g0 < nc; g0 += group) {
+        int gn = nc - g0 < group ? nc - g0 : group;
         if ((rc = ms_experts_acquire(h->host, layer, gn, uniq + g0, e->ex_views, err)))
             return ms_wrap(err, "layer %d experts (CPU)", layer);
         for (int u = 0; u < gn; u++) {
@@ -265,8 +369,9 @@ int ms_hybrid_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
     ms_moe_zero_experts(e, h->cpu, h->in, h->acc, D); /* the identity experts, as the CPU engine adds them */
     double t2 = now_s();
     /* the sum goes up into the layer's accumulator; the device adds the rest in stream order */
-    if ((rc = be->ops->upload(be, acc, h->acc, (size_t)n * (size_t)D * 4, err)))
+    if ((rc = be->ops->upload(be, ng ? h->dsum : acc, h->acc, (size_t)n * (size_t)D * 4, err)))
         return ms_wrap(err, "layer %d experts' sum upload", layer);
+    if (ng) be->ops->add(be, acc, h->dsum, (int64_t)n * D); /* the device's experts' sum + the CPU's */
     ms_moe_latent_up(e, L, n, acc, out);
     if (c->shared_inter && c->shared_expert_gate) be->ops->add_gated_rows(be, out, e->ys, h->gate, n, c->hidden);
     else if (c->shared_inter) be->ops->add(be, out, e->ys, (int64_t)n * c->hidden);

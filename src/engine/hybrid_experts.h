@@ -13,6 +13,8 @@
  *           (its kernels and the engine's thread pool), into pinned host rows
  *   device  the sum goes up into the layer's expert accumulator (stream-ordered), the
  *           latent up-projection (if any) and the shared expert's rows are added.
+ * With ms_hybrid_opts.gpu_share, part of a chunk's experts is uploaded into device slots and
+ * summed on the device (queued before the CPU starts), the CPU's sum added to it there.
  * The other layers run as before through the engine's expert source (placed experts,
  * or the device expert source). Results equal the CPU path up to the device's F32
  * rounding (the CPU layers' sums are the CPU backend's own).
@@ -49,6 +51,16 @@ typedef struct ms_hybrid_opts {
     int composed;             /* 1: every expert through the composed form one by one (ms_moe_experts_composed),
                                * also in decode; 0 (default): experts of one row each (decode) in two
                                * matmul_many passes (all gate/up products, then all down products) */
+    double gpu_share;         /* > 0: of a CPU layer's chunk, this fraction of its experts (rounded, at most
+                               * gpu_slots; those with the highest expert ids) is uploaded over PCIe into
+                               * device slots and computed there while the CPU sums the others: both the
+                               * link and the CPU's RAM read feed the layer. The two partial sums are added
+                               * on the device (not the CPU engine's order: within rounding, not bytes).
+                               * Only with views of the mapping (host NULL); the CPU layers' expert spans
+                               * of the mapping are page-locked (host_register) so the copies are DMA;
+                               * where that fails the share is off (hybrid stats gpu_pinned 0).
+                               * 0 (default): every routed expert of a CPU layer on the CPU */
+    int gpu_slots;            /* device slots for gpu_share (0: 2 x top_k) */
 } ms_hybrid_opts;
 
 /* Counters of the CPU layers since engine creation. */
@@ -60,6 +72,10 @@ typedef struct ms_hybrid_stats {
     double wait_s;            /* waiting for the device's router output (the stream's queue drains) */
     double cpu_s;             /* host source acquires + the CPU expert sums */
     double tail_s;            /* upload of the sums and queuing the rest of the layer */
+    uint64_t gpu_experts;     /* of experts: those computed on the device (gpu_share) */
+    uint64_t gpu_expert_bytes; /* their bytes (uploaded; not in expert_bytes) */
+    double gpu_queue_s;       /* host time queuing their uploads and products (inside cpu_s) */
+    int gpu_pinned;           /* 1: the mapping's spans were page-locked for gpu_share */
 } ms_hybrid_stats;
 
 /* 0 and zeroed stats when e has no CPU layers. */

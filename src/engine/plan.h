@@ -18,11 +18,15 @@ typedef struct ms_plan_opts {
     ms_static_dtype static_dtype; /* the static tier's matrices in this dtype (ms_model_static_bytes_as) */
     int slots;                  /* engines serving requests at once (session/slots.h), each with its own causal
                                  * state and workspace; 0 counts as 1 */
+    uint64_t device_expert_bytes; /* the device tier (--device-expert-mib: the device slot arena over the host
+                                 * cache): device memory, shown in the ledger, not in the host total */
 } ms_plan_opts;
 
 typedef struct ms_plan {
     uint64_t static_bytes;      /* attention, norms, routers, shared experts, embeddings, head */
-    uint64_t expert_bytes;      /* routed experts held: all (resident) or the cache budget */
+    uint64_t expert_bytes;      /* routed experts held in host RAM: all (resident) or the host tier's budget
+                                 * (the streaming cache between the device tier and the drive) */
+    uint64_t device_expert_bytes; /* ms_plan_opts.device_expert_bytes (not in total) */
     uint64_t experts_total;     /* all routed experts in the checkpoint */
     uint64_t state_bytes;       /* causal state for `context` tokens, times slots */
     uint64_t state_per_token;

@@ -6,7 +6,9 @@
  * prefill + greedy decode logits equal the CPU resident run within 1e-5 (the same kernels
  * run the sums; only the shared expert's add is a separate op) with identical greedy ids;
  * the CPU layers' experts are never placed on the device (its allocations shrink by their
- * bytes), the counters add up, and the auto rule and parsers behave as documented. */
+ * bytes), the counters add up, and the auto rule and parsers behave as documented. With
+ * gpu_share (part of each chunk's experts uploaded and summed on the device) within 1e-4 with
+ * identical ids (byte-identical where the sums are top-2, which commute; the top-3 fixture 3.6e-7). */
 #include <stdint.h>
 
 #include "backend/cpu/be_cpu.h"
@@ -78,7 +80,11 @@ static void check_fixture(const char *name) {
     free(placed);
     be->ops->destroy(be);
     /* all MoE layers (the one-row decode form, then the composed form), the first only, a host cache */
-    struct { int first; int stream; int composed; } cfgs[] = {{-1, 0, 0}, {-1, 0, 1}, {1, 0, 0}, {-1, 1, 0}};
+    /* and gpu_share: part of each chunk's experts uploaded into device slots and computed there (the
+     * two partial sums added on the device: within rounding of the CPU engine, not its bytes) */
+    struct { int first; int stream; int composed; double share; int slots; } cfgs[] = {
+        {-1, 0, 0, 0, 0}, {-1, 0, 1, 0, 0}, {1, 0, 0, 0, 0}, {-1, 1, 0, 0, 0},
+        {-1, 0, 0, 0.4, 0}, {1, 0, 0, 1.0, 0}, {-1, 0, 0, 0.5, 1}};
     for (size_t k = 0; base && k < sizeof cfgs / sizeof *cfgs; k++) {
         int n_cpu = ms_hybrid_first_layers(&m.cfg, cfgs[k].first, flags);
         CHECK(n_cpu == (cfgs[k].first < 0 || cfgs[k].first > moe ? moe : cfgs[k].first));
@@ -88,15 +94,21 @@ static void check_fixture(const char *name) {
             char why[1200];
             CHECK_MSG(ms_streaming_experts_create(&m, &so, &host, why, sizeof why, &err) == 0, "%s", err.msg);
         }
-        ms_hybrid_opts hy = {.cpu_layer = flags, .host = host, .composed = cfgs[k].composed};
+        ms_hybrid_opts hy = {.cpu_layer = flags, .host = host, .composed = cfgs[k].composed,
+                             .gpu_share = cfgs[k].share, .gpu_slots = cfgs[k].slots};
+        int share = cfgs[k].share > 0;
         be = fake_create();
         float *hyb = run(&m, be, NULL, &hy, tin->data, n, ids, &hs, &err);
         CHECK_MSG(hyb != NULL, "%s hybrid cfg %zu: %s", name, k, err.msg);
         if (hyb) {
             double d = ms_test_max_abs(hyb, base, (int64_t)total);
-            CHECK_MSG(d <= 1e-5, "%s hybrid cfg %zu: max |diff| %g", name, k, d);
+            CHECK_MSG(d <= (share ? 1e-4 : 1e-5), "%s hybrid cfg %zu: max |diff| %g", name, k, d);
             /* today's CPU kernels give the same bytes either way (the same products and adds in the same order) */
-            CHECK_MSG(!memcmp(hyb, base, total * 4), "%s hybrid cfg %zu: not byte-identical", name, k);
+            CHECK_MSG(share || !memcmp(hyb, base, total * 4), "%s hybrid cfg %zu: not byte-identical", name, k);
+            CHECK_MSG(!share || (hs.gpu_experts > 0 && hs.gpu_expert_bytes > 0 && hs.gpu_pinned),
+                      "%s cfg %zu: %llu experts on the device (pinned %d)", name, k,
+                      (unsigned long long)hs.gpu_experts, hs.gpu_pinned);
+            CHECK_MSG(share || hs.gpu_experts == 0, "%s cfg %zu: device experts without gpu_share", name, k);
             if (getenv("MS_TEST_VERBOSE")) fprintf(stderr, "%s cfg %zu: max |diff| %g\n", name, k, d);
             CHECK_MSG(!memcmp(ids, base_ids, sizeof ids), "%s hybrid cfg %zu: greedy ids differ", name, k);
             /* every CPU layer ran once per chunk: the prefill (one chunk) and each decode step */
@@ -107,7 +119,7 @@ static void check_fixture(const char *name) {
             uint64_t cpu_bytes = 0;
             for (int l = 0; l < L; l++)
                 if (flags[l]) cpu_bytes += ms_hybrid_expert_bytes(&m, l) * (uint64_t)m.cfg.n_experts;
-            CHECK_MSG(fk(be)->alloc_bytes + cpu_bytes <= all_bytes + 4096,
+            CHECK_MSG(share || fk(be)->alloc_bytes + cpu_bytes <= all_bytes + 4096,
                       "%s cfg %zu: %llu device bytes with %llu of CPU experts (all placed: %llu)", name, k,
                       (unsigned long long)fk(be)->alloc_bytes, (unsigned long long)cpu_bytes,
                       (unsigned long long)all_bytes);
@@ -136,6 +148,7 @@ TEST(gpt_oss_mxfp4) { check_fixture("gpt_oss_mxfp4"); }
 TEST(qwen3_next) { check_fixture("qwen3_next"); } /* gated shared expert */
 TEST(kimi_k3) { check_fixture("kimi_k3"); }       /* latent MoE */
 TEST(longcat_flash) { check_fixture("tests/fixtures/extra/longcat_flash"); } /* zero-computation experts */
+TEST(qwen3_moe_e12_top3) { check_fixture("tests/fixtures/extra/qwen3_moe_e12_top3"); } /* top-3: the device share's partial sums do not commute */
 
 TEST(parse_and_rules) {
     ms_err err = {0};

@@ -54,6 +54,23 @@ TEST(plan_bounds_rss) {
     CHECK(p.expert_bytes == m.expert_bytes && p.resident);
     CHECK(ms_plan_check(&p, p.total, &e) == 0);
     CHECK(ms_plan_check(&p, p.total - 1, &e) == MS_ERR_NOMEM && strstr(e.msg, "static tier"));
+    { /* the device tier: its own line, not in the host total; the expert cache line is then the host RAM tier */
+        ms_plan_opts pd = po;
+        pd.expert_cache_bytes = 1 << 20;
+        pd.device_expert_bytes = 64ull << 20;
+        ms_plan q, q0;
+        char buf[1200], js[1200];
+        CHECK(ms_plan_make(&m, &pd, &q, &e) == 0);
+        pd.device_expert_bytes = 0;
+        CHECK(ms_plan_make(&m, &pd, &q0, &e) == 0);
+        CHECK(q.total == q0.total && q.device_expert_bytes == 64ull << 20 && q0.device_expert_bytes == 0);
+        ms_plan_format(&q, buf, sizeof buf);
+        CHECK(strstr(buf, "device experts") && strstr(buf, "host RAM tier"));
+        ms_plan_format(&q0, buf, sizeof buf);
+        CHECK(!strstr(buf, "device experts") && strstr(buf, "bounded cache"));
+        ms_plan_json(&q, js, sizeof js);
+        CHECK(strstr(js, "\"device_expert_bytes\":67108864}") != NULL);
+    }
     po.context = 100000; /* beyond max_position_embeddings */
     CHECK(ms_plan_make(&m, &po, &p, &e) == MS_ERR_ARG);
     po.context = 256;

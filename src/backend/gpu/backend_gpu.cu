@@ -337,6 +337,12 @@ static int g_host_register(ms_backend *be, void *p, size_t bytes, ms_err *err) {
     (void)be;
     if (!p || !bytes) return MS_OK;
     gpuError_t e = gpuHostRegister(p, bytes, gpuHostRegisterDefault);
+#ifdef gpuHostRegisterReadOnly
+    if (e != gpuSuccess) { /* a read-only mapping (PROT_READ: the mapped checkpoint) pins read-only */
+        (void)gpuGetLastError();
+        e = gpuHostRegister(p, bytes, gpuHostRegisterReadOnly);
+    }
+#endif
     if (e != gpuSuccess) {
         (void)gpuGetLastError();
         return ms_fail(err, MS_ERR_NOMEM, "gpu (%s): page-locking %.1f MiB of host staging: %s", MS_GPU_BACKEND_NAME,

@@ -151,6 +151,7 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuHostRegister cudaHostRegister
 #define gpuHostUnregister cudaHostUnregister
 #define gpuHostRegisterDefault cudaHostRegisterDefault
+#define gpuHostRegisterReadOnly cudaHostRegisterReadOnly /* read-only mappings (a mapped checkpoint) */
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemsetAsync cudaMemsetAsync
 #define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
