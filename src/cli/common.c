@@ -128,7 +128,7 @@ int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
     if (ca) {
         int act = ms_cpu_act_parse(ca);
         if (act < 0) {
-            fprintf(stderr, "moonshine: --cpu-activations \"%s\": expected f32, q8, bf16 or q8+bf16\n", ca);
+            fprintf(stderr, "moonshine: --cpu-activations \"%s\": expected f32, q8, bf16, q8+bf16, q16 or q16+bf16\n", ca);
             return -1;
         }
         o->cpu_act = act;
