@@ -139,7 +139,7 @@ int cmd_bench(int argc, char **argv) {
                "--cpu-activations q8: int8 activations and integer dot products for MXFP4/INT4/Q8 weights on\n"
                "the CPU; bf16: BF16-rounded activations and vdpbf16ps for the BF16 decode matvec (AVX512_BF16\n"
                "CPUs); q8+bf16 both; q16 (q16+bf16): the q8 weights' decode matvecs with 16-bit activations as two\n"
-               "int8 planes (default f32; docs/performance.md gives the error per fixture).\n"
+               "int8 planes (default q16; f32 the exact kernels; docs/performance.md gives the error per fixture).\n"
                "--drop-cache evicts the model's files from the page cache first. decode_expert_hit_rate,\n"
                "decode_disk_bytes_per_token and decode_read_wait_s repeat hit_rate, expert_bytes_read_per_token\n"
                "and read_wait_s under their earlier names.\n"

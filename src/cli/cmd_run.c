@@ -65,7 +65,7 @@ int cmd_run(int argc, char **argv) {
                "--cpu-activations f32|q8|bf16|q8+bf16|q16|q16+bf16: q8 multiplies MXFP4/INT4/Q8 weights with int8\n"
                "activations (per 32, F32 scale) on the CPU; q16 the same weights' decode matvecs with 16-bit\n"
                "activations (two int8 planes); bf16 rounds the BF16 decode matvec's activations to BF16\n"
-               "(vdpbf16ps, AVX512_BF16 CPUs); default f32.\n",
+               "(vdpbf16ps, AVX512_BF16 CPUs); default q16 (f32: the exact kernels).\n",
                usage);
         return 0;
     }

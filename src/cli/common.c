@@ -48,6 +48,7 @@ void ms_cli_opts_init(ms_cli_opts *o) {
     o->memory_mib = -1;
     o->static_load = MS_STATIC_MMAP;
     o->mla_form = MS_MLA_AUTO;
+    o->cpu_act = MS_CPU_ACT_DEFAULT;
     o->backend = "auto";
     o->device_expert_mib = -1;
     o->experts_on = MS_EXPERTS_ON_GPU;
@@ -448,7 +449,7 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     x->static_load = eo->static_load;
     x->pool = ms_pool_create(eo->threads);
     x->threads = ms_pool_size(x->pool);
-    if (x->pool && eo->cpu_act != MS_ACT_F32 && ms_cpu_set_activations(x->pool, (ms_cpu_act)eo->cpu_act, &err)) {
+    if (x->pool && ms_cpu_set_activations(x->pool, (ms_cpu_act)eo->cpu_act, &err)) {
         fprintf(stderr, "moonshine %s: --cpu-activations: %s\n", cmd, err.msg);
         goto fail;
     }
