@@ -3,7 +3,8 @@
  * register of the blocks' first halves and one of their second halves (int32
  * lanes 4i..4i+3 hold block i). MXFP4 and INT4 enter the unsigned side as
  * offset integers (12, 8; INT4 with zero points: its zero point per block) taken
- * back out through m; Q8 uses the offset 128 with
+ * back out through m (plain AVX2: the two halves' vpmaddubsw pairs summed in int16, then one
+ * vpmaddwd per plane); Q8 uses the offset 128 with
  * VNNI and the sign trick (|w| against a with w's sign) on AVX2, where
  * vpmaddubsw would saturate. Block scales: 8 at a time, SIMD for full octets. */
 #if defined(__x86_64__) || defined(__i386__)
@@ -45,7 +46,7 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
     }
 }
 
-#define QROW(NAME, TGT, DOTU, DOTS, FMT_ID)                                                                       \
+#define QROW(NAME, TGT, DOTU, DOTS, FMT_ID, FUSE)                                                                     \
     static inline __attribute__((always_inline)) TGT float NAME(const ms_qmat *w, const qk_act *a, int64_t r, const int PL) { \
         const int64_t K = w->cols, nb = K / 32;                                                                    \
         __m256 acc = _mm256_setzero_ps(), corr = _mm256_setzero_ps();                                              \
@@ -96,11 +97,21 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
                                      : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(wp + b * 16)));    \
                     __m256i lo = _mm256_and_si256(wb, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4);  \
                     if (FMT_ID == 0) lo = _mm256_shuffle_epi8(lut, lo), hi = _mm256_shuffle_epi8(lut, hi);          \
-                    dv = DOTU(DOTU(_mm256_setzero_si256(), lo, a0), hi, a1);                                       \
-                    if (PL == 2) { /* (dot(w, q) << 8) + dot(w, q2) */                                             \
-                        const int8_t *aq2 = a->q2 + b * 32;                                                        \
-                        __m256i c0 = _mm256_loadu_si256((const __m256i *)aq2), c1 = _mm256_loadu_si256((const __m256i *)(aq2 + 32)); \
-                        dv = DOTU(DOTU(_mm256_slli_epi32(dv, 8), lo, c0), hi, c1);                                 \
+                    if (FUSE) { /* vpmaddubsw pairs of both halves summed in int16 (<= 4 * 24 * 127), one vpmaddwd */ \
+                        __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a0), _mm256_maddubs_epi16(hi, a1));   \
+                        if (PL == 2) {                                                                             \
+                            const int8_t *aq2 = a->q2 + b * 32;                                                    \
+                            __m256i c0 = _mm256_loadu_si256((const __m256i *)aq2), c1 = _mm256_loadu_si256((const __m256i *)(aq2 + 32)); \
+                            __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, c0), _mm256_maddubs_epi16(hi, c1)); \
+                            dv = _mm256_add_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(256)), _mm256_madd_epi16(p2, _mm256_set1_epi16(1))); \
+                        } else dv = _mm256_madd_epi16(p, _mm256_set1_epi16(1));                                    \
+                    } else {                                                                                       \
+                        dv = DOTU(DOTU(_mm256_setzero_si256(), lo, a0), hi, a1);                                   \
+                        if (PL == 2) { /* (dot(w, q) << 8) + dot(w, q2) */                                         \
+                            const int8_t *aq2 = a->q2 + b * 32;                                                    \
+                            __m256i c0 = _mm256_loadu_si256((const __m256i *)aq2), c1 = _mm256_loadu_si256((const __m256i *)(aq2 + 32)); \
+                            dv = DOTU(DOTU(_mm256_slli_epi32(dv, 8), lo, c0), hi, c1);                             \
+                        }                                                                                          \
                     }                                                                                              \
                 } else {                                                                                           \
                     __m256i wa = _mm256_loadu_si256((const __m256i *)(wp + b * 32));                               \
@@ -125,12 +136,12 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
         return hsum8(acc) - off * hsum8(corr);                                                                     \
     }
 
-QROW(f4_row_av, TAV, DOT_AV, 0, 0)
-QROW(i4_row_av, TAV, DOT_AV, 0, 1)
-QROW(q8_row_av, TAV, DOT_AV, 0, 2)
-QROW(f4_row_a2, TA2, DOT_A2, 0, 0)
-QROW(i4_row_a2, TA2, DOT_A2, 0, 1)
-QROW(q8_row_a2, TA2, DOT_A2, 1, 2)
+QROW(f4_row_av, TAV, DOT_AV, 0, 0, 0)
+QROW(i4_row_av, TAV, DOT_AV, 0, 1, 0)
+QROW(q8_row_av, TAV, DOT_AV, 0, 2, 0)
+QROW(f4_row_a2, TA2, DOT_A2, 0, 0, 1)
+QROW(i4_row_a2, TA2, DOT_A2, 0, 1, 1)
+QROW(q8_row_a2, TA2, DOT_A2, 1, 2, 0)
 
 #define QGEMV(NAME, TGT, F4, I4, Q8)                                                                            \
     TGT static void NAME(const ms_qmat *w, const qk_act *a, float *y, int64_t r0, int64_t r1, int acc) {        \
