@@ -175,7 +175,7 @@ int cmd_kbench(int argc, char **argv) {
                "--activations q8: int8 activations per 32 and integer dot products for mxfp4, int4 and q8\n"
                "(the other dtypes keep F32); bf16: BF16-rounded activations and vdpbf16ps for bf16 (AVX512_BF16\n"
                "CPUs; elsewhere F32); q8+bf16 both; q16: the q8 decode path with 16-bit activations (two int8 planes;\n"
-               "prefill F32). --quick skips the 151936x2048 shape. --seconds: time per measurement (default 0.6).\n");
+               "prefill F32; the default, as for the other commands). --quick skips the 151936x2048 shape. --seconds: time per measurement (default 0.6).\n");
         return 0;
     }
     int64_t threads = 0, bw_mib = 1024;
@@ -199,7 +199,7 @@ int cmd_kbench(int argc, char **argv) {
         fprintf(stderr, "moonshine kbench: --isa %s: expected scalar, avx2, avx512, avxvnni or avx512vnni\n", isa);
         return 2;
     }
-    int act_v = acts ? ms_cpu_act_parse(acts) : MS_ACT_F32;
+    int act_v = acts ? ms_cpu_act_parse(acts) : MS_CPU_ACT_DEFAULT; /* the programs' default (q16) */
     if (act_v < 0) {
         fprintf(stderr, "moonshine kbench: --activations %s: expected f32, q8, bf16, q8+bf16, q16 or q16+bf16\n", acts);
         return 2;
