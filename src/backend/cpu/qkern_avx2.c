@@ -46,6 +46,11 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
     }
 }
 
+/* The lanes of group gi's two block scales (8 blocks of scales a pass: gi 0..3), loaded instead of
+ * built from gi in registers (a vmovd / vpshufd / vinserti128 chain per group). */
+static const int32_t k_sel[4][8] __attribute__((aligned(32))) = {
+    {0, 0, 0, 0, 1, 1, 1, 1}, {2, 2, 2, 2, 3, 3, 3, 3}, {4, 4, 4, 4, 5, 5, 5, 5}, {6, 6, 6, 6, 7, 7, 7, 7}};
+
 #define QROW(NAME, TGT, DOTU, DOTS, FMT_ID, FUSE)                                                                     \
     static inline __attribute__((always_inline)) TGT float NAME(const ms_qmat *w, const qk_act *a, int64_t r, const int PL) { \
         const int64_t K = w->cols, nb = K / 32;                                                                    \
@@ -128,7 +133,7 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
                         else dv = DOTU(DOTU(_mm256_slli_epi32(dv, 8), u0, c0), u1, c1);                            \
                     }                                                                                              \
                 }                                                                                                  \
-                __m256i sel = _mm256_setr_epi32(2 * gi, 2 * gi, 2 * gi, 2 * gi, 2 * gi + 1, 2 * gi + 1, 2 * gi + 1, 2 * gi + 1); \
+                __m256i sel = _mm256_load_si256((const __m256i *)k_sel[gi]);                                       \
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dv), _mm256_permutevar8x32_ps(sd, sel), acc);             \
             }                                                                                                      \
         }                                                                                                          \

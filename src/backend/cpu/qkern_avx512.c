@@ -62,13 +62,20 @@ static inline __attribute__((always_inline)) TBW __m256i ld_bf16x16(const uint16
     DOT_BW((acc), _mm512_abs_epi8(w), _mm512_mask_sub_epi8((a), _mm512_movepi8_mask(w), _mm512_setzero_si512(), (a)))
 
 
+/* The lanes of group gi's four block scales (16 blocks of scales a pass: gi 0..3), loaded instead
+ * of a broadcast and an add per group. */
+static const int32_t k_sel[4][16] __attribute__((aligned(64))) = {
+    {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
+    {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7},
+    {8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11},
+    {12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15}};
+
 #define QROW(NAME, TGT, DOTU, DOTS, FMT_ID)                                                                       \
     static inline __attribute__((always_inline)) TGT void NAME(const ms_qmat *w, const qk_act *a, int64_t r, float *out, \
                                                               const int NT, const int PL) {                      \
         const int64_t K = w->cols, nb = K / 32;                                                                    \
         __m512 acc[4], corr[4], sd[4];                                                                             \
         for (int t = 0; t < NT; t++) acc[t] = corr[t] = _mm512_setzero_ps();                                       \
-        const __m512i gsel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);                  \
         const __m512i lo4 = _mm512_set1_epi8(0x0f);                                                                \
         const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)); \
         const uint8_t *wp = (const uint8_t *)w->data;                                                              \
@@ -130,7 +137,7 @@ static inline __attribute__((always_inline)) TBW __m256i ld_bf16x16(const uint16
                         u0 = _mm512_xor_si512(u0, x80), u1 = _mm512_xor_si512(u1, x80);                            \
                     }                                                                                              \
                 }                                                                                                  \
-                const __m512i sel = _mm512_add_epi32(gsel, _mm512_set1_epi32(gi * GB));                            \
+                const __m512i sel = _mm512_load_si512((const void *)k_sel[gi]);                                    \
                 for (int t = 0; t < NT; t++) {                                                                     \
                     const int8_t *aq = a[t].q + b * 32;                                                            \
                     __m512i a0 = _mm512_loadu_si512(aq), a1 = _mm512_loadu_si512(aq + 64);                          \
