@@ -199,7 +199,8 @@ int cmd_kbench(int argc, char **argv) {
         fprintf(stderr, "moonshine kbench: --isa %s: expected scalar, avx2, avx512, avxvnni or avx512vnni\n", isa);
         return 2;
     }
-    int act_v = acts ? ms_cpu_act_parse(acts) : MS_CPU_ACT_DEFAULT; /* the programs' default (q16) */
+    /* the programs' default for the ISA measured (q16; f32 on scalar) */
+    int act_v = acts ? ms_cpu_act_parse(acts) : ms_cpu_act_default(isa_v >= 0 ? (ms_cpu_isa)isa_v : ms_cpu_isa_active());
     if (act_v < 0) {
         fprintf(stderr, "moonshine kbench: --activations %s: expected f32, q8, bf16, q8+bf16, q16 or q16+bf16\n", acts);
         return 2;

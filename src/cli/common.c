@@ -48,7 +48,7 @@ void ms_cli_opts_init(ms_cli_opts *o) {
     o->memory_mib = -1;
     o->static_load = MS_STATIC_MMAP;
     o->mla_form = MS_MLA_AUTO;
-    o->cpu_act = MS_CPU_ACT_DEFAULT;
+    o->cpu_act = ms_cpu_act_default(ms_cpu_isa_active());
     o->backend = "auto";
     o->device_expert_mib = -1;
     o->experts_on = MS_EXPERTS_ON_GPU;

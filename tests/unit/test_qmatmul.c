@@ -204,6 +204,8 @@ TEST(q8_activations_other_dtypes_and_nan) {
     CHECK(ms_cpu_set_activations(NULL, MS_ACT_Q8, &err) == MS_ERR_ARG);
     CHECK(ms_cpu_act_parse("q8") == MS_ACT_Q8 && ms_cpu_act_parse("f32") == MS_ACT_F32 && ms_cpu_act_parse("i8") == -1);
     CHECK(ms_cpu_act_parse("q16") == MS_ACT_Q16 && ms_cpu_act_parse("q16+bf16") == MS_ACT_Q16_BF16);
+    CHECK(ms_cpu_act_default(MS_ISA_SCALAR) == MS_ACT_F32 && ms_cpu_act_default(MS_ISA_AVX2) == MS_ACT_Q16 &&
+          ms_cpu_act_default(MS_ISA_AVX512_VNNI) == MS_ACT_Q16);
     CHECK(ms_cpu_set_activations(qpool(MS_ISA_SCALAR, 1, MS_ACT_Q16), (ms_cpu_act)5, &err) == MS_ERR_ARG);
     CHECK(ms_cpu_activations_of(qpool(MS_ISA_SCALAR, 1, MS_ACT_Q16)) == MS_ACT_Q16);
     CHECK(ms_cpu_activations_of(NULL) == MS_ACT_F32);

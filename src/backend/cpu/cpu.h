@@ -78,10 +78,11 @@ ms_cpu_act ms_cpu_activations_of(const ms_pool *pool);
 /* "f32" / "q8" / "bf16" / "q8+bf16" / "q16" / "q16+bf16"; parse returns -1 for anything else. */
 const char *ms_cpu_act_name(ms_cpu_act act);
 int ms_cpu_act_parse(const char *name);
-/* The programs' default --cpu-activations (src/cli; a pool's own default stays MS_ACT_F32): Q16
- * keeps every fixture within verify's tolerance with identical greedy ids (docs/performance.md
- * "CPU Q8 activations"); f32 stays selectable. */
-#define MS_CPU_ACT_DEFAULT MS_ACT_Q16
+/* The programs' default --cpu-activations for kernels of `isa` (src/cli; a pool's own default
+ * stays MS_ACT_F32): MS_ACT_Q16 on every SIMD level (it keeps every fixture within verify's
+ * tolerance with identical greedy ids: docs/performance.md "CPU Q8 activations"), MS_ACT_F32 on
+ * scalar, where the integer path has no fast kernel. f32 stays selectable. */
+ms_cpu_act ms_cpu_act_default(ms_cpu_isa isa);
 
 /* Measured memory read bandwidth in GB/s (1e9 bytes/s): every pool thread
  * sum-reduces its share of a buffer of `bytes` (use several times the last-level

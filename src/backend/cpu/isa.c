@@ -157,6 +157,8 @@ const char *ms_cpu_act_name(ms_cpu_act act) {
     }
 }
 
+ms_cpu_act ms_cpu_act_default(ms_cpu_isa isa) { return isa == MS_ISA_SCALAR ? MS_ACT_F32 : MS_ACT_Q16; }
+
 int ms_cpu_act_parse(const char *name) {
     if (!name) return -1;
     if (!strcmp(name, "f32")) return MS_ACT_F32;
