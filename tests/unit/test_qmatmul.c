@@ -235,6 +235,23 @@ TEST(q8_activations_other_dtypes_and_nan) {
     free(mem);
 }
 
+/* Q16 is a decode path: a prefill (n > 1) on a Q16 pool runs the F32 tiles, bit for bit an F32 pool's. */
+TEST(q16_prefill_is_f32) {
+    setup_isas();
+    for (size_t vi = 0; vi < sizeof k_variants / sizeof *k_variants; vi++) {
+        ms_qmat w;
+        void *mem = make_weight(&k_variants[vi], 37, 256, &w);
+        float x[5 * 256], a[5 * 37], b[5 * 37];
+        for (int i = 0; i < 5 * 256; i++) x[i] = frand();
+        for (int ii = 0; ii < g_nisa; ii++) {
+            ms_matmul(qpool(g_isas[ii], 3, MS_ACT_F32), a, x, 5, &w);
+            ms_matmul(qpool(g_isas[ii], 3, MS_ACT_Q16), b, x, 5, &w);
+            CHECK_MSG(memcmp(a, b, sizeof a) == 0, "%s isa %s", k_variants[vi].name, ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]));
+        }
+        free(mem);
+    }
+}
+
 /* Each ISA's quantizer gives exactly ms_qk_quant's integers, scales and sums (zero, tiny,
  * huge and non-finite blocks, both layouts, a ragged tail). */
 TEST(q8_quant_identical) {
