@@ -163,7 +163,7 @@ done:
 int cmd_kbench(int argc, char **argv) {
     if (ms_arg_flag(argc, argv, "--help")) {
         printf("usage: moonshine kbench [--threads T] [--isa scalar|avx2|avx512|avxvnni|avx512vnni] [--dtype NAME]\n"
-               "                        [--activations f32|q8|bf16|q8+bf16] [--quick] [--seconds S] [--bw-mib M]\n"
+               "                        [--activations f32|q8|bf16|q8+bf16|q16|q16+bf16] [--quick] [--seconds S] [--bw-mib M]\n"
                "Measures the memory read bandwidth with T threads, then for each weight dtype\n"
                "(bf16 f16 f32 f8_e4m3 mxfp4 int4 int4z q8) the decode matvec (n = 1) GB/s and %% of that bandwidth on\n"
                "several shapes (weights cycled through >= 256 MiB so they come from memory; the bandwidth is\n"
@@ -174,7 +174,8 @@ int cmd_kbench(int argc, char **argv) {
                "shared machine the steadier figure of what the kernel does when it runs).\n"
                "--activations q8: int8 activations per 32 and integer dot products for mxfp4, int4 and q8\n"
                "(the other dtypes keep F32); bf16: BF16-rounded activations and vdpbf16ps for bf16 (AVX512_BF16\n"
-               "CPUs; elsewhere F32); q8+bf16 both. --quick skips the 151936x2048 shape. --seconds: time per measurement (default 0.6).\n");
+               "CPUs; elsewhere F32); q8+bf16 both; q16: the q8 decode path with 16-bit activations (two int8 planes;\n"
+               "prefill F32; the default, as for the other commands). --quick skips the 151936x2048 shape. --seconds: time per measurement (default 0.6).\n");
         return 0;
     }
     int64_t threads = 0, bw_mib = 1024;
@@ -198,9 +199,10 @@ int cmd_kbench(int argc, char **argv) {
         fprintf(stderr, "moonshine kbench: --isa %s: expected scalar, avx2, avx512, avxvnni or avx512vnni\n", isa);
         return 2;
     }
-    int act_v = acts ? ms_cpu_act_parse(acts) : MS_ACT_F32;
+    /* the programs' default for the ISA measured (q16; f32 on scalar) */
+    int act_v = acts ? ms_cpu_act_parse(acts) : ms_cpu_act_default(isa_v >= 0 ? (ms_cpu_isa)isa_v : ms_cpu_isa_active());
     if (act_v < 0) {
-        fprintf(stderr, "moonshine kbench: --activations %s: expected f32, q8, bf16 or q8+bf16\n", acts);
+        fprintf(stderr, "moonshine kbench: --activations %s: expected f32, q8, bf16, q8+bf16, q16 or q16+bf16\n", acts);
         return 2;
     }
     if (only) {

@@ -62,9 +62,10 @@ int cmd_run(int argc, char **argv) {
                "--load-state FILE: start from a saved causal state; the prompt ids follow its tokens.\n"
                "--save-state FILE: after generating, feed the last generated id too and save the state\n"
                "(its tokens: the loaded state's, the prompt, every generated id) atomically; see docs/state.md.\n"
-               "--cpu-activations f32|q8|bf16|q8+bf16: q8 multiplies MXFP4/INT4/Q8 weights with int8 activations\n"
-               "(per 32, F32 scale) on the CPU; bf16 rounds the BF16 decode matvec's activations to BF16\n"
-               "(vdpbf16ps, AVX512_BF16 CPUs); default f32.\n",
+               "--cpu-activations f32|q8|bf16|q8+bf16|q16|q16+bf16: q8 multiplies MXFP4/INT4/Q8 weights with int8\n"
+               "activations (per 32, F32 scale) on the CPU; q16 the same weights' decode matvecs with 16-bit\n"
+               "activations (two int8 planes); bf16 rounds the BF16 decode matvec's activations to BF16\n"
+               "(vdpbf16ps, AVX512_BF16 CPUs); default q16 (f32: the exact kernels).\n",
                usage);
         return 0;
     }

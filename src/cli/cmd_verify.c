@@ -132,7 +132,8 @@ int cmd_verify(int argc, char **argv) {
                "(choice_flips: one beyond its own margin bound fails).\n"
                "--cpu-activations q8 runs the CPU matmuls of MXFP4/INT4/Q8 weights with int8 activations\n"
                "(per 32, F32 scale; integer dot products), bf16 the BF16 decode matvecs with BF16 activations\n"
-               "(vdpbf16ps), q8+bf16 both, under the same 1e-3 tolerance (default f32).\n");
+               "(vdpbf16ps), q8+bf16 both, q16 (q16+bf16) the MXFP4/INT4/Q8 decode matvecs with 16-bit activations\n"
+               "(two int8 planes), under the same 1e-3 tolerance (default q16).\n");
         return 0;
     }
     ms_cli_opts eo;

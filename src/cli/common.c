@@ -49,6 +49,7 @@ void ms_cli_opts_init(ms_cli_opts *o) {
     o->memory_mib = -1;
     o->static_load = MS_STATIC_MMAP;
     o->mla_form = MS_MLA_AUTO;
+    o->cpu_act = ms_cpu_act_default(ms_cpu_isa_active());
     o->backend = "auto";
     o->device_expert_mib = -1;
     o->experts_on = MS_EXPERTS_ON_GPU;
@@ -129,7 +130,7 @@ int ms_cli_engine_args(int argc, char **argv, ms_cli_opts *o) {
     if (ca) {
         int act = ms_cpu_act_parse(ca);
         if (act < 0) {
-            fprintf(stderr, "moonshine: --cpu-activations \"%s\": expected f32, q8, bf16 or q8+bf16\n", ca);
+            fprintf(stderr, "moonshine: --cpu-activations \"%s\": expected f32, q8, bf16, q8+bf16, q16 or q16+bf16\n", ca);
             return -1;
         }
         o->cpu_act = act;
@@ -492,7 +493,7 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
     x->static_load = eo->static_load;
     x->pool = ms_pool_create(eo->threads);
     x->threads = ms_pool_size(x->pool);
-    if (x->pool && eo->cpu_act != MS_ACT_F32 && ms_cpu_set_activations(x->pool, (ms_cpu_act)eo->cpu_act, &err)) {
+    if (x->pool && ms_cpu_set_activations(x->pool, (ms_cpu_act)eo->cpu_act, &err)) {
         fprintf(stderr, "moonshine %s: --cpu-activations: %s\n", cmd, err.msg);
         goto fail;
     }

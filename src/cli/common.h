@@ -50,7 +50,7 @@ typedef struct ms_cli_opts {
     ms_static_load static_load;   /* --static-load (below) */
     ms_static_dtype static_dtype; /* --static-dtype stored|q8|fp8: requantized at load (model.h) */
     const char *static_store;     /* --static-store DIR: the static tier packed by pack --static (model.h) */
-    int cpu_act;                  /* --cpu-activations f32|q8|bf16|q8+bf16 (backend/cpu/cpu.h ms_cpu_act) */
+    int cpu_act;                  /* --cpu-activations f32|q8|bf16|q8+bf16|q16|q16+bf16 (backend/cpu/cpu.h ms_cpu_act; default ms_cpu_act_default) */
     ms_mla_form mla_form;         /* --mla-form */
     int defer_static_load;        /* 1: ms_cli_open leaves --static-load read to the caller (below) */
     const char *backend;          /* --backend cpu|cuda|hip|auto (default auto) */

@@ -1,4 +1,4 @@
-/* test_qmatmul.c — the Q8-activation path (ms_cpu_set_activations MS_ACT_Q8):
+/* test_qmatmul.c — the Q8-activation path (ms_cpu_set_activations MS_ACT_Q8, and MS_ACT_Q16: two planes):
  * MXFP4 (E8M0 and U8 scales, brow 2), INT4 (groups 32 and 128) and Q8
  * weights. (1) Every ISA the CPU has (scalar, AVX2, AVX-VNNI, AVX-512, AVX-512
  * VNNI) against the scalar Q8 path, decode and prefill, on pools of 1 and 3
@@ -60,7 +60,7 @@ static void setup_isas(void) {
 }
 
 static ms_pool *qpool(int isa, int threads, int act) {
-    static ms_pool *pools[8][4][2];
+    static ms_pool *pools[8][4][8];
     if (!pools[isa][threads][act]) {
         pools[isa][threads][act] = ms_pool_create(threads);
         CHECK(ms_cpu_set_isa(pools[isa][threads][act], (ms_cpu_isa)isa, NULL) == MS_OK);
@@ -93,7 +93,9 @@ static void bounds(const ms_qmat *w, const float *x, int n, double *mag, double 
     free(row);
 }
 
-static void run_case(const variant *v, int64_t rows, int64_t cols, int n, int threads) {
+/* act: MS_ACT_Q8, or MS_ACT_Q16 (two planes: the bound is 1/128 of Q8's, a full unit amax / (127 * 256)
+ * per element for the q2 clamp at ties, plus the F32 rounding of x * 127 / amax). */
+static void run_case_act(const variant *v, int64_t rows, int64_t cols, int n, int threads, int act) {
     ms_qmat w;
     void *mem = make_weight(v, rows, cols, &w);
     int64_t ny = (int64_t)n * rows;
@@ -104,17 +106,19 @@ static void run_case(const variant *v, int64_t rows, int64_t cols, int n, int th
     for (int64_t i = 0; i < cols && n > 1; i++) x[cols + i] = 0;                          /* token 1: all zero */
     ms_matmul_ref(ref, x, n, &w);
     bounds(&w, x, n, mag, qb);
-    ms_matmul(qpool(MS_ISA_SCALAR, 1, MS_ACT_Q8), sq, x, n, &w);
+    if (act == MS_ACT_Q16)
+        for (int64_t i = 0; i < ny; i++) qb[i] /= 128;
+    ms_matmul(qpool(MS_ISA_SCALAR, 1, act), sq, x, n, &w);
     int bad = 0;
     for (int64_t i = 0; i < ny && bad < 3; i++)
         if (!(fabs((double)sq[i] - ref[i]) <= qb[i] * 1.0001 + 4e-6 * mag[i] + 1e-30)) {
             bad++;
-            CHECK_MSG(0, "%s %lldx%lld n=%d scalar q8 y[%lld]=%.9g f32 %.9g bound %g", v->name, (long long)rows,
-                      (long long)cols, n, (long long)i, sq[i], ref[i], qb[i]);
+            CHECK_MSG(0, "%s %lldx%lld n=%d scalar %s y[%lld]=%.9g f32 %.9g bound %g", v->name, (long long)rows,
+                      (long long)cols, n, ms_cpu_act_name((ms_cpu_act)act), (long long)i, sq[i], ref[i], qb[i]);
         }
     if (!bad) CHECK(1);
     for (int ii = 0; ii < g_nisa; ii++) {
-        ms_pool *pool = qpool(g_isas[ii], threads, MS_ACT_Q8);
+        ms_pool *pool = qpool(g_isas[ii], threads, act);
         for (int acc = 0; acc < 2; acc++) {
             for (int64_t i = 0; i < ny; i++) y[i] = y0[i] = acc ? frand() : NAN;
             if (acc) ms_matmul_acc(pool, y, x, n, &w);
@@ -124,8 +128,8 @@ static void run_case(const variant *v, int64_t rows, int64_t cols, int n, int th
                 double want = (double)sq[i] + (acc ? y0[i] : 0);
                 if (!(fabs(y[i] - want) <= 4e-6 * mag[i] + 1e-6 * fabs(want) + 1e-30)) {
                     bad++;
-                    CHECK_MSG(0, "%s isa=%s %lldx%lld n=%d acc=%d pool=%d: y[%lld]=%.9g scalar q8 %.9g (mag %g)", v->name,
-                              ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]), (long long)rows, (long long)cols, n, acc,
+                    CHECK_MSG(0, "%s isa=%s %s %lldx%lld n=%d acc=%d pool=%d: y[%lld]=%.9g scalar %.9g (mag %g)", v->name,
+                              ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]), ms_cpu_act_name((ms_cpu_act)act), (long long)rows, (long long)cols, n, acc,
                               ms_pool_size(pool), (long long)i, y[i], want, mag[i]);
                 }
             }
@@ -133,6 +137,10 @@ static void run_case(const variant *v, int64_t rows, int64_t cols, int n, int th
         }
     }
     free(x), free(ref), free(sq), free(y), free(y0), free(mag), free(qb), free(mem);
+}
+static void run_case(const variant *v, int64_t rows, int64_t cols, int n, int threads) {
+    run_case_act(v, rows, cols, n, threads, MS_ACT_Q8);
+    run_case_act(v, rows, cols, n, threads, MS_ACT_Q16);
 }
 
 TEST(q8_activations_every_isa) {
@@ -161,8 +169,8 @@ TEST(q8_activations_every_isa) {
 TEST(q8_activations_many) {
     setup_isas();
     enum { NJ = 24 };
-    for (int ii = 0; ii < g_nisa; ii++) {
-        ms_pool *pool = qpool(g_isas[ii], 2, MS_ACT_Q8);
+    for (int ii = 0; ii < 2 * g_nisa; ii++) {
+        ms_pool *pool = qpool(g_isas[ii / 2], 2, ii % 2 ? MS_ACT_Q16 : MS_ACT_Q8);
         ms_matmul_job jobs[NJ];
         ms_qmat ws[NJ];
         void *mems[NJ];
@@ -184,7 +192,7 @@ TEST(q8_activations_many) {
             for (int64_t e = 0; e < jobs[i].n * ws[i].rows; e++) bad += memcmp(&jobs[i].y[e], &want[i][e], 4) != 0;
             free((void *)jobs[i].x), free(jobs[i].y), free(want[i]), free(mems[i]);
         }
-        CHECK_MSG(bad == 0, "isa %s: %d outputs differ", ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]), bad);
+        CHECK_MSG(bad == 0, "isa %s act %d: %d outputs differ", ms_cpu_isa_name((ms_cpu_isa)g_isas[ii / 2]), ii % 2, bad);
     }
 }
 
@@ -195,6 +203,11 @@ TEST(q8_activations_other_dtypes_and_nan) {
     ms_err err = {0};
     CHECK(ms_cpu_set_activations(NULL, MS_ACT_Q8, &err) == MS_ERR_ARG);
     CHECK(ms_cpu_act_parse("q8") == MS_ACT_Q8 && ms_cpu_act_parse("f32") == MS_ACT_F32 && ms_cpu_act_parse("i8") == -1);
+    CHECK(ms_cpu_act_parse("q16") == MS_ACT_Q16 && ms_cpu_act_parse("q16+bf16") == MS_ACT_Q16_BF16);
+    CHECK(ms_cpu_act_default(MS_ISA_SCALAR) == MS_ACT_F32 && ms_cpu_act_default(MS_ISA_AVX2) == MS_ACT_Q16 &&
+          ms_cpu_act_default(MS_ISA_AVX512_VNNI) == MS_ACT_Q16);
+    CHECK(ms_cpu_set_activations(qpool(MS_ISA_SCALAR, 1, MS_ACT_Q16), (ms_cpu_act)5, &err) == MS_ERR_ARG);
+    CHECK(ms_cpu_activations_of(qpool(MS_ISA_SCALAR, 1, MS_ACT_Q16)) == MS_ACT_Q16);
     CHECK(ms_cpu_activations_of(NULL) == MS_ACT_F32);
     enum { R = 33, C = 256 };
     uint16_t *wb = malloc(R * C * 2);
@@ -213,13 +226,30 @@ TEST(q8_activations_other_dtypes_and_nan) {
     void *mem = make_weight(&k_variants[0], 5, 64, &q);
     for (int i = 0; i < 64; i++) x[i] = 1;
     x[40] = INFINITY;
-    for (int ii = 0; ii < g_nisa; ii++) {
-        ms_matmul(qpool(g_isas[ii], 1, MS_ACT_Q8), a, x, 1, &q);
+    for (int ii = 0; ii < 2 * g_nisa; ii++) {
+        ms_matmul(qpool(g_isas[ii / 2], 1, ii % 2 ? MS_ACT_Q16 : MS_ACT_Q8), a, x, 1, &q);
         int nan = 1;
         for (int r = 0; r < 5; r++) nan &= isnan(a[r]);
-        CHECK_MSG(nan, "isa %s: an infinite activation must give NaN rows", ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]));
+        CHECK_MSG(nan, "isa %s: an infinite activation must give NaN rows", ms_cpu_isa_name((ms_cpu_isa)g_isas[ii / 2]));
     }
     free(mem);
+}
+
+/* Q16 is a decode path: a prefill (n > 1) on a Q16 pool runs the F32 tiles, bit for bit an F32 pool's. */
+TEST(q16_prefill_is_f32) {
+    setup_isas();
+    for (size_t vi = 0; vi < sizeof k_variants / sizeof *k_variants; vi++) {
+        ms_qmat w;
+        void *mem = make_weight(&k_variants[vi], 37, 256, &w);
+        float x[5 * 256], a[5 * 37], b[5 * 37];
+        for (int i = 0; i < 5 * 256; i++) x[i] = frand();
+        for (int ii = 0; ii < g_nisa; ii++) {
+            ms_matmul(qpool(g_isas[ii], 3, MS_ACT_F32), a, x, 5, &w);
+            ms_matmul(qpool(g_isas[ii], 3, MS_ACT_Q16), b, x, 5, &w);
+            CHECK_MSG(memcmp(a, b, sizeof a) == 0, "%s isa %s", k_variants[vi].name, ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]));
+        }
+        free(mem);
+    }
 }
 
 /* Each ISA's quantizer gives exactly ms_qk_quant's integers, scales and sums (zero, tiny,
@@ -228,7 +258,7 @@ TEST(q8_quant_identical) {
     setup_isas();
     enum { K = 32 * 37 };
     static float x[K];
-    static int8_t qa[K + QK_PAD], qb[K + QK_PAD];
+    static int8_t qa[K + QK_PAD], qb[K + QK_PAD], q2a[K + QK_PAD], q2b[K + QK_PAD];
     static float da[K / 32 + 4], db[K / 32 + 4], ma[K / 32 + 4], mb[K / 32 + 4];
     for (int i = 0; i < K; i++) x[i] = frand() * (i < 320 ? 1e-30f : i < 640 ? 1e30f : 3.0f);
     for (int i = 640; i < 672; i++) x[i] = 0;
@@ -237,13 +267,14 @@ TEST(q8_quant_identical) {
     for (int ii = 0; ii < g_nisa; ii++) {
         const qk_kernels *k = ms_qk_for((ms_cpu_isa)g_isas[ii]);
         if (!k->quant) continue;
-        for (int lay = 0; lay < 2; lay++) {
+        for (int lay = 0; lay < 4; lay++) { /* layouts 0, 1; & 2: two planes */
             memset(qa, 0x55, sizeof qa), memset(qb, 0x55, sizeof qb);
-            ms_qk_quant(x, K, k->gb, (qk_layout)lay, qa, da, ma);
-            k->quant(x, K, k->gb, (qk_layout)lay, qb, db, mb);
+            memset(q2a, 0x55, sizeof q2a), memset(q2b, 0x55, sizeof q2b);
+            ms_qk_quant(x, K, k->gb, (qk_layout)(lay & 1), qa, lay & 2 ? q2a : NULL, da, ma);
+            k->quant(x, K, k->gb, (qk_layout)(lay & 1), qb, lay & 2 ? q2b : NULL, db, mb);
             int nb = (K + QK_PAD - 1) / QK_PAD * QK_PAD / 32;
             CHECK_MSG(memcmp(qa, qb, (size_t)nb * 32) == 0 && memcmp(da, db, (size_t)nb * 4) == 0 &&
-                          memcmp(ma, mb, (size_t)nb * 4) == 0,
+                          memcmp(ma, mb, (size_t)nb * 4) == 0 && memcmp(q2a, q2b, (size_t)nb * 32) == 0,
                       "isa %s layout %d", ms_cpu_isa_name((ms_cpu_isa)g_isas[ii]), lay);
         }
     }

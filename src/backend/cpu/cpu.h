@@ -34,12 +34,19 @@ typedef enum ms_cpu_isa {
  * in integers (core/qmat.h dtypes; FP8 and 16/32-bit weights keep F32). BF16:
  * the decode matvec of BF16 weights rounds x to BF16 and uses vdpbf16ps, on an
  * AVX-512 ISA of a CPU with AVX512_BF16 only (elsewhere, and for prefill, F32).
- * Q8_BF16 is both (the values are bit flags: Q8 | BF16). */
+ * Q8_BF16 is both (the values are bit flags: Q8 | BF16). Q16: the weights Q8
+ * takes, with the activations rounded to 16 bits per block of 32 (unit amax /
+ * (127 * 256)) held as two int8 planes (x ~ unit * (256 q_hi + q_lo)), two
+ * integer dot products per weight vector: 256x less rounding than Q8 (within
+ * the verify tolerance on every fixture), still no weight dequantized to F32;
+ * decode (one token) only, prefill keeps the F32 tiles. Q16_BF16 is Q16 | BF16. */
 typedef enum ms_cpu_act {
     MS_ACT_F32 = 0,
     MS_ACT_Q8 = 1,
     MS_ACT_BF16 = 2,
     MS_ACT_Q8_BF16 = 3,
+    MS_ACT_Q16 = 4,
+    MS_ACT_Q16_BF16 = 6,
 } ms_cpu_act;
 
 /* The best ISA this CPU supports (ignores MS_CPU_ISA and ms_cpu_set_isa). */
@@ -68,9 +75,14 @@ int ms_cpu_isa_parse(const char *name);
 int ms_cpu_set_activations(ms_pool *pool, ms_cpu_act act, ms_err *err);
 /* The activations of `pool` (MS_ACT_F32 for NULL). */
 ms_cpu_act ms_cpu_activations_of(const ms_pool *pool);
-/* "f32" / "q8" / "bf16" / "q8+bf16"; parse returns -1 for anything else. */
+/* "f32" / "q8" / "bf16" / "q8+bf16" / "q16" / "q16+bf16"; parse returns -1 for anything else. */
 const char *ms_cpu_act_name(ms_cpu_act act);
 int ms_cpu_act_parse(const char *name);
+/* The programs' default --cpu-activations for kernels of `isa` (src/cli; a pool's own default
+ * stays MS_ACT_F32): MS_ACT_Q16 on every SIMD level (it keeps every fixture within verify's
+ * tolerance with identical greedy ids: docs/performance.md "CPU Q8 activations"), MS_ACT_F32 on
+ * scalar, where the integer path has no fast kernel. f32 stays selectable. */
+ms_cpu_act ms_cpu_act_default(ms_cpu_isa isa);
 
 /* Measured memory read bandwidth in GB/s (1e9 bytes/s): every pool thread
  * sum-reduces its share of a buffer of `bytes` (use several times the last-level

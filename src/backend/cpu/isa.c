@@ -135,15 +135,15 @@ int ms_cpu_isa_parse(const char *name) {
 
 int ms_cpu_set_activations(ms_pool *pool, ms_cpu_act act, ms_err *err) {
     if (!pool) return ms_fail(err, MS_ERR_ARG, "cpu activations: no pool to set them on");
-    if ((int)act < MS_ACT_F32 || (int)act > MS_ACT_Q8_BF16)
-        return ms_fail(err, MS_ERR_ARG, "cpu activations %d: not one of f32, q8, bf16, q8+bf16", (int)act);
+    if ((int)act < MS_ACT_F32 || ((int)act > MS_ACT_Q8_BF16 && act != MS_ACT_Q16 && act != MS_ACT_Q16_BF16))
+        return ms_fail(err, MS_ERR_ARG, "cpu activations %d: not one of f32, q8, bf16, q8+bf16, q16, q16+bf16", (int)act);
     ms_pool_set_act(pool, (int)act);
     return MS_OK;
 }
 
 ms_cpu_act ms_cpu_activations_of(const ms_pool *pool) {
     int a = ms_pool_act(pool);
-    return a >= MS_ACT_F32 && a <= MS_ACT_Q8_BF16 ? (ms_cpu_act)a : MS_ACT_F32;
+    return (a >= MS_ACT_F32 && a <= MS_ACT_Q8_BF16) || a == MS_ACT_Q16 || a == MS_ACT_Q16_BF16 ? (ms_cpu_act)a : MS_ACT_F32;
 }
 
 const char *ms_cpu_act_name(ms_cpu_act act) {
@@ -151,9 +151,13 @@ const char *ms_cpu_act_name(ms_cpu_act act) {
     case MS_ACT_Q8: return "q8";
     case MS_ACT_BF16: return "bf16";
     case MS_ACT_Q8_BF16: return "q8+bf16";
+    case MS_ACT_Q16: return "q16";
+    case MS_ACT_Q16_BF16: return "q16+bf16";
     default: return "f32";
     }
 }
+
+ms_cpu_act ms_cpu_act_default(ms_cpu_isa isa) { return isa == MS_ISA_SCALAR ? MS_ACT_F32 : MS_ACT_Q16; }
 
 int ms_cpu_act_parse(const char *name) {
     if (!name) return -1;
@@ -161,6 +165,8 @@ int ms_cpu_act_parse(const char *name) {
     if (!strcmp(name, "q8")) return MS_ACT_Q8;
     if (!strcmp(name, "bf16")) return MS_ACT_BF16;
     if (!strcmp(name, "q8+bf16")) return MS_ACT_Q8_BF16;
+    if (!strcmp(name, "q16")) return MS_ACT_Q16;
+    if (!strcmp(name, "q16+bf16")) return MS_ACT_Q16_BF16;
     return -1;
 }
 

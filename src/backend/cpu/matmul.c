@@ -11,7 +11,8 @@
  * pool set to MS_ACT_Q8 (cpu.h): there MXFP4 / INT4 / Q8 weights (ms_qk_ok) take
  * the integer path of qkern.h instead: x is quantized once per call into
  * scratch, decode splits rows as above, prefill gives a task MM_RB rows x a
- * block of tokens (the rows stay in cache across the tokens). */
+ * block of tokens (the rows stay in cache across the tokens). MS_ACT_Q16: the
+ * same path with two int8 planes, for decode (n = 1) only. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -143,7 +144,8 @@ typedef struct {
     int n, acc;
     int gemv;              /* 1: n == 1 streaming kernel, 0: tiles */
     const qk_kernels *qk;  /* Q8 activations (then xq/xd/xm are the quantized x), else NULL */
-    const int8_t *xq;
+    const int8_t *xq, *xq2; /* xq2: the second plane (MS_ACT_Q16), else NULL */
+    int planes;             /* 1 (Q8) or 2 (Q16) */
     const float *xd, *xm;
     int64_t xq_stride, xs_stride; /* per token: int8s, floats */
     int n_tasks;
@@ -191,7 +193,8 @@ static void q_run(const mm_job *j, int task) {
     for (int64_t tb = t0; tb < t1; tb += 16) {
         int nt = (int)(t1 - tb < 16 ? t1 - tb : 16);
         for (int t = 0; t < nt; t++)
-            a[t] = (qk_act){j->xq + (tb + t) * j->xq_stride, j->xd + (tb + t) * j->xs_stride, j->xm + (tb + t) * j->xs_stride};
+            a[t] = (qk_act){j->xq + (tb + t) * j->xq_stride, j->xd + (tb + t) * j->xs_stride, j->xm + (tb + t) * j->xs_stride,
+                            j->xq2 ? j->xq2 + (tb + t) * j->xq_stride : NULL};
         if (j->qk->gemm && nt > 1) j->qk->gemm(j->w, a, nt, j->y + tb * R, R, r0, r1, j->acc);
         else
             for (int t = 0; t < nt; t++) j->qk->gemv(j->w, &a[t], j->y + (tb + t) * R, r0, r1, j->acc);
@@ -208,21 +211,24 @@ static void job_task(void *ctx, int task, int tid) {
 /* Plans one matmul: kernel path and task split. Returns the number of tasks
  * (0: nothing to run). *xs_need gets the F32 scratch the job needs (F8 decode
  * takes x pre-scaled, MM_F8_XSCALE), in floats. */
-static int plan(const mm_kernels *k, const qk_kernels *qk, int nth, float *y, const float *x, int n, const ms_qmat *w,
-                int acc, mm_job *j, int64_t *xs_need) {
-    *j = (mm_job){.k = k, .w = w, .x = x, .y = y, .n = n, .acc = acc};
+static int plan(const mm_kernels *k, const qk_kernels *qk, int planes, int nth, float *y, const float *x, int n,
+                const ms_qmat *w, int acc, mm_job *j, int64_t *xs_need) {
+    *j = (mm_job){.k = k, .w = w, .x = x, .y = y, .n = n, .acc = acc, .planes = planes};
     *xs_need = 0;
     if (n <= 0 || w->rows <= 0) return 0;
     if (w->cols <= 0) {
         if (!acc) memset(y, 0, (size_t)n * (size_t)w->rows * sizeof *y);
         return 0;
     }
+    /* Q16 (two planes) is for decode: prefill keeps the F32 tiles, which are as fast (AVX-512) or
+     * faster (AVX2, no multi-token kernel) than two planes per token, and exact */
+    if (qk && planes == 2 && n > 1) qk = NULL;
     if (qk && ms_qk_ok(w)) {
         int64_t kp = (w->cols + QK_PAD - 1) / QK_PAD * QK_PAD;
         j->qk = qk;
         j->xq_stride = kp;
         j->xs_stride = (kp / 32 + QK_DPAD - 1) / QK_DPAD * QK_DPAD;
-        *xs_need = (int64_t)n * (kp / 4 + 2 * j->xs_stride); /* in floats: the int8s, then d, then m */
+        *xs_need = (int64_t)n * (planes * kp / 4 + 2 * j->xs_stride); /* in floats: the int8s (each plane), then d, then m */
         if (n == 1) {
             uint64_t bytes = ms_qmat_bytes(w), row_bytes = bytes / (uint64_t)w->rows + 1;
             int64_t tasks = (int64_t)nth * 8;
@@ -271,25 +277,26 @@ static int plan(const mm_kernels *k, const qk_kernels *qk, int nth, float *y, co
 static void use_scratch(mm_job *j, float *xs, int nth) {
     if (!xs && j->qk) { /* Q8 without scratch: the F32 path */
         int64_t need;
-        plan(j->k, NULL, nth, j->y, j->x, j->n, j->w, j->acc, j, &need);
+        plan(j->k, NULL, 1, nth, j->y, j->x, j->n, j->w, j->acc, j, &need);
         if (!need) return;
     }
     if (!xs) {
         int64_t ignore;
         const mm_kernels *k = j->k;
-        plan(&ms_kernels_scalar, NULL, nth, j->y, j->x, j->n, j->w, j->acc, j, &ignore); /* gemv_ok is 0 there */
+        plan(&ms_kernels_scalar, NULL, 1, nth, j->y, j->x, j->n, j->w, j->acc, j, &ignore); /* gemv_ok is 0 there */
         j->k = k;
         return;
     }
     if (j->qk) {
         const int64_t K = j->w->cols;
-        int8_t *q = (int8_t *)xs;
-        float *d = xs + (int64_t)j->n * (j->xq_stride / 4), *m = d + (int64_t)j->n * j->xs_stride;
+        int8_t *q = (int8_t *)xs, *q2 = j->planes == 2 ? q + (int64_t)j->n * j->xq_stride : NULL;
+        float *d = xs + (int64_t)j->n * j->planes * (j->xq_stride / 4), *m = d + (int64_t)j->n * j->xs_stride;
         memset(d, 0, (size_t)j->n * 2 * (size_t)j->xs_stride * sizeof *d); /* the padding past kp / 32 */
         for (int t = 0; t < j->n; t++)
             (j->qk->quant ? j->qk->quant : ms_qk_quant)(j->x + (int64_t)t * K, K, j->qk->gb, ms_qk_layout(j->w),
-                                                        q + t * j->xq_stride, d + t * j->xs_stride, m + t * j->xs_stride);
-        j->xq = q, j->xd = d, j->xm = m;
+                                                        q + t * j->xq_stride, q2 ? q2 + t * j->xq_stride : NULL,
+                                                        d + t * j->xs_stride, m + t * j->xs_stride);
+        j->xq = q, j->xq2 = q2, j->xd = d, j->xm = m;
         return;
     }
     if (j->w->dtype == MS_DT_F8_E4M3)
@@ -298,17 +305,19 @@ static void use_scratch(mm_job *j, float *xs, int nth) {
     j->x = xs;
 }
 
-/* The Q8-activation table for pool, or NULL when its activations are F32. */
+/* The Q8-activation table for pool, or NULL when its activations are F32 (Q16: the same
+ * table, two planes). */
 static const qk_kernels *qk_of(const ms_pool *pool) {
-    return (ms_cpu_activations_of(pool) & MS_ACT_Q8) ? ms_qk_for(ms_cpu_isa_of(pool)) : NULL;
+    return (ms_cpu_activations_of(pool) & (MS_ACT_Q8 | MS_ACT_Q16)) ? ms_qk_for(ms_cpu_isa_of(pool)) : NULL;
 }
+static int planes_of(const ms_pool *pool) { return (ms_cpu_activations_of(pool) & MS_ACT_Q16) ? 2 : 1; }
 
 static void run(ms_pool *pool, float *y, const float *x, int n, const ms_qmat *w, int acc) {
     const mm_kernels *k = ms_cpu_mm_kernels_of(pool);
     int nth = ms_pool_size(pool);
     mm_job j;
     int64_t need;
-    if (!plan(k, qk_of(pool), nth, y, x, n, w, acc, &j, &need)) return;
+    if (!plan(k, qk_of(pool), planes_of(pool), nth, y, x, n, w, acc, &j, &need)) return;
     float xs_stack[4096], *xs = NULL;
     if (need) {
         xs = need <= 4096 ? xs_stack : malloc((size_t)need * sizeof *xs);
@@ -345,6 +354,7 @@ static void many_task(void *ctx, int task, int tid) {
 void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count) {
     const mm_kernels *k = ms_cpu_mm_kernels_of(pool);
     const qk_kernels *qk = qk_of(pool);
+    const int planes = planes_of(pool);
     int nth = ms_pool_size(pool);
     many_ctx m;
     for (int base = 0; base < count; base += MANY_MAX) {
@@ -354,7 +364,7 @@ void ms_matmul_many(ms_pool *pool, const ms_matmul_job *jobs, int count) {
         for (int i = 0; i < c; i++) {
             const ms_matmul_job *in = &jobs[base + i];
             mm_job j;
-            if (!plan(k, qk, nth, in->y, in->x, in->n, in->w, in->acc, &j, &need[m.count])) continue;
+            if (!plan(k, qk, planes, nth, in->y, in->x, in->n, in->w, in->acc, &j, &need[m.count])) continue;
             total_need += need[m.count];
             m.jobs[m.count++] = j;
         }

@@ -28,12 +28,16 @@ static inline int64_t qk_pos(int64_t b, int j, int gb, qk_layout lay) {
 
 /* One token's quantized activations: q (K rounded up to QK_PAD int8, zero past K),
  * d[b] the scale of block b, m[b] = d[b] * sum of block b's q; d and m hold a multiple
- * of QK_DPAD blocks, 0 past K (the kernels load them 16 at a time without masks). */
+ * of QK_DPAD blocks, 0 past K (the kernels load them 16 at a time without masks).
+ * Two planes (MS_ACT_Q16, q2 not NULL): the block's integers are 256 q + q2 (q2 laid
+ * out as q, |q2| <= 127), d their unit, m = d * sum of them; a kernel's block dot is
+ * (dot(w, q) << 8) + dot(w, q2), exact in int32. */
 #define QK_DPAD 16
 typedef struct qk_act {
     const int8_t *q;
     const float *d;
     const float *m;
+    const int8_t *q2; /* NULL: one plane (MS_ACT_Q8) */
 } qk_act;
 
 typedef struct qk_kernels {
@@ -46,7 +50,7 @@ typedef struct qk_kernels {
      * for token t, each token's result what gemv gives it. */
     void (*gemm)(const ms_qmat *w, const qk_act *a, int nt, float *y, int64_t ldy, int64_t r0, int64_t r1, int acc);
     /* ms_qk_quant with the same results (NULL: ms_qk_quant itself). */
-    void (*quant)(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, float *d, float *m);
+    void (*quant)(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, int8_t *q2, float *d, float *m);
 } qk_kernels;
 
 extern const qk_kernels ms_qk_scalar, ms_qk_avx2, ms_qk_avxvnni, ms_qk_avx512, ms_qk_avx512vnni;
@@ -76,7 +80,10 @@ static inline void qk_i4_zeros(const ms_qmat *w, int64_t r, int64_t b0, int n, i
 
 /* Quantize x[K] (K % 32 == 0) into q[roundup(K, QK_PAD)], d and m[roundup(K, QK_PAD) / 32]:
  * d_b = amax_b / 127, q = round-to-nearest-even(x / d_b) (|q| <= 127; all 0 and d 0 for a
- * zero block; a non-finite block gets q 0 and d NaN, so the rows it meets are NaN). */
-void ms_qk_quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, float *d, float *m);
+ * zero block; a non-finite block gets q 0 and d NaN, so the rows it meets are NaN).
+ * With q2 (not NULL, as q): the second plane, v = x * (127 / amax_b) (F32), q = rne(v),
+ * q2 = rne((v - q) * 256) clamped to +-127, d_b = amax_b / 127 / 256 and m_b = d_b * sum
+ * (256 q + q2): |x - d_b (256 q + q2)| <= d_b / 2 (+ F32 rounding of v). */
+void ms_qk_quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, int8_t *q2, float *d, float *m);
 
 #endif

@@ -3,7 +3,8 @@
  * register of the blocks' first halves and one of their second halves (int32
  * lanes 4i..4i+3 hold block i). MXFP4 and INT4 enter the unsigned side as
  * offset integers (12, 8; INT4 with zero points: its zero point per block) taken
- * back out through m; Q8 uses the offset 128 with
+ * back out through m (plain AVX2: the two halves' vpmaddubsw pairs summed in int16, then one
+ * vpmaddwd per plane); Q8 uses the offset 128 with
  * VNNI and the sign trick (|w| against a with w's sign) on AVX2, where
  * vpmaddubsw would saturate. Block scales: 8 at a time, SIMD for full octets. */
 #if defined(__x86_64__) || defined(__i386__)
@@ -45,8 +46,13 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
     }
 }
 
-#define QROW(NAME, TGT, DOTU, DOTS, FMT_ID)                                                                       \
-    TGT static float NAME(const ms_qmat *w, const qk_act *a, int64_t r) {                                          \
+/* The lanes of group gi's two block scales (8 blocks of scales a pass: gi 0..3), loaded instead of
+ * built from gi in registers (a vmovd / vpshufd / vinserti128 chain per group). */
+static const int32_t k_sel[4][8] __attribute__((aligned(32))) = {
+    {0, 0, 0, 0, 1, 1, 1, 1}, {2, 2, 2, 2, 3, 3, 3, 3}, {4, 4, 4, 4, 5, 5, 5, 5}, {6, 6, 6, 6, 7, 7, 7, 7}};
+
+#define QROW(NAME, TGT, DOTU, DOTS, FMT_ID, FUSE)                                                                     \
+    static inline __attribute__((always_inline)) TGT float NAME(const ms_qmat *w, const qk_act *a, int64_t r, const int PL) { \
         const int64_t K = w->cols, nb = K / 32;                                                                    \
         __m256 acc = _mm256_setzero_ps(), corr = _mm256_setzero_ps();                                              \
         const __m256i lo4 = _mm256_set1_epi8(0x0f);                                                                \
@@ -96,18 +102,38 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
                                      : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(wp + b * 16)));    \
                     __m256i lo = _mm256_and_si256(wb, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(wb, 4), lo4);  \
                     if (FMT_ID == 0) lo = _mm256_shuffle_epi8(lut, lo), hi = _mm256_shuffle_epi8(lut, hi);          \
-                    dv = DOTU(DOTU(_mm256_setzero_si256(), lo, a0), hi, a1);                                       \
+                    if (FUSE) { /* vpmaddubsw pairs of both halves summed in int16 (<= 4 * 24 * 127), one vpmaddwd */ \
+                        __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a0), _mm256_maddubs_epi16(hi, a1));   \
+                        if (PL == 2) {                                                                             \
+                            const int8_t *aq2 = a->q2 + b * 32;                                                    \
+                            __m256i c0 = _mm256_loadu_si256((const __m256i *)aq2), c1 = _mm256_loadu_si256((const __m256i *)(aq2 + 32)); \
+                            __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, c0), _mm256_maddubs_epi16(hi, c1)); \
+                            dv = _mm256_add_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(256)), _mm256_madd_epi16(p2, _mm256_set1_epi16(1))); \
+                        } else dv = _mm256_madd_epi16(p, _mm256_set1_epi16(1));                                    \
+                    } else {                                                                                       \
+                        dv = DOTU(DOTU(_mm256_setzero_si256(), lo, a0), hi, a1);                                   \
+                        if (PL == 2) { /* (dot(w, q) << 8) + dot(w, q2) */                                         \
+                            const int8_t *aq2 = a->q2 + b * 32;                                                    \
+                            __m256i c0 = _mm256_loadu_si256((const __m256i *)aq2), c1 = _mm256_loadu_si256((const __m256i *)(aq2 + 32)); \
+                            dv = DOTU(DOTU(_mm256_slli_epi32(dv, 8), lo, c0), hi, c1);                             \
+                        }                                                                                          \
+                    }                                                                                              \
                 } else {                                                                                           \
                     __m256i wa = _mm256_loadu_si256((const __m256i *)(wp + b * 32));                               \
                     __m256i wc = two ? _mm256_loadu_si256((const __m256i *)(wp + b * 32 + 32)) : _mm256_setzero_si256(); \
                     __m256i u0 = _mm256_permute2x128_si256(wa, wc, 0x20), u1 = _mm256_permute2x128_si256(wa, wc, 0x31); \
+                    const __m256i x80 = _mm256_set1_epi8((char)0x80);                                              \
+                    if (!DOTS) u0 = _mm256_xor_si256(u0, x80), u1 = _mm256_xor_si256(u1, x80);                     \
                     if (DOTS) dv = DOTS_A2(DOTS_A2(_mm256_setzero_si256(), u0, a0), u1, a1);                       \
-                    else {                                                                                         \
-                        const __m256i x80 = _mm256_set1_epi8((char)0x80);                                          \
-                        dv = DOTU(DOTU(_mm256_setzero_si256(), _mm256_xor_si256(u0, x80), a0), _mm256_xor_si256(u1, x80), a1); \
+                    else dv = DOTU(DOTU(_mm256_setzero_si256(), u0, a0), u1, a1);                                  \
+                    if (PL == 2) {                                                                                 \
+                        const int8_t *aq2 = a->q2 + b * 32;                                                        \
+                        __m256i c0 = _mm256_loadu_si256((const __m256i *)aq2), c1 = _mm256_loadu_si256((const __m256i *)(aq2 + 32)); \
+                        if (DOTS) dv = DOTS_A2(DOTS_A2(_mm256_slli_epi32(dv, 8), u0, c0), u1, c1);                 \
+                        else dv = DOTU(DOTU(_mm256_slli_epi32(dv, 8), u0, c0), u1, c1);                            \
                     }                                                                                              \
                 }                                                                                                  \
-                __m256i sel = _mm256_setr_epi32(2 * gi, 2 * gi, 2 * gi, 2 * gi, 2 * gi + 1, 2 * gi + 1, 2 * gi + 1, 2 * gi + 1); \
+                __m256i sel = _mm256_load_si256((const __m256i *)k_sel[gi]);                                       \
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dv), _mm256_permutevar8x32_ps(sd, sel), acc);             \
             }                                                                                                      \
         }                                                                                                          \
@@ -115,17 +141,19 @@ static inline void scales8(const ms_qmat *w, int64_t r, int64_t b0, int n, float
         return hsum8(acc) - off * hsum8(corr);                                                                     \
     }
 
-QROW(f4_row_av, TAV, DOT_AV, 0, 0)
-QROW(i4_row_av, TAV, DOT_AV, 0, 1)
-QROW(q8_row_av, TAV, DOT_AV, 0, 2)
-QROW(f4_row_a2, TA2, DOT_A2, 0, 0)
-QROW(i4_row_a2, TA2, DOT_A2, 0, 1)
-QROW(q8_row_a2, TA2, DOT_A2, 1, 2)
+QROW(f4_row_av, TAV, DOT_AV, 0, 0, 0)
+QROW(i4_row_av, TAV, DOT_AV, 0, 1, 0)
+QROW(q8_row_av, TAV, DOT_AV, 0, 2, 0)
+QROW(f4_row_a2, TA2, DOT_A2, 0, 0, 1)
+QROW(i4_row_a2, TA2, DOT_A2, 0, 1, 1)
+QROW(q8_row_a2, TA2, DOT_A2, 1, 2, 0)
 
 #define QGEMV(NAME, TGT, F4, I4, Q8)                                                                            \
     TGT static void NAME(const ms_qmat *w, const qk_act *a, float *y, int64_t r0, int64_t r1, int acc) {        \
+        const int two = a->q2 != NULL;                                                                          \
         for (int64_t r = r0; r < r1; r++) {                                                                     \
-            float s = w->dtype == MS_DT_F4 ? F4(w, a, r) : w->dtype == MS_DT_I4 ? I4(w, a, r) : Q8(w, a, r);       \
+            float s = two ? (w->dtype == MS_DT_F4 ? F4(w, a, r, 2) : w->dtype == MS_DT_I4 ? I4(w, a, r, 2) : Q8(w, a, r, 2)) \
+                          : (w->dtype == MS_DT_F4 ? F4(w, a, r, 1) : w->dtype == MS_DT_I4 ? I4(w, a, r, 1) : Q8(w, a, r, 1)); \
             y[r] = acc ? y[r] + s : s;                                                                          \
         }                                                                                                       \
     }
@@ -145,15 +173,18 @@ static inline __attribute__((always_inline)) TA2 __m128i pack16(__m256i a, __m25
 }
 
 /* ms_qk_quant in 8-lane registers: the same max, products and round-to-nearest-even
- * (vcvtps2dq in the default mode), so the same integers, scales and sums. */
-TA2 static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, float *d, float *m) {
+ * (vcvtps2dq in the default mode), so the same integers, scales and sums (q2: the same
+ * (v - q) * 256, exact). */
+TA2 static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, int8_t *q2, float *d, float *m) {
     const int64_t kp = (K + QK_PAD - 1) / QK_PAD * QK_PAD;
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), big = _mm256_set1_ps(3.4028235e38f);
     const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
     for (int64_t b = 0; b < kp / 32; b++) {
-        int8_t *h0 = q + (b / gb) * (32 * gb) + (b % gb) * 16, *h1 = h0 + 16 * gb;
+        const int64_t o0 = (b / gb) * (32 * gb) + (b % gb) * 16, o1 = o0 + 16 * gb;
+        int8_t *h0 = q + o0, *h1 = q + o1;
         if (b * 32 >= K) {
             memset(h0, 0, 16), memset(h1, 0, 16);
+            if (q2) memset(q2 + o0, 0, 16), memset(q2 + o1, 0, 16);
             d[b] = m[b] = 0;
             continue;
         }
@@ -171,6 +202,7 @@ TA2 static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *
         }
         if (fin != 0xff) {
             memset(h0, 0, 16), memset(h1, 0, 16);
+            if (q2) memset(q2 + o0, 0, 16), memset(q2 + o1, 0, 16);
             d[b] = m[b] = NAN;
             continue;
         }
@@ -179,17 +211,28 @@ TA2 static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         float amax = _mm_cvtss_f32(m4);
         __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
-        __m256i qi[4], sum = _mm256_setzero_si256();
+        __m256i qi[4], li[4], sum = _mm256_setzero_si256(), sum2 = _mm256_setzero_si256();
         for (int i = 0; i < 4; i++) {
-            qi[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)), lim), nlim);
+            __m256 vi = _mm256_mul_ps(v[i], id);
+            qi[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(vi), lim), nlim);
             sum = _mm256_add_epi32(sum, qi[i]);
+            if (q2) {
+                li[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(vi, _mm256_cvtepi32_ps(qi[i])), _mm256_set1_ps(256.0f)));
+                li[i] = _mm256_max_epi32(_mm256_min_epi32(li[i], lim), nlim);
+                sum2 = _mm256_add_epi32(sum2, li[i]);
+            }
         }
         _mm_storeu_si128((__m128i *)h0, pack16(qi[0], qi[1]));
         _mm_storeu_si128((__m128i *)h1, pack16(qi[2], qi[3]));
+        if (q2) {
+            _mm_storeu_si128((__m128i *)(q2 + o0), pack16(li[0], li[1]));
+            _mm_storeu_si128((__m128i *)(q2 + o1), pack16(li[2], li[3]));
+            sum = _mm256_add_epi32(_mm256_slli_epi32(sum, 8), sum2);
+        }
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-        d[b] = amax / 127.0f;
+        d[b] = q2 ? amax / 127.0f * 0x1p-8f : amax / 127.0f;
         m[b] = d[b] * (float)_mm_cvtsi128_si32(s4);
     }
 }

@@ -62,13 +62,20 @@ static inline __attribute__((always_inline)) TBW __m256i ld_bf16x16(const uint16
     DOT_BW((acc), _mm512_abs_epi8(w), _mm512_mask_sub_epi8((a), _mm512_movepi8_mask(w), _mm512_setzero_si512(), (a)))
 
 
+/* The lanes of group gi's four block scales (16 blocks of scales a pass: gi 0..3), loaded instead
+ * of a broadcast and an add per group. */
+static const int32_t k_sel[4][16] __attribute__((aligned(64))) = {
+    {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
+    {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7},
+    {8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11},
+    {12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15}};
+
 #define QROW(NAME, TGT, DOTU, DOTS, FMT_ID)                                                                       \
     static inline __attribute__((always_inline)) TGT void NAME(const ms_qmat *w, const qk_act *a, int64_t r, float *out, \
-                                                              const int NT) {                                    \
+                                                              const int NT, const int PL) {                      \
         const int64_t K = w->cols, nb = K / 32;                                                                    \
         __m512 acc[4], corr[4], sd[4];                                                                             \
         for (int t = 0; t < NT; t++) acc[t] = corr[t] = _mm512_setzero_ps();                                       \
-        const __m512i gsel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);                  \
         const __m512i lo4 = _mm512_set1_epi8(0x0f);                                                                \
         const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)); \
         const uint8_t *wp = (const uint8_t *)w->data;                                                              \
@@ -130,12 +137,19 @@ static inline __attribute__((always_inline)) TBW __m256i ld_bf16x16(const uint16
                         u0 = _mm512_xor_si512(u0, x80), u1 = _mm512_xor_si512(u1, x80);                            \
                     }                                                                                              \
                 }                                                                                                  \
-                const __m512i sel = _mm512_add_epi32(gsel, _mm512_set1_epi32(gi * GB));                            \
+                const __m512i sel = _mm512_load_si512((const void *)k_sel[gi]);                                    \
                 for (int t = 0; t < NT; t++) {                                                                     \
                     const int8_t *aq = a[t].q + b * 32;                                                            \
                     __m512i a0 = _mm512_loadu_si512(aq), a1 = _mm512_loadu_si512(aq + 64);                          \
                     if (FMT_ID == 2 && DOTS) dv[t] = DOTS_BW(DOTS_BW(_mm512_setzero_si512(), u0, a0), u1, a1);     \
                     else dv[t] = DOTU(DOTU(_mm512_setzero_si512(), u0, a0), u1, a1);                               \
+                    if (PL == 2) { /* (dot(w, q) << 8) + dot(w, q2) */                                             \
+                        const int8_t *aq2 = a[t].q2 + b * 32;                                                      \
+                        __m512i c0 = _mm512_loadu_si512(aq2), c1 = _mm512_loadu_si512(aq2 + 64);                   \
+                        __m512i hi8 = _mm512_slli_epi32(dv[t], 8);                                                 \
+                        if (FMT_ID == 2 && DOTS) dv[t] = DOTS_BW(DOTS_BW(hi8, u0, c0), u1, c1);                    \
+                        else dv[t] = DOTU(DOTU(hi8, u0, c0), u1, c1);                                              \
+                    }                                                                                              \
                     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dv[t]), _mm512_permutexvar_ps(sel, sd[t]), acc[t]); \
                 }                                                                                                  \
             }                                                                                                      \
@@ -152,32 +166,38 @@ QROW(i4_row_bw, TBW, DOT_BW, 0, 1)
 QROW(q8_row_bw, TBW, DOT_BW, 1, 2)
 
 /* One row or (gemm) up to 4 tokens per row: the expanded weights of a group are used by
- * every token, each token's sums kept apart (the same operations per token as gemv). */
+ * every token, each token's sums kept apart (the same operations per token as gemv).
+ * PL: 1 or 2 activation planes (qk_act q2), the same for every token of a call. */
+#define QROWS(F4, I4, Q8, W, A, R, S, NT, PL)                                                                  \
+    do {                                                                                                        \
+        if ((W)->dtype == MS_DT_F4) F4((W), (A), (R), (S), (NT), (PL));                                         \
+        else if ((W)->dtype == MS_DT_I4) I4((W), (A), (R), (S), (NT), (PL));                                    \
+        else Q8((W), (A), (R), (S), (NT), (PL));                                                                \
+    } while (0)
 #define QGEMV(NAME, TGT, F4, I4, Q8)                                                                            \
     TGT static void NAME(const ms_qmat *w, const qk_act *a, float *y, int64_t r0, int64_t r1, int acc) {        \
         float s;                                                                                                \
+        const int two = a->q2 != NULL;                                                                          \
         for (int64_t r = r0; r < r1; r++) {                                                                     \
-            if (w->dtype == MS_DT_F4) F4(w, a, r, &s, 1);                                                       \
-            else if (w->dtype == MS_DT_I4) I4(w, a, r, &s, 1);                                                  \
-            else Q8(w, a, r, &s, 1);                                                                            \
+            if (two) QROWS(F4, I4, Q8, w, a, r, &s, 1, 2);                                                      \
+            else QROWS(F4, I4, Q8, w, a, r, &s, 1, 1);                                                          \
             y[r] = acc ? y[r] + s : s;                                                                          \
         }                                                                                                       \
     }                                                                                                           \
     TGT static void NAME##_mm(const ms_qmat *w, const qk_act *a, int nt, float *y, int64_t ldy, int64_t r0,     \
                               int64_t r1, int acc) {                                                            \
         float s[4];                                                                                             \
+        const int two = a->q2 != NULL;                                                                          \
         for (int t0 = 0; t0 < nt; t0 += 4) {                                                                    \
             int m = nt - t0 < 4 ? nt - t0 : 4;                                                                  \
             for (int64_t r = r0; r < r1; r++) {                                                                 \
                 if (m == 4) {                                                                                   \
-                    if (w->dtype == MS_DT_F4) F4(w, a + t0, r, s, 4);                                           \
-                    else if (w->dtype == MS_DT_I4) I4(w, a + t0, r, s, 4);                                      \
-                    else Q8(w, a + t0, r, s, 4);                                                                \
+                    if (two) QROWS(F4, I4, Q8, w, a + t0, r, s, 4, 2);                                          \
+                    else QROWS(F4, I4, Q8, w, a + t0, r, s, 4, 1);                                              \
                 } else                                                                                          \
                     for (int t = 0; t < m; t++) {                                                               \
-                        if (w->dtype == MS_DT_F4) F4(w, a + t0 + t, r, s + t, 1);                               \
-                        else if (w->dtype == MS_DT_I4) I4(w, a + t0 + t, r, s + t, 1);                          \
-                        else Q8(w, a + t0 + t, r, s + t, 1);                                                    \
+                        if (two) QROWS(F4, I4, Q8, w, a + t0 + t, r, s + t, 1, 2);                              \
+                        else QROWS(F4, I4, Q8, w, a + t0 + t, r, s + t, 1, 1);                                  \
                     }                                                                                           \
                 for (int t = 0; t < m; t++) {                                                                   \
                     float *yo = y + (int64_t)(t0 + t) * ldy + r;                                                \
@@ -191,16 +211,19 @@ QGEMV(gemv_bw, TBW, f4_row_bw, i4_row_bw, q8_row_bw)
 
 /* ms_qk_quant in 16-lane registers: the same max, the same x * (127 / amax) products,
  * rounded to nearest even by vcvtps2dq (the default MXCSR mode, as the scalar rounding),
- * so the same integers, scales and sums. */
-TBW static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, float *d, float *m) {
+ * so the same integers, scales and sums (q2: the same (v - q) * 256, exact). */
+TBW static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, int8_t *q2, float *d, float *m) {
     const int64_t kp = (K + QK_PAD - 1) / QK_PAD * QK_PAD;
     const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
     for (int64_t b = 0; b < kp / 32; b++) {
-        int8_t *h0 = q + (b / gb) * (32 * gb) + (b % gb) * 16, *h1 = h0 + 16 * gb;
+        const int64_t o0 = (b / gb) * (32 * gb) + (b % gb) * 16, o1 = o0 + 16 * gb;
+        int8_t *h0 = q + o0, *h1 = q + o1;
         if (b * 32 >= K) {
             memset(h0, 0, 16), memset(h1, 0, 16);
+            if (q2) memset(q2 + o0, 0, 16), memset(q2 + o1, 0, 16);
             d[b] = m[b] = 0;
             continue;
         }
@@ -210,6 +233,7 @@ TBW static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *
                         _mm512_cmp_ps_mask(a1, _mm512_set1_ps(3.4028235e38f), _CMP_LE_OQ);
         if (fin != 0xffff) {
             memset(h0, 0, 16), memset(h1, 0, 16);
+            if (q2) memset(q2 + o0, 0, 16), memset(q2 + o1, 0, 16);
             d[b] = m[b] = NAN;
             continue;
         }
@@ -217,13 +241,23 @@ TBW static void quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *
         __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
         __m512 e = lay == QK_DEINT ? _mm512_permutex2var_ps(x0, ie, x1) : x0;
         __m512 o = lay == QK_DEINT ? _mm512_permutex2var_ps(x0, io, x1) : x1;
-        const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
-        __m512i qe = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(e, id)), lim), nlim);
-        __m512i qo = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(o, id)), lim), nlim);
+        __m512 ve = _mm512_mul_ps(e, id), vo = _mm512_mul_ps(o, id);
+        __m512i qe = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(ve), lim), nlim);
+        __m512i qo = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(vo), lim), nlim);
         _mm_storeu_si128((__m128i *)h0, _mm512_cvtepi32_epi8(qe));
         _mm_storeu_si128((__m128i *)h1, _mm512_cvtepi32_epi8(qo));
-        d[b] = amax / 127.0f;
-        m[b] = d[b] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qe, qo));
+        __m512i sum = _mm512_add_epi32(qe, qo);
+        if (q2) {
+            const __m512 k256 = _mm512_set1_ps(256.0f);
+            __m512i le = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(ve, _mm512_cvtepi32_ps(qe)), k256));
+            __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(vo, _mm512_cvtepi32_ps(qo)), k256));
+            le = _mm512_max_epi32(_mm512_min_epi32(le, lim), nlim), lo = _mm512_max_epi32(_mm512_min_epi32(lo, lim), nlim);
+            _mm_storeu_si128((__m128i *)(q2 + o0), _mm512_cvtepi32_epi8(le));
+            _mm_storeu_si128((__m128i *)(q2 + o1), _mm512_cvtepi32_epi8(lo));
+            sum = _mm512_add_epi32(_mm512_slli_epi32(sum, 8), _mm512_add_epi32(le, lo));
+            d[b] = amax / 127.0f * 0x1p-8f;
+        } else d[b] = amax / 127.0f;
+        m[b] = d[b] * (float)_mm512_reduce_add_epi32(sum);
     }
 }
 

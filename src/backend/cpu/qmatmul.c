@@ -23,13 +23,15 @@ int ms_qk_ok(const ms_qmat *w) {
  * FPU's default mode, without a libm call (the build has no -ffast-math to fold it). */
 static inline int rne(float v) { return (int)((v + 0x1.8p23f) - 0x1.8p23f); }
 
-void ms_qk_quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, float *d, float *m) {
+void ms_qk_quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, int8_t *q2, float *d, float *m) {
     const int64_t kp = (K + QK_PAD - 1) / QK_PAD * QK_PAD;
     for (int64_t b = 0; b < kp / 32; b++) {
         /* the block's two halves in the group layout (qk_pos) */
-        int8_t *h0 = q + (b / gb) * (32 * gb) + (b % gb) * 16, *h1 = h0 + 16 * gb;
+        const int64_t o0 = (b / gb) * (32 * gb) + (b % gb) * 16, o1 = o0 + 16 * gb;
+        int8_t *h0 = q + o0, *h1 = q + o1;
         if (b * 32 >= K) {
             memset(h0, 0, 16), memset(h1, 0, 16);
+            if (q2) memset(q2 + o0, 0, 16), memset(q2 + o1, 0, 16);
             d[b] = m[b] = 0;
             continue;
         }
@@ -43,19 +45,27 @@ void ms_qk_quant(const float *x, int64_t K, int gb, qk_layout lay, int8_t *q, fl
         }
         if (nonfinite) {
             memset(h0, 0, 16), memset(h1, 0, 16);
+            if (q2) memset(q2 + o0, 0, 16), memset(q2 + o1, 0, 16);
             d[b] = m[b] = NAN;
             continue;
         }
         float id = amax > 0 ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int i = 0; i < 16; i++) {
-            int e = rne(xb[lay == QK_DEINT ? 2 * i : i] * id), o = rne(xb[lay == QK_DEINT ? 2 * i + 1 : 16 + i] * id);
-            e = e > 127 ? 127 : e < -127 ? -127 : e;
-            o = o > 127 ? 127 : o < -127 ? -127 : o;
-            h0[i] = (int8_t)e, h1[i] = (int8_t)o;
-            sum += e + o;
+            for (int h = 0; h < 2; h++) {
+                float v = xb[lay == QK_DEINT ? 2 * i + h : 16 * h + i] * id;
+                int e = rne(v);
+                e = e > 127 ? 127 : e < -127 ? -127 : e;
+                (h ? h1 : h0)[i] = (int8_t)e;
+                if (q2) {
+                    int l = rne((v - (float)e) * 256.0f);
+                    l = l > 127 ? 127 : l < -127 ? -127 : l;
+                    q2[(h ? o1 : o0) + i] = (int8_t)l;
+                    sum += 256 * e + l;
+                } else sum += e;
+            }
         }
-        d[b] = amax / 127.0f;
+        d[b] = q2 ? amax / 127.0f * 0x1p-8f : amax / 127.0f;
         m[b] = d[b] * (float)sum;
     }
 }
@@ -89,7 +99,10 @@ static void gemv_scalar(const ms_qmat *w, const qk_act *a, float *y, int64_t r0,
         float s = 0;
         for (int64_t b = 0; b < nb; b++) {
             int32_t dot = 0;
-            for (int j = 0; j < 32; j++) dot += wq_at(w, r, b * 32 + j) * a->q[qk_pos(b, j, 1, lay)];
+            for (int j = 0; j < 32; j++) {
+                int64_t p = qk_pos(b, j, 1, lay);
+                dot += wq_at(w, r, b * 32 + j) * (a->q2 ? 256 * a->q[p] + a->q2[p] : a->q[p]);
+            }
             s += ws_at(w, r, b) * a->d[b] * (float)dot;
         }
         y[r] = acc ? y[r] + s : s;
