@@ -103,7 +103,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         BUF(&e->lat_in, B * c->expert_hidden * 4, 0);
         BUF(&e->lat_out, B * c->expert_hidden * 4, 0);
     }
-    if (c->mla_out_gate || c->attn_out_gate) BUF(&e->gate_buf, B * H * vdim * 4, 0);
+    if (c->mla_out_gate || c->attn_out_gate || c->attn_gate_proj) BUF(&e->gate_buf, B * H * vdim * 4, 0);
     if (c->n_experts) {
         BUF(&e->rlog, B * ms_router_width(c) * 4, 0);
         BUF(&e->topk_ids, B * c->top_k * sizeof(int), 0);
