@@ -1,0 +1,147 @@
+/* test_families16c.c — the third round of issue 16's families beyond their fixtures
+ * (tests/fixtures/extra, checked by moonshine verify): the config rules of hy_v3,
+ * mistral4, granitemoe_swa, afmoe and aria_text / aria (hand-written config.json text,
+ * what transformers' config classes imply, what the configures refuse by name), and
+ * Mistral 4's router (MS_ROUTER_SOFTMAX_GROUP2: softmax scores, groups ranked by their
+ * two best) on logits where it keeps other groups than DeepSeek-V2's best-expert rule. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/backend_cpu.h"
+#include "model/config.h"
+#include "test.h"
+
+static int parse(const char *json, ms_config *c, ms_err *err) { return ms_config_parse(json, strlen(json), "t", c, err); }
+
+#define GQA "\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2," \
+            "\"num_key_value_heads\":1,\"head_dim\":4,\"intermediate_size\":8,\"num_experts_per_tok\":2"
+#define MLA "\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2," \
+            "\"intermediate_size\":8,\"moe_intermediate_size\":4,\"n_routed_experts\":8,\"num_experts_per_tok\":2," \
+            "\"kv_lora_rank\":4,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2,\"v_head_dim\":4,\"first_k_dense_replace\":1," \
+            "\"n_shared_experts\":1,\"routed_scaling_factor\":1.5,\"norm_topk_prob\":true,\"q_lora_rank\":6"
+
+TEST(hy_v3_config) {
+    ms_config c;
+    ms_err err = {0};
+    const char *j = "{\"model_type\":\"hy_v3\"," GQA ",\"moe_intermediate_size\":4,\"num_experts\":8,"
+                    "\"num_shared_experts\":2,\"router_scaling_factor\":2.826,\"mlp_layer_types\":[\"dense\",\"sparse\"]}";
+    CHECK_MSG(parse(j, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.router == MS_ROUTER_SIGMOID && c.router_bias && c.n_group == 1 && c.norm_topk_prob &&
+          fabs(c.routed_scale - 2.826) < 1e-12 && c.shared_inter == 8 && c.qk_norm == MS_QKNORM_HEAD && !c.qk_norm_after_rope);
+    CHECK(c.layer_mlp[0] == MS_MLP_DENSE && c.layer_mlp[1] == MS_MLP_MOE && c.layer_attn[1] == MS_ATTN_GQA);
+    /* default schedule: layer 0 dense; default scaling factor */
+    const char *d = "{\"model_type\":\"hy_v3\"," GQA ",\"moe_intermediate_size\":4,\"num_experts\":8}";
+    CHECK_MSG(parse(d, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.layer_mlp[0] == MS_MLP_DENSE && c.layer_mlp[1] == MS_MLP_MOE && fabs(c.routed_scale - 2.826) < 1e-12 &&
+          c.shared_inter == 4);
+}
+
+TEST(mistral4_config) {
+    ms_config c;
+    ms_err err = {0};
+    const char *j = "{\"model_type\":\"mistral4\"," MLA ",\"n_group\":4,\"topk_group\":2,\"max_position_embeddings\":64,"
+                    "\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":10000.0,\"factor\":4.0,"
+                    "\"original_max_position_embeddings\":16,\"mscale\":1.0,\"mscale_all_dim\":1.0,"
+                    "\"llama_4_scaling_beta\":0.1,\"beta_fast\":32,\"beta_slow\":1}}";
+    CHECK_MSG(parse(j, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.router == MS_ROUTER_SOFTMAX_GROUP2 && !c.router_bias && c.n_group == 4 && c.topk_group == 2 &&
+          c.norm_topk_prob && c.routed_scale == 1.5 && c.shared_inter == 4);
+    /* no YaRN mscale in the softmax scale (Mistral4Attention: qk_head_dim ** -0.5) */
+    CHECK(c.rope.yarn && c.rope.layout == MS_ROPE_INTERLEAVED && fabs(c.attn_scale - 1.0 / sqrt(6.0)) < 1e-12);
+    CHECK(fabs(c.q_pos_beta - 0.1) < 1e-12 && c.q_pos_len == 16);
+    CHECK(c.layer_attn[0] == MS_ATTN_MLA && c.layer_mlp[0] == MS_MLP_DENSE && c.layer_mlp[1] == MS_MLP_MOE);
+    const char *nolen = "{\"model_type\":\"mistral4\"," MLA ",\"rope_parameters\":{\"rope_type\":\"default\","
+                        "\"rope_theta\":10000.0,\"llama_4_scaling_beta\":0.1}}";
+    CHECK(parse(nolen, &c, &err) == MS_ERR_FORMAT && strstr(err.msg, "original_max_position_embeddings"));
+    const char *badg = "{\"model_type\":\"mistral4\"," MLA ",\"n_group\":3,\"topk_group\":1}";
+    CHECK(parse(badg, &c, &err) == MS_ERR_FORMAT && strstr(err.msg, "n_group"));
+}
+
+TEST(granitemoe_swa_config) {
+    ms_config c;
+    ms_err err = {0};
+    const char *j = "{\"model_type\":\"granitemoe_swa\",\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":3,"
+                    "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"intermediate_size\":8,\"num_experts_per_tok\":2,"
+                    "\"num_local_experts\":4,\"attention_multiplier\":0.25,\"sliding_window\":8,"
+                    "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\"],"
+                    "\"layer_rope_theta\":[10000.0,0,10000.0],\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000.0}}";
+    CHECK_MSG(parse(j, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.layer_window[0] == 8 && c.layer_window[1] == 0 && c.layer_window[2] == 8);
+    CHECK(c.layer_sinks[0] && c.layer_sinks[1] && c.layer_sinks[2] && c.shared_inter == 0 && c.attn_scale == 0.25);
+    CHECK(c.layer_rope[0] == 0 && c.layer_rope[1] == 1 && c.rope_alt.dim == 0 && c.rope.dim == 4);
+    /* default schedule: layer i full when i % 4 == 0 */
+    const char *d = "{\"model_type\":\"granitemoe_swa\",\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":3,"
+                    "\"num_attention_heads\":2,\"intermediate_size\":8,\"num_experts_per_tok\":2,\"num_local_experts\":4}";
+    CHECK_MSG(parse(d, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.layer_window[0] == 0 && c.layer_window[1] == 128 && c.layer_window[2] == 128 && c.layer_rope[1] == 0);
+    const char *other = "{\"model_type\":\"granitemoe_swa\",\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":2,"
+                        "\"num_attention_heads\":2,\"intermediate_size\":8,\"num_experts_per_tok\":2,\"num_local_experts\":4,"
+                        "\"layer_rope_theta\":[10000.0,500000.0]}";
+    CHECK(parse(other, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "layer_rope_theta"));
+}
+
+TEST(afmoe_config) {
+    ms_config c;
+    ms_err err = {0};
+    const char *j = "{\"model_type\":\"afmoe\"," GQA ",\"moe_intermediate_size\":4,\"num_experts\":8,\"num_shared_experts\":1,"
+                    "\"num_dense_layers\":1,\"route_scale\":1.7,\"sliding_window\":8,\"mup_enabled\":true,"
+                    "\"layer_types\":[\"sliding_attention\",\"full_attention\"]}";
+    CHECK_MSG(parse(j, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.router == MS_ROUTER_SIGMOID && c.router_bias && c.n_group == 1 && c.norm_topk_prob && c.routed_scale == 1.7 &&
+          c.shared_inter == 4 && c.qk_norm == MS_QKNORM_HEAD && c.attn_gate_proj && c.post_norm);
+    CHECK(fabs(c.embed_scale - sqrt(8.0)) < 1e-12 && c.layer_mlp[0] == MS_MLP_DENSE && c.layer_mlp[1] == MS_MLP_MOE);
+    CHECK(c.layer_window[0] == 8 && c.layer_window[1] == 0 && c.layer_rope[0] == 0 && c.layer_rope[1] == 1 &&
+          c.rope_alt.dim == 0);
+    /* the default schedule: every global_attn_every_n_layers-th layer full (here the second) */
+    const char *d = "{\"model_type\":\"afmoe\"," GQA ",\"moe_intermediate_size\":4,\"num_experts\":8,"
+                    "\"global_attn_every_n_layers\":2}";
+    CHECK_MSG(parse(d, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.layer_window[0] == 1024 && c.layer_window[1] == 0 && c.embed_scale == 0 && c.shared_inter == 8);
+}
+
+TEST(aria_config) {
+    ms_config c;
+    ms_err err = {0};
+    const char *j = "{\"model_type\":\"aria_text\"," GQA ",\"moe_num_experts\":8,\"moe_topk\":2,\"moe_num_shared_experts\":1}";
+    CHECK_MSG(parse(j, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.router == MS_ROUTER_TOPK_SOFTMAX && c.n_experts == 8 && c.top_k == 2 && c.moe_inter == 8 && c.shared_inter == 8);
+    CHECK(c.layer_mlp[0] == MS_MLP_MOE && c.layer_mlp[1] == MS_MLP_MOE);
+    const char *mm = "{\"model_type\":\"aria\",\"text_config\":{\"model_type\":\"aria_text\"," GQA
+                     ",\"moe_num_experts\":8,\"moe_topk\":2}}";
+    CHECK_MSG(parse(mm, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.shared_inter == 16 && c.n_experts == 8);
+    const char *other = "{\"model_type\":\"aria\",\"text_config\":{\"model_type\":\"llama\"," GQA
+                        ",\"moe_num_experts\":8,\"moe_topk\":2}}";
+    CHECK(parse(other, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "llama"));
+}
+
+static void route1(const ms_config *c, const float *logits, int *ids, float *w) {
+    float scratch[64];
+    ms_route_args a = {.c = c, .logits = logits, .n = 1, .ids = ids, .w = w};
+    ms_route_host(&a, scratch);
+}
+
+TEST(softmax_group2_router) {
+    ms_config c;
+    memset(&c, 0, sizeof c);
+    c.n_experts = 8, c.top_k = 2, c.n_group = 4, c.topk_group = 1, c.routed_scale = 1.5, c.norm_topk_prob = 1;
+    /* groups of two: group 0 (2.0, 1.9) sums highest, group 2 holds the single best expert (2.1, -5): the top-2 rule
+     * keeps group 0 where the best-expert rule (SOFTMAX_GROUP) keeps group 2 */
+    const float lg[8] = {2.0f, 1.9f, -4.0f, -4.5f, 2.1f, -5.0f, -6.0f, -7.0f};
+    int ids[2];
+    float w[2];
+    c.router = MS_ROUTER_SOFTMAX_GROUP2;
+    route1(&c, lg, ids, w);
+    CHECK(ids[0] == 0 && ids[1] == 1);
+    double a = exp(2.0), b = exp(1.9);
+    CHECK_MSG(fabs(w[0] - 1.5 * a / (a + b)) < 1e-6 && fabs(w[1] - 1.5 * b / (a + b)) < 1e-6, "%g %g", w[0], w[1]);
+    c.router = MS_ROUTER_SOFTMAX_GROUP;
+    route1(&c, lg, ids, w);
+    CHECK(ids[0] == 4 && ids[1] == 5);
+    /* two groups kept (0 and 2): the plain top-2 over them */
+    c.router = MS_ROUTER_SOFTMAX_GROUP2, c.topk_group = 2;
+    route1(&c, lg, ids, w);
+    CHECK(ids[0] == 4 && ids[1] == 0);
+}
+
+TEST_MAIN()
