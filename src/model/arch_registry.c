@@ -18,7 +18,7 @@ extern const ms_arch ms_arch_deepseek_v2, ms_arch_dots1, ms_arch_exaone_moe, ms_
 extern const ms_arch ms_arch_hunyuan_v1_moe, ms_arch_ernie4_5_moe, ms_arch_granitemoe, ms_arch_granitemoeshared;
 extern const ms_arch ms_arch_flex_olmo, ms_arch_dbrx, ms_arch_phimoe;
 extern const ms_arch ms_arch_hy_v3, ms_arch_mistral4, ms_arch_granitemoe_swa, ms_arch_afmoe;
-extern const ms_arch ms_arch_aria_text, ms_arch_aria;
+extern const ms_arch ms_arch_aria_text, ms_arch_aria, ms_arch_qwen3_omni_moe, ms_arch_qwen3_omni_moe_thinker;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -60,6 +60,8 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_afmoe,
     &ms_arch_aria_text,
     &ms_arch_aria,
+    &ms_arch_qwen3_omni_moe,
+    &ms_arch_qwen3_omni_moe_thinker,
 };
 
 extern const char *const ms_dbrx_key_aliases[];

@@ -278,8 +278,11 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
                          list);
         }
     }
-    /* multimodal checkpoints (GLM-5-Next) keep the text model's config under text_config */
+    /* multimodal checkpoints (GLM-5-Next) keep the text model's config under text_config, omni ones
+     * (Qwen3-Omni) under thinker_config.text_config */
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(j, "text_config");
+    const cJSON *thinker = cJSON_GetObjectItemCaseSensitive(j, "thinker_config");
+    if (!cJSON_IsObject(tc) && cJSON_IsObject(thinker)) tc = cJSON_GetObjectItemCaseSensitive(thinker, "text_config");
     const cJSON *src = cJSON_IsObject(tc) && !cJSON_GetObjectItemCaseSensitive(j, "vocab_size") ? tc : j;
     /* multimodal: a quantization_config at the top level applies to the text model when text_config has none */
     if (!rc && src != j && !cJSON_GetObjectItemCaseSensitive(src, "quantization_config")) {

@@ -1,6 +1,6 @@
 /* test_families16c.c — the third round of issue 16's families beyond their fixtures
  * (tests/fixtures/extra, checked by moonshine verify): the config rules of hy_v3,
- * mistral4, granitemoe_swa, afmoe and aria_text / aria (hand-written config.json text,
+ * mistral4, granitemoe_swa, afmoe, aria_text / aria and qwen3_omni_moe (hand-written config.json text,
  * what transformers' config classes imply, what the configures refuse by name), and
  * Mistral 4's router (MS_ROUTER_SOFTMAX_GROUP2: softmax scores, groups ranked by their
  * two best) on logits where it keeps other groups than DeepSeek-V2's best-expert rule. */
@@ -113,6 +113,27 @@ TEST(aria_config) {
     const char *other = "{\"model_type\":\"aria\",\"text_config\":{\"model_type\":\"llama\"," GQA
                         ",\"moe_num_experts\":8,\"moe_topk\":2}}";
     CHECK(parse(other, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "llama"));
+}
+
+TEST(qwen3_omni_moe_config) {
+    ms_config c;
+    ms_err err = {0};
+    /* the published form: the text config at thinker_config.text_config */
+    const char *j = "{\"model_type\":\"qwen3_omni_moe\",\"enable_audio_output\":false,\"thinker_config\":{"
+                    "\"model_type\":\"qwen3_omni_moe_thinker\",\"text_config\":{\"model_type\":\"qwen3_omni_moe_text\","
+                    GQA ",\"moe_intermediate_size\":4,\"num_experts\":8,\"norm_topk_prob\":true}}}";
+    CHECK_MSG(parse(j, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.router == MS_ROUTER_SOFTMAX && c.n_experts == 8 && c.norm_topk_prob && c.qk_norm == MS_QKNORM_HEAD &&
+          c.layer_mlp[0] == MS_MLP_MOE && c.vocab == 16);
+    /* the thinker alone: text_config at the top */
+    const char *t = "{\"model_type\":\"qwen3_omni_moe_thinker\",\"text_config\":{\"model_type\":\"qwen3_omni_moe_text\","
+                    GQA ",\"moe_intermediate_size\":4,\"num_experts\":8}}";
+    CHECK_MSG(parse(t, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.n_experts == 8 && !c.norm_topk_prob);
+    /* the talker's text model is not the thinker's */
+    const char *talk = "{\"model_type\":\"qwen3_omni_moe_thinker\",\"text_config\":{\"model_type\":\"qwen3_omni_moe_talker_text\","
+                       GQA ",\"moe_intermediate_size\":4,\"num_experts\":8}}";
+    CHECK(parse(talk, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "talker"));
 }
 
 static void route1(const ms_config *c, const float *logits, int *ids, float *w) {
