@@ -116,6 +116,11 @@ typedef struct ms_config {
     int layernorm;
     double clip_qkv;
     int o_bias;                                 /* o_proj has a bias */
+    /* parallel_block (Cohere): the layer's FFN reads the attention's normed input, both outputs added to the
+     * residual (x + attn(norm x) + ffn(norm x)); ffn_norm unused. moe_out_scale (0 = 1): a MoE layer's whole
+     * output (routed + shared) times this (Cohere's shared_expert_combination_strategy "average": 0.5) */
+    int parallel_block;
+    double moe_out_scale;
     /* feed-forward */
     int64_t inter;              /* dense MLP width */
     int64_t moe_inter;          /* routed expert width */

@@ -1,6 +1,6 @@
 /* test_families16c.c — the third round of issue 16's families beyond their fixtures
  * (tests/fixtures/extra, checked by moonshine verify): the config rules of hy_v3,
- * mistral4, granitemoe_swa, afmoe, aria_text / aria and qwen3_omni_moe (hand-written config.json text,
+ * mistral4, granitemoe_swa, afmoe, aria_text / aria, qwen3_omni_moe and cohere2_moe (hand-written config.json text,
  * what transformers' config classes imply, what the configures refuse by name), and
  * Mistral 4's router (MS_ROUTER_SOFTMAX_GROUP2: softmax scores, groups ranked by their
  * two best) on logits where it keeps other groups than DeepSeek-V2's best-expert rule. */
@@ -134,6 +134,33 @@ TEST(qwen3_omni_moe_config) {
     const char *talk = "{\"model_type\":\"qwen3_omni_moe_thinker\",\"text_config\":{\"model_type\":\"qwen3_omni_moe_talker_text\","
                        GQA ",\"moe_intermediate_size\":4,\"num_experts\":8}}";
     CHECK(parse(talk, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "talker"));
+}
+
+TEST(cohere2_moe_config) {
+    ms_config c;
+    ms_err err = {0};
+    const char *j = "{\"model_type\":\"cohere2_moe\",\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":3,"
+                    "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":4,\"intermediate_size\":8,"
+                    "\"num_experts_per_tok\":2,\"num_experts\":4,\"num_shared_experts\":1,\"prefix_dense_intermediate_size\":12,"
+                    "\"sliding_window\":8,\"mlp_layer_types\":[\"dense\",\"sparse\",\"sparse\"],"
+                    "\"layer_types\":[\"full_attention\",\"sliding_attention\",\"full_attention\"],\"logit_scale\":0.5,"
+                    "\"layer_norm_eps\":1e-5,\"rms_norm_eps\":null}";
+    CHECK_MSG(parse(j, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.parallel_block && c.layernorm && fabs(c.rms_eps - 1e-5) < 1e-15 && c.tie_embeddings && c.logit_scale == 0.5);
+    CHECK(c.router == MS_ROUTER_TOPK_SOFTMAX && c.moe_inter == 8 && c.shared_inter == 8 && c.inter == 12 &&
+          c.moe_out_scale == 0.5);
+    /* the dense prefix ropes (prefix_dense_sliding_window_pattern 1), the full MoE layer is NoPE */
+    CHECK(c.layer_rope[0] == 0 && c.layer_rope[1] == 0 && c.layer_rope[2] == 1 && c.layer_window[1] == 8 &&
+          c.layer_window[2] == 0 && c.rope.layout == MS_ROPE_INTERLEAVED);
+    const char *sig = "{\"model_type\":\"cohere2_moe\"," GQA ",\"num_experts\":4,\"expert_selection_fn\":\"sigmoid\","
+                      "\"norm_topk_prob\":true,\"shared_expert_combination_strategy\":\"sum\",\"num_shared_experts\":1,"
+                      "\"rms_norm_eps\":1e-6}";
+    CHECK_MSG(parse(sig, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.router == MS_ROUTER_SIGMOID && !c.router_bias && c.norm_topk_prob && c.moe_out_scale == 0 && !c.layernorm);
+    /* default schedule: every fourth layer full; the rest sliding with RoPE */
+    CHECK(c.layer_window[0] == 4096 && c.layer_rope[0] == 0);
+    const char *bad = "{\"model_type\":\"cohere2_moe\"," GQA ",\"num_experts\":4,\"expert_selection_fn\":\"sparsemixer\"}";
+    CHECK(parse(bad, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "expert_selection_fn"));
 }
 
 static void route1(const ms_config *c, const float *logits, int *ids, float *w) {
