@@ -76,6 +76,30 @@ const ms_arch *ms_arch_find(const char *model_type) {
     return NULL;
 }
 
+/* transformers 5.17 MoE families that need blocks moonshine does not have (issue 16). */
+static const struct {
+    const char *model_type, *needs;
+} k_refused[] = {
+    {"llama4", "routed experts whose input is scaled by the router score, chunked attention and "
+               "temperature-tuned NoPE layers"},
+    {"llama4_text", "routed experts whose input is scaled by the router score, chunked attention and "
+                    "temperature-tuned NoPE layers"},
+    {"jetmoe", "mixture-of-attention-heads attention (routed query/output heads)"},
+    {"minimax", "lightning (linear) attention layers"},
+    {"lfm2_moe", "short-convolution token mixers"},
+    {"granitemoehybrid", "Mamba-2 token mixers"},
+    {"nemotron_h", "Mamba-2 token mixers"},
+    {"jamba", "Mamba token mixers"},
+    {"hy_v4", "gated MLA with sinks, DSA with shared indexers and hyper-connection streams together"},
+    {"step3p7", "per-layer attention head counts and Step's gated attention"},
+};
+
+const char *ms_arch_refusal(const char *model_type) {
+    for (size_t i = 0; i < sizeof k_refused / sizeof *k_refused; i++)
+        if (!strcmp(k_refused[i].model_type, model_type)) return k_refused[i].needs;
+    return NULL;
+}
+
 void ms_arch_list(char *buf, size_t cap) {
     size_t o = 0;
     buf[0] = 0;

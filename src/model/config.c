@@ -271,7 +271,11 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
     const ms_arch *arch = NULL;
     if (!rc) {
         arch = ms_arch_find(mt);
-        if (!arch) {
+        const char *needs = arch ? NULL : ms_arch_refusal(mt);
+        if (needs) {
+            rc = ms_fail(err, MS_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported: it needs %s", where, mt,
+                         needs);
+        } else if (!arch) {
             char list[1024];
             ms_arch_list(list, sizeof list);
             rc = ms_fail(err, MS_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported; supported: %s", where, mt,

@@ -163,6 +163,17 @@ TEST(cohere2_moe_config) {
     CHECK(parse(bad, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "expert_selection_fn"));
 }
 
+TEST(refused_families) {
+    ms_config c;
+    ms_err err = {0};
+    /* known MoE families whose blocks are missing are refused with what they need */
+    CHECK(parse("{\"model_type\":\"llama4_text\"}", &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "chunked attention"));
+    CHECK(parse("{\"model_type\":\"jamba\"}", &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "Mamba"));
+    CHECK(parse("{\"model_type\":\"jetmoe\"}", &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "mixture-of-attention-heads"));
+    /* an unknown one lists the supported model_types */
+    CHECK(parse("{\"model_type\":\"nonesuch\"}", &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "cohere2_moe"));
+}
+
 static void route1(const ms_config *c, const float *logits, int *ids, float *w) {
     float scratch[64];
     ms_route_args a = {.c = c, .logits = logits, .n = 1, .ids = ids, .w = w};
