@@ -18,8 +18,9 @@
 static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
     int64_t n_shared = 2;
     int rc;
-    if ((rc = ms_json_int(j, "moe_num_experts", 1, 65536, &c->n_experts, where, err)) ||
-        (rc = ms_json_int(j, "moe_topk", 1, 4096, &c->top_k, where, err)) ||
+    c->n_experts = 8, c->top_k = 2; /* AriaTextConfig's defaults */
+    if ((rc = ms_json_opt_int(j, "moe_num_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_int(j, "moe_topk", 1, 4096, &c->top_k, where, err)) ||
         (rc = ms_json_opt_int(j, "moe_num_shared_experts", 0, 1024, &n_shared, where, err)))
         return rc;
     if (c->inter < 1) return ms_fail(err, MS_ERR_FORMAT, "%s: missing intermediate_size", where);

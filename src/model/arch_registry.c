@@ -19,7 +19,7 @@ extern const ms_arch ms_arch_hunyuan_v1_moe, ms_arch_ernie4_5_moe, ms_arch_grani
 extern const ms_arch ms_arch_flex_olmo, ms_arch_dbrx, ms_arch_phimoe;
 extern const ms_arch ms_arch_hy_v3, ms_arch_mistral4, ms_arch_granitemoe_swa, ms_arch_afmoe;
 extern const ms_arch ms_arch_aria_text, ms_arch_aria, ms_arch_qwen3_omni_moe, ms_arch_qwen3_omni_moe_thinker;
-extern const ms_arch ms_arch_cohere2_moe;
+extern const ms_arch ms_arch_cohere2_moe, ms_arch_glm4v_moe;
 
 static const ms_arch *const k_archs[] = {
     &ms_arch_deepseek_v3,
@@ -64,6 +64,7 @@ static const ms_arch *const k_archs[] = {
     &ms_arch_qwen3_omni_moe,
     &ms_arch_qwen3_omni_moe_thinker,
     &ms_arch_cohere2_moe,
+    &ms_arch_glm4v_moe,
 };
 
 extern const char *const ms_dbrx_key_aliases[];

@@ -1,6 +1,6 @@
 /* test_families16c.c — the third round of issue 16's families beyond their fixtures
  * (tests/fixtures/extra, checked by moonshine verify): the config rules of hy_v3,
- * mistral4, granitemoe_swa, afmoe, aria_text / aria, qwen3_omni_moe and cohere2_moe (hand-written config.json text,
+ * mistral4, granitemoe_swa, afmoe, aria_text / aria, qwen3_omni_moe, cohere2_moe and glm4v_moe (hand-written config.json text,
  * what transformers' config classes imply, what the configures refuse by name), and
  * Mistral 4's router (MS_ROUTER_SOFTMAX_GROUP2: softmax scores, groups ranked by their
  * two best) on logits where it keeps other groups than DeepSeek-V2's best-expert rule. */
@@ -161,6 +161,24 @@ TEST(cohere2_moe_config) {
     CHECK(c.layer_window[0] == 4096 && c.layer_rope[0] == 0);
     const char *bad = "{\"model_type\":\"cohere2_moe\"," GQA ",\"num_experts\":4,\"expert_selection_fn\":\"sparsemixer\"}";
     CHECK(parse(bad, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "expert_selection_fn"));
+}
+
+TEST(glm4v_moe_config) {
+    ms_config c;
+    ms_err err = {0};
+    const char *j = "{\"model_type\":\"glm4v_moe\",\"text_config\":{\"model_type\":\"glm4v_moe_text\"," GQA
+                    ",\"moe_intermediate_size\":4,\"n_routed_experts\":8,\"n_shared_experts\":1,\"first_k_dense_replace\":1,"
+                    "\"attention_bias\":true,\"use_qk_norm\":true,\"rope_parameters\":{\"rope_type\":\"default\","
+                    "\"rope_theta\":10000.0,\"partial_rotary_factor\":0.5,\"mrope_section\":[1,0,0]}}}";
+    CHECK_MSG(parse(j, &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.router == MS_ROUTER_SIGMOID && c.router_bias && c.attn_bias && c.qk_norm == MS_QKNORM_NONE &&
+          c.rope.dim == 2 && c.rope.layout == MS_ROPE_HALF && c.layer_mlp[0] == MS_MLP_DENSE && c.shared_inter == 4);
+    const char *other = "{\"model_type\":\"glm4v_moe\",\"text_config\":{\"model_type\":\"glm4_moe\"," GQA
+                        ",\"n_routed_experts\":8}}";
+    CHECK(parse(other, &c, &err) == MS_ERR_UNSUPPORTED && strstr(err.msg, "glm4v_moe_text"));
+    /* Aria's defaults: 8 experts, top 2, two shared */
+    CHECK_MSG(parse("{\"model_type\":\"aria_text\"," GQA "}", &c, &err) == MS_OK, "%s", err.msg);
+    CHECK(c.n_experts == 8 && c.top_k == 2 && c.shared_inter == 16);
 }
 
 TEST(refused_families) {
