@@ -93,6 +93,7 @@ static const struct {
     {"jamba", "Mamba token mixers"},
     {"hy_v4", "gated MLA with sinks, DSA with shared indexers and hyper-connection streams together"},
     {"step3p7", "per-layer attention head counts and Step's gated attention"},
+    {"laguna", "per-layer attention head counts and a softplus per-head output gate"},
 };
 
 const char *ms_arch_refusal(const char *model_type) {
