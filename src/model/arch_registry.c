@@ -94,6 +94,7 @@ static const struct {
     {"hy_v4", "gated MLA with sinks, DSA with shared indexers and hyper-connection streams together"},
     {"step3p7", "per-layer attention head counts and Step's gated attention"},
     {"laguna", "per-layer attention head counts and a softplus per-head output gate"},
+    {"minimax_m3_vl", "block-sparse attention picked by an indexer (index_block_size, index_topk_blocks)"},
 };
 
 const char *ms_arch_refusal(const char *model_type) {
