@@ -146,17 +146,17 @@ static int ffn(ms_binder *b, ms_model *m, int l, const char *p) {
 
 static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn); }
 
-/* GraniteMoeSWA: the router and experts under the older names (granitemoe's) or the newer. */
+/* GraniteMoeSWA: the router and the experts each under the older name (granitemoe's router.layer,
+ * input_linear / output_linear) or the newer (router.weight, experts.gate_up_proj / down_proj);
+ * spec mode records the older. */
 static int ffn_swa(ms_binder *b, ms_model *m, int l, const char *p) {
-    if (ms_bind_has(b, "%sblock_sparse_moe.input_linear.weight", p) || !b->ck) return ffn(b, m, l, p);
     char w[200], gu[200], dn[200];
-    if (ms_bind_has(b, "%sblock_sparse_moe.router.layer.weight", p))
-        snprintf(w, sizeof w, "%sblock_sparse_moe.router.layer", p);
-    else
-        snprintf(w, sizeof w, "%sblock_sparse_moe.router", p);
+    int old_router = !b->ck || ms_bind_has(b, "%sblock_sparse_moe.router.layer.weight", p);
+    int old_experts = !b->ck || ms_bind_has(b, "%sblock_sparse_moe.input_linear.weight", p);
+    snprintf(w, sizeof w, "%sblock_sparse_moe.router%s", p, old_router ? ".layer" : "");
     ms_bind_router(b, m, l, w, NULL);
-    snprintf(gu, sizeof gu, "%sblock_sparse_moe.experts.gate_up_proj", p);
-    snprintf(dn, sizeof dn, "%sblock_sparse_moe.experts.down_proj", p);
+    snprintf(gu, sizeof gu, "%sblock_sparse_moe.%s", p, old_experts ? "input_linear.weight" : "experts.gate_up_proj");
+    snprintf(dn, sizeof dn, "%sblock_sparse_moe.%s", p, old_experts ? "output_linear.weight" : "experts.down_proj");
     ms_bind_fused_experts(b, m, l, gu, dn);
     if (b->cfg->shared_inter) bind_shared_mlp(b, &m->layers[l], p);
     return b->rc;
