@@ -6,7 +6,8 @@
  * logits then a softmax over them (MS_ROUTER_TOPK_SOFTMAX); routed experts of
  * intermediate_size stored as grouped-GEMM weights mlp.experts.fc1.weight
  * [E, hidden, 2 I] (silu half, then the multiplied half) and fc2.weight [E, I, hidden]
- * (the transposed layout of ms_bind_fused_experts: one resident transposed copy);
+ * (the transposed layout of ms_bind_fused_experts: one resident transposed copy), or
+ * mlp.experts.gate_up_proj / down_proj where a checkpoint holds them so;
  * shared experts mlp.shared_experts of intermediate_size x moe_num_shared_experts.
  * transformers: models/aria. */
 #include <stdio.h>
@@ -60,8 +61,9 @@ static int attn(ms_binder *b, ms_model *m, int l, const char *p) {
 static int ffn(ms_binder *b, ms_model *m, int l, const char *p) {
     char w[200], gu[200], dn[200];
     snprintf(w, sizeof w, "%smlp.router", p);
-    snprintf(gu, sizeof gu, "%smlp.experts.fc1.weight", p);
-    snprintf(dn, sizeof dn, "%smlp.experts.fc2.weight", p);
+    int gemm = !b->ck || ms_bind_has(b, "%smlp.experts.fc1.weight", p); /* else a converted gate_up_proj / down_proj */
+    snprintf(gu, sizeof gu, "%smlp.experts.%s", p, gemm ? "fc1.weight" : "gate_up_proj");
+    snprintf(dn, sizeof dn, "%smlp.experts.%s", p, gemm ? "fc2.weight" : "down_proj");
     ms_bind_router(b, m, l, w, NULL);
     ms_bind_shared_experts(b, m, l, p);
     return ms_bind_fused_experts(b, m, l, gu, dn);
