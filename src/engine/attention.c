@@ -97,6 +97,10 @@ int ms_attn_gqa(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         if (rc) return ms_wrap(err, "layer %d", layer);
     }
     if (c->attn_out_gate) be->ops->mul_sigmoid(be, e->att, e->gate_buf, n * H * vd); /* gated attention (Qwen3-Next) */
+    if (c->attn_gate_proj) { /* a gate of its own (AFMoE): att *= sigmoid(gate_proj x) */
+        be->ops->matmul(be, e->gate_buf, e->xn, n, &L->mla_gate, 0);
+        be->ops->mul_sigmoid(be, e->att, e->gate_buf, n * H * vd);
+    }
     be->ops->matmul(be, out, e->att, n, &L->wo, 0);
     if (L->bo) be->ops->add_bias(be, out, L->bo, n, c->hidden);
     return MS_OK;
@@ -170,6 +174,11 @@ int ms_attn_mla(ms_engine *e, int layer, int n, float *out, ms_err *err) {
         be->ops->copy_rows(be, dst + lora, lw, kvs + lora, lw, sn, rope);
         be->ops->rope(be, &c->rope, dst, sn, lw, 1, 0, lora, se->n_past, 1.0f);
         be->ops->rope(be, &c->rope, qs, sn, H * qk, H, qk, nope, se->n_past, 1.0f);
+        if (c->q_pos_beta != 0 && c->q_pos_len > 0) /* Llama 4 scaling: 1 + beta log(1 + floor(pos / len)) per query */
+            for (int t = 0; t < sn; t++) {
+                int64_t blk = (se->n_past + t) / c->q_pos_len;
+                if (blk > 0) be->ops->scale(be, qs + (int64_t)t * H * qk, (float)(1.0 + c->q_pos_beta * log1p((double)blk)), H * qk);
+            }
         int expanded = mla_choose_expanded(se, layer, sn);
         se->stats.mla_chunks++;
         se->stats.mla_expanded += (uint64_t)expanded;

@@ -103,7 +103,7 @@ static int engine_buffers(ms_engine *e, const ms_config *c, size_t T, size_t B, 
         BUF(&e->lat_in, B * c->expert_hidden * 4, 0);
         BUF(&e->lat_out, B * c->expert_hidden * 4, 0);
     }
-    if (c->mla_out_gate || c->attn_out_gate) BUF(&e->gate_buf, B * H * vdim * 4, 0);
+    if (c->mla_out_gate || c->attn_out_gate || c->attn_gate_proj) BUF(&e->gate_buf, B * H * vdim * 4, 0);
     if (c->n_experts) {
         BUF(&e->rlog, B * ms_router_width(c) * 4, 0);
         BUF(&e->topk_ids, B * c->top_k * sizeof(int), 0);
@@ -457,7 +457,7 @@ static void residual_add(ms_engine *e, int n, const float *y) {
  * Attention Residuals, whose next input is not the residual itself). */
 static int fused_add_norm(const ms_engine *e) {
     return e->be->ops->add_rmsnorm && !e->mhc && !e->m->cfg.attn_res_block && !e->m->cfg.post_norm &&
-           !e->m->cfg.layernorm;
+           !e->m->cfg.layernorm && !e->m->cfg.parallel_block;
 }
 
 /* A sublayer's output y [n, D] before its residual add: its post norm (cfg post_norm) and the
@@ -575,7 +575,9 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
         else rc = ms_attn_gqa(e, l, n, e->tmp, err);
         if (rc) break;
         sublayer_out(e, e->tmp, L->attn_post_norm, n);
-        if (fuse) {
+        if (c->parallel_block) { /* Cohere: the FFN reads the attention's normed input (still in e->xn) */
+            residual_add(e, n, e->tmp);
+        } else if (fuse) {
             be->ops->add_rmsnorm(be, e->x, e->tmp, e->xn, L->ffn_norm, n, D, eps);
             h = e->x;
         } else {
@@ -593,6 +595,8 @@ static int forward_rows(ms_engine *e, const ms_fwd_seq *seqs, int nseq, const in
             if (!(rc = ms_ffn_moe(e, l, n, e->sc, err))) rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
         } else if (c->layer_mlp[l] == MS_MLP_MOE) {
             rc = ms_ffn_moe(e, l, n, e->tmp, err);
+            if (!rc && c->moe_out_scale != 0 && c->moe_out_scale != 1) /* Cohere's "average" of routed and shared */
+                be->ops->scale(be, e->tmp, (float)c->moe_out_scale, (int64_t)n * D);
         } else {
             rc = ms_ffn_dense(e, &L->gate, &L->up, &L->down, n, e->xn, e->tmp, 0);
         }

@@ -92,6 +92,9 @@ const ms_arch *ms_arch_find(const char *model_type);
  * (transformers' attribute_map: DBRX's d_model for hidden_size), or NULL when it has none; the common
  * parse reads the family's key where the common one is absent. */
 const char *const *ms_arch_key_aliases(const ms_arch *a);
+/* For a model_type moonshine knows but does not run (a transformers MoE family whose blocks are
+ * not there yet): what it needs, as a phrase; NULL otherwise. */
+const char *ms_arch_refusal(const char *model_type);
 /* Comma-separated supported model_types into buf. */
 void ms_arch_list(char *buf, size_t cap);
 

@@ -13,7 +13,14 @@
  *               transformers: models/exaone_moe.
  *   solar_open  Solar Open: Llama attention (q/k/v biases per attention_bias,
  *               o_proj without), partial rotary (default 1.0), MoE on every
- *               layer. transformers: models/solar_open. */
+ *               layer. transformers: models/solar_open.
+ *   hy_v3       Hy3 (HYV3ForCausalLM): Apertus attention (per-head q/k
+ *               RMSNorm before RoPE), sigmoid router with the correction bias
+ *               mlp.e_score_correction_bias, plain top-k (no groups), always
+ *               renormalised (+1e-20), times router_scaling_factor; shared
+ *               experts of num_shared_experts x moe_intermediate_size; dense/MoE
+ *               schedule from mlp_layer_types (default: layer 0 dense).
+ *               transformers: models/hy_v3. */
 #include <stdio.h>
 #include <string.h>
 
@@ -125,6 +132,25 @@ static int configure_solar_open(const cJSON *j, ms_config *c, const char *where,
     return MS_OK;
 }
 
+static int configure_hy_v3(const cJSON *j, ms_config *c, const char *where, ms_err *err) {
+    int64_t n_shared = 1;
+    double scale = 2.826; /* HYV3Config's default */
+    int rc;
+    if ((rc = ms_json_int(j, "num_experts", 1, 65536, &c->n_experts, where, err)) ||
+        (rc = ms_json_opt_int(j, "num_shared_experts", 0, 1024, &n_shared, where, err)) ||
+        (rc = ms_json_opt_double(j, "router_scaling_factor", &scale, where, err)))
+        return rc;
+    if (!(scale > 0)) return ms_fail(err, MS_ERR_FORMAT, "%s: router_scaling_factor must be positive", where);
+    c->qk_norm = MS_QKNORM_HEAD;
+    c->o_bias = c->attn_bias; /* LlamaAttention: o_proj's bias follows attention_bias */
+    if ((rc = sigmoid_gqa(j, c, n_shared, where, err)) || (rc = ms_arch_mlp_layer_types(j, c, 1, where, err)))
+        return rc;
+    c->n_group = c->topk_group = 1; /* HYV3TopKRouter: plain top-k of sigmoid + bias */
+    c->norm_topk_prob = 1;
+    c->routed_scale = scale;
+    return MS_OK;
+}
+
 static int bind(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ms_bind_ffn); }
 
 /* K-EXAONE: the correction bias is mlp.e_score_correction_bias (what transformers saves and the published
@@ -146,6 +172,15 @@ static int ffn_exaone_moe(ms_binder *b, ms_model *m, int l, const char *p) {
 
 static int bind_exaone_moe(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, ms_bind_gqa, ffn_exaone_moe); }
 
+/* Hy3: ms_bind_gqa plus o_proj's bias when attention_bias (LlamaAttention's o_proj has one then). */
+static int attn_hy_v3(ms_binder *b, ms_model *m, int l, const char *p) {
+    if (ms_bind_gqa(b, m, l, p) || !b->cfg->o_bias) return b->rc;
+    return ms_bind_vec(b, &m->layers[l].bo, MS_W_VECTOR, b->cfg->hidden, 0, "%sself_attn.o_proj.bias", p);
+}
+
+static int bind_hy_v3(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, attn_hy_v3, ffn_exaone_moe); }
+
 const ms_arch ms_arch_dots1 = {"dots1", configure_dots1, bind};
 const ms_arch ms_arch_exaone_moe = {"exaone_moe", configure_exaone_moe, bind_exaone_moe};
 const ms_arch ms_arch_solar_open = {"solar_open", configure_solar_open, bind};
+const ms_arch ms_arch_hy_v3 = {"hy_v3", configure_hy_v3, bind_hy_v3};

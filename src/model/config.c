@@ -271,15 +271,22 @@ int ms_config_parse(const char *json, size_t len, const char *where, ms_config *
     const ms_arch *arch = NULL;
     if (!rc) {
         arch = ms_arch_find(mt);
-        if (!arch) {
+        const char *needs = arch ? NULL : ms_arch_refusal(mt);
+        if (needs) {
+            rc = ms_fail(err, MS_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported: it needs %s", where, mt,
+                         needs);
+        } else if (!arch) {
             char list[1024];
             ms_arch_list(list, sizeof list);
             rc = ms_fail(err, MS_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported; supported: %s", where, mt,
                          list);
         }
     }
-    /* multimodal checkpoints (GLM-5-Next) keep the text model's config under text_config */
+    /* multimodal checkpoints (GLM-5-Next) keep the text model's config under text_config, omni ones
+     * (Qwen3-Omni) under thinker_config.text_config */
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(j, "text_config");
+    const cJSON *thinker = cJSON_GetObjectItemCaseSensitive(j, "thinker_config");
+    if (!cJSON_IsObject(tc) && cJSON_IsObject(thinker)) tc = cJSON_GetObjectItemCaseSensitive(thinker, "text_config");
     const cJSON *src = cJSON_IsObject(tc) && !cJSON_GetObjectItemCaseSensitive(j, "vocab_size") ? tc : j;
     /* multimodal: a quantization_config at the top level applies to the text model when text_config has none */
     if (!rc && src != j && !cJSON_GetObjectItemCaseSensitive(src, "quantization_config")) {

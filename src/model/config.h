@@ -31,9 +31,12 @@ typedef enum { MS_MLP_DENSE = 1, MS_MLP_MOE = 2 } ms_mlp_kind;
 /* SPARSEMIXER (PhiMoE, inference form, top-2): expert 1 the best logit, weighed by the softmax over the
  * logits within router_jitter of the best (relative: (max - s) / max(|s|, max) <= 2 router_jitter);
  * expert 2 the best of the others, weighed the same way over the others; no renormalisation. */
+/* SOFTMAX_GROUP2 (Mistral 4): softmax scores; with n_group > 1 only the topk_group groups whose two best
+ * scores sum highest stay candidates; top-k of the candidates, weights the scores (renormalised per
+ * norm_topk_prob, + 1e-20) times routed_scale. */
 typedef enum {
     MS_ROUTER_SOFTMAX = 1, MS_ROUTER_SIGMOID = 2, MS_ROUTER_TOPK_SOFTMAX = 3, MS_ROUTER_SQRTSOFTPLUS = 4,
-    MS_ROUTER_SOFTMAX_BIAS = 5, MS_ROUTER_SOFTMAX_GROUP = 6, MS_ROUTER_SPARSEMIXER = 7
+    MS_ROUTER_SOFTMAX_BIAS = 5, MS_ROUTER_SOFTMAX_GROUP = 6, MS_ROUTER_SPARSEMIXER = 7, MS_ROUTER_SOFTMAX_GROUP2 = 8
 } ms_router_kind;
 /* Where q/k RMSNorm applies: none, per head (head_dim), or over all heads' projection. */
 typedef enum { MS_QKNORM_NONE = 0, MS_QKNORM_HEAD = 1, MS_QKNORM_FULL = 2 } ms_qknorm_kind;
@@ -59,6 +62,10 @@ typedef struct ms_config {
     /* attention (MLA) */
     int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
     double attn_scale;          /* softmax scale incl. YaRN mscale^2 */
+    /* position-dependent query scale (Llama 4 / Mistral 4 llama_4_scaling_beta): MLA queries at position p
+     * times 1 + q_pos_beta log(1 + floor(p / q_pos_len)); q_pos_beta 0: none */
+    double q_pos_beta;
+    int64_t q_pos_len;
     double mla_norm_eps;        /* eps of the MLA q_a / kv_a latent norms (0: rms_eps) */
     /* linear attention (KDA layers, MS_ATTN_KDA) */
     int64_t kda_heads, kda_head_dim, kda_conv;
@@ -69,6 +76,8 @@ typedef struct ms_config {
     int64_t gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim;
     int gdn_split;              /* projections stored split (in_proj_qkv/z/b/a, Qwen3.5), not fused (in_proj_qkvz/ba) */
     int attn_out_gate;          /* GQA: q_proj rows hold [query hd, gate hd] per head; att *= sigmoid(gate) */
+    int attn_gate_proj;         /* GQA: att *= sigmoid(gate_proj x), its own [heads * v_head_dim, hidden] matrix
+                                 * (AFMoE; bound as ms_layer mla_gate) */
     int shared_expert_gate;     /* MoE: shared experts' output *= sigmoid(shared_expert_gate x) */
     ms_rope rope;
     /* DeepSeek Sparse Attention: MLA layers with a lightning indexer (ops/dsa.h) */
@@ -107,6 +116,11 @@ typedef struct ms_config {
     int layernorm;
     double clip_qkv;
     int o_bias;                                 /* o_proj has a bias */
+    /* parallel_block (Cohere): the layer's FFN reads the attention's normed input, both outputs added to the
+     * residual (x + attn(norm x) + ffn(norm x)); ffn_norm unused. moe_out_scale (0 = 1): a MoE layer's whole
+     * output (routed + shared) times this (Cohere's shared_expert_combination_strategy "average": 0.5) */
+    int parallel_block;
+    double moe_out_scale;
     /* feed-forward */
     int64_t inter;              /* dense MLP width */
     int64_t moe_inter;          /* routed expert width */

@@ -113,6 +113,27 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
                     for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
         }
         pick(choice, E, K, ids, fixed);
+    } else if (c->router == MS_ROUTER_SOFTMAX_GROUP2) { /* groups ranked by their two best scores (Mistral 4) */
+        memcpy(scores, logits, (size_t)E * 4);
+        ms_softmax(scores, E);
+        memcpy(choice, scores, (size_t)E * 4);
+        int G = (int)c->n_group;
+        if (G > 1 && !fixed) {
+            int per = E / G, gid[4096];
+            float gs[4096];
+            unsigned char keep[4096] = {0};
+            for (int g = 0; g < G; g++) {
+                int t2[2];
+                topk(choice + g * per, per, 2, t2);
+                gs[g] = choice[g * per + t2[0]] + choice[g * per + t2[1]];
+            }
+            topk(gs, G, (int)c->topk_group, gid);
+            for (int i = 0; i < c->topk_group; i++) keep[gid[i]] = 1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g])
+                    for (int i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
+        }
+        pick(choice, E, K, ids, fixed);
     } else if (c->router == MS_ROUTER_TOPK_SOFTMAX) {
         pick(logits, E, K, ids, fixed);
         for (int i = 0; i < K; i++) w[i] = logits[ids[i]];
@@ -147,7 +168,7 @@ static void route_one(const ms_config *c, const float *logits, const float *bias
         sum += w[i];
     }
     if (c->norm_topk_prob) {
-        float den = (float)(sum + (c->router == MS_ROUTER_SIGMOID ? 1e-20 : 0.0));
+        float den = (float)(sum + (c->router == MS_ROUTER_SIGMOID || c->router == MS_ROUTER_SOFTMAX_GROUP2 ? 1e-20 : 0.0));
         for (int i = 0; i < K; i++) w[i] /= den;
     }
     for (int i = 0; i < K; i++) w[i] *= (float)c->routed_scale;
