@@ -74,6 +74,8 @@ int ms_moe_lookahead(ms_engine *e, int layer, int n, ms_err *err) {
     /* hybrid: a CPU layer's experts come from the host source */
     ms_expert_source *src = ms_hybrid_layer(e, next) ? ms_hybrid_host(e) : e->experts;
     if (n != 1 || !src->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return MS_OK;
+    /* a source that holds guesses back asks for few of them: no router pass, no download */
+    if (!ms_experts_wants_prefetch(src, next)) return MS_OK;
     const ms_layer *N = &e->w->layers[next];
     /* the next router sees the residual normed by ITS layer's FFN norm: re-norm this
      * layer's FFN input with that weight (the residual itself moves little in one layer) */
@@ -349,7 +351,7 @@ static int resident_acquire(ms_expert_source *s, int layer, int n, const int *id
 
 static void resident_destroy(ms_expert_source *s) { free(s); }
 
-static const ms_expert_source_ops k_resident_ops = {resident_acquire, NULL, NULL, resident_destroy};
+static const ms_expert_source_ops k_resident_ops = {resident_acquire, NULL, NULL, resident_destroy, NULL};
 
 int ms_resident_experts_create(ms_model *m, ms_expert_source **out, ms_err *err) {
     resident_source *r = calloc(1, sizeof *r);

@@ -130,7 +130,7 @@ static void w_destroy(ms_expert_source *s) {
     ms_expert_store_free(&w->packed);
     free(w);
 }
-static const ms_expert_source_ops k_wrap_ops = {w_acquire, w_release, w_prefetch, w_destroy};
+static const ms_expert_source_ops k_wrap_ops = {w_acquire, w_release, w_prefetch, w_destroy, NULL};
 
 int ms_is_streaming_source(const ms_expert_source *s) { return s && s->ops == &k_wrap_ops; }
 

@@ -383,7 +383,7 @@ static void s_destroy(ms_expert_source *base) {
     free(S);
 }
 
-static const ms_expert_source_ops k_stream_ops = {s_acquire, s_release, s_prefetch, s_destroy};
+static const ms_expert_source_ops k_stream_ops = {s_acquire, s_release, s_prefetch, s_destroy, NULL};
 
 void ms_stream_source_stats(const ms_expert_source *s, ms_stream_stats *out) {
     const stream_src *S = (const stream_src *)s;

@@ -243,6 +243,59 @@ TEST(acquire_each) {
     ms_model_free(&m);
 }
 
+/* The lookahead's guesses while the gate holds them back: every one asked for while it warms up
+ * (held, judged, never read), then, once wrong guesses close it, one in MS_DEVICE_GUESS_SAMPLE;
+ * always_guess asks for every one. The guess is made just before its acquire (a gap of
+ * microseconds) and the acquire reads (the smallest arena and host cache): p = 0 against a need
+ * of 1 - gap / read > 0. */
+static void guess_run(int always, int *asked_warm, int *asked_closed, ms_device_experts_stats *st) {
+    ms_model m;
+    ms_err err = {0};
+    *asked_warm = *asked_closed = -1;
+    if (ms_model_load(MS_TEST_FIXTURES "qwen3_moe", &m, &err)) { CHECK_MSG(0, "%s", err.msg); return; }
+    ms_backend *be = fake_create();
+    ms_streaming_opts so = {.cache_mib = 0};
+    ms_expert_source *host = NULL, *dev = NULL;
+    char why[1200];
+    CHECK(ms_streaming_experts_create(&m, &so, &host, why, sizeof why, &err) == 0);
+    ms_device_experts_opts d0 = {.always_guess = always};
+    CHECK(host && ms_device_experts_create(&m, be, host, &d0, &dev, why, sizeof why, &err) == 0);
+    int K = (int)m.cfg.top_k, E = (int)m.cfg.n_experts, l = 0;
+    while (l < m.cfg.n_layers && !m.layers[l].experts) l++;
+    CHECK(dev && K <= 8 && 3 * K + K <= E);
+    int warm = 0, closed = 0, n_closed = 0;
+    for (int s = 0; dev && s < 400 && n_closed < 8 * MS_DEVICE_GUESS_SAMPLE && K <= 8 && 4 * K <= E; s++) {
+        ms_device_experts_stats g;
+        ms_device_experts_stats_get(dev, &g);
+        int is_closed = !g.gate_open && g.gate_need > 0;
+        int want = ms_experts_wants_prefetch(dev, l), guess[8], ids[8];
+        if (is_closed) closed += want, n_closed++;
+        else warm += want;
+        for (int i = 0; i < K; i++) guess[i] = E - 1 - i, ids[i] = (s % 3) * K + i; /* the guesses never come */
+        if (want) ms_experts_prefetch(dev, l, K, guess);
+        ms_expert_view v[8];
+        CHECK_MSG(ms_experts_acquire(dev, l, K, ids, v, &err) == 0, "%s", err.msg);
+        ms_experts_release(dev, l);
+    }
+    *asked_warm = warm, *asked_closed = closed;
+    CHECK_MSG(n_closed == 8 * MS_DEVICE_GUESS_SAMPLE, "the gate closed for %d calls", n_closed);
+    if (dev) ms_device_experts_stats_get(dev, st), dev->ops->destroy(dev);
+    if (host) host->ops->destroy(host);
+    be->ops->destroy(be);
+    ms_model_free(&m);
+}
+
+TEST(guess_sampling) {
+    int warm = 0, closed = 0;
+    ms_device_experts_stats st = {0};
+    guess_run(0, &warm, &closed, &st);
+    CHECK_MSG(closed == 8, "%d of %d guesses asked for while closed", closed, 8 * MS_DEVICE_GUESS_SAMPLE);
+    CHECK(warm > 0 && st.pf_forwarded == 0 && st.pf_right == 0); /* the warm-up's guesses held back */
+    CHECK(st.pf_held == st.pf_guessed && st.pf_guessed > 0);
+    guess_run(1, &warm, &closed, &st);
+    CHECK(closed == 8 * MS_DEVICE_GUESS_SAMPLE && st.pf_forwarded == 0);
+}
+
 TEST(default_budget) {
     ms_model m;
     ms_err err = {0};
