@@ -92,7 +92,7 @@ typedef struct dev_src {
     pin_rec *pins;
     int n_pins, cap_pins;
     void *pinned; /* the host cache page-locked through be (unregistered at destroy) */
-    int prefetch_all, always_guess;
+    int prefetch_all, always_guess, lists;
     uint64_t chances; /* wants_prefetch calls while the gate was closed (measured) */
     ms_pf_gate gate; /* lookahead guesses judged, read time measured (io/prefetch_gate.h) */
     ms_device_experts_stats st;
@@ -284,6 +284,8 @@ static const ms_expert_source_ops k_dev_ops = {d_acquire, d_release, d_prefetch,
 
 int ms_is_device_experts(const ms_expert_source *s) { return s && s->ops == &k_dev_ops; }
 
+int ms_device_experts_lists(const ms_expert_source *s) { return ms_is_device_experts(s) && ((const dev_src *)s)->lists; }
+
 ms_expert_source *ms_device_experts_inner(const ms_expert_source *s) { return ((const dev_src *)s)->inner; }
 
 void ms_device_experts_stats_get(const ms_expert_source *s, ms_device_experts_stats *out) {
@@ -357,6 +359,7 @@ int ms_device_experts_create(ms_model *m, ms_backend *be, ms_expert_source *inne
     D->m = m, D->be = be, D->inner = inner;
     D->prefetch_all = o->prefetch_all;
     D->always_guess = o->always_guess;
+    D->lists = o->lists;
     ms_pf_gate_init(&D->gate);
     D->gate.warm_open = o->gate_warm_open;
     D->n_slots = (int)n;
@@ -398,10 +401,10 @@ int ms_device_experts_create(ms_model *m, ms_backend *be, ms_expert_source *inne
                  be->name, D->n_slots, slot / 1048576.0, (double)slot * D->n_slots / 1048576.0,
                  ms_cache_policy_name(o->policy), (long long)total, pin_note,
                  o->prefetch_all ? "forwarded (no gate)" : "gated by its measured worth");
-    if (why && why_cap && (o->gate_warm_open || o->always_guess)) {
+    if (why && why_cap && (o->gate_warm_open || o->always_guess || o->lists)) {
         size_t k = strlen(why);
-        snprintf(why + k, why_cap - k, " (%s%s)", o->gate_warm_open ? " forwarded while warming up" : "",
-                 o->always_guess ? " every guess made" : "");
+        snprintf(why + k, why_cap - k, " (%s%s%s)", o->gate_warm_open ? " forwarded while warming up" : "",
+                 o->always_guess ? " every guess made" : "", o->lists ? " decode over the expert lists" : "");
     }
     *out = &D->base;
     return MS_OK;

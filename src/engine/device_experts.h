@@ -55,6 +55,9 @@ typedef struct ms_device_experts_opts {
     int always_guess;       /* 1: the engine makes every lookahead guess; 0: while the gate holds guesses
                              * back (measured) only one in MS_DEVICE_GUESS_SAMPLE is made, to keep
                              * measuring their precision (ms_experts_wants_prefetch) */
+    int lists;              /* 1: the engine's decode takes the expert-list path over these experts;
+                             * 0: the backend's fused routed kernels over this call's slots, when it has
+                             * them (ms_moe_routed_args.per_call: the resident decode's sum, bit for bit) */
 } ms_device_experts_opts;
 
 #define MS_DEVICE_GUESS_SAMPLE 8 /* guesses made while the gate is closed: one in this many */
@@ -84,6 +87,8 @@ int ms_device_experts_create(ms_model *m, ms_backend *be, ms_expert_source *inne
                              ms_expert_source **out, char *why, size_t why_cap, ms_err *err);
 /* 1 when s came from ms_device_experts_create. */
 int ms_is_device_experts(const ms_expert_source *s);
+/* 1 when s (a device source) was made with opts.lists: decode over the expert lists. */
+int ms_device_experts_lists(const ms_expert_source *s);
 void ms_device_experts_stats_get(const ms_expert_source *s, ms_device_experts_stats *out);
 /* The inner (host) source of s. */
 ms_expert_source *ms_device_experts_inner(const ms_expert_source *s);

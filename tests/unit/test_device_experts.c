@@ -61,7 +61,7 @@ static float *run(ms_model *m, ms_backend *be, ms_expert_source *src, const int3
     return out;
 }
 
-static void check_fixture(const char *name) {
+static void check_fixture_on(const char *name, int routed) {
     char dir[256], refp[300];
     snprintf(dir, sizeof dir, strchr(name, '/') ? "%s" : MS_TEST_FIXTURES "%s", name); /* a name, or a fixture's dir */
     snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
@@ -77,10 +77,14 @@ static void check_fixture(const char *name) {
     float *base = run(&m, NULL, NULL, in->data, n, &acct, &err);
     CHECK_MSG(base != NULL, "%s resident: %s", name, err.msg);
     ms_backend *be = fake_create();
+    if (routed) fake_enable_routed(be);
     /* the fake device with resident (placed) experts: only copies, so the same logits */
     float *placed = base ? run(&m, be, NULL, in->data, n, &acct, &err) : NULL;
-    CHECK_MSG(placed && !memcmp(placed, base, total * 4), "%s placed on the fake device: %s", name,
-              placed ? "logits differ" : err.msg);
+    CHECK_MSG(placed && !memcmp(placed, base, total * 4), "%s placed on the fake device%s: %s", name,
+              routed ? " (routed)" : "", placed ? "logits differ" : err.msg);
+    /* the routed decode form where the model allows it (no zero-computation experts) */
+    int routable = routed && !m.cfg.n_zero_experts && m.cfg.top_k <= 32;
+    CHECK(!routable || (fk(be)->routed_calls > 0 && fk(be)->routed_per_call == 0));
     free(placed);
     /* a host streaming source is refused there: its views are host memory */
     ms_streaming_opts so = {.cache_mib = 0};
@@ -139,11 +143,16 @@ static void check_fixture(const char *name) {
             free(vv);
             break;
         }
-        uint64_t up0 = fk(be)->uploads, reg0 = fk(be)->upload_from_reg;
+        uint64_t up0 = fk(be)->uploads, reg0 = fk(be)->upload_from_reg, pc0 = fk(be)->routed_per_call;
         step_acct a = {0};
         float *got = run(&m, be, dev, in->data, n, &a, &err);
         CHECK_MSG(got != NULL, "%s cfg %zu: %s", name, k, err.msg);
-        if (got) CHECK_MSG(!memcmp(got, base, total * 4), "%s cfg %zu: logits differ from the CPU resident run", name, k);
+        if (got)
+            CHECK_MSG(!memcmp(got, base, total * 4), "%s cfg %zu%s: logits differ from the CPU resident run", name, k,
+                      routed ? " (routed)" : "");
+        /* streamed decode took the per-call routed form (one call per MoE layer and decoded token) */
+        CHECK_MSG(!routable || fk(be)->routed_per_call >= pc0 + N_DECODE, "%s cfg %zu: %llu per-call routed calls",
+                  name, k, (unsigned long long)(fk(be)->routed_per_call - pc0));
         free(got);
         CHECK_MSG(a.bad_steps == 0, "%s cfg %zu: %d steps uploaded more experts than they acquired", name, k, a.bad_steps);
         ms_device_experts_stats st;
@@ -177,6 +186,14 @@ static void check_fixture(const char *name) {
     free(base);
     ms_checkpoint_close(&ref);
     ms_model_free(&m);
+}
+
+/* Each fixture on the fake with the expert lists only (the CPU backend's ops), and with a routed
+ * decode op (fake_enable_routed: resident decode routed on the device, streamed decode over
+ * per-call tables of the acquired slots): both memcmp-identical to the CPU resident run. */
+static void check_fixture(const char *name) {
+    check_fixture_on(name, 0);
+    check_fixture_on(name, 1);
 }
 
 TEST(qwen3_moe) { check_fixture("qwen3_moe"); }
