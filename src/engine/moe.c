@@ -262,7 +262,7 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
 
 /* Decode with streamed experts (a device source) where the backend has the fused routed kernels:
  * layer's one token routed as ms_ffn_moe routes resident decode (router_route where the backend
- * has it), its ids and weights downloaded (the source needs the ids), its K distinct experts
+ * has it), its ids downloaded (the source needs them; the weights stay on the device), its K distinct experts
  * acquired in one call in ascending id (the lists' order), and moe_experts_routed run over this
  * call's views (per_call) with each slot's rank among the K ids as its id: the ascending order,
  * and so the sum, of the resident decode, without the lists' per-expert launches. Then the
@@ -284,8 +284,9 @@ static int moe_stream_routed(ms_engine *e, int layer, const float *in, float *ac
         if (L->router_lbias) be->ops->add_bias(be, e->rlog, L->router_lbias, 1, ms_router_width(c));
         be->ops->route(be, &ra);
     }
+    /* the ids only (one host sync): the kernels read the weights where route wrote them; the lists'
+     * weights (ex_w) are filled below only if the lists run */
     int rc = be->ops->download(be, e->h_ids, e->topk_ids, (size_t)K * sizeof(int), err);
-    if (!rc) rc = be->ops->download(be, e->h_w, e->topk_w, (size_t)K * 4, err);
     if (rc) return ms_wrap(err, "layer %d router", layer);
     int nu = ms_moe_build_lists(e, layer, 1, NULL);
     int *cnt = e->ex_count, *uniq = e->ex_uniq;
@@ -307,7 +308,11 @@ static int moe_stream_routed(ms_engine *e, int layer, const float *in, float *ac
     } else {
         e->no_routed_stream = 1;
     }
-    if (!rc && !routed) { /* the lists over this acquire (one group: nu <= max_acquire) */
+    if (!rc && !routed) /* the lists over this acquire (one group: nu <= max_acquire), with the weights */
+        rc = be->ops->download(be, e->h_w, e->topk_w, (size_t)K * 4, err);
+    if (!rc && !routed) {
+        for (int i = 0, *pos = e->ex_pos; i < K; i++) pos[e->h_ids[i]] = cnt[e->h_ids[i]];
+        for (int i = 0, *pos = e->ex_pos; i < K; i++) e->ex_w[pos[e->h_ids[i]]++] = e->h_w[i]; /* as built */
         for (int u = 0; u < nu; u++) e->ex_off[u] = cnt[uniq[u]];
         e->ex_off[nu] = cnt[uniq[nu - 1] + 1];
         be->ops->zero(be, acc, (size_t)D * 4);

@@ -24,6 +24,8 @@ typedef struct fake_be {
     uint64_t uploads, upload_bytes, upload_from_reg, downloads, syncs;
     uint64_t alloc_bytes; /* every alloc since creation */
     uint64_t routed_calls, routed_per_call; /* moe_experts_routed calls (fake_enable_routed), of them per_call */
+    int refuse_per_call;                    /* 1: per_call calls answer MS_ERR_UNSUPPORTED (counted as refused) */
+    uint64_t routed_refused;
 } fake_be;
 
 static fake_be *fk(ms_backend *be) { return (fake_be *)be; }
@@ -131,6 +133,10 @@ static inline int f_moe_routed(ms_backend *be, const ms_moe_routed_args *a, ms_e
     float w[32];
     ms_expert_view v[32];
     if (K < 1 || K > 32) return ms_fail(err, MS_ERR_UNSUPPORTED, "fake routed: K = %d", K);
+    if (a->per_call && f->refuse_per_call) {
+        f->routed_refused++;
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "fake routed: per_call refused");
+    }
     for (int j = 0; j < K; j++) { /* insertion sort of the slots by id */
         if (a->ids[j] < 0 || a->ids[j] >= a->E) return ms_fail(err, MS_ERR_ARG, "fake routed: id %d of %d", a->ids[j], a->E);
         int q = j;

@@ -78,6 +78,7 @@ static void check_fixture_on(const char *name, int routed) {
     CHECK_MSG(base != NULL, "%s resident: %s", name, err.msg);
     ms_backend *be = fake_create();
     if (routed) fake_enable_routed(be);
+    fk(be)->refuse_per_call = routed == 2; /* streamed decode then falls back to the lists, once per engine */
     /* the fake device with resident (placed) experts: only copies, so the same logits */
     float *placed = base ? run(&m, be, NULL, in->data, n, &acct, &err) : NULL;
     CHECK_MSG(placed && !memcmp(placed, base, total * 4), "%s placed on the fake device%s: %s", name,
@@ -151,8 +152,9 @@ static void check_fixture_on(const char *name, int routed) {
             CHECK_MSG(!memcmp(got, base, total * 4), "%s cfg %zu%s: logits differ from the CPU resident run", name, k,
                       routed ? " (routed)" : "");
         /* streamed decode took the per-call routed form (one call per MoE layer and decoded token) */
-        CHECK_MSG(!routable || fk(be)->routed_per_call >= pc0 + N_DECODE, "%s cfg %zu: %llu per-call routed calls",
-                  name, k, (unsigned long long)(fk(be)->routed_per_call - pc0));
+        CHECK_MSG(!routable || routed == 2 || fk(be)->routed_per_call >= pc0 + N_DECODE,
+                  "%s cfg %zu: %llu per-call routed calls", name, k, (unsigned long long)(fk(be)->routed_per_call - pc0));
+        CHECK(!routable || routed != 2 || (fk(be)->routed_per_call == 0 && fk(be)->routed_refused > 0));
         free(got);
         CHECK_MSG(a.bad_steps == 0, "%s cfg %zu: %d steps uploaded more experts than they acquired", name, k, a.bad_steps);
         ms_device_experts_stats st;
@@ -188,12 +190,14 @@ static void check_fixture_on(const char *name, int routed) {
     ms_model_free(&m);
 }
 
-/* Each fixture on the fake with the expert lists only (the CPU backend's ops), and with a routed
+/* Each fixture on the fake with the expert lists only (the CPU backend's ops), with a routed
  * decode op (fake_enable_routed: resident decode routed on the device, streamed decode over
- * per-call tables of the acquired slots): both memcmp-identical to the CPU resident run. */
+ * per-call tables of the acquired slots), and with that op refusing per-call tables (streamed
+ * decode falls back to the lists): all memcmp-identical to the CPU resident run. */
 static void check_fixture(const char *name) {
     check_fixture_on(name, 0);
     check_fixture_on(name, 1);
+    check_fixture_on(name, 2); /* per_call refused: the lists over the same acquire */
 }
 
 TEST(qwen3_moe) { check_fixture("qwen3_moe"); }
