@@ -92,6 +92,9 @@ static int stream_args(int argc, char **argv, ms_cli_opts *o) {
     so->cache_mib = mib > 0 ? mib : 0;
     so->store_dir = store;
     so->queue_depth = (int)qd;
+    /* MS_IO_CHUNK_KIB=N: the reader's piece size (an A/B switch of the streamed reads; default 2048) */
+    const char *ck = getenv("MS_IO_CHUNK_KIB");
+    if (ck && atoi(ck) >= 4) so->chunk_bytes = (uint64_t)(atoi(ck) / 4) * 4096;
     return 0;
 }
 
