@@ -102,15 +102,19 @@ static void check_fixture_on(const char *name, int routed) {
     /* a budget below top-k slots is refused, naming the need */
     ms_device_experts_opts dz = {.budget_bytes = slot * (uint64_t)(m.cfg.top_k - 1) + 1};
     CHECK(host && ms_device_experts_create(&m, be, host, &dz, &dev, why, sizeof why, &err) == MS_ERR_NOMEM && !dev);
-    struct { uint64_t slots; ms_cache_policy pol; int no_pin, prefetch_all; } cfgs[] = {
-        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 0}, /* the smallest device cache: groups of top-k */
-        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 1}, /* the same, every lookahead guess read */
-        {(uint64_t)m.cfg.top_k + 3, MS_CACHE_LRU, 1, 0},
-        {all, MS_CACHE_LFU_DECAY, 0, 0},                    /* every expert fits */
+    struct { uint64_t slots; ms_cache_policy pol; int no_pin, prefetch_all, old; } cfgs[] = {
+        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 0, 0}, /* the smallest device cache: groups of top-k */
+        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 1, 0}, /* the same, every lookahead guess read */
+        {(uint64_t)m.cfg.top_k + 3, MS_CACHE_LRU, 1, 0, 0},
+        {all, MS_CACHE_LFU_DECAY, 0, 0, 0},                    /* every expert fits */
+        /* the earlier forms: expert lists, the gate forwarding while warming up, every guess made */
+        {(uint64_t)m.cfg.top_k + 1, MS_CACHE_LFU_DECAY, 0, 0, 1},
     };
     for (size_t k = 0; host && base && k < sizeof cfgs / sizeof *cfgs; k++) {
         ms_device_experts_opts dopt = {.budget_bytes = slot * cfgs[k].slots, .policy = cfgs[k].pol,
-                                       .no_pin = cfgs[k].no_pin, .prefetch_all = cfgs[k].prefetch_all};
+                                       .no_pin = cfgs[k].no_pin, .prefetch_all = cfgs[k].prefetch_all,
+                                       .lists = cfgs[k].old, .gate_warm_open = cfgs[k].old,
+                                       .always_guess = cfgs[k].old};
         if (ms_device_experts_create(&m, be, host, &dopt, &dev, why, sizeof why, &err)) {
             CHECK_MSG(0, "%s cfg %zu: %s", name, k, err.msg);
             continue;
@@ -152,7 +156,8 @@ static void check_fixture_on(const char *name, int routed) {
             CHECK_MSG(!memcmp(got, base, total * 4), "%s cfg %zu%s: logits differ from the CPU resident run", name, k,
                       routed ? " (routed)" : "");
         /* streamed decode took the per-call routed form (one call per MoE layer and decoded token) */
-        CHECK_MSG(!routable || routed == 2 || fk(be)->routed_per_call >= pc0 + N_DECODE,
+        CHECK(!cfgs[k].old || fk(be)->routed_per_call == pc0); /* lists: no per-call routed calls */
+        CHECK_MSG(!routable || routed == 2 || cfgs[k].old || fk(be)->routed_per_call >= pc0 + N_DECODE,
                   "%s cfg %zu: %llu per-call routed calls", name, k, (unsigned long long)(fk(be)->routed_per_call - pc0));
         CHECK(!routable || routed != 2 || (fk(be)->routed_per_call == 0 && fk(be)->routed_refused > 0));
         free(got);
