@@ -286,12 +286,17 @@ static int moe_stream_routed(ms_engine *e, int layer, const float *in, float *ac
     }
     /* the ids only (one host sync): the kernels read the weights where route wrote them; the lists'
      * weights (ex_w) are filled below only if the lists run */
+    double t0 = now_s();
     int rc = be->ops->download(be, e->h_ids, e->topk_ids, (size_t)K * sizeof(int), err);
     if (rc) return ms_wrap(err, "layer %d router", layer);
+    double t1 = now_s();
     int nu = ms_moe_build_lists(e, layer, 1, NULL);
     int *cnt = e->ex_count, *uniq = e->ex_uniq;
     ms_expert_view *views = e->ex_views;
-    if ((rc = ms_experts_acquire(e->experts, layer, nu, uniq, views, err))) return rc;
+    rc = ms_experts_acquire(e->experts, layer, nu, uniq, views, err);
+    double t2 = now_s();
+    e->stats.route_wait_s += t1 - t0, e->stats.acquire_s += t2 - t1;
+    if (rc) return rc;
     int routed = 0;
     if (nu == K) { /* distinct ids: slot j's rank = its expert's index in uniq */
         int rank[32];
@@ -321,7 +326,9 @@ static int moe_stream_routed(ms_engine *e, int layer, const float *in, float *ac
                           .u = e->u, .ys = e->ys};
         be->ops->moe_experts(be, &ma);
     }
+    double t3 = now_s();
     if (!rc) rc = ms_moe_lookahead(e, layer, 1, err);
+    e->stats.lookahead_s += now_s() - t3;
     ms_experts_release(e->experts, layer);
     return rc ? ms_wrap(err, "layer %d experts", layer) : MS_OK;
 }
