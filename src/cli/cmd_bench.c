@@ -127,7 +127,9 @@ int cmd_bench(int argc, char **argv) {
                "device_missed_bytes (the misses' bytes, each one upload), disk_floor_s (those bytes at the\n"
                "drive bandwidth measured above), decode_s and disk_floor_fraction (floor / decode time), and\n"
                "the lookahead gate: guessed, right, forwarded and held experts, its precision, the precision it\n"
-               "needs, the measured gap (guess to acquire) and read time of one expert.\n"
+               "needs, the measured gap (guess to acquire) and read time of one expert; on the routed kernels\n"
+               "(docs/gpu.md) route_wait_s, acquire_s, lookahead_s: decode seconds the host waited for the router's\n"
+               "ids, spent in the device source's acquire, and in the lookahead.\n"
                               "Hybrid (--experts-on cpu|gpu|auto, --cpu-moe-layers N; docs/gpu.md): the probes' figures\n"
                "(pcie_h2d_gb_s pinned and pcie_pageable_gb_s, ram_read_gb_s, cpu_expert_gb_s), cpu_moe_layers\n"
                "and per decoded token the CPU layers' time in expert sums (hybrid_cpu_s_per_token), waiting\n"
@@ -317,7 +319,8 @@ int cmd_bench(int argc, char **argv) {
                  "\"device_missed_bytes\":%.0f,\"decode_s\":%.3f,\"disk_floor_s\":%.3f,\"disk_floor_fraction\":%.3f,"
                  "\"lookahead_guessed\":%llu,\"lookahead_right\":%llu,\"lookahead_forwarded\":%llu,"
                  "\"lookahead_held\":%llu,\"gate_open\":%d,\"gate_precision\":%.3f,\"gate_need\":%.3f,"
-                 "\"gate_gap_ms\":%.3f,\"gate_read_ms\":%.3f",
+                 "\"gate_gap_ms\":%.3f,\"gate_read_ms\":%.3f,\"route_wait_s\":%.3f,\"acquire_s\":%.3f,"
+                 "\"lookahead_s\":%.3f",
                  ds1.n_slots, (unsigned long long)ds1.slot_bytes, rq ? (double)h / (double)rq : 0.0,
                  (double)up / (double)G, (double)(ds1.upload_bytes - ds0.upload_bytes) / (double)G,
                  ds1.inner_s - ds0.inner_s, ds1.upload_s - ds0.upload_s, ds1.pinned, missed, dec_s, dfloor,
@@ -325,7 +328,8 @@ int cmd_bench(int argc, char **argv) {
                  (unsigned long long)(ds1.pf_right - ds0.pf_right),
                  (unsigned long long)(ds1.pf_forwarded - ds0.pf_forwarded),
                  (unsigned long long)(ds1.pf_held - ds0.pf_held), ds1.gate_open, ds1.gate_precision, ds1.gate_need,
-                 1e3 * ds1.gate_gap_s, 1e3 * ds1.gate_read_s);
+                 1e3 * ds1.gate_gap_s, 1e3 * ds1.gate_read_s, es1->route_wait_s - es0.route_wait_s,
+                 es1->acquire_s - es0.acquire_s, es1->lookahead_s - es0.lookahead_s);
     }
     if (x.stages) { /* per device: decode seconds per token of its stage (synced at its hand-off), of that its
                      * experts' work for other stages, its ledger; the comm's bytes, calls and seconds per token */

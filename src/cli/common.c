@@ -94,6 +94,9 @@ static int stream_args(int argc, char **argv, ms_cli_opts *o) {
     so->cache_mib = mib > 0 ? mib : 0;
     so->store_dir = store;
     so->queue_depth = (int)qd;
+    /* MS_IO_CHUNK_KIB=N: the reader's piece size (an A/B switch of the streamed reads; default 2048) */
+    const char *ck = getenv("MS_IO_CHUNK_KIB");
+    if (ck && atoi(ck) >= 4) so->chunk_bytes = (uint64_t)(atoi(ck) / 4) * 4096;
     return 0;
 }
 
@@ -525,7 +528,13 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);
             goto fail;
         }
-        ms_device_experts_opts dopt = {.budget_bytes = budget, .policy = eo->stream_opts.policy};
+        /* A/B switches of the streamed decode (docs/gpu.md): MS_STREAM_ROUTED=0 the expert lists instead of
+         * the fused routed kernels, MS_GATE_WARM=open the gate forwarding until measured, MS_GUESS_ALL=1
+         * every lookahead guess made while the gate holds them back */
+        const char *sr = getenv("MS_STREAM_ROUTED"), *gw = getenv("MS_GATE_WARM"), *ga = getenv("MS_GUESS_ALL");
+        ms_device_experts_opts dopt = {.budget_bytes = budget, .policy = eo->stream_opts.policy,
+                                       .lists = sr && !strcmp(sr, "0"), .gate_warm_open = gw && !strcmp(gw, "open"),
+                                       .always_guess = ga && atoi(ga) > 0};
         if (ms_device_experts_create(&x->model, x->backend, x->experts, &dopt, &x->dev_experts, why, sizeof why,
                                      &err)) {
             fprintf(stderr, "moonshine %s: %s\n", cmd, err.msg);

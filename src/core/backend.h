@@ -217,7 +217,12 @@ void ms_moe_experts_composed(ms_backend *be, const ms_moe_args *a);
  * experts' placed views, a host array that stays unchanged while the backend lives
  * (the backend may keep a device copy of it keyed by its address). Optional (NULL:
  * the engine downloads the ids and calls moe_experts); MS_ERR_UNSUPPORTED (nothing
- * done) for layers the backend does not take this way, the engine then does the same. */
+ * done) for layers the backend does not take this way, the engine then does the same.
+ * per_call = 1 (streamed experts, engine/device_experts.h): all [E] is this call's array
+ * (the E = K acquired views in ascending expert id, backend memory valid until the work
+ * queued now has run) and ids [K] hold each slot's index into it (its rank among the K
+ * ids, so the ascending order, and the sum, are those of the resident call); the backend
+ * keeps no copy of all past the call. */
 typedef struct ms_moe_routed_args {
     const float *in;
     float *acc;
@@ -227,6 +232,7 @@ typedef struct ms_moe_routed_args {
     const float *w;
     int K, E;
     const ms_expert_view *all;
+    int per_call; /* 1: all is this call's array of the acquired experts (above) */
 } ms_moe_routed_args;
 
 typedef struct ms_backend_ops {

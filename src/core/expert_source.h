@@ -44,6 +44,11 @@ typedef struct ms_expert_source_ops {
     /* Hint: these experts of `layer` will likely be acquired soon (non-blocking, may be ignored). */
     void (*prefetch)(ms_expert_source *s, int layer, int n, const int *ids);
     void (*destroy)(ms_expert_source *s);
+    /* Optional (NULL: always 1): 1 when a prefetch guess for `layer` made now would be used
+     * (forwarded or judged), 0 when the caller may skip computing it (a device source whose
+     * gate holds guesses back asks for one in a few, to keep measuring their precision).
+     * Each call counts as a chance to guess: call it once per guess the caller would make. */
+    int (*wants_prefetch)(ms_expert_source *s, int layer);
 } ms_expert_source_ops;
 
 struct ms_expert_source {
@@ -63,6 +68,9 @@ static inline int ms_experts_acquire(ms_expert_source *s, int layer, int n, cons
 }
 static inline void ms_experts_release(ms_expert_source *s, int layer) {
     if (s->ops->release) s->ops->release(s, layer);
+}
+static inline int ms_experts_wants_prefetch(ms_expert_source *s, int layer) {
+    return s->ops->prefetch && (!s->ops->wants_prefetch || s->ops->wants_prefetch(s, layer));
 }
 static inline void ms_experts_prefetch(ms_expert_source *s, int layer, int n, const int *ids) {
     if (s->ops->prefetch) s->ops->prefetch(s, layer, n, ids);

@@ -92,7 +92,8 @@ typedef struct dev_src {
     pin_rec *pins;
     int n_pins, cap_pins;
     void *pinned; /* the host cache page-locked through be (unregistered at destroy) */
-    int prefetch_all;
+    int prefetch_all, always_guess, lists;
+    uint64_t chances; /* wants_prefetch calls while the gate was closed (measured) */
     ms_pf_gate gate; /* lookahead guesses judged, read time measured (io/prefetch_gate.h) */
     ms_device_experts_stats st;
 } dev_src;
@@ -267,6 +268,16 @@ static void d_prefetch(ms_expert_source *s, int layer, int n, const int *ids) {
     if (open || D->prefetch_all) ms_experts_prefetch(D->inner, layer, k, want);
 }
 
+/* The lookahead's guess for layer is worth making: always while the gate forwards or is still
+ * measuring (warming up), one chance in MS_DEVICE_GUESS_SAMPLE while it holds measured guesses back. */
+static int d_wants_prefetch(ms_expert_source *s, int layer) {
+    dev_src *D = (dev_src *)s;
+    if (D->prefetch_all || D->always_guess) return 1;
+    double need = 0;
+    if (ms_pf_gate_open(&D->gate, &need) || need <= 0) return 1;
+    return D->chances++ % MS_DEVICE_GUESS_SAMPLE == 0;
+}
+
 static void d_destroy(ms_expert_source *s) {
     dev_src *D = (dev_src *)s;
     if (!D) return;
@@ -277,9 +288,11 @@ static void d_destroy(ms_expert_source *s) {
     free(D);
 }
 
-static const ms_expert_source_ops k_dev_ops = {d_acquire, d_release, d_prefetch, d_destroy};
+static const ms_expert_source_ops k_dev_ops = {d_acquire, d_release, d_prefetch, d_destroy, d_wants_prefetch};
 
 int ms_is_device_experts(const ms_expert_source *s) { return s && s->ops == &k_dev_ops; }
+
+int ms_device_experts_lists(const ms_expert_source *s) { return ms_is_device_experts(s) && ((const dev_src *)s)->lists; }
 
 ms_expert_source *ms_device_experts_inner(const ms_expert_source *s) { return ((const dev_src *)s)->inner; }
 
@@ -353,7 +366,10 @@ int ms_device_experts_create(ms_model *m, ms_backend *be, ms_expert_source *inne
     D->base.views_on = be;
     D->m = m, D->be = be, D->inner = inner;
     D->prefetch_all = o->prefetch_all;
+    D->always_guess = o->always_guess;
+    D->lists = o->lists;
     ms_pf_gate_init(&D->gate);
+    D->gate.warm_open = o->gate_warm_open;
     D->n_slots = (int)n;
     D->slot_bytes = slot;
     D->views = calloc((size_t)n, sizeof *D->views);
@@ -393,6 +409,11 @@ int ms_device_experts_create(ms_model *m, ms_backend *be, ms_expert_source *inne
                  be->name, D->n_slots, slot / 1048576.0, (double)slot * D->n_slots / 1048576.0,
                  ms_cache_policy_name(o->policy), (long long)total, pin_note,
                  o->prefetch_all ? "forwarded (no gate)" : "gated by its measured worth");
+    if (why && why_cap && (o->gate_warm_open || o->always_guess || o->lists)) {
+        size_t k = strlen(why);
+        snprintf(why + k, why_cap - k, " (%s%s%s)", o->gate_warm_open ? " forwarded while warming up" : "",
+                 o->always_guess ? " every guess made" : "", o->lists ? " decode over the expert lists" : "");
+    }
     *out = &D->base;
     return MS_OK;
 }

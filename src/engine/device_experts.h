@@ -23,7 +23,10 @@
  *             (p >= 1 - gap / t_read, gap and t_read measured here), held back
  *             otherwise, so lookahead reads of the host cache overlap the compute as
  *             on the CPU when they are right and do not queue ahead of the misses
- *             when they are not.
+ *             when they are not. While the gate holds guesses back (measured), the
+ *             source asks the engine (wants_prefetch) for one guess in
+ *             MS_DEVICE_GUESS_SAMPLE only: the others' router pass and download are
+ *             skipped, the sampled ones keep p measured.
  * max_acquire is the slot count. The device views have the layout model/place.c
  * gives placed experts (the stored dtype and block scales, each role 256-byte
  * aligned), so the backend's MoE ops run them unchanged, and logits are those of
@@ -47,7 +50,17 @@ typedef struct ms_device_experts_opts {
     double half_life;       /* LFU-decay half-life in tokens (0 = 64) */
     int no_pin;             /* 1: do not page-lock the host cache (uploads from pageable memory) */
     int prefetch_all;       /* 1: forward every lookahead guess (no gate; the behaviour before the gate) */
+    int gate_warm_open;     /* 1: the gate forwards guesses until it has measured them (its first form);
+                             * 0: held back until measured (io/prefetch_gate.h) */
+    int always_guess;       /* 1: the engine makes every lookahead guess; 0: while the gate holds guesses
+                             * back (measured) only one in MS_DEVICE_GUESS_SAMPLE is made, to keep
+                             * measuring their precision (ms_experts_wants_prefetch) */
+    int lists;              /* 1: the engine's decode takes the expert-list path over these experts;
+                             * 0: the backend's fused routed kernels over this call's slots, when it has
+                             * them (ms_moe_routed_args.per_call: the resident decode's sum, bit for bit) */
 } ms_device_experts_opts;
+
+#define MS_DEVICE_GUESS_SAMPLE 8 /* guesses made while the gate is closed: one in this many */
 
 typedef struct ms_device_experts_stats {
     uint64_t requests, hits, misses; /* per requested expert (the device slot map) */
@@ -74,6 +87,8 @@ int ms_device_experts_create(ms_model *m, ms_backend *be, ms_expert_source *inne
                              ms_expert_source **out, char *why, size_t why_cap, ms_err *err);
 /* 1 when s came from ms_device_experts_create. */
 int ms_is_device_experts(const ms_expert_source *s);
+/* 1 when s (a device source) was made with opts.lists: decode over the expert lists. */
+int ms_device_experts_lists(const ms_expert_source *s);
 void ms_device_experts_stats_get(const ms_expert_source *s, ms_device_experts_stats *out);
 /* The inner (host) source of s. */
 ms_expert_source *ms_device_experts_inner(const ms_expert_source *s);

@@ -74,6 +74,9 @@ typedef struct ms_engine_stats {
      * (its backend synced at the hand-off, so the device's work is in it), and of that, seconds
      * its experts ran for tokens of other stages (expert parallelism) */
     double stage_s, remote_experts_s;
+    /* streamed decode on the routed kernels (engine/moe.c): host seconds waiting for the router's ids
+     * (the sync drains the layer's queued work), in the source's acquire, and in the lookahead */
+    double route_wait_s, acquire_s, lookahead_s;
 } ms_engine_stats;
 
 typedef struct ms_engine ms_engine;

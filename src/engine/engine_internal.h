@@ -63,6 +63,7 @@ struct ms_engine {
     int *ex_pos, *ex_uniq;    /* [E] */
     int *ex_off;              /* [E + 1]: an acquired group's pair offsets (ms_moe_args.off) */
     int no_routed;            /* the backend refused moe_experts_routed: the lists from then on */
+    int no_routed_stream;     /* the same for streamed experts (per_call tables): the lists from then on */
     ms_expert_view *ex_views; /* [E] */
     int *ex_rank;             /* [3E] staged with expert parallelism: each expert's rank in (device, id) order, the
                                * inverse, and the device that runs it (its home, or this stage holding a replica) */

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "core/comm.h"
+#include "engine/device_experts.h"
 #include "engine/engine_internal.h"
 #include "engine/hybrid_experts.h"
 
@@ -74,6 +75,8 @@ int ms_moe_lookahead(ms_engine *e, int layer, int n, ms_err *err) {
     /* hybrid: a CPU layer's experts come from the host source */
     ms_expert_source *src = ms_hybrid_layer(e, next) ? ms_hybrid_host(e) : e->experts;
     if (n != 1 || !src->ops->prefetch || K > MS_LOOKAHEAD_MAX_K) return MS_OK;
+    /* a source that holds guesses back asks for few of them: no router pass, no download */
+    if (!ms_experts_wants_prefetch(src, next)) return MS_OK;
     const ms_layer *N = &e->w->layers[next];
     /* the next router sees the residual normed by ITS layer's FFN norm: re-norm this
      * layer's FFN input with that weight (the residual itself moves little in one layer) */
@@ -257,6 +260,79 @@ static int moe_lists(ms_engine *e, int layer, int n, const float *in, float *acc
     return MS_OK;
 }
 
+/* Decode with streamed experts (a device source) where the backend has the fused routed kernels:
+ * layer's one token routed as ms_ffn_moe routes resident decode (router_route where the backend
+ * has it), its ids downloaded (the source needs them; the weights stay on the device), its K distinct experts
+ * acquired in one call in ascending id (the lists' order), and moe_experts_routed run over this
+ * call's views (per_call) with each slot's rank among the K ids as its id: the ascending order,
+ * and so the sum, of the resident decode, without the lists' per-expert launches. Then the
+ * lookahead (after the launch: it reuses the routing buffers; its download waits for the
+ * kernels) and the release. A backend that refuses the call (MS_ERR_UNSUPPORTED) gets the
+ * lists over the same acquire, and the lists from then on (e->no_routed_stream). */
+static int moe_stream_routed(ms_engine *e, int layer, const float *in, float *acc, int64_t D, const ms_glu *act,
+                             ms_err *err) {
+    const ms_config *c = &e->m->cfg;
+    const ms_layer *L = &e->w->layers[layer];
+    ms_backend *be = e->be;
+    int K = (int)c->top_k;
+    /* routed as the resident decode routes (the same router op, so the same weights) */
+    ms_route_args ra = {.c = c, .logits = e->rlog, .bias = L->router_bias, .n = 1, .ids = e->topk_ids, .w = e->topk_w};
+    if (be->ops->router_route && !L->router_lbias) {
+        be->ops->router_route(be, &ra, e->xn, &L->router);
+    } else {
+        be->ops->matmul(be, e->rlog, e->xn, 1, &L->router, 0);
+        if (L->router_lbias) be->ops->add_bias(be, e->rlog, L->router_lbias, 1, ms_router_width(c));
+        be->ops->route(be, &ra);
+    }
+    /* the ids only (one host sync): the kernels read the weights where route wrote them; the lists'
+     * weights (ex_w) are filled below only if the lists run */
+    double t0 = now_s();
+    int rc = be->ops->download(be, e->h_ids, e->topk_ids, (size_t)K * sizeof(int), err);
+    if (rc) return ms_wrap(err, "layer %d router", layer);
+    double t1 = now_s();
+    int nu = ms_moe_build_lists(e, layer, 1, NULL);
+    int *cnt = e->ex_count, *uniq = e->ex_uniq;
+    ms_expert_view *views = e->ex_views;
+    rc = ms_experts_acquire(e->experts, layer, nu, uniq, views, err);
+    double t2 = now_s();
+    e->stats.route_wait_s += t1 - t0, e->stats.acquire_s += t2 - t1;
+    if (rc) return rc;
+    int routed = 0;
+    if (nu == K) { /* distinct ids: slot j's rank = its expert's index in uniq */
+        int rank[32];
+        for (int j = 0; j < K; j++) {
+            rank[j] = 0;
+            for (int q = 0; q < K; q++) rank[j] += e->h_ids[q] < e->h_ids[j];
+        }
+        rc = be->ops->upload(be, e->topk_ids, rank, (size_t)K * sizeof *rank, err);
+        ms_moe_routed_args ma = {.in = in, .acc = acc, .D = D, .act = act, .ids = e->topk_ids, .w = e->topk_w,
+                                 .K = K, .E = nu, .all = views, .per_call = 1};
+        if (!rc) rc = be->ops->moe_experts_routed(be, &ma, err);
+        if (rc == MS_ERR_UNSUPPORTED) rc = MS_OK, e->no_routed_stream = 1;
+        else if (!rc) routed = 1;
+    } else {
+        e->no_routed_stream = 1;
+    }
+    if (!rc && !routed) /* the lists over this acquire (one group: nu <= max_acquire), with the weights */
+        rc = be->ops->download(be, e->h_w, e->topk_w, (size_t)K * 4, err);
+    if (!rc && !routed) {
+        for (int i = 0, *pos = e->ex_pos; i < K; i++) pos[e->h_ids[i]] = cnt[e->h_ids[i]];
+        for (int i = 0, *pos = e->ex_pos; i < K; i++) e->ex_w[pos[e->h_ids[i]]++] = e->h_w[i]; /* as built */
+        for (int u = 0; u < nu; u++) e->ex_off[u] = cnt[uniq[u]];
+        e->ex_off[nu] = cnt[uniq[nu - 1] + 1];
+        be->ops->zero(be, acc, (size_t)D * 4);
+        ms_moe_args ma = {.in = in, .acc = acc, .D = D, .act = act, .nu = nu, .views = views, .off = e->ex_off,
+                          .tok = e->ex_tokens, .w = e->ex_w, .max_batch = e->max_batch, .xs = e->xs, .g = e->g,
+                          .u = e->u, .ys = e->ys};
+        be->ops->moe_experts(be, &ma);
+    }
+    double t3 = now_s();
+    if (!rc) rc = ms_moe_lookahead(e, layer, 1, err);
+    e->stats.lookahead_s += now_s() - t3;
+    ms_experts_release(e->experts, layer);
+    return rc ? ms_wrap(err, "layer %d experts", layer) : MS_OK;
+}
+
 /* The routed experts' rows: they read *in and sum into *acc, rows of the returned width D:
  * the hidden stream (in = e->xn, acc = out), or the latent width between
  * routed_expert_down_proj and up_proj (Kimi K3: in = lat_down e->xn, queued here; acc = e->lat_out). */
@@ -316,6 +392,13 @@ int ms_ffn_moe(ms_engine *e, int layer, int n, float *out, ms_err *err) {
             e->no_routed = 1; /* this backend takes the lists: from now on without asking */
         }
     }
+    /* decode with streamed experts on the device: the fused routed kernels over the acquired slots */
+    if (!routed && n == 1 && be->ops->moe_experts_routed && !e->no_routed_stream && ms_is_device_experts(e->experts) &&
+        !ms_device_experts_lists(e->experts) && e->experts->max_acquire >= K && K <= 32 && !L->hash_ids &&
+        !c->n_zero_experts && !e->choice_fn && !e->staged) {
+        if ((rc = moe_stream_routed(e, layer, in, acc, D, &act, err))) return rc;
+        routed = 1;
+    }
     if (!routed && (rc = moe_lists(e, layer, n, in, acc, D, &act, err))) return rc;
     ms_moe_latent_up(e, L, n, acc, out);
     if (c->shared_inter && c->shared_expert_gate) { /* out += sigmoid(shared_expert_gate x) * shared(x) */
@@ -349,7 +432,7 @@ static int resident_acquire(ms_expert_source *s, int layer, int n, const int *id
 
 static void resident_destroy(ms_expert_source *s) { free(s); }
 
-static const ms_expert_source_ops k_resident_ops = {resident_acquire, NULL, NULL, resident_destroy};
+static const ms_expert_source_ops k_resident_ops = {resident_acquire, NULL, NULL, resident_destroy, NULL};
 
 int ms_resident_experts_create(ms_model *m, ms_expert_source **out, ms_err *err) {
     resident_source *r = calloc(1, sizeof *r);

@@ -130,7 +130,7 @@ static void w_destroy(ms_expert_source *s) {
     ms_expert_store_free(&w->packed);
     free(w);
 }
-static const ms_expert_source_ops k_wrap_ops = {w_acquire, w_release, w_prefetch, w_destroy};
+static const ms_expert_source_ops k_wrap_ops = {w_acquire, w_release, w_prefetch, w_destroy, NULL};
 
 int ms_is_streaming_source(const ms_expert_source *s) { return s && s->ops == &k_wrap_ops; }
 
@@ -182,7 +182,8 @@ int ms_streaming_experts_create(ms_model *m, const ms_streaming_opts *o, ms_expe
     }
     if (!rc) {
         ms_stream_opts so = {.budget_bytes = (uint64_t)o->cache_mib << 20, .min_slots = (int)m->cfg.top_k,
-                             .io = o->io, .queue_depth = qd, .policy = o->policy, .verify = !o->no_verify,
+                             .io = o->io, .queue_depth = qd, .chunk_bytes = o->chunk_bytes, .policy = o->policy,
+                             .verify = !o->no_verify,
                              .no_prefetch = o->no_prefetch, .trace_path = o->trace_path,
                              .bind = bind_relocate, .bind_ctx = m};
         rc = ms_stream_source_create(w->use_packed ? &w->packed : &w->ck_store, &so, &w->inner, rwhy, sizeof rwhy, err);

@@ -18,6 +18,7 @@ typedef struct ms_streaming_opts {
     int64_t cache_mib;        /* budget in MiB; 0 = the smallest cache (top_k slots) */
     ms_io_mode io;            /* MS_IO_AUTO or forced */
     int queue_depth;          /* 0 = default */
+    uint64_t chunk_bytes;     /* reads split into pieces of at most this (multiple of 4096); 0 = the reader's 2 MiB */
     const char *store_dir;    /* packed store (moonshine pack) or NULL: read the checkpoint */
     ms_cache_policy policy;   /* MS_CACHE_LFU_DECAY by default */
     int no_verify;            /* skip the per-expert CRC of a packed store */

@@ -383,7 +383,7 @@ static void s_destroy(ms_expert_source *base) {
     free(S);
 }
 
-static const ms_expert_source_ops k_stream_ops = {s_acquire, s_release, s_prefetch, s_destroy};
+static const ms_expert_source_ops k_stream_ops = {s_acquire, s_release, s_prefetch, s_destroy, NULL};
 
 void ms_stream_source_stats(const ms_expert_source *s, ms_stream_stats *out) {
     const stream_src *S = (const stream_src *)s;
@@ -452,7 +452,7 @@ int ms_stream_source_create(const ms_expert_store *st, const ms_stream_opts *opt
         else ms_expert_trace_header(S->trace, st->n_layers, st->n_experts);
     }
     if (!rc) {
-        ms_reader_opts ro = {.mode = o.io, .queue_depth = o.queue_depth, .arena = S->arena,
+        ms_reader_opts ro = {.mode = o.io, .queue_depth = o.queue_depth, .chunk_bytes = o.chunk_bytes, .arena = S->arena,
                              .arena_bytes = S->arena_bytes, .unit_bytes = slot};
         rc = ms_reader_open((const char *const *)st->paths, st->n_files, &ro, &S->rd, why, why_cap, err);
     }

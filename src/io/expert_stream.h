@@ -51,6 +51,7 @@ typedef struct ms_stream_opts {
     int min_slots;         /* experts one acquire pins at once (the router's top-k), >= 1 */
     ms_io_mode io;         /* MS_IO_AUTO or forced */
     int queue_depth;       /* 0 = reader default */
+    uint64_t chunk_bytes;  /* the reader's piece size (ms_reader_opts.chunk_bytes); 0 = its default */
     ms_cache_policy policy;
     double half_life;      /* LFU-decay half-life in tokens (0 = 64) */
     int verify;            /* packed stores: check each expert's CRC32C after reading (1 recommended) */

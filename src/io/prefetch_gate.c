@@ -16,7 +16,7 @@ double ms_pf_gate_precision(const ms_pf_gate *g) { return g->judged > 0 ? g->rig
 int ms_pf_gate_open(const ms_pf_gate *g, double *need) {
     if (need) *need = 0;
     uint64_t judged = g->guessed - (g->layer >= 0 ? (uint64_t)g->n : 0);
-    if (judged < MS_PF_GATE_WARMUP || g->read_s <= 0 || g->gap_s <= 0) return 1;
+    if (judged < MS_PF_GATE_WARMUP || g->read_s <= 0 || g->gap_s <= 0) return g->warm_open;
     if (g->gap_s >= g->read_s) return 1;
     double p_need = 1.0 - g->gap_s / g->read_s;
     if (need) *need = p_need;

@@ -17,8 +17,11 @@
  * becomes predictable; gap and t_read are running means (t_read: seconds a demand
  * read of one expert took at the queue depth the reads ran at).
  *
- * Until MS_PF_GATE_WARMUP guessed experts are judged and a read time is measured the gate is
- * open (forwarding is the behaviour without a gate). Pure bookkeeping: the caller
+ * Until MS_PF_GATE_WARMUP guessed experts are judged and a gap and a read time are measured
+ * the gate answers warm_open: 0 (the default of ms_pf_gate_init) holds the guesses back, as
+ * held guesses are judged too and demand reads time the drive, so nothing needs forwarding
+ * to be measured (forwarded unmeasured, the H200's 22% arena run read its first 64 guessed
+ * experts of 9 MiB, right 2-14%); 1 forwards them (the behaviour without a gate). Pure bookkeeping: the caller
  * passes the clock, so the decisions are reproducible in tests. One pending guess
  * (the next MoE layer's, as the engine makes them). Not thread-safe. */
 #ifndef MS_PREFETCH_GATE_H
@@ -37,6 +40,7 @@ typedef struct ms_pf_gate {
     double right, judged;       /* decayed counts of judged experts */
     double gap_s, read_s;       /* running means; 0 = not measured yet */
     uint64_t guessed, hits, forwarded, held; /* experts: guessed, guessed right, forwarded, held back */
+    int warm_open;              /* the answer until measured (above); 0 after ms_pf_gate_init */
 } ms_pf_gate;
 
 void ms_pf_gate_init(ms_pf_gate *g);
@@ -49,8 +53,8 @@ int ms_pf_gate_guess(ms_pf_gate *g, int layer, int n, const int *ids, double now
 void ms_pf_gate_judge(ms_pf_gate *g, int layer, int n, const int *ids, double now);
 /* A demand read of one expert took seconds (measured by the caller). */
 void ms_pf_gate_read(ms_pf_gate *g, double seconds);
-/* 1 when the gate is open now (the rule above); *need (may be NULL) gets the
- * precision it requires (0 while warming up). */
+/* 1 when the gate is open now (the rule above; warm_open while warming up); *need (may be
+ * NULL) gets the precision it requires (0 while warming up). */
 int ms_pf_gate_open(const ms_pf_gate *g, double *need);
 /* The running precision (0.5 before any judgment). */
 double ms_pf_gate_precision(const ms_pf_gate *g);

@@ -859,7 +859,28 @@ static void check_routed(ms_backend *G, const char *what, const wkind *k, int64_
                   tm ? "tmae" : "tma", (long long)ndiff, (long long)D);
         free(got2), G->ops->free(G, dacc2);
     }
-    free(got);
+    /* per_call (streamed experts): this call's K views in ascending id, each slot's id its rank
+     * among the K: the resident call's sum bit for bit, twice (the table buffer reused) */
+    ms_expert_view pv[32];
+    int rank[32];
+    for (int i = 0; i < K; i++) pv[i] = gv[sorted[i]];
+    for (int j = 0; j < K; j++) {
+        rank[j] = 0;
+        for (int q = 0; q < K; q++) rank[j] += ids[q] < ids[j];
+    }
+    void *drk = NULL;
+    CHECK(G->ops->alloc(G, 128, &drk, &err) == MS_OK && G->ops->upload(G, drk, rank, (size_t)K * 4, &err) == MS_OK);
+    ms_moe_routed_args rp = ra;
+    rp.ids = drk, rp.E = K, rp.all = pv, rp.per_call = 1;
+    float *got2 = malloc((size_t)D * 4);
+    for (int rep = 0; rep < 2; rep++) {
+        G->ops->zero(G, dacc, (size_t)D * 4);
+        CHECK_MSG(G->ops->moe_experts_routed(G, &rp, &err) == MS_OK, "%s per_call: %s", what, err.msg);
+        CHECK(G->ops->download(G, got2, dacc, (size_t)D * 4, &err) == MS_OK);
+        CHECK_MSG(!memcmp(got, got2, (size_t)D * 4), "%s: per_call differs from the resident call", what);
+    }
+    free(got), free(got2);
+    G->ops->free(G, drk);
     G->ops->free(G, din), G->ops->free(G, dacc), G->ops->free(G, dwt), G->ops->free(G, did);
     for (int e = 0; e < E; e++) {
         free_w(&hv[e].gate), free_w(&hv[e].down);

@@ -23,6 +23,9 @@ typedef struct fake_be {
     size_t reg_bytes;
     uint64_t uploads, upload_bytes, upload_from_reg, downloads, syncs;
     uint64_t alloc_bytes; /* every alloc since creation */
+    uint64_t routed_calls, routed_per_call; /* moe_experts_routed calls (fake_enable_routed), of them per_call */
+    int refuse_per_call;                    /* 1: per_call calls answer MS_ERR_UNSUPPORTED (counted as refused) */
+    uint64_t routed_refused;
 } fake_be;
 
 static fake_be *fk(ms_backend *be) { return (fake_be *)be; }
@@ -120,6 +123,40 @@ static void f_destroy(ms_backend *be) {
     free(f->blocks), free(f->sizes), free(f->cb.th_buf);
     free(f);
 }
+
+/* moe_experts_routed (core/backend.h) for the fake, opt-in (fake_enable_routed): the contract's
+ * sum of w[j] * expert all[ids[j]] in ascending ids[j], through the composed ops of one token,
+ * so it equals the expert lists of that token bit for bit (per_call or not). */
+static inline int f_moe_routed(ms_backend *be, const ms_moe_routed_args *a, ms_err *err) {
+    fake_be *f = fk(be);
+    int K = a->K, ord[32], off[33], tok[32];
+    float w[32];
+    ms_expert_view v[32];
+    if (K < 1 || K > 32) return ms_fail(err, MS_ERR_UNSUPPORTED, "fake routed: K = %d", K);
+    if (a->per_call && f->refuse_per_call) {
+        f->routed_refused++;
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "fake routed: per_call refused");
+    }
+    for (int j = 0; j < K; j++) { /* insertion sort of the slots by id */
+        if (a->ids[j] < 0 || a->ids[j] >= a->E) return ms_fail(err, MS_ERR_ARG, "fake routed: id %d of %d", a->ids[j], a->E);
+        int q = j;
+        for (; q > 0 && a->ids[ord[q - 1]] > a->ids[j]; q--) ord[q] = ord[q - 1];
+        ord[q] = j;
+    }
+    for (int q = 0; q < K; q++) v[q] = a->all[a->ids[ord[q]]], w[q] = a->w[ord[q]], off[q] = q, tok[q] = 0;
+    off[K] = K;
+    int64_t I = v[0].down.cols;
+    float *xs = malloc((size_t)a->D * 4), *g = malloc((size_t)I * 8), *u = malloc((size_t)I * 8), *ys = malloc((size_t)a->D * 4);
+    memset(a->acc, 0, (size_t)a->D * 4);
+    ms_moe_args ma = {.in = a->in, .acc = a->acc, .D = a->D, .act = a->act, .nu = K, .views = v, .off = off,
+                      .tok = tok, .w = w, .max_batch = 1, .xs = xs, .g = g, .u = u, .ys = ys};
+    ms_moe_experts_composed(be, &ma);
+    free(xs), free(g), free(u), free(ys);
+    f->routed_calls++;
+    f->routed_per_call += a->per_call != 0;
+    return MS_OK;
+}
+static inline void fake_enable_routed(ms_backend *be) { fk(be)->ops.moe_experts_routed = f_moe_routed; }
 
 static ms_backend *fake_create(void) {
     ms_backend *cpu;

@@ -101,7 +101,7 @@ static void cnt_prefetch(ms_expert_source *s, int layer, int n, const int *ids) 
     ms_experts_prefetch(((counting_source *)s)->inner, layer, n, ids);
 }
 static void cnt_destroy(ms_expert_source *s) {}
-static const ms_expert_source_ops k_cnt_ops = {cnt_acquire, cnt_release, cnt_prefetch, cnt_destroy};
+static const ms_expert_source_ops k_cnt_ops = {cnt_acquire, cnt_release, cnt_prefetch, cnt_destroy, NULL};
 
 /* The batched run against the reference; returns the largest logit error (or a negative on failure). */
 static double batched(ms_model *m, ms_expert_source *src, counting_source *cs, const ref_run *r, const char *name,

@@ -61,7 +61,7 @@ static float *run(ms_model *m, ms_backend *be, ms_expert_source *src, const int3
     return out;
 }
 
-static void check_fixture(const char *name) {
+static void check_fixture_on(const char *name, int routed) {
     char dir[256], refp[300];
     snprintf(dir, sizeof dir, strchr(name, '/') ? "%s" : MS_TEST_FIXTURES "%s", name); /* a name, or a fixture's dir */
     snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
@@ -77,10 +77,15 @@ static void check_fixture(const char *name) {
     float *base = run(&m, NULL, NULL, in->data, n, &acct, &err);
     CHECK_MSG(base != NULL, "%s resident: %s", name, err.msg);
     ms_backend *be = fake_create();
+    if (routed) fake_enable_routed(be);
+    fk(be)->refuse_per_call = routed == 2; /* streamed decode then falls back to the lists, once per engine */
     /* the fake device with resident (placed) experts: only copies, so the same logits */
     float *placed = base ? run(&m, be, NULL, in->data, n, &acct, &err) : NULL;
-    CHECK_MSG(placed && !memcmp(placed, base, total * 4), "%s placed on the fake device: %s", name,
-              placed ? "logits differ" : err.msg);
+    CHECK_MSG(placed && !memcmp(placed, base, total * 4), "%s placed on the fake device%s: %s", name,
+              routed ? " (routed)" : "", placed ? "logits differ" : err.msg);
+    /* the routed decode form where the model allows it (no zero-computation experts) */
+    int routable = routed && !m.cfg.n_zero_experts && m.cfg.top_k <= 32;
+    CHECK(!routable || (fk(be)->routed_calls > 0 && fk(be)->routed_per_call == 0));
     free(placed);
     /* a host streaming source is refused there: its views are host memory */
     ms_streaming_opts so = {.cache_mib = 0};
@@ -97,15 +102,19 @@ static void check_fixture(const char *name) {
     /* a budget below top-k slots is refused, naming the need */
     ms_device_experts_opts dz = {.budget_bytes = slot * (uint64_t)(m.cfg.top_k - 1) + 1};
     CHECK(host && ms_device_experts_create(&m, be, host, &dz, &dev, why, sizeof why, &err) == MS_ERR_NOMEM && !dev);
-    struct { uint64_t slots; ms_cache_policy pol; int no_pin, prefetch_all; } cfgs[] = {
-        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 0}, /* the smallest device cache: groups of top-k */
-        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 1}, /* the same, every lookahead guess read */
-        {(uint64_t)m.cfg.top_k + 3, MS_CACHE_LRU, 1, 0},
-        {all, MS_CACHE_LFU_DECAY, 0, 0},                    /* every expert fits */
+    struct { uint64_t slots; ms_cache_policy pol; int no_pin, prefetch_all, old; } cfgs[] = {
+        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 0, 0}, /* the smallest device cache: groups of top-k */
+        {(uint64_t)m.cfg.top_k, MS_CACHE_LFU_DECAY, 0, 1, 0}, /* the same, every lookahead guess read */
+        {(uint64_t)m.cfg.top_k + 3, MS_CACHE_LRU, 1, 0, 0},
+        {all, MS_CACHE_LFU_DECAY, 0, 0, 0},                    /* every expert fits */
+        /* the earlier forms: expert lists, the gate forwarding while warming up, every guess made */
+        {(uint64_t)m.cfg.top_k + 1, MS_CACHE_LFU_DECAY, 0, 0, 1},
     };
     for (size_t k = 0; host && base && k < sizeof cfgs / sizeof *cfgs; k++) {
         ms_device_experts_opts dopt = {.budget_bytes = slot * cfgs[k].slots, .policy = cfgs[k].pol,
-                                       .no_pin = cfgs[k].no_pin, .prefetch_all = cfgs[k].prefetch_all};
+                                       .no_pin = cfgs[k].no_pin, .prefetch_all = cfgs[k].prefetch_all,
+                                       .lists = cfgs[k].old, .gate_warm_open = cfgs[k].old,
+                                       .always_guess = cfgs[k].old};
         if (ms_device_experts_create(&m, be, host, &dopt, &dev, why, sizeof why, &err)) {
             CHECK_MSG(0, "%s cfg %zu: %s", name, k, err.msg);
             continue;
@@ -139,11 +148,18 @@ static void check_fixture(const char *name) {
             free(vv);
             break;
         }
-        uint64_t up0 = fk(be)->uploads, reg0 = fk(be)->upload_from_reg;
+        uint64_t up0 = fk(be)->uploads, reg0 = fk(be)->upload_from_reg, pc0 = fk(be)->routed_per_call;
         step_acct a = {0};
         float *got = run(&m, be, dev, in->data, n, &a, &err);
         CHECK_MSG(got != NULL, "%s cfg %zu: %s", name, k, err.msg);
-        if (got) CHECK_MSG(!memcmp(got, base, total * 4), "%s cfg %zu: logits differ from the CPU resident run", name, k);
+        if (got)
+            CHECK_MSG(!memcmp(got, base, total * 4), "%s cfg %zu%s: logits differ from the CPU resident run", name, k,
+                      routed ? " (routed)" : "");
+        /* streamed decode took the per-call routed form (one call per MoE layer and decoded token) */
+        CHECK(!cfgs[k].old || fk(be)->routed_per_call == pc0); /* lists: no per-call routed calls */
+        CHECK_MSG(!routable || routed == 2 || cfgs[k].old || fk(be)->routed_per_call >= pc0 + N_DECODE,
+                  "%s cfg %zu: %llu per-call routed calls", name, k, (unsigned long long)(fk(be)->routed_per_call - pc0));
+        CHECK(!routable || routed != 2 || (fk(be)->routed_per_call == 0 && fk(be)->routed_refused > 0));
         free(got);
         CHECK_MSG(a.bad_steps == 0, "%s cfg %zu: %d steps uploaded more experts than they acquired", name, k, a.bad_steps);
         ms_device_experts_stats st;
@@ -177,6 +193,16 @@ static void check_fixture(const char *name) {
     free(base);
     ms_checkpoint_close(&ref);
     ms_model_free(&m);
+}
+
+/* Each fixture on the fake with the expert lists only (the CPU backend's ops), with a routed
+ * decode op (fake_enable_routed: resident decode routed on the device, streamed decode over
+ * per-call tables of the acquired slots), and with that op refusing per-call tables (streamed
+ * decode falls back to the lists): all memcmp-identical to the CPU resident run. */
+static void check_fixture(const char *name) {
+    check_fixture_on(name, 0);
+    check_fixture_on(name, 1);
+    check_fixture_on(name, 2); /* per_call refused: the lists over the same acquire */
 }
 
 TEST(qwen3_moe) { check_fixture("qwen3_moe"); }
@@ -241,6 +267,59 @@ TEST(acquire_each) {
     }
     if (host) host->ops->destroy(host);
     ms_model_free(&m);
+}
+
+/* The lookahead's guesses while the gate holds them back: every one asked for while it warms up
+ * (held, judged, never read), then, once wrong guesses close it, one in MS_DEVICE_GUESS_SAMPLE;
+ * always_guess asks for every one. The guess is made just before its acquire (a gap of
+ * microseconds) and the acquire reads (the smallest arena and host cache): p = 0 against a need
+ * of 1 - gap / read > 0. */
+static void guess_run(int always, int *asked_warm, int *asked_closed, ms_device_experts_stats *st) {
+    ms_model m;
+    ms_err err = {0};
+    *asked_warm = *asked_closed = -1;
+    if (ms_model_load(MS_TEST_FIXTURES "qwen3_moe", &m, &err)) { CHECK_MSG(0, "%s", err.msg); return; }
+    ms_backend *be = fake_create();
+    ms_streaming_opts so = {.cache_mib = 0};
+    ms_expert_source *host = NULL, *dev = NULL;
+    char why[1200];
+    CHECK(ms_streaming_experts_create(&m, &so, &host, why, sizeof why, &err) == 0);
+    ms_device_experts_opts d0 = {.always_guess = always};
+    CHECK(host && ms_device_experts_create(&m, be, host, &d0, &dev, why, sizeof why, &err) == 0);
+    int K = (int)m.cfg.top_k, E = (int)m.cfg.n_experts, l = 0;
+    while (l < m.cfg.n_layers && !m.layers[l].experts) l++;
+    CHECK(dev && K <= 8 && 3 * K + K <= E);
+    int warm = 0, closed = 0, n_closed = 0;
+    for (int s = 0; dev && s < 400 && n_closed < 8 * MS_DEVICE_GUESS_SAMPLE && K <= 8 && 4 * K <= E; s++) {
+        ms_device_experts_stats g;
+        ms_device_experts_stats_get(dev, &g);
+        int is_closed = !g.gate_open && g.gate_need > 0;
+        int want = ms_experts_wants_prefetch(dev, l), guess[8], ids[8];
+        if (is_closed) closed += want, n_closed++;
+        else warm += want;
+        for (int i = 0; i < K; i++) guess[i] = E - 1 - i, ids[i] = (s % 3) * K + i; /* the guesses never come */
+        if (want) ms_experts_prefetch(dev, l, K, guess);
+        ms_expert_view v[8];
+        CHECK_MSG(ms_experts_acquire(dev, l, K, ids, v, &err) == 0, "%s", err.msg);
+        ms_experts_release(dev, l);
+    }
+    *asked_warm = warm, *asked_closed = closed;
+    CHECK_MSG(n_closed == 8 * MS_DEVICE_GUESS_SAMPLE, "the gate closed for %d calls", n_closed);
+    if (dev) ms_device_experts_stats_get(dev, st), dev->ops->destroy(dev);
+    if (host) host->ops->destroy(host);
+    be->ops->destroy(be);
+    ms_model_free(&m);
+}
+
+TEST(guess_sampling) {
+    int warm = 0, closed = 0;
+    ms_device_experts_stats st = {0};
+    guess_run(0, &warm, &closed, &st);
+    CHECK_MSG(closed == 8, "%d of %d guesses asked for while closed", closed, 8 * MS_DEVICE_GUESS_SAMPLE);
+    CHECK(warm > 0 && st.pf_forwarded == 0 && st.pf_right == 0); /* the warm-up's guesses held back */
+    CHECK(st.pf_held == st.pf_guessed && st.pf_guessed > 0);
+    guess_run(1, &warm, &closed, &st);
+    CHECK(closed == 8 * MS_DEVICE_GUESS_SAMPLE && st.pf_forwarded == 0);
 }
 
 TEST(default_budget) {

@@ -1,5 +1,5 @@
-/* The lookahead prefetch gate (io/prefetch_gate.h) on scripted clocks: open while
- * warming up; with a measured gap g and read time r it stays open exactly while the
+/* The lookahead prefetch gate (io/prefetch_gate.h) on scripted clocks: closed while
+ * warming up by default (open with warm_open), judging and timing all the same; with a measured gap g and read time r it stays open exactly while the
  * guesses' precision is at least 1 - g / r (a run of wrong guesses closes it, a run
  * of right ones, judged while closed, opens it again); a gap longer than the read
  * time keeps it open at any precision; a guess replaced before its layer's acquire
@@ -25,6 +25,7 @@ static int steps(ms_pf_gate *g, double *t, int n_steps, int right, double gap) {
 TEST(warmup_then_rule) {
     ms_pf_gate g;
     ms_pf_gate_init(&g);
+    g.warm_open = 1; /* the gate's first form: forward until measured */
     double t = 1.0, need = -1;
     CHECK(ms_pf_gate_open(&g, &need) && need == 0);
     /* wrong guesses, but no read time measured yet: open (the behaviour without a gate) */
@@ -57,7 +58,7 @@ TEST(long_gap_stays_open) {
     /* the compute between guess and acquire (2 ms) hides a whole read (1 ms): wrong guesses
      * cost nothing on the critical path, so the gate never closes */
     CHECK(steps(&g, &t, 100, 0, 0.002) == 1);
-    CHECK(ms_pf_gate_precision(&g) < 0.01 && g.held == 0);
+    CHECK(ms_pf_gate_precision(&g) < 0.01 && g.held == 64); /* the warm-up's 8 guesses of 8, held */
     CHECK_NEAR(g.gap_s, 0.002, 1e-9);
 }
 
@@ -75,7 +76,21 @@ TEST(unjudged_guess_dropped) {
     CHECK_NEAR(g.gap_s, 0.2, 1e-12);
     ms_pf_gate_judge(&g, 3, 2, b, 0.4); /* judged once */
     CHECK(g.hits == 2);
-    CHECK(ms_pf_gate_guess(&g, 1, 0, NULL, 0.5) == 1 && g.layer == -1 && g.guessed == 2);
+    CHECK(ms_pf_gate_guess(&g, 1, 0, NULL, 0.5) == 0 && g.layer == -1 && g.guessed == 2); /* warming up: held */
+}
+
+/* The default warm-up: nothing forwarded until a gap, a read time and 64 judged experts are
+ * measured, all of them measured on held guesses; then the rule decides (here p = 1: open). */
+TEST(warmup_held_by_default) {
+    ms_pf_gate g;
+    ms_pf_gate_init(&g);
+    double t = 0, need = -1;
+    CHECK(!ms_pf_gate_open(&g, &need) && need == 0);
+    CHECK(steps(&g, &t, 10, 8, 0.0002) == 0); /* right guesses, but no read time yet: held */
+    CHECK(g.forwarded == 0 && g.held == 80 && g.hits == 80 && g.gap_s > 0);
+    ms_pf_gate_read(&g, 0.004);
+    CHECK(steps(&g, &t, 1, 8, 0.0002) == 1 && ms_pf_gate_open(&g, &need) && need > 0.9);
+    CHECK(g.forwarded == 8);
 }
 
 TEST_MAIN()

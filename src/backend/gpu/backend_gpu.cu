@@ -29,6 +29,7 @@ extern "C" {
 #define MLA_MAXL 1024                   /* latent width the MLA kernels hold per warp */
 #define MLA_WARPS 4
 #define ROPE_SLOTS 4 /* RoPE tables kept on the device (layer_rope alternates two) */
+#define RX_CALL_MAX 32 /* experts of a per-call routed table (moe_experts_routed per_call; K <= 32 there) */
 
 typedef struct {
     uint8_t *base;
@@ -59,6 +60,7 @@ typedef struct gpu_backend {
     /* moe_experts_routed: device tables of the layers' resident experts, keyed by the host array */
     struct rx_table *rx;
     int n_rx, cap_rx;
+    struct ms_gpu_ex_ptrs *rx_call; /* [RX_CALL_MAX] the per-call table (streamed experts), arena memory */
     float *rx_scr;
     size_t rx_cap;
     void *pin; /* page-locked download staging (PIN_BYTES) */
@@ -1200,7 +1202,9 @@ static int qmat_same_layout(const ms_qmat *a, const ms_qmat *b) {
            (a->dtype != MS_DT_I4 || !a->zero == !b->zero);
 }
 
-static int rx_build(gpu_backend *b, rx_table *t, const ms_expert_view *all, int E, ms_err *err) {
+/* t's layout from all[0..E) (t->ok = 0 when the experts differ in layout or bias dtype), and
+ * when ok, the device pointers of each expert into h[E] (host). */
+static void rx_check(rx_table *t, const ms_expert_view *all, int E) {
     memset(t, 0, sizeof *t);
     t->key = all, t->E = E, t->key_w = all[0].gate.data;
     const ms_expert_view *v0 = &all[0];
@@ -1221,9 +1225,9 @@ static int rx_build(gpu_backend *b, rx_table *t, const ms_expert_view *all, int 
     int64_t I = v0->down.cols;
     if (t->gate.rows != (t->fused ? 2 : 1) * I || t->gate.cols != v0->down.rows) ok = 0;
     t->ok = ok;
-    if (!ok) return MS_OK;
-    ms_gpu_ex_ptrs *h = (ms_gpu_ex_ptrs *)calloc((size_t)E, sizeof *h);
-    if (!h) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+}
+static void rx_fill(const ms_expert_view *all, int E, ms_gpu_ex_ptrs *h) {
+    memset(h, 0, (size_t)E * sizeof *h);
     for (int x = 0; x < E; x++) {
         const ms_expert_view *v = &all[x];
         h[x].w[0] = v->gate.data, h[x].s[0] = v->gate.scale;
@@ -1232,6 +1236,15 @@ static int rx_build(gpu_backend *b, rx_table *t, const ms_expert_view *all, int 
         if (v->gate.dtype == MS_DT_I4) h[x].z[0] = v->gate.zero, h[x].z[1] = v->up.zero, h[x].z[2] = v->down.zero;
         h[x].bias[0] = v->gate_bias, h[x].bias[1] = v->up_bias, h[x].bias[2] = v->down_bias;
     }
+}
+
+/* A cached table (resident experts): checked, filled, uploaded into the arena once. */
+static int rx_build(gpu_backend *b, rx_table *t, const ms_expert_view *all, int E, ms_err *err) {
+    rx_check(t, all, E);
+    if (!t->ok) return MS_OK;
+    ms_gpu_ex_ptrs *h = (ms_gpu_ex_ptrs *)calloc((size_t)E, sizeof *h);
+    if (!h) return ms_fail(err, MS_ERR_NOMEM, "out of host memory");
+    rx_fill(all, E, h);
     void *d = NULL;
     int rc = arena_get(b, (size_t)E * sizeof *h, &d, err);
     if (!rc) rc = ms_gpu_upload(b->g, d, h, (size_t)E * sizeof *h, err);
@@ -1246,7 +1259,23 @@ static int g_moe_experts_routed(ms_backend *be, const ms_moe_routed_args *a, ms_
     if (rc) return rc;
     if (a->K < 1 || a->K > 32 || a->E < 1)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "moe_experts_routed: %d of %d experts", a->K, a->E);
-    rx_table *t = NULL;
+    rx_table *t = NULL, tc;
+    if (a->per_call) { /* streamed experts: this call's table, into one device buffer (stream-ordered reuse) */
+        if (b->step.capturing || a->E < 1 || a->E > RX_CALL_MAX)
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "moe_experts_routed: a per-call table of %d experts%s", a->E,
+                           b->step.capturing ? " while recording" : "");
+        rx_check(&tc, a->all, a->E);
+        if (!tc.ok)
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "moe_experts_routed: the experts differ in layout or bias dtype");
+        if (!b->rx_call && (rc = arena_get(b, RX_CALL_MAX * sizeof(ms_gpu_ex_ptrs), (void **)&b->rx_call, err)))
+            return rc;
+        ms_gpu_ex_ptrs h[RX_CALL_MAX];
+        rx_fill(a->all, a->E, h);
+        /* pageable source: staged before the call returns, so h may go out of scope */
+        if ((rc = ms_gpu_upload(b->g, b->rx_call, h, (size_t)a->E * sizeof *h, err))) return rc;
+        tc.dev = b->rx_call;
+        t = &tc;
+    }
     for (int i = 0; i < b->n_rx && !t; i++)
         if (b->rx[i].key == a->all && b->rx[i].E == a->E && b->rx[i].key_w == a->all[0].gate.data) t = &b->rx[i];
     if (!t && b->step.capturing) /* the table's upload would be recorded, not run */
