@@ -383,7 +383,8 @@ static int pdl_decode(ms_model *m, int pdl, int fold, int steps, float *out, int
 }
 /* The same decode through ms_engine_decode_greedy (the pick on the device) on a backend opened with
  * MS_GPU_STEP_NEXT=1 (argmax_step: the pick writes the next token's step, no upload),
- * MS_GPU_QKV_ATTN=1 and MS_GPU_ARGMAX_BLOCKS=1: ids[s] for s = 1..steps (ids[0] the prompt's greedy token, picked on the host
+ * MS_GPU_QKV_ATTN=1 and MS_GPU_ARGMAX_BLOCKS=1: ids[s] for s = 1..steps (ids[0] the prompt's greedy
+ * token, picked on the host
  * from the prefill's logits). Returns the status. */
 static int greedy_decode(ms_model *m, int steps, int32_t *ids, ms_err *err) {
     ms_backend *be = NULL;
@@ -462,7 +463,7 @@ TEST(backend_step_pdl) {
                     if (prev[v] > prev[t]) t = (int32_t)v;
                 bad += t != ids[st - 1];
             }
-            printf("  backend_step_pdl %s greedy on the device (MS_GPU_STEP_NEXT, QKV_ATTN, ARGMAX_BLOCKS=1): %d of %d ids "
+            printf("  backend_step_pdl %s greedy on the device (STEP_NEXT, QKV_ATTN, ARGMAX_BLOCKS=1): %d of %d ids "
                    "differ from the host's picks\n", fx[f], bad, steps);
             CHECK_MSG(bad == 0, "%s: %d greedy ids differ with MS_GPU_STEP_NEXT=1", fx[f], bad);
             free(ids);
