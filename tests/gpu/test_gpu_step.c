@@ -131,8 +131,8 @@ TEST(backend_step) {
        * at 0 gives 0) on vocabulary rows: plain, a coarse grid (ties), NaNs, NaN at 0, -inf, tiny */
         int32_t *dpick = NULL, *bpick = NULL;
         CHECK(G->ops->alloc(G, 4, (void **)&dpick, &err) == MS_OK);
-        ms_backend *Bk = NULL; /* MS_GPU_ARGMAX_BLOCKS=1: the pick by a block per 1024 values */
-        setenv("MS_GPU_ARGMAX_BLOCKS", "1", 1);
+        ms_backend *Bk = NULL; /* MS_GPU_ARGMAX_BLOCKS=0: the one-block pick (G: a block per 1024 values) */
+        setenv("MS_GPU_ARGMAX_BLOCKS", "0", 1);
         CHECK(ms_backend_gpu_create(0, &Bk, &err) == MS_OK);
         unsetenv("MS_GPU_ARGMAX_BLOCKS");
         if (Bk) CHECK(Bk->ops->alloc(Bk, 4, (void **)&bpick, &err) == MS_OK);
@@ -185,15 +185,15 @@ TEST(backend_step) {
                 float *bx = NULL;
                 CHECK(Bk->ops->alloc(Bk, (size_t)n * 4, (void **)&bx, &err) == MS_OK);
                 CHECK(Bk->ops->upload(Bk, bx, x, (size_t)n * 4, &err) == MS_OK);
-                for (int rep = 0; rep < 2; rep++) { /* twice: the counter and the max reset by the last block */
+                for (int rep = 0; rep < 2; rep++) {
                     Bk->ops->argmax(Bk, bx, n, bpick);
                     CHECK(Bk->ops->download(Bk, &got2, bpick, 4, &err) == MS_OK);
-                    CHECK_MSG(got2 == best, "argmax (blocks) case %d (n %lld) run %d: %d, the host loop %lld", f,
+                    CHECK_MSG(got2 == best, "argmax (one block) case %d (n %lld) run %d: %d, the host loop %lld", f,
                               (long long)n, rep, got2, (long long)best);
                 }
                 Bk->ops->free(Bk, bx);
             }
-            printf("  backend argmax case %d (n %lld): %d, blocks %d %s\n", f, (long long)n, got1, got2,
+            printf("  backend argmax case %d (n %lld): %d, one block %d %s\n", f, (long long)n, got1, got2,
                    got1 == best && got2 == best ? "ok" : "WRONG");
             gfree(dx), free(x);
         }
@@ -383,7 +383,8 @@ static int pdl_decode(ms_model *m, int pdl, int fold, int steps, float *out, int
 }
 /* The same decode through ms_engine_decode_greedy (the pick on the device) on a backend opened with
  * MS_GPU_STEP_NEXT=1 (argmax_step: the pick writes the next token's step, no upload),
- * MS_GPU_QKV_ATTN=1 and MS_GPU_ARGMAX_BLOCKS=1: ids[s] for s = 1..steps (ids[0] the prompt's greedy token, picked on the host
+ * MS_GPU_QKV_ATTN=1 and MS_GPU_ARGMAX_BLOCKS=1: ids[s] for s = 1..steps (ids[0] the prompt's greedy
+ * token, picked on the host
  * from the prefill's logits). Returns the status. */
 static int greedy_decode(ms_model *m, int steps, int32_t *ids, ms_err *err) {
     ms_backend *be = NULL;
@@ -462,7 +463,7 @@ TEST(backend_step_pdl) {
                     if (prev[v] > prev[t]) t = (int32_t)v;
                 bad += t != ids[st - 1];
             }
-            printf("  backend_step_pdl %s greedy on the device (MS_GPU_STEP_NEXT, QKV_ATTN, ARGMAX_BLOCKS=1): %d of %d ids "
+            printf("  backend_step_pdl %s greedy on the device (STEP_NEXT, QKV_ATTN, ARGMAX_BLOCKS=1): %d of %d ids "
                    "differ from the host's picks\n", fx[f], bad, steps);
             CHECK_MSG(bad == 0, "%s: %d greedy ids differ with MS_GPU_STEP_NEXT=1", fx[f], bad);
             free(ids);

@@ -262,8 +262,8 @@ static void prof_wrap_ops(gpu_backend *b) {
     PROF_WRAP(moe_experts); PROF_WRAP(moe_experts_routed); PROF_WRAP(add_rmsnorm); PROF_WRAP(qk_norm_rope); PROF_WRAP(kda_forward); PROF_WRAP(gdn_forward);
     PROF_WRAP(dsa_index); PROF_WRAP(dsa_recheck); PROF_WRAP(compress_append); PROF_WRAP(attn_compressed);
     PROF_WRAP(mhc_pre); PROF_WRAP(mhc_post); PROF_WRAP(mhc_expand); PROF_WRAP(mhc_head_mean);
-    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix); PROF_WRAP(embed_at); PROF_WRAP(qkv_at); PROF_WRAP(qkv_attn_at);
-    PROF_WRAP(argmax); PROF_WRAP(argmax_step);
+    PROF_WRAP(mhc_head_weighted); PROF_WRAP(attn_res_mix); PROF_WRAP(embed_at); PROF_WRAP(qkv_at);
+    PROF_WRAP(qkv_attn_at); PROF_WRAP(argmax); PROF_WRAP(argmax_step);
 }
 
 /* ------------------------------------------------------------ memory */

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(1024) k_argmax(const float *x, int64_t n, int3
         if (step) step[0] += 1, step[1] = pick; /* argmax_step: the next greedy token's step */
     }
 }
-/* The greedy pick by many blocks (MS_GPU_ARGMAX_BLOCKS=1 at backend creation; A/B): a block of 256
+/* The greedy pick by many blocks (the default; MS_GPU_ARGMAX_BLOCKS=0 at open: k_argmax): a block of 256
  * threads per 1024 values, each thread the first index of its largest over its strided slice (from
  * (x[0], 0), strict >: NaN never wins), the block's best as the 64-bit key (orderable bits of the
  * value, -0 as +0, high; ~index low: larger value first, then the smaller index) into a max at
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(256) k_argmax_blocks(const float *x, int64_t n
         }
     }
 }
-/* Launch the pick (k_argmax, or k_argmax_blocks when the backend was made with MS_GPU_ARGMAX_BLOCKS=1). */
+/* Launch the pick (k_argmax_blocks, or k_argmax when the context was opened with MS_GPU_ARGMAX_BLOCKS=0). */
 static void argmax_launch(ms_backend *be, const float *x, int64_t n, int32_t *out, int64_t *step) {
     ms_gpu *g = ms_gpu_be_dev(be);
     int *cnt = NULL;
@@ -166,8 +166,8 @@ static void argmax_launch(ms_backend *be, const float *x, int64_t n, int32_t *ou
     else ms_launch(g->pdl, k_argmax, dim3(1), dim3(1024), 0, g->stream, x, n, out, step);
     launched(be, step ? "argmax_step" : "argmax");
 }
-/* argmax_step (core/backend.h): the same pick, and step = {step[0] + 1, the pick}. Filled when
- * MS_GPU_STEP_NEXT=1 at backend creation (A/B; else NULL: the engine uploads each step). */
+/* argmax_step (core/backend.h): the same pick, and step = {step[0] + 1, the pick}. Left out (NULL:
+ * the engine uploads each step) when MS_GPU_STEP_NEXT=0 at backend creation (A/B). */
 static void g_argmax(ms_backend *be, const float *x, int64_t n, int32_t *out) {
     if (n >= 1) argmax_launch(be, x, n, out, NULL);
 }
@@ -176,8 +176,8 @@ static void g_argmax_step(ms_backend *be, const float *x, int64_t n, int32_t *ou
 }
 
 /* qkv_attn_at (core/backend.h): qkv_at's work in the decode attention kernel's prologue
- * (attn_decode.cu, ms_gpu_qkv_pro: the same bits as qkv_at then attn_gqa) when MS_GPU_QKV_ATTN=1
- * was set at open and the kernel takes the shape; else MS_ERR_UNSUPPORTED before anything runs. */
+ * (attn_decode.cu, ms_gpu_qkv_pro: the same bits as qkv_at then attn_gqa) unless MS_GPU_QKV_ATTN=0
+ * was set at open, when the kernel takes the shape; else MS_ERR_UNSUPPORTED before anything runs. */
 static int g_qkv_attn_at(ms_backend *be, const ms_rope *r, float *q, const float *wq, float *k, const float *wk,
                          const float *v, int norm, float eps, const ms_attn_gqa_args *a, ms_err *err) {
     ms_gpu *g = ms_gpu_be_dev(be);
@@ -283,7 +283,7 @@ void ms_gpu_step_fill(ms_backend_ops *o) {
     o->graph_launch = g_graph_launch;
     o->graph_free = g_graph_free;
     o->argmax = g_argmax;
-    const char *sn = getenv("MS_GPU_STEP_NEXT"); /* MS_GPU_STEP_NEXT=1: the pick writes the next step (A/B) */
-    o->argmax_step = sn && !strcmp(sn, "1") ? g_argmax_step : NULL;
+    const char *sn = getenv("MS_GPU_STEP_NEXT"); /* MS_GPU_STEP_NEXT=0: the engine uploads every step (A/B) */
+    o->argmax_step = sn && !strcmp(sn, "0") ? NULL : g_argmax_step;
     o->qkv_attn_at = g_qkv_attn_at;
 }

@@ -73,12 +73,12 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     g->rx_tma_cap = sm90;
     const char *pa = getenv("MS_GPU_ATTN_PDL"); /* MS_GPU_ATTN_PDL=0: the attention kernels launch plainly (A/B) */
     g->pdl_attn = g->pdl && !(pa && !strcmp(pa, "0"));
-    const char *qa = getenv("MS_GPU_QKV_ATTN"); /* MS_GPU_QKV_ATTN=1: qkv_at in the attention's prologue (A/B) */
-    g->qkv_attn = qa && !strcmp(qa, "1");
-    const char *mu = getenv("MS_GPU_MV_U"); /* MS_GPU_MV_U=4: 4 chunks per lane a round, one token's wide rows */
-    g->mv_u4 = mu && !strcmp(mu, "4");
-    const char *ab = getenv("MS_GPU_ARGMAX_BLOCKS"); /* MS_GPU_ARGMAX_BLOCKS=1: the pick by many blocks */
-    g->argmax_blocks = ab && !strcmp(ab, "1");
+    const char *qa = getenv("MS_GPU_QKV_ATTN"); /* MS_GPU_QKV_ATTN=0: qkv_at, then the attention (A/B) */
+    g->qkv_attn = !(qa && !strcmp(qa, "0"));
+    const char *mu = getenv("MS_GPU_MV_U"); /* MS_GPU_MV_U=2: 2 chunks per lane a round for every row (A/B) */
+    g->mv_u4 = !(mu && !strcmp(mu, "2"));
+    const char *ab = getenv("MS_GPU_ARGMAX_BLOCKS"); /* MS_GPU_ARGMAX_BLOCKS=0: the pick by one block (A/B) */
+    g->argmax_blocks = !(ab && !strcmp(ab, "0"));
     *out = g;
     return MS_OK;
 }

@@ -47,12 +47,12 @@ struct ms_gpu {
                  * else a comma list of experts, route, norm, router (MS_GPU_LEG_* bits) */
     int attn_mode; /* MS_GPU_ATTN at open (A/B measurements): MS_GPU_ATTN_* below */
     int attn_splits; /* MS_GPU_ATTN_SPLITS at open: the decode kernel's splits at most (0: MS_GPU_ATTN_MAXS) */
-    int qkv_attn; /* MS_GPU_QKV_ATTN=1 at open (A/B measurements): the replayable step's qkv_at folded into the
-                   * decode attention kernel's prologue (backend qkv_attn_at; 0: qkv_at, then the attention) */
-    int mv_u4; /* MS_GPU_MV_U=4 at open (A/B measurements): one token's wide rows (over 256 chunks) with 4
-                * chunks per lane a round in matmul.cu's vector kernel (0: 2) */
-    int argmax_blocks; /* MS_GPU_ARGMAX_BLOCKS=1 at open (A/B measurements): the greedy pick by a block per
-                        * 1024 values and a 64-bit max (backend_gpu_step.cu; 0: one block of 1024 threads) */
+    int qkv_attn; /* the replayable step's qkv_at folded into the decode attention kernel's prologue (backend
+                   * qkv_attn_at); MS_GPU_QKV_ATTN=0 at open (A/B measurements): qkv_at, then the attention */
+    int mv_u4; /* one token's wide rows (over 256 chunks) with 4 chunks per lane a round in matmul.cu's vector
+                * kernel; MS_GPU_MV_U=2 at open (A/B measurements): 2 for every row */
+    int argmax_blocks; /* the greedy pick by a block per 1024 values and a 64-bit max (backend_gpu_step.cu);
+                        * MS_GPU_ARGMAX_BLOCKS=0 at open (A/B measurements): one block of 1024 threads */
     int router_old; /* MS_GPU_ROUTER=old at open (A/B measurements): ms_gpu_router_route's earlier kernel (rows
                      * of 4 per block of 128 threads, the ranks by one loop per expert) */
     int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+

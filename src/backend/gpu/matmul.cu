@@ -236,9 +236,9 @@ int kernel_dtype(ms_dtype dt) {
     }
 }
 
-/* u4: one token's rows of more than 2 x 128 chunks with 4 chunks per lane a round (MS_GPU_MV_U=4:
- * o_proj's 4096 BF16 columns in one round, all its loads issued before the PDL wait); a lane's
- * chunks are summed in the same order either way (the same bits for finite activations). */
+/* u4: one token's rows of more than 2 x 128 chunks with 4 chunks per lane a round (the default;
+ * MS_GPU_MV_U=2: 2; o_proj's 4096 BF16 columns in one round, all its loads issued before the PDL
+ * wait); a lane's chunks are summed in the same order either way (the same bits for finite x). */
 template <int DT>
 static void launch_vec(const mm_args &a, int nj, gpuStream_t st, int pdl, int u4) {
     dim3 grid = a.nflat ? dim3((unsigned)a.boff[a.nflat]) : dim3((unsigned)((a.rows + MM_R - 1) / MM_R), (unsigned)nj);
