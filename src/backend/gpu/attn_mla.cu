@@ -42,8 +42,15 @@ __global__ void __launch_bounds__(MLAD_WARPS *MS_WARP) k_mla_decode(const mlad_a
     for (int j = 0; j < MLAD_MAXL / MS_WARP; j++) o[j] = 0;
     for (int64_t si = k0 + warp; si < k1; si += MLAD_WARPS) {
         const float *row = a.latent + (a.sel ? (int64_t)a.sel[si] : si) * lw;
-        float part = 0;
-        for (int64_t c = lane; c < lw; c += MS_WARP) part = fmaf(qs[c], row[c], part);
+        float part = 0, rv[8];
+        int64_t c = lane;
+        for (; c + 7 * MS_WARP < lw; c += 8 * MS_WARP) { /* 8 loads in flight, the same order */
+#pragma unroll
+            for (int j = 0; j < 8; j++) rv[j] = row[c + j * MS_WARP];
+#pragma unroll
+            for (int j = 0; j < 8; j++) part = fmaf(qs[c + j * MS_WARP], rv[j], part);
+        }
+        for (; c < lw; c += MS_WARP) part = fmaf(qs[c], row[c], part);
         float sc = ms_warp_sum(part) * a.scale;
         float mn = sc > m ? sc : m, f = m == -INFINITY ? 0.0f : expf(m - mn), pw = expf(sc - mn);
         l = l * f + pw;

@@ -853,8 +853,15 @@ __global__ void k_mla_qlat(float *qlat, const float *q, qview W, int64_t H, int6
     for (int64_t r = threadIdx.x; r < nope; r += blockDim.x) qn[r] = q[(t * H + h) * qk + r];
     __syncthreads();
     for (int64_t c = blockIdx.z * blockDim.x + threadIdx.x; c < lora; c += blockDim.x * gridDim.z) {
-        float acc = 0;
-        for (int64_t r = 0; r < nope; r++) acc = fmaf(qn[r], qv_at(W, h * dkv + r, c), acc);
+        float acc = 0, wv[16];
+        int64_t r = 0;
+        for (; r + 16 <= nope; r += 16) { /* 16 loads in flight, then the sum in the same order */
+#pragma unroll
+            for (int j = 0; j < 16; j++) wv[j] = qv_at(W, h * dkv + r + j, c);
+#pragma unroll
+            for (int j = 0; j < 16; j++) acc = fmaf(qn[r + j], wv[j], acc);
+        }
+        for (; r < nope; r++) acc = fmaf(qn[r], qv_at(W, h * dkv + r, c), acc);
         qlat[(t * H + h) * lora + c] = acc;
     }
 }
@@ -924,8 +931,15 @@ __global__ void k_mla_out(float *out, const float *olat, qview W, int64_t t0, in
     int64_t h = blockIdx.x, tl = blockIdx.y;
     const float *ol = olat + (tl * H + h) * lora;
     for (int64_t i = blockIdx.z * nw + warp; i < vd; i += nw * gridDim.z) { /* z: slices of the rows */
-        float part = 0;
-        for (int64_t c = lane; c < lora; c += MS_WARP) part = fmaf(qv_at(W, h * dkv + nope + i, c), ol[c], part);
+        float part = 0, wv[8];
+        int64_t c = lane;
+        for (; c + 7 * MS_WARP < lora; c += 8 * MS_WARP) { /* 8 loads in flight, the same order */
+#pragma unroll
+            for (int j = 0; j < 8; j++) wv[j] = qv_at(W, h * dkv + nope + i, c + j * MS_WARP);
+#pragma unroll
+            for (int j = 0; j < 8; j++) part = fmaf(wv[j], ol[c + j * MS_WARP], part);
+        }
+        for (; c < lora; c += MS_WARP) part = fmaf(qv_at(W, h * dkv + nope + i, c), ol[c], part);
         part = ms_warp_sum(part);
         if (lane == 0) out[((t0 + tl) * H + h) * vd + i] = part;
     }
