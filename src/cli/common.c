@@ -442,6 +442,8 @@ static int hybrid_setup(const char *cmd, const ms_cli_opts *eo, ms_cli_ctx *x) {
     return 0;
 }
 
+#define HYB_SHARE_MIN_US 60 /* the device share's smallest expert, in microseconds of CPU time */
+
 /* The plan's options of x and eo with an expert cache of cache bytes (< 0: every expert resident). */
 static ms_plan_opts plan_opts(const ms_cli_ctx *x, const ms_cli_opts *eo, int ctx, int threads, int64_t cache) {
     ms_plan_opts po = {.context = ctx > 0 ? ctx : 4096, .threads = threads, .expert_cache_bytes = cache,
@@ -550,18 +552,33 @@ int ms_cli_open(const char *cmd, const char *dir, const ms_cli_opts *eo, ms_cli_
      * as the device arena's inner source has top-k slots: every CPU expert would be a read) */
     x->hybrid = (ms_hybrid_opts){.cpu_layer = x->cpu_layers, .host = x->host_tier ? x->experts : NULL,
                                  .composed = hc && atoi(hc) > 0};
-    /* MS_HYBRID_GPU_SHARE=F|auto (opt-in): a CPU layer's chunk sends fraction F of its experts over PCIe to
-     * the device (auto: pinned PCIe / (PCIe + CPU expert rate) from the probes, 0.4 without them);
+    /* the device share (ms_hybrid_opts.gpu_share): MS_HYBRID_GPU_SHARE=F sends fraction F of a CPU layer's
+     * chunk's experts over PCIe to the device, 0 turns it off; unset or auto: F = pinned PCIe / (PCIe + CPU
+     * expert rate) from the probes (0.4 without them) when one expert takes at least HYB_SHARE_MIN_US on the
+     * CPU (at the probe's rate, else 80 GB/s): a device expert costs the host ~27 us of queuing (E1,
+     * 2026-12-02), so smaller experts (MXFP4 Qwen3: no gain measured) stay on the CPU.
      * MS_HYBRID_GPU_SLOTS=N device slots for them (default 2 x top-k) */
     const char *gs = getenv("MS_HYBRID_GPU_SHARE"), *gsl = getenv("MS_HYBRID_GPU_SLOTS");
-    if (x->cpu_layers && gs && *gs) {
-        double pc = x->measure.pcie_h2d_gb_s, ce = x->measure.cpu_expert_gb_s;
-        double f = !strcmp(gs, "auto") ? (x->measured && pc > 0 && ce > 0 ? pc / (pc + ce) : 0.4) : atof(gs);
+    if (x->cpu_layers) {
+        double pc = x->measure.pcie_h2d_gb_s, ce = x->measured ? x->measure.cpu_expert_gb_s : 0, f = 0;
+        if (!gs || !*gs || !strcmp(gs, "auto")) {
+            uint64_t eb = 0;
+            for (int l = 0; l < x->model.cfg.n_layers && !eb; l++)
+                if (x->cpu_layers[l]) eb = ms_hybrid_expert_bytes(&x->model, l);
+            double us = (double)eb / ((ce > 0 ? ce : 80.0) * 1e3);
+            if (us >= HYB_SHARE_MIN_US) f = x->measured && pc > 0 && ce > 0 ? pc / (pc + ce) : 0.4;
+            else if (gs && *gs)
+                fprintf(stderr, "moonshine %s: device share off: an expert takes %.0f us on the CPU (< %d)\n", cmd, us,
+                        HYB_SHARE_MIN_US);
+        } else {
+            f = atof(gs);
+        }
         x->hybrid.gpu_share = f < 0 ? 0 : f > 1 ? 1 : f;
         x->hybrid.gpu_slots = gsl ? atoi(gsl) : 0;
         if (x->hybrid.gpu_share > 0)
             fprintf(stderr, "moonshine %s: CPU layers send %.2f of a chunk's experts to %s over PCIe (%s)%s\n", cmd,
-                    x->hybrid.gpu_share, x->backend->name, gs, x->hybrid.host ? ": not with a host cache, off" : "");
+                    x->hybrid.gpu_share, x->backend->name, gs && *gs ? gs : "default auto",
+                    x->hybrid.host ? ": not with a host cache, off" : "");
     }
     ms_engine_opts o = {.max_ctx = ctx, .pool = x->pool, .experts = ms_cli_engine_experts(x), .mla_form = eo->mla_form,
                         .backend = x->backend, .max_batch = eo->prefill_chunk, .hybrid = ms_cli_hybrid(x)};
