@@ -435,7 +435,10 @@ int ms_expert_store_from_extents(const ms_checkpoint *ck, int n_model_layers, co
                 ex[n++] = (ext_t){.role = r, .file = x.file, .off = x.offset, .len = x.len};
             }
             if (!n) {
-                rc = ms_fail(err, MS_ERR_SHAPE, "layer %d expert %d: no role has bytes in the checkpoint", L, e);
+                rc = ms_fail(err, MS_ERR_SHAPE,
+                             "layer %d expert %d: no role has bytes in the checkpoint (the experts are not views onto its "
+                             "files, e.g. a transposed copy made at load: they cannot be streamed)",
+                             L, e);
                 goto fail;
             }
             make_pieces(ex, n, n_roles, &st->loc[(int64_t)li * n_experts + e]);

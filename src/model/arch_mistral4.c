@@ -1,7 +1,7 @@
 /* arch_mistral4.c — Mistral 4 (Mistral4ForCausalLM, Mistral Small 4): DeepSeek-V3's
  * MLA (q_a/q_b with q_lora_rank, or q_proj; interleaved RoPE over qk_rope_head_dim
- * per rope_interleave, YaRN) with the softmax scale 1/sqrt(qk_head_dim) alone (no
- * YaRN mscale term: the cos/sin attention factor stays), the queries scaled per
+ * per rope_interleave, YaRN; the softmax scale 1/sqrt(qk_head_dim) times DeepSeek's
+ * YaRN mscale^2 for mscale_all_dim, as transformers 5.17's yarn_apply_mscale), the queries scaled per
  * position by Llama 4's 1 + llama_4_scaling_beta log(1 + floor(p /
  * original_max_position_embeddings)) (rope_parameters), first_k_dense_replace dense
  * layers, shared experts, and a softmax router without a correction bias: groups
@@ -10,7 +10,6 @@
  * routed_scaling_factor. The FFN binds as
  * DeepSeek V3's (ms_bind_ffn: routed experts per expert or fused).
  * transformers: models/mistral4. */
-#include <math.h>
 
 #include "model/arch_common.h"
 #include "model/model.h"
@@ -35,7 +34,6 @@ static int configure(const cJSON *j, ms_config *c, const char *where, ms_err *er
     c->q_pos_len = orig;
     c->router = MS_ROUTER_SOFTMAX_GROUP2;
     c->router_bias = 0;
-    c->attn_scale = 1.0 / sqrt((double)(c->qk_nope_dim + c->qk_rope_dim));
     if (c->n_group > 1) {
         if (c->n_experts % c->n_group || c->topk_group > c->n_group || c->n_experts / c->n_group < 2 ||
             c->top_k > c->topk_group * (c->n_experts / c->n_group))

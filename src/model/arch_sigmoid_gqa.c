@@ -16,7 +16,9 @@
  *               layer. transformers: models/solar_open.
  *   hy_v3       Hy3 (HYV3ForCausalLM): Apertus attention (per-head q/k
  *               RMSNorm before RoPE), sigmoid router with the correction bias
- *               mlp.e_score_correction_bias, plain top-k (no groups), always
+ *               mlp.expert_bias (router mlp.router.gate, shared mlp.shared_mlp: the
+ *               published names 5.17 saves; or transformers' mlp.gate,
+ *               mlp.e_score_correction_bias, mlp.shared_experts), plain top-k (no groups), always
  *               renormalised (+1e-20), times router_scaling_factor; shared
  *               experts of num_shared_experts x moe_intermediate_size; dense/MoE
  *               schedule from mlp_layer_types (default: layer 0 dense).
@@ -178,7 +180,26 @@ static int attn_hy_v3(ms_binder *b, ms_model *m, int l, const char *p) {
     return ms_bind_vec(b, &m->layers[l].bo, MS_W_VECTOR, b->cfg->hidden, 0, "%sself_attn.o_proj.bias", p);
 }
 
-static int bind_hy_v3(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, attn_hy_v3, ffn_exaone_moe); }
+/* Hy3's MoE under the published names transformers 5.17 saves (router mlp.router.gate, bias mlp.expert_bias,
+ * shared mlp.shared_mlp; what spec mode records), or transformers' module names (mlp.gate,
+ * mlp.e_score_correction_bias, mlp.shared_experts). */
+static int ffn_hy_v3(ms_binder *b, ms_model *m, int l, const char *p) {
+    const ms_config *c = b->cfg;
+    char w[160];
+    if (c->layer_mlp[l] == MS_MLP_DENSE) return ms_bind_dense_mlp(b, m, l, p);
+    if (b->ck && !ms_bind_has(b, "%smlp.router.gate.weight", p)) return ffn_exaone_moe(b, m, l, p);
+    char bias[160];
+    snprintf(w, sizeof w, "%smlp.router.gate", p);
+    snprintf(bias, sizeof bias, "%smlp.expert_bias", p);
+    ms_bind_router(b, m, l, w, bias);
+    if (c->shared_inter)
+        ms_bind_mlp(b, m, l, p, c->shared_inter, "mlp.shared_mlp.gate_proj", "mlp.shared_mlp.up_proj",
+                    "mlp.shared_mlp.down_proj");
+    snprintf(w, sizeof w, "%smlp.experts", p);
+    return ms_bind_experts_at(b, m, l, w);
+}
+
+static int bind_hy_v3(ms_binder *b, ms_model *m) { return ms_bind_decoder(b, m, attn_hy_v3, ffn_hy_v3); }
 
 const ms_arch ms_arch_dots1 = {"dots1", configure_dots1, bind};
 const ms_arch ms_arch_exaone_moe = {"exaone_moe", configure_exaone_moe, bind_exaone_moe};

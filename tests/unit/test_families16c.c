@@ -46,8 +46,9 @@ TEST(mistral4_config) {
     CHECK_MSG(parse(j, &c, &err) == MS_OK, "%s", err.msg);
     CHECK(c.router == MS_ROUTER_SOFTMAX_GROUP2 && !c.router_bias && c.n_group == 4 && c.topk_group == 2 &&
           c.norm_topk_prob && c.routed_scale == 1.5 && c.shared_inter == 4);
-    /* no YaRN mscale in the softmax scale (Mistral4Attention: qk_head_dim ** -0.5) */
-    CHECK(c.rope.yarn && c.rope.layout == MS_ROPE_INTERLEAVED && fabs(c.attn_scale - 1.0 / sqrt(6.0)) < 1e-12);
+    /* the YaRN mscale^2 of mscale_all_dim in the softmax scale (transformers 5.17's yarn_apply_mscale) */
+    double ms = 0.1 * log(4.0) + 1.0;
+    CHECK(c.rope.yarn && c.rope.layout == MS_ROPE_INTERLEAVED && fabs(c.attn_scale - ms * ms / sqrt(6.0)) < 1e-12);
     CHECK(fabs(c.q_pos_beta - 0.1) < 1e-12 && c.q_pos_len == 16);
     CHECK(c.layer_attn[0] == MS_ATTN_MLA && c.layer_mlp[0] == MS_MLP_DENSE && c.layer_mlp[1] == MS_MLP_MOE);
     const char *nolen = "{\"model_type\":\"mistral4\"," MLA ",\"rope_parameters\":{\"rope_type\":\"default\","
