@@ -40,6 +40,7 @@ static int step_qualifies(const ms_engine *e) {
     if (ms_engine_hybrid_active(e)) return 0; /* experts on the CPU: their sums come from the host */
     if (e->experts != e->own_experts) return 0; /* streamed experts: router ids go to the host */
     if (c->qk_norm_after_rope) return 0; /* qkv_at normalizes before its RoPE */
+    if (c->q_pos_beta != 0) return 0; /* the position-dependent query scale is computed from the host's position */
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_attn[l] == MS_ATTN_MLA) { /* latent_at writes the cache row; no RoPE, no indexer */
             if (!o->latent_at || c->rope.dim != 0 || c->layer_dsa[l]) return 0;
