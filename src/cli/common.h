@@ -54,7 +54,8 @@ typedef struct ms_cli_opts {
     ms_mla_form mla_form;         /* --mla-form */
     int defer_static_load;        /* 1: ms_cli_open leaves --static-load read to the caller (below) */
     const char *backend;          /* --backend cpu|cuda|hip|auto (default auto) */
-    int prefill_chunk;            /* --prefill-chunk N: tokens per forward chunk (0: the engine's 256) */
+    int prefill_chunk;            /* --prefill-chunk N: tokens per forward chunk (0: the engine's 256; on a
+                                   * single device backend MS_CLI_DEVICE_CHUNK) */
     int stream;                   /* 1: one of the streaming options was given */
     int host_cache_given;         /* 1: --expert-cache-mib or --store was given: hybrid CPU layers read that host
                                    * cache; else (--device-expert-mib, --io alone) they read the mapping */
@@ -138,5 +139,8 @@ int ms_cli_profile_json(ms_cli_ctx *x, int per, char *buf, size_t cap);
  * experts only (2 when streaming options were given). Returns the exit code. */
 int ms_cli_bench_static_compare(const char *dir, const ms_cli_opts *eo, ms_static_dtype d, int64_t P, int64_t G,
                                 int rounds);
+
+/* the prefill chunk of a single device backend when --prefill-chunk is unset (ms_cli_open) */
+#define MS_CLI_DEVICE_CHUNK 512
 
 #endif
