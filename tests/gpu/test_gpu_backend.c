@@ -63,6 +63,9 @@ static ms_backend *tma_gbe(void) { return env_gbe(&g_tbe, "MS_GPU_RX", "tma"); }
 /* A fourth with the early down as well (MS_GPU_RX=tmae). */
 static ms_backend *g_ebe;
 static ms_backend *tmae_gbe(void) { return env_gbe(&g_ebe, "MS_GPU_RX", "tmae"); }
+/* A fifth with the default kernels' early down (MS_GPU_RX=early). */
+static ms_backend *g_xbe;
+static ms_backend *early_gbe(void) { return env_gbe(&g_xbe, "MS_GPU_RX", "early"); }
 float *bup(const float *h, int64_t n) {
     void *d = NULL;
     ms_err err = {0};
@@ -777,20 +780,21 @@ static void check_routed(ms_backend *G, const char *what, const wkind *k, int64_
     float *got = malloc((size_t)D * 4);
     CHECK(G->ops->download(G, got, dacc, (size_t)D * 4, &err) == MS_OK);
     cmpv(what, got, acc, D, 1e-4, 1e-4 * maxabs(acc, D));
-    for (int tm = 0; tm < 2 && G == gbe(); tm++) { /* the staged kernels (MS_GPU_RX=tma, tmae) over the same
-                                                    * device buffers: the same bits */
-        ms_backend *T = tm ? tmae_gbe() : tma_gbe();
+    static const char *const modes[3] = {"tma", "tmae", "early"};
+    for (int tm = 0; tm < 3 && G == gbe(); tm++) { /* MS_GPU_RX=tma, tmae, early over the same device
+                                                    * buffers: the same bits */
+        ms_backend *T = tm == 0 ? tma_gbe() : tm == 1 ? tmae_gbe() : early_gbe();
         void *dacc2 = NULL;
         CHECK(G->ops->alloc(G, (size_t)D * 4, &dacc2, &err) == MS_OK);
         ms_moe_routed_args rb = ra;
         rb.acc = dacc2;
-        CHECK_MSG(T->ops->moe_experts_routed(T, &rb, &err) == MS_OK, "%s (%s): %s", what, tm ? "tmae" : "tma", err.msg);
+        CHECK_MSG(T->ops->moe_experts_routed(T, &rb, &err) == MS_OK, "%s (%s): %s", what, modes[tm], err.msg);
         float *got2 = malloc((size_t)D * 4);
         CHECK(T->ops->download(T, got2, dacc2, (size_t)D * 4, &err) == MS_OK);
         int64_t ndiff = 0;
         for (int64_t d = 0; d < D; d++) ndiff += memcmp(&got[d], &got2[d], 4) != 0;
         CHECK_MSG(ndiff == 0, "%s: MS_GPU_RX=%s differs from the default kernels in %lld of %lld outputs", what,
-                  tm ? "tmae" : "tma", (long long)ndiff, (long long)D);
+                  modes[tm], (long long)ndiff, (long long)D);
         free(got2), G->ops->free(G, dacc2);
     }
     free(got);

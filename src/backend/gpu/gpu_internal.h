@@ -63,6 +63,7 @@ struct ms_gpu {
 #define MS_GPU_RX_OLD 1     /* MS_GPU_RX=old: rx_gu_kernel, rx_down_kernel */
 #define MS_GPU_RX_TMA 2     /* MS_GPU_RX=tma: the staged kernels (bulk copies into shared memory) where they fit */
 #define MS_GPU_RX_TMAE 3    /* MS_GPU_RX=tmae: tma, the down kernel's copies issued before its wait for gate + up */
+#define MS_GPU_RX_EARLY 4   /* MS_GPU_RX=early: the default kernels, the down's first loads before its wait */
 
 /* ms_gpu.attn_mode: which GQA attention kernels ms_gpu_attn_gqa takes */
 #define MS_GPU_ATTN_FOLD 0    /* attn_decode.cu's kernel, the last block of a head group combines the splits */

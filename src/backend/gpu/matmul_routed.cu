@@ -82,8 +82,9 @@ typedef struct rx_args {
     float *h, *acc;
     int64_t I, D, cols, scols; /* cols: the kernel's row width (D for gate/up, I for down) */
     int K, brow, bshift, scale_dt, fused, bias_dt;
-    int early; /* MS_GPU_RX=tmae (the staged kernels): gate + up lets down launch after its own wait, down
-                * reads the ids and issues its copies before its wait (rx_down_slots) */
+    int early; /* MS_GPU_RX=early (rx_gu_kernel + rx_downp_kernel) and tmae (the staged kernels): gate +
+                * up lets down launch after its own wait, down reads the ids and issues its first loads
+                * or its copies before its wait (rx_down_slots) */
     ms_gpu_glu_params p;
 } rx_args;
 
@@ -125,8 +126,9 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
     const int STEP = (int)blockDim.x; /* 1 to MM_WARPS warps (rx_warps) */
     const int j = blockIdx.y;
     const int64_t i0 = (int64_t)blockIdx.x * 2;
-    ms_pdl_launch();
+    if (!a.early) ms_pdl_launch();
     ms_pdl_wait(); /* the ids, weights and x are earlier kernels' output */
+    if (a.early) ms_pdl_launch(); /* after the wait: the down kernel reads the ids before its own */
     const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const uint4 *wr[MM_R];
@@ -249,7 +251,8 @@ static __device__ __forceinline__ int rx_id_cg(const int32_t *p) {
 /* The start of the down kernels (rx_down_kernel, rx_downp_kernel, rx_downt_kernel): the
  * dependent-launch trigger and wait, then the K slots in ascending expert id into the block's
  * shared arrays: ord[rank] the slot of that rank, sw / ss / sz its down weights, scales and zero
- * points. a.early (rx_downt_kernel only): no wait here, the caller waits before it reads h. That
+ * points. a.early (rx_downp_kernel, rx_downt_kernel): no wait here, the caller waits before it
+ * reads h. That
  * reads the ids before this kernel's wait, which is safe because the gate + up kernel (the
  * previous one) triggers this launch only after its own wait: once every gate + up block has
  * triggered, the router that wrote the ids has completed and its writes are in L2 (read past L1). */
@@ -370,6 +373,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_downp_kernel(const rx_ar
     int s = (int)(threadIdx.x / nch);
     int64_t c = threadIdx.x - (int64_t)s * nch, xn = 0;
     if ((int64_t)threadIdx.x < total) rx_dfetch<DT>(a, sw[s], ss[s], sz[s], ord[s], roff, srow, zrow, c, VEC, nx, xn);
+    if (a.early) ms_pdl_wait(); /* h and the route weights are the gate + up kernel's */
     for (int64_t k = threadIdx.x; k < total; k += STEP) {
         rx_item cur = nx;
         int64_t xo = xn;
@@ -697,7 +701,9 @@ template <int DT> static int launch_dn_tma(ms_gpu *g, const rx_args &dn, dim3 gr
  * for gate + up, and for down rx_downp_kernel (FP8, MXFP4, INT4; Kimi K2 shape INT4 134 us vs 146
  * with rx_down_kernel) or rx_down_kernel (F32, F16, BF16). old: rx_gu_kernel and rx_down_kernel.
  * tma: the staged kernels where their blocks fit, else the default's; tmae: tma, and where both
- * staged kernels fit the down kernel's copies are issued before it waits for gate + up (a.early). */
+ * staged kernels fit the down kernel's copies are issued before it waits for gate + up (a.early);
+ * early (FP8, MXFP4, INT4): the default pair with rx_downp_kernel's first item loaded before it
+ * waits for gate + up (a.early; F32 / F16 / BF16: the default). */
 template <int DT>
 static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
     gpuStream_t st = g->stream;
@@ -709,6 +715,14 @@ static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
     const dim3 dgrid((unsigned)((dn.D + MM_R - 1) / MM_R));
     rx_args gue = gu, dne = dn; /* tmae: the early down when both staged kernels take the call */
     gue.early = dne.early = g->rx_mode == MS_GPU_RX_TMAE && rx_tma_fits<DT>(g, gu, gblock, dn);
+    if constexpr (narrow) {
+        if (g->rx_mode == MS_GPU_RX_EARLY) { /* rx_gu_kernel, then rx_downp_kernel's first loads early */
+            gue.early = dne.early = 1;
+            ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gue);
+            ms_launch(pdl, rx_downp_kernel<DT>, dgrid, block, 0, st, dne);
+            return;
+        }
+    }
     if (!launch_gu_tma<DT>(g, gue, gblock))
         ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
     if (launch_dn_tma<DT>(g, dne, dgrid)) return;
