@@ -57,13 +57,7 @@ static ms_backend *env_gbe(ms_backend **slot, const char *var, const char *val) 
  * the routed experts in four launches, the block router, the loop add_rmsnorm, router and route apart. */
 static ms_backend *g_lbe;
 static ms_backend *legacy_gbe(void) { return env_gbe(&g_lbe, "MS_GPU_LEGACY_DECODE", "1"); }
-/* A third on the staged routed-expert kernels (MS_GPU_RX=tma while it opens). */
-static ms_backend *g_tbe;
-static ms_backend *tma_gbe(void) { return env_gbe(&g_tbe, "MS_GPU_RX", "tma"); }
-/* A fourth with the early down as well (MS_GPU_RX=tmae). */
-static ms_backend *g_ebe;
-static ms_backend *tmae_gbe(void) { return env_gbe(&g_ebe, "MS_GPU_RX", "tmae"); }
-/* A fifth with the default kernels' early down (MS_GPU_RX=early). */
+/* A third with the routed experts' early down (MS_GPU_RX=early while it opens). */
 static ms_backend *g_xbe;
 static ms_backend *early_gbe(void) { return env_gbe(&g_xbe, "MS_GPU_RX", "early"); }
 float *bup(const float *h, int64_t n) {
@@ -707,8 +701,7 @@ TEST(backend_fused) {
  * 16), FP8 with F32 and BF16 128x128 scales (a partial block), MXFP4 (E8M0 per 32), F16, F32, and a
  * width the vector kernel refuses (the four-launch path). Bound: the summation-order bound of the
  * down dot over K I terms plus the propagated gate/up error, as 1e-4 of the output's scale. On the
- * default backend the staged kernels (MS_GPU_RX=tma and tmae: tma_gbe, tmae_gbe) run the same call too:
- * bit-identical. */
+ * default backend the early down (MS_GPU_RX=early, early_gbe) runs the same call too: bit-identical. */
 static void check_routed(ms_backend *G, const char *what, const wkind *k, int64_t D, int64_t I, int E, int K,
                          int fused, ms_dtype bias_dt, int clamped) {
     ms_backend *C = cpu();
@@ -780,21 +773,19 @@ static void check_routed(ms_backend *G, const char *what, const wkind *k, int64_
     float *got = malloc((size_t)D * 4);
     CHECK(G->ops->download(G, got, dacc, (size_t)D * 4, &err) == MS_OK);
     cmpv(what, got, acc, D, 1e-4, 1e-4 * maxabs(acc, D));
-    static const char *const modes[3] = {"tma", "tmae", "early"};
-    for (int tm = 0; tm < 3 && G == gbe(); tm++) { /* MS_GPU_RX=tma, tmae, early over the same device
-                                                    * buffers: the same bits */
-        ms_backend *T = tm == 0 ? tma_gbe() : tm == 1 ? tmae_gbe() : early_gbe();
+    if (G == gbe()) { /* MS_GPU_RX=early over the same device buffers: the same bits */
+        ms_backend *T = early_gbe();
         void *dacc2 = NULL;
         CHECK(G->ops->alloc(G, (size_t)D * 4, &dacc2, &err) == MS_OK);
         ms_moe_routed_args rb = ra;
         rb.acc = dacc2;
-        CHECK_MSG(T->ops->moe_experts_routed(T, &rb, &err) == MS_OK, "%s (%s): %s", what, modes[tm], err.msg);
+        CHECK_MSG(T->ops->moe_experts_routed(T, &rb, &err) == MS_OK, "%s (early): %s", what, err.msg);
         float *got2 = malloc((size_t)D * 4);
         CHECK(T->ops->download(T, got2, dacc2, (size_t)D * 4, &err) == MS_OK);
         int64_t ndiff = 0;
         for (int64_t d = 0; d < D; d++) ndiff += memcmp(&got[d], &got2[d], 4) != 0;
-        CHECK_MSG(ndiff == 0, "%s: MS_GPU_RX=%s differs from the default kernels in %lld of %lld outputs", what,
-                  modes[tm], (long long)ndiff, (long long)D);
+        CHECK_MSG(ndiff == 0, "%s: MS_GPU_RX=early differs from the default kernels in %lld of %lld outputs", what,
+                  (long long)ndiff, (long long)D);
         free(got2), G->ops->free(G, dacc2);
     }
     free(got);
