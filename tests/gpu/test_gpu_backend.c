@@ -816,11 +816,11 @@ TEST(backend_routed_experts) {
         RX("mxfp4 separate, 6 of 16", &K_F4, 1024, 512, 16, 6, 0, MS_DT_INVALID, 0);
         RX("mxfp4 qwen3 shape, 8 of 8", &K_F4, 2048, 768, 8, 8, 0, MS_DT_INVALID, 0);
         RX("fp8 7168 x 256, 2 of 4 (4 chunks a lane)", &K_FP8, 7168, 256, 4, 2, 0, MS_DT_INVALID, 0);
-        RX("fp8 256 x 2048, 8 of 8 (64 KB down blocks)", &K_FP8, 256, 2048, 8, 8, 0, MS_DT_INVALID, 0);
+        RX("fp8 256 x 2048, 8 of 8 (a long virtual down row)", &K_FP8, 256, 2048, 8, 8, 0, MS_DT_INVALID, 0);
         RX("bf16 fused gate_up, f32 biases", &K_BF16, 512, 256, 8, 2, 1, MS_DT_F32, 0);
         RX("f16 separate, f16 biases", &K_F16, 256, 128, 8, 3, 0, MS_DT_F16, 0);
         RX("f32 separate, 1 of 4", &K_F32, 256, 96, 4, 1, 0, MS_DT_INVALID, 0);
-        RX("f32 I 36, 3 of 4 (the last block's quads partly past I)", &K_F32, 256, 36, 4, 3, 0, MS_DT_INVALID, 0);
+        RX("f32 I 36, 3 of 4", &K_F32, 256, 36, 4, 3, 0, MS_DT_INVALID, 0);
         RX("bf16 I 100 (not a vector width)", &K_BF16, 256, 100, 8, 4, 0, MS_DT_INVALID, 0);
         RX("bf16 32 of 64", &K_BF16, 256, 128, 64, 32, 0, MS_DT_INVALID, 0);
 #undef RX
