@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
  * (slot s of rank s in ascending expert id, chunk c), the same chunks per thread in the same
  * order and the same products, so the same bits; the next item's loads (weights, scale bits,
  * the zero word: rows d0 .. d0 + 3 of one group of 8) are issued before the current item is
- * decoded, and its x offset travels with it. MS_GPU_RX=old or olddown keeps rx_down_kernel. */
+ * decoded, and its x offset travels with it. MS_GPU_RX=old keeps rx_down_kernel. */
 template <int DT>
 static __device__ __forceinline__ void rx_dfetch(const rx_args &a, const uint8_t *w, const uint8_t *sc, const uint8_t *z,
                                                  int slot, const int64_t (&roff)[MM_R], const int (&srow)[MM_R],
