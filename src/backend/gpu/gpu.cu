@@ -61,16 +61,12 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
         return rc;
     }
     const char *pd = getenv("MS_GPU_PDL"); /* MS_GPU_PDL=0: every kernel in plain stream order (A/B) */
-    const int sm90 = g->prop.major >= 9 && ms_pdl_capable((const void *)k_pdl_probe); /* device and code */
-    g->pdl = !(pd && !strcmp(pd, "0")) && sm90;
-    const char *rx = getenv("MS_GPU_RX"); /* MS_GPU_RX=plain|old|tma|tmae: the routed experts' decode kernels (A/B) */
+    g->pdl = !(pd && !strcmp(pd, "0")) && g->prop.major >= 9 && ms_pdl_capable((const void *)k_pdl_probe);
+    const char *rx = getenv("MS_GPU_RX"); /* MS_GPU_RX=plain|old|early: routed decode kernels (A/B) */
     g->rx_mode = !rx                   ? MS_GPU_RX_DEFAULT
-                 : !strcmp(rx, "plain") ? MS_GPU_RX_DEFAULT
                  : !strcmp(rx, "old")   ? MS_GPU_RX_OLD
-                 : !strcmp(rx, "tma")   ? MS_GPU_RX_TMA
-                 : !strcmp(rx, "tmae")  ? MS_GPU_RX_TMAE
-                                        : MS_GPU_RX_DEFAULT;
-    g->rx_tma_cap = sm90;
+                 : !strcmp(rx, "early") ? MS_GPU_RX_EARLY
+                                        : MS_GPU_RX_DEFAULT; /* "plain" and other words */
     const char *pa = getenv("MS_GPU_ATTN_PDL"); /* MS_GPU_ATTN_PDL=0: the attention kernels launch plainly (A/B) */
     g->pdl_attn = g->pdl && !(pa && !strcmp(pa, "0"));
     const char *qa = getenv("MS_GPU_QKV_ATTN"); /* MS_GPU_QKV_ATTN=0: qkv_at, then the attention (A/B) */

@@ -59,16 +59,13 @@ struct ms_gpu {
                  * device, device code built for it, and MS_GPU_PDL not "0" at open */
     int pdl_attn; /* the GQA attention kernels (attn_decode.cu, ops.cu's split + combine) in that chain too:
                    * pdl and MS_GPU_ATTN_PDL not "0" at open (A/B measurements: "0" launches them plainly) */
-    int rx_mode;    /* MS_GPU_RX at open (A/B measurements): MS_GPU_RX_* below */
-    int rx_tma_cap; /* the device and the device code have sm_90's bulk copies (matmul_routed.cu's staged kernels) */
-    unsigned rx_smem; /* matmul_routed.cu: the staged down kernels opted in to their shared bytes (bit per instance) */
+    int rx_mode; /* MS_GPU_RX at open (A/B measurements): MS_GPU_RX_* below */
 };
 
 /* ms_gpu.rx_mode: which routed-expert decode kernels ms_gpu_moe_routed takes (matmul_routed.cu) */
 #define MS_GPU_RX_DEFAULT 0 /* rx_gu_kernel, rx_downp_kernel (FP8, MXFP4, INT4) / rx_down_kernel (MS_GPU_RX=plain) */
 #define MS_GPU_RX_OLD 1     /* MS_GPU_RX=old: rx_gu_kernel, rx_down_kernel */
-#define MS_GPU_RX_TMA 2     /* MS_GPU_RX=tma: the staged kernels (bulk copies into shared memory) where they fit */
-#define MS_GPU_RX_TMAE 3    /* MS_GPU_RX=tmae: tma, the down kernel's copies issued before its wait for gate + up */
+#define MS_GPU_RX_EARLY 2   /* MS_GPU_RX=early: the default kernels, the down's first loads before its wait */
 
 /* ms_gpu.attn_mode: which GQA attention kernels ms_gpu_attn_gqa takes */
 #define MS_GPU_ATTN_FOLD 0    /* attn_decode.cu's kernel, the last block of a head group combines the splits */

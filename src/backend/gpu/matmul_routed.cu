@@ -82,8 +82,8 @@ typedef struct rx_args {
     float *h, *acc;
     int64_t I, D, cols, scols; /* cols: the kernel's row width (D for gate/up, I for down) */
     int K, brow, bshift, scale_dt, fused, bias_dt;
-    int early; /* MS_GPU_RX=tmae (the staged kernels): gate + up lets down launch after its own wait, down
-                * reads the ids and issues its copies before its wait (rx_down_slots) */
+    int early; /* MS_GPU_RX=early (rx_gu_kernel + rx_downp_kernel): gate + up lets down launch after its
+                * own wait, down reads the ids and issues its first loads before its wait (rx_down_slots) */
     ms_gpu_glu_params p;
 } rx_args;
 
@@ -125,8 +125,9 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
     const int STEP = (int)blockDim.x; /* 1 to MM_WARPS warps (rx_warps) */
     const int j = blockIdx.y;
     const int64_t i0 = (int64_t)blockIdx.x * 2;
-    ms_pdl_launch();
+    if (!a.early) ms_pdl_launch();
     ms_pdl_wait(); /* the ids, weights and x are earlier kernels' output */
+    if (a.early) ms_pdl_launch(); /* after the wait: the down kernel reads the ids before its own */
     const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
     const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
     const uint4 *wr[MM_R];
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_gu_kernel(const rx_args 
     if (threadIdx.x < 2 && i0 + threadIdx.x < a.I) rx_gu_out(a, e, j, i0 + threadIdx.x, red, threadIdx.x);
 }
 
-/* ---- one item of the look-ahead and staged kernels: a 16-byte chunk of a block's 4 rows with
+/* ---- one item of the look-ahead down kernel: a 16-byte chunk of a block's 4 rows with
  * their scale bits and INT4 zero words, loaded ahead of its decode (rx_use). */
 typedef struct rx_item {
     uint4 raw[MM_R];
@@ -246,10 +247,10 @@ static __device__ __forceinline__ int rx_id_cg(const int32_t *p) {
 #endif
 }
 
-/* The start of the down kernels (rx_down_kernel, rx_downp_kernel, rx_downt_kernel): the
+/* The start of the down kernels (rx_down_kernel, rx_downp_kernel): the
  * dependent-launch trigger and wait, then the K slots in ascending expert id into the block's
  * shared arrays: ord[rank] the slot of that rank, sw / ss / sz its down weights, scales and zero
- * points. a.early (rx_downt_kernel only): no wait here, the caller waits before it reads h. That
+ * points. a.early (rx_downp_kernel): no wait here, the caller waits before it reads h. That
  * reads the ids before this kernel's wait, which is safe because the gate + up kernel (the
  * previous one) triggers this launch only after its own wait: once every gate + up block has
  * triggered, the router that wrote the ids has completed and its writes are in L2 (read past L1). */
@@ -329,7 +330,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_down_kernel(const rx_arg
  * (slot s of rank s in ascending expert id, chunk c), the same chunks per thread in the same
  * order and the same products, so the same bits; the next item's loads (weights, scale bits,
  * the zero word: rows d0 .. d0 + 3 of one group of 8) are issued before the current item is
- * decoded, and its x offset travels with it. MS_GPU_RX=old or olddown keeps rx_down_kernel. */
+ * decoded, and its x offset travels with it. MS_GPU_RX=old keeps rx_down_kernel. */
 template <int DT>
 static __device__ __forceinline__ void rx_dfetch(const rx_args &a, const uint8_t *w, const uint8_t *sc, const uint8_t *z,
                                                  int slot, const int64_t (&roff)[MM_R], const int (&srow)[MM_R],
@@ -370,6 +371,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_downp_kernel(const rx_ar
     int s = (int)(threadIdx.x / nch);
     int64_t c = threadIdx.x - (int64_t)s * nch, xn = 0;
     if ((int64_t)threadIdx.x < total) rx_dfetch<DT>(a, sw[s], ss[s], sz[s], ord[s], roff, srow, zrow, c, VEC, nx, xn);
+    if (a.early) ms_pdl_wait(); /* h and the route weights are the gate + up kernel's */
     for (int64_t k = threadIdx.x; k < total; k += STEP) {
         rx_item cur = nx;
         int64_t xo = xn;
@@ -377,229 +379,6 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_downp_kernel(const rx_ar
         while (c >= nch && s < K) c -= nch, s++;
         if (k + STEP < total) rx_dfetch<DT>(a, sw[s], ss[s], sz[s], ord[s], roff, srow, zrow, c, VEC, nx, xn);
         rx_use<DT>(cur, a.x + xo, a.scale_dt, 1, acc);
-    }
-    __shared__ float red[MM_WARPS][MM_R];
-    rx_block_reduce(acc, red);
-    if (threadIdx.x < MM_R && d0 + threadIdx.x < a.D) rx_down_out(a, ord, d0 + threadIdx.x, red, threadIdx.x);
-}
-
-/* ---- the staged kernels (MS_GPU_RX=tma, sm_90 CUDA builds): a block's weight bytes are copied
- * into shared memory by bulk asynchronous copies (cp.async.bulk, completion on one mbarrier)
- * issued right after the ids -> table chain, so a block has all of them in flight at once with
- * no register cost (up to 48 KB a block, 4-6 blocks an SM: the Qwen3-30B shape's 25 MB of FP8
- * gate + up rows in one wave of blocks); the scale bits and INT4 zero words are loaded into
- * registers while the copies fly, x after. Each thread then decodes the same chunks in the same
- * order with the same products and sums as rx_gu_kernel and rx_downp_kernel / rx_down_kernel:
- * the same bits. */
-#if defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP)
-#define RX_TMA 0
-#else
-#define RX_TMA 1
-#endif
-#define RX_TMA_GU_MAX (44 * 1024) /* dynamic shared bytes of a staged gate + up block, at most */
-#define RX_TMA_DN_MAX (96 * 1024) /* of a staged down block (over 48 KB: the opt-in attribute) */
-
-#if RX_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define RX_TMA_DEV 1
-static __device__ __forceinline__ uint32_t rx_sh(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-#else
-#define RX_TMA_DEV 0
-#endif
-
-/* One thread: the barrier with one arrival, visible to the copies (async proxy). */
-static __device__ __forceinline__ void rx_bar_init(uint64_t *bar) {
-#if RX_TMA_DEV
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(rx_sh(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-/* One thread, once: the arrival, expecting `bytes` of copies. */
-static __device__ __forceinline__ void rx_bar_expect(uint64_t *bar, uint32_t bytes) {
-#if RX_TMA_DEV
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(rx_sh(bar)), "r"(bytes) : "memory");
-#endif
-}
-/* Copy `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst,
- * completing on bar. */
-static __device__ __forceinline__ void rx_bulk(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-#if RX_TMA_DEV
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     rx_sh(dst)),
-                 "l"(src), "r"(bytes), "r"(rx_sh(bar))
-                 : "memory");
-#endif
-}
-/* Every thread: wait until the barrier's first phase completed (the copies landed). */
-static __device__ __forceinline__ void rx_bar_wait(uint64_t *bar) {
-#if RX_TMA_DEV
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
-                     " selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(rx_sh(bar))
-                     : "memory");
-#elif defined(__CUDA_ARCH__) && !(defined(__HIP_PLATFORM_AMD__) || defined(MS_GPU_HIP))
-    __trap(); /* built without sm_90 bulk copies: the host never picks these kernels there (rx_tma_ok) */
-#endif
-}
-
-/* Gate + up, staged: the block owns NQ quads of slot j (inter rows i0 .. i0 + 2 NQ - 1), copies
- * their valid rows (separate: gate rows at shared row 0, up rows at 2 NQ; fused: rows 2 i0 ..
- * in order), and each thread takes chunks k = lane, lane + STEP, .. (U of them at most: U STEP >=
- * the row's chunks) of every row, as rx_gu_kernel. Shared: 4 NQ rows. */
-/* ptxas sm_90: 46-128 registers, no spills (FP8 64-72, INT4 / MXFP4 up to 128: their blocks at
- * the Qwen3 shape have 2 warps); without the second __launch_bounds__ argument ptxas held them at
- * 96 and MXFP4 with NQ 4 spilled. */
-template <int DT, int NQ, int U>
-__global__ void __launch_bounds__(MM_WARPS *MS_WARP, 4) rx_gut_kernel(const rx_args a) {
-    typedef mm_traits<DT> T;
-    const int VEC = T::VEC, STEP = (int)blockDim.x;
-    extern __shared__ __align__(128) uint8_t rx_sm[];
-    __shared__ uint64_t bar;
-    __shared__ float red[NQ][MM_WARPS][MM_R];
-    const int j = blockIdx.y, lane = threadIdx.x % MS_WARP, warp = threadIdx.x / MS_WARP;
-    const int64_t i0 = (int64_t)blockIdx.x * 2 * NQ;
-    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8;
-    const int nv = (int)(a.I - i0 < 2 * NQ ? a.I - i0 : 2 * NQ); /* valid inter rows */
-    if (threadIdx.x == 0) rx_bar_init(&bar);
-    if (!a.early) ms_pdl_launch();
-    ms_pdl_wait(); /* the ids, weights and x are earlier kernels' output */
-    if (a.early) ms_pdl_launch(); /* after the wait: the down kernel reads the ids before its own */
-    const ms_gpu_ex_ptrs &e = a.tab[a.ids[j]];
-    __syncthreads(); /* the barrier's init */
-    if (threadIdx.x == 0) {
-        const uint32_t n = (uint32_t)(nv * rowbytes);
-        rx_bar_expect(&bar, 2 * n);
-        if (a.fused) rx_bulk(rx_sm, (const uint8_t *)e.w[0] + 2 * i0 * rowbytes, 2 * n, &bar);
-        else {
-            rx_bulk(rx_sm, (const uint8_t *)e.w[0] + i0 * rowbytes, n, &bar);
-            rx_bulk(rx_sm + 2 * NQ * rowbytes, (const uint8_t *)e.w[1] + i0 * rowbytes, n, &bar);
-        }
-    }
-    rx_item it[U][NQ]; /* the scale bits and zero words now, the chunks from shared memory later */
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int64_t k = threadIdx.x + (int64_t)u * STEP, g = (k * VEC) >> a.bshift;
-#pragma unroll
-        for (int q = 0; q < NQ; q++) {
-            if (k >= nch || 2 * q >= nv) continue;
-#pragma unroll
-            for (int r = 0; r < MM_R; r++) {
-                int64_t i = i0 + 2 * q + r / 2 < a.I ? i0 + 2 * q + r / 2 : a.I - 1;
-                int kind = r % 2, m = a.fused ? 0 : kind;
-                int64_t row = a.fused ? 2 * i + kind : i;
-                int64_t srow = a.brow == 1 ? row * a.scols : (row / a.brow) * a.scols;
-                it[u][q].sb[r] =
-                    a.scale_dt != SC_NONE ? load_scale_bits((const uint8_t *)e.s[m], a.scale_dt, srow + g) : 0u;
-            }
-            it[u][q].zsh = 0;
-            if (DT == DT_I4) {
-                int64_t row0 = a.fused ? 2 * (i0 + 2 * q) : i0 + 2 * q, zr;
-                int zsh;
-                i4_zrow(row0, a.scols, &zr, &zsh);
-                it[u][q].zsh = zsh;
-                const uint32_t *z0 = (const uint32_t *)e.z[0], *z1 = (const uint32_t *)e.z[a.fused ? 0 : 1];
-                it[u][q].zw[0] = z0 ? z0[zr + g] : 0x88888888u;
-                it[u][q].zw[1] = z1 ? z1[zr + g] : 0x88888888u;
-            }
-        }
-    }
-    float acc[NQ][MM_R];
-#pragma unroll
-    for (int q = 0; q < NQ; q++)
-#pragma unroll
-        for (int r = 0; r < MM_R; r++) acc[q][r] = 0.0f;
-    rx_bar_wait(&bar);
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int64_t k = threadIdx.x + (int64_t)u * STEP;
-        if (k >= nch) break;
-#pragma unroll
-        for (int q = 0; q < NQ; q++) {
-            if (2 * q >= nv) break;
-#pragma unroll
-            for (int r = 0; r < MM_R; r++) {
-                int li = 2 * q + r / 2 < nv ? 2 * q + r / 2 : nv - 1, kind = r % 2;
-                int sr = a.fused ? 2 * li + kind : kind * 2 * NQ + li;
-                it[u][q].raw[r] = ((const uint4 *)(rx_sm + sr * rowbytes))[k];
-            }
-            rx_use<DT>(it[u][q], a.x + k * VEC, a.scale_dt, a.fused, acc[q]);
-        }
-    }
-#pragma unroll
-    for (int q = 0; q < NQ; q++)
-#pragma unroll
-        for (int r = 0; r < MM_R; r++) {
-            float v = ms_warp_sum(acc[q][r]);
-            if (lane == 0) red[q][warp][r] = v;
-        }
-    __syncthreads();
-    if ((int)threadIdx.x < nv) rx_gu_out(a, e, j, i0 + threadIdx.x, red[threadIdx.x / 2], threadIdx.x % 2);
-}
-
-/* Down, staged: rx_down_kernel's block (output rows d0 .. d0 + 3, the K slots' down rows as one
- * virtual row in ascending expert id) with the K x 4 row segments copied (segment 4 s + r: rank
- * s, row d0 + r); each thread takes virtual chunks k = lane, lane + STEP, .. (NIT of them at
- * most). Shared: 4 K segments of I columns. */
-template <int DT, int NIT>
-__global__ void __launch_bounds__(MM_WARPS *MS_WARP) rx_downt_kernel(const rx_args a) {
-    typedef mm_traits<DT> T;
-    const int VEC = T::VEC, STEP = MM_WARPS * MS_WARP;
-    extern __shared__ __align__(128) uint8_t rx_sm[];
-    __shared__ uint64_t bar;
-    __shared__ int ord[32];
-    __shared__ const uint8_t *sw[32], *ss[32], *sz[32];
-    const int K = a.K;
-    if (threadIdx.x == 0) rx_bar_init(&bar);
-    rx_down_slots(a, ord, sw, ss, sz); /* its __syncthreads publishes the barrier's init too */
-    const int64_t d0 = (int64_t)blockIdx.x * MM_R;
-    const int64_t nch = a.cols / VEC, rowbytes = a.cols * (128 / VEC) / 8, total = (int64_t)K * nch;
-    if (threadIdx.x < MS_WARP) {
-        if (threadIdx.x == 0) rx_bar_expect(&bar, (uint32_t)(4 * K * rowbytes));
-#if RX_TMA_DEV
-        __syncwarp(); /* the expectation before the copies that complete on it */
-#endif
-        for (int t = threadIdx.x; t < 4 * K; t += MS_WARP) {
-            int64_t d = d0 + t % 4 < a.D ? d0 + t % 4 : a.D - 1;
-            rx_bulk(rx_sm + t * rowbytes, sw[t / 4] + d * rowbytes, (uint32_t)rowbytes, &bar);
-        }
-    }
-    int srow[MM_R];
-#pragma unroll
-    for (int r = 0; r < MM_R; r++) {
-        int64_t d = d0 + r < a.D ? d0 + r : a.D - 1;
-        srow[r] = (int)((d / a.brow) * a.scols);
-    }
-    int64_t zr;
-    int zsh;
-    i4_zrow(d0, a.scols, &zr, &zsh); /* rows d0 .. d0 + 3: one zero word, shifts zsh + 4 r */
-    rx_item it[NIT];
-#pragma unroll
-    for (int n = 0; n < NIT; n++) {
-        const int64_t k = threadIdx.x + (int64_t)n * STEP;
-        if (k >= total) break;
-        const int s = (int)(k / nch);
-        const int64_t g = ((k - s * nch) * VEC) >> a.bshift;
-#pragma unroll
-        for (int r = 0; r < MM_R; r++)
-            it[n].sb[r] = a.scale_dt != SC_NONE ? load_scale_bits(ss[s], a.scale_dt, srow[r] + g) : 0u;
-        it[n].zsh = zsh;
-        if (DT == DT_I4) it[n].zw[0] = sz[s] ? ((const uint32_t *)sz[s])[zr + g] : 0x88888888u;
-    }
-    float acc[MM_R] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (a.early) ms_pdl_wait(); /* h and the route weights are the gate + up kernel's */
-    rx_bar_wait(&bar);
-#pragma unroll
-    for (int n = 0; n < NIT; n++) {
-        const int64_t k = threadIdx.x + (int64_t)n * STEP;
-        if (k >= total) break;
-        const int s = (int)(k / nch);
-        const int64_t c = k - s * nch;
-#pragma unroll
-        for (int r = 0; r < MM_R; r++) it[n].raw[r] = ((const uint4 *)(rx_sm + (4 * s + r) * rowbytes))[c];
-        rx_use<DT>(it[n], a.x + (int64_t)ord[s] * a.I + c * VEC, a.scale_dt, 1, acc);
     }
     __shared__ float red[MM_WARPS][MM_R];
     rx_block_reduce(acc, red);
@@ -614,90 +393,11 @@ static int rx_warps(int64_t nch) {
     return qx_old() || w > MM_WARPS ? MM_WARPS : w < 1 ? 1 : (int)w;
 }
 
-/* Whether the staged kernels take the routed experts of g: an sm_90+ device, device code built
- * for it (the bulk copies are in the sm_90 code only), MS_GPU_RX=tma at open (ms_gpu.rx_mode). */
-static int rx_tma_ok(const ms_gpu *g) {
-    return RX_TMA && (g->rx_mode == MS_GPU_RX_TMA || g->rx_mode == MS_GPU_RX_TMAE) && g->rx_tma_cap;
-}
-
-/* Launch the staged gate + up kernel (NQ quads per block, U chunks per thread and row). */
-template <int DT, int NQ, int U> static void launch_gut(ms_gpu *g, const rx_args &gu, dim3 block, size_t shm) {
-    int64_t npairs = (gu.I + 1) / 2;
-    dim3 grid((unsigned)((npairs + NQ - 1) / NQ), (unsigned)gu.K);
-    ms_launch(g->pdl, rx_gut_kernel<DT, NQ, U>, grid, block, shm, g->stream, gu);
-}
-
-/* The staged gate + up kernel when its block fits (rows whose chunks a thread covers in 4 passes
- * at most: 1 pass 4 quads a block, 2 passes 2, 3-4 passes 1; the quads' rows in RX_TMA_GU_MAX);
- * 0 when it does not (the caller takes rx_gu_kernel). */
-template <int DT> static int gu_tma_shape(const ms_gpu *g, const rx_args &gu, dim3 block, int *nq, size_t *shm) {
-    typedef mm_traits<DT> T;
-    const int64_t nch = gu.cols / T::VEC, rowbytes = gu.cols * (128 / T::VEC) / 8;
-    const int64_t passes = (nch + block.x - 1) / block.x;
-    *nq = passes <= 1 ? 4 : passes <= 2 ? 2 : 1;
-    *shm = (size_t)(4 * *nq * rowbytes);
-    return rx_tma_ok(g) && passes <= 4 && *shm <= RX_TMA_GU_MAX;
-}
-template <int DT> static int launch_gu_tma(ms_gpu *g, const rx_args &gu, dim3 block) {
-    int nq;
-    size_t shm;
-    if (!gu_tma_shape<DT>(g, gu, block, &nq, &shm)) return 0;
-    if (nq == 4) launch_gut<DT, 4, 1>(g, gu, block, shm);
-    else if (nq == 2) launch_gut<DT, 2, 2>(g, gu, block, shm);
-    else launch_gut<DT, 1, 4>(g, gu, block, shm);
-    return 1;
-}
-
-/* Launch the staged down kernel with NIT chunks per thread, opting in to its shared bytes. */
-template <int DT, int NIT> static int launch_dt(ms_gpu *g, const rx_args &dn, dim3 grid, size_t shm) {
-    if (shm > 32 * 1024) { /* the default limit is 48 KB with the static arrays */
-        /* opt in once per instance and context: rx_smem bit DT * 4 + log2(NIT) */
-        unsigned bit = 1u << (DT * 4 + (NIT == 1 ? 0 : NIT == 2 ? 1 : NIT == 4 ? 2 : 3));
-        if (!(g->rx_smem & bit)) {
-            if (gpuFuncSetAttribute((const void *)rx_downt_kernel<DT, NIT>, gpuFuncAttributeMaxDynamicSharedMemorySize,
-                                    RX_TMA_DN_MAX) != gpuSuccess) {
-                (void)gpuGetLastError();
-                return 0;
-            }
-            g->rx_smem |= bit;
-        }
-    }
-    ms_launch(g->pdl, rx_downt_kernel<DT, NIT>, grid, dim3(MM_WARPS * MS_WARP), shm, g->stream, dn);
-    return 1;
-}
-
-/* The staged down kernel when its block fits (8 chunks per thread at most, 4 K row segments in
- * RX_TMA_DN_MAX); 0 when it does not (the caller takes rx_downp_kernel or rx_down_kernel). */
-template <int DT> static int dn_tma_shape(const ms_gpu *g, const rx_args &dn, int64_t *nit, size_t *shm) {
-    typedef mm_traits<DT> T;
-    const int64_t nch = dn.cols / T::VEC, rowbytes = dn.cols * (128 / T::VEC) / 8;
-    *nit = ((int64_t)dn.K * nch + MM_WARPS * MS_WARP - 1) / (MM_WARPS * MS_WARP);
-    *shm = (size_t)(4 * dn.K * rowbytes);
-    return rx_tma_ok(g) && *nit <= 8 && *shm <= RX_TMA_DN_MAX;
-}
-/* Whether both staged kernels take this call (MS_GPU_RX=tmae needs both: the early down pairs
- * with the staged gate + up's late trigger). */
-template <int DT> static int rx_tma_fits(const ms_gpu *g, const rx_args &gu, dim3 gblock, const rx_args &dn) {
-    int nq;
-    int64_t nit;
-    size_t s1, s2;
-    return gu_tma_shape<DT>(g, gu, gblock, &nq, &s1) && dn_tma_shape<DT>(g, dn, &nit, &s2);
-}
-template <int DT> static int launch_dn_tma(ms_gpu *g, const rx_args &dn, dim3 grid) {
-    int64_t nit;
-    size_t shm;
-    if (!dn_tma_shape<DT>(g, dn, &nit, &shm)) return 0;
-    if (nit <= 1) return launch_dt<DT, 1>(g, dn, grid, shm);
-    if (nit <= 2) return launch_dt<DT, 2>(g, dn, grid, shm);
-    if (nit <= 4) return launch_dt<DT, 4>(g, dn, grid, shm);
-    return launch_dt<DT, 8>(g, dn, grid, shm);
-}
-
 /* The two launches by ms_gpu.rx_mode (MS_GPU_RX at open; A/B measurements). Default: rx_gu_kernel
  * for gate + up, and for down rx_downp_kernel (FP8, MXFP4, INT4; Kimi K2 shape INT4 134 us vs 146
  * with rx_down_kernel) or rx_down_kernel (F32, F16, BF16). old: rx_gu_kernel and rx_down_kernel.
- * tma: the staged kernels where their blocks fit, else the default's; tmae: tma, and where both
- * staged kernels fit the down kernel's copies are issued before it waits for gate + up (a.early). */
+ * early (FP8, MXFP4, INT4): the default pair with rx_downp_kernel's ids, ranks and first item
+ * loaded before it waits for gate + up (a.early; F32 / F16 / BF16: the default). */
 template <int DT>
 static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
     gpuStream_t st = g->stream;
@@ -706,18 +406,17 @@ static void launch_rx(ms_gpu *g, const rx_args &gu, const rx_args &dn) {
     dim3 block(MM_WARPS * MS_WARP);
     dim3 gblock(rx_warps(gu.cols / T::VEC) * MS_WARP);
     constexpr bool narrow = DT == DT_FP8 || DT == DT_FP8_CVT || DT == DT_F4 || DT == DT_I4;
-    const dim3 dgrid((unsigned)((dn.D + MM_R - 1) / MM_R));
-    rx_args gue = gu, dne = dn; /* tmae: the early down when both staged kernels take the call */
-    gue.early = dne.early = g->rx_mode == MS_GPU_RX_TMAE && rx_tma_fits<DT>(g, gu, gblock, dn);
-    if (!launch_gu_tma<DT>(g, gue, gblock))
-        ms_launch(pdl, rx_gu_kernel<DT>, dim3((unsigned)((gu.I + 1) / 2), (unsigned)gu.K), gblock, 0, st, gu);
-    if (launch_dn_tma<DT>(g, dne, dgrid)) return;
+    const dim3 dgrid((unsigned)((dn.D + MM_R - 1) / MM_R)), ggrid((unsigned)((gu.I + 1) / 2), (unsigned)gu.K);
     if constexpr (narrow) {
         if (g->rx_mode != MS_GPU_RX_OLD) {
-            ms_launch(pdl, rx_downp_kernel<DT>, dgrid, block, 0, st, dn);
+            rx_args gue = gu, dne = dn;
+            gue.early = dne.early = g->rx_mode == MS_GPU_RX_EARLY;
+            ms_launch(pdl, rx_gu_kernel<DT>, ggrid, gblock, 0, st, gue);
+            ms_launch(pdl, rx_downp_kernel<DT>, dgrid, block, 0, st, dne);
             return;
         }
     }
+    ms_launch(pdl, rx_gu_kernel<DT>, ggrid, gblock, 0, st, gu);
     ms_launch(pdl, rx_down_kernel<DT>, dgrid, block, 0, st, dn);
 }
 
