@@ -230,7 +230,7 @@ int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err) {
                            "%s: MXFP4 needs cols %% 32 == 0 (%lld) and E8M0 scales per 1x32 block (%dx%d)", what,
                            (long long)w->cols, w->brow, w->bcol);
         return MS_OK;
-    case MS_DT_Q8: /* the requantized static tier: matmul_q.cu (test_gpu matmul_q_*, verify --static-dtype q8) */
+    case MS_DT_Q8: /* the requantized static tier: matmul.cu, gemm.cu (test_gpu matmul_q_*, verify --static-dtype q8) */
         return ms_gpu_qmat_check_q(w, what, err);
     case MS_DT_I4: /* INT4 (Kimi K2 / K2.5 experts; zero points when asymmetric): matmul_q.cu, matmul*.cu, gemm.cu */
         return ms_gpu_qmat_check_q(w, what, err);
