@@ -1239,6 +1239,10 @@ static ms_gpu_blas *handle(ms_backend *be, gemm_state *s) {
 static int qualifies(const gemm_state *s, int n, const ms_qmat *w) {
     int nq = w->dtype == MS_DT_F32 && !w->scale ? 0 : wparts(w);
     if (nq < 0) return 0;
+    if (w->dtype == MS_DT_Q8) { /* MS_GPU_Q8=old (read per call; A/B): Q8 prefill by the matvec, as before */
+        const char *e = getenv("MS_GPU_Q8");
+        if (e && !strcmp(e, "old")) return 0;
+    }
     if (nq > 0) return n >= s->min_deq;
     return n >= (w->rows * w->cols >= SMALL_W ? s->min_dense : s->min_small);
 }

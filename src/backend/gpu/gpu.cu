@@ -79,6 +79,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     g->mv_u4 = mu && !strcmp(mu, "4");
     const char *ab = getenv("MS_GPU_ARGMAX_BLOCKS"); /* MS_GPU_ARGMAX_BLOCKS=1: the pick by many blocks */
     g->argmax_blocks = ab && !strcmp(ab, "1");
+    const char *q8 = getenv("MS_GPU_Q8"); /* MS_GPU_Q8=old: Q8 products through matmul_q.cu as before (A/B) */
+    g->q8_old = q8 && !strcmp(q8, "old");
     *out = g;
     return MS_OK;
 }

@@ -337,7 +337,8 @@ static int matmul_impl(ms_gpu *g, float *y, const float *x, int n, const ms_qmat
     MS_GPU_CHECK_CTX(g, err);
     int rc = ms_gpu_qmat_check(w, "ms_gpu_matmul", err);
     if (rc) return rc;
-    if (w->dtype == MS_DT_I4) return ms_gpu_matmul_q(g, y, x, n, w, acc, force_generic, err); /* matmul_q.cu */
+    if (w->dtype == MS_DT_I4 || (w->dtype == MS_DT_Q8 && g->q8_old)) /* matmul_q.cu */
+        return ms_gpu_matmul_q(g, y, x, n, w, acc, force_generic, err);
     if (!y || !x || n < 1) return ms_fail(err, MS_ERR_ARG, "ms_gpu_matmul: need x, y and n >= 1 (n = %d)", n);
     for (int t0 = 0; t0 < n; t0 += MM_MAXNT) {
         int nt = n - t0 < MM_MAXNT ? n - t0 : MM_MAXNT;
@@ -373,7 +374,7 @@ extern "C" int ms_gpu_matmul_many(ms_gpu *g, const ms_matmul_job *jobs, int coun
             return ms_fail(err, MS_ERR_ARG, "ms_gpu_matmul_many: job %d needs x, y and n >= 1", i);
     }
     for (int i0 = 0; i0 < count;) { /* runs of compatible jobs with the same n and acc: one launch per 8 tokens */
-        if (jobs[i0].w->dtype == MS_DT_I4) { /* matmul_q.cu, one job at a time */
+        if (jobs[i0].w->dtype == MS_DT_I4 || (jobs[i0].w->dtype == MS_DT_Q8 && g->q8_old)) { /* matmul_q.cu, one job at a time */
             if ((rc = ms_gpu_matmul_q(g, jobs[i0].y, jobs[i0].x, jobs[i0].n, jobs[i0].w, jobs[i0].acc, 0, err))) return rc;
             i0++;
             continue;
