@@ -209,7 +209,7 @@ __global__ void k_deq8(const deq_job *jobs) {
     }
 }
 
-/* Whether k_deq8 takes job j: FP8, MXFP4, INT4, BF16 or F16 rows of a multiple of 8 columns, scale
+/* Whether k_deq8 takes job j: FP8, Q8, MXFP4, INT4, BF16 or F16 rows of a multiple of 8 columns, scale
  * blocks of a power-of-two multiple of 8 columns, the stored rows and the output 16-byte
  * aligned where k_deq8 reads and writes them whole. */
 static int deq_fast_ok(const deq_job *j) {
