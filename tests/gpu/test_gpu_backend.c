@@ -230,8 +230,11 @@ TEST(backend_dense) {
  * threshold, and the grouped routed experts, against the CPU backend. The GEMM path
  * sums in F32 on tensor cores in an order of its own (truncating adds: 2u per add),
  * so a dot product of N terms is within (2N + 16) u sum|terms|; the weight's BF16
- * pair carries 2^-18 of each value where hi + lo is not exact (FP8 with F32 scales). */
-static double split_err(const wkind *k) { return k->dt == MS_DT_F8_E4M3 && k->sdt == MS_DT_F32 ? 0x1p-18 : 0; }
+ * pair carries 2^-18 of each value where hi + lo is not exact (FP8 or Q8 with F32 scales; Q8 with
+ * BF16 scales is exact: 7 + 8 significant bits). */
+static double split_err(const wkind *k) {
+    return (k->dt == MS_DT_F8_E4M3 || k->dt == MS_DT_Q8) && k->sdt == MS_DT_F32 ? 0x1p-18 : 0;
+}
 /* backend_gemm_mma: check_gemm_moe asserts that the call went through gemm_mma.cu's kernel, and
  * the activations' BF16 parts there carry g_moe_xerr of each value (3 parts: 0, exact; 2: 2^-16;
  * 1: 2^-8: the rounding of what the earlier parts leave) in both stages. */
@@ -442,6 +445,22 @@ TEST(backend_gemm) {
     check_gemm_moe("bf16 biases, limit 7", &K_BF16, 8, 2, 17, 256, 96, 0, 1, 7.0f, 0);
     check_gemm_moe("bf16, one hot expert (1100 rows)", &K_BF16, 6, 2, 1100, 128, 64, 0, 0, 0.0f, 1);
     unsetenv("MS_GPU_MOE_MMA");
+    CHECK(ms_backend_gpu_gemm_min(G, 16, 48, 4) == MS_OK); /* back near the defaults for the other tests */
+}
+
+/* The prefill GEMM of Q8 weights (the requantized static tier, --static-dtype q8): dequantized to
+ * BF16 hi + lo as FP8 (exact with BF16 scales), every n >= 2 through it; MS_GPU_TEST_ONLY=matmul_q
+ * selects it with the Q8 matvec tests. */
+TEST(matmul_q_gemm) {
+    SKIP_UNLESS_SELECTED("matmul_q_gemm");
+    ms_backend *G = gbe();
+    CHECK(ms_backend_gpu_gemm_min(G, 2, 2, 2) == MS_OK);
+    int ns[] = {2, 17, 40, 67};
+    for (int j = 0; j < 4; j++) check_gemm_dense(&K_Q8, 333, 1024, ns[j], j == 2);
+    check_gemm_dense(&K_Q8F, 129, 1024, 17, 0);
+    check_gemm_dense(&K_Q8, 1001, 2896, 40, 0); /* partial last scale block */
+    check_gemm_dense(&K_Q8, 77, 7001, 9, 1);   /* odd columns: the element-wise dequantization */
+    check_gemm_dense(&K_Q8, 151936, 256, 5, 0); /* vocabulary rows */
     CHECK(ms_backend_gpu_gemm_min(G, 16, 48, 4) == MS_OK); /* back near the defaults for the other tests */
 }
 

@@ -32,13 +32,15 @@ void **ms_gpu_be_gemm(ms_backend *be);
 /* BF16 parts of a weight: 0 when it is used as stored (BF16, no scale), 1 when one
  * BF16 matrix holds it exactly (MXFP4: e2m1 times a power of two), 2 otherwise (hi + lo;
  * exact for INT4 with BF16 or F16 group scales: (u - uz) x s has at most 4 + 11 significant
- * bits); -1: F32 (the F32 GEMM), or a dtype the GEMMs do not take. */
+ * bits; and for Q8 with BF16 block scales: q x s, |q| <= 127, has at most 7 + 8); -1: F32 (the F32
+ * GEMM), or a dtype the GEMMs do not take. */
 static int wparts(const ms_qmat *w) {
     switch (w->dtype) {
     case MS_DT_BF16: return w->scale ? 2 : 0;
     case MS_DT_F4: return w->scale_dtype == MS_DT_F8_E8M0 ? 1 : 2;
     case MS_DT_F16:
     case MS_DT_I4:
+    case MS_DT_Q8:
     case MS_DT_F8_E4M3: return 2;
     default: return -1;
     }
@@ -73,7 +75,7 @@ typedef struct {
     int64_t cols, scols;
     int dt, sdt, brow, bcol;
 } wview;
-enum { WD_F32, WD_F16, WD_BF16, WD_FP8, WD_F4, WD_I4 };
+enum { WD_F32, WD_F16, WD_BF16, WD_FP8, WD_F4, WD_I4, WD_Q8 };
 enum { WS_NONE, WS_F32, WS_BF16, WS_E8M0, WS_F16 };
 
 /* The view of a placed weight (validated as the matmul kernels do). */
@@ -83,7 +85,7 @@ static int wview_of(const ms_qmat *w, wview *q, ms_err *err) {
     q->w = (const uint8_t *)w->data, q->s = (const uint8_t *)w->scale, q->cols = w->cols;
     q->z = w->dtype == MS_DT_I4 ? (const uint8_t *)w->zero : NULL;
     q->dt = w->dtype == MS_DT_F32 ? WD_F32 : w->dtype == MS_DT_F16 ? WD_F16 : w->dtype == MS_DT_BF16 ? WD_BF16
-            : w->dtype == MS_DT_F8_E4M3 ? WD_FP8 : w->dtype == MS_DT_I4 ? WD_I4 : WD_F4;
+            : w->dtype == MS_DT_F8_E4M3 ? WD_FP8 : w->dtype == MS_DT_I4 ? WD_I4 : w->dtype == MS_DT_Q8 ? WD_Q8 : WD_F4;
     q->sdt = !w->scale ? WS_NONE : w->scale_dtype == MS_DT_F32 ? WS_F32 : w->scale_dtype == MS_DT_BF16 ? WS_BF16
              : w->scale_dtype == MS_DT_F16 ? WS_F16 : WS_E8M0;
     q->brow = w->scale ? w->brow : 1, q->bcol = w->scale ? w->bcol : 1;
@@ -112,6 +114,7 @@ static __device__ __forceinline__ float wv_at(const wview &q, int64_t r, int64_t
     case WD_BF16: v = ms_bf16_to_f32_dev(((const uint16_t *)q.w)[i]); break;
     case WD_FP8: v = ms_fp8_e4m3_to_f32_dev(q.w[i]); break;
     case WD_I4: v = (float)((int)((q.w[i >> 1] >> ((i & 1) * 4)) & 15u) - wv_uz(q, r, c / q.bcol)); break;
+    case WD_Q8: v = (float)(int8_t)q.w[i]; break;
     default: v = ms_e2m1_to_f32((q.w[i >> 1] >> ((i & 1) * 4)) & 15u); break;
     }
     if (q.sdt != WS_NONE) v *= wv_scale(q, (r / q.brow) * q.scols + c / q.bcol);
@@ -163,6 +166,10 @@ __global__ void k_deq8(const deq_job *jobs) {
                 float2 f0 = ms_fp8x2_e4m3_to_f32x2(u.x & 0xffffu), f1 = ms_fp8x2_e4m3_to_f32x2(u.x >> 16);
                 float2 f2 = ms_fp8x2_e4m3_to_f32x2(u.y & 0xffffu), f3 = ms_fp8x2_e4m3_to_f32x2(u.y >> 16);
                 v[0] = f0.x, v[1] = f0.y, v[2] = f1.x, v[3] = f1.y, v[4] = f2.x, v[5] = f2.y, v[6] = f3.x, v[7] = f3.y;
+            } else if (q.dt == WD_Q8) {
+                uint2 u = *(const uint2 *)(q.w + i);
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[e] = (float)(int8_t)(u.x >> (8 * e)), v[4 + e] = (float)(int8_t)(u.y >> (8 * e));
             } else if (q.dt == WD_F4) {
                 uint32_t u = *(const uint32_t *)(q.w + i / 2);
 #pragma unroll
@@ -202,14 +209,14 @@ __global__ void k_deq8(const deq_job *jobs) {
     }
 }
 
-/* Whether k_deq8 takes job j: FP8, MXFP4, INT4, BF16 or F16 rows of a multiple of 8 columns, scale
+/* Whether k_deq8 takes job j: FP8, Q8, MXFP4, INT4, BF16 or F16 rows of a multiple of 8 columns, scale
  * blocks of a power-of-two multiple of 8 columns, the stored rows and the output 16-byte
  * aligned where k_deq8 reads and writes them whole. */
 static int deq_fast_ok(const deq_job *j) {
     const wview *q = &j->q;
     if (q->dt == WD_F32 || q->cols % 8 || (uintptr_t)j->out % 16) return 0;
     if (q->sdt != WS_NONE && (q->bcol % 8 || (q->bcol & (q->bcol - 1)))) return 0;
-    int eb = q->dt == WD_FP8 ? 8 : q->dt == WD_F4 || q->dt == WD_I4 ? 4 : 16; /* bytes of 8 stored values */
+    int eb = q->dt == WD_FP8 || q->dt == WD_Q8 ? 8 : q->dt == WD_F4 || q->dt == WD_I4 ? 4 : 16; /* bytes of 8 stored values */
     return (uintptr_t)q->w % (uintptr_t)eb == 0;
 }
 /* MS_GPU_DEQ=old (read once; A/B measurements): the element-wise dequantization (k_deq). */
@@ -805,7 +812,8 @@ static int moe_layout_of(const ms_moe_args *a, moe_layout *L, ms_err *err) {
     const ms_expert_view *v0 = &a->views[0];
     int fused = !v0->up.data;
     int nq = wparts(&v0->gate);
-    if (nq < 0) return ms_fail(err, MS_ERR_UNSUPPORTED, "grouped experts: weight dtype %s", ms_dtype_name(v0->gate.dtype));
+    if (nq < 0 || v0->gate.dtype == MS_DT_Q8) /* Q8: the static tier's dense products only */
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "grouped experts: weight dtype %s", ms_dtype_name(v0->gate.dtype));
     for (int u = 0; u < a->nu; u++) {
         const ms_expert_view *v = &a->views[u];
         if (!v->up.data != fused || !same_layout(&v->gate, &v0->gate) || !same_layout(&v->down, &v0->down) ||
@@ -1237,6 +1245,10 @@ static ms_gpu_blas *handle(ms_backend *be, gemm_state *s) {
 static int qualifies(const gemm_state *s, int n, const ms_qmat *w) {
     int nq = w->dtype == MS_DT_F32 && !w->scale ? 0 : wparts(w);
     if (nq < 0) return 0;
+    if (w->dtype == MS_DT_Q8) { /* MS_GPU_Q8=old (read per call; A/B): Q8 prefill by the matvec, as before */
+        const char *e = getenv("MS_GPU_Q8");
+        if (e && !strcmp(e, "old")) return 0;
+    }
     if (nq > 0) return n >= s->min_deq;
     return n >= (w->rows * w->cols >= SMALL_W ? s->min_dense : s->min_small);
 }

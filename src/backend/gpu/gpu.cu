@@ -75,6 +75,8 @@ extern "C" int ms_gpu_open(int device, ms_gpu **out, ms_err *err) {
     g->mv_u4 = !(mu && !strcmp(mu, "2"));
     const char *ab = getenv("MS_GPU_ARGMAX_BLOCKS"); /* MS_GPU_ARGMAX_BLOCKS=0: the pick by one block (A/B) */
     g->argmax_blocks = !(ab && !strcmp(ab, "0"));
+    const char *q8 = getenv("MS_GPU_Q8"); /* MS_GPU_Q8=old: Q8 products through matmul_q.cu as before (A/B) */
+    g->q8_old = q8 && !strcmp(q8, "old");
     *out = g;
     return MS_OK;
 }
@@ -226,7 +228,7 @@ int ms_gpu_qmat_check(const ms_qmat *w, const char *what, ms_err *err) {
                            "%s: MXFP4 needs cols %% 32 == 0 (%lld) and E8M0 scales per 1x32 block (%dx%d)", what,
                            (long long)w->cols, w->brow, w->bcol);
         return MS_OK;
-    case MS_DT_Q8: /* the requantized static tier: matmul_q.cu (test_gpu matmul_q_*, verify --static-dtype q8) */
+    case MS_DT_Q8: /* the requantized static tier: matmul.cu, gemm.cu (test_gpu matmul_q_*, verify --static-dtype q8) */
         return ms_gpu_qmat_check_q(w, what, err);
     case MS_DT_I4: /* INT4 (Kimi K2 / K2.5 experts; zero points when asymmetric): matmul_q.cu, matmul*.cu, gemm.cu */
         return ms_gpu_qmat_check_q(w, what, err);

@@ -53,6 +53,8 @@ struct ms_gpu {
                 * kernel; MS_GPU_MV_U=2 at open (A/B measurements): 2 for every row */
     int argmax_blocks; /* the greedy pick by a block per 1024 values and a 64-bit max (backend_gpu_step.cu);
                         * MS_GPU_ARGMAX_BLOCKS=0 at open (A/B measurements): one block of 1024 threads */
+    int q8_old; /* MS_GPU_Q8=old at open (A/B measurements): Q8 matvecs through matmul_q.cu's warp-per-row kernel
+                 * (no PDL, one job a launch) instead of matmul.cu's vector kernel (DT_Q8) */
     int router_old; /* MS_GPU_ROUTER=old at open (A/B measurements): ms_gpu_router_route's earlier kernel (rows
                      * of 4 per block of 128 threads, the ranks by one loop per expert) */
     int pdl;    /* programmatic dependent launch of the decode kernels (gpu_port.h ms_launch): an sm_90+

@@ -1,6 +1,6 @@
 /* matmul.cu — y = W x for weights in their stored dtype (F32, F16, BF16, FP8
- * E4M3 with block scales, MXFP4, INT4), small token counts (decode), and the expert
- * FFN of one token built on it (contracts in gpu.h). Dense Q8 / INT4 products go to
+ * E4M3 with block scales, MXFP4, INT4, Q8 with block scales), small token counts (decode), and the expert
+ * FFN of one token built on it (contracts in gpu.h). Dense INT4 products go to
  * matmul_q.cu; the routed-expert decode kernels (ms_gpu_moe_routed, INT4 for Kimi K2 / K2.5) to
  * matmul_routed.cu, with what both share in matmul_internal.h.
  *
@@ -14,7 +14,8 @@
  * FP8 by the hardware pair conversion to F16 then shifts into F32 bits (value
  * x 2^-112), the block scale applied once per 16-column chunk; MXFP4 by a
  * byte-permute table lookup (2 x value as an exact float), the E8M0 scale once
- * per 32-column group; INT4 (compressed-tensors pack-quantized, core/qmat.h I4) by
+ * per 32-column group; Q8 by a byte permute into a float's mantissa (decode<DT_Q8>), the
+ * block scale once per 16-column chunk; INT4 (compressed-tensors pack-quantized, core/qmat.h I4) by
  * placing each nibble u in a float's mantissa (2^23 + u) and subtracting 2^23 + uz
  * (uz the group's zero point, 8 when symmetric): u - uz exactly, the group scale
  * (bcol a multiple of 32: one per 16-byte chunk) once per chunk. Products of the scaled FP8 values below 2^-14 in
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(MM_WARPS *MS_WARP) mm_vec_kernel(const mm_args
             int k = k0 + u * STEP;
             bool live = k < nch;
             int c0 = (live ? k : 0) * VEC; /* a dead chunk decodes zeros against column 0 */
-            const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4;
+            const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4 || DT == DT_Q8;
             /* INT4: a dead chunk's zero nibbles, offset by 2^23 alone, decode to 0 (offset by the zero
              * point they would be -uz, and a dead chunk is not scaled) */
             float off[MM_R];
@@ -183,6 +184,7 @@ static __device__ __forceinline__ float elem(const mm_args &a, const mm_job &jb,
     case DT_F16: return ms_f16_to_f32_dev(((const uint16_t *)jb.w)[i]);
     case DT_BF16: return ms_bf16_to_f32_dev(((const uint16_t *)jb.w)[i]);
     case DT_FP8: v = ms_fp8_e4m3_to_f32_dev(jb.w[i]); break;
+    case DT_Q8: v = (float)(int8_t)jb.w[i]; break;
     case DT_I4: { /* u - uz, core/qmat.h I4 */
         int64_t zr;
         int zs;
@@ -232,6 +234,7 @@ int kernel_dtype(ms_dtype dt) {
     case MS_DT_F8_E4M3: return DT_FP8;
     case MS_DT_F4: return DT_F4;
     case MS_DT_I4: return DT_I4;
+    case MS_DT_Q8: return DT_Q8;
     default: return -1;
     }
 }
@@ -268,13 +271,14 @@ void mm_layout(mm_args &a, const ms_qmat *w, int n, int acc) {
 /* Launch nj jobs of a (layout of w); aligned: every job's w and x 16-byte aligned. */
 int mm_run(ms_gpu *g, const ms_qmat *w, const mm_args &a, int nj, int aligned, int force_generic, ms_err *err) {
     int dt = kernel_dtype(w->dtype);
-    if (dt < 0) /* Q8 reaches here only through the expert paths (matmul_q.cu has the dense products) */
+    if (dt < 0)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "%s weights: the gpu expert FFN does not take them",
                        ms_dtype_name(w->dtype));
     int bits = ms_gpu_dtype_bits(w->dtype), vec = 128 / bits;
     int vec_ok = !force_generic && aligned && w->cols % vec == 0 && w->cols < (INT64_C(1) << 30);
     if (dt == DT_FP8 && w->scale && w->bcol % 16) vec_ok = 0;
     if (dt == DT_I4 && w->bcol % 32) vec_ok = 0; /* a 16-byte chunk (32 values) inside one group */
+    if (dt == DT_Q8 && w->bcol % 16) vec_ok = 0; /* a 16-byte chunk (16 values) inside one scale block */
     if (a.bcol & (a.bcol - 1)) vec_ok = 0; /* the vector kernel shifts by log2(bcol) */
     if (vec_ok) {
         switch (dt) {
@@ -286,6 +290,7 @@ int mm_run(ms_gpu *g, const ms_qmat *w, const mm_args &a, int nj, int aligned, i
             else launch_vec<DT_FP8_CVT>(a, nj, g->stream, g->pdl, g->mv_u4);
             break;
         case DT_I4: launch_vec<DT_I4>(a, nj, g->stream, g->pdl, g->mv_u4); break;
+        case DT_Q8: launch_vec<DT_Q8>(a, nj, g->stream, g->pdl, g->mv_u4); break;
         default: launch_vec<DT_F4>(a, nj, g->stream, g->pdl, g->mv_u4); break;
         }
     } else {
@@ -301,6 +306,7 @@ int vec_layout_ok(const ms_qmat *w) {
     if (!vec || w->cols % vec || w->cols >= (INT64_C(1) << 30)) return 0;
     if (w->dtype == MS_DT_F8_E4M3 && w->scale && w->bcol % 16) return 0;
     if (w->dtype == MS_DT_I4 && w->bcol % 32) return 0;
+    if (w->dtype == MS_DT_Q8 && (!w->scale || w->bcol % 16)) return 0;
     if (w->scale && (w->bcol & (w->bcol - 1))) return 0;
     return 1;
 }
@@ -331,7 +337,8 @@ static int matmul_impl(ms_gpu *g, float *y, const float *x, int n, const ms_qmat
     MS_GPU_CHECK_CTX(g, err);
     int rc = ms_gpu_qmat_check(w, "ms_gpu_matmul", err);
     if (rc) return rc;
-    if (ms_gpu_is_q(w)) return ms_gpu_matmul_q(g, y, x, n, w, acc, force_generic, err); /* matmul_q.cu */
+    if (w->dtype == MS_DT_I4 || (w->dtype == MS_DT_Q8 && g->q8_old)) /* matmul_q.cu */
+        return ms_gpu_matmul_q(g, y, x, n, w, acc, force_generic, err);
     if (!y || !x || n < 1) return ms_fail(err, MS_ERR_ARG, "ms_gpu_matmul: need x, y and n >= 1 (n = %d)", n);
     for (int t0 = 0; t0 < n; t0 += MM_MAXNT) {
         int nt = n - t0 < MM_MAXNT ? n - t0 : MM_MAXNT;
@@ -367,7 +374,7 @@ extern "C" int ms_gpu_matmul_many(ms_gpu *g, const ms_matmul_job *jobs, int coun
             return ms_fail(err, MS_ERR_ARG, "ms_gpu_matmul_many: job %d needs x, y and n >= 1", i);
     }
     for (int i0 = 0; i0 < count;) { /* runs of compatible jobs with the same n and acc: one launch per 8 tokens */
-        if (ms_gpu_is_q(jobs[i0].w)) { /* matmul_q.cu, one job at a time */
+        if (jobs[i0].w->dtype == MS_DT_I4 || (jobs[i0].w->dtype == MS_DT_Q8 && g->q8_old)) { /* matmul_q.cu, one job at a time */
             if ((rc = ms_gpu_matmul_q(g, jobs[i0].y, jobs[i0].x, jobs[i0].n, jobs[i0].w, jobs[i0].acc, 0, err))) return rc;
             i0++;
             continue;
@@ -740,7 +747,7 @@ extern "C" int ms_gpu_router_route(ms_gpu *g, int32_t *ids, float *weights, floa
     int kind_ok = c->kind == MS_GPU_ROUTER_SOFTMAX || c->kind == MS_GPU_ROUTER_TOPK_SOFTMAX ||
                   (c->kind == MS_GPU_ROUTER_SIGMOID && c->n_group <= 1);
     int dt = kernel_dtype(router->dtype);
-    if ((g->legacy & MS_GPU_LEG_ROUTER) || !kind_ok || dt < 0 || dt == DT_I4 || c->n_experts != router->rows ||
+    if ((g->legacy & MS_GPU_LEG_ROUTER) || !kind_ok || dt < 0 || dt == DT_I4 || dt == DT_Q8 || c->n_experts != router->rows ||
         c->n_experts > RT_MAXE || c->top_k < 1 || c->top_k > RT_MAXK || c->top_k > c->n_experts || (uintptr_t)x % 16 ||
         (uintptr_t)router->data % 16 || !vec_layout_ok(router))
         return ms_fail(err, MS_ERR_UNSUPPORTED, "ms_gpu_router_route: not this router (kind %d, %lld rows, top %d)",

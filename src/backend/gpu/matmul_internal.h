@@ -11,7 +11,8 @@
 #define MM_MAXJ 64    /* jobs per launch */
 #define MM_MAXNT 8    /* tokens per pass */
 
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_FP8 = 3, DT_F4 = 4, DT_FP8_CVT = 5 /* FP8, other decode */, DT_I4 = 6 };
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_FP8 = 3, DT_F4 = 4, DT_FP8_CVT = 5 /* FP8, other decode */, DT_I4 = 6,
+       DT_Q8 = 7 /* core/qmat.h Q8: int8 times a scale per 1 x bcol block (bcol a multiple of 16) */ };
 enum { SC_NONE = 0, SC_F32 = 1, SC_BF16 = 2, SC_E8M0 = 3, SC_F16 = 4 };
 
 typedef struct mm_job {
@@ -85,14 +86,25 @@ template <> struct mm_traits<DT_FP8> { enum { VEC = 16, SUB = 8 }; };
 template <> struct mm_traits<DT_F4> { enum { VEC = 32, SUB = 8 }; };
 template <> struct mm_traits<DT_FP8_CVT> { enum { VEC = 16, SUB = 8 }; };
 template <> struct mm_traits<DT_I4> { enum { VEC = 32, SUB = 8 }; };
+template <> struct mm_traits<DT_Q8> { enum { VEC = 16, SUB = 8 }; };
 
 /* Decode sub-group `sub` of a 16-byte chunk into SUB floats. FP8 comes out
  * times 2^-112, MXFP4 times 2 (kernel_scale puts that back with the block scale);
- * INT4 as u - uz (i4off = -(2^23 + uz), i4_off), unscaled. */
+ * INT4 as u - uz (i4off = -(2^23 + uz), i4_off), unscaled; Q8 as the int8 value q, unscaled: the
+ * byte b = q + 128 (q's bits with the sign flipped) in a float's mantissa, 2^23 + b, minus 2^23 + 128
+ * (exact). */
 template <int DT>
 static __device__ __forceinline__ void decode(const uint4 &raw, int sub, float *w, float i4off) {
     const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
-    if (DT == DT_I4) { /* word `sub`: columns 8 sub .. 8 sub + 7, nibble j = column 8 sub + j */
+    if (DT == DT_Q8) { /* words 2 sub, 2 sub + 1: columns 8 sub .. 8 sub + 7, byte j = column 8 sub + j */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint32_t v = q[2 * sub + i] ^ 0x80808080u;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                w[4 * i + j] = __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u + (unsigned)j)) - 8388736.0f;
+        }
+    } else if (DT == DT_I4) { /* word `sub`: columns 8 sub .. 8 sub + 7, nibble j = column 8 sub + j */
 #pragma unroll
         for (int j = 0; j < 8; j++) w[j] = __uint_as_float(0x4B000000u | ((q[sub] >> (4 * j)) & 15u)) + i4off;
     } else if (DT == DT_F32) {
@@ -142,7 +154,7 @@ static __device__ __forceinline__ void rx_chunk(const uint4 (&raw)[MM_R], const 
                                                 const int64_t (&zrow)[MM_R], const int (&zsh)[MM_R]) {
     typedef mm_traits<DT> T;
     const int SUB = T::SUB, NSUB = T::VEC / T::SUB;
-    const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4;
+    const bool SCALED = DT == DT_FP8 || DT == DT_F4 || DT == DT_FP8_CVT || DT == DT_I4 || DT == DT_Q8;
     float off[MM_R];
 #pragma unroll
     for (int r = 0; r < MM_R; r++) off[r] = DT == DT_I4 ? i4_off(zp[r], zrow[r], zsh[r], c0 >> bshift) : 0.0f;

@@ -2,7 +2,8 @@
  * int8 with a scale per 1 x bcol block) and I4 (compressed-tensors pack-quantized INT4,
  * value (u - uz) x scale per 1 x bcol group, uz the group's zero point when asymmetric, else
  * 8), layouts in core/qmat.h. Contracts in gpu.h (ms_gpu_matmul_q); matmul.cu hands the dense
- * products of these dtypes here (its own kernels take INT4 routed experts).
+ * INT4 products here (its own kernels take INT4 routed experts, and Q8: ms_gpu_matmul no longer
+ * calls this for Q8, whose products run in matmul.cu's vector kernel with PDL and batched jobs).
  *
  * One warp per row, four rows per block. The vector kernel loads 16 bytes per lane per
  * step (16 Q8 values, 32 I4 values), coalesced across the warp; a chunk lies inside one
