@@ -379,6 +379,9 @@ static void check_route_on(ms_gpu *gg, const char *what, ms_gpu_router kind, int
     float *dw = alloc_dev((size_t)n * K * 4);
     ms_gpu_route_cfg c = {kind, E, K, G, TG, norm, scale};
     ms_err err = {0};
+    /* the uploads above ran on gpu()'s stream; gg may be the second context, whose stream does not wait for
+     * them (an asynchronous pageable upload may still be landing: all 32 tokens' ids differed once) */
+    CHECK(ms_gpu_sync(gpu(), &err) == MS_OK);
     int rc = ms_gpu_route(gg, did, dw, dl, db, n, &c, &err);
     CHECK_MSG(rc == MS_OK, "%s: %s", what, err.msg);
     CHECK(ms_gpu_sync(gg, &err) == MS_OK); /* gg's stream is not the one get() downloads on */
